@@ -1,0 +1,167 @@
+// rdmabroker: command-line client built on librdmabroker.
+//   rdmabroker pub SUBJECT [MESSAGE|-]   publish (a message, or each line of stdin)
+//   rdmabroker sub SUBJECT [--count N]   print messages as they arrive
+//   rdmabroker stat [--json]             the broker's counters (admin socket)
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "admin_client.hpp"
+#include "rdmabroker/client.hpp"
+
+namespace {
+
+using rdmabroker::Client;
+using rdmabroker::ClientOptions;
+
+std::atomic<bool> g_interrupted{false};
+
+struct Common {
+  std::string server;
+  std::string bind;
+  bool verbose = false;
+};
+
+std::string default_server() {
+  const char* env = std::getenv("RDMABROKER_URL");
+  return env != nullptr ? env : "rdma://localhost:7470";
+}
+
+void add_common(CLI::App* cmd, Common& c) {
+  cmd->add_option("-s,--server", c.server, "Broker URL (env RDMABROKER_URL)")->default_str(default_server());
+  cmd->add_option("-b,--bind", c.bind, "Local address to bind (selects the RDMA device)");
+  cmd->add_flag("-v,--verbose", c.verbose, "Say which transport and device are used");
+}
+
+std::unique_ptr<Client> connect_or_die(const Common& c) {
+  ClientOptions opt;
+  opt.bind_address = c.bind;
+  opt.on_error = [](const rdmabroker::Error& e) { std::cerr << "rdmabroker: " << e.message << "\n"; };
+  auto client = Client::connect(c.server.empty() ? default_server() : c.server, opt);
+  if (!client) {
+    std::cerr << "rdmabroker: " << client.error().message << "\n";
+    std::exit(2);
+  }
+  if (c.verbose) std::cerr << "connected: " << client.value()->transport_description() << "\n";
+  return std::move(client.value());
+}
+
+int die(const rdmabroker::Error& e) {
+  std::cerr << "rdmabroker: " << e.message << "\n";
+  return 1;
+}
+
+int run_pub(const Common& common, const std::string& subject, const std::string& message, std::uint64_t count) {
+  auto client = connect_or_die(common);
+  std::uint64_t sent = 0;
+  if (message == "-") {
+    std::string line;
+    while (std::getline(std::cin, line)) {
+      if (auto st = client->publish(subject, line); !st) return die(st.error());
+      ++sent;
+    }
+  } else {
+    for (std::uint64_t i = 0; i < count && !g_interrupted; ++i) {
+      if (auto st = client->publish(subject, message); !st) return die(st.error());
+      ++sent;
+    }
+  }
+  // flush: the broker has routed every message once this returns.
+  if (auto st = client->flush(std::chrono::seconds(30)); !st) return die(st.error());
+  if (common.verbose) std::cerr << "published " << sent << " message(s) to " << subject << "\n";
+  client->close();
+  return 0;
+}
+
+int run_sub(const Common& common, const std::string& subject, std::uint64_t count, bool raw, double timeout_s) {
+  auto client = connect_or_die(common);
+  auto sub = client->subscribe(std::string_view(subject));
+  if (!sub) return die(sub.error());
+  if (auto st = client->flush(std::chrono::seconds(30)); !st) return die(st.error());
+  // Scripts wait for this line to know the subscription is active.
+  std::cerr << "subscribed to " << subject << "\n";
+  std::uint64_t got = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while ((count == 0 || got < count) && !g_interrupted) {
+    if (timeout_s > 0 && std::chrono::steady_clock::now() >= deadline) {
+      std::cerr << "rdmabroker: timed out after " << got << " message(s)\n";
+      return 3;
+    }
+    auto m = sub.value()->next(std::chrono::milliseconds(200));
+    if (!m) {
+      if (m.error().kind == rdmabroker::ErrorKind::kTimeout) continue;
+      return die(m.error());
+    }
+    ++got;
+    if (raw) {
+      std::cout << m->data() << "\n";
+    } else {
+      std::cout << "[#" << got << "] " << m->subject << ": " << m->data() << "\n";
+    }
+    std::cout.flush();
+  }
+  client->close();
+  return 0;
+}
+
+int run_stat(const std::string& socket, bool json) {
+  auto reply = rdmabroker::cli::admin_request(socket, "stats");
+  if (!reply) return die(reply.error());
+  auto doc = nlohmann::json::parse(reply.value(), nullptr, false);
+  if (doc.is_discarded() || !doc.value("ok", false)) {
+    std::cerr << "rdmabroker: bad reply from the broker: " << reply.value() << "\n";
+    return 1;
+  }
+  if (json) {
+    std::cout << doc["stats"].dump(2) << "\n";
+    return 0;
+  }
+  for (const auto& [k, v] : doc["stats"].items()) std::cout << k << " " << v << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::signal(SIGINT, [](int) { g_interrupted = true; });
+  std::signal(SIGTERM, [](int) { g_interrupted = true; });
+  CLI::App app{"rdmabroker: publish, subscribe and inspect an rdmabrokerd broker"};
+  app.require_subcommand(1);
+
+  Common pub_common, sub_common;
+  std::string pub_subject, pub_message = "-";
+  std::uint64_t pub_count = 1;
+  auto* pub = app.add_subcommand("pub", "Publish a message (or each line of stdin with '-')");
+  pub->add_option("subject", pub_subject, "Subject")->required();
+  pub->add_option("message", pub_message, "Message text, or - for stdin lines")->capture_default_str();
+  pub->add_option("-n,--count", pub_count, "Publish the message this many times")->capture_default_str();
+  add_common(pub, pub_common);
+
+  std::string sub_subject;
+  std::uint64_t sub_count = 0;
+  bool sub_raw = false;
+  double sub_timeout = 0;
+  auto* sub = app.add_subcommand("sub", "Subscribe and print messages");
+  sub->add_option("subject", sub_subject, "Subject")->required();
+  sub->add_option("-n,--count", sub_count, "Exit after this many messages (0: run until interrupted)")->capture_default_str();
+  sub->add_flag("--raw", sub_raw, "Print only the payload");
+  sub->add_option("--timeout", sub_timeout, "Fail (exit 3) if not done after this many seconds");
+  add_common(sub, sub_common);
+
+  std::string stat_socket = rdmabroker::cli::kDefaultAdminSocket;
+  bool stat_json = false;
+  auto* stat = app.add_subcommand("stat", "Show the broker's counters");
+  stat->add_option("--admin-socket", stat_socket, "The broker's admin socket")->capture_default_str();
+  stat->add_flag("--json", stat_json, "JSON output");
+
+  CLI11_PARSE(app, argc, argv);
+  if (pub->parsed()) return run_pub(pub_common, pub_subject, pub_message, pub_count);
+  if (sub->parsed()) return run_sub(sub_common, sub_subject, sub_count, sub_raw, sub_timeout);
+  return run_stat(stat_socket, stat_json);
+}

@@ -1,0 +1,107 @@
+// librdmabroker: publish and subscribe through rdmabrokerd. Verbs stay hidden:
+// connect to "rdma://host:port", then publish, subscribe (callback or blocking
+// next()), unsubscribe, flush, close. Every call reports failure as a value.
+//
+// Threading: a Client is safe to use from several threads. Each Client runs
+// one internal I/O thread; message callbacks run on it, so a callback must not
+// block for long and must not call close() on its own client.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rdmabroker/result.hpp"
+
+namespace rdmabroker {
+
+/// A message delivered to a subscription (owns its bytes).
+struct Message {
+  std::uint32_t sid = 0;        // the subscription it was delivered to
+  std::string subject;
+  std::vector<std::byte> payload;
+  std::uint64_t sequence = 0;   // the broker's per-connection frame sequence
+  std::string_view data() const { return {reinterpret_cast<const char*>(payload.data()), payload.size()}; }
+};
+
+using MessageHandler = std::function<void(const Message&)>;
+/// Asynchronous errors: ERROR frames from the broker, connection loss.
+using ErrorHandler = std::function<void(const Error&)>;
+
+struct ClientOptions {
+  /// Local address to bind (selects the RDMA device); empty: let routing choose.
+  std::string bind_address;
+  /// Size of each receive buffer; must be at least the broker's buffer size
+  /// (a connect refused for that is retried once with the size it asks for).
+  std::uint32_t recv_buffer_size = 16384;
+  /// Receives posted for the broker = credits granted to it.
+  std::uint32_t recv_credits = 64;
+  /// SENDs in flight before publishes are coalesced into the next one.
+  std::uint32_t max_inflight_sends = 8;
+  /// Filled send buffers that may wait behind the in-flight ones; a publish
+  /// beyond that blocks up to publish_timeout, then fails with kTimeout.
+  std::uint32_t send_queue_buffers = 32;
+  std::chrono::milliseconds connect_timeout{5000};
+  std::chrono::milliseconds publish_timeout{5000};
+  /// Messages a blocking Subscription buffers before it drops (counted).
+  std::size_t subscription_queue_limit = 1u << 20;
+  ErrorHandler on_error;
+};
+
+/// A subscription read with next(); created by Client::subscribe(subject).
+class Subscription {
+ public:
+  virtual ~Subscription() = default;
+  std::uint32_t sid() const { return sid_; }
+  /// Waits for the next message; kTimeout if none arrives in time, kClosed
+  /// once the subscription or its client is closed and drained.
+  virtual Result<Message> next(std::chrono::milliseconds timeout) = 0;
+  /// Messages discarded because the local queue limit was reached.
+  virtual std::uint64_t dropped() const = 0;
+
+ protected:
+  explicit Subscription(std::uint32_t sid) : sid_(sid) {}
+
+ private:
+  std::uint32_t sid_;
+};
+
+class Client {
+ public:
+  /// Connects to "rdma://host[:port]" (default port 7470).
+  static Result<std::unique_ptr<Client>> connect(std::string_view url, ClientOptions options = {});
+  virtual ~Client() = default;
+
+  /// Queues one message. Returns once it is in a send buffer (not when the
+  /// broker has it: use flush()). Fails with kPayloadTooLarge, kInvalidArgument
+  /// (bad subject), kClosed, or kTimeout when the send queue stays full.
+  virtual Status publish(std::string_view subject, std::span<const std::byte> payload) = 0;
+  Status publish(std::string_view subject, std::string_view payload) {
+    return publish(subject, std::as_bytes(std::span<const char>(payload.data(), payload.size())));
+  }
+  /// Subscribes with a callback (run on the client's I/O thread).
+  virtual Result<std::uint32_t> subscribe(std::string_view subject, MessageHandler handler) = 0;
+  /// Subscribes for reading with Subscription::next().
+  virtual Result<std::shared_ptr<Subscription>> subscribe(std::string_view subject) = 0;
+  virtual Status unsubscribe(std::uint32_t sid) = 0;
+  /// Round trip to the broker: when it returns ok, everything sent before was
+  /// processed by the broker (subscriptions are active, publishes routed).
+  virtual Status flush(std::chrono::milliseconds timeout) = 0;
+  /// Sends CLOSE after what is queued, disconnects, joins the I/O thread.
+  virtual void close() = 0;
+
+  /// Largest payload a publish to a subject of this length may carry.
+  virtual std::size_t max_payload(std::size_t subject_len) const = 0;
+  /// e.g. "rdma rxe1 192.168.77.2 -> 192.168.77.1:7470"
+  virtual std::string transport_description() const = 0;
+  /// Why the connection ended, or an empty message while it is open.
+  virtual Error close_reason() const = 0;
+};
+
+}  // namespace rdmabroker

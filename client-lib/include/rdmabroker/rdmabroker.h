@@ -1,0 +1,60 @@
+/* librdmabroker C API: a plain C face of the C++ client for other languages.
+ * Every call returns RB_OK (0) or a negative rb_status; rb_last_error() gives
+ * the message of the calling thread's last failure. */
+#ifndef RDMABROKER_RDMABROKER_H
+#define RDMABROKER_RDMABROKER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  RB_OK = 0,
+  RB_ERR_INVALID_ARGUMENT = -1,
+  RB_ERR_CONNECT_FAILED = -2,
+  RB_ERR_REJECTED = -3,
+  RB_ERR_TIMEOUT = -4,
+  RB_ERR_CLOSED = -5,
+  RB_ERR_BROKER = -6,
+  RB_ERR_RESOURCE = -7,
+  RB_ERR_PAYLOAD_TOO_LARGE = -8
+} rb_status;
+
+typedef struct rb_client rb_client;
+typedef struct rb_subscription rb_subscription;
+
+/* A message: valid for the duration of a callback, or until rb_message_free
+ * for one returned by rb_next_message. */
+typedef struct rb_message {
+  uint32_t sid;
+  const char* subject;
+  const void* data;
+  size_t len;
+  void* owner_; /* internal: set by rb_next_message for rb_message_free */
+} rb_message;
+
+typedef void (*rb_message_cb)(const rb_message* msg, void* user);
+
+/* bind_address may be NULL. */
+int rb_connect(const char* url, const char* bind_address, rb_client** out);
+int rb_publish(rb_client* c, const char* subject, const void* data, size_t len);
+int rb_subscribe(rb_client* c, const char* subject, rb_message_cb cb, void* user, uint32_t* sid_out);
+int rb_subscribe_sync(rb_client* c, const char* subject, rb_subscription** out);
+/* Waits up to timeout_ms for a message; free it with rb_message_free. */
+int rb_next_message(rb_subscription* s, int timeout_ms, rb_message** out);
+void rb_message_free(rb_message* m);
+void rb_subscription_free(rb_subscription* s);
+int rb_unsubscribe(rb_client* c, uint32_t sid);
+int rb_flush(rb_client* c, int timeout_ms);
+/* Closes and frees the client. */
+void rb_close(rb_client* c);
+const char* rb_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

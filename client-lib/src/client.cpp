@@ -1,0 +1,53 @@
+#include <charconv>
+
+#include "client_internal.hpp"
+
+namespace rdmabroker {
+
+Result<ParsedUrl> parse_url(std::string_view url) {
+  const auto bad = [&](const std::string& why) {
+    return Error{ErrorKind::kInvalidArgument, "bad broker URL '" + std::string(url) + "': " + why +
+                                                  " (expected rdma://host[:port])"};
+  };
+  ParsedUrl out;
+  const auto sep = url.find("://");
+  if (sep == std::string_view::npos) return bad("no scheme");
+  out.scheme = std::string(url.substr(0, sep));
+  std::string_view rest = url.substr(sep + 3);
+  if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
+  if (rest.empty()) return bad("no host");
+  std::string_view host = rest;
+  if (rest.front() == '[') {  // [v6]:port
+    const auto close = rest.find(']');
+    if (close == std::string_view::npos) return bad("unterminated [");
+    host = rest.substr(1, close - 1);
+    rest = rest.substr(close + 1);
+    if (!rest.empty() && rest.front() != ':') return bad("junk after ]");
+    if (!rest.empty()) rest.remove_prefix(1);
+    else rest = {};
+  } else if (const auto colon = rest.rfind(':'); colon != std::string_view::npos) {
+    host = rest.substr(0, colon);
+    rest = rest.substr(colon + 1);
+  } else {
+    rest = {};
+  }
+  if (host.empty()) return bad("no host");
+  out.host = std::string(host);
+  if (!rest.empty()) {
+    unsigned port = 0;
+    auto [p, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), port);
+    if (ec != std::errc{} || p != rest.data() + rest.size() || port == 0 || port > 65535) return bad("bad port");
+    out.port = static_cast<std::uint16_t>(port);
+  }
+  return out;
+}
+
+Result<std::unique_ptr<Client>> Client::connect(std::string_view url, ClientOptions options) {
+  auto parsed = parse_url(url);
+  if (!parsed) return parsed.error();
+  if (parsed->scheme == "rdma") return connect_rdma(*parsed, std::move(options));
+  return Error{ErrorKind::kInvalidArgument, "unsupported scheme '" + parsed->scheme + "' in '" + std::string(url) +
+                                                "' (this version speaks rdma://)"};
+}
+
+}  // namespace rdmabroker

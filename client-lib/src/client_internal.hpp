@@ -1,0 +1,25 @@
+// Internal to librdmabroker: URL parsing and the transport constructors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "rdmabroker/client.hpp"
+
+namespace rdmabroker {
+
+inline constexpr std::uint16_t kDefaultPort = 7470;
+
+struct ParsedUrl {
+  std::string scheme;  // "rdma"
+  std::string host;
+  std::uint16_t port = kDefaultPort;
+};
+
+/// Parses "scheme://host[:port]"; the error says what is wrong.
+Result<ParsedUrl> parse_url(std::string_view url);
+
+Result<std::unique_ptr<Client>> connect_rdma(const ParsedUrl& url, ClientOptions options);
+
+}  // namespace rdmabroker

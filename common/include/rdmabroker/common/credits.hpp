@@ -1,0 +1,73 @@
+// Credit-based flow control for one connection, one side's view (SPEC.md,
+// "Flow control"). Both directions run the same rules:
+//   - send side: a SEND may be posted only with a credit; the last credit is
+//     kept for a pure credit update, so two peers that both owe credits can
+//     never deadlock with zero credits each;
+//   - receive side: every receive consumed is owed back to the peer; credits
+//     return in the immediate data of the next SEND, or in a zero-byte SEND
+//     when half the window is owed or the peer is down to its reserve.
+// Pure arithmetic, no I/O: unit-tested on its own and used by the daemon and
+// the client library.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+namespace rdmabroker {
+
+class CreditWindow {
+ public:
+  /// Credits held back on the send side for pure credit updates.
+  static constexpr std::uint32_t kReserve = 1;
+
+  explicit CreditWindow(std::uint32_t window = 0) : window_(window) {}
+
+  // ---- send side: credits the peer granted us
+  void add_send_credits(std::uint32_t n) { send_credits_ += n; }
+  std::uint32_t send_credits() const { return send_credits_; }
+  bool can_send_data() const { return send_credits_ > kReserve; }
+  bool can_send_credit_update() const { return send_credits_ > 0; }
+  void consume_send() { --send_credits_; }
+
+  // ---- receive side: credits we granted the peer
+  std::uint32_t window() const { return window_; }
+  /// Credits the peer may still use (granted, not yet consumed).
+  std::uint32_t outstanding() const { return outstanding_; }
+  /// Receives consumed and not yet returned.
+  std::uint32_t owed() const { return owed_; }
+  /// Grants `n` credits without a prior receive (the handshake's initial credits).
+  void grant_initial(std::uint32_t n) { outstanding_ += n; }
+  /// A receive from the peer completed. False if the peer had no credit: a
+  /// protocol violation (it sent more than it was allowed).
+  bool on_receive() {
+    if (outstanding_ == 0) return false;
+    --outstanding_;
+    ++owed_;
+    return true;
+  }
+  /// Whether owed credits should go back now even without data to carry them.
+  bool should_return() const { return owed_ > 0 && (owed_ >= std::max<std::uint32_t>(1, window_ / 2) || outstanding_ <= kReserve); }
+  /// Takes up to `limit` owed credits for the next SEND's immediate data.
+  std::uint32_t take_owed(std::uint32_t limit) {
+    const std::uint32_t n = std::min({owed_, limit, std::uint32_t{0xffff}});
+    owed_ -= n;
+    outstanding_ += n;
+    return n;
+  }
+  /// The connection is gone: clears both sides and returns the credits that
+  /// were granted but never used (they no longer claim a posted receive).
+  std::uint32_t forfeit() {
+    owed_ = 0;
+    send_credits_ = 0;
+    return std::exchange(outstanding_, 0);
+  }
+
+ private:
+  std::uint32_t window_;
+  std::uint32_t send_credits_ = 0;
+  std::uint32_t outstanding_ = 0;
+  std::uint32_t owed_ = 0;
+};
+
+}  // namespace rdmabroker

@@ -1,0 +1,94 @@
+// RAII owners for every verbs and rdma_cm handle. Each alias frees its handle
+// with the matching destroy call; a struct that owns several declares them in
+// creation order so that reverse-order destruction is a valid teardown
+// (QP and AH before CQ/SRQ, MR before PD, the cm_id last).
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <memory>
+
+namespace rdmabroker::verbs {
+
+struct PdDeleter { void operator()(ibv_pd* p) const noexcept { ibv_dealloc_pd(p); } };
+struct CqDeleter { void operator()(ibv_cq* p) const noexcept { ibv_destroy_cq(p); } };
+struct CompChannelDeleter { void operator()(ibv_comp_channel* p) const noexcept { ibv_destroy_comp_channel(p); } };
+struct SrqDeleter { void operator()(ibv_srq* p) const noexcept { ibv_destroy_srq(p); } };
+struct MrDeleter { void operator()(ibv_mr* p) const noexcept { ibv_dereg_mr(p); } };
+struct AhDeleter { void operator()(ibv_ah* p) const noexcept { ibv_destroy_ah(p); } };
+struct EventChannelDeleter { void operator()(rdma_event_channel* p) const noexcept { rdma_destroy_event_channel(p); } };
+struct CmIdDeleter { void operator()(rdma_cm_id* p) const noexcept { rdma_destroy_id(p); } };
+struct DeviceListDeleter { void operator()(ibv_context** p) const noexcept { rdma_free_devices(p); } };
+
+using PdPtr = std::unique_ptr<ibv_pd, PdDeleter>;
+using CqPtr = std::unique_ptr<ibv_cq, CqDeleter>;
+using CompChannelPtr = std::unique_ptr<ibv_comp_channel, CompChannelDeleter>;
+using SrqPtr = std::unique_ptr<ibv_srq, SrqDeleter>;
+using MrPtr = std::unique_ptr<ibv_mr, MrDeleter>;
+using AhPtr = std::unique_ptr<ibv_ah, AhDeleter>;
+using EventChannelPtr = std::unique_ptr<rdma_event_channel, EventChannelDeleter>;
+using CmIdPtr = std::unique_ptr<rdma_cm_id, CmIdDeleter>;
+using DeviceListPtr = std::unique_ptr<ibv_context*, DeviceListDeleter>;
+
+/// A QP created through rdma_create_qp belongs to its cm_id: it is destroyed
+/// with rdma_destroy_qp, which clears id->qp. Holds the id, not the QP, so the
+/// owner keeps one pointer for both and destroys the QP before the id.
+class CmQp {
+ public:
+  CmQp() = default;
+  explicit CmQp(rdma_cm_id* id) : id_(id) {}
+  CmQp(CmQp&& o) noexcept : id_(o.id_) { o.id_ = nullptr; }
+  CmQp& operator=(CmQp&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = o.id_;
+      o.id_ = nullptr;
+    }
+    return *this;
+  }
+  CmQp(const CmQp&) = delete;
+  CmQp& operator=(const CmQp&) = delete;
+  ~CmQp() { reset(); }
+
+  void reset() noexcept {
+    if (id_ != nullptr && id_->qp != nullptr) rdma_destroy_qp(id_);
+    id_ = nullptr;
+  }
+  ibv_qp* get() const { return id_ != nullptr ? id_->qp : nullptr; }
+  explicit operator bool() const { return get() != nullptr; }
+
+ private:
+  rdma_cm_id* id_ = nullptr;
+};
+
+/// An rdma_cm event that is acknowledged when this owner goes away.
+struct CmEventDeleter { void operator()(rdma_cm_event* e) const noexcept { rdma_ack_cm_event(e); } };
+using CmEventPtr = std::unique_ptr<rdma_cm_event, CmEventDeleter>;
+
+/// Acknowledges CQ events in batches (ibv_ack_cq_events takes a mutex; per-event
+/// acks are measurable) and always before the CQ is destroyed.
+class CqEventAcker {
+ public:
+  explicit CqEventAcker(ibv_cq* cq = nullptr) : cq_(cq) {}
+  CqEventAcker(const CqEventAcker&) = delete;
+  CqEventAcker& operator=(const CqEventAcker&) = delete;
+  ~CqEventAcker() { flush(); }
+  void attach(ibv_cq* cq) {
+    flush();
+    cq_ = cq;
+  }
+  void add() {
+    if (++pending_ >= 64) flush();
+  }
+  void flush() noexcept {
+    if (cq_ != nullptr && pending_ != 0) ibv_ack_cq_events(cq_, pending_);
+    pending_ = 0;
+  }
+
+ private:
+  ibv_cq* cq_;
+  unsigned pending_ = 0;
+};
+
+}  // namespace rdmabroker::verbs

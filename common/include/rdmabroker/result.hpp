@@ -1,0 +1,62 @@
+// Errors as values: Error carries a category and a message written for the
+// person who reads it; Result<T> is a T or an Error. Used on every control path
+// of the daemon and in librdmabroker's public API (exceptions never cross it).
+#pragma once
+
+#include <cassert>
+#include <string>
+#include <utility>
+#include <variant>
+
+namespace rdmabroker {
+
+enum class ErrorKind {
+  kInvalidArgument,   // the caller passed something unusable (bad URL, subject, size)
+  kConnectFailed,     // address/route resolution or the connection attempt failed
+  kRejected,          // the broker refused the connection (reason in the message)
+  kTimeout,
+  kClosed,            // the connection is closed (by the caller, the broker or a failure)
+  kBrokerError,       // the broker answered with an ERROR frame
+  kResource,          // a verbs or system resource could not be created
+  kPayloadTooLarge,
+};
+
+struct Error {
+  ErrorKind kind;
+  std::string message;
+};
+
+template <typename T>
+class [[nodiscard]] Result {
+ public:
+  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor): errors-as-values idiom
+  Result(Error error) : v_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
+
+  bool ok() const { return v_.index() == 0; }
+  explicit operator bool() const { return ok(); }
+  T& value() & { assert(ok()); return std::get<0>(v_); }
+  T&& value() && { assert(ok()); return std::get<0>(std::move(v_)); }
+  const T& value() const& { assert(ok()); return std::get<0>(v_); }
+  T* operator->() { return &value(); }
+  T& operator*() & { return value(); }
+  const Error& error() const { assert(!ok()); return std::get<1>(v_); }
+
+ private:
+  std::variant<T, Error> v_;
+};
+
+/// Result of an operation that yields nothing but may fail.
+class [[nodiscard]] Status {
+ public:
+  Status() = default;
+  Status(Error error) : error_(std::move(error)), failed_(true) {}  // NOLINT(google-explicit-constructor)
+  bool ok() const { return !failed_; }
+  explicit operator bool() const { return ok(); }
+  const Error& error() const { assert(failed_); return error_; }
+
+ private:
+  Error error_{ErrorKind::kInvalidArgument, {}};
+  bool failed_ = false;
+};
+
+}  // namespace rdmabroker

@@ -1,0 +1,100 @@
+#include "broker/broker.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <thread>
+
+namespace rdmabroker::daemon {
+
+Result<std::unique_ptr<Broker>> Broker::create(const BrokerOptions& options) {
+  std::unique_ptr<Broker> b(new Broker());
+  b->core_.options = options;
+  auto& opt = b->core_.options;
+  if (opt.workers == 0) opt.workers = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
+  if (opt.buffer_size < proto::kMinBufferSize || opt.buffer_size > proto::kMaxBufferSize || opt.buffer_size % 64 != 0) {
+    return Error{ErrorKind::kInvalidArgument, "buffer size must be a multiple of 64 between " +
+                                                  std::to_string(proto::kMinBufferSize) + " and " +
+                                                  std::to_string(proto::kMaxBufferSize)};
+  }
+  if (opt.credits < 2 || opt.credits > 0xffff) return Error{ErrorKind::kInvalidArgument, "credits must be 2..65535"};
+  if (opt.max_inflight_sends < 1) return Error{ErrorKind::kInvalidArgument, "max in-flight sends must be >= 1"};
+
+  auto pool = BufferPool::create(opt.pool_buffers, opt.buffer_size);
+  if (!pool) return pool.error();
+  b->pool_ = std::move(pool.value());
+  auto devices = DeviceSet::open(*b->pool_);
+  if (!devices) return devices.error();
+  b->devices_ = std::move(devices.value());
+  b->core_.pool = b->pool_.get();
+  b->core_.devices = b->devices_.get();
+
+  for (std::uint32_t i = 0; i < opt.workers; ++i) {
+    b->workers_.push_back(std::make_unique<Worker>(i, b->core_));
+    b->core_.workers.push_back(b->workers_.back().get());
+  }
+  for (auto& w : b->workers_) {
+    if (auto st = w->init(); !st) return st.error();
+  }
+  b->listener_ = std::make_unique<Listener>(b->core_);
+  if (auto st = b->listener_->listen(); !st) return st.error();
+  return b;
+}
+
+Broker::~Broker() { stop(); }
+
+void Broker::start() {
+  for (auto& w : workers_) w->start();
+  listener_->start();
+}
+
+void Broker::stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  if (listener_) listener_->stop();
+  for (auto& w : workers_) w->post(ShutdownCommand{});
+  for (auto& w : workers_) w->join();
+}
+
+StatsSnapshot Broker::stats() const {
+  StatsSnapshot s;
+  auto add = [&](const std::string& k, std::int64_t v) { s[k] += v; };
+  for (const auto& w : workers_) {
+    const WorkerStats& ws = w->stats();
+    add("connections.accepted", static_cast<std::int64_t>(ws.connections_accepted.get()));
+    add("connections.current", ws.connections_current.get());
+    for (std::size_t r = 0; r < kCloseReasonCount; ++r) {
+      add("connections.closed." + std::string(to_string(static_cast<CloseReason>(r))),
+          static_cast<std::int64_t>(ws.connections_closed[r].get()));
+    }
+    add("connections.accept_failures", static_cast<std::int64_t>(ws.accept_failures.get()));
+    add("messages.in", static_cast<std::int64_t>(ws.messages_in.get()));
+    add("bytes.in", static_cast<std::int64_t>(ws.bytes_in.get()));
+    add("messages.no_subscribers", static_cast<std::int64_t>(ws.messages_no_subscribers.get()));
+    add("messages.delivered", static_cast<std::int64_t>(ws.deliveries.get()));
+    add("bytes.out", static_cast<std::int64_t>(ws.bytes_out.get()));
+    for (std::size_t r = 0; r < kDropReasonCount; ++r) {
+      add("messages.dropped." + std::string(to_string(static_cast<DropReason>(r))),
+          static_cast<std::int64_t>(ws.dropped[r].get()));
+    }
+    add("messages.pending", ws.pending_messages.get());
+    add("protocol_errors", static_cast<std::int64_t>(ws.protocol_errors.get()));
+    add("rdma.sends_posted", static_cast<std::int64_t>(ws.sends_posted.get()));
+    add("rdma.frames_sent", static_cast<std::int64_t>(ws.frames_sent.get()));
+    add("rdma.credit_updates", static_cast<std::int64_t>(ws.credit_updates.get()));
+    add("rdma.credit_stalls", static_cast<std::int64_t>(ws.credit_stalls.get()));
+    add("rdma.receives", static_cast<std::int64_t>(ws.receives.get()));
+    add("rdma.orphan_receives", static_cast<std::int64_t>(ws.orphan_receives.get()));
+    add("rdma.wc_errors", static_cast<std::int64_t>(ws.wc_errors.get()));
+    add("rdma.srq_refills", static_cast<std::int64_t>(ws.srq_refills.get()));
+    add("rdma.srq_posted", ws.srq_posted.get());
+  }
+  add("connections.rejected", static_cast<std::int64_t>(listener_->rejected()));
+  add("subscriptions", static_cast<std::int64_t>(core_.index.size()));
+  add("pool.buffers", pool_->count());
+  add("pool.in_use", pool_->in_use());
+  add("workers", static_cast<std::int64_t>(workers_.size()));
+  return s;
+}
+
+}  // namespace rdmabroker::daemon

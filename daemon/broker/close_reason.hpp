@@ -1,0 +1,60 @@
+// Why a connection ended. Every close carries exactly one; it is logged once and
+// counted (stats key "closed.<name>").
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+namespace rdmabroker::daemon {
+
+enum class CloseReason : unsigned char {
+  kClientClose,         // the client sent CLOSE (orderly)
+  kPeerDisconnected,    // the transport ended without CLOSE: crash, kill, network loss
+  kProtocolError,       // malformed or illegal frame; the client got an ERROR first
+  kSlowConsumer,        // outbound queue bound exceeded
+  kWorkCompletionError, // a send or receive completed in error
+  kQpFatal,             // asynchronous QP error event
+  kBrokerShutdown,
+  kDeviceRemoved,
+  kConnectFailed,       // the handshake never completed (REJECTED/UNREACHABLE/timeout)
+  kCount,
+};
+
+constexpr std::string_view to_string(CloseReason r) {
+  switch (r) {
+    case CloseReason::kClientClose: return "client_close";
+    case CloseReason::kPeerDisconnected: return "peer_disconnected";
+    case CloseReason::kProtocolError: return "protocol_error";
+    case CloseReason::kSlowConsumer: return "slow_consumer";
+    case CloseReason::kWorkCompletionError: return "wc_error";
+    case CloseReason::kQpFatal: return "qp_fatal";
+    case CloseReason::kBrokerShutdown: return "shutdown";
+    case CloseReason::kDeviceRemoved: return "device_removed";
+    case CloseReason::kConnectFailed: return "connect_failed";
+    case CloseReason::kCount: break;
+  }
+  return "unknown";
+}
+
+inline constexpr std::size_t kCloseReasonCount = static_cast<std::size_t>(CloseReason::kCount);
+
+/// Why a message that the broker accepted did not reach a subscriber. Each is
+/// a stated policy, counted (stats key "dropped.<name>").
+enum class DropReason : unsigned char {
+  kSlowConsumer,      // the subscriber's queue bound was exceeded; it is disconnected
+  kSubscriberClosed,  // queued for a subscriber whose connection then ended
+  kCount,
+};
+
+constexpr std::string_view to_string(DropReason r) {
+  switch (r) {
+    case DropReason::kSlowConsumer: return "slow_consumer";
+    case DropReason::kSubscriberClosed: return "subscriber_closed";
+    case DropReason::kCount: break;
+  }
+  return "unknown";
+}
+
+inline constexpr std::size_t kDropReasonCount = static_cast<std::size_t>(DropReason::kCount);
+
+}  // namespace rdmabroker::daemon

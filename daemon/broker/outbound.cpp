@@ -1,0 +1,73 @@
+#include "broker/outbound.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace rdmabroker::daemon {
+
+OutItem make_control(proto::FrameType type, std::uint32_t arg, std::string text) {
+  OutItem item;
+  if (text.size() > kMaxControlText) text.resize(kMaxControlText);
+  item.header.type = type;
+  item.header.arg = arg;
+  item.header.payload_len = static_cast<std::uint32_t>(text.size());
+  item.text = std::move(text);
+  return item;
+}
+
+namespace {
+
+/// Appends [addr, addr+len) to the SGE list, merging with the previous entry
+/// when contiguous in the same registration.
+void add_range(ibv_sge* sge, std::uint32_t& n, std::uint64_t addr, std::uint32_t len, std::uint32_t lkey) {
+  if (n > 0 && sge[n - 1].lkey == lkey && sge[n - 1].addr + sge[n - 1].length == addr) {
+    sge[n - 1].length += len;
+    return;
+  }
+  sge[n++] = ibv_sge{addr, len, lkey};
+}
+
+}  // namespace
+
+PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::span<std::byte> block,
+                     std::uint32_t block_lkey, std::uint32_t body_lkey, std::uint64_t& next_sequence,
+                     ibv_sge* sge, BufferRef* refs) {
+  PackedSend out;
+  std::size_t block_used = 0;
+  const std::uint32_t max_sge = std::min(limits.max_sge, kMaxSendSge);
+  while (!queue.empty() && out.frames < kMaxFramesPerSend) {
+    OutItem& item = queue.front();
+    const std::size_t wire = item.wire_len();
+    const std::size_t in_block = item.body ? proto::kHeaderSize : wire;
+    const std::uint32_t sge_needed = item.body ? 2 : 1;  // worst case, before merging
+    if (out.bytes + wire > limits.max_bytes || block_used + in_block > block.size() ||
+        out.num_sge + sge_needed > max_sge) {
+      break;
+    }
+    std::byte* dst = block.data() + block_used;
+    item.header.sequence = next_sequence++;
+    if (item.body) {
+      proto::encode_header(dst, item.header);
+      add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(dst), proto::kHeaderSize, block_lkey);
+      add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(item.body.data() + item.body_offset),
+                item.body_len, body_lkey);
+      refs[out.frames] = std::move(item.body);
+    } else {
+      proto::encode_frame(std::span<std::byte>(dst, in_block), item.header, {}, {},
+                          std::as_bytes(std::span<const char>(item.text.data(), item.text.size())));
+      add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(dst), static_cast<std::uint32_t>(in_block),
+                block_lkey);
+    }
+    if (item.is_delivery()) {
+      ++out.deliveries;
+      out.delivered_payload += item.header.payload_len;
+    }
+    block_used += in_block;
+    out.bytes += static_cast<std::uint32_t>(wire);
+    ++out.frames;
+    queue.pop_front();
+  }
+  return out;
+}
+
+}  // namespace rdmabroker::daemon

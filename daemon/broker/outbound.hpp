@@ -1,0 +1,69 @@
+// What waits to be sent to one client, and how it is packed into SENDs.
+//
+// A delivery is zero-copy: its header is written into a small registered send
+// block, its body (subject, reply, payload, padding) is referenced where it was
+// received. One SEND carries as many whole frames as fit the peer's receive
+// buffer and the QP's scatter/gather limit, so a busy connection coalesces many
+// small messages into one packet train (SPEC.md, "Batching").
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <string>
+
+#include "rdma/buffer_pool.hpp"
+#include "rdmabroker/proto/wire.hpp"
+
+namespace rdmabroker::daemon {
+
+/// Most frames one SEND carries: each needs up to two SGEs (header, body).
+inline constexpr std::uint32_t kMaxFramesPerSend = 16;
+inline constexpr std::uint32_t kMaxSendSge = 2 * kMaxFramesPerSend;
+/// A send block holds the headers and control frames of one SEND.
+inline constexpr std::uint32_t kSendBlockSize = 1024;
+/// Longest ERROR/CLOSE text; keeps a control frame well inside a send block.
+inline constexpr std::size_t kMaxControlText = 200;
+
+struct OutItem {
+  proto::FrameHeader header;  // sequence is assigned when packed
+  BufferRef body;             // deliveries: the received buffer holding the body
+  std::uint32_t body_offset = 0;
+  std::uint32_t body_len = 0;  // padded bytes after the header
+  std::string text;            // control frames (ERROR/CLOSE): copied into the send block
+
+  std::size_t wire_len() const { return proto::kHeaderSize + (body ? body_len : proto::align_up(text.size())); }
+  bool is_delivery() const { return header.type == proto::FrameType::kDeliver; }
+};
+
+/// A control frame (ERROR, CLOSE, PONG) whose body, if any, is text.
+OutItem make_control(proto::FrameType type, std::uint32_t arg, std::string text = {});
+
+struct PackLimits {
+  std::uint32_t max_bytes = 0;  // the peer's receive buffer size
+  std::uint32_t max_sge = kMaxSendSge;
+};
+
+struct PackedSend {
+  std::uint32_t frames = 0;
+  std::uint32_t bytes = 0;
+  std::uint32_t num_sge = 0;
+  std::uint32_t deliveries = 0;
+  std::uint64_t delivered_payload = 0;
+};
+
+/// Moves frames from the front of `queue` into one SEND: headers and control
+/// frames are written to `block` (registered with `block_lkey`), bodies are
+/// referenced with `body_lkey`, adjacent ranges merge into one SGE. Body
+/// references move to `refs` (at least kMaxFramesPerSend slots). Assigns
+/// sequence numbers from `next_sequence`. Packs nothing if the first frame
+/// does not fit (the caller guarantees it does: the handshake refuses peers
+/// whose buffers are smaller than the broker's frames).
+PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::span<std::byte> block,
+                     std::uint32_t block_lkey, std::uint32_t body_lkey, std::uint64_t& next_sequence,
+                     ibv_sge* sge, BufferRef* refs);
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,64 @@
+// Broker counters. Each worker owns one WorkerStats and is its only writer
+// (relaxed atomics so the admin thread can read without locks); a snapshot sums
+// them. Declared here, in one place, with their meaning.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "broker/close_reason.hpp"
+
+namespace rdmabroker::daemon {
+
+/// A monotonically increasing count with a single writer.
+class Counter {
+ public:
+  void add(std::uint64_t n = 1) { v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  std::uint64_t get() const { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::uint64_t> v_{0};
+};
+
+/// A value that goes up and down, with a single writer.
+class Gauge {
+ public:
+  void set(std::int64_t v) { v_.store(v, std::memory_order_relaxed); }
+  void add(std::int64_t n) { set(get() + n); }
+  std::int64_t get() const { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::int64_t> v_{0};
+};
+
+struct WorkerStats {
+  Counter connections_accepted;        // handshakes completed on this worker
+  std::array<Counter, kCloseReasonCount> connections_closed;  // by CloseReason
+  Gauge connections_current;           // open on this worker, any state
+  Counter messages_in;                 // PUBLISH frames accepted
+  Counter bytes_in;                    // their payload bytes
+  Counter messages_no_subscribers;     // PUBLISH with nobody subscribed (not a drop)
+  Counter deliveries;                  // DELIVER frames sent to subscribers
+  Counter bytes_out;                   // their payload bytes
+  std::array<Counter, kDropReasonCount> dropped;  // accepted, not delivered, by DropReason
+  Counter protocol_errors;             // ERROR frames sent for bad input
+  Counter sends_posted;                // SEND work requests posted
+  Counter frames_sent;                 // frames in those SENDs (frames/sends = batching)
+  Counter credit_updates;              // zero-byte SENDs that only return credits
+  Counter credit_stalls;               // flushes that had data but no send credit
+  Counter receives;                    // receive completions
+  Counter orphan_receives;             // receives for a QP that was already gone
+  Counter wc_errors;                   // completions with an error status other than flush
+  Counter srq_refills;                 // SRQ refills at the low watermark
+  Gauge srq_posted;                    // receives posted on this worker's SRQs
+  Gauge pending_messages;              // queued for subscribers, not yet posted
+  Counter accept_failures;             // connections handed over but never accepted
+};
+
+/// Sum of all workers plus broker-wide gauges; flattened to name -> value.
+using StatsSnapshot = std::map<std::string, std::int64_t>;
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,55 @@
+// The only way other threads reach a worker: a multi-producer queue owned by
+// the worker, with an eventfd that wakes the worker's epoll when the queue goes
+// from empty to non-empty.
+#pragma once
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "rdmabroker/common/fd.hpp"
+
+namespace rdmabroker::daemon {
+
+template <typename T>
+class CommandQueue {
+ public:
+  CommandQueue() : wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+
+  bool valid() const { return static_cast<bool>(wake_); }
+  int fd() const { return wake_.get(); }
+
+  /// Any thread.
+  void post(T item) {
+    bool was_empty;
+    {
+      std::lock_guard lock(mutex_);
+      was_empty = items_.empty();
+      items_.push_back(std::move(item));
+    }
+    if (was_empty) {
+      std::uint64_t one = 1;
+      [[maybe_unused]] auto n = ::write(wake_.get(), &one, sizeof one);
+    }
+  }
+
+  /// Owner thread: swaps out everything posted so far (FIFO order).
+  void drain(std::vector<T>& out) {
+    std::uint64_t v;
+    [[maybe_unused]] auto n = ::read(wake_.get(), &v, sizeof v);
+    out.clear();
+    std::lock_guard lock(mutex_);
+    std::swap(out, items_);
+  }
+
+ private:
+  UniqueFd wake_;
+  std::mutex mutex_;
+  std::vector<T> items_;  // guarded by mutex_
+};
+
+}  // namespace rdmabroker::daemon

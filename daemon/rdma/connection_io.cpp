@@ -1,0 +1,395 @@
+// Worker data path: receive -> decode -> route -> subscriber queues -> one
+// flush per touched connection; send completions; and the single teardown path
+// every connection takes however it ends.
+#include <arpa/inet.h>
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "rdma/worker.hpp"
+
+namespace rdmabroker::daemon {
+
+using proto::ErrorCode;
+using proto::FrameType;
+
+// ---------------------------------------------------------------- receive
+
+void Worker::on_receive(DevicePort& port, const ibv_wc& wc) {
+  const auto index = static_cast<std::uint32_t>(wc.wr_id & ~kRecvFlag);
+  BufferRef buf(core_.pool, index);  // adopts the reference the SRQ held
+  port.posted_flag[index] = 0;
+  --port.posted;
+  stats_.srq_posted.add(-1);
+  stats_.receives.add();
+
+  auto it = port.by_qp.find(wc.qp_num);
+  if (it == port.by_qp.end()) {
+    stats_.orphan_receives.add();
+    return;
+  }
+  Connection& c = *it->second;
+  if (wc.status != IBV_WC_SUCCESS) {
+    if (wc.status != IBV_WC_WR_FLUSH_ERR) {
+      stats_.wc_errors.add();
+      spdlog::warn("connection {} ({}): receive failed: {}", c.id, c.peer, ibv_wc_status_str(wc.status));
+    }
+    close(c, CloseReason::kWorkCompletionError);
+    return;
+  }
+  if (!c.credits.on_receive()) {
+    close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation, "SEND without a credit");
+    return;
+  }
+  --port.outstanding;
+  if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) c.credits.add_send_credits(ntohl(wc.imm_data));
+  touch(c);
+  if (c.state == ConnState::kEstablished) process_frames(c, buf, wc.byte_len);
+}
+
+void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t len) {
+  std::span<const std::byte> data(buf.data(), len);
+  std::size_t off = 0;
+  while (off < len && c.state == ConnState::kEstablished) {
+    proto::Frame f;
+    const auto st = proto::decode_frame(data.subspan(off), opt_.buffer_size, f);
+    if (st != proto::DecodeStatus::kOk) {
+      close(c, CloseReason::kProtocolError, proto::error_for(st),
+            "frame at byte " + std::to_string(off) + " of a " + std::to_string(len) + "-byte SEND: " +
+                std::string(proto::to_string(st)));
+      return;
+    }
+    f.offset = off;
+    const auto& h = f.header;
+    switch (h.type) {
+      case FrameType::kPublish:
+        stats_.messages_in.add();
+        stats_.bytes_in.add(h.payload_len);
+        route_publish(f, buf);
+        break;
+      case FrameType::kSubscribe: {
+        if (c.subscriptions.contains(h.arg)) {
+          enqueue(c, make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kDuplicateSubscription),
+                                  "subscription id " + std::to_string(h.arg) + " is already in use"));
+          break;
+        }
+        if (c.subscriptions.size() >= opt_.max_subscriptions) {
+          enqueue(c, make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kTooManySubscriptions),
+                                  "limit of " + std::to_string(opt_.max_subscriptions) + " subscriptions reached"));
+          break;
+        }
+        c.subscriptions.emplace(h.arg, std::string(f.subject));
+        core_.index.add(f.subject, Subscriber{index_, c.id, h.arg});
+        break;
+      }
+      case FrameType::kUnsubscribe: {
+        auto it = c.subscriptions.find(h.arg);
+        if (it == c.subscriptions.end()) {
+          enqueue(c, make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kUnknownSubscription),
+                                  "no subscription with id " + std::to_string(h.arg)));
+          break;
+        }
+        core_.index.remove(it->second, Subscriber{index_, c.id, h.arg});
+        c.subscriptions.erase(it);
+        break;
+      }
+      case FrameType::kPing:
+        enqueue(c, make_control(FrameType::kPong, 0));
+        break;
+      case FrameType::kCredit:
+        c.credits.add_send_credits(h.arg);
+        break;
+      case FrameType::kClose:
+        c.close_received = true;
+        close(c, CloseReason::kClientClose);
+        return;
+      case FrameType::kDeliver:
+      case FrameType::kPong:
+      case FrameType::kError:
+        close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
+              std::string(proto::to_string(h.type)) + " is sent by the broker, never to it");
+        return;
+    }
+    off += h.frame_len();
+  }
+}
+
+void Worker::route_publish(const proto::Frame& f, const BufferRef& buf) {
+  core_.index.match(f.subject, match_scratch_);
+  if (match_scratch_.empty()) {
+    stats_.messages_no_subscribers.add();
+    return;
+  }
+  for (const Subscriber& s : match_scratch_) {
+    OutItem item;
+    item.header = f.header;
+    item.header.type = FrameType::kDeliver;
+    item.header.arg = s.sid;
+    item.body = buf.clone();
+    item.body_offset = static_cast<std::uint32_t>(f.offset + proto::kHeaderSize);
+    item.body_len = static_cast<std::uint32_t>(f.header.frame_len() - proto::kHeaderSize);
+    if (s.worker == index_) {
+      Connection* c = find(s.connection);
+      if (c == nullptr || c->state != ConnState::kEstablished) {
+        stats_.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add();
+        continue;
+      }
+      enqueue(*c, std::move(item));
+    } else {
+      remote_[s.worker].emplace_back(s.connection, std::move(item));
+    }
+  }
+}
+
+void Worker::post_remote_batches() {
+  for (std::size_t w = 0; w < remote_.size(); ++w) {
+    if (remote_[w].empty()) continue;
+    DeliverCommand cmd;
+    cmd.items.swap(remote_[w]);
+    core_.workers[w]->post(std::move(cmd));
+  }
+}
+
+void Worker::enqueue(Connection& c, OutItem item) {
+  if (item.is_delivery() && c.outq.size() >= opt_.max_pending) {
+    spdlog::warn("connection {} ({}): slow consumer, {} messages pending", c.id, c.peer, c.outq.size());
+    stats_.dropped[static_cast<std::size_t>(DropReason::kSlowConsumer)].add();  // this one
+    close(c, CloseReason::kSlowConsumer);
+    return;
+  }
+  c.outq.push_back(std::move(item));
+  stats_.pending_messages.add(1);
+  touch(c);
+}
+
+// ---------------------------------------------------------------- send
+
+void Worker::touch(Connection& c) {
+  if (!c.touched) {
+    c.touched = true;
+    touched_.push_back(&c);
+  }
+}
+
+void Worker::flush_touched() {
+  // flush() may close a connection, but never destroys one: pointers stay valid.
+  for (std::size_t i = 0; i < touched_.size(); ++i) {
+    Connection* c = touched_[i];
+    c->touched = false;
+    flush(*c);
+  }
+  touched_.clear();
+}
+
+std::uint32_t Worker::take_credits_to_return(Connection& c) {
+  return c.credits.take_owed(c.port->credit_budget());
+}
+
+void Worker::flush(Connection& c) {
+  if (c.state == ConnState::kEstablished || c.state == ConnState::kDraining) {
+    DevicePort& port = *c.port;
+    while (c.inflight_count < c.inflight.size() - 1) {
+      if (c.outq.empty()) {
+        // Nothing to carry credits: return them alone if the client needs them.
+        if (c.credits.should_return() && c.credits.can_send_credit_update() && port.credit_budget() > 0) {
+          const std::uint32_t imm = take_credits_to_return(c);
+          if (imm > 0 && !post_send(c, kNoBlock, nullptr, 0, imm, nullptr, 0)) return;
+          if (imm > 0) stats_.credit_updates.add();
+        }
+        break;
+      }
+      if (!c.credits.can_send_data()) {
+        stats_.credit_stalls.add();
+        break;
+      }
+      if (free_blocks_.empty()) break;  // retried when a send completes
+      const std::uint32_t block = free_blocks_.back();
+      ibv_sge sge[kMaxSendSge];
+      std::array<BufferRef, kMaxFramesPerSend> refs;
+      const PackLimits limits{c.peer_buffer_size, port.max_sge};
+      const PackedSend packed = pack_send(c.outq, limits, block_span(block), port.send_blocks_mr->lkey,
+                                          port.device->pool_mr->lkey, c.next_sequence, sge, refs.data());
+      if (packed.frames == 0) {
+        // Cannot happen: the handshake guarantees every frame fits a peer buffer.
+        spdlog::error("connection {}: a {}-byte frame does not fit one SEND", c.id, c.outq.front().wire_len());
+        close(c, CloseReason::kProtocolError);
+        return;
+      }
+      free_blocks_.pop_back();
+      stats_.pending_messages.add(-static_cast<std::int64_t>(packed.frames));
+      stats_.deliveries.add(packed.deliveries);
+      stats_.bytes_out.add(packed.delivered_payload);
+      if (!post_send(c, block, sge, packed.num_sge, take_credits_to_return(c), &refs, packed.frames)) return;
+    }
+  }
+  if (c.state == ConnState::kDraining && c.outq.empty() && c.inflight_count == 0) disconnect(c);
+}
+
+bool Worker::post_send(Connection& c, std::uint32_t block, const ibv_sge* sge, std::uint32_t num_sge,
+                       std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs, std::uint32_t frames) {
+  const std::uint32_t slot = (c.inflight_head + c.inflight_count) % static_cast<std::uint32_t>(c.inflight.size());
+  InflightSend& rec = c.inflight[slot];
+  rec.block = block;
+  rec.frames = frames;
+  if (refs != nullptr) {
+    for (std::uint32_t i = 0; i < frames; ++i) rec.refs[i] = std::move((*refs)[i]);
+  }
+  ibv_send_wr wr{};
+  wr.wr_id = slot;
+  wr.opcode = IBV_WR_SEND_WITH_IMM;
+  wr.imm_data = htonl(imm);
+  wr.sg_list = const_cast<ibv_sge*>(sge);
+  wr.num_sge = static_cast<int>(num_sge);
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  ++c.inflight_count;
+  c.credits.consume_send();
+  if (ibv_post_send(c.qp.get(), &wr, &bad) != 0) {
+    const int err = errno;
+    --c.inflight_count;
+    for (auto& r : rec.refs) r.reset();
+    if (block != kNoBlock) free_blocks_.push_back(block);
+    spdlog::warn("connection {} ({}): ibv_post_send: {}", c.id, c.peer, std::strerror(err));
+    stats_.wc_errors.add();
+    close(c, CloseReason::kWorkCompletionError);
+    return false;
+  }
+  stats_.sends_posted.add();
+  stats_.frames_sent.add(frames);
+  return true;
+}
+
+void Worker::on_send_complete(DevicePort& port, const ibv_wc& wc) {
+  auto it = port.by_qp.find(wc.qp_num);
+  if (it == port.by_qp.end()) return;  // destroyed after its deadline; refs were released then
+  Connection& c = *it->second;
+  if (c.inflight_count == 0) return;
+  InflightSend& rec = c.inflight[c.inflight_head];
+  for (std::uint32_t i = 0; i < rec.frames; ++i) rec.refs[i].reset();
+  if (rec.block != kNoBlock) free_blocks_.push_back(rec.block);
+  c.inflight_head = (c.inflight_head + 1) % static_cast<std::uint32_t>(c.inflight.size());
+  --c.inflight_count;
+  if (wc.status != IBV_WC_SUCCESS) {
+    if (wc.status != IBV_WC_WR_FLUSH_ERR) {
+      stats_.wc_errors.add();
+      spdlog::warn("connection {} ({}): send failed: {}", c.id, c.peer, ibv_wc_status_str(wc.status));
+    }
+    close(c, CloseReason::kWorkCompletionError);
+    try_finish(c);
+    return;
+  }
+  if (c.state == ConnState::kDisconnecting) {
+    try_finish(c);
+    return;
+  }
+  touch(c);
+  // A freed send block may unblock other connections of this worker.
+  if (free_blocks_.size() == 1) {
+    for (auto& [id, other] : connections_) {
+      if (!other->outq.empty()) touch(*other);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- teardown
+
+void Worker::close(Connection& c, CloseReason reason, ErrorCode code, std::string message) {
+  if (c.state == ConnState::kDraining || c.state == ConnState::kDisconnecting) {
+    if (c.state == ConnState::kDraining && c.peer_disconnected) disconnect(c);
+    return;
+  }
+  c.reason = reason;
+  remove_subscriptions(c);
+  const bool can_tell = c.state == ConnState::kEstablished && !c.peer_disconnected && code != ErrorCode::kNone;
+  if (!can_tell) {
+    disconnect(c);
+    return;
+  }
+  // Shutdown flushes what is queued, then CLOSE; an error drops the queue and
+  // sends ERROR. Either way the client learns why before the disconnect.
+  if (reason == CloseReason::kProtocolError) {
+    stats_.protocol_errors.add();
+    spdlog::warn("connection {} ({}): protocol error: {}", c.id, c.peer, message);
+    drop_queue(c, DropReason::kSubscriberClosed);
+  }
+  const FrameType type = reason == CloseReason::kBrokerShutdown ? FrameType::kClose : FrameType::kError;
+  c.outq.push_back(make_control(type, static_cast<std::uint32_t>(code), std::move(message)));
+  stats_.pending_messages.add(1);
+  c.state = ConnState::kDraining;
+  c.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(opt_.drain_timeout_ms);
+  closing_.push_back(c.id);
+  touch(c);
+}
+
+void Worker::disconnect(Connection& c) {
+  if (c.state == ConnState::kDisconnecting) return;
+  if (c.reason == CloseReason::kCount) c.reason = CloseReason::kPeerDisconnected;
+  remove_subscriptions(c);
+  drop_queue(c, c.reason == CloseReason::kSlowConsumer ? DropReason::kSlowConsumer : DropReason::kSubscriberClosed);
+  c.state = ConnState::kDisconnecting;
+  c.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(opt_.drain_timeout_ms);
+  closing_.push_back(c.id);
+  // Moves the QP to the error state: posted sends complete as flushed.
+  if (!c.peer_disconnected) rdma_disconnect(c.cm_id.get());
+  try_finish(c);
+}
+
+void Worker::drop_queue(Connection& c, DropReason why) {
+  std::uint64_t dropped = 0;
+  for (const auto& item : c.outq) {
+    if (item.is_delivery()) ++dropped;
+  }
+  stats_.pending_messages.add(-static_cast<std::int64_t>(c.outq.size()));
+  stats_.dropped[static_cast<std::size_t>(why)].add(dropped);
+  c.outq.clear();
+}
+
+void Worker::try_finish(Connection& c) {
+  if (c.state != ConnState::kDisconnecting || c.reaping) return;
+  const bool drained = c.inflight_count == 0 && c.peer_disconnected;
+  if (!drained && std::chrono::steady_clock::now() < c.deadline) return;
+  // Destroyed at the end of the loop turn, never under a caller that still
+  // holds a reference to it.
+  c.reaping = true;
+  reap_.push_back(c.id);
+}
+
+void Worker::reap() {
+  for (std::uint64_t id : reap_) {
+    if (Connection* c = find(id)) destroy(*c);
+  }
+  reap_.clear();
+}
+
+void Worker::destroy(Connection& c) {
+  DevicePort& port = *c.port;
+  // Release what in-flight sends still hold (only after a deadline forced us).
+  while (c.inflight_count > 0) {
+    InflightSend& rec = c.inflight[c.inflight_head];
+    for (std::uint32_t i = 0; i < rec.frames; ++i) rec.refs[i].reset();
+    if (rec.block != kNoBlock) free_blocks_.push_back(rec.block);
+    c.inflight_head = (c.inflight_head + 1) % static_cast<std::uint32_t>(c.inflight.size());
+    --c.inflight_count;
+  }
+  port.outstanding -= std::min(port.outstanding, c.credits.forfeit());
+  port.by_qp.erase(c.qp_num);
+  stats_.connections_closed[static_cast<std::size_t>(c.reason)].add();
+  stats_.connections_current.add(-1);
+  core_.connections.fetch_sub(1);
+  spdlog::info("connection {} ({}) closed: {}", c.id, c.peer, to_string(c.reason));
+  if (c.touched) {
+    std::erase(touched_, &c);
+    c.touched = false;
+  }
+  // QP before cm_id (member order of Connection); erase destroys both.
+  c.qp.reset();
+  connections_.erase(c.id);
+}
+
+void Worker::remove_subscriptions(Connection& c) {
+  for (const auto& [sid, subject] : c.subscriptions) core_.index.remove(subject, Subscriber{index_, c.id, sid});
+  c.subscriptions.clear();
+}
+
+}  // namespace rdmabroker::daemon

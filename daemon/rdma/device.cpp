@@ -1,0 +1,54 @@
+#include "rdma/device.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+namespace rdmabroker::daemon {
+
+Result<std::unique_ptr<DeviceSet>> DeviceSet::open(const BufferPool& pool) {
+  auto set = std::make_unique<DeviceSet>();
+  int n = 0;
+  set->list_.reset(rdma_get_devices(&n));
+  if (!set->list_ || n == 0) {
+    return Error{ErrorKind::kResource,
+                 "no RDMA device found (rdma_get_devices): load a driver (e.g. rdma_rxe) and check `rdma link`"};
+  }
+  for (int i = 0; i < n; ++i) {
+    auto dev = std::make_unique<Device>();
+    dev->index = static_cast<std::uint32_t>(i);
+    dev->context = set->list_.get()[i];
+    dev->name = ibv_get_device_name(dev->context->device);
+    if (ibv_query_device(dev->context, &dev->attr) != 0) {
+      return Error{ErrorKind::kResource, "ibv_query_device(" + dev->name + "): " + std::strerror(errno)};
+    }
+    dev->pd.reset(ibv_alloc_pd(dev->context));
+    if (!dev->pd) return Error{ErrorKind::kResource, "ibv_alloc_pd(" + dev->name + "): " + std::strerror(errno)};
+    auto region = pool.region();
+    dev->pool_mr.reset(ibv_reg_mr(dev->pd.get(), region.data(), region.size(), IBV_ACCESS_LOCAL_WRITE));
+    if (!dev->pool_mr) {
+      return Error{ErrorKind::kResource, "ibv_reg_mr of the " + std::to_string(region.size()) +
+                                             "-byte buffer pool on " + dev->name + ": " + std::strerror(errno) +
+                                             (errno == ENOMEM ? " (raise the memlock limit: ulimit -l / LimitMEMLOCK)" : "")};
+    }
+    set->devices_.push_back(std::move(dev));
+  }
+  return set;
+}
+
+Device* DeviceSet::find(const ibv_context* context) const {
+  for (const auto& d : devices_) {
+    if (d->context == context) return d.get();
+  }
+  return nullptr;
+}
+
+std::string DeviceSet::names() const {
+  std::string s;
+  for (const auto& d : devices_) {
+    if (!s.empty()) s += ", ";
+    s += d->name;
+  }
+  return s;
+}
+
+}  // namespace rdmabroker::daemon

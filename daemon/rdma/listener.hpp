@@ -1,0 +1,54 @@
+// The CM thread: owns the listening cm_id and its event channel, validates
+// each connect request's handshake, and hands the new cm_id to a worker
+// (rdma_migrate_id onto the worker's own event channel, then an
+// AcceptCommand). It also watches every device's asynchronous event fd and
+// forwards QP errors to the worker that owns the QP.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <thread>
+
+#include "rdma/worker.hpp"
+#include "rdmabroker/common/fd.hpp"
+#include "rdmabroker/common/verbs.hpp"
+#include "rdmabroker/result.hpp"
+
+namespace rdmabroker::daemon {
+
+class Listener {
+ public:
+  explicit Listener(BrokerCore& core) : core_(core) {}
+  ~Listener();
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+
+  /// Binds and listens (calling thread); the error names the address.
+  Status listen();
+  void start();
+  /// Stops accepting: further connect requests are refused, the thread exits.
+  void stop();
+
+  /// Connections refused before reaching a worker, by reason.
+  std::uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
+
+ private:
+  void run();
+  void on_connect_request(rdma_cm_event* ev);
+  void on_async_event(Device& dev);
+  void reject(rdma_cm_id* id, proto::RejectReason reason, const std::string& peer);
+
+  BrokerCore& core_;
+  verbs::EventChannelPtr channel_;
+  verbs::CmIdPtr listen_id_;  // after channel_: destroyed first
+  UniqueFd stop_fd_;
+  std::atomic<std::uint64_t> rejected_{0};
+  std::atomic<std::uint64_t> next_connection_id_{1};
+  std::thread thread_;
+};
+
+/// "a.b.c.d:port" of the peer of a cm_id.
+std::string peer_address(rdma_cm_id* id);
+
+}  // namespace rdmabroker::daemon

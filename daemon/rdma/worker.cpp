@@ -1,0 +1,379 @@
+// Worker: event loop, per-device resources, commands and CM events.
+// Data-path handling (receive, route, flush, close) is in connection_io.cpp.
+#include "rdma/worker.hpp"
+
+#include <arpa/inet.h>
+#include <spdlog/spdlog.h>
+#include <sys/epoll.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace rdmabroker::daemon {
+
+namespace {
+// epoll user data: which fd woke us.
+constexpr std::uint64_t kTagCommands = 1ull << 62;
+constexpr std::uint64_t kTagCm = 1ull << 61;
+}  // namespace
+
+Worker::Worker(std::uint32_t index, BrokerCore& core) : index_(index), core_(core), opt_(core.options) {}
+
+Worker::~Worker() {
+  join();
+  // Explicit teardown order: QPs and cm_ids, then SRQs (returning the buffers
+  // still posted on them), then CQs and channels with the rest of the port.
+  connections_.clear();
+  for (auto& port : ports_) {
+    port->srq.reset();
+    for (std::uint32_t i = 0; i < port->posted_flag.size(); ++i) {
+      if (port->posted_flag[i] != 0) core_.pool->release(i);
+    }
+    port->posted_flag.clear();
+  }
+  ports_.clear();
+}
+
+Status Worker::init() {
+  auto sys_error = [](const std::string& what) {
+    return Error{ErrorKind::kResource, what + ": " + std::strerror(errno)};
+  };
+  send_blocks_.reset(new std::byte[std::size_t{opt_.send_blocks} * kSendBlockSize]());
+  free_blocks_.reserve(opt_.send_blocks);
+  for (std::uint32_t b = opt_.send_blocks; b-- > 0;) free_blocks_.push_back(b);
+
+  cm_channel_.reset(rdma_create_event_channel());
+  if (!cm_channel_) return sys_error("rdma_create_event_channel");
+  if (!set_nonblocking(cm_channel_->fd)) return sys_error("O_NONBLOCK on the CM channel");
+  if (!commands_.valid()) return sys_error("eventfd");
+  epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_) return sys_error("epoll_create1");
+  auto watch = [&](int fd, std::uint64_t tag) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = tag;
+    return ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) == 0;
+  };
+  if (!watch(commands_.fd(), kTagCommands) || !watch(cm_channel_->fd, kTagCm)) return sys_error("epoll_ctl");
+
+  const std::uint32_t per_worker_conns = opt_.max_connections / static_cast<std::uint32_t>(core_.workers.size()) + 1;
+  for (const auto& dev : core_.devices->devices()) {
+    auto port = std::make_unique<DevicePort>();
+    port->device = dev.get();
+    const auto& attr = dev->attr;
+    port->srq_depth = std::min<std::uint32_t>(opt_.srq_depth, static_cast<std::uint32_t>(attr.max_srq_wr));
+    port->max_sge = std::min<std::uint32_t>(kMaxSendSge, static_cast<std::uint32_t>(attr.max_sge));
+    // Every signaled send and every receive needs a CQ slot: size for the SRQ
+    // plus a full send window on every connection this worker may hold.
+    const std::uint64_t want = std::uint64_t{port->srq_depth} + std::uint64_t{per_worker_conns} * (opt_.max_inflight_sends + 1);
+    const int cqe = static_cast<int>(std::min<std::uint64_t>(want, static_cast<std::uint64_t>(attr.max_cqe)));
+    port->channel.reset(ibv_create_comp_channel(dev->context));
+    if (!port->channel) return sys_error("ibv_create_comp_channel(" + dev->name + ")");
+    if (!set_nonblocking(port->channel->fd)) return sys_error("O_NONBLOCK on the completion channel");
+    port->cq.reset(ibv_create_cq(dev->context, cqe, nullptr, port->channel.get(), 0));
+    if (!port->cq) return sys_error("ibv_create_cq(" + dev->name + ", " + std::to_string(cqe) + ")");
+    port->acker.attach(port->cq.get());
+    ibv_srq_init_attr srq_attr{};
+    srq_attr.attr.max_wr = port->srq_depth;
+    srq_attr.attr.max_sge = 1;
+    port->srq.reset(ibv_create_srq(dev->pd.get(), &srq_attr));
+    if (!port->srq) return sys_error("ibv_create_srq(" + dev->name + ")");
+    port->send_blocks_mr.reset(ibv_reg_mr(dev->pd.get(), send_blocks_.get(),
+                                          std::size_t{opt_.send_blocks} * kSendBlockSize, IBV_ACCESS_LOCAL_WRITE));
+    if (!port->send_blocks_mr) return sys_error("ibv_reg_mr of the send blocks on " + dev->name);
+    port->posted_flag.assign(core_.pool->count(), 0);
+    if (!watch(port->channel->fd, ports_.size())) return sys_error("epoll_ctl");
+    ports_.push_back(std::move(port));
+  }
+  remote_.resize(core_.workers.size());
+  refill_srqs();
+  return {};
+}
+
+void Worker::start() {
+  thread_ = std::thread([this] { run(); });
+}
+
+void Worker::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void Worker::run() {
+  while (true) {
+    handle_commands();
+    handle_cm_events();
+    bool busy = false;
+    for (auto& port : ports_) busy |= poll_port(*port);
+    post_remote_batches();
+    flush_touched();
+    refill_srqs();
+    check_deadlines();
+    reap();
+    if (stopping_ && connections_.empty()) break;
+    if (!busy) arm_and_wait(stopping_ ? 50 : 200);
+  }
+  spdlog::debug("worker {}: stopped", index_);
+}
+
+void Worker::arm_and_wait(int timeout_ms) {
+  // Arm every CQ, then poll once more: a completion that arrived between the
+  // last empty poll and the arm raises no event, and would otherwise sit in
+  // the CQ until something else woke us.
+  for (auto& port : ports_) {
+    if (!port->armed) {
+      ibv_req_notify_cq(port->cq.get(), 0);
+      port->armed = true;
+    }
+  }
+  bool busy = false;
+  for (auto& port : ports_) busy |= poll_port(*port);
+  if (busy) return;
+
+  epoll_event events[16];
+  const int n = ::epoll_wait(epoll_.get(), events, 16, timeout_ms);
+  for (int i = 0; i < n; ++i) {
+    const std::uint64_t tag = events[i].data.u64;
+    if (tag == kTagCommands || tag == kTagCm) continue;  // handled at the top of the loop
+    DevicePort& port = *ports_[tag];
+    ibv_cq* cq = nullptr;
+    void* ctx = nullptr;
+    while (ibv_get_cq_event(port.channel.get(), &cq, &ctx) == 0) {
+      port.acker.add();
+      port.armed = false;
+    }
+  }
+}
+
+bool Worker::poll_port(DevicePort& port) {
+  ibv_wc wcs[32];
+  bool any = false;
+  int n;
+  while ((n = ibv_poll_cq(port.cq.get(), 32, wcs)) > 0) {
+    any = true;
+    for (int i = 0; i < n; ++i) {
+      // The opcode of an error completion is undefined: tell receives from
+      // sends by the wr_id we chose.
+      if ((wcs[i].wr_id & kRecvFlag) != 0) {
+        on_receive(port, wcs[i]);
+      } else {
+        on_send_complete(port, wcs[i]);
+      }
+    }
+    if (n < 32) break;
+  }
+  if (n < 0) spdlog::error("worker {}: ibv_poll_cq on {} failed", index_, port.device->name);
+  return any;
+}
+
+void Worker::handle_commands() {
+  commands_.drain(command_scratch_);
+  for (auto& cmd : command_scratch_) {
+    if (auto* a = std::get_if<AcceptCommand>(&cmd)) {
+      handle_accept(*a);
+    } else if (auto* d = std::get_if<DeliverCommand>(&cmd)) {
+      for (auto& [conn_id, item] : d->items) {
+        Connection* c = find(conn_id);
+        if (c == nullptr || c->state != ConnState::kEstablished) {
+          stats_.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add();
+          continue;
+        }
+        enqueue(*c, std::move(item));
+      }
+    } else if (auto* q = std::get_if<QpFatalCommand>(&cmd)) {
+      if (Connection* c = find(q->connection_id)) {
+        spdlog::warn("connection {} ({}): {}", c->id, c->peer, q->event);
+        close(*c, CloseReason::kQpFatal);
+      }
+    } else if (std::holds_alternative<ShutdownCommand>(cmd)) {
+      stopping_ = true;
+      std::vector<Connection*> all;
+      for (auto& [id, c] : connections_) all.push_back(c.get());
+      for (Connection* c : all) {
+        if (c->state == ConnState::kEstablished) {
+          close(*c, CloseReason::kBrokerShutdown, proto::ErrorCode::kServerShutdown, "broker shutting down");
+        } else {
+          close(*c, CloseReason::kBrokerShutdown);
+        }
+      }
+    }
+  }
+  command_scratch_.clear();
+}
+
+void Worker::reject(rdma_cm_id* id, proto::RejectReason reason) {
+  auto data = proto::encode(proto::ConnectReject{reason, opt_.buffer_size});
+  rdma_reject(id, data.data(), static_cast<std::uint8_t>(data.size()));
+}
+
+void Worker::handle_accept(AcceptCommand& cmd) {
+  verbs::CmIdPtr id(cmd.id);
+  auto fail = [&](proto::RejectReason reason, const std::string& why) {
+    spdlog::warn("connection {} from {} refused: {}", cmd.connection_id, cmd.peer, why);
+    stats_.accept_failures.add();
+    reject(id.get(), reason);
+    core_.connections.fetch_sub(1);
+  };
+  DevicePort* port = nullptr;
+  for (auto& p : ports_) {
+    if (p->device->context == id->verbs) port = p.get();
+  }
+  if (port == nullptr) return fail(proto::RejectReason::kNoResources, "unknown device");
+  if (stopping_) return fail(proto::RejectReason::kShuttingDown, "shutting down");
+  const std::uint32_t grant = std::min(opt_.credits, port->credit_budget());
+  if (grant < 2) return fail(proto::RejectReason::kNoResources, "no receive credits left on " + port->device->name);
+
+  ibv_qp_init_attr attr{};
+  attr.qp_context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(cmd.connection_id));
+  attr.send_cq = port->cq.get();
+  attr.recv_cq = port->cq.get();
+  attr.srq = port->srq.get();
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = opt_.max_inflight_sends + 1;  // + a credit update
+  attr.cap.max_send_sge = port->max_sge;
+  if (rdma_create_qp(id.get(), port->device->pd.get(), &attr) != 0) {
+    return fail(proto::RejectReason::kNoResources, std::string("rdma_create_qp: ") + std::strerror(errno));
+  }
+  auto conn = std::make_unique<Connection>();
+  conn->id = cmd.connection_id;
+  conn->port = port;
+  conn->peer = std::move(cmd.peer);
+  conn->qp = verbs::CmQp(id.get());
+  conn->qp_num = id->qp->qp_num;
+  conn->peer_buffer_size = cmd.request.recv_buffer_size;
+  conn->credits = CreditWindow(grant);
+  conn->credits.grant_initial(grant);
+  conn->credits.add_send_credits(cmd.request.initial_credits);
+  conn->inflight.resize(opt_.max_inflight_sends + 1);
+  port->outstanding += grant;
+
+  auto data = proto::encode(proto::ConnectAccept{opt_.buffer_size, grant, cmd.connection_id});
+  rdma_conn_param param{};
+  param.private_data = data.data();
+  param.private_data_len = static_cast<std::uint8_t>(data.size());
+  param.rnr_retry_count = 7;  // a safety net only: credits mean a receive is always posted
+  if (rdma_accept(id.get(), &param) != 0) {
+    spdlog::warn("connection {} from {}: rdma_accept: {}", cmd.connection_id, conn->peer, std::strerror(errno));
+    stats_.accept_failures.add();
+    port->outstanding -= conn->credits.forfeit();
+    conn->qp.reset();
+    core_.connections.fetch_sub(1);
+    return;
+  }
+  conn->cm_id = std::move(id);
+  port->by_qp[conn->qp_num] = conn.get();
+  stats_.connections_current.add(1);
+  connections_.emplace(conn->id, std::move(conn));
+}
+
+void Worker::handle_cm_events() {
+  rdma_cm_event* raw = nullptr;
+  while (rdma_get_cm_event(cm_channel_.get(), &raw) == 0) {
+    // Copy what we need and ack at once: rdma_destroy_id waits for acks.
+    const rdma_cm_event_type type = raw->event;
+    const int status = raw->status;
+    const auto conn_id = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(raw->id->context));
+    rdma_ack_cm_event(raw);
+    Connection* c = find(conn_id);
+    if (c == nullptr) {
+      spdlog::debug("worker {}: {} for connection {} that is gone", index_, rdma_event_str(type), conn_id);
+      continue;
+    }
+    switch (type) {
+      case RDMA_CM_EVENT_ESTABLISHED:
+        if (c->state == ConnState::kAccepting) {
+          c->state = ConnState::kEstablished;
+          stats_.connections_accepted.add();
+          spdlog::info("connection {} from {} established on {} (worker {}, qp {})", c->id, c->peer,
+                       c->port->device->name, index_, c->qp_num);
+          touch(*c);  // its initial credits may already allow sends
+        }
+        break;
+      case RDMA_CM_EVENT_DISCONNECTED:
+        c->peer_disconnected = true;
+        close(*c, c->close_received ? CloseReason::kClientClose : CloseReason::kPeerDisconnected);
+        try_finish(*c);
+        break;
+      case RDMA_CM_EVENT_DEVICE_REMOVAL:
+        c->peer_disconnected = true;
+        close(*c, CloseReason::kDeviceRemoved);
+        break;
+      case RDMA_CM_EVENT_REJECTED:
+      case RDMA_CM_EVENT_CONNECT_ERROR:
+      case RDMA_CM_EVENT_UNREACHABLE:
+        spdlog::warn("connection {} from {}: {} (status {})", c->id, c->peer, rdma_event_str(type), status);
+        c->peer_disconnected = true;
+        close(*c, CloseReason::kConnectFailed);
+        break;
+      case RDMA_CM_EVENT_TIMEWAIT_EXIT:
+        break;
+      default:
+        spdlog::debug("connection {}: CM event {}", c->id, rdma_event_str(type));
+        break;
+    }
+  }
+}
+
+Connection* Worker::find(std::uint64_t id) {
+  auto it = connections_.find(id);
+  return it == connections_.end() ? nullptr : it->second.get();
+}
+
+void Worker::refill_srqs() {
+  for (auto& port : ports_) {
+    // Low watermark at three quarters: refills come in batches, not per receive.
+    if (port->posted >= port->srq_depth - port->srq_depth / 4) continue;
+    std::uint32_t want = port->srq_depth - port->posted;
+    std::vector<std::uint32_t> idx(want);
+    const std::size_t got = core_.pool->acquire(idx.data(), want);
+    if (got == 0) continue;  // pool empty: retried on the next loop turn
+    std::vector<ibv_recv_wr> wrs(got);
+    std::vector<ibv_sge> sges(got);
+    const std::uint32_t lkey = port->device->pool_mr->lkey;
+    for (std::size_t i = 0; i < got; ++i) {
+      sges[i] = ibv_sge{reinterpret_cast<std::uint64_t>(core_.pool->data(idx[i])), core_.pool->buffer_size(), lkey};
+      wrs[i].wr_id = kRecvFlag | idx[i];
+      wrs[i].sg_list = &sges[i];
+      wrs[i].num_sge = 1;
+      wrs[i].next = i + 1 < got ? &wrs[i + 1] : nullptr;
+    }
+    ibv_recv_wr* bad = nullptr;
+    std::size_t posted = got;
+    if (ibv_post_srq_recv(port->srq.get(), wrs.data(), &bad) != 0) {
+      posted = static_cast<std::size_t>(bad - wrs.data());
+      spdlog::error("worker {}: ibv_post_srq_recv on {} failed after {} of {}", index_, port->device->name, posted, got);
+      for (std::size_t i = posted; i < got; ++i) core_.pool->release(idx[i]);
+    }
+    for (std::size_t i = 0; i < posted; ++i) port->posted_flag[idx[i]] = 1;
+    port->posted += static_cast<std::uint32_t>(posted);
+    stats_.srq_posted.add(static_cast<std::int64_t>(posted));
+    stats_.srq_refills.add();
+    // Credits that waited for budget can go back now.
+    for (auto& [qp, c] : port->by_qp) {
+      if (c->credits.owed() > 0) touch(*c);
+    }
+  }
+}
+
+void Worker::check_deadlines() {
+  if (closing_.empty()) return;
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::uint64_t> ids;
+  ids.swap(closing_);
+  for (std::uint64_t id : ids) {
+    Connection* c = find(id);
+    if (c == nullptr || c->reaping) continue;
+    if (now >= c->deadline) {
+      if (c->state == ConnState::kDraining) {
+        disconnect(*c);  // re-registers it in closing_
+        continue;
+      }
+      try_finish(*c);
+    }
+    if (!c->reaping && (c->state == ConnState::kDraining || c->state == ConnState::kDisconnecting)) {
+      closing_.push_back(id);
+    }
+  }
+  // disconnect() above may have appended duplicates; they are harmless.
+}
+
+}  // namespace rdmabroker::daemon

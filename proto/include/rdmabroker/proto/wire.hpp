@@ -1,0 +1,422 @@
+// The rdmabroker wire protocol, version 1: frame layout, handshake blocks and
+// their encoders/decoders. proto/SPEC.md is the normative description; this
+// header implements it and is shared by rdmabrokerd and librdmabroker.
+//
+// Everything here is pure computation on byte spans: no allocation, no I/O, so
+// the decoder can be fuzzed and unit-tested without a transport.
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string_view>
+
+namespace rdmabroker::proto {
+
+static_assert(std::endian::native == std::endian::little,
+              "the codec stores fields with memcpy and assumes a little-endian host");
+
+inline constexpr std::uint16_t kFrameMagic = 0x4252;  // bytes "RB"
+inline constexpr std::uint8_t kVersion = 1;
+inline constexpr std::size_t kHeaderSize = 32;
+inline constexpr std::size_t kFrameAlign = 8;
+inline constexpr std::size_t kMaxSubjectLen = 255;
+/// Smallest receive buffer either side may announce: a header plus a subject.
+inline constexpr std::uint32_t kMinBufferSize = 1024;
+inline constexpr std::uint32_t kMaxBufferSize = 16u << 20;
+
+enum class FrameType : std::uint8_t {
+  kSubscribe = 1,
+  kUnsubscribe = 2,
+  kPublish = 3,
+  kDeliver = 4,
+  kCredit = 5,
+  kPing = 6,
+  kPong = 7,
+  kError = 8,
+  kClose = 9,
+};
+
+/// Numbered error codes carried in ERROR frames (arg field) and CLOSE frames.
+enum class ErrorCode : std::uint32_t {
+  kNone = 0,
+  kMalformedFrame = 1,
+  kUnsupportedVersion = 2,
+  kPayloadTooLarge = 3,
+  kInvalidSubject = 4,
+  kUnknownSubscription = 5,
+  kDuplicateSubscription = 6,
+  kProtocolViolation = 7,
+  kTooManySubscriptions = 8,
+  kSlowConsumer = 9,
+  kServerShutdown = 10,
+  kInternalError = 11,
+};
+
+constexpr std::string_view to_string(FrameType t) {
+  switch (t) {
+    case FrameType::kSubscribe: return "SUBSCRIBE";
+    case FrameType::kUnsubscribe: return "UNSUBSCRIBE";
+    case FrameType::kPublish: return "PUBLISH";
+    case FrameType::kDeliver: return "DELIVER";
+    case FrameType::kCredit: return "CREDIT";
+    case FrameType::kPing: return "PING";
+    case FrameType::kPong: return "PONG";
+    case FrameType::kError: return "ERROR";
+    case FrameType::kClose: return "CLOSE";
+  }
+  return "UNKNOWN";
+}
+
+constexpr std::string_view to_string(ErrorCode c) {
+  switch (c) {
+    case ErrorCode::kNone: return "none";
+    case ErrorCode::kMalformedFrame: return "malformed frame";
+    case ErrorCode::kUnsupportedVersion: return "unsupported protocol version";
+    case ErrorCode::kPayloadTooLarge: return "payload too large";
+    case ErrorCode::kInvalidSubject: return "invalid subject";
+    case ErrorCode::kUnknownSubscription: return "unknown subscription id";
+    case ErrorCode::kDuplicateSubscription: return "subscription id already in use";
+    case ErrorCode::kProtocolViolation: return "protocol violation";
+    case ErrorCode::kTooManySubscriptions: return "too many subscriptions";
+    case ErrorCode::kSlowConsumer: return "slow consumer";
+    case ErrorCode::kServerShutdown: return "server shutting down";
+    case ErrorCode::kInternalError: return "internal error";
+  }
+  return "unknown error";
+}
+
+// ---------------------------------------------------------------- byte access
+
+template <typename T>
+inline T load(const std::byte* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <typename T>
+inline void store(std::byte* p, T v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+constexpr std::size_t align_up(std::size_t n) { return (n + kFrameAlign - 1) & ~(kFrameAlign - 1); }
+
+// ---------------------------------------------------------------- frames
+
+/// The fixed 32-byte frame header (SPEC.md, "Frame header").
+struct FrameHeader {
+  FrameType type{};
+  std::uint16_t flags = 0;
+  std::uint16_t subject_len = 0;
+  std::uint16_t reply_len = 0;
+  std::uint32_t payload_len = 0;
+  std::uint32_t arg = 0;  // sid, credits or error code, by type
+  std::uint64_t sequence = 0;
+
+  /// Bytes after the header, before padding.
+  std::size_t body_len() const { return std::size_t{subject_len} + reply_len + payload_len; }
+  /// Bytes the whole frame occupies in a buffer, padding included.
+  std::size_t frame_len() const { return align_up(kHeaderSize + body_len()); }
+};
+
+inline void encode_header(std::byte* out, const FrameHeader& h) {
+  store<std::uint16_t>(out + 0, kFrameMagic);
+  store<std::uint8_t>(out + 2, kVersion);
+  store<std::uint8_t>(out + 3, static_cast<std::uint8_t>(h.type));
+  store<std::uint16_t>(out + 4, h.flags);
+  store<std::uint16_t>(out + 6, h.subject_len);
+  store<std::uint16_t>(out + 8, h.reply_len);
+  store<std::uint16_t>(out + 10, 0);
+  store<std::uint32_t>(out + 12, h.payload_len);
+  store<std::uint32_t>(out + 16, h.arg);
+  store<std::uint32_t>(out + 20, 0);
+  store<std::uint64_t>(out + 24, h.sequence);
+}
+
+/// A decoded frame; the views point into the buffer that was decoded.
+struct Frame {
+  FrameHeader header;
+  std::string_view subject;
+  std::string_view reply;
+  std::span<const std::byte> payload;
+  /// Offset of the frame's first byte within the decoded buffer.
+  std::size_t offset = 0;
+};
+
+enum class DecodeStatus {
+  kOk,
+  kNeedMore,     // the buffer ends inside a frame (stream transports read on)
+  kBadMagic,
+  kBadVersion,
+  kBadType,
+  kBadReserved,  // a reserved field is not zero
+  kBadLength,    // lengths inconsistent with the frame type
+  kTooLarge,     // the frame is longer than the receiver's buffer size
+  kBadSubject,   // subject fails the syntax rules of SPEC.md
+};
+
+constexpr std::string_view to_string(DecodeStatus s) {
+  switch (s) {
+    case DecodeStatus::kOk: return "ok";
+    case DecodeStatus::kNeedMore: return "truncated frame";
+    case DecodeStatus::kBadMagic: return "bad frame magic";
+    case DecodeStatus::kBadVersion: return "unsupported frame version";
+    case DecodeStatus::kBadType: return "unknown frame type";
+    case DecodeStatus::kBadReserved: return "reserved field not zero";
+    case DecodeStatus::kBadLength: return "frame lengths invalid for its type";
+    case DecodeStatus::kTooLarge: return "frame larger than the receive buffer size";
+    case DecodeStatus::kBadSubject: return "invalid subject";
+  }
+  return "unknown";
+}
+
+/// Maps a decode failure to the ERROR code the peer receives.
+constexpr ErrorCode error_for(DecodeStatus s) {
+  switch (s) {
+    case DecodeStatus::kBadVersion: return ErrorCode::kUnsupportedVersion;
+    case DecodeStatus::kBadSubject: return ErrorCode::kInvalidSubject;
+    case DecodeStatus::kTooLarge: return ErrorCode::kPayloadTooLarge;
+    default: return ErrorCode::kMalformedFrame;
+  }
+}
+
+/// Subject syntax of protocol version 1 (SPEC.md, "Subjects"): 1..255 bytes of
+/// printable ASCII without space; tokens separated by '.' are never empty.
+/// Wildcard characters are reserved and rejected until wildcard routing exists.
+inline bool valid_subject(std::string_view s) {
+  if (s.empty() || s.size() > kMaxSubjectLen) return false;
+  if (s.front() == '.' || s.back() == '.') return false;
+  char prev = 0;
+  for (char c : s) {
+    auto u = static_cast<unsigned char>(c);
+    if (u <= 0x20 || u >= 0x7f) return false;
+    if (c == '*' || c == '>') return false;
+    if (c == '.' && prev == '.') return false;
+    prev = c;
+  }
+  return true;
+}
+
+/// Decodes the frame at the start of `buf`. `max_frame` bounds a frame's total
+/// length (the receiver's buffer size); a frame announcing more is kBadLength.
+inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max_frame, Frame& out) {
+  if (buf.size() < kHeaderSize) return DecodeStatus::kNeedMore;
+  const std::byte* p = buf.data();
+  if (load<std::uint16_t>(p) != kFrameMagic) return DecodeStatus::kBadMagic;
+  if (load<std::uint8_t>(p + 2) != kVersion) return DecodeStatus::kBadVersion;
+  auto type = load<std::uint8_t>(p + 3);
+  if (type < 1 || type > 9) return DecodeStatus::kBadType;
+  if (load<std::uint16_t>(p + 10) != 0 || load<std::uint32_t>(p + 20) != 0) return DecodeStatus::kBadReserved;
+
+  FrameHeader& h = out.header;
+  h.type = static_cast<FrameType>(type);
+  h.flags = load<std::uint16_t>(p + 4);
+  h.subject_len = load<std::uint16_t>(p + 6);
+  h.reply_len = load<std::uint16_t>(p + 8);
+  h.payload_len = load<std::uint32_t>(p + 12);
+  h.arg = load<std::uint32_t>(p + 16);
+  h.sequence = load<std::uint64_t>(p + 24);
+  if (h.flags != 0) return DecodeStatus::kBadReserved;  // no flags are defined in version 1
+  if (h.subject_len > kMaxSubjectLen || h.reply_len > kMaxSubjectLen) return DecodeStatus::kBadLength;
+  // 64-bit arithmetic: payload_len is attacker-controlled and may be near 2^32.
+  const std::uint64_t total = align_up(std::uint64_t{kHeaderSize} + h.subject_len + h.reply_len + h.payload_len);
+  if (total > max_frame) return DecodeStatus::kTooLarge;
+
+  // Which parts each type carries (SPEC.md, "Frame types").
+  const bool has_subject = h.subject_len != 0;
+  switch (h.type) {
+    case FrameType::kSubscribe:
+      if (!has_subject || h.payload_len != 0) return DecodeStatus::kBadLength;
+      break;
+    case FrameType::kPublish:
+    case FrameType::kDeliver:
+      if (!has_subject) return DecodeStatus::kBadLength;
+      break;
+    case FrameType::kError:
+    case FrameType::kClose:
+      if (has_subject || h.reply_len != 0) return DecodeStatus::kBadLength;
+      break;
+    case FrameType::kUnsubscribe:
+    case FrameType::kCredit:
+    case FrameType::kPing:
+    case FrameType::kPong:
+      if (h.body_len() != 0) return DecodeStatus::kBadLength;
+      break;
+  }
+  if (buf.size() < total) return DecodeStatus::kNeedMore;
+
+  const char* body = reinterpret_cast<const char*>(p + kHeaderSize);
+  out.subject = std::string_view(body, h.subject_len);
+  out.reply = std::string_view(body + h.subject_len, h.reply_len);
+  out.payload = buf.subspan(kHeaderSize + h.subject_len + h.reply_len, h.payload_len);
+  if (has_subject && !valid_subject(out.subject)) return DecodeStatus::kBadSubject;
+  // A SUBSCRIBE's "reply" field is its queue group name (SPEC.md); both follow the subject rules.
+  if (h.reply_len != 0 && !valid_subject(out.reply)) return DecodeStatus::kBadSubject;
+  return DecodeStatus::kOk;
+}
+
+/// Writes a whole frame (header, subject, reply, payload, zero padding) into
+/// `out`. Returns the bytes written, or 0 if it does not fit.
+inline std::size_t encode_frame(std::span<std::byte> out, FrameHeader h, std::string_view subject,
+                                std::string_view reply, std::span<const std::byte> payload) {
+  h.subject_len = static_cast<std::uint16_t>(subject.size());
+  h.reply_len = static_cast<std::uint16_t>(reply.size());
+  h.payload_len = static_cast<std::uint32_t>(payload.size());
+  const std::size_t len = h.frame_len();
+  if (len > out.size()) return 0;
+  std::byte* p = out.data();
+  encode_header(p, h);
+  std::size_t off = kHeaderSize;
+  if (!subject.empty()) std::memcpy(p + off, subject.data(), subject.size());
+  off += subject.size();
+  if (!reply.empty()) std::memcpy(p + off, reply.data(), reply.size());
+  off += reply.size();
+  if (!payload.empty()) std::memcpy(p + off, payload.data(), payload.size());
+  off += payload.size();
+  std::memset(p + off, 0, len - off);
+  return len;
+}
+
+/// The largest payload a frame with this subject can carry within `max_frame`.
+constexpr std::size_t max_payload(std::size_t max_frame, std::size_t subject_len, std::size_t reply_len = 0) {
+  const std::size_t fixed = kHeaderSize + subject_len + reply_len;
+  if (max_frame < fixed + kFrameAlign) return 0;
+  // The padded frame must fit: round the limit down to the alignment.
+  return (max_frame & ~(kFrameAlign - 1)) - fixed;
+}
+
+// ---------------------------------------------------------------- handshake
+
+inline constexpr std::uint32_t kHandshakeMagic = 0x31424452;  // bytes "RDB1"
+
+/// Client -> broker, in the rdma_cm connect private data (16 bytes).
+struct ConnectRequest {
+  std::uint32_t recv_buffer_size = 0;  // size of each receive buffer the client posted
+  std::uint32_t initial_credits = 0;   // receives the client posted for the broker
+};
+
+/// Broker -> client, in the rdma_cm accept private data (24 bytes).
+struct ConnectAccept {
+  std::uint32_t max_frame_size = 0;   // the broker's receive buffer size: largest SEND the client may post
+  std::uint32_t initial_credits = 0;  // SENDs the client may post before credits return
+  std::uint64_t connection_id = 0;
+};
+
+/// Reasons a broker refuses a connection (in the rdma_cm reject private data).
+enum class RejectReason : std::uint16_t {
+  kBadMagic = 1,
+  kUnsupportedVersion = 2,
+  kBufferTooSmall = 3,  // the client's receive buffers are smaller than the broker's frames
+  kTooManyConnections = 4,
+  kNoResources = 5,
+  kShuttingDown = 6,
+};
+
+constexpr std::string_view to_string(RejectReason r) {
+  switch (r) {
+    case RejectReason::kBadMagic: return "not an rdmabroker handshake";
+    case RejectReason::kUnsupportedVersion: return "unsupported protocol version";
+    case RejectReason::kBufferTooSmall: return "receive buffers smaller than the broker's frame size";
+    case RejectReason::kTooManyConnections: return "connection limit reached";
+    case RejectReason::kNoResources: return "broker out of resources";
+    case RejectReason::kShuttingDown: return "broker shutting down";
+  }
+  return "unknown reason";
+}
+
+/// Broker -> client, in the rdma_cm reject private data (16 bytes).
+struct ConnectReject {
+  RejectReason reason{};
+  std::uint32_t required_buffer_size = 0;  // set with kBufferTooSmall
+};
+
+inline constexpr std::size_t kConnectRequestSize = 16;
+inline constexpr std::size_t kConnectAcceptSize = 24;
+inline constexpr std::size_t kConnectRejectSize = 16;
+
+// Common prefix: magic u32, version u8, reserved u8, flags/reason u16.
+inline void encode_prefix(std::byte* p, std::uint16_t word) {
+  store<std::uint32_t>(p, kHandshakeMagic);
+  store<std::uint8_t>(p + 4, kVersion);
+  store<std::uint8_t>(p + 5, 0);
+  store<std::uint16_t>(p + 6, word);
+}
+
+inline std::array<std::byte, kConnectRequestSize> encode(const ConnectRequest& r) {
+  std::array<std::byte, kConnectRequestSize> b{};
+  encode_prefix(b.data(), 0);
+  store<std::uint32_t>(b.data() + 8, r.recv_buffer_size);
+  store<std::uint32_t>(b.data() + 12, r.initial_credits);
+  return b;
+}
+inline std::array<std::byte, kConnectAcceptSize> encode(const ConnectAccept& a) {
+  std::array<std::byte, kConnectAcceptSize> b{};
+  encode_prefix(b.data(), 0);
+  store<std::uint32_t>(b.data() + 8, a.max_frame_size);
+  store<std::uint32_t>(b.data() + 12, a.initial_credits);
+  store<std::uint64_t>(b.data() + 16, a.connection_id);
+  return b;
+}
+inline std::array<std::byte, kConnectRejectSize> encode(const ConnectReject& r) {
+  std::array<std::byte, kConnectRejectSize> b{};
+  encode_prefix(b.data(), static_cast<std::uint16_t>(r.reason));
+  store<std::uint32_t>(b.data() + 8, r.required_buffer_size);
+  return b;
+}
+
+enum class HandshakeStatus { kOk, kTooShort, kBadMagic, kBadVersion, kBadValue };
+
+constexpr std::string_view to_string(HandshakeStatus s) {
+  switch (s) {
+    case HandshakeStatus::kOk: return "ok";
+    case HandshakeStatus::kTooShort: return "handshake block too short";
+    case HandshakeStatus::kBadMagic: return "bad handshake magic";
+    case HandshakeStatus::kBadVersion: return "unsupported handshake version";
+    case HandshakeStatus::kBadValue: return "handshake value out of range";
+  }
+  return "unknown";
+}
+
+// rdma_cm may deliver more private data than was sent (zero padded): only the
+// prefix we define is read, longer input is fine.
+inline HandshakeStatus check_prefix(std::span<const std::byte> b, std::size_t need) {
+  if (b.size() < need) return HandshakeStatus::kTooShort;
+  if (load<std::uint32_t>(b.data()) != kHandshakeMagic) return HandshakeStatus::kBadMagic;
+  if (load<std::uint8_t>(b.data() + 4) != kVersion) return HandshakeStatus::kBadVersion;
+  return HandshakeStatus::kOk;
+}
+
+inline HandshakeStatus decode(std::span<const std::byte> b, ConnectRequest& out) {
+  if (auto s = check_prefix(b, kConnectRequestSize); s != HandshakeStatus::kOk) return s;
+  out.recv_buffer_size = load<std::uint32_t>(b.data() + 8);
+  out.initial_credits = load<std::uint32_t>(b.data() + 12);
+  if (out.recv_buffer_size < kMinBufferSize || out.recv_buffer_size > kMaxBufferSize) return HandshakeStatus::kBadValue;
+  if (out.initial_credits < 2 || out.initial_credits > 65535) return HandshakeStatus::kBadValue;
+  return HandshakeStatus::kOk;
+}
+inline HandshakeStatus decode(std::span<const std::byte> b, ConnectAccept& out) {
+  if (auto s = check_prefix(b, kConnectAcceptSize); s != HandshakeStatus::kOk) return s;
+  out.max_frame_size = load<std::uint32_t>(b.data() + 8);
+  out.initial_credits = load<std::uint32_t>(b.data() + 12);
+  out.connection_id = load<std::uint64_t>(b.data() + 16);
+  if (out.max_frame_size < kMinBufferSize || out.max_frame_size > kMaxBufferSize) return HandshakeStatus::kBadValue;
+  return HandshakeStatus::kOk;
+}
+inline HandshakeStatus decode(std::span<const std::byte> b, ConnectReject& out) {
+  if (auto s = check_prefix(b, kConnectRejectSize); s != HandshakeStatus::kOk) return s;
+  out.reason = static_cast<RejectReason>(load<std::uint16_t>(b.data() + 6));
+  out.required_buffer_size = load<std::uint32_t>(b.data() + 8);
+  return HandshakeStatus::kOk;
+}
+
+// ---------------------------------------------------------------- credits
+
+/// Over RDMA every SEND is a SEND_WITH_IMM whose immediate value returns
+/// receive credits to the peer (SPEC.md, "Flow control"). A SEND of zero bytes
+/// is a pure credit update.
+inline constexpr std::uint32_t kMaxCreditsPerImm = 0xffff;
+
+}  // namespace rdmabroker::proto

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package that building, testing and the Soft-RoCE
+# guest need. Idempotent: packages already installed are not touched, and
+# apt-get update runs only when something is missing.
+set -euo pipefail
+
+PACKAGES=(
+  # build
+  build-essential cmake pkg-config ninja-build
+  libibverbs-dev librdmacm-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
+  # tests
+  libgtest-dev libgmock-dev libbenchmark-dev clang
+  # the Soft-RoCE guest (tests/softroce/run-in-guest.sh) and RDMA tools used in it
+  qemu-system-x86 rdma-core ibverbs-utils ibverbs-providers rdmacm-utils perftest
+  iproute2 kmod cpio gzip xz-utils perl util-linux
+)
+
+if [ "$(id -u)" != 0 ]; then
+  echo "install-deps: must run as root (apt-get)" >&2
+  exit 1
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"
