@@ -1,0 +1,205 @@
+// The wire codec: round trips for every frame type and one case per class of
+// malformed input (proto/SPEC.md, "Validation").
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "rdmabroker/proto/wire.hpp"
+
+namespace rdmabroker::proto {
+namespace {
+
+std::span<const std::byte> bytes(std::string_view s) { return std::as_bytes(std::span<const char>(s.data(), s.size())); }
+
+std::vector<std::byte> encode(FrameType type, std::uint32_t arg, std::string_view subject, std::string_view payload,
+                              std::string_view reply = {}) {
+  std::vector<std::byte> buf(4096);
+  FrameHeader h;
+  h.type = type;
+  h.arg = arg;
+  h.sequence = 42;
+  const std::size_t n = encode_frame(buf, h, subject, reply, bytes(payload));
+  buf.resize(n);
+  return buf;
+}
+
+DecodeStatus decode(const std::vector<std::byte>& buf, Frame& f, std::size_t max_frame = 4096) {
+  return decode_frame(buf, max_frame, f);
+}
+
+TEST(Wire, PublishRoundTrip) {
+  auto buf = encode(FrameType::kPublish, 0, "orders.eu", "hello");
+  EXPECT_EQ(buf.size(), align_up(kHeaderSize + 9 + 5));
+  EXPECT_EQ(buf.size() % kFrameAlign, 0u);
+  Frame f;
+  ASSERT_EQ(decode(buf, f), DecodeStatus::kOk);
+  EXPECT_EQ(f.header.type, FrameType::kPublish);
+  EXPECT_EQ(f.subject, "orders.eu");
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size()), "hello");
+  EXPECT_EQ(f.header.sequence, 42u);
+  EXPECT_EQ(f.header.frame_len(), buf.size());
+}
+
+TEST(Wire, EveryTypeRoundTrips) {
+  struct Case { FrameType type; std::string subject, payload; std::uint32_t arg; };
+  const std::vector<Case> cases = {
+      {FrameType::kSubscribe, "a.b", "", 7},   {FrameType::kUnsubscribe, "", "", 7},
+      {FrameType::kPublish, "a", "", 0},       {FrameType::kDeliver, "a.b.c", "xyz", 9},
+      {FrameType::kCredit, "", "", 12},        {FrameType::kPing, "", "", 0},
+      {FrameType::kPong, "", "", 0},           {FrameType::kError, "", "bad thing", 4},
+      {FrameType::kClose, "", "", 10},
+  };
+  for (const auto& c : cases) {
+    auto buf = encode(c.type, c.arg, c.subject, c.payload);
+    Frame f;
+    ASSERT_EQ(decode(buf, f), DecodeStatus::kOk) << to_string(c.type);
+    EXPECT_EQ(f.header.type, c.type);
+    EXPECT_EQ(f.header.arg, c.arg);
+    EXPECT_EQ(f.subject, c.subject);
+    EXPECT_EQ(f.payload.size(), c.payload.size());
+  }
+}
+
+TEST(Wire, SeveralFramesInOneBuffer) {
+  auto a = encode(FrameType::kPublish, 0, "x", "1");
+  auto b = encode(FrameType::kPublish, 0, "y", "22");
+  std::vector<std::byte> both = a;
+  both.insert(both.end(), b.begin(), b.end());
+  Frame f;
+  ASSERT_EQ(decode_frame(both, 4096, f), DecodeStatus::kOk);
+  EXPECT_EQ(f.subject, "x");
+  ASSERT_EQ(decode_frame(std::span(both).subspan(f.header.frame_len()), 4096, f), DecodeStatus::kOk);
+  EXPECT_EQ(f.subject, "y");
+}
+
+TEST(Wire, TruncatedHeaderAndBody) {
+  auto buf = encode(FrameType::kPublish, 0, "subject", "payload");
+  Frame f;
+  for (std::size_t n = 0; n < buf.size(); ++n) {
+    std::vector<std::byte> cut(buf.begin(), buf.begin() + static_cast<long>(n));
+    EXPECT_EQ(decode(cut, f), DecodeStatus::kNeedMore) << n;
+  }
+}
+
+TEST(Wire, BadMagicVersionType) {
+  Frame f;
+  auto buf = encode(FrameType::kPing, 0, "", "");
+  auto m = buf;
+  m[0] = std::byte{0};
+  EXPECT_EQ(decode(m, f), DecodeStatus::kBadMagic);
+  auto v = buf;
+  v[2] = std::byte{2};
+  EXPECT_EQ(decode(v, f), DecodeStatus::kBadVersion);
+  EXPECT_EQ(error_for(DecodeStatus::kBadVersion), ErrorCode::kUnsupportedVersion);
+  for (std::uint8_t t : {0, 10, 255}) {
+    auto tt = buf;
+    tt[3] = std::byte{t};
+    EXPECT_EQ(decode(tt, f), DecodeStatus::kBadType) << int(t);
+  }
+}
+
+TEST(Wire, ReservedFieldsAndFlagsMustBeZero) {
+  Frame f;
+  auto buf = encode(FrameType::kPing, 0, "", "");
+  for (std::size_t off : {4u, 10u, 20u}) {
+    auto r = buf;
+    r[off] = std::byte{1};
+    EXPECT_EQ(decode(r, f), DecodeStatus::kBadReserved) << off;
+  }
+}
+
+TEST(Wire, LengthsMustMatchTheType) {
+  Frame f;
+  // SUBSCRIBE without a subject, or with a payload.
+  EXPECT_EQ(decode(encode(FrameType::kSubscribe, 1, "", ""), f), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(encode(FrameType::kSubscribe, 1, "a", "x"), f), DecodeStatus::kBadLength);
+  // PUBLISH without a subject.
+  EXPECT_EQ(decode(encode(FrameType::kPublish, 0, "", "x"), f), DecodeStatus::kBadLength);
+  // Frames that carry nothing, carrying something.
+  EXPECT_EQ(decode(encode(FrameType::kUnsubscribe, 1, "a", ""), f), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(encode(FrameType::kPing, 0, "", "x"), f), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(encode(FrameType::kCredit, 5, "a", ""), f), DecodeStatus::kBadLength);
+  // ERROR with a subject.
+  EXPECT_EQ(decode(encode(FrameType::kError, 1, "a", "x"), f), DecodeStatus::kBadLength);
+}
+
+TEST(Wire, OversizedFramesAreTooLargeNotOverflow) {
+  Frame f;
+  auto buf = encode(FrameType::kPublish, 0, "a", std::string(100, 'x'));
+  EXPECT_EQ(decode(buf, f, 64), DecodeStatus::kTooLarge);
+  EXPECT_EQ(error_for(DecodeStatus::kTooLarge), ErrorCode::kPayloadTooLarge);
+  // A payload length near 2^32 must not wrap around into a small frame.
+  auto huge = buf;
+  store<std::uint32_t>(huge.data() + 12, 0xfffffff8u);
+  EXPECT_EQ(decode(huge, f, 1u << 20), DecodeStatus::kTooLarge);
+  // Subject length over the limit.
+  auto longsub = buf;
+  store<std::uint16_t>(longsub.data() + 6, 300);
+  EXPECT_EQ(decode(longsub, f), DecodeStatus::kBadLength);
+}
+
+TEST(Wire, SubjectSyntax) {
+  for (std::string_view ok : {"a", "a.b", "orders.eu-west.1", "A_B.c$d"}) EXPECT_TRUE(valid_subject(ok)) << ok;
+  for (std::string_view bad : {"", ".a", "a.", "a..b", "a b", "a\tb", "a.*", "a.>", "caf\xc3\xa9"}) {
+    EXPECT_FALSE(valid_subject(bad)) << bad;
+  }
+  EXPECT_FALSE(valid_subject(std::string(256, 'a')));
+  EXPECT_TRUE(valid_subject(std::string(255, 'a')));
+  Frame f;
+  EXPECT_EQ(decode(encode(FrameType::kPublish, 0, "a..b", "x"), f), DecodeStatus::kBadSubject);
+  EXPECT_EQ(error_for(DecodeStatus::kBadSubject), ErrorCode::kInvalidSubject);
+}
+
+TEST(Wire, MaxPayloadFitsExactly) {
+  const std::size_t max_frame = 1024;
+  const std::size_t p = max_payload(max_frame, 5);
+  std::vector<std::byte> buf(max_frame);
+  std::string payload(p, 'z');
+  FrameHeader h;
+  h.type = FrameType::kPublish;
+  EXPECT_EQ(encode_frame(buf, h, "abcde", {}, bytes(payload)), max_frame);
+  std::string one_more(p + 1, 'z');
+  EXPECT_EQ(encode_frame(buf, h, "abcde", {}, bytes(one_more)), 0u);
+}
+
+TEST(Handshake, RoundTrips) {
+  auto req = encode(ConnectRequest{16384, 64});
+  ConnectRequest r;
+  ASSERT_EQ(decode(std::span<const std::byte>(req), r), HandshakeStatus::kOk);
+  EXPECT_EQ(r.recv_buffer_size, 16384u);
+  EXPECT_EQ(r.initial_credits, 64u);
+
+  auto acc = encode(ConnectAccept{8192, 32, 77});
+  ConnectAccept a;
+  ASSERT_EQ(decode(std::span<const std::byte>(acc), a), HandshakeStatus::kOk);
+  EXPECT_EQ(a.max_frame_size, 8192u);
+  EXPECT_EQ(a.initial_credits, 32u);
+  EXPECT_EQ(a.connection_id, 77u);
+
+  auto rej = encode(ConnectReject{RejectReason::kBufferTooSmall, 65536});
+  ConnectReject j;
+  ASSERT_EQ(decode(std::span<const std::byte>(rej), j), HandshakeStatus::kOk);
+  EXPECT_EQ(j.reason, RejectReason::kBufferTooSmall);
+  EXPECT_EQ(j.required_buffer_size, 65536u);
+}
+
+TEST(Handshake, RejectsBadInputAcceptsPadding) {
+  auto req = encode(ConnectRequest{16384, 64});
+  ConnectRequest r;
+  std::vector<std::byte> padded(req.begin(), req.end());
+  padded.resize(56);  // rdma_cm may hand over zero-padded private data
+  EXPECT_EQ(decode(std::span<const std::byte>(padded), r), HandshakeStatus::kOk);
+  EXPECT_EQ(decode(std::span<const std::byte>(req).first(15), r), HandshakeStatus::kTooShort);
+  auto bad = req;
+  bad[0] = std::byte{0};
+  EXPECT_EQ(decode(std::span<const std::byte>(bad), r), HandshakeStatus::kBadMagic);
+  bad = req;
+  bad[4] = std::byte{9};
+  EXPECT_EQ(decode(std::span<const std::byte>(bad), r), HandshakeStatus::kBadVersion);
+  EXPECT_EQ(decode(std::span<const std::byte>(encode(ConnectRequest{100, 64})), r), HandshakeStatus::kBadValue);
+  EXPECT_EQ(decode(std::span<const std::byte>(encode(ConnectRequest{16384, 1})), r), HandshakeStatus::kBadValue);
+}
+
+}  // namespace
+}  // namespace rdmabroker::proto
