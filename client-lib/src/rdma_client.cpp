@@ -109,7 +109,7 @@ class RdmaClient final : public Client {
   Status flush(std::chrono::milliseconds timeout) override;
   void close() override;
   std::size_t max_payload(std::size_t subject_len) const override {
-    return proto::max_payload(max_frame_, subject_len);
+    return proto::max_payload(proto::max_publish_frame(max_frame_), subject_len);
   }
   std::string transport_description() const override { return description_; }
   Error close_reason() const override {
@@ -195,7 +195,7 @@ Result<rdma_cm_event_type> RdmaClient::wait_cm_event(rdma_cm_event_type expected
         auto* p = static_cast<const std::byte*>(ev->param.conn.private_data);
         private_data->assign(p, p + ev->param.conn.private_data_len);
       }
-      if (ev->event != expected && ev->status != 0) {
+      if (ev->event != expected && ev->event != RDMA_CM_EVENT_REJECTED && ev->status != 0) {
         return Error{ErrorKind::kConnectFailed, std::string(rdma_event_str(ev->event)) + " (status " +
                                                     std::to_string(ev->status) + ": " + std::strerror(std::abs(ev->status)) + ")"};
       }
@@ -684,12 +684,19 @@ void RdmaClient::process_frames(std::span<const std::byte> data, std::vector<Mes
     }
     switch (f.header.type) {
       case FrameType::kDeliver: {
-        Message m;
-        m.sid = f.header.arg;
-        m.subject.assign(f.subject);
-        m.payload.assign(f.payload.begin(), f.payload.end());
-        m.sequence = f.header.sequence;
-        deliveries.push_back(std::move(m));
+        const auto st = proto::for_each_delivered(f, [&](const proto::Frame& inner) {
+          Message m;
+          m.sid = f.header.arg;
+          m.subject.assign(inner.subject);
+          m.payload.assign(inner.payload.begin(), inner.payload.end());
+          deliveries.push_back(std::move(m));
+        });
+        if (st != proto::DecodeStatus::kOk) {
+          std::lock_guard lock(mu_);
+          errors.push_back(Error{ErrorKind::kBrokerError, "undecodable DELIVER from the broker: " + std::string(proto::to_string(st))});
+          fail_locked(errors.back());
+          return;
+        }
         break;
       }
       case FrameType::kPong: {

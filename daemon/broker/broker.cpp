@@ -71,6 +71,7 @@ StatsSnapshot Broker::stats() const {
     add("messages.in", static_cast<std::int64_t>(ws.messages_in.get()));
     add("bytes.in", static_cast<std::int64_t>(ws.bytes_in.get()));
     add("messages.no_subscribers", static_cast<std::int64_t>(ws.messages_no_subscribers.get()));
+    add("messages.routed", static_cast<std::int64_t>(ws.routed.get()));
     add("messages.delivered", static_cast<std::int64_t>(ws.deliveries.get()));
     add("bytes.out", static_cast<std::int64_t>(ws.bytes_out.get()));
     for (std::size_t r = 0; r < kDropReasonCount; ++r) {

@@ -15,6 +15,33 @@ OutItem make_control(proto::FrameType type, std::uint32_t arg, std::string text)
   return item;
 }
 
+OutItem make_delivery(BufferRef buf, std::uint32_t sid, std::uint32_t offset, std::uint32_t len,
+                      std::uint32_t payload_len) {
+  OutItem item;
+  item.header.type = proto::FrameType::kDeliver;
+  item.header.arg = sid;
+  item.header.payload_len = len;
+  item.body = std::move(buf);
+  item.body_offset = offset;
+  item.body_len = len;
+  item.messages = 1;
+  item.payload_bytes = payload_len;
+  return item;
+}
+
+bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, std::uint32_t offset,
+                     std::uint32_t len, std::uint32_t payload_len, std::uint32_t max_frame) {
+  if (!tail.is_delivery() || tail.header.arg != sid || !tail.body || tail.body.index() != buf.index() ||
+      tail.body_offset + tail.body_len != offset || proto::kHeaderSize + tail.body_len + len > max_frame) {
+    return false;
+  }
+  tail.body_len += len;
+  tail.header.payload_len += len;
+  ++tail.messages;
+  tail.payload_bytes += payload_len;
+  return true;
+}
+
 namespace {
 
 /// Appends [addr, addr+len) to the SGE list, merging with the previous entry
@@ -59,8 +86,8 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
                 block_lkey);
     }
     if (item.is_delivery()) {
-      ++out.deliveries;
-      out.delivered_payload += item.header.payload_len;
+      out.deliveries += item.messages;
+      out.delivered_payload += item.payload_bytes;
     }
     block_used += in_block;
     out.bytes += static_cast<std::uint32_t>(wire);

@@ -30,9 +30,11 @@ inline constexpr std::size_t kMaxControlText = 200;
 
 struct OutItem {
   proto::FrameHeader header;  // sequence is assigned when packed
-  BufferRef body;             // deliveries: the received buffer holding the body
+  BufferRef body;             // deliveries: the received buffer holding the PUBLISH frames
   std::uint32_t body_offset = 0;
   std::uint32_t body_len = 0;  // padded bytes after the header
+  std::uint32_t messages = 0;  // deliveries: PUBLISH frames in the run
+  std::uint64_t payload_bytes = 0;  // deliveries: their payload bytes
   std::string text;            // control frames (ERROR/CLOSE): copied into the send block
 
   std::size_t wire_len() const { return proto::kHeaderSize + (body ? body_len : proto::align_up(text.size())); }
@@ -41,6 +43,18 @@ struct OutItem {
 
 /// A control frame (ERROR, CLOSE, PONG) whose body, if any, is text.
 OutItem make_control(proto::FrameType type, std::uint32_t arg, std::string text = {});
+
+/// A DELIVER to subscription `sid` of the PUBLISH frame at [offset, offset+len)
+/// of a received buffer (zero-copy: the item references the buffer).
+OutItem make_delivery(BufferRef buf, std::uint32_t sid, std::uint32_t offset, std::uint32_t len,
+                      std::uint32_t payload_len);
+
+/// Appends the PUBLISH frame at [offset, offset+len) of `buf` to `tail` if it
+/// is a DELIVER to the same subscription that ends exactly where this frame
+/// starts in the same buffer, and the result stays within `max_frame`. One
+/// run of a publisher's batch thus becomes one DELIVER and two SGEs.
+bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, std::uint32_t offset,
+                     std::uint32_t len, std::uint32_t payload_len, std::uint32_t max_frame);
 
 struct PackLimits {
   std::uint32_t max_bytes = 0;  // the peer's receive buffer size

@@ -41,7 +41,8 @@ struct WorkerStats {
   Counter messages_in;                 // PUBLISH frames accepted
   Counter bytes_in;                    // their payload bytes
   Counter messages_no_subscribers;     // PUBLISH with nobody subscribed (not a drop)
-  Counter deliveries;                  // DELIVER frames sent to subscribers
+  Counter routed;                      // deliveries queued for subscribers (fan-out count)
+  Counter deliveries;                  // DELIVER frames whose SEND completed successfully
   Counter bytes_out;                   // their payload bytes
   std::array<Counter, kDropReasonCount> dropped;  // accepted, not delivered, by DropReason
   Counter protocol_errors;             // ERROR frames sent for bad input

@@ -64,6 +64,12 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t l
     const auto& h = f.header;
     switch (h.type) {
       case FrameType::kPublish:
+        if (h.frame_len() > proto::max_publish_frame(opt_.buffer_size)) {
+          close(c, CloseReason::kProtocolError, ErrorCode::kPayloadTooLarge,
+                "PUBLISH of " + std::to_string(h.frame_len()) + " bytes exceeds the limit of " +
+                    std::to_string(proto::max_publish_frame(opt_.buffer_size)));
+          return;
+        }
         stats_.messages_in.add();
         stats_.bytes_in.add(h.payload_len);
         route_publish(f, buf);
@@ -116,30 +122,48 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t l
 }
 
 void Worker::route_publish(const proto::Frame& f, const BufferRef& buf) {
+  // A subscriber's DELIVER is [header][this PUBLISH frame]: it must fit.
+  if (f.header.frame_len() > proto::max_publish_frame(opt_.buffer_size)) {
+    return;  // caught by the caller's size check before routing
+  }
   core_.index.match(f.subject, match_scratch_);
   if (match_scratch_.empty()) {
     stats_.messages_no_subscribers.add();
     return;
   }
+  stats_.routed.add(match_scratch_.size());
+  const auto off = static_cast<std::uint32_t>(f.offset);
+  const auto len = static_cast<std::uint32_t>(f.header.frame_len());
   for (const Subscriber& s : match_scratch_) {
-    OutItem item;
-    item.header = f.header;
-    item.header.type = FrameType::kDeliver;
-    item.header.arg = s.sid;
-    item.body = buf.clone();
-    item.body_offset = static_cast<std::uint32_t>(f.offset + proto::kHeaderSize);
-    item.body_len = static_cast<std::uint32_t>(f.header.frame_len() - proto::kHeaderSize);
     if (s.worker == index_) {
       Connection* c = find(s.connection);
       if (c == nullptr || c->state != ConnState::kEstablished) {
         stats_.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add();
         continue;
       }
-      enqueue(*c, std::move(item));
-    } else {
-      remote_[s.worker].emplace_back(s.connection, std::move(item));
+      deliver_local(*c, buf, s.sid, f);
+      continue;
     }
+    auto& batch = remote_[s.worker];
+    if (!batch.empty() && batch.back().first == s.connection &&
+        extend_delivery(batch.back().second, buf, s.sid, off, len, f.header.payload_len, opt_.buffer_size)) {
+      continue;
+    }
+    batch.emplace_back(s.connection, make_delivery(buf.clone(), s.sid, off, len, f.header.payload_len));
   }
+}
+
+void Worker::deliver_local(Connection& c, const BufferRef& buf, std::uint32_t sid, const proto::Frame& f) {
+  const auto off = static_cast<std::uint32_t>(f.offset);
+  const auto len = static_cast<std::uint32_t>(f.header.frame_len());
+  if (c.pending_messages < opt_.max_pending && !c.outq.empty() &&
+      extend_delivery(c.outq.back(), buf, sid, off, len, f.header.payload_len, opt_.buffer_size)) {
+    ++c.pending_messages;
+    stats_.pending_messages.add(1);
+    touch(c);
+    return;
+  }
+  enqueue(c, make_delivery(buf.clone(), sid, off, len, f.header.payload_len));
 }
 
 void Worker::post_remote_batches() {
@@ -152,14 +176,15 @@ void Worker::post_remote_batches() {
 }
 
 void Worker::enqueue(Connection& c, OutItem item) {
-  if (item.is_delivery() && c.outq.size() >= opt_.max_pending) {
-    spdlog::warn("connection {} ({}): slow consumer, {} messages pending", c.id, c.peer, c.outq.size());
-    stats_.dropped[static_cast<std::size_t>(DropReason::kSlowConsumer)].add();  // this one
+  if (item.is_delivery() && c.pending_messages + item.messages > opt_.max_pending) {
+    spdlog::warn("connection {} ({}): slow consumer, {} messages pending", c.id, c.peer, c.pending_messages);
+    stats_.dropped[static_cast<std::size_t>(DropReason::kSlowConsumer)].add(item.messages);  // these
     close(c, CloseReason::kSlowConsumer);
     return;
   }
+  c.pending_messages += item.messages;
+  stats_.pending_messages.add(item.messages);
   c.outq.push_back(std::move(item));
-  stats_.pending_messages.add(1);
   touch(c);
 }
 
@@ -194,7 +219,7 @@ void Worker::flush(Connection& c) {
         // Nothing to carry credits: return them alone if the client needs them.
         if (c.credits.should_return() && c.credits.can_send_credit_update() && port.credit_budget() > 0) {
           const std::uint32_t imm = take_credits_to_return(c);
-          if (imm > 0 && !post_send(c, kNoBlock, nullptr, 0, imm, nullptr, 0)) return;
+          if (imm > 0 && !post_send(c, kNoBlock, nullptr, 0, imm, nullptr, PackedSend{})) return;
           if (imm > 0) stats_.credit_updates.add();
         }
         break;
@@ -217,23 +242,24 @@ void Worker::flush(Connection& c) {
         return;
       }
       free_blocks_.pop_back();
-      stats_.pending_messages.add(-static_cast<std::int64_t>(packed.frames));
-      stats_.deliveries.add(packed.deliveries);
-      stats_.bytes_out.add(packed.delivered_payload);
-      if (!post_send(c, block, sge, packed.num_sge, take_credits_to_return(c), &refs, packed.frames)) return;
+      c.pending_messages -= packed.deliveries;
+      stats_.pending_messages.add(-static_cast<std::int64_t>(packed.deliveries));
+      if (!post_send(c, block, sge, packed.num_sge, take_credits_to_return(c), &refs, packed)) return;
     }
   }
   if (c.state == ConnState::kDraining && c.outq.empty() && c.inflight_count == 0) disconnect(c);
 }
 
 bool Worker::post_send(Connection& c, std::uint32_t block, const ibv_sge* sge, std::uint32_t num_sge,
-                       std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs, std::uint32_t frames) {
+                       std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs, const PackedSend& packed) {
   const std::uint32_t slot = (c.inflight_head + c.inflight_count) % static_cast<std::uint32_t>(c.inflight.size());
   InflightSend& rec = c.inflight[slot];
   rec.block = block;
-  rec.frames = frames;
+  rec.frames = packed.frames;
+  rec.deliveries = packed.deliveries;
+  rec.delivered_payload = packed.delivered_payload;
   if (refs != nullptr) {
-    for (std::uint32_t i = 0; i < frames; ++i) rec.refs[i] = std::move((*refs)[i]);
+    for (std::uint32_t i = 0; i < packed.frames; ++i) rec.refs[i] = std::move((*refs)[i]);
   }
   ibv_send_wr wr{};
   wr.wr_id = slot;
@@ -243,21 +269,39 @@ bool Worker::post_send(Connection& c, std::uint32_t block, const ibv_sge* sge, s
   wr.num_sge = static_cast<int>(num_sge);
   wr.send_flags = IBV_SEND_SIGNALED;
   ibv_send_wr* bad = nullptr;
-  ++c.inflight_count;
-  c.credits.consume_send();
   if (ibv_post_send(c.qp.get(), &wr, &bad) != 0) {
     const int err = errno;
-    --c.inflight_count;
-    for (auto& r : rec.refs) r.reset();
+    // Never posted: undo the record (it is the ring's tail, not its head).
+    for (std::uint32_t i = 0; i < rec.frames; ++i) rec.refs[i].reset();
     if (block != kNoBlock) free_blocks_.push_back(block);
+    stats_.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add(rec.deliveries);
+    rec = InflightSend{};
     spdlog::warn("connection {} ({}): ibv_post_send: {}", c.id, c.peer, std::strerror(err));
     stats_.wc_errors.add();
     close(c, CloseReason::kWorkCompletionError);
     return false;
   }
+  ++c.inflight_count;
+  c.credits.consume_send();
   stats_.sends_posted.add();
-  stats_.frames_sent.add(frames);
+  stats_.frames_sent.add(packed.frames);
   return true;
+}
+
+void Worker::retire_send(Connection& c, bool success) {
+  InflightSend& rec = c.inflight[c.inflight_head];
+  for (std::uint32_t i = 0; i < rec.frames; ++i) rec.refs[i].reset();
+  if (rec.block != kNoBlock) free_blocks_.push_back(rec.block);
+  if (success) {
+    stats_.deliveries.add(rec.deliveries);
+    stats_.bytes_out.add(rec.delivered_payload);
+  } else {
+    // Posted but never completed: the subscriber did not get them.
+    stats_.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add(rec.deliveries);
+  }
+  rec = InflightSend{};
+  c.inflight_head = (c.inflight_head + 1) % static_cast<std::uint32_t>(c.inflight.size());
+  --c.inflight_count;
 }
 
 void Worker::on_send_complete(DevicePort& port, const ibv_wc& wc) {
@@ -265,11 +309,7 @@ void Worker::on_send_complete(DevicePort& port, const ibv_wc& wc) {
   if (it == port.by_qp.end()) return;  // destroyed after its deadline; refs were released then
   Connection& c = *it->second;
   if (c.inflight_count == 0) return;
-  InflightSend& rec = c.inflight[c.inflight_head];
-  for (std::uint32_t i = 0; i < rec.frames; ++i) rec.refs[i].reset();
-  if (rec.block != kNoBlock) free_blocks_.push_back(rec.block);
-  c.inflight_head = (c.inflight_head + 1) % static_cast<std::uint32_t>(c.inflight.size());
-  --c.inflight_count;
+  retire_send(c, wc.status == IBV_WC_SUCCESS);
   if (wc.status != IBV_WC_SUCCESS) {
     if (wc.status != IBV_WC_WR_FLUSH_ERR) {
       stats_.wc_errors.add();
@@ -315,7 +355,6 @@ void Worker::close(Connection& c, CloseReason reason, ErrorCode code, std::strin
   }
   const FrameType type = reason == CloseReason::kBrokerShutdown ? FrameType::kClose : FrameType::kError;
   c.outq.push_back(make_control(type, static_cast<std::uint32_t>(code), std::move(message)));
-  stats_.pending_messages.add(1);
   c.state = ConnState::kDraining;
   c.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(opt_.drain_timeout_ms);
   closing_.push_back(c.id);
@@ -336,12 +375,9 @@ void Worker::disconnect(Connection& c) {
 }
 
 void Worker::drop_queue(Connection& c, DropReason why) {
-  std::uint64_t dropped = 0;
-  for (const auto& item : c.outq) {
-    if (item.is_delivery()) ++dropped;
-  }
-  stats_.pending_messages.add(-static_cast<std::int64_t>(c.outq.size()));
-  stats_.dropped[static_cast<std::size_t>(why)].add(dropped);
+  stats_.pending_messages.add(-static_cast<std::int64_t>(c.pending_messages));
+  stats_.dropped[static_cast<std::size_t>(why)].add(c.pending_messages);
+  c.pending_messages = 0;
   c.outq.clear();
 }
 
@@ -365,13 +401,7 @@ void Worker::reap() {
 void Worker::destroy(Connection& c) {
   DevicePort& port = *c.port;
   // Release what in-flight sends still hold (only after a deadline forced us).
-  while (c.inflight_count > 0) {
-    InflightSend& rec = c.inflight[c.inflight_head];
-    for (std::uint32_t i = 0; i < rec.frames; ++i) rec.refs[i].reset();
-    if (rec.block != kNoBlock) free_blocks_.push_back(rec.block);
-    c.inflight_head = (c.inflight_head + 1) % static_cast<std::uint32_t>(c.inflight.size());
-    --c.inflight_count;
-  }
+  while (c.inflight_count > 0) retire_send(c, false);
   port.outstanding -= std::min(port.outstanding, c.credits.forfeit());
   port.by_qp.erase(c.qp_num);
   stats_.connections_closed[static_cast<std::size_t>(c.reason)].add();

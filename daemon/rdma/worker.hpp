@@ -91,6 +91,8 @@ struct DevicePort;
 struct InflightSend {
   std::uint32_t block = 0;  // send block index, or kNoBlock for a credit update
   std::uint32_t frames = 0;
+  std::uint32_t deliveries = 0;          // DELIVER frames among them
+  std::uint64_t delivered_payload = 0;   // their payload bytes
   std::array<BufferRef, kMaxFramesPerSend> refs;
 };
 
@@ -111,6 +113,7 @@ struct Connection {
   std::uint32_t peer_buffer_size = 0;  // largest SEND the client can receive
   CreditWindow credits;
   std::deque<OutItem> outq;
+  std::uint32_t pending_messages = 0;  // messages in outq (deliveries, not control frames)
   std::vector<InflightSend> inflight;  // ring
   std::uint32_t inflight_head = 0;
   std::uint32_t inflight_count = 0;
@@ -175,13 +178,17 @@ class Worker {
   void process_frames(Connection& c, const BufferRef& buf, std::uint32_t len);
   void route_publish(const proto::Frame& f, const BufferRef& buf);
   void enqueue(Connection& c, OutItem item);
+  /// Queues one routed PUBLISH frame for `c`, extending its last DELIVER run if possible.
+  void deliver_local(Connection& c, const BufferRef& buf, std::uint32_t sid, const proto::Frame& f);
   void post_remote_batches();
 
   void touch(Connection& c);
   void flush_touched();
   void flush(Connection& c);
   bool post_send(Connection& c, std::uint32_t block, const ibv_sge* sge, std::uint32_t num_sge,
-                 std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs, std::uint32_t frames);
+                 std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs, const PackedSend& packed);
+  /// Retires the oldest in-flight SEND; its deliveries count as delivered or dropped.
+  void retire_send(Connection& c, bool success);
   std::uint32_t take_credits_to_return(Connection& c);
 
   void refill_srqs();

@@ -23,19 +23,23 @@ class OutboundTest : public ::testing::Test {
     std::uint32_t idx;
     EXPECT_EQ(pool_->acquire(&idx, 1), 1u);
     BufferRef buf(pool_.get(), idx);
+    const std::size_t n = publish_at(buf, 0, subject, payload);
+    return make_delivery(std::move(buf), sid, 0, static_cast<std::uint32_t>(n), static_cast<std::uint32_t>(payload.size()));
+  }
+  static std::size_t publish_at(const BufferRef& buf, std::size_t off, const std::string& subject, const std::string& payload) {
     proto::FrameHeader h;
     h.type = proto::FrameType::kPublish;
-    const std::size_t n = proto::encode_frame({buf.data(), 4096}, h, subject, {},
-                                              std::as_bytes(std::span<const char>(payload.data(), payload.size())));
-    OutItem item;
-    item.header.type = proto::FrameType::kDeliver;
-    item.header.arg = sid;
-    item.header.subject_len = static_cast<std::uint16_t>(subject.size());
-    item.header.payload_len = static_cast<std::uint32_t>(payload.size());
-    item.body = std::move(buf);
-    item.body_offset = proto::kHeaderSize;
-    item.body_len = static_cast<std::uint32_t>(n - proto::kHeaderSize);
-    return item;
+    return proto::encode_frame({buf.data() + off, 4096 - off}, h, subject, {},
+                               std::as_bytes(std::span<const char>(payload.data(), payload.size())));
+  }
+  /// The messages inside a DELIVER frame.
+  static std::vector<std::string> inner_payloads(const proto::Frame& deliver) {
+    std::vector<std::string> out;
+    EXPECT_EQ(proto::for_each_delivered(deliver, [&](const proto::Frame& f) {
+                out.emplace_back(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
+              }),
+              proto::DecodeStatus::kOk);
+    return out;
   }
 
   /// What the NIC would put on the wire.
@@ -76,8 +80,7 @@ TEST_F(OutboundTest, GatheredBytesDecodeToTheQueuedFrames) {
   ASSERT_EQ(proto::decode_frame(std::span(wire).subspan(off), 4096, f), proto::DecodeStatus::kOk);
   EXPECT_EQ(f.header.type, proto::FrameType::kDeliver);
   EXPECT_EQ(f.header.arg, 7u);
-  EXPECT_EQ(f.subject, "a.b");
-  EXPECT_EQ(std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size()), "first");
+  EXPECT_EQ(inner_payloads(f), std::vector<std::string>{"first"});
   EXPECT_EQ(f.header.sequence, 1u);
   off += f.header.frame_len();
   ASSERT_EQ(proto::decode_frame(std::span(wire).subspan(off), 4096, f), proto::DecodeStatus::kOk);
@@ -86,7 +89,7 @@ TEST_F(OutboundTest, GatheredBytesDecodeToTheQueuedFrames) {
   off += f.header.frame_len();
   ASSERT_EQ(proto::decode_frame(std::span(wire).subspan(off), 4096, f), proto::DecodeStatus::kOk);
   EXPECT_EQ(f.header.arg, 8u);
-  EXPECT_EQ(f.payload.size(), 300u);
+  EXPECT_EQ(inner_payloads(f), std::vector<std::string>{std::string(300, 'x')});
   off += f.header.frame_len();
   EXPECT_EQ(off, wire.size());
   // Zero-copy: the bodies are still referenced by the send.
@@ -97,10 +100,10 @@ TEST_F(OutboundTest, GatheredBytesDecodeToTheQueuedFrames) {
 TEST_F(OutboundTest, StopsAtThePeerBufferSize) {
   std::deque<OutItem> q;
   for (int i = 0; i < 3; ++i) q.push_back(delivery("s", std::string(1000, 'y'), 1));
-  // Each frame is 32 + 1 + 1000 -> 1040 bytes: two fit in 2500.
+  // Each DELIVER is 32 + (32 + 1 + 1000 -> 1040) = 1072 bytes: two fit in 2500.
   auto packed = pack_send(q, {2500, kMaxSendSge}, block_, kBlockKey, kBodyKey, seq_, sge_, refs_);
   EXPECT_EQ(packed.frames, 2u);
-  EXPECT_EQ(packed.bytes, 2080u);
+  EXPECT_EQ(packed.bytes, 2144u);
   EXPECT_EQ(q.size(), 1u);
 }
 
@@ -128,6 +131,39 @@ TEST_F(OutboundTest, ControlTextIsTruncatedToFitTheBlock) {
   ASSERT_EQ(proto::decode_frame(wire, 4096, f), proto::DecodeStatus::kOk);
   EXPECT_EQ(f.header.type, proto::FrameType::kError);
   EXPECT_EQ(f.payload.size(), kMaxControlText);
+}
+
+// Consecutive PUBLISH frames of one received buffer, routed to the same
+// subscription, become one DELIVER: two SGEs however many messages.
+TEST_F(OutboundTest, ContiguousFramesExtendOneDelivery) {
+  std::uint32_t idx;
+  ASSERT_EQ(pool_->acquire(&idx, 1), 1u);
+  BufferRef buf(pool_.get(), idx);
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> at;  // offset, len
+  std::size_t off = 0;
+  for (int i = 0; i < 5; ++i) {
+    const std::size_t n = publish_at(buf, off, "run", "m" + std::to_string(i));
+    at.emplace_back(static_cast<std::uint32_t>(off), static_cast<std::uint32_t>(n));
+    off += n;
+  }
+  OutItem item = make_delivery(buf.clone(), 3, at[0].first, at[0].second, 2);
+  EXPECT_TRUE(extend_delivery(item, buf, 3, at[1].first, at[1].second, 2, 4096));
+  EXPECT_FALSE(extend_delivery(item, buf, 4, at[2].first, at[2].second, 2, 4096));  // other subscription
+  EXPECT_FALSE(extend_delivery(item, buf, 3, at[3].first, at[3].second, 2, 4096));  // not adjacent
+  EXPECT_TRUE(extend_delivery(item, buf, 3, at[2].first, at[2].second, 2, 4096));
+  EXPECT_FALSE(extend_delivery(item, buf, 3, at[3].first, at[3].second, 2, 32 + item.body_len));  // too long
+  EXPECT_EQ(item.messages, 3u);
+  EXPECT_EQ(item.payload_bytes, 6u);
+  std::deque<OutItem> q;
+  q.push_back(std::move(item));
+  auto packed = pack_send(q, {4096, kMaxSendSge}, block_, kBlockKey, kBodyKey, seq_, sge_, refs_);
+  EXPECT_EQ(packed.frames, 1u);
+  EXPECT_EQ(packed.deliveries, 3u);
+  EXPECT_EQ(packed.num_sge, 2u);
+  auto wire = gather(sge_, packed.num_sge);
+  proto::Frame f;
+  ASSERT_EQ(proto::decode_frame(wire, 4096, f), proto::DecodeStatus::kOk);
+  EXPECT_EQ(inner_payloads(f), (std::vector<std::string>{"m0", "m1", "m2"}));
 }
 
 TEST_F(OutboundTest, NothingFitsMeansNothingPacked) {

@@ -45,7 +45,7 @@ TEST(Wire, EveryTypeRoundTrips) {
   struct Case { FrameType type; std::string subject, payload; std::uint32_t arg; };
   const std::vector<Case> cases = {
       {FrameType::kSubscribe, "a.b", "", 7},   {FrameType::kUnsubscribe, "", "", 7},
-      {FrameType::kPublish, "a", "", 0},       {FrameType::kDeliver, "a.b.c", "xyz", 9},
+      {FrameType::kPublish, "a", "", 0},
       {FrameType::kCredit, "", "", 12},        {FrameType::kPing, "", "", 0},
       {FrameType::kPong, "", "", 0},           {FrameType::kError, "", "bad thing", 4},
       {FrameType::kClose, "", "", 10},
@@ -59,6 +59,29 @@ TEST(Wire, EveryTypeRoundTrips) {
     EXPECT_EQ(f.subject, c.subject);
     EXPECT_EQ(f.payload.size(), c.payload.size());
   }
+}
+
+TEST(Wire, DeliverCarriesWholePublishFrames) {
+  auto a = encode(FrameType::kPublish, 0, "x", "1");
+  auto b = encode(FrameType::kPublish, 0, "y.z", "22");
+  std::string inner(reinterpret_cast<const char*>(a.data()), a.size());
+  inner.append(reinterpret_cast<const char*>(b.data()), b.size());
+  auto d = encode(FrameType::kDeliver, 9, "", inner);
+  Frame f;
+  ASSERT_EQ(decode(d, f), DecodeStatus::kOk);
+  EXPECT_EQ(f.header.arg, 9u);
+  std::vector<std::string> subjects;
+  EXPECT_EQ(for_each_delivered(f, [&](const Frame& m) { subjects.emplace_back(m.subject); }), DecodeStatus::kOk);
+  EXPECT_EQ(subjects, (std::vector<std::string>{"x", "y.z"}));
+  // A DELIVER with a subject, an empty or unaligned body is malformed.
+  EXPECT_EQ(decode(encode(FrameType::kDeliver, 9, "a", inner), f), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(encode(FrameType::kDeliver, 9, "", ""), f), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(encode(FrameType::kDeliver, 9, "", inner.substr(0, 33)), f), DecodeStatus::kBadLength);
+  // Inside, only PUBLISH frames.
+  auto ping = encode(FrameType::kPing, 0, "", "");
+  auto bad = encode(FrameType::kDeliver, 9, "", std::string(reinterpret_cast<const char*>(ping.data()), ping.size()));
+  ASSERT_EQ(decode(bad, f), DecodeStatus::kOk);
+  EXPECT_EQ(for_each_delivered(f, [](const Frame&) {}), DecodeStatus::kBadType);
 }
 
 TEST(Wire, SeveralFramesInOneBuffer) {

@@ -26,7 +26,6 @@ struct Message {
   std::uint32_t sid = 0;        // the subscription it was delivered to
   std::string subject;
   std::vector<std::byte> payload;
-  std::uint64_t sequence = 0;   // the broker's per-connection frame sequence
   std::string_view data() const { return {reinterpret_cast<const char*>(payload.data()), payload.size()}; }
 };
 

@@ -232,8 +232,13 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
       if (!has_subject || h.payload_len != 0) return DecodeStatus::kBadLength;
       break;
     case FrameType::kPublish:
-    case FrameType::kDeliver:
       if (!has_subject) return DecodeStatus::kBadLength;
+      break;
+    case FrameType::kDeliver:
+      // A run of whole PUBLISH frames for one subscription (SPEC.md, DELIVER).
+      if (has_subject || h.reply_len != 0 || h.payload_len < kHeaderSize || h.payload_len % kFrameAlign != 0) {
+        return DecodeStatus::kBadLength;
+      }
       break;
     case FrameType::kError:
     case FrameType::kClose:
@@ -280,12 +285,36 @@ inline std::size_t encode_frame(std::span<std::byte> out, FrameHeader h, std::st
   return len;
 }
 
+/// The longest PUBLISH frame a broker whose receive buffers are `max_send`
+/// bytes accepts: it must still fit a subscriber's buffer once wrapped in a
+/// DELIVER header.
+constexpr std::size_t max_publish_frame(std::size_t max_send) {
+  return max_send > kHeaderSize ? max_send - kHeaderSize : 0;
+}
+
 /// The largest payload a frame with this subject can carry within `max_frame`.
 constexpr std::size_t max_payload(std::size_t max_frame, std::size_t subject_len, std::size_t reply_len = 0) {
   const std::size_t fixed = kHeaderSize + subject_len + reply_len;
   if (max_frame < fixed + kFrameAlign) return 0;
   // The padded frame must fit: round the limit down to the alignment.
   return (max_frame & ~(kFrameAlign - 1)) - fixed;
+}
+
+/// Calls `fn(const Frame&)` for each PUBLISH frame inside a DELIVER's payload.
+/// Returns kOk, or the first decode failure (a broker bug or corruption).
+template <typename Fn>
+DecodeStatus for_each_delivered(const Frame& deliver, Fn&& fn) {
+  std::size_t off = 0;
+  while (off < deliver.payload.size()) {
+    Frame inner;
+    const auto st = decode_frame(deliver.payload.subspan(off), deliver.payload.size(), inner);
+    if (st != DecodeStatus::kOk) return st;
+    if (inner.header.type != FrameType::kPublish) return DecodeStatus::kBadType;
+    inner.offset = off;
+    fn(inner);
+    off += inner.header.frame_len();
+  }
+  return DecodeStatus::kOk;
 }
 
 // ---------------------------------------------------------------- handshake

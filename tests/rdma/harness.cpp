@@ -1,0 +1,337 @@
+#include "harness.hpp"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "admin_client.hpp"
+
+namespace rdmabroker::test {
+
+namespace {
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
+std::uint64_t mix(std::uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+std::string guest_addr1() { return env("RDMABROKER_GUEST_ADDR1"); }
+std::string guest_addr2() { return env("RDMABROKER_GUEST_ADDR2"); }
+
+void require_rdma() {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (list != nullptr) ibv_free_device_list(list);
+  ASSERT_TRUE(n > 0 && !guest_addr1().empty() && !guest_addr2().empty())
+      << "no RDMA device/guest addresses: the RDMA tests run inside the Soft-RoCE guest "
+         "(tests/softroce/run-in-guest.sh, as scripts/test.sh does); they never skip";
+}
+
+std::uint16_t next_port() {
+  static std::atomic<std::uint16_t> port{static_cast<std::uint16_t>(7500 + (getpid() % 100) * 10)};
+  return port.fetch_add(1);
+}
+
+std::vector<std::byte> make_payload(std::uint64_t seq, std::size_t max_payload) {
+  const std::uint64_t h = mix(seq);
+  const std::uint64_t bucket = h % 1000;
+  std::size_t size;
+  if (bucket < 900) {
+    size = static_cast<std::size_t>(8 + (h >> 16) % 249);  // 8..256
+  } else if (bucket < 990) {
+    size = static_cast<std::size_t>(257 + (h >> 16) % 3840);  // up to 4 KiB
+  } else {
+    size = max_payload;  // the largest the broker accepts
+  }
+  size = std::min(std::max<std::size_t>(size, 8), max_payload);
+  std::vector<std::byte> p(size);
+  std::memcpy(p.data(), &seq, 8);
+  for (std::size_t i = 8; i < size; ++i) p[i] = static_cast<std::byte>((h >> (i % 56)) + i);
+  return p;
+}
+
+bool check_payload(std::uint64_t seq, std::size_t max_payload, std::span<const std::byte> data) {
+  auto want = make_payload(seq, max_payload);
+  return data.size() == want.size() && std::memcmp(data.data(), want.data(), want.size()) == 0;
+}
+
+// ---------------------------------------------------------------- broker
+
+BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_args)
+    : port_(port), admin_socket_("/tmp/rdmabroker-test-" + std::to_string(getpid()) + "-" + std::to_string(port) + ".sock") {
+  std::vector<std::string> args = {RDMABROKERD_PATH, "--listen", "0.0.0.0", "--port", std::to_string(port),
+                                   "--admin-socket", admin_socket_, "--log-level", "warn"};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  pid_ = fork();
+  if (pid_ == 0) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  // Ready when the admin socket answers (the listener is bound before it opens).
+  for (int i = 0; i < 200; ++i) {
+    if (cli::admin_request(admin_socket_, "stats").ok()) return;
+    int status;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      ADD_FAILURE() << "rdmabrokerd exited during start-up (status " << status << ")";
+      return;
+    }
+    usleep(50'000);
+  }
+  ADD_FAILURE() << "rdmabrokerd did not open its admin socket within 10 s";
+}
+
+BrokerProcess::~BrokerProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  unlink(admin_socket_.c_str());
+}
+
+std::map<std::string, std::int64_t> BrokerProcess::stats() const {
+  auto reply = cli::admin_request(admin_socket_, "stats");
+  if (!reply) {
+    ADD_FAILURE() << "stats: " << reply.error().message;
+    return {};
+  }
+  auto doc = nlohmann::json::parse(reply.value());
+  return doc["stats"].get<std::map<std::string, std::int64_t>>();
+}
+
+int BrokerProcess::stop(int sig, std::chrono::milliseconds timeout) {
+  if (pid_ <= 0) return -1;
+  kill(pid_, sig);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    usleep(20'000);
+  }
+  return -1;
+}
+
+// ---------------------------------------------------------------- frames
+
+std::vector<std::byte> frame(proto::FrameType type, std::uint32_t arg, std::string_view subject,
+                             std::string_view payload) {
+  std::vector<std::byte> buf(proto::align_up(proto::kHeaderSize + subject.size() + payload.size()));
+  proto::FrameHeader h;
+  h.type = type;
+  h.arg = arg;
+  proto::encode_frame(buf, h, subject, {}, std::as_bytes(std::span<const char>(payload.data(), payload.size())));
+  return buf;
+}
+
+std::vector<proto::Frame> frames(const std::vector<std::byte>& bytes) {
+  std::vector<proto::Frame> out;
+  std::size_t off = 0;
+  while (off < bytes.size()) {
+    proto::Frame f;
+    if (proto::decode_frame(std::span(bytes).subspan(off), bytes.size(), f) != proto::DecodeStatus::kOk) break;
+    out.push_back(f);
+    off += f.header.frame_len();
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- raw peer
+
+RawPeer::~RawPeer() {
+  if (id_ && !disconnected_) rdma_disconnect(id_.get());
+  qp_.reset();
+  mr_.reset();
+  cq_.reset();
+  pd_.reset();
+  id_.reset();
+}
+
+namespace {
+Result<rdma_cm_event_type> wait_event(rdma_event_channel* ch, std::chrono::milliseconds timeout,
+                                      std::vector<std::byte>* pdata) {
+  pollfd p{ch->fd, POLLIN, 0};
+  if (poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return Error{ErrorKind::kTimeout, "no CM event"};
+  rdma_cm_event* ev = nullptr;
+  if (rdma_get_cm_event(ch, &ev) != 0) return Error{ErrorKind::kConnectFailed, "rdma_get_cm_event"};
+  verbs::CmEventPtr owned(ev);
+  if (pdata != nullptr && ev->param.conn.private_data != nullptr) {
+    auto* b = static_cast<const std::byte*>(ev->param.conn.private_data);
+    pdata->assign(b, b + ev->param.conn.private_data_len);
+  }
+  return ev->event;
+}
+}  // namespace
+
+Result<RawPeer::ConnectResult> RawPeer::connect(const std::string& host, std::uint16_t port, const std::string& bind,
+                                                std::span<const std::byte> private_data,
+                                                std::uint32_t recv_buffer_size, std::uint32_t recv_count) {
+  recv_size_ = recv_buffer_size;
+  recv_count_ = recv_count;
+  channel_.reset(rdma_create_event_channel());
+  rdma_cm_id* id = nullptr;
+  if (rdma_create_id(channel_.get(), &id, nullptr, RDMA_PS_TCP) != 0) return Error{ErrorKind::kResource, "rdma_create_id"};
+  id_.reset(id);
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo *dst = nullptr, *src = nullptr;
+  getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &dst);
+  if (!bind.empty()) getaddrinfo(bind.c_str(), nullptr, &hints, &src);
+  const int rc = rdma_resolve_addr(id, src != nullptr ? src->ai_addr : nullptr, dst->ai_addr, 2000);
+  freeaddrinfo(dst);
+  if (src != nullptr) freeaddrinfo(src);
+  if (rc != 0) return Error{ErrorKind::kConnectFailed, "rdma_resolve_addr"};
+  const auto t = std::chrono::seconds(10);
+  if (auto e = wait_event(channel_.get(), t, nullptr); !e || *e != RDMA_CM_EVENT_ADDR_RESOLVED) {
+    return Error{ErrorKind::kConnectFailed, "address not resolved"};
+  }
+  rdma_resolve_route(id, 2000);
+  if (auto e = wait_event(channel_.get(), t, nullptr); !e || *e != RDMA_CM_EVENT_ROUTE_RESOLVED) {
+    return Error{ErrorKind::kConnectFailed, "route not resolved"};
+  }
+  pd_.reset(ibv_alloc_pd(id->verbs));
+  cq_.reset(ibv_create_cq(id->verbs, static_cast<int>(recv_count + 8), nullptr, nullptr, 0));
+  ibv_qp_init_attr attr{};
+  attr.send_cq = attr.recv_cq = cq_.get();
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = 4;
+  attr.cap.max_recv_wr = recv_count;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  if (rdma_create_qp(id, pd_.get(), &attr) != 0) return Error{ErrorKind::kResource, "rdma_create_qp"};
+  qp_ = verbs::CmQp(id);
+  // Receive buffers first, then one send buffer at the end.
+  mem_.assign(std::size_t{recv_count + 1} * recv_buffer_size, std::byte{0});
+  mr_.reset(ibv_reg_mr(pd_.get(), mem_.data(), mem_.size(), IBV_ACCESS_LOCAL_WRITE));
+  for (std::uint32_t i = 0; i < recv_count; ++i) {
+    ibv_sge sge{reinterpret_cast<std::uint64_t>(mem_.data() + std::size_t{i} * recv_size_), recv_size_, mr_->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    ibv_post_recv(qp_.get(), &wr, &bad);
+  }
+  rdma_conn_param param{};
+  param.private_data = private_data.data();
+  param.private_data_len = static_cast<std::uint8_t>(private_data.size());
+  param.retry_count = 7;
+  param.rnr_retry_count = 7;
+  if (rdma_connect(id, &param) != 0) return Error{ErrorKind::kConnectFailed, "rdma_connect"};
+  ConnectResult r;
+  auto e = wait_event(channel_.get(), t, &r.private_data);
+  if (!e) return e.error();
+  r.event = rdma_event_str(*e);
+  r.accepted = *e == RDMA_CM_EVENT_ESTABLISHED;
+  if (r.accepted) {
+    proto::ConnectAccept a;
+    if (proto::decode(r.private_data, a) == proto::HandshakeStatus::kOk) broker_credits_ = a.initial_credits;
+  }
+  return r;
+}
+
+Status RawPeer::connect_ok(const std::string& host, std::uint16_t port, const std::string& bind, std::uint32_t recv_count) {
+  auto req = proto::encode(proto::ConnectRequest{16384, recv_count});
+  auto r = connect(host, port, bind, req, 16384, recv_count);
+  if (!r) return r.error();
+  if (!r->accepted) return Error{ErrorKind::kRejected, r->event};
+  return {};
+}
+
+Status RawPeer::send(std::span<const std::byte> bytes, std::uint32_t imm) {
+  std::byte* buf = mem_.data() + std::size_t{recv_count_} * recv_size_;
+  if (bytes.size() > recv_size_) return Error{ErrorKind::kInvalidArgument, "too big for the raw peer"};
+  std::memcpy(buf, bytes.data(), bytes.size());
+  ibv_sge sge{reinterpret_cast<std::uint64_t>(buf), static_cast<std::uint32_t>(bytes.size()), mr_->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = 1ull << 40;
+  wr.opcode = IBV_WR_SEND_WITH_IMM;
+  wr.imm_data = htonl(imm);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  if (ibv_post_send(qp_.get(), &wr, &bad) != 0) return Error{ErrorKind::kClosed, "ibv_post_send"};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    ibv_wc wc;
+    if (ibv_poll_cq(cq_.get(), 1, &wc) == 1) {
+      if (wc.wr_id != wr.wr_id) {
+        pending_.push_back(wc);  // a receive: kept for receive()
+        continue;
+      }
+      if (wc.status != IBV_WC_SUCCESS) return Error{ErrorKind::kClosed, ibv_wc_status_str(wc.status)};
+      return {};
+    }
+    usleep(1000);
+  }
+  return Error{ErrorKind::kTimeout, "send did not complete"};
+}
+
+Result<std::vector<std::byte>> RawPeer::receive(std::chrono::milliseconds timeout, bool repost) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    ibv_wc wc;
+    bool got = false;
+    if (!pending_.empty()) {
+      wc = pending_.front();
+      pending_.pop_front();
+      got = true;
+    } else {
+      got = ibv_poll_cq(cq_.get(), 1, &wc) == 1;
+    }
+    if (got) {
+      if (wc.wr_id >= (1ull << 40)) continue;  // a send completion
+      if (wc.status != IBV_WC_SUCCESS) return Error{ErrorKind::kClosed, ibv_wc_status_str(wc.status)};
+      if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) broker_credits_ += ntohl(wc.imm_data);
+      std::byte* p = mem_.data() + wc.wr_id * recv_size_;
+      std::vector<std::byte> out(p, p + wc.byte_len);
+      if (repost) {
+        ibv_sge sge{reinterpret_cast<std::uint64_t>(p), recv_size_, mr_->lkey};
+        ibv_recv_wr wr{};
+        wr.wr_id = wc.wr_id;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        ibv_recv_wr* bad = nullptr;
+        ibv_post_recv(qp_.get(), &wr, &bad);
+      }
+      if (wc.byte_len == 0) continue;  // a pure credit update
+      return out;
+    }
+    usleep(1000);
+  }
+  return Error{ErrorKind::kTimeout, "nothing received"};
+}
+
+bool RawPeer::wait_disconnected(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto e = wait_event(channel_.get(), std::chrono::milliseconds(100), nullptr);
+    if (e && *e == RDMA_CM_EVENT_DISCONNECTED) {
+      disconnected_ = true;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace rdmabroker::test

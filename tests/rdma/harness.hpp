@@ -1,0 +1,118 @@
+// Helpers for the RDMA integration tests (run inside the Soft-RoCE guest):
+// a real rdmabrokerd child process, the guest's addresses, deterministic
+// payloads, and a raw rdma_cm peer that can send what librdmabroker never
+// would (malformed frames, bad handshakes, no reposted receives).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <unistd.h>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rdmabroker/common/verbs.hpp"
+#include "rdmabroker/proto/wire.hpp"
+#include "rdmabroker/result.hpp"
+
+namespace rdmabroker::test {
+
+/// The guest's two addresses: ADDR1 on rxe0 (veth0), ADDR2 on rxe1 (veth1).
+/// Empty when not in the guest; tests then fail (they never skip).
+std::string guest_addr1();
+std::string guest_addr2();
+/// Fails the calling test (fatally) when there is no RDMA to test on.
+void require_rdma();
+
+/// A unique port per broker started by this process.
+std::uint16_t next_port();
+
+/// Payload for message `seq` of a stream: size from a mix (mostly small, some
+/// medium, a few of the largest allowed), bytes derived from seq.
+std::vector<std::byte> make_payload(std::uint64_t seq, std::size_t max_payload);
+/// True if `data` is exactly make_payload(seq, max_payload).
+bool check_payload(std::uint64_t seq, std::size_t max_payload, std::span<const std::byte> data);
+
+class BrokerProcess {
+ public:
+  /// Starts rdmabrokerd on `port` with extra flags; waits until its admin socket answers.
+  explicit BrokerProcess(std::uint16_t port, std::vector<std::string> extra_args = {});
+  ~BrokerProcess();
+  BrokerProcess(const BrokerProcess&) = delete;
+  BrokerProcess& operator=(const BrokerProcess&) = delete;
+
+  bool running() const { return pid_ > 0; }
+  std::string url(const std::string& host) const { return "rdma://" + host + ":" + std::to_string(port_); }
+  std::uint16_t port() const { return port_; }
+  std::map<std::string, std::int64_t> stats() const;
+  /// Polls stats until `pred` holds or `timeout` passes; returns the last stats.
+  template <typename Pred>
+  std::map<std::string, std::int64_t> wait_stats(Pred pred, std::chrono::milliseconds timeout) const {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto s = stats();
+    while (!pred(s) && std::chrono::steady_clock::now() < deadline) {
+      usleep(50'000);
+      s = stats();
+    }
+    return s;
+  }
+  /// Sends `sig` and waits for the exit; returns the exit status, or -1 on
+  /// timeout/abnormal exit.
+  int stop(int sig, std::chrono::milliseconds timeout);
+
+ private:
+  std::uint16_t port_;
+  std::string admin_socket_;
+  int pid_ = -1;
+};
+
+/// A bare rdma_cm client: handshake bytes and SEND contents are the test's.
+class RawPeer {
+ public:
+  ~RawPeer();
+  /// Connects with `private_data`; returns the accept/reject private data and
+  /// whether it was accepted.
+  struct ConnectResult {
+    bool accepted = false;
+    std::string event;
+    std::vector<std::byte> private_data;
+  };
+  Result<ConnectResult> connect(const std::string& host, std::uint16_t port, const std::string& bind,
+                                std::span<const std::byte> private_data, std::uint32_t recv_buffer_size = 16384,
+                                std::uint32_t recv_count = 16);
+  /// Connects with a valid handshake; fails the result if not accepted.
+  Status connect_ok(const std::string& host, std::uint16_t port, const std::string& bind, std::uint32_t recv_count = 16);
+  /// Posts one SEND_WITH_IMM with these bytes and waits for its completion.
+  Status send(std::span<const std::byte> bytes, std::uint32_t imm = 0);
+  /// Waits for one receive; returns its bytes (frames) or an error on timeout/disconnect.
+  /// `repost`: put the buffer back (false simulates a client that stops reading).
+  Result<std::vector<std::byte>> receive(std::chrono::milliseconds timeout, bool repost = true);
+  /// Waits for RDMA_CM_EVENT_DISCONNECTED.
+  bool wait_disconnected(std::chrono::milliseconds timeout);
+  std::uint32_t broker_credits() const { return broker_credits_; }
+
+ private:
+  verbs::EventChannelPtr channel_;
+  verbs::CmIdPtr id_;
+  verbs::PdPtr pd_;
+  verbs::CqPtr cq_;
+  verbs::CmQp qp_;
+  std::vector<std::byte> mem_;
+  verbs::MrPtr mr_;
+  std::uint32_t recv_size_ = 0;
+  std::uint32_t recv_count_ = 0;
+  std::uint32_t broker_credits_ = 0;
+  bool disconnected_ = false;
+  std::deque<ibv_wc> pending_;  // receives that completed while send() waited
+};
+
+/// Encodes one frame into a vector.
+std::vector<std::byte> frame(proto::FrameType type, std::uint32_t arg, std::string_view subject,
+                             std::string_view payload = {});
+/// Decodes every frame in a SEND's bytes.
+std::vector<proto::Frame> frames(const std::vector<std::byte>& bytes);
+
+}  // namespace rdmabroker::test

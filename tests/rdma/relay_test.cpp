@@ -1,0 +1,379 @@
+// RDMA integration tests: a real rdmabrokerd process and real clients over
+// Soft-RoCE (rxe0/rxe1 in the guest). Each test starts its own broker.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "harness.hpp"
+#include "rdmabroker/client.hpp"
+
+namespace rdmabroker::test {
+namespace {
+
+using namespace std::chrono_literals;
+using proto::ErrorCode;
+using proto::FrameType;
+
+/// Checks one subscriber's stream: every message in publish order, byte-exact.
+class StreamChecker {
+ public:
+  explicit StreamChecker(std::size_t max_payload) : max_payload_(max_payload) {}
+  void on_message(const Message& m) {
+    std::uint64_t seq = 0;
+    if (m.payload.size() >= 8) std::memcpy(&seq, m.payload.data(), 8);
+    const std::uint64_t want = received_.load();
+    if (seq != want) {
+      record("message " + std::to_string(want) + ": got sequence " + std::to_string(seq));
+    } else if (!check_payload(seq, max_payload_, m.payload)) {
+      record("message " + std::to_string(seq) + ": payload differs (" + std::to_string(m.payload.size()) + " bytes)");
+    }
+    received_.fetch_add(1);
+  }
+  std::uint64_t received() const { return received_.load(); }
+  std::string first_error() const {
+    std::lock_guard l(mu_);
+    return error_;
+  }
+  bool wait_for(std::uint64_t n, std::chrono::milliseconds timeout) const {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (received() < n && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+    return received() >= n;
+  }
+
+ private:
+  void record(const std::string& e) {
+    std::lock_guard l(mu_);
+    if (error_.empty()) error_ = e;
+  }
+  const std::size_t max_payload_;
+  std::atomic<std::uint64_t> received_{0};
+  mutable std::mutex mu_;
+  std::string error_;
+};
+
+std::unique_ptr<Client> connect(const BrokerProcess& b, const std::string& host, const std::string& bind) {
+  ClientOptions opt;
+  opt.bind_address = bind;
+  opt.publish_timeout = 60s;
+  opt.connect_timeout = 15s;
+  auto c = Client::connect(b.url(host), opt);
+  EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.error().message);
+  return c.ok() ? std::move(c.value()) : nullptr;
+}
+
+std::string payload_str(const proto::Frame& f) {
+  return {reinterpret_cast<const char*>(f.payload.data()), f.payload.size()};
+}
+
+class Relay : public ::testing::Test {
+ protected:
+  void SetUp() override { require_rdma(); }
+  std::string a1 = guest_addr1(), a2 = guest_addr2();
+};
+
+// 1 publisher -> 3 subscribers, spread so that the broker serves connections
+// on both devices (rxe0 loopback, rxe1 -> rxe0, rxe0 -> rxe1), 100,000
+// messages of mixed sizes up to the largest allowed.
+TEST_F(Relay, FanOutAcrossDevicesInOrderByteExact) {
+  BrokerProcess broker(next_port(), {"--workers", "2"});
+  ASSERT_TRUE(broker.running());
+  constexpr std::uint64_t kMessages = 100'000;
+  const std::string subject = "relay.mixed";
+
+  struct Sub {
+    std::unique_ptr<Client> client;
+    std::unique_ptr<StreamChecker> check;
+  };
+  // (connect-to, bind): broker side rxe0 (two ways) and rxe1.
+  const std::vector<std::pair<std::string, std::string>> where = {{a1, ""}, {a1, a2}, {a2, a1}};
+  std::vector<Sub> subs;
+  for (const auto& [host, bind] : where) {
+    Sub s;
+    s.client = connect(broker, host, bind);
+    ASSERT_NE(s.client, nullptr);
+    s.check = std::make_unique<StreamChecker>(s.client->max_payload(subject.size()));
+    auto* check = s.check.get();
+    ASSERT_TRUE(s.client->subscribe(subject, [check](const Message& m) { check->on_message(m); }).ok());
+    ASSERT_TRUE(s.client->flush(10s).ok());
+    subs.push_back(std::move(s));
+  }
+  auto pub = connect(broker, a1, a2);
+  ASSERT_NE(pub, nullptr);
+  const std::size_t max_payload = pub->max_payload(subject.size());
+  for (std::uint64_t seq = 0; seq < kMessages; ++seq) {
+    auto st = pub->publish(subject, make_payload(seq, max_payload));
+    ASSERT_TRUE(st.ok()) << "publish " << seq << ": " << st.error().message;
+  }
+  ASSERT_TRUE(pub->flush(60s).ok());
+  for (auto& s : subs) {
+    EXPECT_TRUE(s.check->wait_for(kMessages, 180s)) << s.client->transport_description() << " got "
+                                                     << s.check->received();
+    EXPECT_EQ(s.check->first_error(), "") << s.client->transport_description();
+    EXPECT_EQ(s.check->received(), kMessages);
+  }
+  auto st = broker.stats();
+  EXPECT_EQ(st["messages.in"], static_cast<std::int64_t>(kMessages));
+  EXPECT_EQ(st["messages.delivered"], static_cast<std::int64_t>(3 * kMessages));
+  EXPECT_EQ(st["messages.dropped.slow_consumer"] + st["messages.dropped.subscriber_closed"], 0);
+  // Batching happened: fewer SENDs than frames.
+  EXPECT_LT(st["rdma.sends_posted"], st["rdma.frames_sent"]);
+  std::printf("relay: %lld frames in %lld sends (%.1f frames/send), %lld credit stalls\n",
+              static_cast<long long>(st["rdma.frames_sent"]), static_cast<long long>(st["rdma.sends_posted"]),
+              double(st["rdma.frames_sent"]) / double(std::max<std::int64_t>(1, st["rdma.sends_posted"])),
+              static_cast<long long>(st["rdma.credit_stalls"]));
+}
+
+// A subscriber process SIGKILLed mid-stream: the others get everything, and
+// the broker's counters show its connection, subscription and buffers freed.
+TEST_F(Relay, KilledSubscriberDoesNotDisturbOthers) {
+  BrokerProcess broker(next_port(), {"--workers", "2"});
+  ASSERT_TRUE(broker.running());
+  const std::string subject = "relay.kill";
+  constexpr std::uint64_t kMessages = 20'000;
+
+  const pid_t victim = fork();
+  if (victim == 0) {
+    const std::string url = broker.url(a1);
+    int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 1);
+    execl(RDMABROKER_CLI_PATH, "rdmabroker", "sub", subject.c_str(), "--raw", "-s", url.c_str(), "-b", a2.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  auto s1 = connect(broker, a1, "");
+  auto s2 = connect(broker, a2, a1);
+  ASSERT_TRUE(s1 && s2);
+  StreamChecker c1(s1->max_payload(subject.size())), c2(s2->max_payload(subject.size()));
+  ASSERT_TRUE(s1->subscribe(subject, [&](const Message& m) { c1.on_message(m); }).ok());
+  ASSERT_TRUE(s2->subscribe(subject, [&](const Message& m) { c2.on_message(m); }).ok());
+  ASSERT_TRUE(s1->flush(10s).ok() && s2->flush(10s).ok());
+  auto ready = broker.wait_stats([](auto& s) { return s["subscriptions"] == 3; }, 20s);
+  ASSERT_EQ(ready["subscriptions"], 3) << "the subscriber process did not subscribe";
+
+  auto pub = connect(broker, a1, a2);
+  ASSERT_NE(pub, nullptr);
+  const std::size_t max_payload = pub->max_payload(subject.size());
+  for (std::uint64_t seq = 0; seq < kMessages; ++seq) {
+    if (seq == kMessages / 4) {
+      kill(victim, SIGKILL);
+      waitpid(victim, nullptr, 0);
+    }
+    ASSERT_TRUE(pub->publish(subject, make_payload(seq, max_payload)).ok());
+  }
+  ASSERT_TRUE(pub->flush(60s).ok());
+  EXPECT_TRUE(c1.wait_for(kMessages, 120s));
+  EXPECT_TRUE(c2.wait_for(kMessages, 120s));
+  EXPECT_EQ(c1.first_error(), "");
+  EXPECT_EQ(c2.first_error(), "");
+  EXPECT_EQ(c1.received(), kMessages);
+  EXPECT_EQ(c2.received(), kMessages);
+
+  // The broker noticed (CM DISCONNECTED or a failed send) and freed it all.
+  auto st = broker.wait_stats(
+      [](auto& s) { return s["connections.current"] == 3 && s["rdma.srq_posted"] == s["pool.in_use"]; }, 60s);
+  EXPECT_EQ(st["connections.current"], 3);
+  EXPECT_EQ(st["connections.closed.peer_disconnected"] + st["connections.closed.wc_error"], 1);
+  EXPECT_EQ(st["subscriptions"], 2);
+  EXPECT_EQ(st["messages.pending"], 0);
+  // No buffer is held by anything but the SRQs: every fan-out reference was released.
+  EXPECT_EQ(st["pool.in_use"], st["rdma.srq_posted"]);
+  // Every delivery the broker routed was either completed or dropped by a
+  // counted policy: nothing silently lost.
+  EXPECT_EQ(st["messages.routed"], st["messages.delivered"] + st["messages.dropped.subscriber_closed"] +
+                                       st["messages.dropped.slow_consumer"]);
+  EXPECT_GE(st["messages.delivered"], static_cast<std::int64_t>(2 * kMessages));
+}
+
+// A client that sends a malformed frame gets an ERROR and is closed; a
+// publisher and subscriber on the same broker continue undisturbed.
+TEST_F(Relay, MalformedFrameGetsErrorAndCloseOthersContinue) {
+  BrokerProcess broker(next_port());
+  ASSERT_TRUE(broker.running());
+  auto sub = connect(broker, a1, "");
+  auto pub = connect(broker, a1, a2);
+  ASSERT_TRUE(sub && pub);
+  auto q = sub->subscribe(std::string_view("ok.subject"));
+  ASSERT_TRUE(q.ok());
+  ASSERT_TRUE(sub->flush(10s).ok());
+
+  RawPeer bad;
+  ASSERT_TRUE(bad.connect_ok(a1, broker.port(), a2).ok());
+  auto garbage = frame(FrameType::kPublish, 0, "ok.subject", "x");
+  garbage[0] = std::byte{0x00};  // bad magic
+  ASSERT_TRUE(bad.send(garbage).ok());
+  auto reply = bad.receive(10s);
+  ASSERT_TRUE(reply.ok()) << reply.error().message;
+  auto fs = frames(reply.value());
+  ASSERT_EQ(fs.size(), 1u);
+  EXPECT_EQ(fs[0].header.type, FrameType::kError);
+  EXPECT_EQ(static_cast<ErrorCode>(fs[0].header.arg), ErrorCode::kMalformedFrame);
+  EXPECT_NE(payload_str(fs[0]).find("bad frame magic"), std::string::npos) << payload_str(fs[0]);
+  EXPECT_TRUE(bad.wait_disconnected(10s));
+
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(pub->publish("ok.subject", "m" + std::to_string(i)).ok());
+  ASSERT_TRUE(pub->flush(10s).ok());
+  for (int i = 0; i < 100; ++i) {
+    auto m = q.value()->next(10s);
+    ASSERT_TRUE(m.ok()) << i;
+    EXPECT_EQ(m->data(), "m" + std::to_string(i));
+  }
+  auto st = broker.wait_stats([](auto& s) { return s["connections.closed.protocol_error"] == 1; }, 10s);
+  EXPECT_EQ(st["connections.closed.protocol_error"], 1);
+  EXPECT_EQ(st["protocol_errors"], 1);
+  EXPECT_EQ(st["connections.current"], 2);
+}
+
+// Frames that are well-formed but wrong, or claim too much, get the right code.
+TEST_F(Relay, WrongFramesGetTheirErrorCodes) {
+  BrokerProcess broker(next_port());
+  ASSERT_TRUE(broker.running());
+  struct Case {
+    std::vector<std::byte> bytes;
+    ErrorCode code;
+    bool closes;
+  };
+  auto too_large = frame(FrameType::kPublish, 0, "a", "x");
+  proto::store<std::uint32_t>(too_large.data() + 12, 1u << 20);  // claims 1 MiB
+  std::vector<Case> cases;
+  cases.push_back({too_large, ErrorCode::kPayloadTooLarge, true});
+  cases.push_back({frame(FrameType::kDeliver, 1, "a", "x"), ErrorCode::kProtocolViolation, true});
+  cases.push_back({frame(FrameType::kPublish, 0, "a..b", "x"), ErrorCode::kInvalidSubject, true});
+  cases.push_back({frame(FrameType::kUnsubscribe, 99, ""), ErrorCode::kUnknownSubscription, false});
+  for (auto& c : cases) {
+    RawPeer peer;
+    ASSERT_TRUE(peer.connect_ok(a1, broker.port(), "").ok());
+    ASSERT_TRUE(peer.send(c.bytes).ok());
+    auto reply = peer.receive(10s);
+    ASSERT_TRUE(reply.ok()) << reply.error().message;
+    auto fs = frames(reply.value());
+    ASSERT_FALSE(fs.empty());
+    EXPECT_EQ(fs[0].header.type, FrameType::kError);
+    EXPECT_EQ(static_cast<ErrorCode>(fs[0].header.arg), c.code) << payload_str(fs[0]);
+    EXPECT_EQ(peer.wait_disconnected(c.closes ? 10s : 1s), c.closes) << payload_str(fs[0]);
+  }
+  // The duplicate-subscription error keeps the connection too.
+  RawPeer peer;
+  ASSERT_TRUE(peer.connect_ok(a1, broker.port(), "").ok());
+  auto sub = frame(FrameType::kSubscribe, 5, "dup");
+  std::vector<std::byte> two = sub;
+  two.insert(two.end(), sub.begin(), sub.end());
+  auto ping = frame(FrameType::kPing, 0, "");
+  two.insert(two.end(), ping.begin(), ping.end());
+  ASSERT_TRUE(peer.send(two).ok());
+  std::vector<proto::Frame> got;
+  std::vector<std::vector<std::byte>> keep;
+  while (got.size() < 2) {
+    auto r = peer.receive(10s);
+    ASSERT_TRUE(r.ok());
+    keep.push_back(r.value());
+    for (auto& f : frames(keep.back())) got.push_back(f);
+  }
+  EXPECT_EQ(got[0].header.type, FrameType::kError);
+  EXPECT_EQ(static_cast<ErrorCode>(got[0].header.arg), ErrorCode::kDuplicateSubscription);
+  EXPECT_EQ(got[1].header.type, FrameType::kPong);
+  EXPECT_EQ(broker.stats()["subscriptions"], 1);
+}
+
+TEST_F(Relay, BadHandshakesAreRejectedWithTheirReason) {
+  BrokerProcess broker(next_port());
+  ASSERT_TRUE(broker.running());
+  auto reason_of = [&](std::span<const std::byte> pdata, std::uint32_t bufsize) -> std::optional<proto::RejectReason> {
+    RawPeer p;
+    auto r = p.connect(a1, broker.port(), "", pdata, bufsize);
+    if (!r.ok() || r->accepted) return std::nullopt;
+    proto::ConnectReject rej;
+    if (proto::decode(r->private_data, rej) != proto::HandshakeStatus::kOk) return std::nullopt;
+    return rej.reason;
+  };
+  std::array<std::byte, 16> junk{};
+  EXPECT_EQ(reason_of(junk, 16384), proto::RejectReason::kBadMagic);
+  auto v2 = proto::encode(proto::ConnectRequest{16384, 16});
+  v2[4] = std::byte{2};
+  EXPECT_EQ(reason_of(v2, 16384), proto::RejectReason::kUnsupportedVersion);
+  EXPECT_EQ(reason_of(proto::encode(proto::ConnectRequest{4096, 16}), 4096), proto::RejectReason::kBufferTooSmall);
+  EXPECT_EQ(broker.stats()["connections.rejected"], 3);
+
+  // librdmabroker asked for small buffers retries with the size the broker names.
+  ClientOptions opt;
+  opt.recv_buffer_size = 2048;
+  auto c = Client::connect(broker.url(a1), opt);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_TRUE(c.value()->flush(10s).ok());
+}
+
+TEST_F(Relay, OversizedPublishIsRefusedWithAClearError) {
+  BrokerProcess broker(next_port(), {"--buffer-size", "4096"});
+  ASSERT_TRUE(broker.running());
+  auto c = connect(broker, a1, "");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->max_payload(3), 4096u - 32 - 32 - 3 - 5);  // a DELIVER header must fit around it
+  std::vector<std::byte> big(5000);
+  auto st = c->publish("big", big);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().kind, ErrorKind::kPayloadTooLarge);
+  EXPECT_NE(st.error().message.find("exceeds the broker's limit"), std::string::npos) << st.error().message;
+  // The connection is still fine for messages that fit.
+  EXPECT_TRUE(c->publish("big", std::vector<std::byte>(c->max_payload(3))).ok());
+  EXPECT_TRUE(c->flush(10s).ok());
+}
+
+// A subscriber that stops reading: the broker holds at most --max-pending
+// messages for it, then disconnects it (counted); the others are unaffected.
+TEST_F(Relay, SlowConsumerIsCutOffOthersUnaffected) {
+  BrokerProcess broker(next_port(), {"--max-pending", "2000"});
+  ASSERT_TRUE(broker.running());
+  RawPeer stuck;
+  ASSERT_TRUE(stuck.connect_ok(a1, broker.port(), a2, 4).ok());
+  ASSERT_TRUE(stuck.send(frame(FrameType::kSubscribe, 1, "slow")).ok());
+  auto good = connect(broker, a1, "");
+  ASSERT_NE(good, nullptr);
+  StreamChecker check(200);
+  ASSERT_TRUE(good->subscribe("slow", [&](const Message& m) { check.on_message(m); }).ok());
+  ASSERT_TRUE(good->flush(10s).ok());
+  broker.wait_stats([](auto& s) { return s["subscriptions"] == 2; }, 10s);
+
+  auto pub = connect(broker, a1, a2);
+  ASSERT_NE(pub, nullptr);
+  constexpr std::uint64_t kMessages = 20000;
+  for (std::uint64_t seq = 0; seq < kMessages; ++seq) {
+    ASSERT_TRUE(pub->publish("slow", make_payload(seq, 200)).ok());
+  }
+  ASSERT_TRUE(pub->flush(60s).ok());
+  EXPECT_TRUE(check.wait_for(kMessages, 60s));
+  EXPECT_EQ(check.first_error(), "");
+  auto st = broker.wait_stats([](auto& s) { return s["connections.closed.slow_consumer"] == 1; }, 20s);
+  EXPECT_EQ(st["connections.closed.slow_consumer"], 1);
+  EXPECT_GT(st["messages.dropped.slow_consumer"], 0);
+  EXPECT_TRUE(stuck.wait_disconnected(10s));
+}
+
+TEST_F(Relay, SigtermWithClientsConnectedExitsZero) {
+  BrokerProcess broker(next_port());
+  ASSERT_TRUE(broker.running());
+  auto sub = connect(broker, a1, "");
+  auto pub = connect(broker, a2, a1);
+  ASSERT_TRUE(sub && pub);
+  auto q = sub->subscribe(std::string_view("bye"));
+  ASSERT_TRUE(q.ok());
+  ASSERT_TRUE(sub->flush(10s).ok());
+  ASSERT_TRUE(pub->publish("bye", "last").ok());
+  ASSERT_TRUE(pub->flush(10s).ok());
+  auto m = q.value()->next(10s);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(broker.stop(SIGTERM, 15s), 0);
+  // Clients learn why: the broker sent CLOSE(server shutting down).
+  auto next = q.value()->next(10s);
+  ASSERT_FALSE(next.ok());
+  EXPECT_EQ(next.error().kind, ErrorKind::kClosed);
+  EXPECT_NE(sub->close_reason().message.find("shutting down"), std::string::npos) << sub->close_reason().message;
+  EXPECT_FALSE(pub->publish("bye", "after").ok());
+}
+
+}  // namespace
+}  // namespace rdmabroker::test
