@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   app.add_option("--credits", opt.credits, "Receive credits granted to each client")->capture_default_str();
   app.add_option("--max-inflight-sends", opt.max_inflight_sends, "SENDs in flight per connection; more messages are batched")->capture_default_str();
   app.add_option("--max-pending", opt.max_pending, "Messages queued per subscriber before it is disconnected as a slow consumer")->capture_default_str();
+  app.add_option("--producer-stall-ms", opt.producer_stall_ms, "Credits withheld from a publisher feeding a backlogged subscriber, ms")->capture_default_str();
   app.add_option("--max-connections", opt.max_connections, "Connection limit")->capture_default_str();
   app.add_option("--max-subscriptions", opt.max_subscriptions, "Subscriptions per connection")->capture_default_str();
   app.add_option("--admin-socket", opt.admin_socket, "Unix socket for `rdmabroker stat`");

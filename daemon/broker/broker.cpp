@@ -20,6 +20,9 @@ Result<std::unique_ptr<Broker>> Broker::create(const BrokerOptions& options) {
   if (opt.credits < 2 || opt.credits > 0xffff) return Error{ErrorKind::kInvalidArgument, "credits must be 2..65535"};
   if (opt.max_inflight_sends < 1) return Error{ErrorKind::kInvalidArgument, "max in-flight sends must be >= 1"};
 
+  if (opt.max_connections == 0) return Error{ErrorKind::kInvalidArgument, "max connections must be >= 1"};
+  if (opt.max_pending < 4) return Error{ErrorKind::kInvalidArgument, "max pending must be >= 4"};
+  b->core_.slots = std::make_unique<ConnectionSlots>(opt.max_connections);
   auto pool = BufferPool::create(opt.pool_buffers, opt.buffer_size);
   if (!pool) return pool.error();
   b->pool_ = std::move(pool.value());
@@ -84,6 +87,7 @@ StatsSnapshot Broker::stats() const {
     add("rdma.frames_sent", static_cast<std::int64_t>(ws.frames_sent.get()));
     add("rdma.credit_updates", static_cast<std::int64_t>(ws.credit_updates.get()));
     add("rdma.credit_stalls", static_cast<std::int64_t>(ws.credit_stalls.get()));
+    add("producer_stalls", static_cast<std::int64_t>(ws.producer_stalls.get()));
     add("rdma.receives", static_cast<std::int64_t>(ws.receives.get()));
     add("rdma.orphan_receives", static_cast<std::int64_t>(ws.orphan_receives.get()));
     add("rdma.wc_errors", static_cast<std::int64_t>(ws.wc_errors.get()));

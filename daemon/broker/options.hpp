@@ -17,6 +17,7 @@ struct BrokerOptions {
   std::uint32_t credits = 32;              // receive credits granted to each client
   std::uint32_t max_inflight_sends = 8;    // SENDs in flight per connection before batching
   std::uint32_t max_pending = 16384;       // queued messages per subscriber before it is a slow consumer
+  std::uint32_t producer_stall_ms = 100;    // credits withheld from a publisher feeding a backlogged subscriber
   std::uint32_t max_connections = 1024;
   std::uint32_t max_subscriptions = 10000; // per connection
   std::uint32_t send_blocks = 4096;        // registered send blocks per worker (headers/control frames)

@@ -50,6 +50,7 @@ struct WorkerStats {
   Counter frames_sent;                 // frames in those SENDs (frames/sends = batching)
   Counter credit_updates;              // zero-byte SENDs that only return credits
   Counter credit_stalls;               // flushes that had data but no send credit
+  Counter producer_stalls;             // publishers slowed because a subscriber was backlogged
   Counter receives;                    // receive completions
   Counter orphan_receives;             // receives for a QP that was already gone
   Counter wc_errors;                   // completions with an error status other than flush

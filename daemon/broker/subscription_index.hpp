@@ -17,6 +17,7 @@ struct Subscriber {
   std::uint32_t worker = 0;        // index of the worker that owns the connection
   std::uint64_t connection = 0;    // broker-wide connection id
   std::uint32_t sid = 0;           // the client's subscription id
+  std::uint32_t slot = 0;          // the connection's ConnectionSlots slot
   bool operator==(const Subscriber&) const = default;
 };
 

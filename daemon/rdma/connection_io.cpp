@@ -72,7 +72,7 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t l
         }
         stats_.messages_in.add();
         stats_.bytes_in.add(h.payload_len);
-        route_publish(f, buf);
+        route_publish(c, f, buf);
         break;
       case FrameType::kSubscribe: {
         if (c.subscriptions.contains(h.arg)) {
@@ -86,7 +86,7 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t l
           break;
         }
         c.subscriptions.emplace(h.arg, std::string(f.subject));
-        core_.index.add(f.subject, Subscriber{index_, c.id, h.arg});
+        core_.index.add(f.subject, Subscriber{index_, c.id, h.arg, c.slot});
         break;
       }
       case FrameType::kUnsubscribe: {
@@ -96,7 +96,7 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t l
                                   "no subscription with id " + std::to_string(h.arg)));
           break;
         }
-        core_.index.remove(it->second, Subscriber{index_, c.id, h.arg});
+        core_.index.remove(it->second, Subscriber{index_, c.id, h.arg, c.slot});
         c.subscriptions.erase(it);
         break;
       }
@@ -121,7 +121,7 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t l
   }
 }
 
-void Worker::route_publish(const proto::Frame& f, const BufferRef& buf) {
+void Worker::route_publish(Connection& publisher, const proto::Frame& f, const BufferRef& buf) {
   // A subscriber's DELIVER is [header][this PUBLISH frame]: it must fit.
   if (f.header.frame_len() > proto::max_publish_frame(opt_.buffer_size)) {
     return;  // caught by the caller's size check before routing
@@ -134,6 +134,10 @@ void Worker::route_publish(const proto::Frame& f, const BufferRef& buf) {
   stats_.routed.add(match_scratch_.size());
   const auto off = static_cast<std::uint32_t>(f.offset);
   const auto len = static_cast<std::uint32_t>(f.header.frame_len());
+  // Stall watermark: three quarters of the bound leaves room for what the
+  // publishers already have in flight when they are slowed down.
+  const std::int64_t watermark = opt_.max_pending - opt_.max_pending / 4;
+  const Subscriber* backlogged = nullptr;
   for (const Subscriber& s : match_scratch_) {
     if (s.worker == index_) {
       Connection* c = find(s.connection);
@@ -141,15 +145,27 @@ void Worker::route_publish(const proto::Frame& f, const BufferRef& buf) {
         stats_.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add();
         continue;
       }
+      core_.slots->add_queued(s.slot, 1);
       deliver_local(*c, buf, s.sid, f);
-      continue;
+    } else {
+      core_.slots->add_queued(s.slot, 1);
+      auto& batch = remote_[s.worker];
+      if (batch.empty() || batch.back().connection != s.connection ||
+          !extend_delivery(batch.back().item, buf, s.sid, off, len, f.header.payload_len, opt_.buffer_size)) {
+        batch.push_back({s.connection, s.slot, make_delivery(buf.clone(), s.sid, off, len, f.header.payload_len)});
+      }
     }
-    auto& batch = remote_[s.worker];
-    if (!batch.empty() && batch.back().first == s.connection &&
-        extend_delivery(batch.back().second, buf, s.sid, off, len, f.header.payload_len, opt_.buffer_size)) {
-      continue;
-    }
-    batch.emplace_back(s.connection, make_delivery(buf.clone(), s.sid, off, len, f.header.payload_len));
+    if (backlogged == nullptr && core_.slots->queued(s.slot) > watermark) backlogged = &s;
+  }
+  if (backlogged != nullptr && !publisher.stalled) {
+    // Slow this publisher down (its credits are withheld) rather than let a
+    // subscriber that is merely behind overflow its queue. Bounded in time: a
+    // subscriber that stopped reading still reaches max_pending and is cut off.
+    stats_.producer_stalls.add();
+    publisher.stalled = true;
+    publisher.stall_slot = backlogged->slot;
+    publisher.stalled_until = now_ + std::chrono::milliseconds(opt_.producer_stall_ms);
+    stalled_.push_back(publisher.id);
   }
 }
 
@@ -179,7 +195,9 @@ void Worker::enqueue(Connection& c, OutItem item) {
   if (item.is_delivery() && c.pending_messages + item.messages > opt_.max_pending) {
     spdlog::warn("connection {} ({}): slow consumer, {} messages pending", c.id, c.peer, c.pending_messages);
     stats_.dropped[static_cast<std::size_t>(DropReason::kSlowConsumer)].add(item.messages);  // these
-    close(c, CloseReason::kSlowConsumer);
+    unqueue(c.slot, item.messages);
+    close(c, CloseReason::kSlowConsumer, ErrorCode::kSlowConsumer,
+          std::to_string(c.pending_messages) + " messages pending, limit " + std::to_string(opt_.max_pending));
     return;
   }
   c.pending_messages += item.messages;
@@ -208,7 +226,11 @@ void Worker::flush_touched() {
 }
 
 std::uint32_t Worker::take_credits_to_return(Connection& c) {
-  return c.credits.take_owed(c.port->credit_budget());
+  if (c.stalled) return 0;  // a stalled publisher waits for its credits
+  // A credit returned claims one posted receive of the port's SRQ.
+  const std::uint32_t n = c.credits.take_owed(c.port->credit_budget());
+  c.port->outstanding += n;
+  return n;
 }
 
 void Worker::flush(Connection& c) {
@@ -244,6 +266,7 @@ void Worker::flush(Connection& c) {
       free_blocks_.pop_back();
       c.pending_messages -= packed.deliveries;
       stats_.pending_messages.add(-static_cast<std::int64_t>(packed.deliveries));
+      unqueue(c.slot, packed.deliveries);
       if (!post_send(c, block, sge, packed.num_sge, take_credits_to_return(c), &refs, packed)) return;
     }
   }
@@ -348,12 +371,16 @@ void Worker::close(Connection& c, CloseReason reason, ErrorCode code, std::strin
   }
   // Shutdown flushes what is queued, then CLOSE; an error drops the queue and
   // sends ERROR. Either way the client learns why before the disconnect.
+  // Shutdown sends what is queued first; any other reason drops it (counted).
   if (reason == CloseReason::kProtocolError) {
     stats_.protocol_errors.add();
     spdlog::warn("connection {} ({}): protocol error: {}", c.id, c.peer, message);
-    drop_queue(c, DropReason::kSubscriberClosed);
   }
-  const FrameType type = reason == CloseReason::kBrokerShutdown ? FrameType::kClose : FrameType::kError;
+  if (reason != CloseReason::kBrokerShutdown) {
+    drop_queue(c, reason == CloseReason::kSlowConsumer ? DropReason::kSlowConsumer : DropReason::kSubscriberClosed);
+  }
+  const bool is_close = reason == CloseReason::kBrokerShutdown || reason == CloseReason::kSlowConsumer;
+  const FrameType type = is_close ? FrameType::kClose : FrameType::kError;
   c.outq.push_back(make_control(type, static_cast<std::uint32_t>(code), std::move(message)));
   c.state = ConnState::kDraining;
   c.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(opt_.drain_timeout_ms);
@@ -377,6 +404,7 @@ void Worker::disconnect(Connection& c) {
 void Worker::drop_queue(Connection& c, DropReason why) {
   stats_.pending_messages.add(-static_cast<std::int64_t>(c.pending_messages));
   stats_.dropped[static_cast<std::size_t>(why)].add(c.pending_messages);
+  unqueue(c.slot, c.pending_messages);
   c.pending_messages = 0;
   c.outq.clear();
 }
@@ -406,7 +434,7 @@ void Worker::destroy(Connection& c) {
   port.by_qp.erase(c.qp_num);
   stats_.connections_closed[static_cast<std::size_t>(c.reason)].add();
   stats_.connections_current.add(-1);
-  core_.connections.fetch_sub(1);
+  core_.slots->release(c.slot);
   spdlog::info("connection {} ({}) closed: {}", c.id, c.peer, to_string(c.reason));
   if (c.touched) {
     std::erase(touched_, &c);
@@ -418,7 +446,7 @@ void Worker::destroy(Connection& c) {
 }
 
 void Worker::remove_subscriptions(Connection& c) {
-  for (const auto& [sid, subject] : c.subscriptions) core_.index.remove(subject, Subscriber{index_, c.id, sid});
+  for (const auto& [sid, subject] : c.subscriptions) core_.index.remove(subject, Subscriber{index_, c.id, sid, c.slot});
   c.subscriptions.clear();
 }
 

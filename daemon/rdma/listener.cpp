@@ -143,17 +143,15 @@ void Listener::on_connect_request(rdma_cm_event* ev) {
       return reject(id, proto::RejectReason::kBadMagic, peer);
   }
   if (req.recv_buffer_size < core_.options.buffer_size) return reject(id, proto::RejectReason::kBufferTooSmall, peer);
-  if (core_.connections.fetch_add(1) >= core_.options.max_connections) {
-    core_.connections.fetch_sub(1);
-    return reject(id, proto::RejectReason::kTooManyConnections, peer);
-  }
+  const auto slot = core_.slots->acquire();
+  if (!slot) return reject(id, proto::RejectReason::kTooManyConnections, peer);
   const std::uint64_t conn_id = next_connection_id_.fetch_add(1);
   Worker& worker = *core_.workers[conn_id % core_.workers.size()];
   id->context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(conn_id));
-  AcceptCommand cmd{id, req, conn_id, peer};
+  AcceptCommand cmd{id, req, conn_id, *slot, peer};
   if (rdma_migrate_id(id, worker.cm_channel()) != 0) {
     spdlog::error("connection {} from {}: rdma_migrate_id: {}", conn_id, peer, std::strerror(errno));
-    core_.connections.fetch_sub(1);
+    core_.slots->release(*slot);
     return reject(id, proto::RejectReason::kNoResources, peer);
   }
   worker.post(std::move(cmd));

@@ -100,6 +100,7 @@ void Worker::join() {
 
 void Worker::run() {
   while (true) {
+    now_ = std::chrono::steady_clock::now();
     handle_commands();
     handle_cm_events();
     bool busy = false;
@@ -110,7 +111,8 @@ void Worker::run() {
     check_deadlines();
     reap();
     if (stopping_ && connections_.empty()) break;
-    if (!busy) arm_and_wait(stopping_ ? 50 : 200);
+    // Stalled publishers and closing connections need timely deadline checks.
+    if (!busy) arm_and_wait(!stalled_.empty() ? 1 : stopping_ ? 50 : 200);
   }
   spdlog::debug("worker {}: stopped", index_);
 }
@@ -171,13 +173,14 @@ void Worker::handle_commands() {
     if (auto* a = std::get_if<AcceptCommand>(&cmd)) {
       handle_accept(*a);
     } else if (auto* d = std::get_if<DeliverCommand>(&cmd)) {
-      for (auto& [conn_id, item] : d->items) {
-        Connection* c = find(conn_id);
+      for (auto& d : d->items) {
+        Connection* c = find(d.connection);
         if (c == nullptr || c->state != ConnState::kEstablished) {
-          stats_.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add();
+          stats_.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add(d.item.messages);
+          unqueue(d.slot, d.item.messages);
           continue;
         }
-        enqueue(*c, std::move(item));
+        enqueue(*c, std::move(d.item));
       }
     } else if (auto* q = std::get_if<QpFatalCommand>(&cmd)) {
       if (Connection* c = find(q->connection_id)) {
@@ -211,7 +214,7 @@ void Worker::handle_accept(AcceptCommand& cmd) {
     spdlog::warn("connection {} from {} refused: {}", cmd.connection_id, cmd.peer, why);
     stats_.accept_failures.add();
     reject(id.get(), reason);
-    core_.connections.fetch_sub(1);
+    core_.slots->release(cmd.slot);
   };
   DevicePort* port = nullptr;
   for (auto& p : ports_) {
@@ -235,6 +238,7 @@ void Worker::handle_accept(AcceptCommand& cmd) {
   }
   auto conn = std::make_unique<Connection>();
   conn->id = cmd.connection_id;
+  conn->slot = cmd.slot;
   conn->port = port;
   conn->peer = std::move(cmd.peer);
   conn->qp = verbs::CmQp(id.get());
@@ -256,7 +260,7 @@ void Worker::handle_accept(AcceptCommand& cmd) {
     stats_.accept_failures.add();
     port->outstanding -= conn->credits.forfeit();
     conn->qp.reset();
-    core_.connections.fetch_sub(1);
+    core_.slots->release(cmd.slot);
     return;
   }
   conn->cm_id = std::move(id);
@@ -355,8 +359,24 @@ void Worker::refill_srqs() {
 }
 
 void Worker::check_deadlines() {
+  // Refresh the loop's clock: take_credits_to_return() compares stalls with it.
+  now_ = std::chrono::steady_clock::now();
+  const auto now = now_;
+  if (!stalled_.empty()) {
+    // A stall ends when the subscriber it waits for has drained to half its
+    // bound, or at its deadline; the publisher's owed credits then go back.
+    const std::int64_t low = opt_.max_pending / 2;
+    std::erase_if(stalled_, [&](std::uint64_t id) {
+      Connection* c = find(id);
+      if (c == nullptr) return true;
+      if (now < c->stalled_until && core_.slots->queued(c->stall_slot) > low) return false;
+      c->stalled = false;
+      touch(*c);
+      return true;
+    });
+    flush_touched();
+  }
   if (closing_.empty()) return;
-  const auto now = std::chrono::steady_clock::now();
   std::vector<std::uint64_t> ids;
   ids.swap(closing_);
   for (std::uint64_t id : ids) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "broker/close_reason.hpp"
+#include "broker/connection_slots.hpp"
 #include "broker/options.hpp"
 #include "broker/outbound.hpp"
 #include "broker/stats.hpp"
@@ -41,7 +42,7 @@ struct BrokerCore {
   DeviceSet* devices = nullptr;
   SubscriptionIndex index;
   std::vector<Worker*> workers;
-  std::atomic<std::uint32_t> connections{0};  // open connections, all workers
+  std::unique_ptr<ConnectionSlots> slots;  // one per open connection, all workers
 };
 
 // ---------------------------------------------------------------- commands
@@ -52,11 +53,17 @@ struct AcceptCommand {
   rdma_cm_id* id = nullptr;
   proto::ConnectRequest request;
   std::uint64_t connection_id = 0;
+  std::uint32_t slot = 0;
   std::string peer;
 };
 /// Deliveries routed on another worker to this worker's connections.
+struct RemoteDelivery {
+  std::uint64_t connection = 0;
+  std::uint32_t slot = 0;
+  OutItem item;
+};
 struct DeliverCommand {
-  std::vector<std::pair<std::uint64_t, OutItem>> items;
+  std::vector<RemoteDelivery> items;
 };
 /// An asynchronous QP error reported on the device's async event fd.
 struct QpFatalCommand {
@@ -98,6 +105,7 @@ struct InflightSend {
 
 struct Connection {
   std::uint64_t id = 0;
+  std::uint32_t slot = 0;          // in BrokerCore::slots
   DevicePort* port = nullptr;
   std::string peer;
   verbs::CmIdPtr cm_id;  // declared first: destroyed after the QP
@@ -110,6 +118,12 @@ struct Connection {
   bool touched = false;            // on the worker's flush list
   bool reaping = false;            // queued for destroy() at the end of the loop turn
   std::chrono::steady_clock::time_point deadline{};
+  /// A stalled publisher fed a subscriber (slot stall_slot) whose queue is
+  /// above the stall watermark: its credits are withheld until that queue
+  /// drains below half the bound, or stalled_until passes.
+  bool stalled = false;
+  std::uint32_t stall_slot = 0;
+  std::chrono::steady_clock::time_point stalled_until{};
   std::uint32_t peer_buffer_size = 0;  // largest SEND the client can receive
   CreditWindow credits;
   std::deque<OutItem> outq;
@@ -176,8 +190,10 @@ class Worker {
   void on_receive(DevicePort& port, const ibv_wc& wc);
   void on_send_complete(DevicePort& port, const ibv_wc& wc);
   void process_frames(Connection& c, const BufferRef& buf, std::uint32_t len);
-  void route_publish(const proto::Frame& f, const BufferRef& buf);
+  void route_publish(Connection& publisher, const proto::Frame& f, const BufferRef& buf);
   void enqueue(Connection& c, OutItem item);
+  /// Messages for `slot` left the broker's queues (sent or dropped).
+  void unqueue(std::uint32_t slot, std::uint64_t n) { core_.slots->add_queued(slot, -static_cast<std::int64_t>(n)); }
   /// Queues one routed PUBLISH frame for `c`, extending its last DELIVER run if possible.
   void deliver_local(Connection& c, const BufferRef& buf, std::uint32_t sid, const proto::Frame& f);
   void post_remote_batches();
@@ -227,7 +243,9 @@ class Worker {
   std::vector<Connection*> touched_;
   std::vector<std::uint64_t> closing_;  // draining or disconnecting: deadlines to check
   std::vector<std::uint64_t> reap_;     // to destroy at the end of the loop turn
-  std::vector<std::vector<std::pair<std::uint64_t, OutItem>>> remote_;  // per target worker
+  std::vector<std::uint64_t> stalled_;  // publishers whose credits are withheld for a while
+  std::chrono::steady_clock::time_point now_{};  // refreshed once per loop turn
+  std::vector<std::vector<RemoteDelivery>> remote_;  // per target worker
   std::vector<Subscriber> match_scratch_;
   std::vector<Command> command_scratch_;
   bool stopping_ = false;

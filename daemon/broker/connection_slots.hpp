@@ -1,0 +1,56 @@
+// A slot per open connection, broker-wide: enforces the connection limit and
+// carries the one piece of per-connection state every worker touches on the
+// hot path: how many messages are routed to the connection and not yet sent,
+// counting those still travelling between workers in command queues. Every
+// increment (at routing) is matched by exactly one decrement (sent, or
+// dropped by a counted policy) for the same slot, so a reused slot starts
+// balanced.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+namespace rdmabroker::daemon {
+
+class ConnectionSlots {
+ public:
+  explicit ConnectionSlots(std::uint32_t max) : queued_(new std::atomic<std::int64_t>[max]) {
+    free_.reserve(max);
+    for (std::uint32_t s = max; s-- > 0;) {
+      queued_[s].store(0, std::memory_order_relaxed);
+      free_.push_back(s);
+    }
+  }
+  /// Any thread. Empty when the connection limit is reached.
+  std::optional<std::uint32_t> acquire() {
+    std::lock_guard lock(mutex_);
+    if (free_.empty()) return std::nullopt;
+    const std::uint32_t s = free_.back();
+    free_.pop_back();
+    ++in_use_;
+    return s;
+  }
+  void release(std::uint32_t slot) {
+    std::lock_guard lock(mutex_);
+    free_.push_back(slot);
+    --in_use_;
+  }
+  std::uint32_t in_use() const {
+    std::lock_guard lock(mutex_);
+    return in_use_;
+  }
+  void add_queued(std::uint32_t slot, std::int64_t n) { queued_[slot].fetch_add(n, std::memory_order_relaxed); }
+  std::int64_t queued(std::uint32_t slot) const { return queued_[slot].load(std::memory_order_relaxed); }
+
+ private:
+  std::unique_ptr<std::atomic<std::int64_t>[]> queued_;
+  mutable std::mutex mutex_;
+  std::vector<std::uint32_t> free_;  // guarded by mutex_
+  std::uint32_t in_use_ = 0;         // guarded by mutex_
+};
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (.ci/run calls this):
+#   1. installs what is missing (Debian packages), builds three trees:
+#      release, ASan+UBSan, TSan;
+#   2. runs the unit tests of each tree on the host;
+#   3. boots the Soft-RoCE guest once and runs the RDMA integration tests
+#      of every tree inside it (tests/softroce/guest-suite.sh).
+# RDMA tests never skip: no guest or no RDMA device is a failure.
+# Set RDMABROKER_TEST_TREES to a subset (e.g. "release") for a quicker run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T0=$(date +%s)
+scripts/install-deps.sh
+
+TREES=${RDMABROKER_TEST_TREES:-release asan tsan}
+for t in $TREES; do
+  case $t in
+    release) args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo) ;;
+    asan) args=(-DCMAKE_BUILD_TYPE=Debug -DRDMABROKER_SANITIZE=address) ;;
+    tsan) args=(-DCMAKE_BUILD_TYPE=Debug -DRDMABROKER_SANITIZE=thread) ;;
+    *) echo "test.sh: unknown tree $t" >&2; exit 2 ;;
+  esac
+  echo "=== build $t"
+  scripts/build.sh "build/$t" "${args[@]}"
+done
+
+failed=0
+for t in $TREES; do
+  echo "=== unit tests ($t, host)"
+  ctest --test-dir "build/$t" -L unit --output-on-failure || failed=1
+done
+
+echo "=== RDMA integration tests (Soft-RoCE guest): $TREES"
+dirs=()
+for t in $TREES; do dirs+=("build/$t"); done
+tests/softroce/run-in-guest.sh tests/softroce/guest-suite.sh "${dirs[@]}" || failed=1
+
+echo "=== test.sh: $(( $(date +%s) - T0 )) s, $([ $failed = 0 ] && echo PASSED || echo FAILED)"
+exit $failed

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs inside the Soft-RoCE guest: the RDMA-labelled ctest tests of each build
+# tree given, one after the other. Prints the counts and fails if any test
+# failed or if there is no RDMA device to run on.
+set -uo pipefail
+if [ "${RDMABROKER_GUEST:-}" != 1 ] || ! ibv_devices 2>/dev/null | grep -q rxe; then
+  echo "guest-suite: no Soft-RoCE device here: run through tests/softroce/run-in-guest.sh" >&2
+  exit 1
+fi
+passed=0 failed=0
+for dir in "$@"; do
+  echo "--- rdma tests: $dir"
+  start=$(date +%s)
+  # TSan/ASan builds need their runtime options; LSan checks every process at exit.
+  log="$dir/Testing/rdma-guest.log"
+  mkdir -p "$dir/Testing"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    ctest --test-dir "$dir" -L rdma --output-on-failure --timeout 900 2>&1 | tee "$log" | grep -E "Test +#|tests passed|FAILED|Failure|ERROR|WARNING: ThreadSanitizer|AddressSanitizer" || true
+  p=$(grep -cE "Test +#.*Passed" "$log")
+  f=$(grep -cE "Test +#.*(Failed|Timeout|Exception|Not Run)" "$log")
+  if [ "$p" = 0 ] && [ "$f" = 0 ]; then f=1; echo "guest-suite: no test ran in $dir" >&2; fi
+  passed=$((passed + p)) failed=$((failed + f))
+  echo "--- $dir: $p passed, $f failed in $(( $(date +%s) - start )) s"
+done
+echo "rdma: $passed passed, $failed failed"
+[ "$failed" = 0 ]
