@@ -164,6 +164,7 @@ void Worker::route_publish(Connection& publisher, const proto::Frame& f, const B
     stats_.producer_stalls.add();
     publisher.stalled = true;
     publisher.stall_slot = backlogged->slot;
+    publisher.stall_queued = core_.slots->queued(backlogged->slot);
     publisher.stalled_until = now_ + std::chrono::milliseconds(opt_.producer_stall_ms);
     stalled_.push_back(publisher.id);
   }

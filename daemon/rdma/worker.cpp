@@ -364,12 +364,19 @@ void Worker::check_deadlines() {
   const auto now = now_;
   if (!stalled_.empty()) {
     // A stall ends when the subscriber it waits for has drained to half its
-    // bound, or at its deadline; the publisher's owed credits then go back.
+    // bound, or when that queue stopped shrinking for producer_stall_ms; the
+    // publisher's owed credits then go back.
     const std::int64_t low = opt_.max_pending / 2;
+    const auto patience = std::chrono::milliseconds(opt_.producer_stall_ms);
     std::erase_if(stalled_, [&](std::uint64_t id) {
       Connection* c = find(id);
       if (c == nullptr) return true;
-      if (now < c->stalled_until && core_.slots->queued(c->stall_slot) > low) return false;
+      const std::int64_t queued = core_.slots->queued(c->stall_slot);
+      if (queued < c->stall_queued) {  // progress: keep waiting
+        c->stall_queued = queued;
+        c->stalled_until = now + patience;
+      }
+      if (now < c->stalled_until && queued > low) return false;
       c->stalled = false;
       touch(*c);
       return true;

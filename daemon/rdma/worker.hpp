@@ -120,9 +120,12 @@ struct Connection {
   std::chrono::steady_clock::time_point deadline{};
   /// A stalled publisher fed a subscriber (slot stall_slot) whose queue is
   /// above the stall watermark: its credits are withheld until that queue
-  /// drains below half the bound, or stalled_until passes.
+  /// drains below half the bound, or until the queue makes no progress for
+  /// producer_stall_ms (stalled_until): a subscriber that stopped reading
+  /// must not hold the publisher; it overflows and is cut off instead.
   bool stalled = false;
   std::uint32_t stall_slot = 0;
+  std::int64_t stall_queued = 0;  // the subscriber's queue when last seen shrinking
   std::chrono::steady_clock::time_point stalled_until{};
   std::uint32_t peer_buffer_size = 0;  // largest SEND the client can receive
   CreditWindow credits;

@@ -40,9 +40,16 @@ class StreamChecker {
     std::lock_guard l(mu_);
     return error_;
   }
-  bool wait_for(std::uint64_t n, std::chrono::milliseconds timeout) const {
+  /// Waits until `n` messages arrived; gives up early if `client` closed.
+  bool wait_for(std::uint64_t n, std::chrono::milliseconds timeout, const Client* client = nullptr) const {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (received() < n && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+    while (received() < n && std::chrono::steady_clock::now() < deadline) {
+      if (client != nullptr && !client->close_reason().message.empty()) {
+        ADD_FAILURE() << client->transport_description() << " closed: " << client->close_reason().message;
+        break;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
     return received() >= n;
   }
 
@@ -115,7 +122,7 @@ TEST_F(Relay, FanOutAcrossDevicesInOrderByteExact) {
   }
   ASSERT_TRUE(pub->flush(60s).ok());
   for (auto& s : subs) {
-    EXPECT_TRUE(s.check->wait_for(kMessages, 180s)) << s.client->transport_description() << " got "
+    EXPECT_TRUE(s.check->wait_for(kMessages, 180s, s.client.get())) << s.client->transport_description() << " got "
                                                      << s.check->received();
     EXPECT_EQ(s.check->first_error(), "") << s.client->transport_description();
     EXPECT_EQ(s.check->received(), kMessages);
@@ -170,8 +177,8 @@ TEST_F(Relay, KilledSubscriberDoesNotDisturbOthers) {
     ASSERT_TRUE(pub->publish(subject, make_payload(seq, max_payload)).ok());
   }
   ASSERT_TRUE(pub->flush(60s).ok());
-  EXPECT_TRUE(c1.wait_for(kMessages, 120s));
-  EXPECT_TRUE(c2.wait_for(kMessages, 120s));
+  EXPECT_TRUE(c1.wait_for(kMessages, 120s, s1.get()));
+  EXPECT_TRUE(c2.wait_for(kMessages, 120s, s2.get()));
   EXPECT_EQ(c1.first_error(), "");
   EXPECT_EQ(c2.first_error(), "");
   EXPECT_EQ(c1.received(), kMessages);
@@ -350,7 +357,7 @@ TEST_F(Relay, SlowConsumerIsCutOffOthersUnaffected) {
     ASSERT_TRUE(pub->publish("slow", make_payload(seq, 200)).ok());
   }
   ASSERT_TRUE(pub->flush(60s).ok());
-  EXPECT_TRUE(check.wait_for(kMessages, 60s));
+  EXPECT_TRUE(check.wait_for(kMessages, 60s, good.get()));
   EXPECT_EQ(check.first_error(), "");
   auto st = broker.wait_stats([](auto& s) { return s["connections.closed.slow_consumer"] == 1; }, 20s);
   EXPECT_EQ(st["connections.closed.slow_consumer"], 1);
