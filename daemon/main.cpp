@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
   app.add_option("--srq-depth", opt.srq_depth, "Receives per SRQ (one SRQ per worker and device)")->capture_default_str();
   app.add_option("--credits", opt.credits, "Receive credits granted to each client")->capture_default_str();
   app.add_option("--max-inflight-sends", opt.max_inflight_sends, "SENDs in flight per connection; more messages are batched")->capture_default_str();
-  app.add_option("--max-pending", opt.max_pending, "Messages queued per subscriber before it is disconnected as a slow consumer")->capture_default_str();
+  app.add_option("--max-pending-bytes", opt.max_pending_bytes, "Bytes queued per subscriber before it is disconnected as a slow consumer")->capture_default_str();
+  app.add_option("--write-deadline-ms", opt.write_deadline_ms, "A subscriber with queued data that accepts nothing for this long is a slow consumer")->capture_default_str();
   app.add_option("--producer-stall-ms", opt.producer_stall_ms, "Credits withheld from a publisher feeding a backlogged subscriber, ms")->capture_default_str();
   app.add_option("--max-connections", opt.max_connections, "Connection limit")->capture_default_str();
   app.add_option("--max-subscriptions", opt.max_subscriptions, "Subscriptions per connection")->capture_default_str();

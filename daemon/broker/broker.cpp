@@ -21,7 +21,9 @@ Result<std::unique_ptr<Broker>> Broker::create(const BrokerOptions& options) {
   if (opt.max_inflight_sends < 1) return Error{ErrorKind::kInvalidArgument, "max in-flight sends must be >= 1"};
 
   if (opt.max_connections == 0) return Error{ErrorKind::kInvalidArgument, "max connections must be >= 1"};
-  if (opt.max_pending < 4) return Error{ErrorKind::kInvalidArgument, "max pending must be >= 4"};
+  if (opt.max_pending_bytes < 4ull * opt.buffer_size) {
+    return Error{ErrorKind::kInvalidArgument, "max pending bytes must be at least 4 buffers"};
+  }
   b->core_.slots = std::make_unique<ConnectionSlots>(opt.max_connections);
   auto pool = BufferPool::create(opt.pool_buffers, opt.buffer_size);
   if (!pool) return pool.error();

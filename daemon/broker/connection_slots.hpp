@@ -1,6 +1,6 @@
 // A slot per open connection, broker-wide: enforces the connection limit and
 // carries the one piece of per-connection state every worker touches on the
-// hot path: how many messages are routed to the connection and not yet sent,
+// hot path: how many frame bytes are routed to the connection and not yet sent,
 // counting those still travelling between workers in command queues. Every
 // increment (at routing) is matched by exactly one decrement (sent, or
 // dropped by a counted policy) for the same slot, so a reused slot starts

@@ -88,6 +88,7 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
     if (item.is_delivery()) {
       out.deliveries += item.messages;
       out.delivered_payload += item.payload_bytes;
+      out.delivery_bytes += item.body_len;
     }
     block_used += in_block;
     out.bytes += static_cast<std::uint32_t>(wire);

@@ -65,8 +65,9 @@ struct PackedSend {
   std::uint32_t frames = 0;
   std::uint32_t bytes = 0;
   std::uint32_t num_sge = 0;
-  std::uint32_t deliveries = 0;
-  std::uint64_t delivered_payload = 0;
+  std::uint32_t deliveries = 0;         // messages in the packed DELIVERs
+  std::uint64_t delivered_payload = 0;  // their payload bytes
+  std::uint64_t delivery_bytes = 0;     // the PUBLISH frames' bytes (what queue bounds count)
 };
 
 /// Moves frames from the front of `queue` into one SEND: headers and control

@@ -136,7 +136,7 @@ void Worker::route_publish(Connection& publisher, const proto::Frame& f, const B
   const auto len = static_cast<std::uint32_t>(f.header.frame_len());
   // Stall watermark: three quarters of the bound leaves room for what the
   // publishers already have in flight when they are slowed down.
-  const std::int64_t watermark = opt_.max_pending - opt_.max_pending / 4;
+  const auto watermark = static_cast<std::int64_t>(opt_.max_pending_bytes - opt_.max_pending_bytes / 4);
   const Subscriber* backlogged = nullptr;
   for (const Subscriber& s : match_scratch_) {
     if (s.worker == index_) {
@@ -145,10 +145,10 @@ void Worker::route_publish(Connection& publisher, const proto::Frame& f, const B
         stats_.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add();
         continue;
       }
-      core_.slots->add_queued(s.slot, 1);
+      core_.slots->add_queued(s.slot, len);
       deliver_local(*c, buf, s.sid, f);
     } else {
-      core_.slots->add_queued(s.slot, 1);
+      core_.slots->add_queued(s.slot, len);
       auto& batch = remote_[s.worker];
       if (batch.empty() || batch.back().connection != s.connection ||
           !extend_delivery(batch.back().item, buf, s.sid, off, len, f.header.payload_len, opt_.buffer_size)) {
@@ -160,7 +160,8 @@ void Worker::route_publish(Connection& publisher, const proto::Frame& f, const B
   if (backlogged != nullptr && !publisher.stalled) {
     // Slow this publisher down (its credits are withheld) rather than let a
     // subscriber that is merely behind overflow its queue. Bounded in time: a
-    // subscriber that stopped reading still reaches max_pending and is cut off.
+    // subscriber that stopped reading overflows its bound or misses its write
+    // deadline and is cut off.
     stats_.producer_stalls.add();
     publisher.stalled = true;
     publisher.stall_slot = backlogged->slot;
@@ -173,9 +174,10 @@ void Worker::route_publish(Connection& publisher, const proto::Frame& f, const B
 void Worker::deliver_local(Connection& c, const BufferRef& buf, std::uint32_t sid, const proto::Frame& f) {
   const auto off = static_cast<std::uint32_t>(f.offset);
   const auto len = static_cast<std::uint32_t>(f.header.frame_len());
-  if (c.pending_messages < opt_.max_pending && !c.outq.empty() &&
+  if (c.pending_bytes + len <= opt_.max_pending_bytes && !c.outq.empty() &&
       extend_delivery(c.outq.back(), buf, sid, off, len, f.header.payload_len, opt_.buffer_size)) {
     ++c.pending_messages;
+    c.pending_bytes += len;
     stats_.pending_messages.add(1);
     touch(c);
     return;
@@ -193,15 +195,18 @@ void Worker::post_remote_batches() {
 }
 
 void Worker::enqueue(Connection& c, OutItem item) {
-  if (item.is_delivery() && c.pending_messages + item.messages > opt_.max_pending) {
-    spdlog::warn("connection {} ({}): slow consumer, {} messages pending", c.id, c.peer, c.pending_messages);
+  if (item.is_delivery() && c.pending_bytes + item.body_len > opt_.max_pending_bytes) {
+    spdlog::warn("connection {} ({}): slow consumer, {} messages ({} bytes) pending", c.id, c.peer,
+                 c.pending_messages, c.pending_bytes);
     stats_.dropped[static_cast<std::size_t>(DropReason::kSlowConsumer)].add(item.messages);  // these
-    unqueue(c.slot, item.messages);
+    unqueue(c.slot, item.body_len);
     close(c, CloseReason::kSlowConsumer, ErrorCode::kSlowConsumer,
-          std::to_string(c.pending_messages) + " messages pending, limit " + std::to_string(opt_.max_pending));
+          std::to_string(c.pending_bytes) + " bytes pending, limit " + std::to_string(opt_.max_pending_bytes));
     return;
   }
+  if (c.pending_bytes == 0) c.last_progress = now_;  // the write deadline counts from here
   c.pending_messages += item.messages;
+  c.pending_bytes += item.body_len;
   stats_.pending_messages.add(item.messages);
   c.outq.push_back(std::move(item));
   touch(c);
@@ -266,8 +271,9 @@ void Worker::flush(Connection& c) {
       }
       free_blocks_.pop_back();
       c.pending_messages -= packed.deliveries;
+      c.pending_bytes -= packed.delivery_bytes;
       stats_.pending_messages.add(-static_cast<std::int64_t>(packed.deliveries));
-      unqueue(c.slot, packed.deliveries);
+      unqueue(c.slot, packed.delivery_bytes);
       if (!post_send(c, block, sge, packed.num_sge, take_credits_to_return(c), &refs, packed)) return;
     }
   }
@@ -347,6 +353,7 @@ void Worker::on_send_complete(DevicePort& port, const ibv_wc& wc) {
     try_finish(c);
     return;
   }
+  c.last_progress = now_;
   touch(c);
   // A freed send block may unblock other connections of this worker.
   if (free_blocks_.size() == 1) {
@@ -405,8 +412,9 @@ void Worker::disconnect(Connection& c) {
 void Worker::drop_queue(Connection& c, DropReason why) {
   stats_.pending_messages.add(-static_cast<std::int64_t>(c.pending_messages));
   stats_.dropped[static_cast<std::size_t>(why)].add(c.pending_messages);
-  unqueue(c.slot, c.pending_messages);
+  unqueue(c.slot, c.pending_bytes);
   c.pending_messages = 0;
+  c.pending_bytes = 0;
   c.outq.clear();
 }
 

@@ -109,6 +109,7 @@ void Worker::run() {
     flush_touched();
     refill_srqs();
     check_deadlines();
+    check_write_deadlines();
     reap();
     if (stopping_ && connections_.empty()) break;
     // Stalled publishers and closing connections need timely deadline checks.
@@ -177,7 +178,7 @@ void Worker::handle_commands() {
         Connection* c = find(d.connection);
         if (c == nullptr || c->state != ConnState::kEstablished) {
           stats_.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add(d.item.messages);
-          unqueue(d.slot, d.item.messages);
+          unqueue(d.slot, d.item.body_len);
           continue;
         }
         enqueue(*c, std::move(d.item));
@@ -317,6 +318,24 @@ void Worker::handle_cm_events() {
   }
 }
 
+void Worker::check_write_deadlines() {
+  if (now_ < next_write_check_) return;
+  next_write_check_ = now_ + std::chrono::milliseconds(100);
+  const auto limit = std::chrono::milliseconds(opt_.write_deadline_ms);
+  std::vector<Connection*> stuck;
+  for (auto& [id, c] : connections_) {
+    if (c->state == ConnState::kEstablished && c->pending_bytes > 0 && now_ - c->last_progress > limit) {
+      stuck.push_back(c.get());
+    }
+  }
+  for (Connection* c : stuck) {
+    spdlog::warn("connection {} ({}): slow consumer, accepted nothing for {} ms with {} bytes queued", c->id, c->peer,
+                 opt_.write_deadline_ms, c->pending_bytes);
+    close(*c, CloseReason::kSlowConsumer, proto::ErrorCode::kSlowConsumer,
+          "accepted nothing for " + std::to_string(opt_.write_deadline_ms) + " ms");
+  }
+}
+
 Connection* Worker::find(std::uint64_t id) {
   auto it = connections_.find(id);
   return it == connections_.end() ? nullptr : it->second.get();
@@ -366,7 +385,7 @@ void Worker::check_deadlines() {
     // A stall ends when the subscriber it waits for has drained to half its
     // bound, or when that queue stopped shrinking for producer_stall_ms; the
     // publisher's owed credits then go back.
-    const std::int64_t low = opt_.max_pending / 2;
+    const auto low = static_cast<std::int64_t>(opt_.max_pending_bytes / 2);
     const auto patience = std::chrono::milliseconds(opt_.producer_stall_ms);
     std::erase_if(stalled_, [&](std::uint64_t id) {
       Connection* c = find(id);

@@ -131,6 +131,8 @@ struct Connection {
   CreditWindow credits;
   std::deque<OutItem> outq;
   std::uint32_t pending_messages = 0;  // messages in outq (deliveries, not control frames)
+  std::uint64_t pending_bytes = 0;     // their PUBLISH frames' bytes: bounded by max_pending_bytes
+  std::chrono::steady_clock::time_point last_progress{};  // last send completion, or when the queue filled
   std::vector<InflightSend> inflight;  // ring
   std::uint32_t inflight_head = 0;
   std::uint32_t inflight_count = 0;
@@ -196,7 +198,9 @@ class Worker {
   void route_publish(Connection& publisher, const proto::Frame& f, const BufferRef& buf);
   void enqueue(Connection& c, OutItem item);
   /// Messages for `slot` left the broker's queues (sent or dropped).
-  void unqueue(std::uint32_t slot, std::uint64_t n) { core_.slots->add_queued(slot, -static_cast<std::int64_t>(n)); }
+  void unqueue(std::uint32_t slot, std::uint64_t bytes) { core_.slots->add_queued(slot, -static_cast<std::int64_t>(bytes)); }
+  /// Cuts off subscribers that have queued data and accepted nothing for write_deadline_ms.
+  void check_write_deadlines();
   /// Queues one routed PUBLISH frame for `c`, extending its last DELIVER run if possible.
   void deliver_local(Connection& c, const BufferRef& buf, std::uint32_t sid, const proto::Frame& f);
   void post_remote_batches();
@@ -248,6 +252,7 @@ class Worker {
   std::vector<std::uint64_t> reap_;     // to destroy at the end of the loop turn
   std::vector<std::uint64_t> stalled_;  // publishers whose credits are withheld for a while
   std::chrono::steady_clock::time_point now_{};  // refreshed once per loop turn
+  std::chrono::steady_clock::time_point next_write_check_{};
   std::vector<std::vector<RemoteDelivery>> remote_;  // per target worker
   std::vector<Subscriber> match_scratch_;
   std::vector<Command> command_scratch_;

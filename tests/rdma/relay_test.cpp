@@ -335,10 +335,11 @@ TEST_F(Relay, OversizedPublishIsRefusedWithAClearError) {
   EXPECT_TRUE(c->flush(10s).ok());
 }
 
-// A subscriber that stops reading: the broker holds at most --max-pending
-// messages for it, then disconnects it (counted); the others are unaffected.
+// A subscriber that stops reading: the broker holds at most
+// --max-pending-bytes for it, or waits --write-deadline-ms for it to accept
+// something, then disconnects it (counted); the others are unaffected.
 TEST_F(Relay, SlowConsumerIsCutOffOthersUnaffected) {
-  BrokerProcess broker(next_port(), {"--max-pending", "2000"});
+  BrokerProcess broker(next_port(), {"--max-pending-bytes", "4000000"});
   ASSERT_TRUE(broker.running());
   RawPeer stuck;
   ASSERT_TRUE(stuck.connect_ok(a1, broker.port(), a2, 4).ok());
@@ -352,7 +353,7 @@ TEST_F(Relay, SlowConsumerIsCutOffOthersUnaffected) {
 
   auto pub = connect(broker, a1, a2);
   ASSERT_NE(pub, nullptr);
-  constexpr std::uint64_t kMessages = 20000;
+  constexpr std::uint64_t kMessages = 30000;  // ~7 MB of frames: more than the bound
   for (std::uint64_t seq = 0; seq < kMessages; ++seq) {
     ASSERT_TRUE(pub->publish("slow", make_payload(seq, 200)).ok());
   }
