@@ -130,6 +130,11 @@ class RdmaClient final : public Client {
   void try_post_locked();
   bool post_locked(std::uint32_t buffer, std::uint32_t len);
   void fail_locked(Error why);
+  static Status check_subject(std::string_view subject) {
+    if (proto::valid_subject(subject)) return {};
+    return Error{ErrorKind::kInvalidArgument, "invalid subject '" + std::string(subject) + "' (see proto/SPEC.md, Subjects)"};
+  }
+  Result<std::uint32_t> add_subscription(std::string_view subject, SubscriptionEntry entry);
   Status check_open_locked() const {
     if (closed_) return close_error_;
     return {};
@@ -412,9 +417,7 @@ Status RdmaClient::append_frame_locked(std::unique_lock<std::mutex>& lock, const
 }
 
 Status RdmaClient::publish(std::string_view subject, std::span<const std::byte> payload) {
-  if (!proto::valid_subject(subject)) {
-    return Error{ErrorKind::kInvalidArgument, "invalid subject '" + std::string(subject) + "' (see proto/SPEC.md, Subjects)"};
-  }
+  if (auto st = check_subject(subject); !st) return st;
   std::unique_lock lock(mu_);
   if (auto st = check_open_locked(); !st) return st;
   if (payload.size() > max_payload(subject.size())) {
@@ -427,14 +430,13 @@ Status RdmaClient::publish(std::string_view subject, std::span<const std::byte> 
   return append_frame_locked(lock, h, subject, payload);
 }
 
-Result<std::uint32_t> RdmaClient::subscribe(std::string_view subject, MessageHandler handler) {
-  if (!proto::valid_subject(subject)) {
-    return Error{ErrorKind::kInvalidArgument, "invalid subject '" + std::string(subject) + "' (see proto/SPEC.md, Subjects)"};
-  }
-  if (!handler) return Error{ErrorKind::kInvalidArgument, "subscribe needs a handler"};
+Result<std::uint32_t> RdmaClient::add_subscription(std::string_view subject, SubscriptionEntry entry) {
   std::unique_lock lock(mu_);
   const std::uint32_t sid = next_sid_++;
-  subs_[sid] = SubscriptionEntry{std::string(subject), std::move(handler), nullptr};
+  if (entry.queue == nullptr && entry.handler == nullptr) {
+    entry.queue = std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit);
+  }
+  subs_[sid] = std::move(entry);
   proto::FrameHeader h;
   h.type = FrameType::kSubscribe;
   h.arg = sid;
@@ -445,22 +447,20 @@ Result<std::uint32_t> RdmaClient::subscribe(std::string_view subject, MessageHan
   return sid;
 }
 
+Result<std::uint32_t> RdmaClient::subscribe(std::string_view subject, MessageHandler handler) {
+  if (auto st = check_subject(subject); !st) return st.error();
+  if (!handler) return Error{ErrorKind::kInvalidArgument, "subscribe needs a handler"};
+  return add_subscription(subject, SubscriptionEntry{std::string(subject), std::move(handler), nullptr});
+}
+
 Result<std::shared_ptr<Subscription>> RdmaClient::subscribe(std::string_view subject) {
-  if (!proto::valid_subject(subject)) {
-    return Error{ErrorKind::kInvalidArgument, "invalid subject '" + std::string(subject) + "' (see proto/SPEC.md, Subjects)"};
-  }
-  std::unique_lock lock(mu_);
-  const std::uint32_t sid = next_sid_++;
-  auto q = std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit);
-  subs_[sid] = SubscriptionEntry{std::string(subject), nullptr, q};
-  proto::FrameHeader h;
-  h.type = FrameType::kSubscribe;
-  h.arg = sid;
-  if (auto st = append_frame_locked(lock, h, subject, {}); !st) {
-    subs_.erase(sid);
-    return st.error();
-  }
-  return std::shared_ptr<Subscription>(q);
+  if (auto st = check_subject(subject); !st) return st.error();
+  auto sid = add_subscription(subject, SubscriptionEntry{std::string(subject), nullptr, nullptr});
+  if (!sid) return sid.error();
+  std::lock_guard lock(mu_);
+  auto it = subs_.find(sid.value());
+  if (it == subs_.end()) return Error{ErrorKind::kClosed, "subscription removed while being created"};
+  return std::shared_ptr<Subscription>(it->second.queue);
 }
 
 Status RdmaClient::unsubscribe(std::uint32_t sid) {

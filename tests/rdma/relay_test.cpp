@@ -282,7 +282,7 @@ TEST_F(Relay, WrongFramesGetTheirErrorCodes) {
   std::vector<std::vector<std::byte>> keep;
   while (got.size() < 2) {
     auto r = peer.receive(10s);
-    ASSERT_TRUE(r.ok());
+    ASSERT_TRUE(r.ok()) << r.error().message << " after " << got.size() << " frame(s)";
     keep.push_back(r.value());
     for (auto& f : frames(keep.back())) got.push_back(f);
   }
@@ -386,6 +386,69 @@ TEST_F(Relay, SigtermWithClientsConnectedExitsZero) {
   EXPECT_EQ(next.error().kind, ErrorKind::kClosed);
   EXPECT_NE(sub->close_reason().message.find("shutting down"), std::string::npos) << sub->close_reason().message;
   EXPECT_FALSE(pub->publish("bye", "after").ok());
+}
+
+}  // namespace
+}  // namespace rdmabroker::test
+
+namespace rdmabroker::test {
+namespace {
+
+/// Runs argv with stdin from `input`; returns (exit status, stdout).
+std::pair<int, std::string> run(std::vector<std::string> argv, const std::string& input = {}) {
+  int in[2], out[2];
+  if (pipe(in) != 0 || pipe(out) != 0) return {-1, ""};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    close(in[1]);
+    close(out[0]);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  if (!input.empty()) [[maybe_unused]] auto n = write(in[1], input.data(), input.size());
+  close(in[1]);
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(out[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
+  close(out[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
+}
+
+TEST_F(Relay, CApiWorksFromC) {
+  BrokerProcess broker(next_port());
+  ASSERT_TRUE(broker.running());
+  auto [rc, out] = run({C_API_SMOKE_PATH, broker.url(a1)});
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(out, "c_api_smoke: ok\n");
+}
+
+TEST_F(Relay, CliPublishesAndSubscribes) {
+  BrokerProcess broker(next_port());
+  ASSERT_TRUE(broker.running());
+  std::pair<int, std::string> sub_result;
+  std::thread sub([&] {
+    sub_result = run({RDMABROKER_CLI_PATH, "sub", "cli.test", "--count", "3", "--raw", "--timeout", "60", "-s",
+                      broker.url(a1), "-b", a2});
+  });
+  broker.wait_stats([](auto& s) { return s["subscriptions"] == 1; }, 20s);
+  auto [prc, pout] = run({RDMABROKER_CLI_PATH, "pub", "cli.test", "-", "-s", broker.url(a1)}, "one\ntwo\nthree\n");
+  EXPECT_EQ(prc, 0);
+  sub.join();
+  EXPECT_EQ(sub_result.first, 0);
+  EXPECT_EQ(sub_result.second, "one\ntwo\nthree\n");
+  // A bad subject is refused with a clear message and a non-zero status.
+  auto [brc, bout] = run({RDMABROKER_CLI_PATH, "pub", "bad..subject", "x", "-s", broker.url(a1)});
+  EXPECT_NE(brc, 0);
 }
 
 }  // namespace
