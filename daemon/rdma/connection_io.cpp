@@ -44,6 +44,9 @@ void Worker::on_receive(DevicePort& port, const ibv_wc& wc) {
   }
   --port.outstanding;
   if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) c.credits.add_send_credits(ntohl(wc.imm_data));
+  // The client may send as soon as it sees ESTABLISHED; its data can reach our
+  // CQ before our own ESTABLISHED event reaches the CM channel.
+  establish(c);
   touch(c);
   if (c.state == ConnState::kEstablished) process_frames(c, buf, wc.byte_len);
 }

@@ -285,13 +285,7 @@ void Worker::handle_cm_events() {
     }
     switch (type) {
       case RDMA_CM_EVENT_ESTABLISHED:
-        if (c->state == ConnState::kAccepting) {
-          c->state = ConnState::kEstablished;
-          stats_.connections_accepted.add();
-          spdlog::info("connection {} from {} established on {} (worker {}, qp {})", c->id, c->peer,
-                       c->port->device->name, index_, c->qp_num);
-          touch(*c);  // its initial credits may already allow sends
-        }
+        establish(*c);
         break;
       case RDMA_CM_EVENT_DISCONNECTED:
         c->peer_disconnected = true;
@@ -334,6 +328,16 @@ void Worker::check_write_deadlines() {
     close(*c, CloseReason::kSlowConsumer, proto::ErrorCode::kSlowConsumer,
           "accepted nothing for " + std::to_string(opt_.write_deadline_ms) + " ms");
   }
+}
+
+void Worker::establish(Connection& c) {
+  if (c.state != ConnState::kAccepting) return;
+  c.state = ConnState::kEstablished;
+  c.last_progress = now_;
+  stats_.connections_accepted.add();
+  spdlog::info("connection {} from {} established on {} (worker {}, qp {})", c.id, c.peer, c.port->device->name,
+               index_, c.qp_num);
+  touch(c);  // its initial credits may already allow sends
 }
 
 Connection* Worker::find(std::uint64_t id) {

@@ -190,6 +190,9 @@ class Worker {
   void handle_commands();
   void handle_cm_events();
   void handle_accept(AcceptCommand& cmd);
+  /// Accepting -> Established, on the CM event or on the first receive,
+  /// whichever the worker sees first (they travel on different channels).
+  void establish(Connection& c);
   void reject(rdma_cm_id* id, proto::RejectReason reason);
 
   void on_receive(DevicePort& port, const ibv_wc& wc);

@@ -292,6 +292,23 @@ TEST_F(Relay, WrongFramesGetTheirErrorCodes) {
   EXPECT_EQ(broker.stats()["subscriptions"], 1);
 }
 
+// A client may send as soon as it sees ESTABLISHED; its first frames can reach
+// the broker's CQ before the broker's own ESTABLISHED event. They must not be lost.
+TEST_F(Relay, FramesSentRightAfterConnectAreNotLost) {
+  BrokerProcess broker(next_port());
+  ASSERT_TRUE(broker.running());
+  for (int i = 0; i < 20; ++i) {
+    RawPeer peer;
+    ASSERT_TRUE(peer.connect_ok(a1, broker.port(), i % 2 == 0 ? "" : a2).ok());
+    ASSERT_TRUE(peer.send(frame(FrameType::kPing, 0, "")).ok());
+    auto r = peer.receive(5s);
+    ASSERT_TRUE(r.ok()) << "connection " << i << ": " << r.error().message;
+    auto fs = frames(r.value());
+    ASSERT_EQ(fs.size(), 1u);
+    EXPECT_EQ(fs[0].header.type, FrameType::kPong);
+  }
+}
+
 TEST_F(Relay, BadHandshakesAreRejectedWithTheirReason) {
   BrokerProcess broker(next_port());
   ASSERT_TRUE(broker.running());
