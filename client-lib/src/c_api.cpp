@@ -99,6 +99,8 @@ void rb_message_free(rb_message* m) {
   if (m != nullptr) delete static_cast<OwnedMessage*>(m->owner_);
 }
 
+uint32_t rb_subscription_sid(const rb_subscription* s) { return s != nullptr ? s->impl->sid() : 0; }
+
 void rb_subscription_free(rb_subscription* s) { delete s; }
 
 int rb_unsubscribe(rb_client* c, uint32_t sid) {

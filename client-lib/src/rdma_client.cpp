@@ -583,6 +583,7 @@ void RdmaClient::run() {
     }
     epoll_event evs[4];
     const int n = ::epoll_wait(epoll_.get(), evs, 4, 100);
+    bool cm_ready = false;
     for (int i = 0; i < n; ++i) {
       const int fd = evs[i].data.fd;
       if (fd == comp_channel_->fd) {
@@ -590,22 +591,15 @@ void RdmaClient::run() {
         void* ctx = nullptr;
         while (ibv_get_cq_event(comp_channel_.get(), &cq, &ctx) == 0) acker_.add();
       } else if (fd == cm_channel_->fd) {
-        rdma_cm_event* ev = nullptr;
-        while (rdma_get_cm_event(cm_channel_.get(), &ev) == 0) {
-          verbs::CmEventPtr owned(ev);
-          if (ev->event == RDMA_CM_EVENT_DISCONNECTED || ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL) {
-            std::lock_guard lock(mu_);
-            if (!closed_ && !closing_) errors.push_back(Error{ErrorKind::kClosed, "connection to the broker lost"});
-            fail_locked(Error{ErrorKind::kClosed, "connection to the broker lost (" +
-                                                      std::string(rdma_event_str(ev->event)) + ")"});
-          }
-        }
+        cm_ready = true;
       } else {
         std::uint64_t v;
         [[maybe_unused]] auto r = ::read(wake_fd_.get(), &v, sizeof v);
       }
     }
     // Drain, re-arm, drain again (a completion between the two raises no event).
+    // Completions go first: a CLOSE frame from the broker completes here before
+    // its DISCONNECTED event, and it says why the connection ends.
     for (int pass = 0; pass < 2; ++pass) {
       ibv_wc wcs[32];
       int got;
@@ -613,6 +607,16 @@ void RdmaClient::run() {
         for (int i = 0; i < got; ++i) on_completion(wcs[i], deliveries, errors);
       }
       if (pass == 0) ibv_req_notify_cq(cq_.get(), 0);
+    }
+    rdma_cm_event* ev = nullptr;
+    while (cm_ready && rdma_get_cm_event(cm_channel_.get(), &ev) == 0) {
+      verbs::CmEventPtr owned(ev);
+      if (ev->event == RDMA_CM_EVENT_DISCONNECTED || ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL) {
+        std::lock_guard lock(mu_);
+        if (!closed_ && !closing_) errors.push_back(Error{ErrorKind::kClosed, "connection to the broker lost"});
+        fail_locked(Error{ErrorKind::kClosed, "connection to the broker lost (" +
+                                                  std::string(rdma_event_str(ev->event)) + ")"});
+      }
     }
     {
       std::lock_guard lock(mu_);

@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   CHECK(rb_unsubscribe(c, sid));
+  CHECK(rb_unsubscribe(c, rb_subscription_sid(sub)));
   CHECK(rb_flush(c, 10000));
   rb_subscription_free(sub);
   rb_close(c);

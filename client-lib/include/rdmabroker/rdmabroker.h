@@ -46,6 +46,9 @@ int rb_subscribe_sync(rb_client* c, const char* subject, rb_subscription** out);
 /* Waits up to timeout_ms for a message; free it with rb_message_free. */
 int rb_next_message(rb_subscription* s, int timeout_ms, rb_message** out);
 void rb_message_free(rb_message* m);
+/* The subscription id, for rb_unsubscribe. */
+uint32_t rb_subscription_sid(const rb_subscription* s);
+/* Frees the handle only; rb_unsubscribe stops the deliveries. */
 void rb_subscription_free(rb_subscription* s);
 int rb_unsubscribe(rb_client* c, uint32_t sid);
 int rb_flush(rb_client* c, int timeout_ms);
