@@ -246,17 +246,17 @@ void Worker::flush(Connection& c) {
   if (c.state == ConnState::kEstablished || c.state == ConnState::kDraining) {
     DevicePort& port = *c.port;
     while (c.inflight_count < c.inflight.size() - 1) {
-      if (c.outq.empty()) {
-        // Nothing to carry credits: return them alone if the client needs them.
+      const bool has_data = !c.outq.empty();
+      if (!has_data || !c.credits.can_send_data()) {
+        if (has_data) stats_.credit_stalls.add();
+        // Nothing to carry credits, or no credit for data: owed credits go
+        // back alone if the client needs them, on the reserved last credit if
+        // need be (SPEC.md §5: without this both sides can wait forever).
         if (c.credits.should_return() && c.credits.can_send_credit_update() && port.credit_budget() > 0) {
           const std::uint32_t imm = take_credits_to_return(c);
           if (imm > 0 && !post_send(c, kNoBlock, nullptr, 0, imm, nullptr, PackedSend{})) return;
           if (imm > 0) stats_.credit_updates.add();
         }
-        break;
-      }
-      if (!c.credits.can_send_data()) {
-        stats_.credit_stalls.add();
         break;
       }
       if (free_blocks_.empty()) break;  // retried when a send completes

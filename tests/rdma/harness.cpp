@@ -226,8 +226,9 @@ Result<RawPeer::ConnectResult> RawPeer::connect(const std::string& host, std::ui
   attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
   if (rdma_create_qp(id, pd_.get(), &attr) != 0) return Error{ErrorKind::kResource, "rdma_create_qp"};
   qp_ = verbs::CmQp(id);
-  // Receive buffers first, then one send buffer at the end.
-  mem_.assign(std::size_t{recv_count + 1} * recv_buffer_size, std::byte{0});
+  // Receive buffers first, then one send buffer at the end (large enough to
+  // send more than any broker buffer).
+  mem_.assign(std::size_t{recv_count} * recv_buffer_size + kMaxRawSend, std::byte{0});
   mr_.reset(ibv_reg_mr(pd_.get(), mem_.data(), mem_.size(), IBV_ACCESS_LOCAL_WRITE));
   for (std::uint32_t i = 0; i < recv_count; ++i) {
     ibv_sge sge{reinterpret_cast<std::uint64_t>(mem_.data() + std::size_t{i} * recv_size_), recv_size_, mr_->lkey};
@@ -266,7 +267,7 @@ Status RawPeer::connect_ok(const std::string& host, std::uint16_t port, const st
 
 Status RawPeer::send(std::span<const std::byte> bytes, std::uint32_t imm) {
   std::byte* buf = mem_.data() + std::size_t{recv_count_} * recv_size_;
-  if (bytes.size() > recv_size_) return Error{ErrorKind::kInvalidArgument, "too big for the raw peer"};
+  if (bytes.size() > kMaxRawSend) return Error{ErrorKind::kInvalidArgument, "too big for the raw peer"};
   std::memcpy(buf, bytes.data(), bytes.size());
   ibv_sge sge{reinterpret_cast<std::uint64_t>(buf), static_cast<std::uint32_t>(bytes.size()), mr_->lkey};
   ibv_send_wr wr{};

@@ -72,6 +72,7 @@ class BrokerProcess {
 /// A bare rdma_cm client: handshake bytes and SEND contents are the test's.
 class RawPeer {
  public:
+  static constexpr std::size_t kMaxRawSend = 64 * 1024;
   ~RawPeer();
   /// Connects with `private_data`; returns the accept/reject private data and
   /// whether it was accepted.

@@ -309,6 +309,79 @@ TEST_F(Relay, FramesSentRightAfterConnectAreNotLost) {
   }
 }
 
+// A SEND longer than the broker's receive buffer fails in the transport (the
+// receive completes in error): that client is closed, the others carry on.
+TEST_F(Relay, SendLargerThanTheBrokerBufferClosesOnlyThatClient) {
+  BrokerProcess broker(next_port(), {"--buffer-size", "4096"});
+  ASSERT_TRUE(broker.running());
+  auto sub = connect(broker, a1, "");
+  auto pub = connect(broker, a1, a2);
+  ASSERT_TRUE(sub && pub);
+  auto q = sub->subscribe(std::string_view("still.ok"));
+  ASSERT_TRUE(q.ok());
+  ASSERT_TRUE(sub->flush(10s).ok());
+  RawPeer big;
+  ASSERT_TRUE(big.connect_ok(a1, broker.port(), a2).ok());
+  EXPECT_FALSE(big.send(std::vector<std::byte>(20000)).ok());  // the broker's HCA refuses it
+  auto st = broker.wait_stats([](auto& s) { return s["connections.closed.wc_error"] == 1; }, 20s);
+  EXPECT_EQ(st["connections.closed.wc_error"], 1);
+  EXPECT_GE(st["rdma.wc_errors"], 1);
+  ASSERT_TRUE(pub->publish("still.ok", "yes").ok());
+  ASSERT_TRUE(pub->flush(10s).ok());
+  auto m = q.value()->next(10s);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->data(), "yes");
+  st = broker.wait_stats([](auto& s) { return s["rdma.srq_posted"] == s["pool.in_use"]; }, 10s);
+  EXPECT_EQ(st["pool.in_use"], st["rdma.srq_posted"]);
+}
+
+// A publisher process killed while it streams: the broker drops its
+// connection, keeps every buffer accounted for, and other clients carry on.
+TEST_F(Relay, KilledPublisherIsCleanedUp) {
+  BrokerProcess broker(next_port(), {"--workers", "2"});
+  ASSERT_TRUE(broker.running());
+  auto sub = connect(broker, a2, a1);
+  ASSERT_NE(sub, nullptr);
+  std::atomic<std::uint64_t> got{0};
+  ASSERT_TRUE(sub->subscribe("vanishing", [&](const Message&) { got.fetch_add(1); }).ok());
+  ASSERT_TRUE(sub->flush(10s).ok());
+  const pid_t victim = fork();
+  if (victim == 0) {
+    const std::string url = broker.url(a1);
+    execl(RDMABROKER_CLI_PATH, "rdmabroker", "pub", "vanishing", "payload-of-a-publisher-that-dies", "-n", "10000000",
+          "-s", url.c_str(), "-b", a2.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Kill it mid-stream, once messages are flowing.
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (got.load() < 2000 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  ASSERT_GE(got.load(), 2000u) << "the publisher process never got going";
+  kill(victim, SIGKILL);
+  waitpid(victim, nullptr, 0);
+  auto st = broker.wait_stats(
+      [](auto& s) { return s["connections.current"] == 1 && s["rdma.srq_posted"] == s["pool.in_use"]; }, 60s);
+  EXPECT_EQ(st["connections.current"], 1);
+  EXPECT_EQ(st["connections.closed.peer_disconnected"] + st["connections.closed.wc_error"], 1);
+  EXPECT_EQ(st["pool.in_use"], st["rdma.srq_posted"]);
+  EXPECT_EQ(st["messages.pending"], 0);
+  // Everything the broker accepted from it reached the subscriber.
+  const auto in = st["messages.in"];
+  const auto deadline2 = std::chrono::steady_clock::now() + 30s;
+  while (static_cast<std::int64_t>(got.load()) < in && std::chrono::steady_clock::now() < deadline2) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(static_cast<std::int64_t>(got.load()), in);
+  // The subscriber's connection is unharmed.
+  auto pub = connect(broker, a1, "");
+  ASSERT_NE(pub, nullptr);
+  const auto before = got.load();
+  ASSERT_TRUE(pub->publish("vanishing", "after").ok());
+  ASSERT_TRUE(pub->flush(10s).ok());
+  const auto deadline3 = std::chrono::steady_clock::now() + 10s;
+  while (got.load() == before && std::chrono::steady_clock::now() < deadline3) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(got.load(), before + 1);
+}
+
 TEST_F(Relay, BadHandshakesAreRejectedWithTheirReason) {
   BrokerProcess broker(next_port());
   ASSERT_TRUE(broker.running());
