@@ -130,9 +130,11 @@ class RdmaClient final : public Client {
   void try_post_locked();
   bool post_locked(std::uint32_t buffer, std::uint32_t len);
   void fail_locked(Error why);
-  static Status check_subject(std::string_view subject) {
-    if (proto::valid_subject(subject)) return {};
-    return Error{ErrorKind::kInvalidArgument, "invalid subject '" + std::string(subject) + "' (see proto/SPEC.md, Subjects)"};
+  static Status check_subject(std::string_view subject, bool pattern = false) {
+    if (pattern ? proto::valid_pattern(subject) : proto::valid_subject(subject)) return {};
+    return Error{ErrorKind::kInvalidArgument, "invalid subject '" + std::string(subject) + "'" +
+                                                  (pattern ? "" : " (wildcards only in subscriptions)") +
+                                                  " (see docs/subjects.md)"};
   }
   Result<std::uint32_t> add_subscription(std::string_view subject, SubscriptionEntry entry);
   Status check_open_locked() const {
@@ -448,13 +450,13 @@ Result<std::uint32_t> RdmaClient::add_subscription(std::string_view subject, Sub
 }
 
 Result<std::uint32_t> RdmaClient::subscribe(std::string_view subject, MessageHandler handler) {
-  if (auto st = check_subject(subject); !st) return st.error();
+  if (auto st = check_subject(subject, true); !st) return st.error();
   if (!handler) return Error{ErrorKind::kInvalidArgument, "subscribe needs a handler"};
   return add_subscription(subject, SubscriptionEntry{std::string(subject), std::move(handler), nullptr});
 }
 
 Result<std::shared_ptr<Subscription>> RdmaClient::subscribe(std::string_view subject) {
-  if (auto st = check_subject(subject); !st) return st.error();
+  if (auto st = check_subject(subject, true); !st) return st.error();
   auto sid = add_subscription(subject, SubscriptionEntry{std::string(subject), nullptr, nullptr});
   if (!sid) return sid.error();
   std::lock_guard lock(mu_);

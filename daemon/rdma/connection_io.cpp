@@ -129,19 +129,19 @@ void Worker::route_publish(Connection& publisher, const proto::Frame& f, const B
   if (f.header.frame_len() > proto::max_publish_frame(opt_.buffer_size)) {
     return;  // caught by the caller's size check before routing
   }
-  core_.index.match(f.subject, match_scratch_);
-  if (match_scratch_.empty()) {
+  const std::vector<Subscriber>& subscribers = match_cache_.match(core_.index, f.subject);
+  if (subscribers.empty()) {
     stats_.messages_no_subscribers.add();
     return;
   }
-  stats_.routed.add(match_scratch_.size());
+  stats_.routed.add(subscribers.size());
   const auto off = static_cast<std::uint32_t>(f.offset);
   const auto len = static_cast<std::uint32_t>(f.header.frame_len());
   // Stall watermark: three quarters of the bound leaves room for what the
   // publishers already have in flight when they are slowed down.
   const auto watermark = static_cast<std::int64_t>(opt_.max_pending_bytes - opt_.max_pending_bytes / 4);
   const Subscriber* backlogged = nullptr;
-  for (const Subscriber& s : match_scratch_) {
+  for (const Subscriber& s : subscribers) {
     if (s.worker == index_) {
       Connection* c = find(s.connection);
       if (c == nullptr || c->state != ConnState::kEstablished) {

@@ -257,7 +257,7 @@ class Worker {
   std::chrono::steady_clock::time_point now_{};  // refreshed once per loop turn
   std::chrono::steady_clock::time_point next_write_check_{};
   std::vector<std::vector<RemoteDelivery>> remote_;  // per target worker
-  std::vector<Subscriber> match_scratch_;
+  MatchCache match_cache_;  // this worker's recent subject -> subscribers results
   std::vector<Command> command_scratch_;
   bool stopping_ = false;
   std::thread thread_;

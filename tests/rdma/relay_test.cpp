@@ -382,6 +382,40 @@ TEST_F(Relay, KilledPublisherIsCleanedUp) {
   EXPECT_EQ(got.load(), before + 1);
 }
 
+// Wildcard subscriptions over RDMA: '*' is one token, '>' the rest; a
+// wildcard publish is refused.
+TEST_F(Relay, WildcardSubscriptionsReceiveMatchingSubjects) {
+  BrokerProcess broker(next_port(), {"--workers", "2"});
+  ASSERT_TRUE(broker.running());
+  auto sub = connect(broker, a2, a1);
+  auto pub = connect(broker, a1, a2);
+  ASSERT_TRUE(sub && pub);
+  auto star = sub->subscribe(std::string_view("orders.*.created"));
+  auto tail = sub->subscribe(std::string_view("orders.>"));
+  ASSERT_TRUE(star.ok() && tail.ok());
+  ASSERT_TRUE(sub->flush(10s).ok());
+  for (const char* subject : {"orders.eu.created", "orders.us.created", "orders.eu.deleted", "orders.eu.created.late",
+                              "orders", "invoices.eu.created"}) {
+    ASSERT_TRUE(pub->publish(subject, subject).ok()) << subject;
+  }
+  ASSERT_TRUE(pub->flush(10s).ok());
+  auto drain = [](const std::shared_ptr<Subscription>& s) {
+    std::vector<std::string> got;
+    while (true) {
+      auto m = s->next(500ms);
+      if (!m.ok()) return got;
+      got.push_back(m->subject);
+    }
+  };
+  EXPECT_EQ(drain(star.value()), (std::vector<std::string>{"orders.eu.created", "orders.us.created"}));
+  EXPECT_EQ(drain(tail.value()), (std::vector<std::string>{"orders.eu.created", "orders.us.created",
+                                                            "orders.eu.deleted", "orders.eu.created.late"}));
+  auto bad = pub->publish("orders.*", "x");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().kind, ErrorKind::kInvalidArgument);
+  EXPECT_EQ(broker.stats()["messages.no_subscribers"], 2);
+}
+
 TEST_F(Relay, BadHandshakesAreRejectedWithTheirReason) {
   BrokerProcess broker(next_port());
   ASSERT_TRUE(broker.running());

@@ -174,6 +174,18 @@ TEST(Wire, SubjectSyntax) {
   EXPECT_EQ(error_for(DecodeStatus::kBadSubject), ErrorCode::kInvalidSubject);
 }
 
+TEST(Wire, WildcardsOnlyAsWholeTokensAndOnlyInSubscriptions) {
+  for (std::string_view ok : {"a.*", "*", ">", "a.>", "*.b.>", "a.*.c"}) {
+    EXPECT_TRUE(valid_pattern(ok)) << ok;
+    EXPECT_FALSE(valid_subject(ok)) << ok;
+  }
+  for (std::string_view bad : {"a.>.b", "a*", "*a.b", "a.b>", ">.a", "a..*", ""}) EXPECT_FALSE(valid_pattern(bad)) << bad;
+  Frame f;
+  EXPECT_EQ(decode(encode(FrameType::kSubscribe, 1, "orders.*.>", ""), f), DecodeStatus::kOk);
+  EXPECT_EQ(decode(encode(FrameType::kPublish, 0, "orders.*", "x"), f), DecodeStatus::kBadSubject);
+  EXPECT_EQ(decode(encode(FrameType::kSubscribe, 1, "orders.>.x", ""), f), DecodeStatus::kBadSubject);
+}
+
 TEST(Wire, MaxPayloadFitsExactly) {
   const std::size_t max_frame = 1024;
   const std::size_t p = max_payload(max_frame, 5);

@@ -183,22 +183,37 @@ constexpr ErrorCode error_for(DecodeStatus s) {
   }
 }
 
-/// Subject syntax of protocol version 1 (SPEC.md, "Subjects"): 1..255 bytes of
-/// printable ASCII without space; tokens separated by '.' are never empty.
-/// Wildcard characters are reserved and rejected until wildcard routing exists.
-inline bool valid_subject(std::string_view s) {
+namespace detail {
+/// Checks the subject syntax of SPEC.md "Subjects"; with `patterns`, a token
+/// may be exactly '*' (one token) and the last token exactly '>' (the rest).
+inline bool check_subject(std::string_view s, bool patterns) {
   if (s.empty() || s.size() > kMaxSubjectLen) return false;
-  if (s.front() == '.' || s.back() == '.') return false;
-  char prev = 0;
-  for (char c : s) {
-    auto u = static_cast<unsigned char>(c);
-    if (u <= 0x20 || u >= 0x7f) return false;
-    if (c == '*' || c == '>') return false;
-    if (c == '.' && prev == '.') return false;
-    prev = c;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t dot = s.find('.', start);
+    const std::string_view tok = s.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
+    if (tok.empty()) return false;
+    const bool last = dot == std::string_view::npos;
+    if (patterns && (tok == "*" || (tok == ">" && last))) {
+      // a wildcard token
+    } else {
+      for (char c : tok) {
+        const auto u = static_cast<unsigned char>(c);
+        if (u <= 0x20 || u >= 0x7f || c == '*' || c == '>') return false;
+      }
+    }
+    if (last) return true;
+    start = dot + 1;
   }
-  return true;
 }
+}  // namespace detail
+
+/// A subject to publish to (SPEC.md, "Subjects"): 1..255 bytes of printable
+/// ASCII without space, tokens separated by '.', none empty, no wildcards.
+inline bool valid_subject(std::string_view s) { return detail::check_subject(s, false); }
+/// A subject to subscribe to: as valid_subject, but a token may be '*' (any
+/// one token) and the last token may be '>' (one or more tokens).
+inline bool valid_pattern(std::string_view s) { return detail::check_subject(s, true); }
 
 /// Decodes the frame at the start of `buf`. `max_frame` bounds a frame's total
 /// length (the receiver's buffer size); a frame announcing more is kBadLength.
@@ -257,7 +272,9 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   out.subject = std::string_view(body, h.subject_len);
   out.reply = std::string_view(body + h.subject_len, h.reply_len);
   out.payload = buf.subspan(kHeaderSize + h.subject_len + h.reply_len, h.payload_len);
-  if (has_subject && !valid_subject(out.subject)) return DecodeStatus::kBadSubject;
+  if (has_subject && !(h.type == FrameType::kSubscribe ? valid_pattern(out.subject) : valid_subject(out.subject))) {
+    return DecodeStatus::kBadSubject;
+  }
   // A SUBSCRIBE's "reply" field is its queue group name (SPEC.md); both follow the subject rules.
   if (h.reply_len != 0 && !valid_subject(out.reply)) return DecodeStatus::kBadSubject;
   return DecodeStatus::kOk;
