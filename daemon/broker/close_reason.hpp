@@ -57,4 +57,9 @@ constexpr std::string_view to_string(DropReason r) {
 
 inline constexpr std::size_t kDropReasonCount = static_cast<std::size_t>(DropReason::kCount);
 
+/// What the messages still queued for a connection count as when it closes.
+constexpr DropReason drop_reason_for(CloseReason r) {
+  return r == CloseReason::kSlowConsumer ? DropReason::kSlowConsumer : DropReason::kSubscriberClosed;
+}
+
 }  // namespace rdmabroker::daemon

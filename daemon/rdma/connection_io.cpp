@@ -380,16 +380,14 @@ void Worker::close(Connection& c, CloseReason reason, ErrorCode code, std::strin
     disconnect(c);
     return;
   }
-  // Shutdown flushes what is queued, then CLOSE; an error drops the queue and
-  // sends ERROR. Either way the client learns why before the disconnect.
-  // Shutdown sends what is queued first; any other reason drops it (counted).
+  // Shutdown flushes what is queued, then sends CLOSE; any other reason drops
+  // the queue (counted) and sends ERROR, or CLOSE for a slow consumer. Either
+  // way the client learns why before the disconnect.
   if (reason == CloseReason::kProtocolError) {
     stats_.protocol_errors.add();
     spdlog::warn("connection {} ({}): protocol error: {}", c.id, c.peer, message);
   }
-  if (reason != CloseReason::kBrokerShutdown) {
-    drop_queue(c, reason == CloseReason::kSlowConsumer ? DropReason::kSlowConsumer : DropReason::kSubscriberClosed);
-  }
+  if (reason != CloseReason::kBrokerShutdown) drop_queue(c, drop_reason_for(reason));
   const bool is_close = reason == CloseReason::kBrokerShutdown || reason == CloseReason::kSlowConsumer;
   const FrameType type = is_close ? FrameType::kClose : FrameType::kError;
   c.outq.push_back(make_control(type, static_cast<std::uint32_t>(code), std::move(message)));
@@ -403,7 +401,7 @@ void Worker::disconnect(Connection& c) {
   if (c.state == ConnState::kDisconnecting) return;
   if (c.reason == CloseReason::kCount) c.reason = CloseReason::kPeerDisconnected;
   remove_subscriptions(c);
-  drop_queue(c, c.reason == CloseReason::kSlowConsumer ? DropReason::kSlowConsumer : DropReason::kSubscriberClosed);
+  drop_queue(c, drop_reason_for(c.reason));
   c.state = ConnState::kDisconnecting;
   c.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(opt_.drain_timeout_ms);
   closing_.push_back(c.id);
