@@ -124,11 +124,9 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t l
   }
 }
 
+// Called only for frames process_frames() has size-checked (max_publish_frame),
+// so every DELIVER built here fits a subscriber's buffer.
 void Worker::route_publish(Connection& publisher, const proto::Frame& f, const BufferRef& buf) {
-  // A subscriber's DELIVER is [header][this PUBLISH frame]: it must fit.
-  if (f.header.frame_len() > proto::max_publish_frame(opt_.buffer_size)) {
-    return;  // caught by the caller's size check before routing
-  }
   const std::vector<Subscriber>& subscribers = match_cache_.match(core_.index, f.subject);
   if (subscribers.empty()) {
     stats_.messages_no_subscribers.add();
