@@ -14,13 +14,20 @@
 using rdmabroker::daemon::AdminServer;
 using rdmabroker::daemon::Broker;
 using rdmabroker::daemon::BrokerOptions;
+using rdmabroker::daemon::RdmaMode;
 
 int main(int argc, char** argv) {
   BrokerOptions opt;
   std::string log_level = "info";
   CLI::App app{"rdmabrokerd: RDMA topic message broker"};
-  app.add_option("-a,--listen", opt.listen_address, "Address to listen on for RDMA CM connections")->capture_default_str();
+  app.add_option("-a,--listen", opt.listen_address, "Address to listen on (RDMA, and TCP unless --tcp-listen)")->capture_default_str();
   app.add_option("-p,--port", opt.port, "RDMA CM port")->capture_default_str();
+  app.add_option("--rdma", opt.rdma, "RDMA transport: auto (TCP only when no device exists), on (required), off")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, RdmaMode>{
+          {"auto", RdmaMode::kAuto}, {"on", RdmaMode::kOn}, {"off", RdmaMode::kOff}}))
+      ->default_str("auto");
+  app.add_option("--tcp-listen", opt.tcp_listen_address, "Address for the TCP listener (default: --listen)");
+  app.add_option("--tcp-port", opt.tcp_port, "TCP port (0: no TCP listener)")->capture_default_str();
   app.add_option("-w,--workers", opt.workers, "Worker threads (0: one per core, at most 8)")->capture_default_str();
   app.add_option("--buffer-size", opt.buffer_size, "Receive buffer size in bytes = largest frame")->capture_default_str();
   app.add_option("--pool-buffers", opt.pool_buffers, "Buffers in the shared registered pool")->capture_default_str();
@@ -76,8 +83,8 @@ int main(int argc, char** argv) {
     }
   }
   broker.start();
-  spdlog::info("rdmabrokerd listening on rdma://{}:{} (transport rdma, devices: {}; {} workers, {} x {}-byte buffers)",
-               eff.listen_address, eff.port, broker.device_names(), eff.workers, eff.pool_buffers, eff.buffer_size);
+  spdlog::info("rdmabrokerd listening on {}{} ({} workers, {} x {}-byte buffers)", broker.listeners(),
+               broker.rdma_enabled() ? "" : " (TCP only)", eff.workers, eff.pool_buffers, eff.buffer_size);
 
   std::vector<pollfd> fds{{sigfd.get(), POLLIN, 0}};
   if (admin) fds.push_back({admin->fd(), POLLIN, 0});

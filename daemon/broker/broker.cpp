@@ -1,5 +1,7 @@
 #include "broker/broker.hpp"
 
+#include "tcp/tcp_listener.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -28,29 +30,64 @@ Result<std::unique_ptr<Broker>> Broker::create(const BrokerOptions& options) {
   auto pool = BufferPool::create(opt.pool_buffers, opt.buffer_size);
   if (!pool) return pool.error();
   b->pool_ = std::move(pool.value());
-  auto devices = DeviceSet::open(*b->pool_);
-  if (!devices) return devices.error();
-  b->devices_ = std::move(devices.value());
   b->core_.pool = b->pool_.get();
-  b->core_.devices = b->devices_.get();
+  if (opt.tcp_listen_address.empty()) opt.tcp_listen_address = opt.listen_address;
+
+  bool use_rdma = opt.rdma != RdmaMode::kOff;
+  if (use_rdma && DeviceSet::count() == 0) {
+    if (opt.rdma == RdmaMode::kOn) {
+      return Error{ErrorKind::kResource,
+                   "no RDMA device found and RDMA is required (--rdma on): load a driver (e.g. rdma_rxe) and check "
+                   "`rdma link`, or use --rdma auto to serve TCP only"};
+    }
+    use_rdma = false;
+    spdlog::warn("no RDMA device found: serving TCP only");
+  }
+  if (!use_rdma && opt.tcp_port == 0) {
+    return Error{ErrorKind::kInvalidArgument, "nothing to listen on: RDMA is off (or has no device) and TCP is disabled (--tcp-port 0)"};
+  }
+  if (use_rdma) {
+    auto devices = DeviceSet::open(*b->pool_);
+    if (!devices) return devices.error();
+    b->devices_ = std::move(devices.value());
+    b->core_.devices = b->devices_.get();
+  }
+  if (opt.tcp_port != 0) {
+    auto fd = listen_tcp(opt.tcp_listen_address, opt.tcp_port);
+    if (!fd) return fd.error();
+    b->tcp_listen_ = std::move(fd.value());
+  }
 
   for (std::uint32_t i = 0; i < opt.workers; ++i) {
     b->workers_.push_back(std::make_unique<Worker>(i, b->core_));
     b->core_.workers.push_back(b->workers_.back().get());
   }
   for (auto& w : b->workers_) {
-    if (auto st = w->init(); !st) return st.error();
+    if (auto st = w->init(b->tcp_listen_.get()); !st) return st.error();
   }
-  b->listener_ = std::make_unique<Listener>(b->core_);
-  if (auto st = b->listener_->listen(); !st) return st.error();
+  if (use_rdma) {
+    b->listener_ = std::make_unique<Listener>(b->core_);
+    if (auto st = b->listener_->listen(); !st) return st.error();
+  }
   return b;
 }
 
 Broker::~Broker() { stop(); }
 
+std::string Broker::listeners() const {
+  const auto& opt = core_.options;
+  std::string out;
+  if (devices_) out = "rdma://" + opt.listen_address + ":" + std::to_string(opt.port) + " (" + devices_->names() + ")";
+  if (tcp_listen_) {
+    if (!out.empty()) out += ", ";
+    out += "tcp://" + opt.tcp_listen_address + ":" + std::to_string(opt.tcp_port);
+  }
+  return out;
+}
+
 void Broker::start() {
   for (auto& w : workers_) w->start();
-  listener_->start();
+  if (listener_) listener_->start();
 }
 
 void Broker::stop() {
@@ -95,8 +132,14 @@ StatsSnapshot Broker::stats() const {
     add("rdma.wc_errors", static_cast<std::int64_t>(ws.wc_errors.get()));
     add("rdma.srq_refills", static_cast<std::int64_t>(ws.srq_refills.get()));
     add("rdma.srq_posted", ws.srq_posted.get());
+    add("messages.no_responders", static_cast<std::int64_t>(ws.no_responders.get()));
+    add("tcp.connections", ws.tcp_connections.get());
+    add("tcp.rejected", static_cast<std::int64_t>(ws.tcp_rejected.get()));
+    add("tcp.reads", static_cast<std::int64_t>(ws.tcp_reads.get()));
+    add("tcp.writes", static_cast<std::int64_t>(ws.tcp_writes.get()));
+    add("tcp.write_blocked", static_cast<std::int64_t>(ws.tcp_write_blocked.get()));
   }
-  add("connections.rejected", static_cast<std::int64_t>(listener_->rejected()));
+  add("connections.rejected", static_cast<std::int64_t>(listener_ ? listener_->rejected() : 0) + s["tcp.rejected"]);
   add("subscriptions", static_cast<std::int64_t>(core_.index.size()));
   add("pool.buffers", pool_->count());
   add("pool.in_use", pool_->in_use());

@@ -10,7 +10,7 @@
 #include "rdma/buffer_pool.hpp"
 #include "rdma/device.hpp"
 #include "rdma/listener.hpp"
-#include "rdma/worker.hpp"
+#include "worker/worker.hpp"
 #include "rdmabroker/result.hpp"
 
 namespace rdmabroker::daemon {
@@ -28,16 +28,19 @@ class Broker {
 
   StatsSnapshot stats() const;
   const BrokerOptions& options() const { return core_.options; }
-  std::string device_names() const { return devices_->names(); }
+  /// "rdma://0.0.0.0:7470 (rxe0, rxe1), tcp://0.0.0.0:7471": what it listens on.
+  std::string listeners() const;
+  bool rdma_enabled() const { return devices_ != nullptr; }
 
  private:
   Broker() = default;
 
   BrokerCore core_;
   std::unique_ptr<BufferPool> pool_;   // declaration order = creation order
-  std::unique_ptr<DeviceSet> devices_;
+  std::unique_ptr<DeviceSet> devices_;  // null: TCP only
+  UniqueFd tcp_listen_;                 // -1: no TCP; outlives the workers that watch it
   std::vector<std::unique_ptr<Worker>> workers_;
-  std::unique_ptr<Listener> listener_;
+  std::unique_ptr<Listener> listener_;  // the RDMA CM listener; null: TCP only
   bool stopped_ = false;
 };
 

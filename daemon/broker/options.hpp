@@ -7,9 +7,16 @@
 
 namespace rdmabroker::daemon {
 
+/// Whether the broker serves RDMA: kAuto uses it when a device exists and
+/// otherwise runs TCP-only (and says so); kOn refuses to start without it.
+enum class RdmaMode { kAuto, kOn, kOff };
+
 struct BrokerOptions {
   std::string listen_address = "0.0.0.0";
-  std::uint16_t port = 7470;
+  std::uint16_t port = 7470;               // RDMA CM port
+  RdmaMode rdma = RdmaMode::kAuto;
+  std::string tcp_listen_address;          // empty: listen_address
+  std::uint16_t tcp_port = 7471;           // 0: no TCP listener
   std::uint32_t workers = 0;               // 0: one per core, at most 8
   std::uint32_t buffer_size = 16384;       // receive buffer = largest frame, bytes
   std::uint32_t pool_buffers = 8192;       // buffers in the shared pool

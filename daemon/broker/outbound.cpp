@@ -15,6 +15,14 @@ OutItem make_control(proto::FrameType type, std::uint32_t arg, std::string text)
   return item;
 }
 
+OutItem make_no_responders(std::string_view reply) {
+  OutItem item;
+  item.header.type = proto::FrameType::kNoResponders;
+  item.header.subject_len = static_cast<std::uint16_t>(reply.size());
+  item.text = std::string(reply);
+  return item;
+}
+
 OutItem make_delivery(BufferRef buf, std::uint32_t sid, std::uint32_t offset, std::uint32_t len,
                       std::uint32_t payload_len) {
   OutItem item;
@@ -80,8 +88,11 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
                 item.body_len, body_lkey);
       refs[out.frames] = std::move(item.body);
     } else {
-      proto::encode_frame(std::span<std::byte>(dst, in_block), item.header, {}, {},
-                          std::as_bytes(std::span<const char>(item.text.data(), item.text.size())));
+      // The body is ERROR/CLOSE text, or NO_RESPONDERS' subject.
+      const bool text_is_subject = item.header.type == proto::FrameType::kNoResponders;
+      const auto text = std::as_bytes(std::span<const char>(item.text.data(), item.text.size()));
+      proto::encode_frame(std::span<std::byte>(dst, in_block), item.header, text_is_subject ? item.text : "", {},
+                          text_is_subject ? std::span<const std::byte>{} : text);
       add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(dst), static_cast<std::uint32_t>(in_block),
                 block_lkey);
     }

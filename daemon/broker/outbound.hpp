@@ -35,7 +35,7 @@ struct OutItem {
   std::uint32_t body_len = 0;  // padded bytes after the header
   std::uint32_t messages = 0;  // deliveries: PUBLISH frames in the run
   std::uint64_t payload_bytes = 0;  // deliveries: their payload bytes
-  std::string text;            // control frames (ERROR/CLOSE): copied into the send block
+  std::string text;            // control frames: their body (ERROR text, NO_RESPONDERS subject), copied into the send block
 
   std::size_t wire_len() const { return proto::kHeaderSize + (body ? body_len : proto::align_up(text.size())); }
   bool is_delivery() const { return header.type == proto::FrameType::kDeliver; }
@@ -43,6 +43,8 @@ struct OutItem {
 
 /// A control frame (ERROR, CLOSE, PONG) whose body, if any, is text.
 OutItem make_control(proto::FrameType type, std::uint32_t arg, std::string text = {});
+/// NO_RESPONDERS for the request whose reply subject is `reply` (≤ 255 bytes).
+OutItem make_no_responders(std::string_view reply);
 
 /// A DELIVER to subscription `sid` of the PUBLISH frame at [offset, offset+len)
 /// of a received buffer (zero-copy: the item references the buffer).

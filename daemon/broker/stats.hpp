@@ -58,6 +58,12 @@ struct WorkerStats {
   Gauge srq_posted;                    // receives posted on this worker's SRQs
   Gauge pending_messages;              // queued for subscribers, not yet posted
   Counter accept_failures;             // connections handed over but never accepted
+  Counter no_responders;               // requests (PUBLISH with REQUEST flag) nobody was subscribed to
+  Gauge tcp_connections;               // TCP connections open on this worker
+  Counter tcp_rejected;                // TCP handshakes refused (reject sent, or timed out)
+  Counter tcp_reads;                   // read() calls that returned data
+  Counter tcp_writes;                  // sendmsg() calls that wrote data
+  Counter tcp_write_blocked;           // writes that hit a full socket buffer (EAGAIN)
 };
 
 /// Sum of all workers plus broker-wide gauges; flattened to name -> value.

@@ -53,10 +53,20 @@ void collect(const Node& node, const std::vector<std::string_view>& tokens, std:
 SubscriptionIndex::SubscriptionIndex() : root_(std::make_unique<Node>()) {}
 SubscriptionIndex::~SubscriptionIndex() = default;
 
-void SubscriptionIndex::add(std::string_view pattern, const Subscriber& s) {
+Subscriber SubscriptionIndex::add(std::string_view pattern, Subscriber s, std::string_view group) {
   std::vector<std::string_view> tokens;
   tokenize(pattern, tokens);
   std::unique_lock lock(mutex_);
+  s.group = 0;
+  if (!group.empty()) {
+    auto it = groups_.find(group);
+    if (it == groups_.end()) {
+      it = groups_.emplace(std::string(group), GroupName{next_group_++, 0}).first;
+      group_names_.emplace(it->second.id, it->first);
+    }
+    ++it->second.members;
+    s.group = it->second.id;
+  }
   Node* node = root_.get();
   for (std::string_view t : tokens) {
     std::unique_ptr<Node>* next;
@@ -75,6 +85,7 @@ void SubscriptionIndex::add(std::string_view pattern, const Subscriber& s) {
   node->subscribers.push_back(s);
   ++count_;
   generation_.fetch_add(1, std::memory_order_release);
+  return s;
 }
 
 bool SubscriptionIndex::remove(std::string_view pattern, const Subscriber& s) {
@@ -100,6 +111,14 @@ bool SubscriptionIndex::remove(std::string_view pattern, const Subscriber& s) {
   auto pos = std::find(node->subscribers.begin(), node->subscribers.end(), s);
   if (pos == node->subscribers.end()) return false;
   node->subscribers.erase(pos);
+  if (s.group != 0) {
+    auto name = group_names_.find(s.group);
+    auto it = groups_.find(name->second);
+    if (--it->second.members == 0) {
+      groups_.erase(it);
+      group_names_.erase(name);
+    }
+  }
   for (auto it = path.rbegin(); it != path.rend() && node->empty(); ++it) {
     auto [parent, t] = *it;
     if (t == "*") {
@@ -124,12 +143,31 @@ void SubscriptionIndex::match(std::string_view subject, std::vector<Subscriber>&
   collect(*root_, tokens, 0, out);
 }
 
+void SubscriptionIndex::match(std::string_view subject, Match& out, std::uint32_t seed) const {
+  out.clear();
+  match(subject, out.plain);
+  // Move group members out of `plain`, gathered per group id; stable, so
+  // member order (and with it the round robin) follows subscription order.
+  auto grouped = std::stable_partition(out.plain.begin(), out.plain.end(), [](const Subscriber& s) { return s.group == 0; });
+  if (grouped == out.plain.end()) return;
+  std::vector<Subscriber> members(grouped, out.plain.end());
+  out.plain.erase(grouped, out.plain.end());
+  std::stable_sort(members.begin(), members.end(), [](const Subscriber& a, const Subscriber& b) { return a.group < b.group; });
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    if (i == 0 || members[i].group != members[i - 1].group) {
+      out.groups.emplace_back();
+      out.next.push_back(seed);
+    }
+    out.groups.back().push_back(members[i]);
+  }
+}
+
 std::size_t SubscriptionIndex::size() const {
   std::shared_lock lock(mutex_);
   return count_;
 }
 
-const std::vector<Subscriber>& MatchCache::match(const SubscriptionIndex& index, std::string_view subject) {
+Match& MatchCache::match(const SubscriptionIndex& index, std::string_view subject) {
   // Read the generation before matching: a change racing with the match
   // leaves an entry tagged with the old generation, which the next lookup
   // discards.
@@ -137,7 +175,7 @@ const std::vector<Subscriber>& MatchCache::match(const SubscriptionIndex& index,
   auto it = entries_.find(subject);
   if (it != entries_.end() && it->second.generation == gen) {
     ++hits_;
-    return it->second.subscribers;
+    return it->second.match;
   }
   ++misses_;
   if (it == entries_.end()) {
@@ -145,8 +183,10 @@ const std::vector<Subscriber>& MatchCache::match(const SubscriptionIndex& index,
     it = entries_.emplace(std::string(subject), Entry{}).first;
   }
   it->second.generation = gen;
-  index.match(subject, it->second.subscribers);
-  return it->second.subscribers;
+  // A rotating start: entries rebuilt after every subscription change do not
+  // all begin with each group's first member.
+  index.match(subject, it->second.match, seed_++);
+  return it->second.match;
 }
 
 }  // namespace rdmabroker::daemon

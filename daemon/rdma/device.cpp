@@ -35,6 +35,14 @@ Result<std::unique_ptr<DeviceSet>> DeviceSet::open(const BufferPool& pool) {
   return set;
 }
 
+int DeviceSet::count() {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (list == nullptr) return 0;
+  ibv_free_device_list(list);
+  return n;
+}
+
 Device* DeviceSet::find(const ibv_context* context) const {
   for (const auto& d : devices_) {
     if (d->context == context) return d.get();

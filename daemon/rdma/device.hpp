@@ -27,6 +27,8 @@ class DeviceSet {
   /// Opens every RDMA device rdma_cm knows and registers `pool` on each.
   /// Fails if there is none.
   static Result<std::unique_ptr<DeviceSet>> open(const BufferPool& pool);
+  /// RDMA devices present (0 on a host without an RDMA stack); opens nothing.
+  static int count();
 
   Device* find(const ibv_context* context) const;
   const std::vector<std::unique_ptr<Device>>& devices() const { return devices_; }

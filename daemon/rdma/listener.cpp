@@ -1,5 +1,7 @@
 #include "rdma/listener.hpp"
 
+#include "broker/handshake.hpp"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
@@ -128,24 +130,14 @@ void Listener::on_connect_request(rdma_cm_event* ev) {
   std::span<const std::byte> pdata(static_cast<const std::byte*>(ev->param.conn.private_data),
                                    ev->param.conn.private_data_len);
   proto::ConnectRequest req;
-  const auto status = proto::decode(pdata, req);
+  const auto refuse = check_connect_request(pdata, core_.options.buffer_size, req);
   // Ack before anything else: the private data is copied, and rdma_migrate_id
   // waits until every event of the id is acked.
   rdma_ack_cm_event(ev);
-  switch (status) {
-    case proto::HandshakeStatus::kOk:
-      break;
-    case proto::HandshakeStatus::kBadVersion:
-      return reject(id, proto::RejectReason::kUnsupportedVersion, peer);
-    case proto::HandshakeStatus::kBadValue:
-      return reject(id, proto::RejectReason::kBufferTooSmall, peer);
-    default:
-      return reject(id, proto::RejectReason::kBadMagic, peer);
-  }
-  if (req.recv_buffer_size < core_.options.buffer_size) return reject(id, proto::RejectReason::kBufferTooSmall, peer);
+  if (refuse) return reject(id, *refuse, peer);
   const auto slot = core_.slots->acquire();
   if (!slot) return reject(id, proto::RejectReason::kTooManyConnections, peer);
-  const std::uint64_t conn_id = next_connection_id_.fetch_add(1);
+  const std::uint64_t conn_id = core_.next_connection_id.fetch_add(1);
   Worker& worker = *core_.workers[conn_id % core_.workers.size()];
   id->context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(conn_id));
   AcceptCommand cmd{id, req, conn_id, *slot, peer};

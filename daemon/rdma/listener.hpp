@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-#include "rdma/worker.hpp"
+#include "worker/worker.hpp"
 #include "rdmabroker/common/fd.hpp"
 #include "rdmabroker/common/verbs.hpp"
 #include "rdmabroker/result.hpp"
@@ -44,7 +44,6 @@ class Listener {
   verbs::CmIdPtr listen_id_;  // after channel_: destroyed first
   UniqueFd stop_fd_;
   std::atomic<std::uint64_t> rejected_{0};
-  std::atomic<std::uint64_t> next_connection_id_{1};
   std::thread thread_;
 };
 

@@ -142,7 +142,7 @@ TEST_F(OutboundTest, ContiguousFramesExtendOneDelivery) {
   std::vector<std::pair<std::uint32_t, std::uint32_t>> at;  // offset, len
   std::size_t off = 0;
   for (int i = 0; i < 5; ++i) {
-    const std::size_t n = publish_at(buf, off, "run", "m" + std::to_string(i));
+    const std::size_t n = publish_at(buf, off, "run", std::string("m").append(std::to_string(i)));
     at.emplace_back(static_cast<std::uint32_t>(off), static_cast<std::uint32_t>(n));
     off += n;
   }

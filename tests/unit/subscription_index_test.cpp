@@ -79,16 +79,62 @@ TEST(SubscriptionIndex, RemoveIsExactAndPrunes) {
   EXPECT_EQ(out.size(), 1u);
 }
 
+/// Everyone a Match names: plain subscribers and every queue group member.
+std::vector<Subscriber> flatten(const Match& m) {
+  std::vector<Subscriber> out = m.plain;
+  for (const auto& g : m.groups) out.insert(out.end(), g.begin(), g.end());
+  return out;
+}
+
 TEST(SubscriptionIndex, CacheSeesEveryChange) {
   SubscriptionIndex idx;
   MatchCache cache;
   EXPECT_TRUE(cache.match(idx, "a.b").empty());
   idx.add("a.*", {0, 1, 1});
-  EXPECT_EQ(cache.match(idx, "a.b").size(), 1u);
-  EXPECT_EQ(cache.match(idx, "a.b").size(), 1u);
+  EXPECT_EQ(cache.match(idx, "a.b").plain.size(), 1u);
+  EXPECT_EQ(cache.match(idx, "a.b").plain.size(), 1u);
   EXPECT_EQ(cache.hits(), 1u);
   idx.remove("a.*", {0, 1, 1});
   EXPECT_TRUE(cache.match(idx, "a.b").empty());
+}
+
+TEST(SubscriptionIndex, QueueGroupsAreOneNameAcrossPatterns) {
+  SubscriptionIndex idx;
+  const Subscriber a = idx.add("orders.*", {0, 1, 1}, "workers");
+  const Subscriber b = idx.add("orders.new", {0, 2, 1}, "workers");
+  const Subscriber c = idx.add("orders.>", {0, 3, 1}, "auditors");
+  idx.add("orders.new", {0, 4, 1});
+  EXPECT_NE(a.group, 0u);
+  EXPECT_EQ(a.group, b.group);
+  EXPECT_NE(a.group, c.group);
+  Match m;
+  idx.match("orders.new", m);
+  ASSERT_EQ(m.plain.size(), 1u);
+  EXPECT_EQ(m.plain[0].connection, 4u);
+  ASSERT_EQ(m.groups.size(), 2u);
+  EXPECT_EQ(m.fanout(), 3u);
+  idx.match("orders.old", m);  // only one "workers" member matches this subject
+  ASSERT_EQ(m.groups.size(), 2u);
+  EXPECT_TRUE(m.plain.empty());
+  // The name is released with its last member and a new group gets a new id.
+  EXPECT_TRUE(idx.remove("orders.*", a));
+  EXPECT_TRUE(idx.remove("orders.new", b));
+  EXPECT_FALSE(idx.remove("orders.new", b));
+  const Subscriber d = idx.add("orders.new", {0, 5, 1}, "workers");
+  EXPECT_NE(d.group, a.group);
+}
+
+TEST(SubscriptionIndex, PickGoesRoundTheGroupEvenly) {
+  SubscriptionIndex idx;
+  for (std::uint64_t conn = 1; conn <= 4; ++conn) idx.add("jobs", {0, conn, 1}, "g");
+  MatchCache cache;
+  std::vector<int> got(5, 0);
+  for (int i = 0; i < 10'000; ++i) {
+    Match& m = cache.match(idx, "jobs");
+    ASSERT_EQ(m.groups.size(), 1u);
+    ++got[m.pick(0).connection];
+  }
+  for (std::uint64_t conn = 1; conn <= 4; ++conn) EXPECT_EQ(got[conn], 2500) << conn;
 }
 
 // 100,000 random subjects against random subscriptions (with '*' and '>'),
@@ -127,8 +173,9 @@ TEST(SubscriptionIndex, PropertyMatchesBruteForce) {
   for (int i = 0; i < 300; ++i) {
     auto p = pattern();
     ASSERT_TRUE(proto::valid_pattern(p)) << p;
-    Subscriber s{0, rng() % 20, next_sid++, 0};
-    idx.add(p, s);
+    // One in four joins one of two queue groups.
+    const auto g = rng() % 8;
+    Subscriber s = idx.add(p, {0, rng() % 20, next_sid++, 0}, g == 0 ? "g1" : g == 1 ? "g2" : "");
     subs.push_back({p, split(p), s});
   }
   std::vector<Subscriber> out;
@@ -138,8 +185,7 @@ TEST(SubscriptionIndex, PropertyMatchesBruteForce) {
       ASSERT_TRUE(idx.remove(subs[k].pattern, subs[k].s));
       subs.erase(subs.begin() + static_cast<long>(k));
       auto p = pattern();
-      Subscriber s{0, rng() % 20, next_sid++, 0};
-      idx.add(p, s);
+      Subscriber s = idx.add(p, {0, rng() % 20, next_sid++, 0}, rng() % 4 == 0 ? "g1" : "");
       subs.push_back({p, split(p), s});
     }
     const std::string subj = subject();
@@ -152,7 +198,11 @@ TEST(SubscriptionIndex, PropertyMatchesBruteForce) {
     idx.match(subj, out);
     std::sort(out.begin(), out.end(), by_identity);
     ASSERT_EQ(out, want) << subj;
-    auto cached = cache.match(idx, subj);
+    const Match& m = cache.match(idx, subj);
+    for (const auto& group : m.groups) {
+      for (const auto& member : group) ASSERT_EQ(member.group, group.front().group) << subj;
+    }
+    auto cached = flatten(m);
     std::sort(cached.begin(), cached.end(), by_identity);
     ASSERT_EQ(cached, want) << subj << " (cached)";
   }

@@ -115,7 +115,7 @@ TEST(Wire, BadMagicVersionType) {
   v[2] = std::byte{2};
   EXPECT_EQ(decode(v, f), DecodeStatus::kBadVersion);
   EXPECT_EQ(error_for(DecodeStatus::kBadVersion), ErrorCode::kUnsupportedVersion);
-  for (std::uint8_t t : {0, 10, 255}) {
+  for (std::uint8_t t : {0, 11, 255}) {
     auto tt = buf;
     tt[3] = std::byte{t};
     EXPECT_EQ(decode(tt, f), DecodeStatus::kBadType) << int(t);
@@ -130,6 +130,43 @@ TEST(Wire, ReservedFieldsAndFlagsMustBeZero) {
     r[off] = std::byte{1};
     EXPECT_EQ(decode(r, f), DecodeStatus::kBadReserved) << off;
   }
+}
+
+TEST(Wire, RequestFlagOnlyOnPublishWithAReply) {
+  Frame f;
+  std::vector<std::byte> buf(128);
+  FrameHeader h;
+  h.type = FrameType::kPublish;
+  h.flags = kFlagRequest;
+  const auto payload = std::as_bytes(std::span<const char>("hi", 2));
+  auto n = encode_frame(buf, h, "svc.time", "_INBOX.abc.1", payload);
+  ASSERT_EQ(decode_frame(std::span<const std::byte>(buf.data(), n), 4096, f), DecodeStatus::kOk);
+  EXPECT_EQ(f.header.flags, kFlagRequest);
+  EXPECT_EQ(f.reply, "_INBOX.abc.1");
+  // Without a reply subject there is nothing to answer: the flag is illegal.
+  n = encode_frame(buf, h, "svc.time", "", payload);
+  EXPECT_EQ(decode_frame(std::span<const std::byte>(buf.data(), n), 4096, f), DecodeStatus::kBadReserved);
+  // On any other type too; and a reply subject follows the subject rules.
+  h.type = FrameType::kSubscribe;
+  n = encode_frame(buf, h, "svc.time", "q", {});
+  EXPECT_EQ(decode_frame(std::span<const std::byte>(buf.data(), n), 4096, f), DecodeStatus::kBadReserved);
+  h.type = FrameType::kPublish;
+  n = encode_frame(buf, h, "svc.time", "_INBOX.*", payload);
+  EXPECT_EQ(decode_frame(std::span<const std::byte>(buf.data(), n), 4096, f), DecodeStatus::kBadSubject);
+}
+
+TEST(Wire, NoRespondersCarriesTheReplySubjectOnly) {
+  Frame f;
+  std::vector<std::byte> buf(128);
+  FrameHeader h;
+  h.type = FrameType::kNoResponders;
+  auto n = encode_frame(buf, h, "_INBOX.abc.7", "", {});
+  ASSERT_EQ(decode_frame(std::span<const std::byte>(buf.data(), n), 4096, f), DecodeStatus::kOk);
+  EXPECT_EQ(f.subject, "_INBOX.abc.7");
+  n = encode_frame(buf, h, "", "", {});
+  EXPECT_EQ(decode_frame(std::span<const std::byte>(buf.data(), n), 4096, f), DecodeStatus::kBadLength);
+  n = encode_frame(buf, h, "_INBOX.abc.7", "", std::as_bytes(std::span<const char>("x", 1)));
+  EXPECT_EQ(decode_frame(std::span<const std::byte>(buf.data(), n), 4096, f), DecodeStatus::kBadLength);
 }
 
 TEST(Wire, LengthsMustMatchTheType) {

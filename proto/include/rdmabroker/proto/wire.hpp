@@ -38,7 +38,13 @@ enum class FrameType : std::uint8_t {
   kPong = 7,
   kError = 8,
   kClose = 9,
+  kNoResponders = 10,
 };
+inline constexpr std::uint8_t kMaxFrameType = 10;
+
+/// PUBLISH flag: the publisher wants a NO_RESPONDERS frame back when the
+/// message (which must carry a reply subject) matches no subscription.
+inline constexpr std::uint16_t kFlagRequest = 1;
 
 /// Numbered error codes carried in ERROR frames (arg field) and CLOSE frames.
 enum class ErrorCode : std::uint32_t {
@@ -67,6 +73,7 @@ constexpr std::string_view to_string(FrameType t) {
     case FrameType::kPong: return "PONG";
     case FrameType::kError: return "ERROR";
     case FrameType::kClose: return "CLOSE";
+    case FrameType::kNoResponders: return "NO_RESPONDERS";
   }
   return "UNKNOWN";
 }
@@ -223,7 +230,7 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   if (load<std::uint16_t>(p) != kFrameMagic) return DecodeStatus::kBadMagic;
   if (load<std::uint8_t>(p + 2) != kVersion) return DecodeStatus::kBadVersion;
   auto type = load<std::uint8_t>(p + 3);
-  if (type < 1 || type > 9) return DecodeStatus::kBadType;
+  if (type < 1 || type > kMaxFrameType) return DecodeStatus::kBadType;
   if (load<std::uint16_t>(p + 10) != 0 || load<std::uint32_t>(p + 20) != 0) return DecodeStatus::kBadReserved;
 
   FrameHeader& h = out.header;
@@ -234,7 +241,9 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   h.payload_len = load<std::uint32_t>(p + 12);
   h.arg = load<std::uint32_t>(p + 16);
   h.sequence = load<std::uint64_t>(p + 24);
-  if (h.flags != 0) return DecodeStatus::kBadReserved;  // no flags are defined in version 1
+  // The one flag defined (REQUEST) belongs to PUBLISH frames with a reply subject.
+  const std::uint16_t allowed_flags = h.type == FrameType::kPublish && h.reply_len != 0 ? kFlagRequest : 0;
+  if ((h.flags & ~allowed_flags) != 0) return DecodeStatus::kBadReserved;
   if (h.subject_len > kMaxSubjectLen || h.reply_len > kMaxSubjectLen) return DecodeStatus::kBadLength;
   // 64-bit arithmetic: payload_len is attacker-controlled and may be near 2^32.
   const std::uint64_t total = align_up(std::uint64_t{kHeaderSize} + h.subject_len + h.reply_len + h.payload_len);
@@ -258,6 +267,10 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
     case FrameType::kError:
     case FrameType::kClose:
       if (has_subject || h.reply_len != 0) return DecodeStatus::kBadLength;
+      break;
+    case FrameType::kNoResponders:
+      // The subject is the request's reply subject.
+      if (!has_subject || h.reply_len != 0 || h.payload_len != 0) return DecodeStatus::kBadLength;
       break;
     case FrameType::kUnsubscribe:
     case FrameType::kCredit:

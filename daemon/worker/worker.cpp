@@ -1,6 +1,6 @@
 // Worker: event loop, per-device resources, commands and CM events.
 // Data-path handling (receive, route, flush, close) is in connection_io.cpp.
-#include "rdma/worker.hpp"
+#include "worker/worker.hpp"
 
 #include <arpa/inet.h>
 #include <spdlog/spdlog.h>
@@ -11,16 +11,11 @@
 
 namespace rdmabroker::daemon {
 
-namespace {
-// epoll user data: which fd woke us.
-constexpr std::uint64_t kTagCommands = 1ull << 62;
-constexpr std::uint64_t kTagCm = 1ull << 61;
-}  // namespace
-
 Worker::Worker(std::uint32_t index, BrokerCore& core) : index_(index), core_(core), opt_(core.options) {}
 
 Worker::~Worker() {
   join();
+  handshakes_.clear();
   // Explicit teardown order: QPs and cm_ids, then SRQs (returning the buffers
   // still posted on them), then CQs and channels with the rest of the port.
   connections_.clear();
@@ -34,7 +29,7 @@ Worker::~Worker() {
   ports_.clear();
 }
 
-Status Worker::init() {
+Status Worker::init(int tcp_listen_fd) {
   auto sys_error = [](const std::string& what) {
     return Error{ErrorKind::kResource, what + ": " + std::strerror(errno)};
   };
@@ -42,22 +37,29 @@ Status Worker::init() {
   free_blocks_.reserve(opt_.send_blocks);
   for (std::uint32_t b = opt_.send_blocks; b-- > 0;) free_blocks_.push_back(b);
 
-  cm_channel_.reset(rdma_create_event_channel());
-  if (!cm_channel_) return sys_error("rdma_create_event_channel");
-  if (!set_nonblocking(cm_channel_->fd)) return sys_error("O_NONBLOCK on the CM channel");
   if (!commands_.valid()) return sys_error("eventfd");
   epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_) return sys_error("epoll_create1");
-  auto watch = [&](int fd, std::uint64_t tag) {
+  auto watch = [&](int fd, std::uint64_t tag, std::uint32_t extra = 0) {
     epoll_event ev{};
-    ev.events = EPOLLIN;
+    ev.events = EPOLLIN | extra;
     ev.data.u64 = tag;
     return ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) == 0;
   };
-  if (!watch(commands_.fd(), kTagCommands) || !watch(cm_channel_->fd, kTagCm)) return sys_error("epoll_ctl");
+  if (!watch(commands_.fd(), kTagCommands)) return sys_error("epoll_ctl");
+  if (core_.devices != nullptr) {  // RDMA enabled
+    cm_channel_.reset(rdma_create_event_channel());
+    if (!cm_channel_) return sys_error("rdma_create_event_channel");
+    if (!set_nonblocking(cm_channel_->fd)) return sys_error("O_NONBLOCK on the CM channel");
+    if (!watch(cm_channel_->fd, kTagCm)) return sys_error("epoll_ctl");
+  }
+  tcp_listen_fd_ = tcp_listen_fd;
+  // EPOLLEXCLUSIVE: one worker is woken per incoming connection.
+  if (tcp_listen_fd_ >= 0 && !watch(tcp_listen_fd_, kTagTcpListen, EPOLLEXCLUSIVE)) return sys_error("epoll_ctl");
 
   const std::uint32_t per_worker_conns = opt_.max_connections / static_cast<std::uint32_t>(core_.workers.size()) + 1;
-  for (const auto& dev : core_.devices->devices()) {
+  static const std::vector<std::unique_ptr<Device>> kNoDevices;
+  for (const auto& dev : core_.devices != nullptr ? core_.devices->devices() : kNoDevices) {
     auto port = std::make_unique<DevicePort>();
     port->device = dev.get();
     const auto& attr = dev->attr;
@@ -108,35 +110,54 @@ void Worker::run() {
     post_remote_batches();
     flush_touched();
     refill_srqs();
+    retry_buffer_waiters();
     check_deadlines();
     check_write_deadlines();
     reap();
-    if (stopping_ && connections_.empty()) break;
-    // Stalled publishers and closing connections need timely deadline checks.
-    if (!busy) arm_and_wait(!stalled_.empty() ? 1 : stopping_ ? 50 : 200);
+    if (stopping_ && connections_.empty() && handshakes_.empty()) break;
+    // Sockets are looked at on every turn, so a busy CQ never starves them;
+    // stalled publishers and closing connections need timely deadline checks.
+    wait_events(busy ? 0 : !stalled_.empty() ? 1 : stopping_ ? 50 : 200);
   }
   spdlog::debug("worker {}: stopped", index_);
 }
 
-void Worker::arm_and_wait(int timeout_ms) {
-  // Arm every CQ, then poll once more: a completion that arrived between the
-  // last empty poll and the arm raises no event, and would otherwise sit in
-  // the CQ until something else woke us.
-  for (auto& port : ports_) {
-    if (!port->armed) {
-      ibv_req_notify_cq(port->cq.get(), 0);
-      port->armed = true;
+void Worker::wait_events(int timeout_ms) {
+  if (timeout_ms > 0) {
+    // Arm every CQ, then poll once more: a completion that arrived between
+    // the last empty poll and the arm raises no event, and would otherwise
+    // sit in the CQ until something else woke us.
+    for (auto& port : ports_) {
+      if (!port->armed) {
+        ibv_req_notify_cq(port->cq.get(), 0);
+        port->armed = true;
+      }
     }
+    bool busy = false;
+    for (auto& port : ports_) busy |= poll_port(*port);
+    if (busy) timeout_ms = 0;
   }
-  bool busy = false;
-  for (auto& port : ports_) busy |= poll_port(*port);
-  if (busy) return;
-
-  epoll_event events[16];
-  const int n = ::epoll_wait(epoll_.get(), events, 16, timeout_ms);
+  epoll_event events[64];
+  const int n = ::epoll_wait(epoll_.get(), events, 64, timeout_ms);
+  now_ = std::chrono::steady_clock::now();
   for (int i = 0; i < n; ++i) {
     const std::uint64_t tag = events[i].data.u64;
-    if (tag == kTagCommands || tag == kTagCm) continue;  // handled at the top of the loop
+    switch (tag & kTagMask) {
+      case kTagCommands:
+      case kTagCm:
+        continue;  // handled at the top of the loop
+      case kTagTcpListen:
+        accept_tcp();
+        continue;
+      case kTagHandshake:
+        on_handshake_readable(static_cast<int>(tag & ~kTagMask));
+        continue;
+      case kTagTcpConnection:
+        if (Connection* c = find(tag & ~kTagMask)) on_tcp_event(*c, events[i].events);
+        continue;
+      default:
+        break;
+    }
     DevicePort& port = *ports_[tag];
     ibv_cq* cq = nullptr;
     void* ctx = nullptr;
@@ -190,6 +211,8 @@ void Worker::handle_commands() {
       }
     } else if (std::holds_alternative<ShutdownCommand>(cmd)) {
       stopping_ = true;
+      if (tcp_listen_fd_ >= 0) ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, tcp_listen_fd_, nullptr);
+      check_handshake_deadlines();  // refuses those still in their handshake
       std::vector<Connection*> all;
       for (auto& [id, c] : connections_) all.push_back(c.get());
       for (Connection* c : all) {
@@ -271,6 +294,7 @@ void Worker::handle_accept(AcceptCommand& cmd) {
 }
 
 void Worker::handle_cm_events() {
+  if (!cm_channel_) return;  // TCP only
   rdma_cm_event* raw = nullptr;
   while (rdma_get_cm_event(cm_channel_.get(), &raw) == 0) {
     // Copy what we need and ack at once: rdma_destroy_id waits for acks.
@@ -335,8 +359,12 @@ void Worker::establish(Connection& c) {
   c.state = ConnState::kEstablished;
   c.last_progress = now_;
   stats_.connections_accepted.add();
-  spdlog::info("connection {} from {} established on {} (worker {}, qp {})", c.id, c.peer, c.port->device->name,
-               index_, c.qp_num);
+  if (c.transport == Transport::kRdma) {
+    spdlog::info("connection {} from {} established on {} (worker {}, qp {})", c.id, c.peer, c.port->device->name,
+                 index_, c.qp_num);
+  } else {
+    spdlog::info("connection {} from {} established over tcp (worker {})", c.id, c.peer, index_);
+  }
   touch(c);  // its initial credits may already allow sends
 }
 
@@ -401,11 +429,13 @@ void Worker::check_deadlines() {
       }
       if (now < c->stalled_until && queued > low) return false;
       c->stalled = false;
+      resume_reading(*c);
       touch(*c);
       return true;
     });
     flush_touched();
   }
+  if (!handshakes_.empty()) check_handshake_deadlines();
   if (closing_.empty()) return;
   std::vector<std::uint64_t> ids;
   ids.swap(closing_);

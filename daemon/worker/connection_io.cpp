@@ -6,8 +6,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <sys/socket.h>
 
-#include "rdma/worker.hpp"
+#include "worker/worker.hpp"
 
 namespace rdmabroker::daemon {
 
@@ -48,19 +49,19 @@ void Worker::on_receive(DevicePort& port, const ibv_wc& wc) {
   // CQ before our own ESTABLISHED event reaches the CM channel.
   establish(c);
   touch(c);
-  if (c.state == ConnState::kEstablished) process_frames(c, buf, wc.byte_len);
+  if (c.state == ConnState::kEstablished) process_frames(c, buf, 0, wc.byte_len);
 }
 
-void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t len) {
-  std::span<const std::byte> data(buf.data(), len);
-  std::size_t off = 0;
-  while (off < len && c.state == ConnState::kEstablished) {
+void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t begin, std::uint32_t end) {
+  std::span<const std::byte> data(buf.data(), end);
+  std::size_t off = begin;
+  while (off < end && c.state == ConnState::kEstablished) {
     proto::Frame f;
     const auto st = proto::decode_frame(data.subspan(off), opt_.buffer_size, f);
     if (st != proto::DecodeStatus::kOk) {
       close(c, CloseReason::kProtocolError, proto::error_for(st),
-            "frame at byte " + std::to_string(off) + " of a " + std::to_string(len) + "-byte SEND: " +
-                std::string(proto::to_string(st)));
+            "frame at byte " + std::to_string(off - begin) + " of " + std::to_string(end - begin) +
+                " received bytes: " + std::string(proto::to_string(st)));
       return;
     }
     f.offset = off;
@@ -88,8 +89,9 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t l
                                   "limit of " + std::to_string(opt_.max_subscriptions) + " subscriptions reached"));
           break;
         }
-        c.subscriptions.emplace(h.arg, std::string(f.subject));
-        core_.index.add(f.subject, Subscriber{index_, c.id, h.arg, c.slot});
+        // The reply field of a SUBSCRIBE names its queue group (SPEC.md §3.3).
+        const Subscriber stored = core_.index.add(f.subject, Subscriber{index_, c.id, h.arg, c.slot}, f.reply);
+        c.subscriptions.emplace(h.arg, Connection::Subscription{std::string(f.subject), stored});
         break;
       }
       case FrameType::kUnsubscribe: {
@@ -99,7 +101,7 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t l
                                   "no subscription with id " + std::to_string(h.arg)));
           break;
         }
-        core_.index.remove(it->second, Subscriber{index_, c.id, h.arg, c.slot});
+        core_.index.remove(it->second.pattern, it->second.stored);
         c.subscriptions.erase(it);
         break;
       }
@@ -107,7 +109,8 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t l
         enqueue(c, make_control(FrameType::kPong, 0));
         break;
       case FrameType::kCredit:
-        c.credits.add_send_credits(h.arg);
+        // Over TCP the socket's own window is the flow control; CREDIT is ignored.
+        if (c.transport == Transport::kRdma) c.credits.add_send_credits(h.arg);
         break;
       case FrameType::kClose:
         c.close_received = true;
@@ -116,6 +119,7 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t l
       case FrameType::kDeliver:
       case FrameType::kPong:
       case FrameType::kError:
+      case FrameType::kNoResponders:
         close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
               std::string(proto::to_string(h.type)) + " is sent by the broker, never to it");
         return;
@@ -127,36 +131,33 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t l
 // Called only for frames process_frames() has size-checked (max_publish_frame),
 // so every DELIVER built here fits a subscriber's buffer.
 void Worker::route_publish(Connection& publisher, const proto::Frame& f, const BufferRef& buf) {
-  const std::vector<Subscriber>& subscribers = match_cache_.match(core_.index, f.subject);
-  if (subscribers.empty()) {
+  Match& match = match_cache_.match(core_.index, f.subject);
+  if (match.empty()) {
     stats_.messages_no_subscribers.add();
+    if ((f.header.flags & proto::kFlagRequest) != 0) {
+      // A request nobody can answer: tell the requester at once instead of
+      // letting it wait for its timeout (SPEC.md §3.3, NO_RESPONDERS).
+      stats_.no_responders.add();
+      enqueue(publisher, make_no_responders(f.reply));
+    }
     return;
   }
-  stats_.routed.add(subscribers.size());
-  const auto off = static_cast<std::uint32_t>(f.offset);
-  const auto len = static_cast<std::uint32_t>(f.header.frame_len());
+  stats_.routed.add(match.fanout());
   // Stall watermark: three quarters of the bound leaves room for what the
   // publishers already have in flight when they are slowed down.
   const auto watermark = static_cast<std::int64_t>(opt_.max_pending_bytes - opt_.max_pending_bytes / 4);
   const Subscriber* backlogged = nullptr;
-  for (const Subscriber& s : subscribers) {
-    if (s.worker == index_) {
-      Connection* c = find(s.connection);
-      if (c == nullptr || c->state != ConnState::kEstablished) {
-        stats_.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add();
-        continue;
-      }
-      core_.slots->add_queued(s.slot, len);
-      deliver_local(*c, buf, s.sid, f);
-    } else {
-      core_.slots->add_queued(s.slot, len);
-      auto& batch = remote_[s.worker];
-      if (batch.empty() || batch.back().connection != s.connection ||
-          !extend_delivery(batch.back().item, buf, s.sid, off, len, f.header.payload_len, opt_.buffer_size)) {
-        batch.push_back({s.connection, s.slot, make_delivery(buf.clone(), s.sid, off, len, f.header.payload_len)});
-      }
-    }
+  auto deliver = [&](const Subscriber& s) {
+    if (!route_to(s, f, buf)) return;
     if (backlogged == nullptr && core_.slots->queued(s.slot) > watermark) backlogged = &s;
+  };
+  for (const Subscriber& s : match.plain) deliver(s);
+  for (std::size_t g = 0; g < match.groups.size(); ++g) {
+    // One member per message, round robin (docs/subjects.md); a member that
+    // this worker already knows to be closing is passed over.
+    const Subscriber* chosen = &match.pick(g);
+    for (std::size_t tries = 1; tries < match.groups[g].size() && !is_live(*chosen); ++tries) chosen = &match.pick(g);
+    deliver(*chosen);
   }
   if (backlogged != nullptr && !publisher.stalled) {
     // Slow this publisher down (its credits are withheld) rather than let a
@@ -169,7 +170,36 @@ void Worker::route_publish(Connection& publisher, const proto::Frame& f, const B
     publisher.stall_queued = core_.slots->queued(backlogged->slot);
     publisher.stalled_until = now_ + std::chrono::milliseconds(opt_.producer_stall_ms);
     stalled_.push_back(publisher.id);
+    pause_reading(publisher);
   }
+}
+
+bool Worker::is_live(const Subscriber& s) {
+  if (s.worker != index_) return true;  // another worker's: it decides
+  const Connection* c = find(s.connection);
+  return c != nullptr && c->state == ConnState::kEstablished;
+}
+
+bool Worker::route_to(const Subscriber& s, const proto::Frame& f, const BufferRef& buf) {
+  const auto off = static_cast<std::uint32_t>(f.offset);
+  const auto len = static_cast<std::uint32_t>(f.header.frame_len());
+  if (s.worker == index_) {
+    Connection* c = find(s.connection);
+    if (c == nullptr || c->state != ConnState::kEstablished) {
+      stats_.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add();
+      return false;
+    }
+    core_.slots->add_queued(s.slot, len);
+    deliver_local(*c, buf, s.sid, f);
+    return true;
+  }
+  core_.slots->add_queued(s.slot, len);
+  auto& batch = remote_[s.worker];
+  if (batch.empty() || batch.back().connection != s.connection ||
+      !extend_delivery(batch.back().item, buf, s.sid, off, len, f.header.payload_len, opt_.buffer_size)) {
+    batch.push_back({s.connection, s.slot, make_delivery(buf.clone(), s.sid, off, len, f.header.payload_len)});
+  }
+  return true;
 }
 
 void Worker::deliver_local(Connection& c, const BufferRef& buf, std::uint32_t sid, const proto::Frame& f) {
@@ -242,47 +272,38 @@ std::uint32_t Worker::take_credits_to_return(Connection& c) {
 
 void Worker::flush(Connection& c) {
   if (c.state == ConnState::kEstablished || c.state == ConnState::kDraining) {
-    DevicePort& port = *c.port;
-    while (c.inflight_count < c.inflight.size() - 1) {
-      const bool has_data = !c.outq.empty();
-      if (!has_data || !c.credits.can_send_data()) {
-        if (has_data) stats_.credit_stalls.add();
-        // Nothing to carry credits, or no credit for data: owed credits go
-        // back alone if the client needs them, on the reserved last credit if
-        // need be (SPEC.md §5: without this both sides can wait forever).
-        if (c.credits.should_return() && c.credits.can_send_credit_update() && port.credit_budget() > 0) {
-          const std::uint32_t imm = take_credits_to_return(c);
-          if (imm > 0 && !post_send(c, kNoBlock, nullptr, 0, imm, nullptr, PackedSend{})) return;
-          if (imm > 0) stats_.credit_updates.add();
-        }
-        break;
-      }
-      if (free_blocks_.empty()) break;  // retried when a send completes
-      const std::uint32_t block = free_blocks_.back();
-      ibv_sge sge[kMaxSendSge];
-      std::array<BufferRef, kMaxFramesPerSend> refs;
-      const PackLimits limits{c.peer_buffer_size, port.max_sge};
-      const PackedSend packed = pack_send(c.outq, limits, block_span(block), port.send_blocks_mr->lkey,
-                                          port.device->pool_mr->lkey, c.next_sequence, sge, refs.data());
-      if (packed.frames == 0) {
-        // Cannot happen: the handshake guarantees every frame fits a peer buffer.
-        spdlog::error("connection {}: a {}-byte frame does not fit one SEND", c.id, c.outq.front().wire_len());
-        close(c, CloseReason::kProtocolError);
-        return;
-      }
-      free_blocks_.pop_back();
-      c.pending_messages -= packed.deliveries;
-      c.pending_bytes -= packed.delivery_bytes;
-      stats_.pending_messages.add(-static_cast<std::int64_t>(packed.deliveries));
-      unqueue(c.slot, packed.delivery_bytes);
-      if (!post_send(c, block, sge, packed.num_sge, take_credits_to_return(c), &refs, packed)) return;
+    if (c.transport == Transport::kRdma) {
+      flush_rdma(c);
+    } else {
+      flush_tcp(c);
     }
   }
   if (c.state == ConnState::kDraining && c.outq.empty() && c.inflight_count == 0) disconnect(c);
 }
 
-bool Worker::post_send(Connection& c, std::uint32_t block, const ibv_sge* sge, std::uint32_t num_sge,
-                       std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs, const PackedSend& packed) {
+std::uint32_t Worker::pack_next(Connection& c, std::uint32_t max_sge, std::uint32_t block_lkey,
+                                std::uint32_t body_lkey, ibv_sge* sge, std::array<BufferRef, kMaxFramesPerSend>& refs,
+                                PackedSend& packed) {
+  if (free_blocks_.empty()) return kNoBlock;  // retried when a send completes
+  const std::uint32_t block = free_blocks_.back();
+  packed = pack_send(c.outq, PackLimits{c.peer_buffer_size, max_sge}, block_span(block), block_lkey, body_lkey,
+                     c.next_sequence, sge, refs.data());
+  if (packed.frames == 0) {
+    // Cannot happen: the handshake guarantees every frame fits a peer buffer.
+    spdlog::error("connection {}: a {}-byte frame does not fit one send", c.id, c.outq.front().wire_len());
+    close(c, CloseReason::kProtocolError);
+    return kNoBlock;
+  }
+  free_blocks_.pop_back();
+  c.pending_messages -= packed.deliveries;
+  c.pending_bytes -= packed.delivery_bytes;
+  stats_.pending_messages.add(-static_cast<std::int64_t>(packed.deliveries));
+  unqueue(c.slot, packed.delivery_bytes);
+  return block;
+}
+
+InflightSend& Worker::record_send(Connection& c, std::uint32_t block, std::array<BufferRef, kMaxFramesPerSend>* refs,
+                                  const PackedSend& packed) {
   const std::uint32_t slot = (c.inflight_head + c.inflight_count) % static_cast<std::uint32_t>(c.inflight.size());
   InflightSend& rec = c.inflight[slot];
   rec.block = block;
@@ -292,6 +313,39 @@ bool Worker::post_send(Connection& c, std::uint32_t block, const ibv_sge* sge, s
   if (refs != nullptr) {
     for (std::uint32_t i = 0; i < packed.frames; ++i) rec.refs[i] = std::move((*refs)[i]);
   }
+  return rec;
+}
+
+void Worker::flush_rdma(Connection& c) {
+  DevicePort& port = *c.port;
+  while (c.inflight_count < c.inflight.size() - 1) {
+    const bool has_data = !c.outq.empty();
+    if (!has_data || !c.credits.can_send_data()) {
+      if (has_data) stats_.credit_stalls.add();
+      // Nothing to carry credits, or no credit for data: owed credits go
+      // back alone if the client needs them, on the reserved last credit if
+      // need be (SPEC.md §5: without this both sides can wait forever).
+      if (c.credits.should_return() && c.credits.can_send_credit_update() && port.credit_budget() > 0) {
+        const std::uint32_t imm = take_credits_to_return(c);
+        if (imm > 0 && !post_send(c, kNoBlock, nullptr, 0, imm, nullptr, PackedSend{})) return;
+        if (imm > 0) stats_.credit_updates.add();
+      }
+      break;
+    }
+    ibv_sge sge[kMaxSendSge];
+    std::array<BufferRef, kMaxFramesPerSend> refs;
+    PackedSend packed;
+    const std::uint32_t block =
+        pack_next(c, port.max_sge, port.send_blocks_mr->lkey, port.device->pool_mr->lkey, sge, refs, packed);
+    if (block == kNoBlock) break;
+    if (!post_send(c, block, sge, packed.num_sge, take_credits_to_return(c), &refs, packed)) return;
+  }
+}
+
+bool Worker::post_send(Connection& c, std::uint32_t block, const ibv_sge* sge, std::uint32_t num_sge,
+                       std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs, const PackedSend& packed) {
+  const std::uint32_t slot = (c.inflight_head + c.inflight_count) % static_cast<std::uint32_t>(c.inflight.size());
+  InflightSend& rec = record_send(c, block, refs, packed);
   ibv_send_wr wr{};
   wr.wr_id = slot;
   wr.opcode = IBV_WR_SEND_WITH_IMM;
@@ -403,8 +457,20 @@ void Worker::disconnect(Connection& c) {
   c.state = ConnState::kDisconnecting;
   c.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(opt_.drain_timeout_ms);
   closing_.push_back(c.id);
-  // Moves the QP to the error state: posted sends complete as flushed.
-  if (!c.peer_disconnected) rdma_disconnect(c.cm_id.get());
+  if (c.transport == Transport::kRdma) {
+    // Moves the QP to the error state: posted sends complete as flushed.
+    if (!c.peer_disconnected) rdma_disconnect(c.cm_id.get());
+  } else {
+    // A send cut short by the deadline will never complete.
+    while (c.inflight_count > 0) retire_send(c, false);
+    c.tcp.writing = false;
+    // FIN after what was written; the socket is read (and discarded) until
+    // the peer's FIN, the TCP twin of waiting for DISCONNECTED.
+    if (!c.peer_disconnected) ::shutdown(c.tcp.fd.get(), SHUT_WR);
+    c.tcp.rbuf.reset();
+    if (!c.tcp.reading) resume_reading(c);
+    update_tcp_events(c);
+  }
   try_finish(c);
 }
 
@@ -435,26 +501,31 @@ void Worker::reap() {
 }
 
 void Worker::destroy(Connection& c) {
-  DevicePort& port = *c.port;
   // Release what in-flight sends still hold (only after a deadline forced us).
   while (c.inflight_count > 0) retire_send(c, false);
-  port.outstanding -= std::min(port.outstanding, c.credits.forfeit());
-  port.by_qp.erase(c.qp_num);
+  if (c.transport == Transport::kRdma) {
+    DevicePort& port = *c.port;
+    port.outstanding -= std::min(port.outstanding, c.credits.forfeit());
+    port.by_qp.erase(c.qp_num);
+  } else {
+    stats_.tcp_connections.add(-1);
+  }
   stats_.connections_closed[static_cast<std::size_t>(c.reason)].add();
   stats_.connections_current.add(-1);
   core_.slots->release(c.slot);
-  spdlog::info("connection {} ({}) closed: {}", c.id, c.peer, to_string(c.reason));
+  spdlog::info("connection {} ({}, {}) closed: {}", c.id, to_string(c.transport), c.peer, to_string(c.reason));
   if (c.touched) {
     std::erase(touched_, &c);
     c.touched = false;
   }
-  // QP before cm_id (member order of Connection); erase destroys both.
+  // QP before cm_id (member order of Connection); erase destroys both, or
+  // closes the socket (which also leaves the epoll set).
   c.qp.reset();
   connections_.erase(c.id);
 }
 
 void Worker::remove_subscriptions(Connection& c) {
-  for (const auto& [sid, subject] : c.subscriptions) core_.index.remove(subject, Subscriber{index_, c.id, sid, c.slot});
+  for (const auto& [sid, sub] : c.subscriptions) core_.index.remove(sub.pattern, sub.stored);
   c.subscriptions.clear();
 }
 

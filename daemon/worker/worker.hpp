@@ -1,15 +1,18 @@
 // A worker thread: one event loop that owns, per device, a completion channel,
-// a CQ and an SRQ, and owns every connection handed to it (its QP and cm_id).
-// No other thread touches these; they reach the worker through its command
-// queue. Loop order (run()): commands, CM events, completions (receive ->
-// route, send -> release), flush of touched connections, SRQ refill, deadlines;
-// then re-arm, drain once more, and sleep in epoll.
+// a CQ and an SRQ, and owns every connection handed to it: RDMA ones (their QP
+// and cm_id) and TCP ones (their socket). No other thread touches these; they
+// reach the worker through its command queue. Loop order (run()): commands, CM
+// events, completions (receive -> route, send -> release), ready sockets,
+// flush of touched connections, SRQ refill, deadlines; then re-arm, drain once
+// more, and sleep in epoll. Both transports share everything above the
+// transport: frames, routing, queues, bounds, the close state machine.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <sys/uio.h>
 #include <memory>
 #include <string>
 #include <thread>
@@ -24,7 +27,7 @@
 #include "broker/stats.hpp"
 #include "broker/subscription_index.hpp"
 #include "rdma/buffer_pool.hpp"
-#include "rdma/command_queue.hpp"
+#include "worker/command_queue.hpp"
 #include "rdma/device.hpp"
 #include "rdmabroker/common/credits.hpp"
 #include "rdmabroker/common/fd.hpp"
@@ -43,6 +46,7 @@ struct BrokerCore {
   SubscriptionIndex index;
   std::vector<Worker*> workers;
   std::unique_ptr<ConnectionSlots> slots;  // one per open connection, all workers
+  std::atomic<std::uint64_t> next_connection_id{1};  // broker-wide, both transports
 };
 
 // ---------------------------------------------------------------- commands
@@ -75,8 +79,12 @@ using Command = std::variant<AcceptCommand, DeliverCommand, QpFatalCommand, Shut
 
 // ---------------------------------------------------------------- connection
 
+enum class Transport : std::uint8_t { kRdma, kTcp };
+
+constexpr std::string_view to_string(Transport t) { return t == Transport::kRdma ? "rdma" : "tcp"; }
+
 enum class ConnState {
-  kAccepting,      // QP created, rdma_accept sent, waiting for ESTABLISHED
+  kAccepting,      // RDMA: QP created, rdma_accept sent, waiting for ESTABLISHED
   kEstablished,
   kDraining,       // closing: flushing its last frames (an ERROR or CLOSE)
   kDisconnecting,  // rdma_disconnect done: waiting for flushes and DISCONNECTED
@@ -103,14 +111,31 @@ struct InflightSend {
   std::array<BufferRef, kMaxFramesPerSend> refs;
 };
 
+/// A TCP connection's socket state (SPEC.md §1.2): what is read accumulates in
+/// a pool buffer so that routed frames are referenced, not copied, exactly as
+/// with an RDMA receive; what is written is one packed send at a time.
+struct TcpState {
+  UniqueFd fd;
+  BufferRef rbuf;             // frames [rstart, rlen) not yet processed
+  std::uint32_t rstart = 0;
+  std::uint32_t rlen = 0;
+  bool reading = true;        // EPOLLIN wanted (false while stalled or short of buffers)
+  bool writing = false;       // EPOLLOUT wanted (a write hit EAGAIN)
+  std::array<iovec, kMaxSendSge> iov{};  // the in-flight send's remaining pieces
+  std::uint32_t iov_next = 0;
+  std::uint32_t iov_count = 0;
+};
+
 struct Connection {
   std::uint64_t id = 0;
   std::uint32_t slot = 0;          // in BrokerCore::slots
-  DevicePort* port = nullptr;
+  Transport transport = Transport::kRdma;
+  DevicePort* port = nullptr;      // RDMA only
   std::string peer;
   verbs::CmIdPtr cm_id;  // declared first: destroyed after the QP
   verbs::CmQp qp;
   std::uint32_t qp_num = 0;
+  TcpState tcp;                    // TCP only
   ConnState state = ConnState::kAccepting;
   CloseReason reason = CloseReason::kCount;
   bool close_received = false;     // the client sent CLOSE
@@ -128,16 +153,20 @@ struct Connection {
   std::int64_t stall_queued = 0;  // the subscriber's queue when last seen shrinking
   std::chrono::steady_clock::time_point stalled_until{};
   std::uint32_t peer_buffer_size = 0;  // largest SEND the client can receive
-  CreditWindow credits;
+  CreditWindow credits;            // RDMA only: TCP's own window does this job
   std::deque<OutItem> outq;
   std::uint32_t pending_messages = 0;  // messages in outq (deliveries, not control frames)
   std::uint64_t pending_bytes = 0;     // their PUBLISH frames' bytes: bounded by max_pending_bytes
   std::chrono::steady_clock::time_point last_progress{};  // last send completion, or when the queue filled
-  std::vector<InflightSend> inflight;  // ring
+  std::vector<InflightSend> inflight;  // ring (TCP: at most one, being written)
   std::uint32_t inflight_head = 0;
   std::uint32_t inflight_count = 0;
   std::uint64_t next_sequence = 1;
-  std::unordered_map<std::uint32_t, std::string> subscriptions;  // sid -> subject
+  struct Subscription {
+    std::string pattern;
+    Subscriber stored;  // as the index holds it (with its queue group id)
+  };
+  std::unordered_map<std::uint32_t, Subscription> subscriptions;  // by sid
 };
 
 /// A worker's resources on one device.
@@ -170,7 +199,9 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   /// Creates the per-device resources (calling thread, before start()).
-  Status init();
+  /// `tcp_listen_fd`: the broker's listening socket, shared by all workers
+  /// (EPOLLEXCLUSIVE wakes one), or -1.
+  Status init(int tcp_listen_fd);
   void start();
   void join();
 
@@ -183,10 +214,19 @@ class Worker {
  private:
   static constexpr std::uint32_t kNoBlock = ~0u;
   static constexpr std::uint64_t kRecvFlag = 1ull << 63;
+  // epoll user data: which fd woke us. Device ports use their index (< 2^32).
+  static constexpr std::uint64_t kTagCommands = 1ull << 62;
+  static constexpr std::uint64_t kTagCm = 1ull << 61;
+  static constexpr std::uint64_t kTagTcpListen = 1ull << 60;
+  static constexpr std::uint64_t kTagHandshake = 1ull << 59;      // | fd
+  static constexpr std::uint64_t kTagTcpConnection = 1ull << 58;  // | connection id (< 2^58)
+  static constexpr std::uint64_t kTagMask = 0x3full << 58;
 
   void run();
   bool poll_port(DevicePort& port);
-  void arm_and_wait(int timeout_ms);
+  /// Waits up to timeout_ms (0: just looks) for any fd and handles what is
+  /// ready: sockets at once, completion channels by re-enabling their polls.
+  void wait_events(int timeout_ms);
   void handle_commands();
   void handle_cm_events();
   void handle_accept(AcceptCommand& cmd);
@@ -197,8 +237,14 @@ class Worker {
 
   void on_receive(DevicePort& port, const ibv_wc& wc);
   void on_send_complete(DevicePort& port, const ibv_wc& wc);
-  void process_frames(Connection& c, const BufferRef& buf, std::uint32_t len);
+  /// Handles the whole frames in [begin, end) of `buf`; the caller guarantees
+  /// they are whole (a SEND, or a TCP read's complete prefix).
+  void process_frames(Connection& c, const BufferRef& buf, std::uint32_t begin, std::uint32_t end);
   void route_publish(Connection& publisher, const proto::Frame& f, const BufferRef& buf);
+  /// Queues one frame for `s`, locally or through its worker; false if it went nowhere (counted).
+  bool route_to(const Subscriber& s, const proto::Frame& f, const BufferRef& buf);
+  /// False only for a subscriber of this worker that is gone or closing.
+  bool is_live(const Subscriber& s);
   void enqueue(Connection& c, OutItem item);
   /// Messages for `slot` left the broker's queues (sent or dropped).
   void unqueue(std::uint32_t slot, std::uint64_t bytes) { core_.slots->add_queued(slot, -static_cast<std::int64_t>(bytes)); }
@@ -211,11 +257,35 @@ class Worker {
   void touch(Connection& c);
   void flush_touched();
   void flush(Connection& c);
+  void flush_rdma(Connection& c);
+  /// Packs the front of c's queue into a send block: the shared part of both
+  /// transports' flush. Returns the block, or kNoBlock (nothing fits/no block).
+  std::uint32_t pack_next(Connection& c, std::uint32_t max_sge, std::uint32_t block_lkey, std::uint32_t body_lkey,
+                          ibv_sge* sge, std::array<BufferRef, kMaxFramesPerSend>& refs, PackedSend& packed);
+  /// Records a send on c's in-flight ring (what it references, for retire_send).
+  InflightSend& record_send(Connection& c, std::uint32_t block, std::array<BufferRef, kMaxFramesPerSend>* refs,
+                            const PackedSend& packed);
   bool post_send(Connection& c, std::uint32_t block, const ibv_sge* sge, std::uint32_t num_sge,
                  std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs, const PackedSend& packed);
   /// Retires the oldest in-flight SEND; its deliveries count as delivered or dropped.
   void retire_send(Connection& c, bool success);
   std::uint32_t take_credits_to_return(Connection& c);
+
+  // TCP (tcp/tcp_io.cpp)
+  void accept_tcp();
+  void on_handshake_readable(int fd);
+  void on_tcp_event(Connection& c, std::uint32_t events);
+  void read_tcp(Connection& c);
+  void flush_tcp(Connection& c);
+  /// Writes what remains of the in-flight send; false if it must wait (EPOLLOUT) or failed.
+  bool write_tcp(Connection& c);
+  void update_tcp_events(Connection& c);
+  /// Publisher flow control: RDMA withholds credits, TCP stops reading.
+  void pause_reading(Connection& c);
+  void resume_reading(Connection& c);
+  void tcp_lost(Connection& c, const char* what, int err);
+  void check_handshake_deadlines();
+  void retry_buffer_waiters();
 
   void refill_srqs();
   void check_deadlines();
@@ -244,10 +314,22 @@ class Worker {
   std::unique_ptr<std::byte[]> send_blocks_;  // before ports_: MRs go first
   std::vector<std::uint32_t> free_blocks_;
 
-  verbs::EventChannelPtr cm_channel_;  // before connections_: ids are destroyed first
+  verbs::EventChannelPtr cm_channel_;  // before connections_: ids are destroyed first (null without RDMA)
   CommandQueue<Command> commands_;
   UniqueFd epoll_;
   std::vector<std::unique_ptr<DevicePort>> ports_;
+  int tcp_listen_fd_ = -1;  // the Broker's; watched, never closed here
+  /// TCP sockets accepted and waiting for their 16-byte connect request.
+  struct Handshake {
+    UniqueFd fd;
+    std::uint32_t slot = 0;
+    std::string peer;
+    std::array<std::byte, proto::kConnectRequestSize> bytes{};
+    std::uint32_t got = 0;
+    std::chrono::steady_clock::time_point deadline{};
+  };
+  std::unordered_map<int, Handshake> handshakes_;  // by fd
+  std::vector<std::uint64_t> buffer_waiters_;     // TCP connections that found the pool empty
   std::unordered_map<std::uint64_t, std::unique_ptr<Connection>> connections_;  // last: destroyed first
 
   std::vector<Connection*> touched_;
