@@ -83,8 +83,8 @@ int main(int argc, char** argv) {
     }
   }
   broker.start();
-  spdlog::info("rdmabrokerd listening on {}{} ({} workers, {} x {}-byte buffers)", broker.listeners(),
-               broker.rdma_enabled() ? "" : " (TCP only)", eff.workers, eff.pool_buffers, eff.buffer_size);
+  spdlog::info("rdmabrokerd listening on {} ({}{} workers, {} x {}-byte buffers)", broker.listeners(),
+               broker.rdma_enabled() ? "" : "TCP only, ", eff.workers, eff.pool_buffers, eff.buffer_size);
 
   std::vector<pollfd> fds{{sigfd.get(), POLLIN, 0}};
   if (admin) fds.push_back({admin->fd(), POLLIN, 0});

@@ -1,7 +1,11 @@
 // rdmabroker: command-line client built on librdmabroker.
 //   rdmabroker pub SUBJECT [MESSAGE|-]   publish (a message, or each line of stdin)
-//   rdmabroker sub SUBJECT [--count N]   print messages as they arrive
+//   rdmabroker sub SUBJECT [--count N] [--queue GROUP]
+//                                        print messages as they arrive (wildcards allowed)
+//   rdmabroker request SUBJECT MESSAGE   send a request, print the first reply
+//   rdmabroker reply SUBJECT MESSAGE     answer every request on SUBJECT with MESSAGE
 //   rdmabroker stat [--json]             the broker's counters (admin socket)
+// The broker URL is rdma://host[:port] or tcp://host[:port] (--server, or RDMABROKER_URL).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -79,13 +83,14 @@ int run_pub(const Common& common, const std::string& subject, const std::string&
   return 0;
 }
 
-int run_sub(const Common& common, const std::string& subject, std::uint64_t count, bool raw, double timeout_s) {
+int run_sub(const Common& common, const std::string& subject, const std::string& queue, std::uint64_t count, bool raw,
+            double timeout_s) {
   auto client = connect_or_die(common);
-  auto sub = client->subscribe(std::string_view(subject));
+  auto sub = client->queue_subscribe(std::string_view(subject), queue);
   if (!sub) return die(sub.error());
   if (auto st = client->flush(std::chrono::seconds(30)); !st) return die(st.error());
   // Scripts wait for this line to know the subscription is active.
-  std::cerr << "subscribed to " << subject << "\n";
+  std::cerr << "subscribed to " << subject << (queue.empty() ? "" : " in queue group " + queue) << "\n";
   std::uint64_t got = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   while ((count == 0 || got < count) && !g_interrupted) {
@@ -106,6 +111,47 @@ int run_sub(const Common& common, const std::string& subject, std::uint64_t coun
     }
     std::cout.flush();
   }
+  client->close();
+  return 0;
+}
+
+int run_request(const Common& common, const std::string& subject, const std::string& message, double timeout_s) {
+  auto client = connect_or_die(common);
+  auto reply = client->request(subject, message,
+                               std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s)));
+  if (!reply) {
+    // Distinct exit codes: scripts tell "nobody serves this" from "too slow".
+    const int code = reply.error().kind == rdmabroker::ErrorKind::kNoResponders ? 4
+                     : reply.error().kind == rdmabroker::ErrorKind::kTimeout    ? 3
+                                                                                : 1;
+    std::cerr << "rdmabroker: " << reply.error().message << "\n";
+    return code;
+  }
+  std::cout << reply->data() << "\n";
+  client->close();
+  return 0;
+}
+
+int run_reply(const Common& common, const std::string& subject, const std::string& queue, const std::string& message,
+              std::uint64_t count) {
+  auto client = connect_or_die(common);
+  auto sub = client->queue_subscribe(std::string_view(subject), queue);
+  if (!sub) return die(sub.error());
+  if (auto st = client->flush(std::chrono::seconds(30)); !st) return die(st.error());
+  std::cerr << "replying on " << subject << (queue.empty() ? "" : " in queue group " + queue) << "\n";
+  std::uint64_t answered = 0;
+  while ((count == 0 || answered < count) && !g_interrupted) {
+    auto m = sub.value()->next(std::chrono::milliseconds(200));
+    if (!m) {
+      if (m.error().kind == rdmabroker::ErrorKind::kTimeout) continue;
+      return die(m.error());
+    }
+    if (m->reply.empty()) continue;  // a plain publish: nobody to answer
+    if (auto st = client->publish(m->reply, message); !st) return die(st.error());
+    ++answered;
+    if (common.verbose) std::cerr << "answered " << m->subject << " -> " << m->reply << "\n";
+  }
+  if (auto st = client->flush(std::chrono::seconds(30)); !st) return die(st.error());
   client->close();
   return 0;
 }
@@ -143,16 +189,35 @@ int main(int argc, char** argv) {
   pub->add_option("-n,--count", pub_count, "Publish the message this many times")->capture_default_str();
   add_common(pub, pub_common);
 
-  std::string sub_subject;
+  std::string sub_subject, sub_queue;
   std::uint64_t sub_count = 0;
   bool sub_raw = false;
   double sub_timeout = 0;
   auto* sub = app.add_subcommand("sub", "Subscribe and print messages");
-  sub->add_option("subject", sub_subject, "Subject")->required();
+  sub->add_option("subject", sub_subject, "Subject; * matches one token, > the rest")->required();
+  sub->add_option("-q,--queue", sub_queue, "Join this queue group: each message goes to one member");
   sub->add_option("-n,--count", sub_count, "Exit after this many messages (0: run until interrupted)")->capture_default_str();
   sub->add_flag("--raw", sub_raw, "Print only the payload");
   sub->add_option("--timeout", sub_timeout, "Fail (exit 3) if not done after this many seconds");
   add_common(sub, sub_common);
+
+  Common req_common, rep_common;
+  std::string req_subject, req_message;
+  double req_timeout = 5;
+  auto* req = app.add_subcommand("request", "Send a request and print the first reply (exit 4: no responders, 3: timeout)");
+  req->add_option("subject", req_subject, "Subject")->required();
+  req->add_option("message", req_message, "Request text")->required();
+  req->add_option("--timeout", req_timeout, "Seconds to wait for a reply")->capture_default_str();
+  add_common(req, req_common);
+
+  std::string rep_subject, rep_message, rep_queue;
+  std::uint64_t rep_count = 0;
+  auto* rep = app.add_subcommand("reply", "Answer each request on SUBJECT with MESSAGE");
+  rep->add_option("subject", rep_subject, "Subject (wildcards allowed)")->required();
+  rep->add_option("message", rep_message, "Reply text")->required();
+  rep->add_option("-q,--queue", rep_queue, "Join this queue group (responders share the requests)");
+  rep->add_option("-n,--count", rep_count, "Exit after this many replies (0: run until interrupted)")->capture_default_str();
+  add_common(rep, rep_common);
 
   std::string stat_socket = rdmabroker::cli::kDefaultAdminSocket;
   bool stat_json = false;
@@ -162,6 +227,8 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   if (pub->parsed()) return run_pub(pub_common, pub_subject, pub_message, pub_count);
-  if (sub->parsed()) return run_sub(sub_common, sub_subject, sub_count, sub_raw, sub_timeout);
+  if (sub->parsed()) return run_sub(sub_common, sub_subject, sub_queue, sub_count, sub_raw, sub_timeout);
+  if (req->parsed()) return run_request(req_common, req_subject, req_message, req_timeout);
+  if (rep->parsed()) return run_reply(rep_common, rep_subject, rep_queue, rep_message, rep_count);
   return run_stat(stat_socket, stat_json);
 }

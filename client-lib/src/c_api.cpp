@@ -32,6 +32,7 @@ int code_for(rdmabroker::ErrorKind k) {
     case ErrorKind::kBrokerError: return RB_ERR_BROKER;
     case ErrorKind::kResource: return RB_ERR_RESOURCE;
     case ErrorKind::kPayloadTooLarge: return RB_ERR_PAYLOAD_TOO_LARGE;
+    case ErrorKind::kNoResponders: return RB_ERR_NO_RESPONDERS;
   }
   return RB_ERR_INVALID_ARGUMENT;
 }
@@ -44,6 +45,38 @@ int fail(const rdmabroker::Error& e) {
 int invalid(const char* what) {
   g_last_error = what;
   return RB_ERR_INVALID_ARGUMENT;
+}
+
+rb_message view_of(const rdmabroker::Message& m, void* owner) {
+  return rb_message{m.sid, m.subject.c_str(), m.reply.c_str(), m.payload.data(), m.payload.size(), owner};
+}
+
+rb_message* owned_copy(rdmabroker::Message m) {
+  auto* owned = new OwnedMessage{{}, std::move(m)};
+  owned->view = view_of(owned->msg, owned);
+  return &owned->view;
+}
+
+std::span<const std::byte> bytes(const void* data, size_t len) {
+  return {static_cast<const std::byte*>(data), len};
+}
+
+int subscribe_cb(rb_client* c, const char* subject, const char* group, rb_message_cb cb, void* user,
+                 uint32_t* sid_out) {
+  auto r = c->impl->queue_subscribe(subject, group != nullptr ? group : "", [cb, user](const rdmabroker::Message& m) {
+    rb_message v = view_of(m, nullptr);
+    cb(&v, user);
+  });
+  if (!r) return fail(r.error());
+  if (sid_out != nullptr) *sid_out = r.value();
+  return RB_OK;
+}
+
+int subscribe_sync(rb_client* c, const char* subject, const char* group, rb_subscription** out) {
+  auto r = c->impl->queue_subscribe(std::string_view(subject), group != nullptr ? group : "");
+  if (!r) return fail(r.error());
+  *out = new rb_subscription{std::move(r.value())};
+  return RB_OK;
 }
 
 }  // namespace
@@ -62,36 +95,58 @@ int rb_connect(const char* url, const char* bind_address, rb_client** out) {
 
 int rb_publish(rb_client* c, const char* subject, const void* data, size_t len) {
   if (c == nullptr || subject == nullptr || (data == nullptr && len != 0)) return invalid("rb_publish: bad arguments");
-  auto st = c->impl->publish(subject, std::span<const std::byte>(static_cast<const std::byte*>(data), len));
+  auto st = c->impl->publish(subject, bytes(data, len));
   return st ? RB_OK : fail(st.error());
+}
+
+int rb_publish_request(rb_client* c, const char* subject, const char* reply, const void* data, size_t len) {
+  if (c == nullptr || subject == nullptr || reply == nullptr || (data == nullptr && len != 0)) {
+    return invalid("rb_publish_request: bad arguments");
+  }
+  auto st = c->impl->publish_request(subject, reply, bytes(data, len));
+  return st ? RB_OK : fail(st.error());
+}
+
+int rb_request(rb_client* c, const char* subject, const void* data, size_t len, int timeout_ms, rb_message** out) {
+  if (c == nullptr || subject == nullptr || out == nullptr || (data == nullptr && len != 0)) {
+    return invalid("rb_request: bad arguments");
+  }
+  auto r = c->impl->request(subject, bytes(data, len), std::chrono::milliseconds(timeout_ms));
+  if (!r) return fail(r.error());
+  *out = owned_copy(std::move(r.value()));
+  return RB_OK;
 }
 
 int rb_subscribe(rb_client* c, const char* subject, rb_message_cb cb, void* user, uint32_t* sid_out) {
   if (c == nullptr || subject == nullptr || cb == nullptr) return invalid("rb_subscribe: bad arguments");
-  auto r = c->impl->subscribe(subject, [cb, user](const rdmabroker::Message& m) {
-    rb_message v{m.sid, m.subject.c_str(), m.payload.data(), m.payload.size(), nullptr};
-    cb(&v, user);
-  });
-  if (!r) return fail(r.error());
-  if (sid_out != nullptr) *sid_out = r.value();
-  return RB_OK;
+  return subscribe_cb(c, subject, nullptr, cb, user, sid_out);
+}
+
+int rb_queue_subscribe(rb_client* c, const char* subject, const char* group, rb_message_cb cb, void* user,
+                       uint32_t* sid_out) {
+  if (c == nullptr || subject == nullptr || group == nullptr || cb == nullptr) {
+    return invalid("rb_queue_subscribe: bad arguments");
+  }
+  return subscribe_cb(c, subject, group, cb, user, sid_out);
 }
 
 int rb_subscribe_sync(rb_client* c, const char* subject, rb_subscription** out) {
   if (c == nullptr || subject == nullptr || out == nullptr) return invalid("rb_subscribe_sync: bad arguments");
-  auto r = c->impl->subscribe(std::string_view(subject));
-  if (!r) return fail(r.error());
-  *out = new rb_subscription{std::move(r.value())};
-  return RB_OK;
+  return subscribe_sync(c, subject, nullptr, out);
+}
+
+int rb_queue_subscribe_sync(rb_client* c, const char* subject, const char* group, rb_subscription** out) {
+  if (c == nullptr || subject == nullptr || group == nullptr || out == nullptr) {
+    return invalid("rb_queue_subscribe_sync: bad arguments");
+  }
+  return subscribe_sync(c, subject, group, out);
 }
 
 int rb_next_message(rb_subscription* s, int timeout_ms, rb_message** out) {
   if (s == nullptr || out == nullptr) return invalid("rb_next_message: bad arguments");
   auto r = s->impl->next(std::chrono::milliseconds(timeout_ms));
   if (!r) return fail(r.error());
-  auto* owned = new OwnedMessage{{}, std::move(r.value())};
-  owned->view = rb_message{owned->msg.sid, owned->msg.subject.c_str(), owned->msg.payload.data(), owned->msg.payload.size(), owned};
-  *out = &owned->view;
+  *out = owned_copy(std::move(r.value()));
   return RB_OK;
 }
 

@@ -7,12 +7,13 @@ namespace rdmabroker {
 Result<ParsedUrl> parse_url(std::string_view url) {
   const auto bad = [&](const std::string& why) {
     return Error{ErrorKind::kInvalidArgument, "bad broker URL '" + std::string(url) + "': " + why +
-                                                  " (expected rdma://host[:port])"};
+                                                  " (expected rdma://host[:port] or tcp://host[:port])"};
   };
   ParsedUrl out;
   const auto sep = url.find("://");
   if (sep == std::string_view::npos) return bad("no scheme");
   out.scheme = std::string(url.substr(0, sep));
+  if (out.scheme == "tcp") out.port = kDefaultTcpPort;
   std::string_view rest = url.substr(sep + 3);
   if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
   if (rest.empty()) return bad("no host");
@@ -46,8 +47,9 @@ Result<std::unique_ptr<Client>> Client::connect(std::string_view url, ClientOpti
   auto parsed = parse_url(url);
   if (!parsed) return parsed.error();
   if (parsed->scheme == "rdma") return connect_rdma(*parsed, std::move(options));
+  if (parsed->scheme == "tcp") return connect_tcp(*parsed, std::move(options));
   return Error{ErrorKind::kInvalidArgument, "unsupported scheme '" + parsed->scheme + "' in '" + std::string(url) +
-                                                "' (this version speaks rdma://)"};
+                                                "' (rdma:// or tcp://)"};
 }
 
 }  // namespace rdmabroker

@@ -9,17 +9,19 @@
 
 namespace rdmabroker {
 
-inline constexpr std::uint16_t kDefaultPort = 7470;
+inline constexpr std::uint16_t kDefaultPort = 7470;     // rdma://
+inline constexpr std::uint16_t kDefaultTcpPort = 7471;  // tcp://
 
 struct ParsedUrl {
-  std::string scheme;  // "rdma"
+  std::string scheme;  // "rdma" or "tcp"
   std::string host;
-  std::uint16_t port = kDefaultPort;
+  std::uint16_t port = kDefaultPort;  // the scheme's default when the URL has none
 };
 
 /// Parses "scheme://host[:port]"; the error says what is wrong.
 Result<ParsedUrl> parse_url(std::string_view url);
 
 Result<std::unique_ptr<Client>> connect_rdma(const ParsedUrl& url, ClientOptions options);
+Result<std::unique_ptr<Client>> connect_tcp(const ParsedUrl& url, ClientOptions options);
 
 }  // namespace rdmabroker

@@ -43,7 +43,9 @@ void require_rdma() {
 }
 
 std::uint16_t next_port() {
-  static std::atomic<std::uint16_t> port{static_cast<std::uint16_t>(7500 + (getpid() % 100) * 10)};
+  // 20 ports per test process (each broker takes two: RDMA and TCP), below
+  // the kernel's ephemeral range so no client socket can hold one.
+  static std::atomic<std::uint16_t> port{static_cast<std::uint16_t>(10000 + (getpid() % 1000) * 20)};
   return port.fetch_add(1);
 }
 
@@ -73,8 +75,9 @@ bool check_payload(std::uint64_t seq, std::size_t max_payload, std::span<const s
 // ---------------------------------------------------------------- broker
 
 BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_args)
-    : port_(port), admin_socket_("/tmp/rdmabroker-test-" + std::to_string(getpid()) + "-" + std::to_string(port) + ".sock") {
+    : port_(port), tcp_port_(next_port()), admin_socket_("/tmp/rdmabroker-test-" + std::to_string(getpid()) + "-" + std::to_string(port) + ".sock") {
   std::vector<std::string> args = {RDMABROKERD_PATH, "--listen", "0.0.0.0", "--port", std::to_string(port),
+                                   "--tcp-port", std::to_string(tcp_port_),
                                    "--admin-socket", admin_socket_, "--log-level", "warn"};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   pid_ = fork();

@@ -38,7 +38,9 @@ bool check_payload(std::uint64_t seq, std::size_t max_payload, std::span<const s
 
 class BrokerProcess {
  public:
-  /// Starts rdmabrokerd on `port` with extra flags; waits until its admin socket answers.
+  /// Starts rdmabrokerd on `port` (RDMA) and a port of its own for TCP, with
+  /// extra flags; waits until its admin socket answers. Where there is no RDMA
+  /// device the broker serves TCP only.
   explicit BrokerProcess(std::uint16_t port, std::vector<std::string> extra_args = {});
   ~BrokerProcess();
   BrokerProcess(const BrokerProcess&) = delete;
@@ -46,7 +48,9 @@ class BrokerProcess {
 
   bool running() const { return pid_ > 0; }
   std::string url(const std::string& host) const { return "rdma://" + host + ":" + std::to_string(port_); }
+  std::string tcp_url(const std::string& host) const { return "tcp://" + host + ":" + std::to_string(tcp_port_); }
   std::uint16_t port() const { return port_; }
+  std::uint16_t tcp_port() const { return tcp_port_; }
   std::map<std::string, std::int64_t> stats() const;
   /// Polls stats until `pred` holds or `timeout` passes; returns the last stats.
   template <typename Pred>
@@ -65,6 +69,7 @@ class BrokerProcess {
 
  private:
   std::uint16_t port_;
+  std::uint16_t tcp_port_;
   std::string admin_socket_;
   int pid_ = -1;
 };

@@ -19,6 +19,10 @@ TEST(Url, Parses) {
   ASSERT_TRUE(v6.ok());
   EXPECT_EQ(v6->host, "fe80::1");
   EXPECT_EQ(v6->port, 7000);
+  auto t = parse_url("tcp://broker.local");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->scheme, "tcp");
+  EXPECT_EQ(t->port, kDefaultTcpPort);
 }
 
 TEST(Url, RejectsWithAReason) {

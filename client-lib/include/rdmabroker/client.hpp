@@ -1,6 +1,8 @@
 // librdmabroker: publish and subscribe through rdmabrokerd. Verbs stay hidden:
-// connect to "rdma://host:port", then publish, subscribe (callback or blocking
-// next()), unsubscribe, flush, close. Every call reports failure as a value.
+// connect to "rdma://host:port" (or "tcp://host:port" on a host without RDMA),
+// then publish, subscribe (callback or blocking next(), alone or in a queue
+// group), request/reply, unsubscribe, flush, close. Every call reports failure
+// as a value.
 //
 // Threading: a Client is safe to use from several threads. Each Client runs
 // one internal I/O thread; message callbacks run on it, so a callback must not
@@ -25,6 +27,7 @@ namespace rdmabroker {
 struct Message {
   std::uint32_t sid = 0;        // the subscription it was delivered to
   std::string subject;
+  std::string reply;            // where the publisher wants an answer; empty: none
   std::vector<std::byte> payload;
   std::string_view data() const { return {reinterpret_cast<const char*>(payload.data()), payload.size()}; }
 };
@@ -71,9 +74,14 @@ class Subscription {
   std::uint32_t sid_;
 };
 
+inline std::span<const std::byte> as_payload(std::string_view s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
+
 class Client {
  public:
-  /// Connects to "rdma://host[:port]" (default port 7470).
+  /// Connects to "rdma://host[:port]" (default port 7470) or
+  /// "tcp://host[:port]" (default port 7471).
   static Result<std::unique_ptr<Client>> connect(std::string_view url, ClientOptions options = {});
   virtual ~Client() = default;
 
@@ -81,13 +89,29 @@ class Client {
   /// broker has it: use flush()). Fails with kPayloadTooLarge, kInvalidArgument
   /// (bad subject), kClosed, or kTimeout when the send queue stays full.
   virtual Status publish(std::string_view subject, std::span<const std::byte> payload) = 0;
-  Status publish(std::string_view subject, std::string_view payload) {
-    return publish(subject, std::as_bytes(std::span<const char>(payload.data(), payload.size())));
+  Status publish(std::string_view subject, std::string_view payload) { return publish(subject, as_payload(payload)); }
+  /// Publishes with a reply subject, for a responder to answer to.
+  virtual Status publish_request(std::string_view subject, std::string_view reply,
+                                 std::span<const std::byte> payload) = 0;
+  /// Sends a request and waits for the first answer: a reply subject on a
+  /// per-connection inbox is made up for it. Fails with kNoResponders at once
+  /// when nobody subscribes to `subject`, with kTimeout when nobody answers
+  /// within `timeout`.
+  virtual Result<Message> request(std::string_view subject, std::span<const std::byte> payload,
+                                  std::chrono::milliseconds timeout) = 0;
+  Result<Message> request(std::string_view subject, std::string_view payload, std::chrono::milliseconds timeout) {
+    return request(subject, as_payload(payload), timeout);
   }
-  /// Subscribes with a callback (run on the client's I/O thread).
+  /// Subscribes with a callback (run on the client's I/O thread). Wildcards
+  /// `*` and `>` are allowed (docs/subjects.md).
   virtual Result<std::uint32_t> subscribe(std::string_view subject, MessageHandler handler) = 0;
   /// Subscribes for reading with Subscription::next().
   virtual Result<std::shared_ptr<Subscription>> subscribe(std::string_view subject) = 0;
+  /// Joins queue group `group` on `subject`: each message goes to one member
+  /// of the group (across all connections), not to every member.
+  virtual Result<std::uint32_t> queue_subscribe(std::string_view subject, std::string_view group,
+                                                MessageHandler handler) = 0;
+  virtual Result<std::shared_ptr<Subscription>> queue_subscribe(std::string_view subject, std::string_view group) = 0;
   virtual Status unsubscribe(std::uint32_t sid) = 0;
   /// Round trip to the broker: when it returns ok, everything sent before was
   /// processed by the broker (subscriptions are active, publishes routed).
@@ -97,7 +121,7 @@ class Client {
 
   /// Largest payload a publish to a subject of this length may carry.
   virtual std::size_t max_payload(std::size_t subject_len) const = 0;
-  /// e.g. "rdma rxe1 192.168.77.2 -> 192.168.77.1:7470"
+  /// e.g. "rdma rxe1 192.168.77.2 -> 192.168.77.1:7470" or "tcp 10.0.0.2:40112 -> 10.0.0.1:7471"
   virtual std::string transport_description() const = 0;
   /// Why the connection ended, or an empty message while it is open.
   virtual Error close_reason() const = 0;

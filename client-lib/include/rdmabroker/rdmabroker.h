@@ -20,7 +20,8 @@ typedef enum {
   RB_ERR_CLOSED = -5,
   RB_ERR_BROKER = -6,
   RB_ERR_RESOURCE = -7,
-  RB_ERR_PAYLOAD_TOO_LARGE = -8
+  RB_ERR_PAYLOAD_TOO_LARGE = -8,
+  RB_ERR_NO_RESPONDERS = -9 /* rb_request: nobody subscribes to the subject */
 } rb_status;
 
 typedef struct rb_client rb_client;
@@ -31,6 +32,7 @@ typedef struct rb_subscription rb_subscription;
 typedef struct rb_message {
   uint32_t sid;
   const char* subject;
+  const char* reply; /* "" when the publisher wants no answer */
   const void* data;
   size_t len;
   void* owner_; /* internal: set by rb_next_message for rb_message_free */
@@ -40,9 +42,20 @@ typedef void (*rb_message_cb)(const rb_message* msg, void* user);
 
 /* bind_address may be NULL. */
 int rb_connect(const char* url, const char* bind_address, rb_client** out);
+/* url: "rdma://host[:port]" or "tcp://host[:port]". */
 int rb_publish(rb_client* c, const char* subject, const void* data, size_t len);
+/* Publishes with a reply subject for a responder to answer to. */
+int rb_publish_request(rb_client* c, const char* subject, const char* reply, const void* data, size_t len);
+/* Sends a request and waits up to timeout_ms for the first reply (free it with
+ * rb_message_free). RB_ERR_NO_RESPONDERS: nobody subscribes; RB_ERR_TIMEOUT:
+ * nobody answered in time. */
+int rb_request(rb_client* c, const char* subject, const void* data, size_t len, int timeout_ms, rb_message** out);
 int rb_subscribe(rb_client* c, const char* subject, rb_message_cb cb, void* user, uint32_t* sid_out);
+/* Joins queue group `group`: each message goes to one member of the group. */
+int rb_queue_subscribe(rb_client* c, const char* subject, const char* group, rb_message_cb cb, void* user,
+                       uint32_t* sid_out);
 int rb_subscribe_sync(rb_client* c, const char* subject, rb_subscription** out);
+int rb_queue_subscribe_sync(rb_client* c, const char* subject, const char* group, rb_subscription** out);
 /* Waits up to timeout_ms for a message; free it with rb_message_free. */
 int rb_next_message(rb_subscription* s, int timeout_ms, rb_message** out);
 void rb_message_free(rb_message* m);

@@ -19,6 +19,7 @@ enum class ErrorKind {
   kBrokerError,       // the broker answered with an ERROR frame
   kResource,          // a verbs or system resource could not be created
   kPayloadTooLarge,
+  kNoResponders,      // a request found nobody subscribed to its subject
 };
 
 struct Error {

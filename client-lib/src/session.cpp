@@ -1,0 +1,401 @@
+#include "session.hpp"
+
+#include <random>
+
+namespace rdmabroker {
+
+using proto::FrameType;
+
+namespace {
+
+Status check_subject(std::string_view subject, bool pattern = false) {
+  if (pattern ? proto::valid_pattern(subject) : proto::valid_subject(subject)) return {};
+  return Error{ErrorKind::kInvalidArgument, "invalid subject '" + std::string(subject) + "'" +
+                                                (pattern ? "" : " (wildcards only in subscriptions)") +
+                                                " (see docs/subjects.md)"};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- QueueSubscription
+
+Result<Message> QueueSubscription::next(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return !queue_.empty() || closed_; });
+  if (!queue_.empty()) {
+    Message m = std::move(queue_.front());
+    queue_.pop_front();
+    return m;
+  }
+  if (closed_) return Error{ErrorKind::kClosed, closed_why_};
+  return Error{ErrorKind::kTimeout, "no message within " + std::to_string(timeout.count()) + " ms"};
+}
+
+bool QueueSubscription::push(Message m) {
+  {
+    std::lock_guard lock(mu_);
+    if (queue_.size() >= limit_) {
+      dropped_.fetch_add(1);
+      return false;
+    }
+    queue_.push_back(std::move(m));
+  }
+  cv_.notify_one();
+  return true;
+}
+
+void QueueSubscription::close(const std::string& why) {
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+    closed_why_ = why;
+  }
+  cv_.notify_all();
+}
+
+// ---------------------------------------------------------------- send buffers
+
+void Session::init_send_buffers(std::uint32_t max_frame, std::uint32_t count) {
+  max_frame_ = max_frame;
+  send_count_ = count;
+  send_mem_.reset(new std::byte[std::size_t{count} * max_frame]);
+  free_send_.clear();
+  for (std::uint32_t i = count; i-- > 0;) free_send_.push_back(i);
+  ready_.clear();
+  open_buf_ = kNoBuffer;
+}
+
+std::pair<std::uint32_t, std::uint32_t> Session::take_ready_locked() {
+  if (!ready_.empty()) {
+    auto r = ready_.front();
+    ready_.pop_front();
+    return r;
+  }
+  if (open_buf_ != kNoBuffer) return {std::exchange(open_buf_, kNoBuffer), open_len_};
+  return {kNoBuffer, 0};
+}
+
+void Session::release_send_buffer_locked(std::uint32_t buffer) {
+  if (buffer == kNoBuffer) return;
+  free_send_.push_back(buffer);
+  cv_.notify_all();
+}
+
+Status Session::append_frame_locked(std::unique_lock<std::mutex>& lock, const proto::FrameHeader& h,
+                                    std::string_view subject, std::string_view reply,
+                                    std::span<const std::byte> payload) {
+  const std::size_t len = proto::align_up(proto::kHeaderSize + subject.size() + reply.size() + payload.size());
+  const auto deadline = Clock::now() + opt_.publish_timeout;
+  while (true) {
+    if (auto st = check_open_locked(); !st) return st;
+    if (open_buf_ != kNoBuffer && open_len_ + len > max_frame_) {
+      ready_.emplace_back(open_buf_, open_len_);
+      open_buf_ = kNoBuffer;
+    }
+    if (open_buf_ == kNoBuffer && !free_send_.empty()) {
+      open_buf_ = free_send_.back();
+      free_send_.pop_back();
+      open_len_ = 0;
+    }
+    if (open_buf_ != kNoBuffer) break;
+    // Every send buffer is full or in flight: wait for one to come back.
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && free_send_.empty()) {
+      return Error{ErrorKind::kTimeout, "send queue full for " + std::to_string(opt_.publish_timeout.count()) +
+                                            " ms (the broker is not taking data)"};
+    }
+  }
+  proto::FrameHeader hdr = h;
+  hdr.sequence = next_sequence_++;
+  proto::encode_frame(std::span<std::byte>(send_buf(open_buf_) + open_len_, len), hdr, subject, reply, payload);
+  open_len_ += static_cast<std::uint32_t>(len);
+  transmit_locked();
+  return {};
+}
+
+// ---------------------------------------------------------------- publish
+
+Status Session::publish_locked(std::unique_lock<std::mutex>& lock, std::string_view subject, std::string_view reply,
+                               std::span<const std::byte> payload, std::uint16_t flags) {
+  if (auto st = check_open_locked(); !st) return st;
+  const std::size_t room = max_payload(subject.size());
+  if (payload.size() + reply.size() > room) {
+    return Error{ErrorKind::kPayloadTooLarge, "payload of " + std::to_string(payload.size()) +
+                                                  " bytes exceeds the broker's limit of " +
+                                                  std::to_string(room - std::min(room, reply.size())) +
+                                                  " for this subject"};
+  }
+  proto::FrameHeader h;
+  h.type = FrameType::kPublish;
+  h.flags = flags;
+  return append_frame_locked(lock, h, subject, reply, payload);
+}
+
+Status Session::publish(std::string_view subject, std::span<const std::byte> payload) {
+  if (auto st = check_subject(subject); !st) return st;
+  std::unique_lock lock(mu_);
+  return publish_locked(lock, subject, {}, payload, 0);
+}
+
+Status Session::publish_request(std::string_view subject, std::string_view reply,
+                                std::span<const std::byte> payload) {
+  if (auto st = check_subject(subject); !st) return st;
+  if (!reply.empty()) {
+    if (auto st = check_subject(reply); !st) return st;
+  }
+  std::unique_lock lock(mu_);
+  return publish_locked(lock, subject, reply, payload, 0);
+}
+
+// ---------------------------------------------------------------- request/reply
+
+Status Session::ensure_inbox_locked(std::unique_lock<std::mutex>& lock) {
+  if (!inbox_.empty()) return {};
+  // Unguessable per connection, so no other client's subscription catches replies by accident.
+  std::random_device rd;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string inbox = "_INBOX.";
+  for (int i = 0; i < 16; ++i) inbox += kHex[rd() % 16];
+  const std::uint32_t sid = next_sid_++;
+  subs_[sid] = SubscriptionEntry{inbox + ".*", [this](const Message& m) { on_inbox_message(m); }, nullptr};
+  proto::FrameHeader h;
+  h.type = FrameType::kSubscribe;
+  h.arg = sid;
+  // The SUBSCRIBE precedes the request on the same connection, so the broker
+  // has it before any responder can answer.
+  if (auto st = append_frame_locked(lock, h, inbox + ".*", {}, {}); !st) {
+    subs_.erase(sid);
+    return st;
+  }
+  inbox_ = std::move(inbox);
+  return {};
+}
+
+void Session::on_inbox_message(const Message& m) {
+  std::lock_guard lock(mu_);
+  auto it = pending_.find(m.subject);
+  if (it == pending_.end() || it->second.done) return;  // late or duplicate answer
+  it->second.done = true;
+  it->second.reply = m;
+  cv_.notify_all();
+}
+
+Result<Message> Session::request(std::string_view subject, std::span<const std::byte> payload,
+                                 std::chrono::milliseconds timeout) {
+  if (auto st = check_subject(subject); !st) return st.error();
+  std::unique_lock lock(mu_);
+  if (auto st = check_open_locked(); !st) return st.error();
+  if (auto st = ensure_inbox_locked(lock); !st) return st.error();
+  const std::string reply = inbox_ + "." + std::to_string(next_request_++);
+  pending_.emplace(reply, PendingRequest{});
+  if (auto st = publish_locked(lock, subject, reply, payload, proto::kFlagRequest); !st) {
+    pending_.erase(reply);
+    return st.error();
+  }
+  cv_.wait_for(lock, timeout, [&] { return pending_[reply].done || closed_; });
+  PendingRequest done = std::move(pending_[reply]);
+  pending_.erase(reply);
+  if (done.done && done.no_responders) {
+    return Error{ErrorKind::kNoResponders, "no responders: nobody subscribes to '" + std::string(subject) + "'"};
+  }
+  if (done.done) return std::move(done.reply);
+  if (closed_) return close_error_;
+  return Error{ErrorKind::kTimeout, "request to '" + std::string(subject) + "': no reply within " +
+                                        std::to_string(timeout.count()) + " ms"};
+}
+
+// ---------------------------------------------------------------- subscriptions
+
+Result<std::uint32_t> Session::add_subscription(std::string_view subject, std::string_view group,
+                                                MessageHandler handler) {
+  if (auto st = check_subject(subject, true); !st) return st.error();
+  if (!group.empty() && !proto::valid_subject(group)) {
+    return Error{ErrorKind::kInvalidArgument, "invalid queue group name '" + std::string(group) +
+                                                  "' (subject characters, no wildcards; see docs/subjects.md)"};
+  }
+  std::unique_lock lock(mu_);
+  const std::uint32_t sid = next_sid_++;
+  SubscriptionEntry entry{std::string(subject), std::move(handler), nullptr};
+  if (!entry.handler) entry.queue = std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit);
+  subs_[sid] = std::move(entry);
+  proto::FrameHeader h;
+  h.type = FrameType::kSubscribe;
+  h.arg = sid;
+  // A SUBSCRIBE's reply field carries its queue group (SPEC.md §3.3).
+  if (auto st = append_frame_locked(lock, h, subject, group, {}); !st) {
+    subs_.erase(sid);
+    return st.error();
+  }
+  return sid;
+}
+
+Result<std::uint32_t> Session::subscribe(std::string_view subject, MessageHandler handler) {
+  return queue_subscribe(subject, {}, std::move(handler));
+}
+
+Result<std::shared_ptr<Subscription>> Session::subscribe(std::string_view subject) {
+  return queue_subscribe(subject, {});
+}
+
+Result<std::uint32_t> Session::queue_subscribe(std::string_view subject, std::string_view group,
+                                               MessageHandler handler) {
+  if (!handler) return Error{ErrorKind::kInvalidArgument, "subscribe needs a handler"};
+  return add_subscription(subject, group, std::move(handler));
+}
+
+Result<std::shared_ptr<Subscription>> Session::queue_subscribe(std::string_view subject, std::string_view group) {
+  auto sid = add_subscription(subject, group, nullptr);
+  if (!sid) return sid.error();
+  std::lock_guard lock(mu_);
+  auto it = subs_.find(sid.value());
+  if (it == subs_.end()) return Error{ErrorKind::kClosed, "subscription removed while being created"};
+  return std::shared_ptr<Subscription>(it->second.queue);
+}
+
+Status Session::unsubscribe(std::uint32_t sid) {
+  std::unique_lock lock(mu_);
+  auto it = subs_.find(sid);
+  if (it == subs_.end()) return Error{ErrorKind::kInvalidArgument, "no subscription " + std::to_string(sid)};
+  if (it->second.queue) it->second.queue->close("unsubscribed");
+  subs_.erase(it);
+  proto::FrameHeader h;
+  h.type = FrameType::kUnsubscribe;
+  h.arg = sid;
+  return append_frame_locked(lock, h, {}, {}, {});
+}
+
+Status Session::flush(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  proto::FrameHeader h;
+  h.type = FrameType::kPing;
+  if (auto st = append_frame_locked(lock, h, {}, {}, {}); !st) return st;
+  const std::uint64_t my_ping = ++pings_sent_;
+  // PONGs come back in PING order: the n-th PONG answers the n-th PING.
+  if (!cv_.wait_for(lock, timeout, [&] { return pongs_received_ >= my_ping || closed_; })) {
+    return Error{ErrorKind::kTimeout, "flush: no PONG within " + std::to_string(timeout.count()) + " ms"};
+  }
+  if (pongs_received_ >= my_ping) return {};
+  return close_error_;
+}
+
+// ---------------------------------------------------------------- close
+
+bool Session::begin_close() {
+  std::unique_lock lock(mu_);
+  if (!established_) return false;
+  closing_ = true;  // the disconnect that follows is ours, not an error to report
+  if (!closed_) {
+    proto::FrameHeader h;
+    h.type = FrameType::kClose;
+    if (append_frame_locked(lock, h, {}, {}, {})) {
+      // Give what is queued a moment to leave before the disconnect.
+      cv_.wait_for(lock, std::chrono::seconds(2), [&] { return closed_ || (!has_ready_locked() && drained_locked()); });
+    }
+    fail_locked(Error{ErrorKind::kClosed, "client closed the connection"});
+  }
+  stop_ = true;
+  return true;
+}
+
+void Session::fail_locked(Error why) {
+  if (closed_) return;
+  closed_ = true;
+  close_error_ = std::move(why);
+  for (auto& [sid, e] : subs_) {
+    if (e.queue) e.queue->close(close_error_.message);
+  }
+  cv_.notify_all();
+}
+
+// ---------------------------------------------------------------- receive
+
+void Session::on_frames(std::span<const std::byte> data, std::vector<Message>& deliveries,
+                        std::vector<Error>& errors) {
+  std::size_t off = 0;
+  while (off < data.size()) {
+    proto::Frame f;
+    const auto st = proto::decode_frame(data.subspan(off), recv_buffer_size_, f);
+    if (st != proto::DecodeStatus::kOk) {
+      std::lock_guard lock(mu_);
+      errors.push_back(Error{ErrorKind::kBrokerError, "undecodable frame from the broker: " + std::string(proto::to_string(st))});
+      fail_locked(errors.back());
+      return;
+    }
+    switch (f.header.type) {
+      case FrameType::kDeliver: {
+        const auto st = proto::for_each_delivered(f, [&](const proto::Frame& inner) {
+          Message m;
+          m.sid = f.header.arg;
+          m.subject.assign(inner.subject);
+          m.reply.assign(inner.reply);
+          m.payload.assign(inner.payload.begin(), inner.payload.end());
+          deliveries.push_back(std::move(m));
+        });
+        if (st != proto::DecodeStatus::kOk) {
+          std::lock_guard lock(mu_);
+          errors.push_back(Error{ErrorKind::kBrokerError, "undecodable DELIVER from the broker: " + std::string(proto::to_string(st))});
+          fail_locked(errors.back());
+          return;
+        }
+        break;
+      }
+      case FrameType::kNoResponders: {
+        std::lock_guard lock(mu_);
+        if (auto it = pending_.find(std::string(f.subject)); it != pending_.end() && !it->second.done) {
+          it->second.done = true;
+          it->second.no_responders = true;
+          cv_.notify_all();
+        }
+        break;
+      }
+      case FrameType::kPong: {
+        std::lock_guard lock(mu_);
+        ++pongs_received_;
+        cv_.notify_all();
+        break;
+      }
+      case FrameType::kError:
+      case FrameType::kClose: {
+        const auto code = static_cast<proto::ErrorCode>(f.header.arg);
+        std::string text(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
+        std::string msg = "broker: " + std::string(proto::to_string(code)) + (text.empty() ? "" : ": " + text);
+        errors.push_back(Error{ErrorKind::kBrokerError, msg});
+        if (f.header.type == FrameType::kClose) {
+          std::lock_guard lock(mu_);
+          fail_locked(Error{ErrorKind::kClosed, "broker closed the connection: " + std::string(proto::to_string(code))});
+        }
+        break;
+      }
+      default:
+        break;  // CREDIT is the transport's; client-to-broker types are never sent to us
+    }
+    off += f.header.frame_len();
+  }
+}
+
+void Session::dispatch(std::vector<Message>& deliveries, std::vector<Error>& errors) {
+  for (auto& m : deliveries) {
+    MessageHandler handler;
+    std::shared_ptr<QueueSubscription> queue;
+    {
+      std::lock_guard lock(mu_);
+      auto it = subs_.find(m.sid);
+      if (it == subs_.end()) continue;  // unsubscribed while in flight
+      handler = it->second.handler;
+      queue = it->second.queue;
+    }
+    if (handler) {
+      handler(m);
+    } else if (queue && !queue->push(std::move(m))) {
+      errors.push_back(Error{ErrorKind::kResource, "subscription " + std::to_string(queue->sid()) +
+                                                       ": local queue limit reached, message dropped"});
+    }
+  }
+  deliveries.clear();
+  if (opt_.on_error) {
+    for (const auto& e : errors) opt_.on_error(e);
+  }
+  errors.clear();
+}
+
+}  // namespace rdmabroker

@@ -1,0 +1,164 @@
+// Internal to librdmabroker: everything a client does above its transport.
+//
+// A Session owns the protocol state both transports share: subscriptions and
+// their delivery (callbacks or blocking queues), the send buffers frames are
+// encoded into (one being filled, the filled ones waiting, the rest free),
+// PING/PONG flushes, request/reply over a per-connection inbox, and the frame
+// decoder for what the broker sends. A transport (RdmaClient, TcpClient)
+// supplies the connection, an I/O thread that feeds received bytes to
+// on_frames(), and transmit_locked(), which moves filled buffers to the wire.
+//
+// Locking: mu_ guards all mutable state; callbacks run on the I/O thread
+// without it.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "rdmabroker/client.hpp"
+#include "rdmabroker/proto/wire.hpp"
+
+namespace rdmabroker {
+
+using Clock = std::chrono::steady_clock;
+
+/// Blocking subscription queue, filled by the I/O thread.
+class QueueSubscription final : public Subscription {
+ public:
+  QueueSubscription(std::uint32_t sid, std::size_t limit) : Subscription(sid), limit_(limit) {}
+
+  Result<Message> next(std::chrono::milliseconds timeout) override;
+  std::uint64_t dropped() const override { return dropped_.load(); }
+
+  /// Returns false when the message was dropped (queue limit).
+  bool push(Message m);
+  void close(const std::string& why);
+
+ private:
+  const std::size_t limit_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Message> queue_;
+  bool closed_ = false;
+  std::string closed_why_;
+  std::atomic<std::uint64_t> dropped_{0};
+};
+
+class Session : public Client {
+ public:
+  explicit Session(ClientOptions options) : opt_(std::move(options)) {}
+
+  Status publish(std::string_view subject, std::span<const std::byte> payload) override;
+  Status publish_request(std::string_view subject, std::string_view reply, std::span<const std::byte> payload) override;
+  Result<Message> request(std::string_view subject, std::span<const std::byte> payload,
+                          std::chrono::milliseconds timeout) override;
+  Result<std::uint32_t> subscribe(std::string_view subject, MessageHandler handler) override;
+  Result<std::shared_ptr<Subscription>> subscribe(std::string_view subject) override;
+  Result<std::uint32_t> queue_subscribe(std::string_view subject, std::string_view group,
+                                        MessageHandler handler) override;
+  Result<std::shared_ptr<Subscription>> queue_subscribe(std::string_view subject, std::string_view group) override;
+  Status unsubscribe(std::uint32_t sid) override;
+  Status flush(std::chrono::milliseconds timeout) override;
+  std::size_t max_payload(std::size_t subject_len) const override {
+    return proto::max_payload(proto::max_publish_frame(max_frame_), subject_len);
+  }
+  std::string transport_description() const override { return description_; }
+  Error close_reason() const override {
+    std::lock_guard lock(mu_);
+    return closed_ ? close_error_ : Error{ErrorKind::kClosed, ""};
+  }
+
+ protected:
+  static constexpr std::uint32_t kNoBuffer = ~0u;
+
+  /// Sets up the send buffers once the broker's frame size is known.
+  void init_send_buffers(std::uint32_t max_frame, std::uint32_t count);
+  std::byte* send_buf(std::uint32_t i) { return send_mem_.get() + std::size_t{i} * max_frame_; }
+  std::span<std::byte> send_memory() { return {send_mem_.get(), std::size_t{send_count_} * max_frame_}; }
+
+  /// Takes the next buffer to put on the wire: a filled one, else the one
+  /// being filled (idle: no batching delay). kNoBuffer if there is none.
+  std::pair<std::uint32_t, std::uint32_t> take_ready_locked();
+  bool has_ready_locked() const { return !ready_.empty() || open_buf_ != kNoBuffer; }
+  /// A buffer the transport is done with (sent, or failed).
+  void release_send_buffer_locked(std::uint32_t buffer);
+
+  /// The transport's part, with mu_ held: put ready buffers on the wire.
+  virtual void transmit_locked() = 0;
+  /// True when nothing waits to be sent and nothing is in flight.
+  virtual bool drained_locked() const = 0;
+
+  /// Sends CLOSE, waits (bounded) for it to leave, marks the session closed.
+  /// Returns false if the session was never established (nothing to close).
+  bool begin_close();
+
+  /// Decodes what the broker sent (whole frames) into deliveries and errors;
+  /// hands NO_RESPONDERS, PONG, ERROR and CLOSE to the session.
+  void on_frames(std::span<const std::byte> data, std::vector<Message>& deliveries, std::vector<Error>& errors);
+  /// Runs callbacks and fills queues (I/O thread, without mu_).
+  void dispatch(std::vector<Message>& deliveries, std::vector<Error>& errors);
+  void fail_locked(Error why);
+  Status check_open_locked() const {
+    if (closed_) return close_error_;
+    return {};
+  }
+
+  ClientOptions opt_;
+  std::string description_;
+  std::uint32_t max_frame_ = 0;         // the broker's: largest frame/SEND we may send
+  std::uint32_t recv_buffer_size_ = 0;  // ours: largest frame the broker sends us
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // send buffer freed, PONG or reply received, closed
+  bool established_ = false;
+  bool closed_ = false;
+  bool stop_ = false;
+  bool closing_ = false;  // close() has begun: a disconnect is ours, not an error
+  Error close_error_{ErrorKind::kClosed, ""};
+
+ private:
+  struct SubscriptionEntry {
+    std::string subject;
+    MessageHandler handler;                    // or
+    std::shared_ptr<QueueSubscription> queue;  // one of the two
+  };
+  struct PendingRequest {
+    bool done = false;
+    bool no_responders = false;
+    Message reply;
+  };
+
+  Status append_frame_locked(std::unique_lock<std::mutex>& lock, const proto::FrameHeader& h, std::string_view subject,
+                             std::string_view reply, std::span<const std::byte> payload);
+  Status publish_locked(std::unique_lock<std::mutex>& lock, std::string_view subject, std::string_view reply,
+                        std::span<const std::byte> payload, std::uint16_t flags);
+  Result<std::uint32_t> add_subscription(std::string_view subject, std::string_view group, MessageHandler handler);
+  Status ensure_inbox_locked(std::unique_lock<std::mutex>& lock);
+  void on_inbox_message(const Message& m);
+
+  std::unique_ptr<std::byte[]> send_mem_;
+  std::uint32_t send_count_ = 0;
+  std::vector<std::uint32_t> free_send_;                       // send buffer indices
+  std::deque<std::pair<std::uint32_t, std::uint32_t>> ready_;  // (buffer, length) filled, not yet sent
+  std::uint32_t open_buf_ = kNoBuffer;                         // being filled
+  std::uint32_t open_len_ = 0;
+  std::uint64_t next_sequence_ = 1;
+  std::uint64_t pings_sent_ = 0;
+  std::uint64_t pongs_received_ = 0;
+  std::uint32_t next_sid_ = 1;
+  std::unordered_map<std::uint32_t, SubscriptionEntry> subs_;
+  // Request/reply: replies arrive on "<inbox_>.<n>" through one wildcard subscription.
+  std::string inbox_;
+  std::uint64_t next_request_ = 1;
+  std::unordered_map<std::string, PendingRequest> pending_;  // by reply subject
+};
+
+}  // namespace rdmabroker

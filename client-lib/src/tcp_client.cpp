@@ -1,0 +1,337 @@
+// The TCP transport of rdmabroker::Client, for hosts without RDMA (SPEC.md
+// §1.2). The same frames as over RDMA on a byte stream: the handshake is the
+// first 16 bytes each way (24 back), flow control is TCP's window. Frames are
+// encoded by Session into send buffers; a buffer goes to the socket as soon
+// as nothing else is being written, so an idle client sends each publish at
+// once and a busy one coalesces into the buffer being filled.
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "client_internal.hpp"
+#include "rdmabroker/common/fd.hpp"
+#include "session.hpp"
+
+namespace rdmabroker {
+namespace {
+
+Error sys_error(ErrorKind kind, const std::string& what) { return Error{kind, what + ": " + std::strerror(errno)}; }
+
+std::string sockaddr_string(const sockaddr* sa) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  std::uint16_t port = 0;
+  if (sa->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    port = ntohs(in->sin_port);
+  } else if (sa->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    port = ntohs(in6->sin6_port);
+  }
+  return std::string(host) + ":" + std::to_string(port);
+}
+
+class TcpClient final : public Session {
+ public:
+  TcpClient(ParsedUrl url, ClientOptions options) : Session(std::move(options)), url_(std::move(url)) {}
+  ~TcpClient() override { close(); }
+
+  Status connect();
+  void close() override;
+
+ private:
+  Status connect_once(std::uint32_t recv_buffer_size, proto::ConnectReject* reject);
+  /// Waits for `events` on fd_ until `deadline`; false on timeout.
+  bool wait_fd(short events, Clock::time_point deadline);
+  void run();
+  void read_available(std::vector<Message>& deliveries, std::vector<Error>& errors);
+  void lost_locked(std::vector<Error>& errors, const std::string& why);
+  void set_want_write_locked(bool want);
+
+  void transmit_locked() override;
+  bool drained_locked() const override { return current_ == kNoBuffer; }
+
+  const ParsedUrl url_;
+  UniqueFd fd_;
+  UniqueFd wake_fd_;
+  UniqueFd epoll_;
+  std::thread io_thread_;
+  std::vector<std::byte> rbuf_;  // I/O thread only: bytes of incomplete frames
+  std::size_t rlen_ = 0;
+
+  // Guarded by Session::mu_: the buffer being written and how far.
+  std::uint32_t current_ = kNoBuffer;
+  std::uint32_t current_len_ = 0;
+  std::uint32_t current_off_ = 0;
+  bool want_write_ = false;
+};
+
+// ---------------------------------------------------------------- connect
+
+bool TcpClient::wait_fd(short events, Clock::time_point deadline) {
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd_.get(), events, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(left));
+    if (n > 0) return true;
+    if (n < 0 && errno != EINTR) return true;  // the next call reports the error
+  }
+}
+
+Status TcpClient::connect() {
+  proto::ConnectReject reject{};
+  Status st = connect_once(opt_.recv_buffer_size, &reject);
+  if (!st && st.error().kind == ErrorKind::kRejected && reject.reason == proto::RejectReason::kBufferTooSmall &&
+      reject.required_buffer_size > opt_.recv_buffer_size && reject.required_buffer_size <= proto::kMaxBufferSize) {
+    // The broker told us the size it needs: one more try with that.
+    st = connect_once(reject.required_buffer_size, &reject);
+  }
+  if (!st) {
+    fd_.reset();
+    return st;
+  }
+  io_thread_ = std::thread([this] { run(); });
+  return {};
+}
+
+Status TcpClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectReject* reject) {
+  const auto deadline = Clock::now() + opt_.connect_timeout;
+  const std::string where = url_.host + ":" + std::to_string(url_.port);
+  recv_buffer_size_ = recv_buffer_size;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* dst = nullptr;
+  if (int rc = getaddrinfo(url_.host.c_str(), std::to_string(url_.port).c_str(), &hints, &dst); rc != 0) {
+    return Error{ErrorKind::kInvalidArgument, "cannot resolve " + url_.host + ": " + gai_strerror(rc)};
+  }
+  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> dst_owner(dst, freeaddrinfo);
+  fd_.reset(::socket(dst->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd_) return sys_error(ErrorKind::kResource, "socket");
+  if (!opt_.bind_address.empty()) {
+    addrinfo* src = nullptr;
+    if (int rc = getaddrinfo(opt_.bind_address.c_str(), nullptr, &hints, &src); rc != 0) {
+      return Error{ErrorKind::kInvalidArgument, "bad bind address " + opt_.bind_address + ": " + gai_strerror(rc)};
+    }
+    std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> src_owner(src, freeaddrinfo);
+    if (::bind(fd_.get(), src->ai_addr, src->ai_addrlen) != 0) return sys_error(ErrorKind::kConnectFailed, "bind(" + opt_.bind_address + ")");
+  }
+  const int one = 1;
+  ::setsockopt(fd_.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // we batch; Nagle would only add delay
+  if (::connect(fd_.get(), dst->ai_addr, dst->ai_addrlen) != 0 && errno != EINPROGRESS) {
+    return sys_error(ErrorKind::kConnectFailed, "connect(tcp://" + where + ")");
+  }
+  if (!wait_fd(POLLOUT, deadline)) return Error{ErrorKind::kTimeout, "connecting to tcp://" + where + ": timed out"};
+  int err = 0;
+  socklen_t errlen = sizeof err;
+  ::getsockopt(fd_.get(), SOL_SOCKET, SO_ERROR, &err, &errlen);
+  if (err != 0) {
+    return Error{ErrorKind::kConnectFailed, "connect(tcp://" + where + "): " + std::strerror(err) +
+                                                " (is rdmabrokerd listening on TCP there? --tcp-port)"};
+  }
+
+  // Handshake: 16 bytes out, 24 back (an accept, or a reject padded with zeros).
+  const auto request = proto::encode(proto::ConnectRequest{recv_buffer_size, 2});
+  if (::send(fd_.get(), request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
+    return sys_error(ErrorKind::kConnectFailed, "sending the connect request to " + where);
+  }
+  std::array<std::byte, proto::kConnectAcceptSize> reply{};
+  std::size_t got = 0;
+  while (got < reply.size()) {
+    if (!wait_fd(POLLIN, deadline)) return Error{ErrorKind::kTimeout, "tcp://" + where + ": no handshake reply"};
+    const ssize_t n = ::read(fd_.get(), reply.data() + got, reply.size() - got);
+    if (n == 0) return Error{ErrorKind::kConnectFailed, "tcp://" + where + " closed the connection during the handshake"};
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return sys_error(ErrorKind::kConnectFailed, "reading the handshake reply from " + where);
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  if (proto::load<std::uint16_t>(reply.data() + 6) != 0) {  // a reason: rejected
+    if (proto::decode(reply, *reject) != proto::HandshakeStatus::kOk) {
+      return Error{ErrorKind::kRejected, "tcp://" + where + " answered with something other than rdmabroker"};
+    }
+    std::string msg = "broker at tcp://" + where + " refused the connection: " + std::string(proto::to_string(reject->reason));
+    if (reject->reason == proto::RejectReason::kBufferTooSmall) {
+      msg += " (it needs " + std::to_string(reject->required_buffer_size) + "-byte receive buffers)";
+    }
+    return Error{ErrorKind::kRejected, msg};
+  }
+  proto::ConnectAccept accept;
+  if (auto st = proto::decode(reply, accept); st != proto::HandshakeStatus::kOk) {
+    return Error{ErrorKind::kConnectFailed, "bad accept from tcp://" + where + ": " + std::string(proto::to_string(st))};
+  }
+  init_send_buffers(accept.max_frame_size, opt_.max_inflight_sends + opt_.send_queue_buffers);
+  rbuf_.assign(std::size_t{recv_buffer_size} * 2, std::byte{0});
+  rlen_ = 0;
+
+  wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+  if (!wake_fd_ || !epoll_) return sys_error(ErrorKind::kResource, "eventfd/epoll");
+  for (int fd : {fd_.get(), wake_fd_.get()}) {
+    epoll_event e{};
+    e.events = EPOLLIN | (fd == fd_.get() ? EPOLLRDHUP : 0u);
+    e.data.fd = fd;
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &e);
+  }
+  sockaddr_storage local{};
+  socklen_t len = sizeof local;
+  ::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&local), &len);
+  description_ = "tcp " + sockaddr_string(reinterpret_cast<sockaddr*>(&local)) + " -> " + where + " (connection " +
+                 std::to_string(accept.connection_id) + ")";
+  std::lock_guard lock(mu_);
+  established_ = true;
+  return {};
+}
+
+void TcpClient::close() {
+  if (!begin_close()) return;
+  // FIN after the CLOSE frame; the broker answers with its own.
+  ::shutdown(fd_.get(), SHUT_WR);
+  std::uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
+  if (io_thread_.joinable()) io_thread_.join();
+  std::lock_guard lock(mu_);
+  established_ = false;
+  fd_.reset();
+}
+
+// ---------------------------------------------------------------- sending
+
+void TcpClient::set_want_write_locked(bool want) {
+  if (want_write_ == want) return;
+  want_write_ = want;
+  epoll_event e{};
+  e.events = EPOLLIN | EPOLLRDHUP | (want ? EPOLLOUT : 0u);
+  e.data.fd = fd_.get();
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, fd_.get(), &e);
+}
+
+void TcpClient::transmit_locked() {
+  while (!closed_) {
+    if (current_ == kNoBuffer) {
+      std::tie(current_, current_len_) = take_ready_locked();
+      current_off_ = 0;
+      if (current_ == kNoBuffer) return;
+    }
+    const ssize_t n = ::send(fd_.get(), send_buf(current_) + current_off_, current_len_ - current_off_,
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        set_want_write_locked(true);  // the I/O thread resumes on EPOLLOUT
+        return;
+      }
+      fail_locked(sys_error(ErrorKind::kClosed, "connection to the broker lost (send)"));
+      return;
+    }
+    current_off_ += static_cast<std::uint32_t>(n);
+    if (current_off_ == current_len_) {
+      release_send_buffer_locked(std::exchange(current_, kNoBuffer));
+      set_want_write_locked(false);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- I/O thread
+
+void TcpClient::lost_locked(std::vector<Error>& errors, const std::string& why) {
+  if (!closed_ && !closing_) errors.push_back(Error{ErrorKind::kClosed, "connection to the broker lost"});
+  fail_locked(Error{ErrorKind::kClosed, "connection to the broker lost (" + why + ")"});
+}
+
+void TcpClient::read_available(std::vector<Message>& deliveries, std::vector<Error>& errors) {
+  while (true) {
+    const ssize_t n = ::read(fd_.get(), rbuf_.data() + rlen_, rbuf_.size() - rlen_);
+    if (n == 0) {
+      std::lock_guard lock(mu_);
+      return lost_locked(errors, "closed by the broker");
+    }
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) return;
+      std::lock_guard lock(mu_);
+      return lost_locked(errors, std::strerror(errno));
+    }
+    rlen_ += static_cast<std::size_t>(n);
+    // Whole frames go to the session; an incomplete one waits for more bytes.
+    // A frame that can never complete (longer than our buffer) is handed over
+    // too, and the session reports it as undecodable.
+    std::size_t whole = 0;
+    while (whole < rlen_) {
+      proto::Frame f;
+      const auto st = proto::decode_frame({rbuf_.data() + whole, rlen_ - whole}, recv_buffer_size_, f);
+      if (st == proto::DecodeStatus::kNeedMore) break;
+      if (st != proto::DecodeStatus::kOk) {
+        whole = rlen_;
+        break;
+      }
+      whole += f.header.frame_len();
+    }
+    on_frames({rbuf_.data(), whole}, deliveries, errors);
+    std::memmove(rbuf_.data(), rbuf_.data() + whole, rlen_ - whole);
+    rlen_ -= whole;
+    {
+      std::lock_guard lock(mu_);
+      if (closed_) return;
+    }
+  }
+}
+
+void TcpClient::run() {
+  std::vector<Message> deliveries;
+  std::vector<Error> errors;
+  while (true) {
+    {
+      std::lock_guard lock(mu_);
+      if (stop_) break;
+    }
+    epoll_event evs[4];
+    const int n = ::epoll_wait(epoll_.get(), evs, 4, 100);
+    bool readable = false;
+    bool writable = false;
+    for (int i = 0; i < n; ++i) {
+      if (evs[i].data.fd == wake_fd_.get()) {
+        std::uint64_t v;
+        [[maybe_unused]] auto r = ::read(wake_fd_.get(), &v, sizeof v);
+        continue;
+      }
+      readable |= (evs[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0;
+      writable |= (evs[i].events & EPOLLOUT) != 0;
+    }
+    bool closed;
+    {
+      std::lock_guard lock(mu_);
+      closed = closed_;
+    }
+    // Once closed, the socket is not read again (EOF would be reported forever).
+    if (readable && !closed) read_available(deliveries, errors);
+    if (writable) {
+      std::lock_guard lock(mu_);
+      transmit_locked();
+    }
+    dispatch(deliveries, errors);
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Client>> connect_tcp(const ParsedUrl& url, ClientOptions options) {
+  auto client = std::make_unique<TcpClient>(url, std::move(options));
+  if (auto st = client->connect(); !st) return st.error();
+  return std::unique_ptr<Client>(std::move(client));
+}
+
+}  // namespace rdmabroker

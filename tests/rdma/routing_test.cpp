@@ -1,0 +1,299 @@
+// Routing as users see it (wildcards, queue groups, request/reply), run over
+// each transport: "/rdma" instances in the Soft-RoCE guest (label rdma),
+// "/tcp" instances on the host (label tcp). Plus RDMA and TCP clients mixed on
+// one broker, and what a misbehaving TCP peer gets.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "harness.hpp"
+#include "rdmabroker/client.hpp"
+
+namespace rdmabroker::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+enum class Via { kRdma, kTcp };
+void PrintTo(Via v, std::ostream* os) { *os << (v == Via::kRdma ? "rdma" : "tcp"); }
+
+/// Everything one subscription received, safe to read from the test thread.
+class Inbox {
+ public:
+  MessageHandler handler() {
+    return [this](const Message& m) {
+      std::lock_guard l(mu_);
+      messages_.push_back(m);
+      count_.fetch_add(1);
+    };
+  }
+  std::size_t count() const { return count_.load(); }
+  std::vector<Message> messages() const {
+    std::lock_guard l(mu_);
+    return messages_;
+  }
+  std::multiset<std::string> subjects() const {
+    std::multiset<std::string> s;
+    for (const auto& m : messages()) s.insert(m.subject);
+    return s;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Message> messages_;
+  std::atomic<std::size_t> count_{0};
+};
+
+/// Polls `pred` until it holds or `timeout` passes.
+template <typename Pred>
+bool eventually(Pred pred, std::chrono::milliseconds timeout = 30s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+std::uint64_t seq_of(const Message& m) {
+  std::uint64_t seq = 0;
+  if (m.payload.size() >= 8) std::memcpy(&seq, m.payload.data(), 8);
+  return seq;
+}
+
+std::span<const std::byte> seq_bytes(const std::uint64_t& seq) { return std::as_bytes(std::span(&seq, 1)); }
+
+std::unique_ptr<Client> connect_via(const BrokerProcess& b, Via via) {
+  ClientOptions opt;
+  opt.publish_timeout = 10s;
+  opt.connect_timeout = 15s;
+  std::string url;
+  if (via == Via::kRdma) {
+    // Clients on rxe1, the broker on rxe0: traffic crosses the (soft) fabric.
+    opt.bind_address = guest_addr2();
+    url = b.url(guest_addr1());
+  } else {
+    url = b.tcp_url("127.0.0.1");
+  }
+  auto c = Client::connect(url, opt);
+  EXPECT_TRUE(c.ok()) << url << ": " << (c.ok() ? "" : c.error().message);
+  return c.ok() ? std::move(c.value()) : nullptr;
+}
+
+class Routing : public ::testing::TestWithParam<Via> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Via::kRdma) require_rdma();
+  }
+  std::unique_ptr<Client> client() { return connect_via(broker_, GetParam()); }
+
+  BrokerProcess broker_{next_port()};
+};
+
+TEST_P(Routing, WildcardsDeliverExactlyTheMatchingSubjects) {
+  auto sub = client();
+  auto pub = client();
+  ASSERT_TRUE(sub && pub);
+  Inbox star, tail, first, exact;
+  ASSERT_TRUE(sub->subscribe("orders.*", star.handler()));
+  ASSERT_TRUE(sub->subscribe("orders.>", tail.handler()));
+  ASSERT_TRUE(sub->subscribe("*.eu", first.handler()));
+  ASSERT_TRUE(sub->subscribe("orders.eu", exact.handler()));
+  ASSERT_TRUE(sub->flush(10s));
+  for (const char* s : {"orders.eu", "orders.us", "orders.eu.paris", "billing.eu", "orders", "billing.us"}) {
+    ASSERT_TRUE(pub->publish(s, std::string_view("x")));
+  }
+  ASSERT_TRUE(pub->flush(10s));
+  ASSERT_TRUE(eventually([&] { return star.count() == 2 && tail.count() == 3 && first.count() == 2 && exact.count() == 1; }))
+      << star.count() << " " << tail.count() << " " << first.count() << " " << exact.count();
+  EXPECT_EQ(star.subjects(), (std::multiset<std::string>{"orders.eu", "orders.us"}));
+  EXPECT_EQ(tail.subjects(), (std::multiset<std::string>{"orders.eu", "orders.us", "orders.eu.paris"}));
+  EXPECT_EQ(first.subjects(), (std::multiset<std::string>{"orders.eu", "billing.eu"}));
+  EXPECT_EQ(exact.subjects(), (std::multiset<std::string>{"orders.eu"}));
+  // A wildcard is refused in a publish, before it reaches the broker.
+  auto st = pub->publish("orders.*", std::string_view("x"));
+  ASSERT_FALSE(st);
+  EXPECT_EQ(st.error().kind, ErrorKind::kInvalidArgument);
+  // Nothing more arrives (the flush proves the broker has routed all of it).
+  ASSERT_TRUE(pub->flush(10s));
+  ASSERT_TRUE(sub->flush(10s));
+  EXPECT_EQ(star.count() + tail.count() + first.count() + exact.count(), 8u);
+}
+
+// Four members of one queue group share 10,000 messages: each message to
+// exactly one member, each member within 10% of an even share; a plain
+// subscriber still gets all of them. A member that leaves gets nothing new.
+TEST_P(Routing, QueueGroupSharesMessagesEvenlyAndExactlyOnce) {
+  constexpr std::uint64_t kMessages = 10'000;
+  std::vector<std::unique_ptr<Client>> members;
+  std::vector<std::unique_ptr<Inbox>> inboxes;
+  std::vector<std::uint32_t> sids;
+  for (int i = 0; i < 4; ++i) {
+    members.push_back(client());
+    ASSERT_TRUE(members.back());
+    inboxes.push_back(std::make_unique<Inbox>());
+    auto sid = members.back()->queue_subscribe("jobs.>", "workers", inboxes.back()->handler());
+    ASSERT_TRUE(sid) << sid.error().message;
+    sids.push_back(sid.value());
+    ASSERT_TRUE(members.back()->flush(10s));
+  }
+  auto watcher = client();
+  auto pub = client();
+  ASSERT_TRUE(watcher && pub);
+  Inbox all;
+  ASSERT_TRUE(watcher->subscribe("jobs.>", all.handler()));
+  ASSERT_TRUE(watcher->flush(10s));
+
+  for (std::uint64_t seq = 0; seq < kMessages; ++seq) ASSERT_TRUE(pub->publish("jobs.build", seq_bytes(seq)));
+  ASSERT_TRUE(pub->flush(30s));
+  auto members_total = [&] {
+    std::size_t n = 0;
+    for (auto& in : inboxes) n += in->count();
+    return n;
+  };
+  ASSERT_TRUE(eventually([&] { return members_total() >= kMessages && all.count() >= kMessages; }, 60s))
+      << members_total() << " to members, " << all.count() << " to the plain subscriber";
+  std::set<std::uint64_t> seen;
+  for (std::size_t i = 0; i < inboxes.size(); ++i) {
+    const std::size_t n = inboxes[i]->count();
+    EXPECT_GE(n, kMessages / 4 * 9 / 10) << "member " << i;
+    EXPECT_LE(n, kMessages / 4 * 11 / 10) << "member " << i;
+    for (const auto& m : inboxes[i]->messages()) EXPECT_TRUE(seen.insert(seq_of(m)).second) << "duplicate " << seq_of(m);
+  }
+  EXPECT_EQ(seen.size(), kMessages);
+  EXPECT_EQ(all.count(), kMessages);
+
+  // Member 0 leaves: the other three share what follows, it gets nothing.
+  ASSERT_TRUE(members[0]->unsubscribe(sids[0]));
+  ASSERT_TRUE(members[0]->flush(10s));
+  const std::size_t before = inboxes[0]->count();
+  for (std::uint64_t seq = kMessages; seq < kMessages + 300; ++seq) ASSERT_TRUE(pub->publish("jobs.build", seq_bytes(seq)));
+  ASSERT_TRUE(pub->flush(30s));
+  ASSERT_TRUE(eventually([&] { return members_total() >= kMessages + 300 - 0 && all.count() >= kMessages + 300; }, 30s))
+      << members_total();
+  EXPECT_EQ(inboxes[0]->count(), before);
+  for (int i = 1; i < 4; ++i) EXPECT_GT(inboxes[i]->count(), 0u);
+  ASSERT_TRUE(pub->flush(10s));
+  EXPECT_EQ(members_total(), kMessages + 300);
+  const auto s = broker_.stats();
+  EXPECT_EQ(s.at("messages.dropped.subscriber_closed"), 0);
+}
+
+TEST_P(Routing, RequestGetsTheResponderReply) {
+  auto responder = client();
+  auto requester = client();
+  ASSERT_TRUE(responder && requester);
+  Client* r = responder.get();
+  std::atomic<int> answered{0};
+  ASSERT_TRUE(responder->queue_subscribe("svc.echo", "echoers", [r, &answered](const Message& m) {
+    ASSERT_FALSE(m.reply.empty());
+    ASSERT_TRUE(r->publish(m.reply, "echo: " + std::string(m.data())));
+    answered.fetch_add(1);
+  }));
+  ASSERT_TRUE(responder->flush(10s));
+  for (int i = 0; i < 20; ++i) {
+    auto reply = requester->request("svc.echo", "hello " + std::to_string(i), 10s);
+    ASSERT_TRUE(reply) << reply.error().message;
+    EXPECT_EQ(reply->data(), "echo: hello " + std::to_string(i));
+  }
+  EXPECT_EQ(answered.load(), 20);
+}
+
+TEST_P(Routing, RequestWithoutRespondersFailsAtOnce) {
+  auto requester = client();
+  ASSERT_TRUE(requester);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto reply = requester->request("svc.nobody", "anyone?", 30s);
+  ASSERT_FALSE(reply);
+  EXPECT_EQ(reply.error().kind, ErrorKind::kNoResponders) << reply.error().message;
+  // Told by the broker, not by the 30 s timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  EXPECT_EQ(broker_.stats().at("messages.no_responders"), 1);
+  // The connection is fine afterwards.
+  EXPECT_TRUE(requester->flush(10s));
+}
+
+TEST_P(Routing, RequestTimesOutWhenNobodyAnswers) {
+  auto silent = client();
+  auto requester = client();
+  ASSERT_TRUE(silent && requester);
+  Inbox heard;
+  ASSERT_TRUE(silent->subscribe("svc.slow", heard.handler()));
+  ASSERT_TRUE(silent->flush(10s));
+  auto reply = requester->request("svc.slow", "hurry", 300ms);
+  ASSERT_FALSE(reply);
+  EXPECT_EQ(reply.error().kind, ErrorKind::kTimeout) << reply.error().message;
+  ASSERT_TRUE(eventually([&] { return heard.count() == 1; }));
+  // The request carried its reply subject on the requester's inbox.
+  EXPECT_EQ(heard.messages()[0].reply.rfind("_INBOX.", 0), 0u);
+  // A late answer is ignored, and the next request still works.
+  ASSERT_TRUE(silent->publish(heard.messages()[0].reply, "too late"));
+  ASSERT_TRUE(silent->flush(10s));
+  Client* s = silent.get();
+  ASSERT_TRUE(silent->subscribe("svc.fast", [s](const Message& m) { ASSERT_TRUE(s->publish(m.reply, "quick")); }));
+  ASSERT_TRUE(silent->flush(10s));
+  auto ok = requester->request("svc.fast", "now", 10s);
+  ASSERT_TRUE(ok) << ok.error().message;
+  EXPECT_EQ(ok->data(), "quick");
+}
+
+INSTANTIATE_TEST_SUITE_P(Via, Routing, ::testing::Values(Via::kRdma, Via::kTcp),
+                         [](const auto& info) { return info.param == Via::kRdma ? "rdma" : "tcp"; });
+
+// RDMA and TCP publishers and subscribers on one broker see each other's
+// messages: every subscriber gets every message of both publishers, in each
+// publisher's order.
+TEST(Mixed, RdmaAndTcpClientsSeeEachOthersMessages) {
+  require_rdma();
+  BrokerProcess broker(next_port());
+  constexpr std::uint64_t kEach = 2000;
+  auto rdma_sub = connect_via(broker, Via::kRdma);
+  auto tcp_sub = connect_via(broker, Via::kTcp);
+  auto rdma_pub = connect_via(broker, Via::kRdma);
+  auto tcp_pub = connect_via(broker, Via::kTcp);
+  ASSERT_TRUE(rdma_sub && tcp_sub && rdma_pub && tcp_pub);
+  EXPECT_EQ(rdma_sub->transport_description().rfind("rdma", 0), 0u);
+  EXPECT_EQ(tcp_sub->transport_description().rfind("tcp", 0), 0u);
+  Inbox at_rdma, at_tcp;
+  ASSERT_TRUE(rdma_sub->subscribe("mix.>", at_rdma.handler()));
+  ASSERT_TRUE(tcp_sub->subscribe("mix.>", at_tcp.handler()));
+  ASSERT_TRUE(rdma_sub->flush(10s));
+  ASSERT_TRUE(tcp_sub->flush(10s));
+  std::thread a([&] {
+    for (std::uint64_t seq = 0; seq < kEach; ++seq) ASSERT_TRUE(rdma_pub->publish("mix.rdma", seq_bytes(seq)));
+    ASSERT_TRUE(rdma_pub->flush(30s));
+  });
+  std::thread b([&] {
+    for (std::uint64_t seq = 0; seq < kEach; ++seq) ASSERT_TRUE(tcp_pub->publish("mix.tcp", seq_bytes(seq)));
+    ASSERT_TRUE(tcp_pub->flush(30s));
+  });
+  a.join();
+  b.join();
+  ASSERT_TRUE(eventually([&] { return at_rdma.count() >= 2 * kEach && at_tcp.count() >= 2 * kEach; }, 60s))
+      << at_rdma.count() << " at the RDMA subscriber, " << at_tcp.count() << " at the TCP one";
+  for (const Inbox* in : {&at_rdma, &at_tcp}) {
+    std::map<std::string, std::uint64_t> next;
+    for (const auto& m : in->messages()) EXPECT_EQ(seq_of(m), next[m.subject]++) << m.subject;
+    EXPECT_EQ(next["mix.rdma"], kEach);
+    EXPECT_EQ(next["mix.tcp"], kEach);
+  }
+  ASSERT_TRUE(rdma_sub->flush(10s));
+  ASSERT_TRUE(tcp_sub->flush(10s));
+  EXPECT_EQ(at_rdma.count(), 2 * kEach);
+  EXPECT_EQ(at_tcp.count(), 2 * kEach);
+  const auto s = broker.stats();
+  EXPECT_EQ(s.at("messages.in"), static_cast<std::int64_t>(2 * kEach));
+  EXPECT_EQ(s.at("tcp.connections"), 2);
+}
+
+}  // namespace
+}  // namespace rdmabroker::test
