@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it (.ci/run calls this):
 #   1. installs what is missing (Debian packages), builds three trees:
 #      release, ASan+UBSan, TSan;
-#   2. runs the unit tests of each tree on the host;
+#   2. runs the unit tests and the TCP integration tests of each tree on the
+#      host;
 #   3. boots the Soft-RoCE guest once and runs the RDMA integration tests
 #      of every tree inside it (tests/softroce/guest-suite.sh).
 # RDMA tests never skip: no guest or no RDMA device is a failure.
@@ -26,8 +27,8 @@ done
 
 failed=0
 for t in $TREES; do
-  echo "=== unit tests ($t, host)"
-  ctest --test-dir "build/$t" -L unit --output-on-failure || failed=1
+  echo "=== unit and TCP integration tests ($t, host)"
+  ctest --test-dir "build/$t" -L 'unit|tcp' --output-on-failure || failed=1
 done
 
 echo "=== RDMA integration tests (Soft-RoCE guest): $TREES"
