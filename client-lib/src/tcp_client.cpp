@@ -257,6 +257,7 @@ void TcpClient::read_available(std::vector<Message>& deliveries, std::vector<Err
   while (true) {
     const ssize_t n = ::read(fd_.get(), rbuf_.data() + rlen_, rbuf_.size() - rlen_);
     if (n == 0) {
+      ::shutdown(fd_.get(), SHUT_WR);  // answer the broker's FIN with ours
       std::lock_guard lock(mu_);
       return lost_locked(errors, "closed by the broker");
     }
@@ -285,7 +286,12 @@ void TcpClient::read_available(std::vector<Message>& deliveries, std::vector<Err
     rlen_ -= whole;
     {
       std::lock_guard lock(mu_);
-      if (closed_) return;
+      if (closed_) {
+        // The broker sent CLOSE (or we failed): nothing more will be sent, so
+        // our FIN lets the broker finish at once instead of at its deadline.
+        ::shutdown(fd_.get(), SHUT_WR);
+        return;
+      }
     }
   }
 }

@@ -96,6 +96,9 @@ void Broker::stop() {
   if (listener_) listener_->stop();
   for (auto& w : workers_) w->post(ShutdownCommand{});
   for (auto& w : workers_) w->join();
+  // Connections still in the backlog are reset rather than left waiting for
+  // a handshake reply that will never come.
+  tcp_listen_.reset();
 }
 
 StatsSnapshot Broker::stats() const {

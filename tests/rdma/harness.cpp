@@ -72,6 +72,37 @@ bool check_payload(std::uint64_t seq, std::size_t max_payload, std::span<const s
   return data.size() == want.size() && std::memcmp(data.data(), want.data(), want.size()) == 0;
 }
 
+// ---------------------------------------------------------------- processes
+
+std::pair<int, std::string> run(std::vector<std::string> argv, const std::string& input) {
+  int in[2], out[2];
+  if (pipe(in) != 0 || pipe(out) != 0) return {-1, ""};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    close(in[1]);
+    close(out[0]);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  if (!input.empty()) [[maybe_unused]] auto n = write(in[1], input.data(), input.size());
+  close(in[1]);
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(out[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
+  close(out[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
+}
+
 // ---------------------------------------------------------------- broker
 
 BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_args)

@@ -36,6 +36,9 @@ std::vector<std::byte> make_payload(std::uint64_t seq, std::size_t max_payload);
 /// True if `data` is exactly make_payload(seq, max_payload).
 bool check_payload(std::uint64_t seq, std::size_t max_payload, std::span<const std::byte> data);
 
+/// Runs a command with `input` on its stdin; returns its exit status and stdout.
+std::pair<int, std::string> run(std::vector<std::string> argv, const std::string& input = {});
+
 class BrokerProcess {
  public:
   /// Starts rdmabrokerd on `port` (RDMA) and a port of its own for TCP, with

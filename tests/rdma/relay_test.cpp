@@ -519,35 +519,6 @@ namespace rdmabroker::test {
 namespace {
 
 /// Runs argv with stdin from `input`; returns (exit status, stdout).
-std::pair<int, std::string> run(std::vector<std::string> argv, const std::string& input = {}) {
-  int in[2], out[2];
-  if (pipe(in) != 0 || pipe(out) != 0) return {-1, ""};
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(in[0], 0);
-    dup2(out[1], 1);
-    close(in[1]);
-    close(out[0]);
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  close(in[0]);
-  close(out[1]);
-  if (!input.empty()) [[maybe_unused]] auto n = write(in[1], input.data(), input.size());
-  close(in[1]);
-  std::string text;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(out[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
-  close(out[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
-}
-
 TEST_F(Relay, CApiWorksFromC) {
   BrokerProcess broker(next_port());
   ASSERT_TRUE(broker.running());

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "harness.hpp"
@@ -27,6 +28,8 @@ enum class Via { kRdma, kTcp };
 void PrintTo(Via v, std::ostream* os) { *os << (v == Via::kRdma ? "rdma" : "tcp"); }
 
 /// Everything one subscription received, safe to read from the test thread.
+/// Declare it before the clients that feed it: they must be closed (their
+/// I/O threads joined) before it is destroyed.
 class Inbox {
  public:
   MessageHandler handler() {
@@ -100,10 +103,10 @@ class Routing : public ::testing::TestWithParam<Via> {
 };
 
 TEST_P(Routing, WildcardsDeliverExactlyTheMatchingSubjects) {
+  Inbox star, tail, first, exact;
   auto sub = client();
   auto pub = client();
   ASSERT_TRUE(sub && pub);
-  Inbox star, tail, first, exact;
   ASSERT_TRUE(sub->subscribe("orders.*", star.handler()));
   ASSERT_TRUE(sub->subscribe("orders.>", tail.handler()));
   ASSERT_TRUE(sub->subscribe("*.eu", first.handler()));
@@ -134,8 +137,10 @@ TEST_P(Routing, WildcardsDeliverExactlyTheMatchingSubjects) {
 // subscriber still gets all of them. A member that leaves gets nothing new.
 TEST_P(Routing, QueueGroupSharesMessagesEvenlyAndExactlyOnce) {
   constexpr std::uint64_t kMessages = 10'000;
-  std::vector<std::unique_ptr<Client>> members;
+  // Declared before the clients: destroyed after them (callbacks use them).
   std::vector<std::unique_ptr<Inbox>> inboxes;
+  Inbox all;
+  std::vector<std::unique_ptr<Client>> members;
   std::vector<std::uint32_t> sids;
   for (int i = 0; i < 4; ++i) {
     members.push_back(client());
@@ -149,7 +154,6 @@ TEST_P(Routing, QueueGroupSharesMessagesEvenlyAndExactlyOnce) {
   auto watcher = client();
   auto pub = client();
   ASSERT_TRUE(watcher && pub);
-  Inbox all;
   ASSERT_TRUE(watcher->subscribe("jobs.>", all.handler()));
   ASSERT_TRUE(watcher->flush(10s));
 
@@ -189,11 +193,11 @@ TEST_P(Routing, QueueGroupSharesMessagesEvenlyAndExactlyOnce) {
 }
 
 TEST_P(Routing, RequestGetsTheResponderReply) {
+  std::atomic<int> answered{0};
   auto responder = client();
   auto requester = client();
   ASSERT_TRUE(responder && requester);
   Client* r = responder.get();
-  std::atomic<int> answered{0};
   ASSERT_TRUE(responder->queue_subscribe("svc.echo", "echoers", [r, &answered](const Message& m) {
     ASSERT_FALSE(m.reply.empty());
     ASSERT_TRUE(r->publish(m.reply, "echo: " + std::string(m.data())));
@@ -223,10 +227,10 @@ TEST_P(Routing, RequestWithoutRespondersFailsAtOnce) {
 }
 
 TEST_P(Routing, RequestTimesOutWhenNobodyAnswers) {
+  Inbox heard;
   auto silent = client();
   auto requester = client();
   ASSERT_TRUE(silent && requester);
-  Inbox heard;
   ASSERT_TRUE(silent->subscribe("svc.slow", heard.handler()));
   ASSERT_TRUE(silent->flush(10s));
   auto reply = requester->request("svc.slow", "hurry", 300ms);
@@ -246,6 +250,43 @@ TEST_P(Routing, RequestTimesOutWhenNobodyAnswers) {
   EXPECT_EQ(ok->data(), "quick");
 }
 
+// The CLI as a user runs it: a responder, requests (answered, no responders),
+// and queue-group subscribers that split a stream.
+TEST_P(Routing, CliRequestReplyAndQueueGroups) {
+  std::vector<std::string> where = {"-s", GetParam() == Via::kRdma ? broker_.url(guest_addr1()) : broker_.tcp_url("127.0.0.1")};
+  if (GetParam() == Via::kRdma) where.insert(where.end(), {"-b", guest_addr2()});
+  auto cli = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), RDMABROKER_CLI_PATH);
+    args.insert(args.end(), where.begin(), where.end());
+    return args;
+  };
+  std::pair<int, std::string> responder;
+  std::thread r([&] { responder = run(cli({"reply", "svc.time", "noon", "-n", "2"})); });
+  ASSERT_EQ(broker_.wait_stats([](auto& s) { return s["subscriptions"] == 1; }, 30s)["subscriptions"], 1);
+  EXPECT_EQ(run(cli({"request", "svc.time", "time?"})), (std::pair<int, std::string>{0, "noon\n"}));
+  EXPECT_EQ(run(cli({"request", "svc.nobody", "x"})).first, 4);
+  EXPECT_EQ(run(cli({"request", "svc.time", "again?"})), (std::pair<int, std::string>{0, "noon\n"}));
+  r.join();
+  EXPECT_EQ(responder.first, 0);
+
+  std::pair<int, std::string> a, b;
+  std::thread ta([&] { a = run(cli({"sub", "jobs.*", "--queue", "w", "--count", "2", "--raw", "--timeout", "60"})); });
+  std::thread tb([&] { b = run(cli({"sub", "jobs.*", "--queue", "w", "--count", "2", "--raw", "--timeout", "60"})); });
+  ASSERT_EQ(broker_.wait_stats([](auto& s) { return s["subscriptions"] == 2; }, 30s)["subscriptions"], 2);
+  EXPECT_EQ(run(cli({"pub", "jobs.build", "-"}), "1\n2\n3\n4\n").first, 0);
+  ta.join();
+  tb.join();
+  EXPECT_EQ(a.first, 0);
+  EXPECT_EQ(b.first, 0);
+  // Round robin from one publisher: two each, together all four, none twice.
+  std::multiset<std::string> lines;
+  for (const auto* out : {&a.second, &b.second}) {
+    std::istringstream in(*out);
+    for (std::string l; std::getline(in, l);) lines.insert(l);
+  }
+  EXPECT_EQ(lines, (std::multiset<std::string>{"1", "2", "3", "4"}));
+}
+
 INSTANTIATE_TEST_SUITE_P(Via, Routing, ::testing::Values(Via::kRdma, Via::kTcp),
                          [](const auto& info) { return info.param == Via::kRdma ? "rdma" : "tcp"; });
 
@@ -256,6 +297,7 @@ TEST(Mixed, RdmaAndTcpClientsSeeEachOthersMessages) {
   require_rdma();
   BrokerProcess broker(next_port());
   constexpr std::uint64_t kEach = 2000;
+  Inbox at_rdma, at_tcp;  // before the clients: their callbacks use these
   auto rdma_sub = connect_via(broker, Via::kRdma);
   auto tcp_sub = connect_via(broker, Via::kTcp);
   auto rdma_pub = connect_via(broker, Via::kRdma);
@@ -263,7 +305,6 @@ TEST(Mixed, RdmaAndTcpClientsSeeEachOthersMessages) {
   ASSERT_TRUE(rdma_sub && tcp_sub && rdma_pub && tcp_pub);
   EXPECT_EQ(rdma_sub->transport_description().rfind("rdma", 0), 0u);
   EXPECT_EQ(tcp_sub->transport_description().rfind("tcp", 0), 0u);
-  Inbox at_rdma, at_tcp;
   ASSERT_TRUE(rdma_sub->subscribe("mix.>", at_rdma.handler()));
   ASSERT_TRUE(tcp_sub->subscribe("mix.>", at_tcp.handler()));
   ASSERT_TRUE(rdma_sub->flush(10s));

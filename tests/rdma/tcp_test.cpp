@@ -204,10 +204,10 @@ TEST(Tcp, SubscriberThatStopsReadingIsCutOffOthersUnaffected) {
   RawTcp stuck(broker.tcp_port(), 4096);  // a small window, never read
   stuck.handshake();
   stuck.send(frame(FrameType::kSubscribe, 1, "flood"));
+  std::atomic<std::uint64_t> got{0};  // before the client whose callback counts
   auto healthy = tcp_client(broker);
   auto pub = tcp_client(broker);
   ASSERT_TRUE(healthy && pub);
-  std::atomic<std::uint64_t> got{0};
   ASSERT_TRUE(healthy->subscribe("flood", [&](const Message&) { got.fetch_add(1); }));
   ASSERT_TRUE(healthy->flush(10s));
   ASSERT_TRUE(broker.wait_stats([](auto& s) { return s["subscriptions"] == 2; }, 10s)["subscriptions"] == 2);
@@ -217,6 +217,8 @@ TEST(Tcp, SubscriberThatStopsReadingIsCutOffOthersUnaffected) {
   ASSERT_TRUE(pub->flush(30s));
   auto s = broker.wait_stats([](auto& s) { return s["connections.closed.slow_consumer"] == 1; }, 20s);
   EXPECT_EQ(s["connections.closed.slow_consumer"], 1);
+  // On its way to the bound the publisher was slowed (its socket not read).
+  EXPECT_GT(s["producer_stalls"], 0);
   ASSERT_TRUE(broker.wait_stats([&](auto&) { return got.load() == kMessages; }, 20s).size() > 0);
   EXPECT_EQ(got.load(), kMessages);
   // What the stuck subscriber never got is counted, not silently lost: every
