@@ -1,7 +1,9 @@
 // Internal to librdmabroker: URL parsing and the transport constructors.
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -17,6 +19,9 @@ struct ParsedUrl {
   std::string host;
   std::uint16_t port = kDefaultPort;  // the scheme's default when the URL has none
 };
+
+/// An error of `kind` for a failed system call, with errno's text.
+inline Error sys_error(ErrorKind kind, const std::string& what) { return Error{kind, what + ": " + std::strerror(errno)}; }
 
 /// Parses "scheme://host[:port]"; the error says what is wrong.
 Result<ParsedUrl> parse_url(std::string_view url);

@@ -29,8 +29,6 @@ namespace {
 
 constexpr std::uint64_t kRecvFlag = 1ull << 63;
 
-Error sys_error(ErrorKind kind, const std::string& what) { return Error{kind, what + ": " + std::strerror(errno)}; }
-
 class RdmaClient final : public Session {
  public:
   RdmaClient(ParsedUrl url, ClientOptions options) : Session(std::move(options)), url_(std::move(url)) {}
@@ -100,18 +98,10 @@ Result<rdma_cm_event_type> RdmaClient::wait_cm_event(rdma_cm_event_type expected
 }
 
 Status RdmaClient::connect() {
-  proto::ConnectReject reject{};
-  Status st = connect_once(opt_.recv_buffer_size, &reject);
-  if (!st && st.error().kind == ErrorKind::kRejected && reject.reason == proto::RejectReason::kBufferTooSmall &&
-      reject.required_buffer_size > opt_.recv_buffer_size && reject.required_buffer_size <= proto::kMaxBufferSize) {
-    // The broker told us the size it needs: one more try with that.
-    teardown_resources();
-    st = connect_once(reject.required_buffer_size, &reject);
-  }
-  if (!st) {
-    teardown_resources();
-    return st;
-  }
+  const Status st = connect_with_retry(
+      [this](std::uint32_t size, proto::ConnectReject* reject) { return connect_once(size, reject); },
+      [this] { teardown_resources(); });
+  if (!st) return st;
   io_thread_ = std::thread([this] { run(); });
   return {};
 }
@@ -203,13 +193,7 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
   auto ev = wait_cm_event(RDMA_CM_EVENT_ESTABLISHED, deadline, &reply);
   if (!ev) return ev.error();
   if (*ev == RDMA_CM_EVENT_REJECTED) {
-    if (proto::decode(reply, *reject) == proto::HandshakeStatus::kOk) {
-      std::string msg = "broker at " + where + " refused the connection: " + std::string(proto::to_string(reject->reason));
-      if (reject->reason == proto::RejectReason::kBufferTooSmall) {
-        msg += " (it needs " + std::to_string(reject->required_buffer_size) + "-byte receive buffers)";
-      }
-      return Error{ErrorKind::kRejected, msg};
-    }
+    if (proto::decode(reply, *reject) == proto::HandshakeStatus::kOk) return rejected(where, *reject);
     return Error{ErrorKind::kRejected, "connection to " + where + " rejected (no rdmabroker listening there?)"};
   }
   if (*ev != RDMA_CM_EVENT_ESTABLISHED) {
@@ -318,11 +302,7 @@ bool RdmaClient::post_locked(std::uint32_t buffer, std::uint32_t len) {
 void RdmaClient::run() {
   std::vector<Message> deliveries;
   std::vector<Error> errors;
-  while (true) {
-    {
-      std::lock_guard lock(mu_);
-      if (stop_) break;
-    }
+  while (!stop_requested()) {
     epoll_event evs[4];
     const int n = ::epoll_wait(epoll_.get(), evs, 4, 100);
     bool cm_ready = false;

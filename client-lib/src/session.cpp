@@ -54,6 +54,30 @@ void QueueSubscription::close(const std::string& why) {
   cv_.notify_all();
 }
 
+// ---------------------------------------------------------------- connect
+
+Status Session::connect_with_retry(const std::function<Status(std::uint32_t, proto::ConnectReject*)>& attempt,
+                                   const std::function<void()>& reset) {
+  proto::ConnectReject reject{};
+  Status st = attempt(opt_.recv_buffer_size, &reject);
+  if (!st && st.error().kind == ErrorKind::kRejected && reject.reason == proto::RejectReason::kBufferTooSmall &&
+      reject.required_buffer_size > opt_.recv_buffer_size && reject.required_buffer_size <= proto::kMaxBufferSize) {
+    // The broker told us the size it needs: one more try with that.
+    reset();
+    st = attempt(reject.required_buffer_size, &reject);
+  }
+  if (!st) reset();
+  return st;
+}
+
+Error Session::rejected(const std::string& where, const proto::ConnectReject& reject) {
+  std::string msg = "broker at " + where + " refused the connection: " + std::string(proto::to_string(reject.reason));
+  if (reject.reason == proto::RejectReason::kBufferTooSmall) {
+    msg += " (it needs " + std::to_string(reject.required_buffer_size) + "-byte receive buffers)";
+  }
+  return Error{ErrorKind::kRejected, msg};
+}
+
 // ---------------------------------------------------------------- send buffers
 
 void Session::init_send_buffers(std::uint32_t max_frame, std::uint32_t count) {

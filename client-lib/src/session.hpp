@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -78,6 +79,19 @@ class Session : public Client {
 
  protected:
   static constexpr std::uint32_t kNoBuffer = ~0u;
+
+  /// Runs `attempt` with our receive buffer size and, if the broker refuses
+  /// that as too small, once more with the size it names; `reset` undoes a
+  /// failed attempt.
+  Status connect_with_retry(const std::function<Status(std::uint32_t, proto::ConnectReject*)>& attempt,
+                            const std::function<void()>& reset);
+  /// The error for a broker's reject, naming `where` and the reason.
+  static Error rejected(const std::string& where, const proto::ConnectReject& reject);
+  /// True once close() asked the I/O thread to end.
+  bool stop_requested() const {
+    std::lock_guard lock(mu_);
+    return stop_;
+  }
 
   /// Sets up the send buffers once the broker's frame size is known.
   void init_send_buffers(std::uint32_t max_frame, std::uint32_t count);

@@ -26,8 +26,6 @@
 namespace rdmabroker {
 namespace {
 
-Error sys_error(ErrorKind kind, const std::string& what) { return Error{kind, what + ": " + std::strerror(errno)}; }
-
 std::string sockaddr_string(const sockaddr* sa) {
   char host[INET6_ADDRSTRLEN] = "?";
   std::uint16_t port = 0;
@@ -92,17 +90,10 @@ bool TcpClient::wait_fd(short events, Clock::time_point deadline) {
 }
 
 Status TcpClient::connect() {
-  proto::ConnectReject reject{};
-  Status st = connect_once(opt_.recv_buffer_size, &reject);
-  if (!st && st.error().kind == ErrorKind::kRejected && reject.reason == proto::RejectReason::kBufferTooSmall &&
-      reject.required_buffer_size > opt_.recv_buffer_size && reject.required_buffer_size <= proto::kMaxBufferSize) {
-    // The broker told us the size it needs: one more try with that.
-    st = connect_once(reject.required_buffer_size, &reject);
-  }
-  if (!st) {
-    fd_.reset();
-    return st;
-  }
+  const Status st = connect_with_retry(
+      [this](std::uint32_t size, proto::ConnectReject* reject) { return connect_once(size, reject); },
+      [this] { fd_.reset(); });
+  if (!st) return st;
   io_thread_ = std::thread([this] { run(); });
   return {};
 }
@@ -164,11 +155,7 @@ Status TcpClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRej
     if (proto::decode(reply, *reject) != proto::HandshakeStatus::kOk) {
       return Error{ErrorKind::kRejected, "tcp://" + where + " answered with something other than rdmabroker"};
     }
-    std::string msg = "broker at tcp://" + where + " refused the connection: " + std::string(proto::to_string(reject->reason));
-    if (reject->reason == proto::RejectReason::kBufferTooSmall) {
-      msg += " (it needs " + std::to_string(reject->required_buffer_size) + "-byte receive buffers)";
-    }
-    return Error{ErrorKind::kRejected, msg};
+    return rejected("tcp://" + where, *reject);
   }
   proto::ConnectAccept accept;
   if (auto st = proto::decode(reply, accept); st != proto::HandshakeStatus::kOk) {
@@ -299,11 +286,7 @@ void TcpClient::read_available(std::vector<Message>& deliveries, std::vector<Err
 void TcpClient::run() {
   std::vector<Message> deliveries;
   std::vector<Error> errors;
-  while (true) {
-    {
-      std::lock_guard lock(mu_);
-      if (stop_) break;
-    }
+  while (!stop_requested()) {
     epoll_event evs[4];
     const int n = ::epoll_wait(epoll_.get(), evs, 4, 100);
     bool readable = false;
