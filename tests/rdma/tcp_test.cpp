@@ -238,5 +238,50 @@ TEST(Tcp, SubscriberThatStopsReadingIsCutOffOthersUnaffected) {
   }();
 }
 
+// Where RDMA is off (or, with the default --rdma auto, where no device
+// exists) the broker serves TCP only and says so; --rdma on refuses to start
+// without a device.
+TEST(Tcp, BrokerWithoutRdmaServesTcpOnlyAndSaysSo) {
+  const std::string port = std::to_string(next_port());
+  const std::string tcp_port = std::to_string(next_port());
+  auto check_tcp_only = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {RDMABROKERD_PATH, "--port", port, "--tcp-port", tcp_port, "--log-level", "info"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    // The broker runs until SIGTERM; a client proves it serves TCP meanwhile.
+    std::pair<int, std::string> result;
+    std::thread t([&] { result = run(args); });
+    ClientOptions opt;
+    std::unique_ptr<Client> c;
+    for (int i = 0; i < 100 && !c; ++i) {
+      auto r = Client::connect("tcp://127.0.0.1:" + tcp_port, opt);
+      if (r) c = std::move(r.value());
+      else std::this_thread::sleep_for(50ms);
+    }
+    EXPECT_TRUE(c && c->flush(10s));
+    if (c) c->close();
+    ::system(("pkill -TERM -f -- '--tcp-port " + tcp_port + "'").c_str());
+    t.join();
+    EXPECT_EQ(result.first, 0) << result.second;
+    EXPECT_NE(result.second.find("listening on tcp://0.0.0.0:" + tcp_port + " (TCP only"), std::string::npos)
+        << result.second;
+    return result.second;
+  };
+  const auto off = check_tcp_only({"--rdma", "off"});
+  EXPECT_EQ(off.find("rdma://"), std::string::npos) << off;
+  int devices = 0;
+  if (ibv_device** list = ibv_get_device_list(&devices)) ibv_free_device_list(list);
+  if (devices == 0) {
+    const auto automatic = check_tcp_only({});
+    EXPECT_NE(automatic.find("no RDMA device found: serving TCP only"), std::string::npos) << automatic;
+    auto [rc, out] = run({RDMABROKERD_PATH, "--rdma", "on", "--port", port, "--tcp-port", tcp_port});
+    EXPECT_EQ(rc, 1);
+    EXPECT_NE(out.find("RDMA is required"), std::string::npos) << out;
+  }
+  // Neither transport: a clear refusal.
+  auto [rc, out] = run({RDMABROKERD_PATH, "--rdma", "off", "--tcp-port", "0"});
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find("nothing to listen on"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace rdmabroker::test
