@@ -115,9 +115,17 @@ void Worker::run() {
     check_write_deadlines();
     reap();
     if (stopping_ && connections_.empty() && handshakes_.empty()) break;
-    // Sockets are looked at on every turn, so a busy CQ never starves them;
-    // stalled publishers and closing connections need timely deadline checks.
-    wait_events(busy ? 0 : !stalled_.empty() ? 1 : stopping_ ? 50 : 200);
+    // Stalled publishers and closing connections need timely deadline checks.
+    if (!busy) {
+      wait_events(!stalled_.empty() ? 1 : stopping_ ? 50 : 200);
+    } else if (stats_.tcp_connections.get() > 0 || !handshakes_.empty() || now_ >= next_socket_check_) {
+      // While completions keep the loop busy, sockets are still looked at:
+      // every turn when this worker has TCP connections, else every
+      // millisecond (for the listening socket). A pure-RDMA load pays no
+      // extra system call per turn.
+      next_socket_check_ = now_ + std::chrono::milliseconds(1);
+      wait_events(0);
+    }
   }
   spdlog::debug("worker {}: stopped", index_);
 }

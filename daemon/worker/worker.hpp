@@ -338,6 +338,7 @@ class Worker {
   std::vector<std::uint64_t> stalled_;  // publishers whose credits are withheld for a while
   std::chrono::steady_clock::time_point now_{};  // refreshed once per loop turn
   std::chrono::steady_clock::time_point next_write_check_{};
+  std::chrono::steady_clock::time_point next_socket_check_{};  // busy loop: when to look at sockets
   std::vector<std::vector<RemoteDelivery>> remote_;  // per target worker
   MatchCache match_cache_;  // this worker's recent subject -> subscribers results
   std::vector<Command> command_scratch_;
