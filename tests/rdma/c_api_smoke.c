@@ -1,5 +1,6 @@
 /* Exercises librdmabroker's C API from C (so the header is checked as C):
- * connect, subscribe (sync and callback), publish, flush, receive, close.
+ * connect, subscribe (sync and callback), publish, flush, receive, queue
+ * groups, request/reply (answered, no responders), close.
  *   c_api_smoke URL   -> exit 0 when every step worked, else 1 with a message */
 #include <rdmabroker/rdmabroker.h>
 #include <stdatomic.h>
@@ -13,6 +14,11 @@ static atomic_int callback_count = 0;
 static void on_message(const rb_message* m, void* user) {
   (void)user;
   if (m->len == 5 && memcmp(m->data, "hello", 5) == 0) atomic_fetch_add(&callback_count, 1);
+}
+
+/* A responder: answers each request with "pong". `user` is the client. */
+static void on_request(const rb_message* m, void* user) {
+  if (m->reply[0] != '\0') rb_publish((rb_client*)user, m->reply, "pong", 4);
 }
 
 #define CHECK(call)                                                          \
@@ -53,6 +59,35 @@ int main(int argc, char** argv) {
     fprintf(stderr, "expected an invalid-subject error, got: %s\n", rb_last_error());
     return 1;
   }
+  /* Request/reply through a queue-group responder on the same connection. */
+  uint32_t responder = 0;
+  CHECK(rb_queue_subscribe(c, "c.svc", "responders", on_request, c, &responder));
+  CHECK(rb_flush(c, 10000));
+  rb_message* reply = NULL;
+  CHECK(rb_request(c, "c.svc", "ping", 4, 10000, &reply));
+  if (reply->len != 4 || memcmp(reply->data, "pong", 4) != 0) {
+    fprintf(stderr, "wrong reply\n");
+    return 1;
+  }
+  rb_message_free(reply);
+  if (rb_request(c, "c.nobody", "x", 1, 10000, &reply) != RB_ERR_NO_RESPONDERS) {
+    fprintf(stderr, "expected no responders, got: %s\n", rb_last_error());
+    return 1;
+  }
+  /* A publish with a reply subject reaches a queue subscriber with it. */
+  rb_subscription* q = NULL;
+  CHECK(rb_queue_subscribe_sync(c, "c.q", "g", &q));
+  CHECK(rb_flush(c, 10000));
+  CHECK(rb_publish_request(c, "c.q", "c.answer.here", "?", 1));
+  CHECK(rb_next_message(q, 10000, &m));
+  if (strcmp(m->reply, "c.answer.here") != 0) {
+    fprintf(stderr, "reply subject lost: '%s'\n", m->reply);
+    return 1;
+  }
+  rb_message_free(m);
+  CHECK(rb_unsubscribe(c, rb_subscription_sid(q)));
+  rb_subscription_free(q);
+  CHECK(rb_unsubscribe(c, responder));
   CHECK(rb_unsubscribe(c, sid));
   CHECK(rb_unsubscribe(c, rb_subscription_sid(sub)));
   CHECK(rb_flush(c, 10000));

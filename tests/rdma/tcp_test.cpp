@@ -238,6 +238,13 @@ TEST(Tcp, SubscriberThatStopsReadingIsCutOffOthersUnaffected) {
   }();
 }
 
+TEST(Tcp, CApiWorksOverTcp) {
+  BrokerProcess broker(next_port());
+  auto [rc, out] = run({C_API_SMOKE_PATH, broker.tcp_url("127.0.0.1")});
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(out, "c_api_smoke: ok\n");
+}
+
 // Where RDMA is off (or, with the default --rdma auto, where no device
 // exists) the broker serves TCP only and says so; --rdma on refuses to start
 // without a device.
