@@ -8,8 +8,10 @@ PACKAGES=(
   # build
   build-essential cmake pkg-config ninja-build
   libibverbs-dev librdmacm-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
+  libyaml-cpp-dev prometheus-cpp-dev libsystemd-dev
   # tests
   libgtest-dev libgmock-dev libbenchmark-dev clang
+  prometheus  # promtool, to check the metrics a live broker serves
   # the Soft-RoCE guest (tests/softroce/run-in-guest.sh) and RDMA tools used in it
   qemu-system-x86 rdma-core ibverbs-utils ibverbs-providers rdmacm-utils perftest
   iproute2 kmod cpio gzip xz-utils perl util-linux

@@ -4,13 +4,15 @@
 //                                        print messages as they arrive (wildcards allowed)
 //   rdmabroker request SUBJECT MESSAGE   send a request, print the first reply
 //   rdmabroker reply SUBJECT MESSAGE     answer every request on SUBJECT with MESSAGE
-//   rdmabroker stat [--json]             the broker's counters (admin socket)
+//   rdmabroker stat [--json]             the broker's counters and connections (admin socket)
+//   rdmabroker reload                    reload the broker's configuration (admin socket)
 // The broker URL is rdma://host[:port] or tcp://host[:port] (--server, or RDMABROKER_URL).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -156,20 +158,62 @@ int run_reply(const Common& common, const std::string& subject, const std::strin
   return 0;
 }
 
-int run_stat(const std::string& socket, bool json) {
-  auto reply = rdmabroker::cli::admin_request(socket, "stats");
-  if (!reply) return die(reply.error());
+/// One admin command; its JSON reply, or the reason there is none.
+rdmabroker::Result<nlohmann::json> admin(const std::string& socket, const std::string& command) {
+  auto reply = rdmabroker::cli::admin_request(socket, command);
+  if (!reply) return reply.error();
   auto doc = nlohmann::json::parse(reply.value(), nullptr, false);
-  if (doc.is_discarded() || !doc.value("ok", false)) {
-    std::cerr << "rdmabroker: bad reply from the broker: " << reply.value() << "\n";
+  if (doc.is_discarded() || !doc.is_object()) {
+    return rdmabroker::Error{rdmabroker::ErrorKind::kBrokerError, "bad reply from the broker: " + reply.value()};
+  }
+  return doc;
+}
+
+int run_stat(const std::string& socket, bool json) {
+  auto stats = admin(socket, "stats");
+  if (!stats) return die(stats.error());
+  auto conns = admin(socket, "connections");
+  if (!conns) return die(conns.error());
+  if (!stats.value().value("ok", false) || !conns.value().value("ok", false)) {
+    std::cerr << "rdmabroker: " << stats.value().dump() << "\n";
     return 1;
   }
+  const auto& s = stats.value()["stats"];
+  const auto& c = conns.value()["connections"];
   if (json) {
-    std::cout << doc["stats"].dump(2) << "\n";
+    std::cout << nlohmann::json{{"stats", s}, {"connections", c}}.dump(2) << "\n";
     return 0;
   }
-  for (const auto& [k, v] : doc["stats"].items()) std::cout << k << " " << v << "\n";
+  for (const auto& [k, v] : s.items()) std::cout << k << " " << v << "\n";
+  std::cout << "\n" << c.size() << " connection(s)\n";
+  if (!c.empty()) {
+    std::printf("%-6s %-5s %-22s %-13s %4s %12s %12s %14s %14s %8s\n", "id", "via", "peer", "state", "subs", "msgs_in",
+                "msgs_out", "bytes_in", "bytes_out", "pending");
+  }
+  for (const auto& x : c) {
+    std::printf("%-6llu %-5s %-22s %-13s %4llu %12llu %12llu %14llu %14llu %8llu\n",
+                static_cast<unsigned long long>(x.value("id", 0ull)), x.value("transport", "").c_str(),
+                x.value("peer", "").c_str(), x.value("state", "").c_str(),
+                static_cast<unsigned long long>(x.value("subscriptions", 0ull)),
+                static_cast<unsigned long long>(x.value("messages_in", 0ull)),
+                static_cast<unsigned long long>(x.value("messages_out", 0ull)),
+                static_cast<unsigned long long>(x.value("bytes_in", 0ull)),
+                static_cast<unsigned long long>(x.value("bytes_out", 0ull)),
+                static_cast<unsigned long long>(x.value("pending_messages", 0ull)));
+  }
   return 0;
+}
+
+int run_reload(const std::string& socket) {
+  // What systemd's ExecReload runs: the exit status is the reload's outcome.
+  auto r = admin(socket, "reload");
+  if (!r) return die(r.error());
+  if (r.value().value("ok", false)) {
+    std::cout << r.value().value("message", "reloaded") << "\n";
+    return 0;
+  }
+  std::cerr << "rdmabroker: " << r.value().value("error", "reload failed") << "\n";
+  return 1;
 }
 
 }  // namespace
@@ -225,10 +269,15 @@ int main(int argc, char** argv) {
   stat->add_option("--admin-socket", stat_socket, "The broker's admin socket")->capture_default_str();
   stat->add_flag("--json", stat_json, "JSON output");
 
+  std::string reload_socket = rdmabroker::cli::kDefaultAdminSocket;
+  auto* reload = app.add_subcommand("reload", "Reload the broker's configuration file (exit 1 if refused or invalid)");
+  reload->add_option("--admin-socket", reload_socket, "The broker's admin socket")->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   if (pub->parsed()) return run_pub(pub_common, pub_subject, pub_message, pub_count);
   if (sub->parsed()) return run_sub(sub_common, sub_subject, sub_queue, sub_count, sub_raw, sub_timeout);
   if (req->parsed()) return run_request(req_common, req_subject, req_message, req_timeout);
   if (rep->parsed()) return run_reply(rep_common, rep_subject, rep_queue, rep_message, rep_count);
+  if (reload->parsed()) return run_reload(reload_socket);
   return run_stat(stat_socket, stat_json);
 }

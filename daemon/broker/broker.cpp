@@ -47,7 +47,7 @@ Result<std::unique_ptr<Broker>> Broker::create(const BrokerOptions& options) {
     return Error{ErrorKind::kInvalidArgument, "nothing to listen on: RDMA is off (or has no device) and TCP is disabled (--tcp-port 0)"};
   }
   if (use_rdma) {
-    auto devices = DeviceSet::open(*b->pool_);
+    auto devices = DeviceSet::open(*b->pool_, opt.devices);
     if (!devices) return devices.error();
     b->devices_ = std::move(devices.value());
     b->core_.devices = b->devices_.get();
@@ -101,6 +101,52 @@ void Broker::stop() {
   tcp_listen_.reset();
 }
 
+std::map<std::string, HistogramSnapshot> Broker::histograms() const {
+  std::map<std::string, HistogramSnapshot> out;
+  for (const auto& w : workers_) {
+    out["completions_per_poll"].add(w->stats().completions_per_poll);
+    out["relay_latency_seconds"].add(w->stats().relay_latency);
+  }
+  return out;
+}
+
+std::vector<ConnectionInfo> Broker::connections() const {
+  std::vector<std::future<std::vector<ConnectionInfo>>> replies;
+  for (const auto& w : workers_) {
+    auto promise = std::make_shared<std::promise<std::vector<ConnectionInfo>>>();
+    replies.push_back(promise->get_future());
+    w->post(ListConnectionsCommand{std::move(promise)});
+  }
+  std::vector<ConnectionInfo> all;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (auto& r : replies) {
+    if (r.wait_until(deadline) != std::future_status::ready) continue;  // a stuck worker: the watchdog's business
+    auto part = r.get();
+    all.insert(all.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
+  }
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  return all;
+}
+
+void Broker::apply_live(const BrokerOptions& next) {
+  // Wait (bounded) until every worker uses them: a reload that returned has
+  // taken effect for every frame that arrives afterwards.
+  std::vector<std::future<void>> applied;
+  for (auto& w : workers_) {
+    auto done = std::make_shared<std::promise<void>>();
+    applied.push_back(done->get_future());
+    w->post(ReloadCommand{next, std::move(done)});
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (auto& a : applied) a.wait_until(deadline);
+}
+
+bool Broker::workers_healthy(std::chrono::milliseconds limit) const {
+  const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+  const auto max_age = std::chrono::duration_cast<std::chrono::steady_clock::duration>(limit).count();
+  return std::all_of(workers_.begin(), workers_.end(), [&](const auto& w) { return now - w->heartbeat() <= max_age; });
+}
+
 StatsSnapshot Broker::stats() const {
   StatsSnapshot s;
   auto add = [&](const std::string& k, std::int64_t v) { s[k] += v; };
@@ -144,6 +190,8 @@ StatsSnapshot Broker::stats() const {
   }
   add("connections.rejected", static_cast<std::int64_t>(listener_ ? listener_->rejected() : 0) + s["tcp.rejected"]);
   add("subscriptions", static_cast<std::int64_t>(core_.index.size()));
+  add("connections.by_transport.tcp", s["tcp.connections"]);
+  add("connections.by_transport.rdma", s["connections.current"] - s["tcp.connections"]);
   add("pool.buffers", pool_->count());
   add("pool.in_use", pool_->in_use());
   add("workers", static_cast<std::int64_t>(workers_.size()));

@@ -2,6 +2,7 @@
 // listener, created in that order and torn down in reverse.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -27,6 +28,15 @@ class Broker {
   void stop();
 
   StatsSnapshot stats() const;
+  /// "completions_per_poll", "relay_latency_seconds": summed over workers.
+  std::map<std::string, HistogramSnapshot> histograms() const;
+  /// Every open connection, asked of each worker (waits up to 2 s for them).
+  std::vector<ConnectionInfo> connections() const;
+  /// Hands the live settings of a reload to every worker (config::diff says
+  /// which settings are live; the caller has refused any other change).
+  void apply_live(const BrokerOptions& next);
+  /// True while every worker's loop went round within `limit`.
+  bool workers_healthy(std::chrono::milliseconds limit) const;
   const BrokerOptions& options() const { return core_.options; }
   /// "rdma://0.0.0.0:7470 (rxe0, rxe1), tcp://0.0.0.0:7471": what it listens on.
   std::string listeners() const;

@@ -24,8 +24,9 @@ OutItem make_no_responders(std::string_view reply) {
 }
 
 OutItem make_delivery(BufferRef buf, std::uint32_t sid, std::uint32_t offset, std::uint32_t len,
-                      std::uint32_t payload_len) {
+                      std::uint32_t payload_len, std::int64_t received_at) {
   OutItem item;
+  item.received_at = received_at;
   item.header.type = proto::FrameType::kDeliver;
   item.header.arg = sid;
   item.header.payload_len = len;
@@ -97,6 +98,9 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
                 block_lkey);
     }
     if (item.is_delivery()) {
+      if (item.received_at != 0 && (out.oldest_received_at == 0 || item.received_at < out.oldest_received_at)) {
+        out.oldest_received_at = item.received_at;
+      }
       out.deliveries += item.messages;
       out.delivered_payload += item.payload_bytes;
       out.delivery_bytes += item.body_len;

@@ -34,6 +34,7 @@ struct OutItem {
   std::uint32_t body_offset = 0;
   std::uint32_t body_len = 0;  // padded bytes after the header
   std::uint32_t messages = 0;  // deliveries: PUBLISH frames in the run
+  std::int64_t received_at = 0;  // deliveries: when the run's first frame reached the broker (steady ns)
   std::uint64_t payload_bytes = 0;  // deliveries: their payload bytes
   std::string text;            // control frames: their body (ERROR text, NO_RESPONDERS subject), copied into the send block
 
@@ -49,7 +50,7 @@ OutItem make_no_responders(std::string_view reply);
 /// A DELIVER to subscription `sid` of the PUBLISH frame at [offset, offset+len)
 /// of a received buffer (zero-copy: the item references the buffer).
 OutItem make_delivery(BufferRef buf, std::uint32_t sid, std::uint32_t offset, std::uint32_t len,
-                      std::uint32_t payload_len);
+                      std::uint32_t payload_len, std::int64_t received_at = 0);
 
 /// Appends the PUBLISH frame at [offset, offset+len) of `buf` to `tail` if it
 /// is a DELIVER to the same subscription that ends exactly where this frame
@@ -64,6 +65,7 @@ struct PackLimits {
 };
 
 struct PackedSend {
+  std::int64_t oldest_received_at = 0;  // earliest received_at among its deliveries (0: none)
   std::uint32_t frames = 0;
   std::uint32_t bytes = 0;
   std::uint32_t num_sge = 0;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "broker/close_reason.hpp"
 
@@ -34,7 +35,38 @@ class Gauge {
   std::atomic<std::int64_t> v_{0};
 };
 
+/// A fixed-bucket histogram with a single writer (Prometheus semantics:
+/// buckets are upper bounds, exported cumulatively).
+template <std::size_t N>
+class Histogram {
+ public:
+  explicit constexpr Histogram(const std::array<double, N>& bounds) : bounds_(bounds) {}
+  void observe(double v) {
+    std::size_t i = 0;
+    while (i < N && v > bounds_[i]) ++i;
+    counts_[i].add();
+    sum_.store(sum_.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
+  }
+  const std::array<double, N>& bounds() const { return bounds_; }
+  std::uint64_t count(std::size_t i) const { return counts_[i].get(); }  // i == N: above the last bound
+  double sum() const { return sum_.load(std::memory_order_relaxed); }
+
+ private:
+  std::array<double, N> bounds_;
+  std::array<Counter, N + 1> counts_;
+  std::atomic<double> sum_{0};
+};
+
+/// Work completions returned by one ibv_poll_cq call that found any.
+inline constexpr std::array<double, 7> kCompletionsPerPollBounds = {1, 2, 4, 8, 16, 24, 32};
+/// Seconds from a message's arrival at the broker to the completed send that
+/// carried it to a subscriber (the first message of each send).
+inline constexpr std::array<double, 14> kRelayLatencyBounds = {10e-6,  25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3,
+                                                               2.5e-3, 5e-3,  10e-3, 25e-3,  50e-3,  100e-3, 1.0};
+
 struct WorkerStats {
+  Histogram<kCompletionsPerPollBounds.size()> completions_per_poll{kCompletionsPerPollBounds};
+  Histogram<kRelayLatencyBounds.size()> relay_latency{kRelayLatencyBounds};
   Counter connections_accepted;        // handshakes completed on this worker
   std::array<Counter, kCloseReasonCount> connections_closed;  // by CloseReason
   Gauge connections_current;           // open on this worker, any state
@@ -68,5 +100,22 @@ struct WorkerStats {
 
 /// Sum of all workers plus broker-wide gauges; flattened to name -> value.
 using StatsSnapshot = std::map<std::string, std::int64_t>;
+
+/// A histogram summed over workers: counts per bucket (the last one above
+/// every bound), not cumulative.
+struct HistogramSnapshot {
+  std::vector<double> bounds;
+  std::vector<std::uint64_t> counts;
+  double sum = 0;
+  template <std::size_t N>
+  void add(const Histogram<N>& h) {
+    if (bounds.empty()) {
+      bounds.assign(h.bounds().begin(), h.bounds().end());
+      counts.assign(N + 1, 0);
+    }
+    for (std::size_t i = 0; i <= N; ++i) counts[i] += h.count(i);
+    sum += h.sum();
+  }
+};
 
 }  // namespace rdmabroker::daemon

@@ -1,11 +1,12 @@
 #include "rdma/device.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 namespace rdmabroker::daemon {
 
-Result<std::unique_ptr<DeviceSet>> DeviceSet::open(const BufferPool& pool) {
+Result<std::unique_ptr<DeviceSet>> DeviceSet::open(const BufferPool& pool, const std::vector<std::string>& only) {
   auto set = std::make_unique<DeviceSet>();
   int n = 0;
   set->list_.reset(rdma_get_devices(&n));
@@ -13,11 +14,18 @@ Result<std::unique_ptr<DeviceSet>> DeviceSet::open(const BufferPool& pool) {
     return Error{ErrorKind::kResource,
                  "no RDMA device found (rdma_get_devices): load a driver (e.g. rdma_rxe) and check `rdma link`"};
   }
+  std::vector<std::string> missing = only;
   for (int i = 0; i < n; ++i) {
+    ibv_context* context = set->list_.get()[i];
+    const std::string name = ibv_get_device_name(context->device);
+    if (!only.empty()) {
+      if (std::find(only.begin(), only.end(), name) == only.end()) continue;  // not wanted
+      std::erase(missing, name);
+    }
     auto dev = std::make_unique<Device>();
-    dev->index = static_cast<std::uint32_t>(i);
-    dev->context = set->list_.get()[i];
-    dev->name = ibv_get_device_name(dev->context->device);
+    dev->index = static_cast<std::uint32_t>(set->devices_.size());
+    dev->context = context;
+    dev->name = name;
     if (ibv_query_device(dev->context, &dev->attr) != 0) {
       return Error{ErrorKind::kResource, "ibv_query_device(" + dev->name + "): " + std::strerror(errno)};
     }
@@ -31,6 +39,11 @@ Result<std::unique_ptr<DeviceSet>> DeviceSet::open(const BufferPool& pool) {
                                              (errno == ENOMEM ? " (raise the memlock limit: ulimit -l / LimitMEMLOCK)" : "")};
     }
     set->devices_.push_back(std::move(dev));
+  }
+  if (!missing.empty()) {
+    std::string names;
+    for (const auto& m : missing) names += (names.empty() ? "" : ", ") + m;
+    return Error{ErrorKind::kInvalidArgument, "devices: no RDMA device named " + names + " (`rdma link` lists them)"};
   }
   return set;
 }

@@ -24,9 +24,10 @@ struct Device {
 
 class DeviceSet {
  public:
-  /// Opens every RDMA device rdma_cm knows and registers `pool` on each.
-  /// Fails if there is none.
-  static Result<std::unique_ptr<DeviceSet>> open(const BufferPool& pool);
+  /// Opens the RDMA devices rdma_cm knows (only those named in `only`, when
+  /// it is not empty) and registers `pool` on each. Fails if there is none,
+  /// or if a named device does not exist.
+  static Result<std::unique_ptr<DeviceSet>> open(const BufferPool& pool, const std::vector<std::string>& only = {});
   /// RDMA devices present (0 on a host without an RDMA stack); opens nothing.
   static int count();
 

@@ -74,8 +74,16 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t b
                     std::to_string(proto::max_publish_frame(opt_.buffer_size)));
           return;
         }
+        if (opt_.max_payload != 0 && h.payload_len > opt_.max_payload) {
+          close(c, CloseReason::kProtocolError, ErrorCode::kPayloadTooLarge,
+                "payload of " + std::to_string(h.payload_len) + " bytes exceeds limits.max_payload (" +
+                    std::to_string(opt_.max_payload) + ")");
+          return;
+        }
         stats_.messages_in.add();
         stats_.bytes_in.add(h.payload_len);
+        ++c.messages_in;
+        c.bytes_in += h.payload_len;
         route_publish(c, f, buf);
         break;
       case FrameType::kSubscribe: {
@@ -197,7 +205,8 @@ bool Worker::route_to(const Subscriber& s, const proto::Frame& f, const BufferRe
   auto& batch = remote_[s.worker];
   if (batch.empty() || batch.back().connection != s.connection ||
       !extend_delivery(batch.back().item, buf, s.sid, off, len, f.header.payload_len, opt_.buffer_size)) {
-    batch.push_back({s.connection, s.slot, make_delivery(buf.clone(), s.sid, off, len, f.header.payload_len)});
+    batch.push_back({s.connection, s.slot,
+                     make_delivery(buf.clone(), s.sid, off, len, f.header.payload_len, now_.time_since_epoch().count())});
   }
   return true;
 }
@@ -213,7 +222,7 @@ void Worker::deliver_local(Connection& c, const BufferRef& buf, std::uint32_t si
     touch(c);
     return;
   }
-  enqueue(c, make_delivery(buf.clone(), sid, off, len, f.header.payload_len));
+  enqueue(c, make_delivery(buf.clone(), sid, off, len, f.header.payload_len, now_.time_since_epoch().count()));
 }
 
 void Worker::post_remote_batches() {
@@ -310,6 +319,7 @@ InflightSend& Worker::record_send(Connection& c, std::uint32_t block, std::array
   rec.frames = packed.frames;
   rec.deliveries = packed.deliveries;
   rec.delivered_payload = packed.delivered_payload;
+  rec.oldest_received_at = packed.oldest_received_at;
   if (refs != nullptr) {
     for (std::uint32_t i = 0; i < packed.frames; ++i) rec.refs[i] = std::move((*refs)[i]);
   }
@@ -380,6 +390,12 @@ void Worker::retire_send(Connection& c, bool success) {
   if (success) {
     stats_.deliveries.add(rec.deliveries);
     stats_.bytes_out.add(rec.delivered_payload);
+    c.messages_out += rec.deliveries;
+    c.bytes_out += rec.delivered_payload;
+    if (rec.oldest_received_at != 0) {
+      const auto age = std::chrono::steady_clock::now().time_since_epoch().count() - rec.oldest_received_at;
+      stats_.relay_latency.observe(static_cast<double>(age) * 1e-9);
+    }
   } else {
     // Posted but never completed: the subscriber did not get them.
     stats_.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add(rec.deliveries);

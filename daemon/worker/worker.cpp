@@ -103,6 +103,7 @@ void Worker::join() {
 void Worker::run() {
   while (true) {
     now_ = std::chrono::steady_clock::now();
+    heartbeat_.store(now_.time_since_epoch().count(), std::memory_order_relaxed);
     handle_commands();
     handle_cm_events();
     bool busy = false;
@@ -182,6 +183,7 @@ bool Worker::poll_port(DevicePort& port) {
   int n;
   while ((n = ibv_poll_cq(port.cq.get(), 32, wcs)) > 0) {
     any = true;
+    stats_.completions_per_poll.observe(n);
     for (int i = 0; i < n; ++i) {
       // The opcode of an error completion is undefined: tell receives from
       // sends by the wr_id we chose.
@@ -217,6 +219,24 @@ void Worker::handle_commands() {
         spdlog::warn("connection {} ({}): {}", c->id, c->peer, q->event);
         close(*c, CloseReason::kQpFatal);
       }
+    } else if (auto* r = std::get_if<ReloadCommand>(&cmd)) {
+      // Only what config::diff() marks live can differ here.
+      opt_.max_payload = r->options.max_payload;
+      opt_.max_subscriptions = r->options.max_subscriptions;
+      opt_.max_pending_bytes = r->options.max_pending_bytes;
+      opt_.write_deadline_ms = r->options.write_deadline_ms;
+      opt_.producer_stall_ms = r->options.producer_stall_ms;
+      opt_.drain_timeout_ms = r->options.drain_timeout_ms;
+      if (r->applied) r->applied->set_value();
+    } else if (auto* l = std::get_if<ListConnectionsCommand>(&cmd)) {
+      std::vector<ConnectionInfo> out;
+      for (const auto& [id, c] : connections_) {
+        out.push_back(ConnectionInfo{c->id, std::string(to_string(c->transport)), c->peer,
+                                     std::string(to_string(c->state)), index_, c->subscriptions.size(),
+                                     c->messages_in, c->messages_out, c->bytes_in, c->bytes_out,
+                                     c->pending_messages, c->pending_bytes});
+      }
+      l->reply->set_value(std::move(out));
     } else if (std::holds_alternative<ShutdownCommand>(cmd)) {
       stopping_ = true;
       if (tcp_listen_fd_ >= 0) ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, tcp_listen_fd_, nullptr);

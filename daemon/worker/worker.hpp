@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <future>
 #include <sys/uio.h>
 #include <memory>
 #include <string>
@@ -75,7 +76,33 @@ struct QpFatalCommand {
   std::string event;
 };
 struct ShutdownCommand {};
-using Command = std::variant<AcceptCommand, DeliverCommand, QpFatalCommand, ShutdownCommand>;
+/// A reload's settings: the worker takes the live ones (config::diff's
+/// `live` keys) into its own copy; the others cannot have changed.
+struct ReloadCommand {
+  BrokerOptions options;
+  std::shared_ptr<std::promise<void>> applied;  // set once the worker uses them
+};
+/// One connection as `rdmabroker stat` shows it.
+struct ConnectionInfo {
+  std::uint64_t id = 0;
+  std::string transport;
+  std::string peer;
+  std::string state;
+  std::uint32_t worker = 0;
+  std::size_t subscriptions = 0;
+  std::uint64_t messages_in = 0;
+  std::uint64_t messages_out = 0;
+  std::uint64_t bytes_in = 0;
+  std::uint64_t bytes_out = 0;
+  std::uint64_t pending_messages = 0;
+  std::uint64_t pending_bytes = 0;
+};
+/// Asks a worker for its connections; it answers through the promise.
+struct ListConnectionsCommand {
+  std::shared_ptr<std::promise<std::vector<ConnectionInfo>>> reply;
+};
+using Command = std::variant<AcceptCommand, DeliverCommand, QpFatalCommand, ShutdownCommand, ReloadCommand,
+                             ListConnectionsCommand>;
 
 // ---------------------------------------------------------------- connection
 
@@ -106,6 +133,7 @@ struct DevicePort;
 struct InflightSend {
   std::uint32_t block = 0;  // send block index, or kNoBlock for a credit update
   std::uint32_t frames = 0;
+  std::int64_t oldest_received_at = 0;   // for the relay latency histogram
   std::uint32_t deliveries = 0;          // DELIVER frames among them
   std::uint64_t delivered_payload = 0;   // their payload bytes
   std::array<BufferRef, kMaxFramesPerSend> refs;
@@ -162,6 +190,12 @@ struct Connection {
   std::uint32_t inflight_head = 0;
   std::uint32_t inflight_count = 0;
   std::uint64_t next_sequence = 1;
+  // Traffic of this connection (for `rdmabroker stat`): PUBLISH frames in,
+  // deliveries sent out, and their payload bytes.
+  std::uint64_t messages_in = 0;
+  std::uint64_t bytes_in = 0;
+  std::uint64_t messages_out = 0;
+  std::uint64_t bytes_out = 0;
   struct Subscription {
     std::string pattern;
     Subscriber stored;  // as the index holds it (with its queue group id)
@@ -210,6 +244,8 @@ class Worker {
   rdma_event_channel* cm_channel() const { return cm_channel_.get(); }
   std::uint32_t index() const { return index_; }
   const WorkerStats& stats() const { return stats_; }
+  /// When the loop last went round (steady clock, ns): the watchdog's view of health.
+  std::int64_t heartbeat() const { return heartbeat_.load(std::memory_order_relaxed); }
 
  private:
   static constexpr std::uint32_t kNoBlock = ~0u;
@@ -307,7 +343,8 @@ class Worker {
 
   const std::uint32_t index_;
   BrokerCore& core_;
-  const BrokerOptions& opt_;
+  BrokerOptions opt_;  // this worker's copy: reloads update the live settings
+  std::atomic<std::int64_t> heartbeat_{0};
   WorkerStats stats_;
 
   // Send blocks: registered memory for frame headers and control frames.

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -108,8 +109,12 @@ std::pair<int, std::string> run(std::vector<std::string> argv, const std::string
 BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_args)
     : port_(port), tcp_port_(next_port()), admin_socket_("/tmp/rdmabroker-test-" + std::to_string(getpid()) + "-" + std::to_string(port) + ".sock") {
   std::vector<std::string> args = {RDMABROKERD_PATH, "--listen", "0.0.0.0", "--port", std::to_string(port),
-                                   "--tcp-port", std::to_string(tcp_port_),
-                                   "--admin-socket", admin_socket_, "--log-level", "warn"};
+                                   "--tcp-port", std::to_string(tcp_port_), "--metrics-listen", "",
+                                   "--admin-socket", admin_socket_};
+  // Quiet by default; a test that brings its own config file gets its logging settings.
+  if (std::find(extra_args.begin(), extra_args.end(), "--config") == extra_args.end()) {
+    args.insert(args.end(), {"--log-level", "warn"});
+  }
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   pid_ = fork();
   if (pid_ == 0) {

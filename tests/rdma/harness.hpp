@@ -54,6 +54,8 @@ class BrokerProcess {
   std::string tcp_url(const std::string& host) const { return "tcp://" + host + ":" + std::to_string(tcp_port_); }
   std::uint16_t port() const { return port_; }
   std::uint16_t tcp_port() const { return tcp_port_; }
+  const std::string& admin_socket() const { return admin_socket_; }
+  int pid() const { return pid_; }
   std::map<std::string, std::int64_t> stats() const;
   /// Polls stats until `pred` holds or `timeout` passes; returns the last stats.
   template <typename Pred>

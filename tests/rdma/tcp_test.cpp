@@ -252,7 +252,8 @@ TEST(Tcp, BrokerWithoutRdmaServesTcpOnlyAndSaysSo) {
   const std::string port = std::to_string(next_port());
   const std::string tcp_port = std::to_string(next_port());
   auto check_tcp_only = [&](std::vector<std::string> extra) {
-    std::vector<std::string> args = {RDMABROKERD_PATH, "--port", port, "--tcp-port", tcp_port, "--log-level", "info"};
+    std::vector<std::string> args = {RDMABROKERD_PATH, "--port", port, "--tcp-port", tcp_port, "--log-level", "info",
+                                     "--admin-socket", "", "--metrics-listen", ""};
     args.insert(args.end(), extra.begin(), extra.end());
     // The broker runs until SIGTERM; a client proves it serves TCP meanwhile.
     std::pair<int, std::string> result;
@@ -280,12 +281,13 @@ TEST(Tcp, BrokerWithoutRdmaServesTcpOnlyAndSaysSo) {
   if (devices == 0) {
     const auto automatic = check_tcp_only({});
     EXPECT_NE(automatic.find("no RDMA device found: serving TCP only"), std::string::npos) << automatic;
-    auto [rc, out] = run({RDMABROKERD_PATH, "--rdma", "on", "--port", port, "--tcp-port", tcp_port});
+    auto [rc, out] = run({RDMABROKERD_PATH, "--rdma", "on", "--port", port, "--tcp-port", tcp_port, "--admin-socket", "",
+                          "--metrics-listen", ""});
     EXPECT_EQ(rc, 1);
     EXPECT_NE(out.find("RDMA is required"), std::string::npos) << out;
   }
   // Neither transport: a clear refusal.
-  auto [rc, out] = run({RDMABROKERD_PATH, "--rdma", "off", "--tcp-port", "0"});
+  auto [rc, out] = run({RDMABROKERD_PATH, "--rdma", "off", "--tcp-port", "0", "--admin-socket", "", "--metrics-listen", ""});
   EXPECT_EQ(rc, 1);
   EXPECT_NE(out.find("nothing to listen on"), std::string::npos) << out;
 }

@@ -1,0 +1,46 @@
+// Loading, validating and comparing the broker's YAML configuration
+// (docs/configuration.md). Every problem is reported, not just the first, each
+// naming the file, line, column and key; a file with any problem yields no
+// Config at all, so a bad reload can never half-apply.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rdmabroker/config/settings.hpp"
+#include "rdmabroker/result.hpp"
+
+namespace rdmabroker::config {
+
+inline constexpr const char* kDefaultConfigPath = "/etc/rdmabroker/broker.yaml";
+
+/// Parses YAML text; `name` is what messages call the file.
+Result<Config> parse(std::string_view yaml, const std::string& name);
+/// Reads and parses a file. A missing file is an error here: whether a
+/// missing default file is acceptable is the caller's decision.
+Result<Config> load(const std::string& path);
+
+/// One setting that differs between two configs.
+struct Change {
+  std::string key;   // dotted YAML path, e.g. "limits.max_subscriptions"
+  std::string from;  // values as text, for logs and replies
+  std::string to;
+  bool live = false;  // may change while the broker runs
+};
+
+/// What changed from `running` to `next`, in YAML key order.
+std::vector<Change> diff(const Config& running, const Config& next);
+
+/// "host:port" -> parts; the error names `what`.
+struct HostPort {
+  std::string host;
+  std::uint16_t port = 0;
+};
+Result<HostPort> parse_host_port(std::string_view text, std::string_view what);
+
+std::string_view to_string(RdmaMode m);
+std::string_view to_string(LogFormat f);
+std::string_view to_string(LogTarget t);
+
+}  // namespace rdmabroker::config

@@ -1,0 +1,58 @@
+// Settings of one broker instance: what config/rdmabroker.yaml sets, key by
+// key (docs/configuration.md), with the built-in defaults. Plain data; the
+// loader (config.hpp) fills it and validates it, the broker sizes its verbs
+// resources from it (docs/architecture.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rdmabroker::config {
+
+/// Whether the broker serves RDMA: kAuto uses it when a device exists and
+/// otherwise runs TCP-only (and says so); kOn refuses to start without it.
+enum class RdmaMode { kAuto, kOn, kOff };
+
+struct BrokerOptions {
+  std::string listen_address = "0.0.0.0";
+  std::uint16_t port = 7470;               // RDMA CM port
+  RdmaMode rdma = RdmaMode::kAuto;
+  std::string tcp_listen_address;          // empty: listen_address
+  std::uint16_t tcp_port = 7471;           // 0: no TCP listener
+  std::uint32_t workers = 0;               // 0: one per core, at most 8
+  std::uint32_t buffer_size = 16384;       // receive buffer = largest frame, bytes
+  std::uint32_t pool_buffers = 8192;       // buffers in the shared pool
+  std::uint32_t srq_depth = 1024;          // receives per SRQ (one SRQ per worker and device)
+  std::uint32_t credits = 32;              // receive credits granted to each client
+  std::uint32_t max_inflight_sends = 8;    // SENDs in flight per connection before batching
+  std::uint64_t max_pending_bytes = 64u << 20;  // queued frame bytes per subscriber before it is a slow consumer
+  std::uint32_t write_deadline_ms = 2000;  // a subscriber with queued data and no send progress this long is a slow consumer
+  std::uint32_t producer_stall_ms = 100;    // credits withheld from a publisher feeding a backlogged subscriber
+  std::uint32_t max_connections = 1024;
+  std::uint32_t max_subscriptions = 10000; // per connection
+  std::uint32_t send_blocks = 4096;        // registered send blocks per worker (headers/control frames)
+  std::uint32_t drain_timeout_ms = 2000;   // how long a closing connection may flush its last frames
+  std::string admin_socket = "/run/rdmabroker/admin.sock";  // `rdmabroker stat`/`reload`; empty: none
+  std::vector<std::string> devices;        // RDMA devices to use (e.g. rxe0); empty: all
+  std::uint32_t max_payload = 0;           // largest payload accepted; 0: what the buffer size allows
+};
+
+enum class LogFormat { kText, kJson };
+enum class LogTarget { kAuto, kConsole, kJournald };  // auto: journald when started by systemd
+
+struct LogSettings {
+  std::string level = "info";  // trace, debug, info, warn, error, critical, off
+  LogFormat format = LogFormat::kText;
+  LogTarget target = LogTarget::kAuto;
+  bool operator==(const LogSettings&) const = default;
+};
+
+/// Everything the YAML file sets.
+struct Config {
+  BrokerOptions broker;
+  LogSettings log;
+  std::string metrics_listen = "127.0.0.1:9464";  // Prometheus pull endpoint; empty: none
+};
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,331 @@
+// The schema is one table (kFields): each setting's YAML key, whether it may
+// change live, how it is parsed and validated, and how it prints. Parsing,
+// unknown-key detection and diff() all walk that table, so a setting cannot
+// be parsed but forgotten by reload, or the other way round.
+#include "rdmabroker/config/config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <sstream>
+
+namespace rdmabroker::config {
+
+namespace {
+
+using Setter = std::function<std::optional<std::string>(const YAML::Node&, Config&)>;  // error text or nothing
+using Shower = std::function<std::string(const Config&)>;
+
+struct Field {
+  std::string_view section;  // "" for a top-level key
+  std::string_view name;
+  bool live;
+  Setter set;
+  Shower show;
+  std::string key() const { return section.empty() ? std::string(name) : std::string(section) + "." + std::string(name); }
+};
+
+std::optional<std::string> scalar_text(const YAML::Node& n, std::string& out) {
+  if (!n.IsScalar()) return "expected a single value";
+  out = n.Scalar();
+  return std::nullopt;
+}
+
+/// An unsigned integer in [lo, hi]; with `size`, also "64MiB", "16KiB", "1GiB".
+std::optional<std::string> parse_uint(const YAML::Node& n, std::uint64_t lo, std::uint64_t hi, bool size,
+                                      std::uint64_t& out) {
+  std::string text;
+  if (auto e = scalar_text(n, text)) return e;
+  std::uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  std::uint64_t mult = 1;
+  if (ec == std::errc{} && p != end && size) {
+    const std::string_view unit(p, static_cast<std::size_t>(end - p));
+    if (unit == "KiB") mult = 1ull << 10;
+    else if (unit == "MiB") mult = 1ull << 20;
+    else if (unit == "GiB") mult = 1ull << 30;
+    else mult = 0;
+    p = end;
+  }
+  const std::string range = std::to_string(lo) + " and " + std::to_string(hi);
+  if (ec != std::errc{} || p != end || mult == 0 || v > std::numeric_limits<std::uint64_t>::max() / mult) {
+    return "expected " + std::string(size ? "a size (bytes, or with KiB/MiB/GiB)" : "an integer") + " between " +
+           range + ", got '" + text + "'";
+  }
+  v *= mult;
+  if (v < lo || v > hi) return "must be between " + range + ", got " + std::to_string(v);
+  out = v;
+  return std::nullopt;
+}
+
+template <typename T>
+Field uint_field(std::string_view section, std::string_view name, bool live, T BrokerOptions::*member, std::uint64_t lo,
+                 std::uint64_t hi, bool size = false) {
+  return Field{section, name, live,
+               [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
+                 std::uint64_t v = 0;
+                 if (auto e = parse_uint(n, lo, hi, size, v)) return e;
+                 c.broker.*member = static_cast<T>(v);
+                 return std::nullopt;
+               },
+               [=](const Config& c) { return std::to_string(c.broker.*member); }};
+}
+
+template <typename E>
+Field enum_field(std::string_view section, std::string_view name, bool live, std::function<E&(Config&)> get,
+                 std::vector<std::pair<std::string_view, E>> values) {
+  return Field{section, name, live,
+               [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
+                 std::string text;
+                 if (auto e = scalar_text(n, text)) return e;
+                 std::string allowed;
+                 for (const auto& [k, v] : values) {
+                   if (k == text) {
+                     get(c) = v;
+                     return std::nullopt;
+                   }
+                   allowed += (allowed.empty() ? "" : ", ") + std::string(k);
+                 }
+                 return "expected one of " + allowed + ", got '" + text + "'";
+               },
+               [=](const Config& c) {
+                 for (const auto& [k, v] : values) {
+                   if (get(const_cast<Config&>(c)) == v) return std::string(k);
+                 }
+                 return std::string("?");
+               }};
+}
+
+/// "host:port", or (when `optional`) "" to turn the listener off.
+Field listener_field(std::string_view name, bool optional, std::function<std::string&(Config&)> host,
+                     std::function<std::uint16_t&(Config&)> port) {
+  return Field{"listen", name, false,
+               [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
+                 std::string text;
+                 if (auto e = scalar_text(n, text)) return e;
+                 if (text.empty() && optional) {
+                   port(c) = 0;
+                   return std::nullopt;
+                 }
+                 auto hp = parse_host_port(text, "address");
+                 if (!hp) return hp.error().message;
+                 host(c) = hp->host;
+                 port(c) = hp->port;
+                 return std::nullopt;
+               },
+               [=](const Config& c) {
+                 auto& cc = const_cast<Config&>(c);
+                 return port(cc) == 0 ? std::string() : host(cc) + ":" + std::to_string(port(cc));
+               }};
+}
+
+Field string_field(std::string_view section, std::string_view name, bool live, std::function<std::string&(Config&)> get) {
+  return Field{section, name, live,
+               [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
+                 std::string text;
+                 if (auto e = scalar_text(n, text)) return e;
+                 get(c) = text;
+                 return std::nullopt;
+               },
+               [=](const Config& c) { return get(const_cast<Config&>(c)); }};
+}
+
+const std::vector<Field>& fields() {
+  using B = BrokerOptions;
+  static const std::vector<Field> kFields = {
+      listener_field("rdma", false, [](Config& c) -> std::string& { return c.broker.listen_address; },
+                     [](Config& c) -> std::uint16_t& { return c.broker.port; }),
+      listener_field("tcp", true, [](Config& c) -> std::string& { return c.broker.tcp_listen_address; },
+                     [](Config& c) -> std::uint16_t& { return c.broker.tcp_port; }),
+      enum_field<RdmaMode>("", "rdma", false, [](Config& c) -> RdmaMode& { return c.broker.rdma; },
+                           {{"auto", RdmaMode::kAuto}, {"on", RdmaMode::kOn}, {"off", RdmaMode::kOff}}),
+      Field{"", "devices", false,
+            [](const YAML::Node& n, Config& c) -> std::optional<std::string> {
+              if (!n.IsSequence()) return "expected a list of RDMA device names, e.g. [mlx5_0] (empty: all)";
+              c.broker.devices.clear();
+              for (const auto& d : n) {
+                if (!d.IsScalar() || d.Scalar().empty()) return "expected device names";
+                c.broker.devices.push_back(d.Scalar());
+              }
+              return std::nullopt;
+            },
+            [](const Config& c) {
+              std::string s = "[";
+              for (const auto& d : c.broker.devices) s += (s.size() > 1 ? ", " : "") + d;
+              return s + "]";
+            }},
+      uint_field("", "workers", false, &B::workers, 0, 64),
+      uint_field("buffers", "size", false, &B::buffer_size, 1024, 16u << 20, true),
+      uint_field("buffers", "pool", false, &B::pool_buffers, 16, 1u << 20),
+      uint_field("buffers", "srq_depth", false, &B::srq_depth, 16, 1u << 16),
+      uint_field("flow", "credits", false, &B::credits, 2, 65535),
+      uint_field("flow", "max_inflight_sends", false, &B::max_inflight_sends, 1, 1024),
+      uint_field("limits", "max_connections", false, &B::max_connections, 1, 1u << 20),
+      uint_field("limits", "max_payload", true, &B::max_payload, 0, 16u << 20, true),
+      uint_field("limits", "max_subscriptions", true, &B::max_subscriptions, 1, 10'000'000),
+      uint_field("limits", "max_pending_bytes", true, &B::max_pending_bytes, 4096, 1ull << 40, true),
+      uint_field("slow_consumer", "write_deadline_ms", true, &B::write_deadline_ms, 10, 3'600'000),
+      uint_field("slow_consumer", "producer_stall_ms", true, &B::producer_stall_ms, 0, 60'000),
+      uint_field("slow_consumer", "drain_timeout_ms", true, &B::drain_timeout_ms, 100, 60'000),
+      string_field("metrics", "listen", false, [](Config& c) -> std::string& { return c.metrics_listen; }),
+      string_field("admin", "socket", false, [](Config& c) -> std::string& { return c.broker.admin_socket; }),
+      enum_field<std::string>("logging", "level", true, [](Config& c) -> std::string& { return c.log.level; },
+                              {{"trace", "trace"}, {"debug", "debug"}, {"info", "info"}, {"warn", "warn"},
+                               {"error", "error"}, {"critical", "critical"}, {"off", "off"}}),
+      enum_field<LogFormat>("logging", "format", true, [](Config& c) -> LogFormat& { return c.log.format; },
+                            {{"text", LogFormat::kText}, {"json", LogFormat::kJson}}),
+      enum_field<LogTarget>("logging", "target", false, [](Config& c) -> LogTarget& { return c.log.target; },
+                            {{"auto", LogTarget::kAuto}, {"console", LogTarget::kConsole}, {"journald", LogTarget::kJournald}}),
+  };
+  return kFields;
+}
+
+class Problems {
+ public:
+  explicit Problems(std::string file) : file_(std::move(file)) {}
+  void add(const YAML::Mark& m, const std::string& key, const std::string& msg) {
+    std::string where = file_;
+    if (!m.is_null()) where += ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+    lines_ += (lines_.empty() ? "" : "\n") + where + ": " + (key.empty() ? "" : key + ": ") + msg;
+  }
+  bool empty() const { return lines_.empty(); }
+  Error error() const { return Error{ErrorKind::kInvalidArgument, lines_}; }
+
+ private:
+  std::string file_;
+  std::string lines_;
+};
+
+}  // namespace
+
+Result<HostPort> parse_host_port(std::string_view text, std::string_view what) {
+  auto bad = [&](const std::string& why) {
+    return Error{ErrorKind::kInvalidArgument, std::string(what) + " '" + std::string(text) + "': " + why +
+                                                  " (expected host:port, e.g. 0.0.0.0:7470 or [::]:7470)"};
+  };
+  const auto colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return bad("no port");
+  std::string_view host = text.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string_view port = text.substr(colon + 1);
+  unsigned v = 0;
+  auto [p, ec] = std::from_chars(port.data(), port.data() + port.size(), v);
+  if (ec != std::errc{} || p != port.data() + port.size() || v == 0 || v > 65535) return bad("bad port");
+  return HostPort{std::string(host), static_cast<std::uint16_t>(v)};
+}
+
+std::string_view to_string(RdmaMode m) { return m == RdmaMode::kAuto ? "auto" : m == RdmaMode::kOn ? "on" : "off"; }
+std::string_view to_string(LogFormat f) { return f == LogFormat::kText ? "text" : "json"; }
+std::string_view to_string(LogTarget t) {
+  return t == LogTarget::kAuto ? "auto" : t == LogTarget::kConsole ? "console" : "journald";
+}
+
+Result<Config> parse(std::string_view yaml, const std::string& name) {
+  Problems problems(name);
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+  } catch (const YAML::ParserException& e) {
+    problems.add(e.mark, "", "YAML syntax: " + e.msg);
+    return problems.error();
+  }
+  Config c;
+  if (root.IsNull()) return c;  // an empty file: every default
+  if (!root.IsMap()) {
+    problems.add(root.Mark(), "", "expected a mapping of settings at the top level");
+    return problems.error();
+  }
+  const auto& table = fields();
+  auto find = [&](std::string_view section, std::string_view key) -> const Field* {
+    for (const auto& f : table) {
+      if (f.section == section && f.name == key) return &f;
+    }
+    return nullptr;
+  };
+  auto is_section = [&](std::string_view s) {
+    for (const auto& f : table) {
+      if (!f.section.empty() && f.section == s) return true;
+    }
+    return false;
+  };
+  auto apply = [&](const Field& f, const YAML::Node& value) {
+    try {
+      if (auto err = f.set(value, c)) problems.add(value.Mark(), f.key(), *err);
+    } catch (const YAML::Exception& e) {
+      problems.add(value.Mark(), f.key(), e.msg);
+    }
+  };
+  for (const auto& top : root) {
+    const std::string key = top.first.Scalar();
+    if (is_section(key)) {
+      if (!top.second.IsMap()) {
+        problems.add(top.second.Mark(), key, "expected a mapping (a section of settings)");
+        continue;
+      }
+      for (const auto& sub : top.second) {
+        const std::string name = sub.first.Scalar();
+        if (const Field* f = find(key, name)) {
+          apply(*f, sub.second);
+        } else {
+          problems.add(sub.first.Mark(), key + "." + name, "unknown key");
+        }
+      }
+    } else if (const Field* f = find("", key)) {
+      apply(*f, top.second);
+    } else {
+      problems.add(top.first.Mark(), key, "unknown key");
+    }
+  }
+  // Rules that tie settings together, reported at the key that breaks them.
+  auto mark_of = [&](std::string_view section, std::string_view key) {
+    const YAML::Node s = section.empty() ? root : root[std::string(section)];
+    if (s && s.IsMap() && s[std::string(key)]) return s[std::string(key)].Mark();
+    return YAML::Mark::null_mark();
+  };
+  const auto& b = c.broker;
+  if (b.buffer_size % 64 != 0) problems.add(mark_of("buffers", "size"), "buffers.size", "must be a multiple of 64");
+  if (b.max_pending_bytes < 4ull * b.buffer_size) {
+    problems.add(mark_of("limits", "max_pending_bytes"), "limits.max_pending_bytes",
+                 "must be at least 4 buffers (" + std::to_string(4ull * b.buffer_size) + " bytes)");
+  }
+  if (b.max_payload > b.buffer_size - 64) {
+    problems.add(mark_of("limits", "max_payload"), "limits.max_payload",
+                 "cannot exceed what buffers.size allows (" + std::to_string(b.buffer_size - 64) + " bytes)");
+  }
+  if (b.rdma == RdmaMode::kOff && b.tcp_port == 0) {
+    problems.add(mark_of("", "rdma"), "rdma", "RDMA is off and listen.tcp is empty: nothing to listen on");
+  }
+  if (!c.metrics_listen.empty()) {
+    if (auto hp = parse_host_port(c.metrics_listen, "metrics.listen"); !hp) {
+      problems.add(mark_of("metrics", "listen"), "metrics.listen", hp.error().message);
+    }
+  }
+  if (!problems.empty()) return problems.error();
+  return c;
+}
+
+Result<Config> load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Error{ErrorKind::kInvalidArgument, path + ": cannot read: " + std::strerror(errno)};
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse(text.str(), path);
+}
+
+std::vector<Change> diff(const Config& running, const Config& next) {
+  std::vector<Change> out;
+  for (const auto& f : fields()) {
+    std::string a = f.show(running), b = f.show(next);
+    if (a != b) out.push_back(Change{f.key(), std::move(a), std::move(b), f.live});
+  }
+  return out;
+}
+
+}  // namespace rdmabroker::config

@@ -1,0 +1,161 @@
+#include "ops/metrics.hpp"
+
+#include <prometheus/collectable.h>
+#include <prometheus/exposer.h>
+#include <prometheus/metric_family.h>
+
+#include <exception>
+#include <vector>
+
+namespace rdmabroker::daemon {
+
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+/// One exported metric. `key` is a counter name of Broker::stats(); with a
+/// `label`, `key` is a prefix and every counter under it becomes one series
+/// labelled with the rest of its name (e.g. connections.closed.slow_consumer
+/// -> reason="slow_consumer").
+struct MetricDef {
+  const char* name;
+  MetricType type;
+  const char* help;
+  const char* key;
+  const char* label = nullptr;
+};
+
+constexpr MetricType kCounter = MetricType::Counter;
+constexpr MetricType kGauge = MetricType::Gauge;
+
+// The broker's metrics, in one place.
+const MetricDef kMetrics[] = {
+    {"rdmabroker_connections", kGauge, "Open client connections, by transport.", "connections.by_transport.", "transport"},
+    {"rdmabroker_connections_accepted_total", kCounter, "Connections that completed their handshake.", "connections.accepted"},
+    {"rdmabroker_connections_rejected_total", kCounter, "Connection attempts refused in the handshake.", "connections.rejected"},
+    {"rdmabroker_connections_closed_total", kCounter, "Connections closed, by close reason.", "connections.closed.", "reason"},
+    {"rdmabroker_messages_received_total", kCounter, "PUBLISH frames accepted from clients.", "messages.in"},
+    {"rdmabroker_received_bytes_total", kCounter, "Payload bytes of accepted PUBLISH frames.", "bytes.in"},
+    {"rdmabroker_messages_routed_total", kCounter, "Copies of messages queued for subscribers (fan-out).", "messages.routed"},
+    {"rdmabroker_messages_delivered_total", kCounter, "Messages sent to subscribers (send completed).", "messages.delivered"},
+    {"rdmabroker_delivered_bytes_total", kCounter, "Payload bytes of delivered messages.", "bytes.out"},
+    {"rdmabroker_messages_dropped_total", kCounter, "Routed messages not delivered, by the policy that dropped them.", "messages.dropped.", "reason"},
+    {"rdmabroker_messages_no_subscribers_total", kCounter, "Messages published to a subject nobody subscribes to.", "messages.no_subscribers"},
+    {"rdmabroker_requests_no_responders_total", kCounter, "Requests answered with NO_RESPONDERS.", "messages.no_responders"},
+    {"rdmabroker_messages_pending", kGauge, "Messages queued for subscribers and not yet sent.", "messages.pending"},
+    {"rdmabroker_slow_consumers_total", kCounter, "Subscribers disconnected as slow consumers.", "connections.closed.slow_consumer"},
+    {"rdmabroker_subscriptions", kGauge, "Active subscriptions.", "subscriptions"},
+    {"rdmabroker_protocol_errors_total", kCounter, "Connections closed for a protocol error.", "protocol_errors"},
+    {"rdmabroker_credit_stalls_total", kCounter, "Flushes that had data for an RDMA client but no send credit.", "rdma.credit_stalls"},
+    {"rdmabroker_credit_updates_total", kCounter, "Zero-byte SENDs that only returned credits.", "rdma.credit_updates"},
+    {"rdmabroker_producer_stalls_total", kCounter, "Publishers slowed because a subscriber they feed was backlogged.", "producer_stalls"},
+    {"rdmabroker_rdma_sends_total", kCounter, "RDMA SEND work requests posted.", "rdma.sends_posted"},
+    {"rdmabroker_rdma_receives_total", kCounter, "RDMA receive completions.", "rdma.receives"},
+    {"rdmabroker_rdma_orphan_receives_total", kCounter, "Receives for a QP that was already gone.", "rdma.orphan_receives"},
+    {"rdmabroker_rdma_work_completion_errors_total", kCounter, "Work completions with an error status (other than flush).", "rdma.wc_errors"},
+    {"rdmabroker_srq_posted_receives", kGauge, "Receives posted on the shared receive queues.", "rdma.srq_posted"},
+    {"rdmabroker_srq_refills_total", kCounter, "Shared receive queue refills at the low watermark.", "rdma.srq_refills"},
+    {"rdmabroker_pool_buffers", kGauge, "Buffers in the registered pool.", "pool.buffers"},
+    {"rdmabroker_pool_buffers_in_use", kGauge, "Pool buffers posted, queued or being sent.", "pool.in_use"},
+    {"rdmabroker_tcp_reads_total", kCounter, "read() calls on TCP connections that returned data.", "tcp.reads"},
+    {"rdmabroker_tcp_writes_total", kCounter, "sendmsg() calls on TCP connections that wrote data.", "tcp.writes"},
+    {"rdmabroker_tcp_write_blocked_total", kCounter, "TCP writes that found the socket buffer full.", "tcp.write_blocked"},
+    {"rdmabroker_reloads_total", kCounter, "Configuration reloads, by outcome.", "reloads.", "outcome"},
+    {"rdmabroker_workers", kGauge, "Worker threads.", "workers"},
+};
+
+struct HistogramDef {
+  const char* name;
+  const char* help;
+  const char* key;
+};
+const HistogramDef kHistograms[] = {
+    {"rdmabroker_completions_per_poll", "Work completions returned by one ibv_poll_cq call that found any.",
+     "completions_per_poll"},
+    {"rdmabroker_relay_latency_seconds",
+     "Time from a message's arrival at the broker to the completion of the send carrying it to a subscriber.",
+     "relay_latency_seconds"},
+};
+
+}  // namespace
+
+class BrokerCollectable final : public prometheus::Collectable {
+ public:
+  BrokerCollectable(MetricsExporter::Counters counters, MetricsExporter::Histograms histograms)
+      : counters_(std::move(counters)), histograms_(std::move(histograms)) {}
+
+  std::vector<MetricFamily> Collect() const override {
+    const StatsSnapshot stats = counters_();
+    std::vector<MetricFamily> out;
+    for (const auto& def : kMetrics) {
+      MetricFamily f{def.name, def.help, def.type, {}};
+      auto value_of = [&](std::int64_t v) {
+        ClientMetric m;
+        if (def.type == kCounter) m.counter.value = static_cast<double>(v);
+        else m.gauge.value = static_cast<double>(v);
+        return m;
+      };
+      if (def.label == nullptr) {
+        auto it = stats.find(def.key);
+        f.metric.push_back(value_of(it != stats.end() ? it->second : 0));
+      } else {
+        const std::string prefix = def.key;
+        for (auto it = stats.lower_bound(prefix); it != stats.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+          ClientMetric m = value_of(it->second);
+          m.label.push_back({def.label, it->first.substr(prefix.size())});
+          f.metric.push_back(std::move(m));
+        }
+      }
+      out.push_back(std::move(f));
+    }
+    const auto hists = histograms_();
+    for (const auto& def : kHistograms) {
+      MetricFamily f{def.name, def.help, MetricType::Histogram, {}};
+      ClientMetric m;
+      if (auto it = hists.find(def.key); it != hists.end()) {
+        const HistogramSnapshot& h = it->second;
+        std::uint64_t cumulative = 0;
+        for (std::size_t i = 0; i < h.bounds.size(); ++i) {
+          cumulative += h.counts[i];
+          m.histogram.bucket.push_back({cumulative, h.bounds[i]});
+        }
+        cumulative += h.counts.back();
+        m.histogram.bucket.push_back({cumulative, std::numeric_limits<double>::infinity()});
+        m.histogram.sample_count = cumulative;
+        m.histogram.sample_sum = h.sum;
+      }
+      f.metric.push_back(std::move(m));
+      out.push_back(std::move(f));
+    }
+    MetricFamily build{"rdmabroker_build_info", "Always 1; the labels say which build is running.", kGauge, {}};
+    ClientMetric info;
+    info.gauge.value = 1;
+    info.label = {{"version", RDMABROKER_VERSION}};
+    build.metric.push_back(std::move(info));
+    out.push_back(std::move(build));
+    return out;
+  }
+
+ private:
+  MetricsExporter::Counters counters_;
+  MetricsExporter::Histograms histograms_;
+};
+
+Result<std::unique_ptr<MetricsExporter>> MetricsExporter::start(const std::string& listen, Counters counters,
+                                                               Histograms histograms) {
+  std::unique_ptr<MetricsExporter> e(new MetricsExporter());
+  e->collectable_ = std::make_shared<BrokerCollectable>(std::move(counters), std::move(histograms));
+  try {
+    e->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
+  } catch (const std::exception& ex) {
+    return Error{ErrorKind::kResource, "metrics.listen " + listen + ": cannot listen (" + ex.what() + ")"};
+  }
+  e->exposer_->RegisterCollectable(e->collectable_);
+  return e;
+}
+
+MetricsExporter::~MetricsExporter() { exposer_.reset(); }
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,220 @@
+// Operating the broker as an operator does: live reload from the YAML file
+// (applied, refused, invalid; by `rdmabroker reload` and by SIGHUP), the
+// Prometheus endpoint checked by promtool on a live scrape, and `rdmabroker
+// stat` listing connections with their transport. Each runs with clients on
+// RDMA (in the guest, label rdma) and on TCP (on the host, label tcp).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "harness.hpp"
+#include "rdmabroker/client.hpp"
+#include "rdmabroker/common/fd.hpp"
+
+namespace rdmabroker::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+enum class Via { kRdma, kTcp };
+void PrintTo(Via v, std::ostream* os) { *os << (v == Via::kRdma ? "rdma" : "tcp"); }
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+}
+
+/// GET http://127.0.0.1:port/path; the body, or "" on failure.
+std::string http_get(std::uint16_t port, const std::string& path) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) return "";
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  if (::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) return "";
+  std::string resp;
+  char buf[8192];
+  ssize_t n;
+  while ((n = ::read(fd.get(), buf, sizeof buf)) > 0) resp.append(buf, static_cast<std::size_t>(n));
+  const auto body = resp.find("\r\n\r\n");
+  return body == std::string::npos ? "" : resp.substr(body + 4);
+}
+
+class Ops : public ::testing::TestWithParam<Via> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Via::kRdma) require_rdma();
+  }
+  std::unique_ptr<Client> connect(const BrokerProcess& b, std::vector<Error>* errors = nullptr,
+                                  std::mutex* mu = nullptr) {
+    ClientOptions opt;
+    opt.publish_timeout = 10s;
+    opt.connect_timeout = 15s;
+    if (errors != nullptr) {
+      opt.on_error = [errors, mu](const Error& e) {
+        std::lock_guard l(*mu);
+        errors->push_back(e);
+      };
+    }
+    std::string url = b.tcp_url("127.0.0.1");
+    if (GetParam() == Via::kRdma) {
+      opt.bind_address = guest_addr2();
+      url = b.url(guest_addr1());
+    }
+    auto c = Client::connect(url, opt);
+    EXPECT_TRUE(c) << (c ? "" : c.error().message);
+    return c ? std::move(c.value()) : nullptr;
+  }
+  std::string config_path_ = "/tmp/rdmabroker-ops-" + std::to_string(getpid()) + ".yaml";
+};
+
+TEST_P(Ops, ReloadAppliesLiveSettingsRefusesTheRestAndKeepsClients) {
+  write_file(config_path_, "logging: {level: info}\nlimits: {max_subscriptions: 100}\n");
+  BrokerProcess broker(next_port(), {"--config", config_path_});
+  ASSERT_TRUE(broker.running());
+  std::mutex mu;
+  std::vector<Error> errors;
+  auto client = connect(broker, &errors, &mu);
+  ASSERT_TRUE(client);
+  auto sub = client->subscribe(std::string_view("ops.a"));
+  ASSERT_TRUE(sub);
+  ASSERT_TRUE(client->flush(10s));
+  auto reload = [&] { return run({RDMABROKER_CLI_PATH, "reload", "--admin-socket", broker.admin_socket()}); };
+
+  // 1. Live changes: applied, reported, in force for what follows.
+  write_file(config_path_, "logging: {level: debug}\nlimits: {max_subscriptions: 2}\n");
+  auto [rc, out] = reload();
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("logging.level info -> debug"), std::string::npos) << out;
+  EXPECT_NE(out.find("limits.max_subscriptions 100 -> 2"), std::string::npos) << out;
+  ASSERT_TRUE(client->subscribe(std::string_view("ops.b")));
+  ASSERT_TRUE(client->subscribe(std::string_view("ops.c")));  // the third: over the new limit
+  ASSERT_TRUE(client->flush(10s));
+  {
+    std::lock_guard l(mu);
+    ASSERT_EQ(errors.size(), 1u);
+    EXPECT_NE(errors[0].message.find("too many subscriptions"), std::string::npos) << errors[0].message;
+  }
+
+  // 2. An invalid file: refused with the position of the mistake; nothing changes.
+  write_file(config_path_, "logging: {level: debug}\nlimits: {max_subscriptions: lots}\n");
+  auto bad = run({RDMABROKER_CLI_PATH, "reload", "--admin-socket", broker.admin_socket()});
+  EXPECT_EQ(bad.first, 1);
+
+  // 3. A change that needs a restart: refused, naming it.
+  write_file(config_path_, "logging: {level: debug}\nlimits: {max_subscriptions: 2}\nbuffers: {size: 8KiB}\n");
+  auto fixed = reload();
+  EXPECT_EQ(fixed.first, 1);
+
+  // 4. SIGHUP reloads too (back to the first file).
+  write_file(config_path_, "logging: {level: info}\nlimits: {max_subscriptions: 100}\n");
+  ASSERT_EQ(::kill(broker.pid(), SIGHUP), 0);
+  auto s = broker.wait_stats([](auto& s) { return s["reloads.ok"] == 2; }, 10s);
+  EXPECT_EQ(s["reloads.ok"], 2);
+  EXPECT_EQ(s["reloads.failed"], 1);
+  EXPECT_EQ(s["reloads.refused"], 1);
+
+  // The client was never disturbed: connected, and messages still flow.
+  EXPECT_TRUE(client->close_reason().message.empty()) << client->close_reason().message;
+  EXPECT_EQ(s["connections.current"], 1);
+  ASSERT_TRUE(client->publish("ops.a", std::string_view("after reloads")));
+  auto m = sub.value()->next(10s);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->data(), "after reloads");
+  ::unlink(config_path_.c_str());
+}
+
+TEST_P(Ops, InvalidReloadExplainsWhereAndWhy) {
+  write_file(config_path_, "workers: 2\n");
+  BrokerProcess broker(next_port(), {"--config", config_path_});
+  ASSERT_TRUE(broker.running());
+  write_file(config_path_, "workers: 2\nlimits:\n  max_subscriptions: lots\n");
+  auto [rc, out] = run({"/bin/sh", "-c",
+                        std::string(RDMABROKER_CLI_PATH) + " reload --admin-socket " + broker.admin_socket() + " 2>&1"});
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find(config_path_ + ":3:22: limits.max_subscriptions: expected an integer"), std::string::npos) << out;
+  write_file(config_path_, "workers: 3\n");
+  auto refused = run({"/bin/sh", "-c",
+                      std::string(RDMABROKER_CLI_PATH) + " reload --admin-socket " + broker.admin_socket() + " 2>&1"});
+  EXPECT_EQ(refused.first, 1);
+  EXPECT_NE(refused.second.find("workers changed (2 -> 3) and cannot change while running"), std::string::npos)
+      << refused.second;
+  ::unlink(config_path_.c_str());
+}
+
+TEST_P(Ops, MetricsPassPromtoolOnALiveScrape) {
+  const std::uint16_t metrics_port = next_port();
+  BrokerProcess broker(next_port(), {"--metrics-listen", "127.0.0.1:" + std::to_string(metrics_port)});
+  ASSERT_TRUE(broker.running());
+  auto sub_client = connect(broker);
+  auto pub = connect(broker);
+  ASSERT_TRUE(sub_client && pub);
+  std::atomic<int> got{0};
+  ASSERT_TRUE(sub_client->subscribe("m.x", [&](const Message&) { got.fetch_add(1); }));
+  ASSERT_TRUE(sub_client->flush(10s));
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(pub->publish("m.x", std::string_view("hello")));
+  ASSERT_TRUE(pub->flush(10s));
+  ASSERT_TRUE(broker.wait_stats([](auto& s) { return s["messages.delivered"] == 100; }, 10s)["messages.delivered"] == 100);
+
+  const std::string body = http_get(metrics_port, "/metrics");
+  ASSERT_FALSE(body.empty());
+  const std::string file = "/tmp/rdmabroker-metrics-" + std::to_string(getpid()) + ".txt";
+  write_file(file, body);
+  auto [rc, out] = run({"/bin/sh", "-c", "promtool check metrics < " + file + " 2>&1"});
+  EXPECT_EQ(rc, 0) << out;
+  const std::string via = GetParam() == Via::kRdma ? "rdma" : "tcp";
+  EXPECT_NE(body.find("rdmabroker_connections{transport=\"" + via + "\"} 2"), std::string::npos) << body;
+  EXPECT_NE(body.find("rdmabroker_messages_received_total 100"), std::string::npos);
+  EXPECT_NE(body.find("rdmabroker_messages_delivered_total 100"), std::string::npos);
+  EXPECT_NE(body.find("rdmabroker_subscriptions 1"), std::string::npos);
+  EXPECT_NE(body.find("rdmabroker_messages_dropped_total{reason=\"slow_consumer\"} 0"), std::string::npos);
+  EXPECT_NE(body.find("rdmabroker_relay_latency_seconds_count"), std::string::npos);
+  EXPECT_EQ(body.find("rdmabroker_relay_latency_seconds_count 0"), std::string::npos) << "no latency observed";
+  EXPECT_NE(body.find("rdmabroker_build_info{version=\""), std::string::npos);
+  if (GetParam() == Via::kRdma) {
+    EXPECT_EQ(body.find("rdmabroker_completions_per_poll_count 0"), std::string::npos) << "no completion observed";
+  }
+  // No subject or client id ever becomes a label.
+  EXPECT_EQ(body.find("m.x"), std::string::npos);
+  ::unlink(file.c_str());
+}
+
+TEST_P(Ops, StatListsConnectionsWithTheirTransport) {
+  BrokerProcess broker(next_port());
+  ASSERT_TRUE(broker.running());
+  auto a = connect(broker);
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(a->subscribe(std::string_view("s.one")));
+  for (int i = 0; i < 7; ++i) ASSERT_TRUE(a->publish("s.none", std::string_view("1234")));
+  ASSERT_TRUE(a->flush(10s));
+  auto [rc, out] = run({RDMABROKER_CLI_PATH, "stat", "--json", "--admin-socket", broker.admin_socket()});
+  ASSERT_EQ(rc, 0) << out;
+  auto doc = nlohmann::json::parse(out);
+  ASSERT_EQ(doc["connections"].size(), 1u) << out;
+  const auto& c = doc["connections"][0];
+  EXPECT_EQ(c["transport"], GetParam() == Via::kRdma ? "rdma" : "tcp");
+  EXPECT_EQ(c["state"], "established");
+  EXPECT_EQ(c["subscriptions"], 1);
+  EXPECT_EQ(c["messages_in"], 7);
+  EXPECT_EQ(c["bytes_in"], 28);
+  EXPECT_EQ(doc["stats"]["messages.in"], 7);
+  auto text = run({RDMABROKER_CLI_PATH, "stat", "--admin-socket", broker.admin_socket()});
+  EXPECT_NE(text.second.find("1 connection(s)"), std::string::npos) << text.second;
+}
+
+INSTANTIATE_TEST_SUITE_P(Via, Ops, ::testing::Values(Via::kRdma, Via::kTcp),
+                         [](const auto& info) { return info.param == Via::kRdma ? "rdma" : "tcp"; });
+
+}  // namespace
+}  // namespace rdmabroker::test

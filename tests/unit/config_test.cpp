@@ -1,0 +1,163 @@
+// The YAML loader: defaults, every section, and one case per kind of mistake,
+// each reported with file, line, column and key; diff() for reload.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "rdmabroker/config/config.hpp"
+
+namespace rdmabroker::config {
+namespace {
+
+std::string errors_of(std::string_view yaml) {
+  auto r = parse(yaml, "broker.yaml");
+  EXPECT_FALSE(r.ok()) << yaml;
+  return r.ok() ? "" : r.error().message;
+}
+
+TEST(Config, EmptyFileMeansDefaults) {
+  auto c = parse("", "broker.yaml");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->broker.port, 7470);
+  EXPECT_EQ(c->broker.tcp_port, 7471);
+  EXPECT_EQ(c->broker.buffer_size, 16384u);
+  EXPECT_EQ(c->log.level, "info");
+  EXPECT_EQ(c->metrics_listen, "127.0.0.1:9464");
+}
+
+TEST(Config, EverySectionIsRead) {
+  auto c = parse(R"(
+listen:
+  rdma: 10.0.0.1:7000
+  tcp: "[::]:7001"
+rdma: on
+devices: [mlx5_0, mlx5_1]
+workers: 4
+buffers: {size: 8KiB, pool: 4096, srq_depth: 512}
+flow: {credits: 16, max_inflight_sends: 4}
+limits:
+  max_connections: 100
+  max_payload: 4000
+  max_subscriptions: 50
+  max_pending_bytes: 16MiB
+slow_consumer: {write_deadline_ms: 500, producer_stall_ms: 20, drain_timeout_ms: 1000}
+metrics: {listen: "0.0.0.0:9500"}
+admin: {socket: /run/x.sock}
+logging: {level: debug, format: json, target: console}
+)",
+                 "broker.yaml");
+  ASSERT_TRUE(c) << c.error().message;
+  const auto& b = c->broker;
+  EXPECT_EQ(b.listen_address, "10.0.0.1");
+  EXPECT_EQ(b.port, 7000);
+  EXPECT_EQ(b.tcp_listen_address, "::");
+  EXPECT_EQ(b.tcp_port, 7001);
+  EXPECT_EQ(b.rdma, RdmaMode::kOn);
+  EXPECT_EQ(b.devices, (std::vector<std::string>{"mlx5_0", "mlx5_1"}));
+  EXPECT_EQ(b.workers, 4u);
+  EXPECT_EQ(b.buffer_size, 8192u);
+  EXPECT_EQ(b.pool_buffers, 4096u);
+  EXPECT_EQ(b.srq_depth, 512u);
+  EXPECT_EQ(b.credits, 16u);
+  EXPECT_EQ(b.max_inflight_sends, 4u);
+  EXPECT_EQ(b.max_connections, 100u);
+  EXPECT_EQ(b.max_payload, 4000u);
+  EXPECT_EQ(b.max_subscriptions, 50u);
+  EXPECT_EQ(b.max_pending_bytes, 16u << 20);
+  EXPECT_EQ(b.write_deadline_ms, 500u);
+  EXPECT_EQ(b.producer_stall_ms, 20u);
+  EXPECT_EQ(b.drain_timeout_ms, 1000u);
+  EXPECT_EQ(c->metrics_listen, "0.0.0.0:9500");
+  EXPECT_EQ(b.admin_socket, "/run/x.sock");
+  EXPECT_EQ(c->log.level, "debug");
+  EXPECT_EQ(c->log.format, LogFormat::kJson);
+  EXPECT_EQ(c->log.target, LogTarget::kConsole);
+}
+
+TEST(Config, TcpCanBeTurnedOff) {
+  auto c = parse("listen: {tcp: \"\"}\n", "broker.yaml");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->broker.tcp_port, 0);
+}
+
+TEST(Config, UnknownKeysNameFileLineColumnAndKey) {
+  EXPECT_EQ(errors_of("workers: 2\nwrokers: 3\n"), "broker.yaml:2:1: wrokers: unknown key");
+  EXPECT_EQ(errors_of("limits:\n  max_subscriptons: 5\n"), "broker.yaml:2:3: limits.max_subscriptons: unknown key");
+}
+
+TEST(Config, WrongTypesAndValuesSayWhatIsExpected) {
+  EXPECT_EQ(errors_of("workers: many\n"),
+            "broker.yaml:1:10: workers: expected an integer between 0 and 64, got 'many'");
+  EXPECT_EQ(errors_of("workers: 65\n"), "broker.yaml:1:10: workers: must be between 0 and 64, got 65");
+  EXPECT_EQ(errors_of("limits:\n  max_pending_bytes: 3 lots\n"),
+            "broker.yaml:2:22: limits.max_pending_bytes: expected a size (bytes, or with KiB/MiB/GiB) between 4096 "
+            "and 1099511627776, got '3 lots'");
+  EXPECT_EQ(errors_of("rdma: maybe\n"), "broker.yaml:1:7: rdma: expected one of auto, on, off, got 'maybe'");
+  EXPECT_EQ(errors_of("logging: {level: loud}\n"),
+            "broker.yaml:1:18: logging.level: expected one of trace, debug, info, warn, error, critical, off, got 'loud'");
+  EXPECT_EQ(errors_of("listen: {rdma: 10.0.0.1}\n"),
+            "broker.yaml:1:16: listen.rdma: address '10.0.0.1': no port (expected host:port, e.g. 0.0.0.0:7470 or [::]:7470)");
+  EXPECT_EQ(errors_of("buffers: 4096\n"), "broker.yaml:1:10: buffers: expected a mapping (a section of settings)");
+  EXPECT_EQ(errors_of("devices: mlx5_0\n"),
+            "broker.yaml:1:10: devices: expected a list of RDMA device names, e.g. [mlx5_0] (empty: all)");
+  EXPECT_EQ(errors_of("- a\n- b\n"), "broker.yaml:1:1: expected a mapping of settings at the top level");
+}
+
+TEST(Config, EveryProblemIsReportedNotJustTheFirst) {
+  const auto e = errors_of("workers: x\nflow: {credits: 1}\nbogus: 1\n");
+  EXPECT_NE(e.find("broker.yaml:1:10: workers:"), std::string::npos) << e;
+  EXPECT_NE(e.find("broker.yaml:2:17: flow.credits: must be between 2 and 65535"), std::string::npos) << e;
+  EXPECT_NE(e.find("broker.yaml:3:1: bogus: unknown key"), std::string::npos) << e;
+}
+
+TEST(Config, RulesAcrossSettings) {
+  EXPECT_NE(errors_of("buffers: {size: 1100}\n").find("buffers.size: must be a multiple of 64"), std::string::npos);
+  EXPECT_NE(errors_of("buffers: {size: 64KiB}\nlimits: {max_pending_bytes: 128KiB}\n")
+                .find("broker.yaml:2:29: limits.max_pending_bytes: must be at least 4 buffers (262144 bytes)"),
+            std::string::npos);
+  EXPECT_NE(errors_of("limits: {max_payload: 1MiB}\n").find("limits.max_payload: cannot exceed what buffers.size allows"),
+            std::string::npos);
+  EXPECT_NE(errors_of("rdma: off\nlisten: {tcp: \"\"}\n").find("rdma: RDMA is off and listen.tcp is empty"),
+            std::string::npos);
+}
+
+TEST(Config, SyntaxErrorsHaveAPosition) {
+  const auto e = errors_of("workers: [1, 2\n");
+  EXPECT_EQ(e.rfind("broker.yaml:", 0), 0u) << e;
+  EXPECT_NE(e.find("YAML syntax"), std::string::npos) << e;
+}
+
+TEST(Config, LoadReadsAFileAndNamesIt) {
+  const std::string path = ::testing::TempDir() + "/rdmabroker-config-test.yaml";
+  {
+    std::ofstream out(path);
+    out << "workers: 2\nlimits: {max_subscriptions: zero}\n";
+  }
+  auto c = load(path);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().message.rfind(path + ":2:", 0), 0u) << c.error().message;
+  auto missing = load(path + ".missing");
+  ASSERT_FALSE(missing);
+  EXPECT_NE(missing.error().message.find("cannot read"), std::string::npos);
+}
+
+TEST(Config, DiffSaysWhatChangedAndWhetherItMayChangeLive) {
+  auto a = parse("", "a");
+  auto b = parse("logging: {level: debug}\nlimits: {max_subscriptions: 5}\nbuffers: {size: 8KiB}\n", "b");
+  ASSERT_TRUE(a && b);
+  const auto changes = diff(a.value(), b.value());
+  ASSERT_EQ(changes.size(), 3u);
+  EXPECT_EQ(changes[0].key, "buffers.size");
+  EXPECT_FALSE(changes[0].live);
+  EXPECT_EQ(changes[0].from, "16384");
+  EXPECT_EQ(changes[0].to, "8192");
+  EXPECT_EQ(changes[1].key, "limits.max_subscriptions");
+  EXPECT_TRUE(changes[1].live);
+  EXPECT_EQ(changes[2].key, "logging.level");
+  EXPECT_TRUE(changes[2].live);
+  EXPECT_EQ(changes[2].to, "debug");
+  EXPECT_TRUE(diff(a.value(), a.value()).empty());
+}
+
+}  // namespace
+}  // namespace rdmabroker::config
