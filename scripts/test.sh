@@ -2,8 +2,8 @@
 # The whole test suite, as CI runs it (.ci/run calls this):
 #   1. installs what is missing (Debian packages), builds three trees:
 #      release, ASan+UBSan, TSan;
-#   2. runs the unit tests and the TCP integration tests of each tree on the
-#      host;
+#   2. builds and checks the .deb (scripts/package.sh), runs the unit tests
+#      and the TCP integration tests of each tree on the host;
 #   3. boots the Soft-RoCE guest once and runs the RDMA integration tests
 #      of every tree inside it (tests/softroce/guest-suite.sh).
 # RDMA tests never skip: no guest or no RDMA device is a failure.
@@ -26,6 +26,10 @@ for t in $TREES; do
 done
 
 failed=0
+if [[ " $TREES " == *" release "* ]]; then
+  echo "=== package (build/release)"
+  scripts/package.sh build/release || failed=1
+fi
 for t in $TREES; do
   echo "=== unit and TCP integration tests ($t, host)"
   ctest --test-dir "build/$t" -L 'unit|tcp' --output-on-failure || failed=1

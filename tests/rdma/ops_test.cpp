@@ -14,6 +14,7 @@
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <thread>
 
 #include "harness.hpp"
@@ -187,6 +188,17 @@ TEST_P(Ops, MetricsPassPromtoolOnALiveScrape) {
   }
   // No subject or client id ever becomes a label.
   EXPECT_EQ(body.find("m.x"), std::string::npos);
+  // Every metric the shipped dashboard and alerts use is one the broker serves.
+  for (const char* file : {"deploy/grafana/rdmabroker-dashboard.json", "deploy/prometheus/rdmabroker-alerts.yml"}) {
+    std::ifstream in(std::string(RDMABROKER_SOURCE_DIR) + "/" + file);
+    ASSERT_TRUE(in) << file;
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::smatch m;
+    for (auto it = text.cbegin(); std::regex_search(it, text.cend(), m, std::regex("rdmabroker_[a-z_]+")); it = m.suffix().first) {
+      std::string name = std::regex_replace(m.str(), std::regex("_(bucket|sum|count)$"), "");
+      EXPECT_NE(body.find("# TYPE " + name + " "), std::string::npos) << file << " uses " << m.str();
+    }
+  }
   ::unlink(file.c_str());
 }
 
