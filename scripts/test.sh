@@ -5,7 +5,9 @@
 #   2. builds and checks the .deb (scripts/package.sh), runs the unit tests
 #      and the TCP integration tests of each tree on the host;
 #   3. boots the Soft-RoCE guest once and runs the RDMA integration tests
-#      of every tree inside it (tests/softroce/guest-suite.sh).
+#      of every tree inside it (tests/softroce/guest-suite.sh);
+#   4. boots it once more with systemd as PID 1, installs the .deb and drives
+#      the real unit (tests/softroce/systemd-suite.sh).
 # RDMA tests never skip: no guest or no RDMA device is a failure.
 # Set RDMABROKER_TEST_TREES to a subset (e.g. "release") for a quicker run.
 set -euo pipefail
@@ -28,7 +30,7 @@ done
 failed=0
 if [[ " $TREES " == *" release "* ]]; then
   echo "=== package (build/release)"
-  scripts/package.sh build/release || failed=1
+  DEB=$(scripts/package.sh build/release | tail -1) || failed=1
 fi
 for t in $TREES; do
   echo "=== unit and TCP integration tests ($t, host)"
@@ -39,6 +41,11 @@ echo "=== RDMA integration tests (Soft-RoCE guest): $TREES"
 dirs=()
 for t in $TREES; do dirs+=("build/$t"); done
 tests/softroce/run-in-guest.sh tests/softroce/guest-suite.sh "${dirs[@]}" || failed=1
+
+if [ -n "${DEB:-}" ]; then
+  echo "=== systemd unit (Soft-RoCE guest booted with systemd as PID 1): $DEB"
+  RDMABROKER_GUEST_INIT=systemd tests/softroce/run-in-guest.sh tests/softroce/systemd-suite.sh "$DEB" || failed=1
+fi
 
 echo "=== test.sh: $(( $(date +%s) - T0 )) s, $([ $failed = 0 ] && echo PASSED || echo FAILED)"
 exit $failed

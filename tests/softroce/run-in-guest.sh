@@ -28,6 +28,10 @@
 #   RDMABROKER_GUEST_ACCEL    auto | kvm | tcg         (auto: KVM only with a
 #                             hardware kvm_intel/kvm_amd and no kvm_pvm)
 #   RDMABROKER_GUEST_VERBOSE  1: boot output and timings
+#   RDMABROKER_GUEST_INIT     bash | systemd (bash: CMD runs under a minimal PID 1;
+#                             systemd: the host's systemd boots as PID 1 into a
+#                             target that runs CMD as a service, so CMD can
+#                             drive real units with systemctl and journalctl)
 #
 # Why it is built this way (measured; see docs/testing.md):
 #   - KVM on these machines is kvm_pvm, which cannot run a stock kernel, so the
@@ -45,6 +49,7 @@ MEM=${RDMABROKER_GUEST_MEM:-2048}
 SMP=${RDMABROKER_GUEST_SMP:-$(nproc)}
 ACCEL=${RDMABROKER_GUEST_ACCEL:-auto}
 VERBOSE=${RDMABROKER_GUEST_VERBOSE:-0}
+INIT=${RDMABROKER_GUEST_INIT:-bash}
 SUBNET=192.168.77
 
 log() { printf 'rdmabroker-guest: %s\n' "$*" >&2; }
@@ -186,7 +191,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 CWD=$(pwd -P)
 [ "$CWD" != / ] || die "run it from a project directory, not /"
-printf 'G_KV=%q\nG_KROOT=%q\nG_CWD=%q\nG_SUBNET=%q\nG_VERBOSE=%q\n' "$KV" "$(readlink -f "$KROOT")" "$CWD" "$SUBNET" "$VERBOSE" >"$X/config"
+printf 'G_KV=%q\nG_KROOT=%q\nG_CWD=%q\nG_SUBNET=%q\nG_VERBOSE=%q\nG_INIT=%q\n' "$KV" "$(readlink -f "$KROOT")" "$CWD" "$SUBNET" "$VERBOSE" "$INIT" >"$X/config"
 {
   for v in PATH LANG LC_ALL CI TERM ${RDMABROKER_GUEST_PASS_ENV:-}; do
     [ -n "${!v+x}" ] && printf 'export %s=%q\n' "$v" "${!v}"
@@ -242,6 +247,28 @@ for d in rxe0 rxe1; do
 done
 export RDMABROKER_GUEST=1 RDMABROKER_GUEST_ADDR1=$A1 RDMABROKER_GUEST_ADDR2=$A2 RDMABROKER_GUEST_DEVICES="rxe0 rxe1"
 [ "$G_VERBOSE" = 1 ] && { rdma link show; ip -br addr; }
+if [ "$G_INIT" = systemd ]; then
+  # systemd becomes PID 1 (this shell execs it) and boots only sysinit plus
+  # one service that runs CMD, reports its status and powers off. The unit
+  # files live in the tmpfs overlay: they vanish with the guest.
+  {
+    echo '#!/bin/bash'
+    printf 'export RDMABROKER_GUEST=1 RDMABROKER_GUEST_ADDR1=%s RDMABROKER_GUEST_ADDR2=%s RDMABROKER_GUEST_DEVICES="rxe0 rxe1" RDMABROKER_GUEST_INIT=systemd\n' "$A1" "$A2"
+    echo 'bash /run/guest/cmd.sh </dev/null >/dev/ttyS0 2>&1'
+    echo 'rc=$?'
+    echo 'echo "@@GUEST_END@@ rc=$rc uptime=$(cut -d" " -f1 /proc/uptime)" >/dev/ttyS0'
+    echo 'echo $rc >/run/guest/rc; sync; echo o >/proc/sysrq-trigger'
+  } >/etc/guest-cmd.sh
+  chmod 755 /etc/guest-cmd.sh
+  mkdir -p /etc/systemd/system /etc/systemd/system.conf.d
+  printf '[Manager]\nShowStatus=no\n' >/etc/systemd/system.conf.d/guest.conf  # no progress spinner on the console
+  printf '[Unit]\nDescription=rdmabroker guest run\nRequires=sysinit.target guest-cmd.service\nAfter=sysinit.target\nAllowIsolate=yes\n' \
+    >/etc/systemd/system/guest.target
+  printf '[Unit]\nAfter=sysinit.target systemd-journald.service\n[Service]\nType=oneshot\nLimitMEMLOCK=infinity\nExecStart=/etc/guest-cmd.sh\n' \
+    >/etc/systemd/system/guest-cmd.service
+  echo "@@GUEST_BEGIN@@ $(cut -d' ' -f1 /proc/uptime)"
+  exec /lib/systemd/systemd --unit=guest.target --show-status=false --log-level=warning --log-target=kmsg
+fi
 echo "@@GUEST_BEGIN@@ $(cut -d' ' -f1 /proc/uptime)"
 setsid bash $X/cmd.sh </dev/null >/dev/ttyS0 2>&1 &
 wait $!
