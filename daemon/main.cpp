@@ -18,6 +18,7 @@
 #include "ops/admin_server.hpp"
 #include "ops/logging.hpp"
 #include "ops/metrics.hpp"
+#include "ops/rate_meter.hpp"
 #include "ops/reloader.hpp"
 #include "ops/systemd.hpp"
 #include "rdmabroker/config/config.hpp"
@@ -165,6 +166,7 @@ int main(int argc, char** argv) {
     reloader.add_counters(s);
     return s;
   };
+  RateMeter rates;  // main thread only
 
   std::unique_ptr<MetricsExporter> metrics;
   if (!cfg.metrics_listen.empty()) {
@@ -185,8 +187,10 @@ int main(int argc, char** argv) {
     admin = std::make_unique<AdminServer>(eff.admin_socket, [&](const std::string& cmd) {
       nlohmann::json reply;
       if (cmd == "stats") {
+        auto s = counters();
+        rates.add_rates(s);
         reply["ok"] = true;
-        reply["stats"] = counters();
+        reply["stats"] = s;
       } else if (cmd == "connections") {
         reply["ok"] = true;
         reply["connections"] = connections_json(broker.connections());
@@ -218,13 +222,15 @@ int main(int argc, char** argv) {
 
   // The watchdog is fed only while every worker loop is going round (each
   // wakes at least every 200 ms); a stuck worker lets systemd restart us.
+  // The loop also wakes about once a second to sample rates for `stat`.
   const auto period = notifier.watchdog_period();
-  const int poll_ms = period.count() > 0 ? static_cast<int>(std::min<std::int64_t>(period.count(), 1000)) : -1;
+  const int poll_ms = period.count() > 0 ? static_cast<int>(std::min<std::int64_t>(period.count(), 1000)) : 1000;
   std::vector<pollfd> fds{{sigfd.get(), POLLIN, 0}};
   if (admin) fds.push_back({admin->fd(), POLLIN, 0});
   while (true) {
     const int n = ::poll(fds.data(), fds.size(), poll_ms);
     if (period.count() > 0 && broker.workers_healthy(std::chrono::seconds(2))) notifier.watchdog();
+    rates.sample(broker.stats(), std::chrono::steady_clock::now());
     if (n <= 0) continue;
     if (fds[0].revents != 0) {
       signalfd_siginfo si{};

@@ -6,6 +6,7 @@
 //   rdmabroker reply SUBJECT MESSAGE     answer every request on SUBJECT with MESSAGE
 //   rdmabroker stat [--json]             the broker's counters and connections (admin socket)
 //   rdmabroker reload                    reload the broker's configuration (admin socket)
+//   rdmabroker bench [SUBJECT]           N publishers -> M subscribers: rates, loss, latency
 // The broker URL is rdma://host[:port] or tcp://host[:port] (--server, or RDMABROKER_URL).
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include <string>
 
 #include "admin_client.hpp"
+#include "bench.hpp"
 #include "rdmabroker/client.hpp"
 
 namespace {
@@ -185,7 +187,10 @@ int run_stat(const std::string& socket, bool json) {
     return 0;
   }
   for (const auto& [k, v] : s.items()) std::cout << k << " " << v << "\n";
-  std::cout << "\n" << c.size() << " connection(s)\n";
+  std::cout << "\nrates (last ~5 s): " << s.value("rates.messages_in_per_s", 0) << " msg/s in, "
+            << s.value("rates.messages_out_per_s", 0) << " msg/s out, " << s.value("rates.bytes_in_per_s", 0)
+            << " B/s in, " << s.value("rates.bytes_out_per_s", 0) << " B/s out\n";
+  std::cout << c.size() << " connection(s)\n";
   if (!c.empty()) {
     std::printf("%-6s %-5s %-22s %-13s %4s %12s %12s %14s %14s %8s\n", "id", "via", "peer", "state", "subs", "msgs_in",
                 "msgs_out", "bytes_in", "bytes_out", "pending");
@@ -263,6 +268,22 @@ int main(int argc, char** argv) {
   rep->add_option("-n,--count", rep_count, "Exit after this many replies (0: run until interrupted)")->capture_default_str();
   add_common(rep, rep_common);
 
+  Common bench_common;
+  rdmabroker::cli::BenchOptions bench_opt;
+  bool bench_quiet = false;
+  auto* bench = app.add_subcommand("bench", "Benchmark: publishers -> subscribers; rates, loss, reordering, latency");
+  bench->add_option("subject", bench_opt.subject, "Subject")->capture_default_str();
+  bench->add_option("-p,--pub", bench_opt.publishers, "Publishers (each its own connection)")->capture_default_str();
+  bench->add_option("-m,--sub", bench_opt.subscribers, "Subscribers (each its own connection)")->capture_default_str();
+  bench->add_option("-q,--queue", bench_opt.queue, "Subscribers join this queue group (each message to one of them)");
+  bench->add_option("--size", bench_opt.size, "Payload bytes (at least 24)")->capture_default_str();
+  bench->add_option("-n,--count", bench_opt.count, "Messages per publisher")->capture_default_str();
+  bench->add_option("-d,--duration", bench_opt.duration_s, "Seconds per publisher (instead of --count)");
+  bench->add_option("-r,--rate", bench_opt.rate, "Messages/s per publisher (0: flat out); latency then counts from the schedule");
+  bench->add_flag("--json", bench_opt.json, "JSON report");
+  bench->add_flag("--quiet", bench_quiet, "No progress lines");
+  add_common(bench, bench_common);
+
   std::string stat_socket = rdmabroker::cli::kDefaultAdminSocket;
   bool stat_json = false;
   auto* stat = app.add_subcommand("stat", "Show the broker's counters");
@@ -279,5 +300,11 @@ int main(int argc, char** argv) {
   if (req->parsed()) return run_request(req_common, req_subject, req_message, req_timeout);
   if (rep->parsed()) return run_reply(rep_common, rep_subject, rep_queue, rep_message, rep_count);
   if (reload->parsed()) return run_reload(reload_socket);
+  if (bench->parsed()) {
+    bench_opt.url = bench_common.server.empty() ? default_server() : bench_common.server;
+    bench_opt.bind = bench_common.bind;
+    bench_opt.progress = !bench_quiet;
+    return rdmabroker::cli::run_bench(bench_opt);
+  }
   return run_stat(stat_socket, stat_json);
 }

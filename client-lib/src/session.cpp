@@ -372,12 +372,12 @@ void Session::on_frames(std::span<const std::byte> data, std::vector<Message>& d
         }
         break;
       }
-      case FrameType::kPong: {
-        std::lock_guard lock(mu_);
-        ++pongs_received_;
-        cv_.notify_all();
+      case FrameType::kPong:
+        // Counted only in dispatch(), after the callbacks and error reports
+        // of everything that arrived before it: flush() then means those
+        // have been handed to the application too.
+        ++pongs_pending_;
         break;
-      }
       case FrameType::kError:
       case FrameType::kClose: {
         const auto code = static_cast<proto::ErrorCode>(f.header.arg);
@@ -420,6 +420,11 @@ void Session::dispatch(std::vector<Message>& deliveries, std::vector<Error>& err
     for (const auto& e : errors) opt_.on_error(e);
   }
   errors.clear();
+  if (pongs_pending_ > 0) {
+    std::lock_guard lock(mu_);
+    pongs_received_ += std::exchange(pongs_pending_, 0);
+    cv_.notify_all();
+  }
 }
 
 }  // namespace rdmabroker

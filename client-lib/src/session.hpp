@@ -117,7 +117,8 @@ class Session : public Client {
   /// Decodes what the broker sent (whole frames) into deliveries and errors;
   /// hands NO_RESPONDERS, PONG, ERROR and CLOSE to the session.
   void on_frames(std::span<const std::byte> data, std::vector<Message>& deliveries, std::vector<Error>& errors);
-  /// Runs callbacks and fills queues (I/O thread, without mu_).
+  /// Runs callbacks and fills queues, reports errors, then counts the PONGs
+  /// that came after them (I/O thread, without mu_).
   void dispatch(std::vector<Message>& deliveries, std::vector<Error>& errors);
   void fail_locked(Error why);
   Status check_open_locked() const {
@@ -167,6 +168,7 @@ class Session : public Client {
   std::uint64_t next_sequence_ = 1;
   std::uint64_t pings_sent_ = 0;
   std::uint64_t pongs_received_ = 0;
+  std::uint64_t pongs_pending_ = 0;  // I/O thread only: PONGs decoded, not yet dispatched
   std::uint32_t next_sid_ = 1;
   std::unordered_map<std::uint32_t, SubscriptionEntry> subs_;
   // Request/reply: replies arrive on "<inbox_>.<n>" through one wildcard subscription.

@@ -223,6 +223,16 @@ TEST_P(Ops, StatListsConnectionsWithTheirTransport) {
   EXPECT_EQ(doc["stats"]["messages.in"], 7);
   auto text = run({RDMABROKER_CLI_PATH, "stat", "--admin-socket", broker.admin_socket()});
   EXPECT_NE(text.second.find("1 connection(s)"), std::string::npos) << text.second;
+  // Rates: traffic for a few seconds shows up as messages per second.
+  const auto until = std::chrono::steady_clock::now() + 3s;
+  while (std::chrono::steady_clock::now() < until) {
+    ASSERT_TRUE(a->publish("s.none", std::string_view("1234")));
+    std::this_thread::sleep_for(2ms);
+  }
+  ASSERT_TRUE(a->flush(10s));
+  auto busy = nlohmann::json::parse(run({RDMABROKER_CLI_PATH, "stat", "--json", "--admin-socket", broker.admin_socket()}).second);
+  EXPECT_GT(busy["stats"]["rates.messages_in_per_s"].get<std::int64_t>(), 10) << busy["stats"].dump();
+  EXPECT_GT(busy["stats"]["rates.bytes_in_per_s"].get<std::int64_t>(), 40);
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Ops, ::testing::Values(Via::kRdma, Via::kTcp),

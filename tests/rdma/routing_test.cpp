@@ -19,6 +19,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "harness.hpp"
 #include "rdmabroker/client.hpp"
 
@@ -350,6 +352,34 @@ TEST_P(Routing, CliRequestReplyAndQueueGroups) {
     for (std::string l; std::getline(in, l);) lines.insert(l);
   }
   EXPECT_EQ(lines, (std::multiset<std::string>{"1", "2", "3", "4"}));
+}
+
+// `rdmabroker bench` as a user runs it: every message is counted, none lost
+// or reordered, latency measured; with a queue group each message counts once.
+TEST_P(Routing, CliBenchCountsEveryMessage) {
+  std::vector<std::string> where = {"-s", GetParam() == Via::kRdma ? broker_.url(guest_addr1()) : broker_.tcp_url("127.0.0.1")};
+  if (GetParam() == Via::kRdma) where.insert(where.end(), {"-b", guest_addr2()});
+  auto bench = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {RDMABROKER_CLI_PATH, "bench"});
+    args.insert(args.end(), {"--json", "--quiet"});
+    args.insert(args.end(), where.begin(), where.end());
+    auto [rc, out] = run(args);
+    EXPECT_EQ(rc, 0) << out;
+    return nlohmann::json::parse(out, nullptr, false);
+  };
+  auto fan = bench({"b.fan", "-p", "2", "-m", "2", "-n", "2000", "--size", "100"});
+  ASSERT_FALSE(fan.is_discarded());
+  EXPECT_EQ(fan["aggregate"]["published"], 4000);
+  EXPECT_EQ(fan["aggregate"]["received"], 8000);
+  EXPECT_EQ(fan["aggregate"]["lost"], 0);
+  EXPECT_EQ(fan["aggregate"]["reordered"], 0);
+  EXPECT_GT(fan["aggregate"]["latency"]["p50_us"].get<double>(), 0);
+  EXPECT_GE(fan["aggregate"]["latency"]["max_us"].get<double>(), fan["aggregate"]["latency"]["p99_us"].get<double>());
+  auto queue = bench({"b.queue", "-p", "1", "-m", "3", "-q", "workers", "-n", "3000", "--rate", "3000"});
+  ASSERT_FALSE(queue.is_discarded());
+  EXPECT_EQ(queue["aggregate"]["expected"], 3000);
+  EXPECT_EQ(queue["aggregate"]["received"], 3000);
+  for (const auto& s : queue["subscribers"]) EXPECT_EQ(s["received"], 1000);  // round robin from one publisher
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Routing, ::testing::Values(Via::kRdma, Via::kTcp),

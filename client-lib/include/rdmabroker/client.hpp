@@ -114,7 +114,9 @@ class Client {
   virtual Result<std::shared_ptr<Subscription>> queue_subscribe(std::string_view subject, std::string_view group) = 0;
   virtual Status unsubscribe(std::uint32_t sid) = 0;
   /// Round trip to the broker: when it returns ok, everything sent before was
-  /// processed by the broker (subscriptions are active, publishes routed).
+  /// processed by the broker (subscriptions are active, publishes routed), and
+  /// whatever the broker sent back before its answer (messages, ERRORs) has
+  /// been handed to the callbacks and the error handler.
   virtual Status flush(std::chrono::milliseconds timeout) = 0;
   /// Sends CLOSE after what is queued, disconnects, joins the I/O thread.
   virtual void close() = 0;
