@@ -1,0 +1,44 @@
+// Holds N idle client connections to a broker, each with one subscription,
+// until its stdin closes: what tests/bench/idle-rss.sh measures the broker's
+// memory against. Clients use the smallest buffers the protocol allows, so
+// 1,000 RDMA clients fit one process.
+//   hold_connections URL N [BIND]
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "rdmabroker/client.hpp"
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::cerr << "usage: hold_connections URL N [BIND]\n";
+    return 2;
+  }
+  const std::string url = argv[1];
+  const int n = std::stoi(argv[2]);
+  rdmabroker::ClientOptions opt;
+  if (argc > 3) opt.bind_address = argv[3];
+  opt.recv_credits = 2;
+  opt.max_inflight_sends = 1;
+  opt.send_queue_buffers = 1;
+  opt.connect_timeout = std::chrono::seconds(30);
+  std::vector<std::unique_ptr<rdmabroker::Client>> clients;
+  for (int i = 0; i < n; ++i) {
+    auto c = rdmabroker::Client::connect(url, opt);
+    if (!c) {
+      std::cerr << "hold_connections: connection " << i << ": " << c.error().message << "\n";
+      return 1;
+    }
+    if (!c.value()->subscribe(std::string_view("idle." + std::to_string(i))) || !c.value()->flush(std::chrono::seconds(30))) {
+      std::cerr << "hold_connections: subscribe " << i << " failed\n";
+      return 1;
+    }
+    clients.push_back(std::move(c.value()));
+  }
+  std::cout << "held " << clients.size() << std::endl;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+  }
+  for (auto& c : clients) c->close();
+  return 0;
+}

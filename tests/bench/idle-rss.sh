@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The broker's memory per idle connection: RSS of rdmabrokerd before and
+# after N clients connect (each with one subscription), per transport.
+#   tests/bench/idle-rss.sh tcp [N]     on this host, over loopback TCP
+#   tests/bench/idle-rss.sh rdma [N]    over RDMA (through the Soft-RoCE guest
+#                                       when this host has no RDMA device)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+VIA=${1:-tcp}
+N=${2:-1000}
+BIN=${RDMABROKER_BIN:-build/release}
+if [ "$VIA" = rdma ] && [ "${RDMABROKER_GUEST:-}" != 1 ] && ! ibv_devices 2>/dev/null | grep -q -e rxe -e mlx; then
+  [ -x "$BIN/tests/bench/micro/hold_connections" ] || ninja -C "$BIN" hold_connections >/dev/null
+  exec tests/softroce/run-in-guest.sh env RDMABROKER_BIN="$BIN" tests/bench/idle-rss.sh rdma "$N"
+fi
+ninja -C "$BIN" hold_connections rdmabrokerd >/dev/null 2>&1 || true
+SOCK=/tmp/idle-rss-$$.sock
+ARGS=(--port 7490 --tcp-port 7491 --admin-socket "$SOCK" --metrics-listen "" --workers 2 --log-level warn
+      --max-connections $((N + 16)))
+if [ "$VIA" = tcp ]; then
+  ARGS+=(--rdma off)
+  URL=tcp://127.0.0.1:7491
+  BIND=()
+else
+  # Each RDMA client is granted credits out of its worker's SRQ: 1,000
+  # clients need SRQs deeper than the default (1024 / 32 credits = 32 per
+  # worker and device), so fewer credits and deeper SRQs here.
+  ARGS+=(--credits 2 --srq-depth 4096 --pool-buffers 16384 --buffer-size 4096)
+  URL=rdma://${RDMABROKER_GUEST_ADDR1:-127.0.0.1}:7490
+  BIND=(${RDMABROKER_GUEST_ADDR2:-})
+fi
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true  # each connection is a socket (TCP) or a few fds (RDMA)
+"$BIN/daemon/rdmabrokerd" "${ARGS[@]}" &
+B=$!
+trap 'kill $B 2>/dev/null || true' EXIT
+for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
+rss() { awk '/^VmRSS/{print $2}' "/proc/$B/status"; }
+sleep 1
+BEFORE=$(rss)
+exec 3> >("$BIN/tests/bench/micro/hold_connections" "$URL" "$N" "${BIND[@]}" > /tmp/idle-rss-$$.out; echo exited >> /tmp/idle-rss-$$.out)
+for _ in $(seq 600); do grep -q -e '^held' -e '^exited' /tmp/idle-rss-$$.out 2>/dev/null && break; sleep 0.5; done
+grep -q '^held' /tmp/idle-rss-$$.out || { echo "idle-rss: the holder did not connect" >&2; exit 1; }
+sleep 1
+AFTER=$(rss)
+CONNS=$("$BIN/client-lib/rdmabroker" stat --admin-socket "$SOCK" | awk '$1=="connections.current"{print $2}')
+exec 3>&-
+awk -v v="$VIA" -v n="$CONNS" -v b="$BEFORE" -v a="$AFTER" 'BEGIN {
+  printf "idle-rss: %s, %d idle connections (one subscription each): broker RSS %.1f MiB -> %.1f MiB, %.1f KiB per connection\n",
+    v, n, b / 1024, a / 1024, (a - b) / n }'
+rm -f /tmp/idle-rss-$$.out
