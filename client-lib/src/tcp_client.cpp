@@ -257,17 +257,7 @@ void TcpClient::read_available(std::vector<Message>& deliveries, std::vector<Err
     // Whole frames go to the session; an incomplete one waits for more bytes.
     // A frame that can never complete (longer than our buffer) is handed over
     // too, and the session reports it as undecodable.
-    std::size_t whole = 0;
-    while (whole < rlen_) {
-      proto::Frame f;
-      const auto st = proto::decode_frame({rbuf_.data() + whole, rlen_ - whole}, recv_buffer_size_, f);
-      if (st == proto::DecodeStatus::kNeedMore) break;
-      if (st != proto::DecodeStatus::kOk) {
-        whole = rlen_;
-        break;
-      }
-      whole += f.header.frame_len();
-    }
+    const std::size_t whole = proto::whole_frames({rbuf_.data(), rlen_}, recv_buffer_size_);
     on_frames({rbuf_.data(), whole}, deliveries, errors);
     std::memmove(rbuf_.data(), rbuf_.data() + whole, rlen_ - whole);
     rlen_ -= whole;

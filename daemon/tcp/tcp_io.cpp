@@ -204,6 +204,18 @@ void Worker::tcp_lost(Connection& c, const char* what, int err) {
 
 // ---------------------------------------------------------------- read
 
+BufferRef Worker::read_buffer(Connection& c) {
+  std::uint32_t index = 0;
+  if (core_.pool->acquire(&index, 1) == 0) {
+    // Pool exhausted: stop reading until buffers come back (TCP's window
+    // then holds the publisher, as withheld credits hold an RDMA one).
+    buffer_waiters_.push_back(c.id);
+    pause_reading(c);
+    return {};
+  }
+  return BufferRef(core_.pool, index);
+}
+
 void Worker::read_tcp(Connection& c) {
   TcpState& t = c.tcp;
   for (int round = 0; round < kReadsPerEvent; ++round) {
@@ -216,15 +228,8 @@ void Worker::read_tcp(Connection& c) {
       return tcp_lost(c, "read", n < 0 ? errno : 0);
     }
     if (!t.rbuf) {
-      std::uint32_t index = 0;
-      if (core_.pool->acquire(&index, 1) == 0) {
-        // Pool exhausted: stop reading until buffers come back (TCP's window
-        // then holds the publisher, as withheld credits hold an RDMA one).
-        buffer_waiters_.push_back(c.id);
-        pause_reading(c);
-        return;
-      }
-      t.rbuf = BufferRef(core_.pool, index);
+      t.rbuf = read_buffer(c);
+      if (!t.rbuf) return;
       t.rstart = t.rlen = 0;
     }
     const std::uint32_t room = opt_.buffer_size - t.rlen;
@@ -239,17 +244,8 @@ void Worker::read_tcp(Connection& c) {
 
     // Route every whole frame; an invalid one is handed over too, so that
     // process_frames() answers it with its ERROR.
-    std::uint32_t whole = t.rstart;
-    while (whole < t.rlen) {
-      proto::Frame f;
-      const auto st = proto::decode_frame({t.rbuf.data() + whole, t.rlen - whole}, opt_.buffer_size, f);
-      if (st == proto::DecodeStatus::kNeedMore) break;
-      if (st != proto::DecodeStatus::kOk) {
-        whole = t.rlen;
-        break;
-      }
-      whole += static_cast<std::uint32_t>(f.header.frame_len());
-    }
+    const std::uint32_t whole =
+        t.rstart + static_cast<std::uint32_t>(proto::whole_frames({t.rbuf.data() + t.rstart, t.rlen - t.rstart}, opt_.buffer_size));
     if (whole > t.rstart) {
       process_frames(c, t.rbuf, t.rstart, whole);
       t.rstart = whole;
@@ -260,13 +256,8 @@ void Worker::read_tcp(Connection& c) {
       t.rbuf.reset();  // idle connections hold no buffer
     } else if (t.rlen == opt_.buffer_size) {
       // Full, with an incomplete frame at the end: move it to a fresh buffer.
-      std::uint32_t index = 0;
-      if (core_.pool->acquire(&index, 1) == 0) {
-        buffer_waiters_.push_back(c.id);
-        pause_reading(c);
-        return;
-      }
-      BufferRef fresh(core_.pool, index);
+      BufferRef fresh = read_buffer(c);
+      if (!fresh) return;
       std::memcpy(fresh.data(), t.rbuf.data() + t.rstart, t.rlen - t.rstart);
       t.rlen -= t.rstart;
       t.rstart = 0;
@@ -342,12 +333,7 @@ bool Worker::write_tcp(Connection& c) {
     t.writing = false;
     update_tcp_events(c);
   }
-  // A freed send block may unblock other connections of this worker.
-  if (free_blocks_.size() == 1) {
-    for (auto& [id, other] : connections_) {
-      if (!other->outq.empty()) touch(*other);
-    }
-  }
+  wake_block_waiters();
   return true;
 }
 

@@ -426,11 +426,15 @@ void Worker::on_send_complete(DevicePort& port, const ibv_wc& wc) {
   }
   c.last_progress = now_;
   touch(c);
-  // A freed send block may unblock other connections of this worker.
-  if (free_blocks_.size() == 1) {
-    for (auto& [id, other] : connections_) {
-      if (!other->outq.empty()) touch(*other);
-    }
+  wake_block_waiters();
+}
+
+void Worker::wake_block_waiters() {
+  // The block just freed is the only one: connections that found none wait
+  // for it (pack_next() returned kNoBlock with data queued).
+  if (free_blocks_.size() != 1) return;
+  for (auto& [id, other] : connections_) {
+    if (!other->outq.empty()) touch(*other);
   }
 }
 

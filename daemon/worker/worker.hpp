@@ -305,6 +305,9 @@ class Worker {
                  std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs, const PackedSend& packed);
   /// Retires the oldest in-flight SEND; its deliveries count as delivered or dropped.
   void retire_send(Connection& c, bool success);
+  /// After a send completed (RDMA) or was fully written (TCP): connections
+  /// that found no free send block get flushed again.
+  void wake_block_waiters();
   std::uint32_t take_credits_to_return(Connection& c);
 
   // TCP (tcp/tcp_io.cpp)
@@ -312,6 +315,8 @@ class Worker {
   void on_handshake_readable(int fd);
   void on_tcp_event(Connection& c, std::uint32_t events);
   void read_tcp(Connection& c);
+  /// A pool buffer for c's reads, or none (then c waits, not reading, for buffers to come back).
+  BufferRef read_buffer(Connection& c);
   void flush_tcp(Connection& c);
   /// Writes what remains of the in-flight send; false if it must wait (EPOLLOUT) or failed.
   bool write_tcp(Connection& c);

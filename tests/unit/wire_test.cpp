@@ -169,6 +169,26 @@ TEST(Wire, NoRespondersCarriesTheReplySubjectOnly) {
   EXPECT_EQ(decode_frame(std::span<const std::byte>(buf.data(), n), 4096, f), DecodeStatus::kBadLength);
 }
 
+TEST(Wire, WholeFramesOfAStream) {
+  auto a = encode(FrameType::kPublish, 0, "a.b", "hello");
+  auto b = encode(FrameType::kPing, 0, "", "");
+  auto c = encode(FrameType::kPublish, 0, "c", std::string(100, 'x'));
+  std::vector<std::byte> stream = a;
+  stream.insert(stream.end(), b.begin(), b.end());
+  stream.insert(stream.end(), c.begin(), c.begin() + 40);  // the third is incomplete
+  EXPECT_EQ(whole_frames(stream, 4096), a.size() + b.size());
+  EXPECT_EQ(whole_frames(std::span(stream).first(10), 4096), 0u);  // not even a header
+  stream.insert(stream.end(), c.begin() + 40, c.end());
+  EXPECT_EQ(whole_frames(stream, 4096), stream.size());
+  // A frame that can never be valid is handed over with everything after it.
+  auto bad = a;
+  bad[0] = std::byte{0};
+  bad.insert(bad.end(), c.begin(), c.begin() + 40);
+  EXPECT_EQ(whole_frames(bad, 4096), bad.size());
+  // So is a header announcing more than the limit, before its body arrives.
+  EXPECT_EQ(whole_frames(std::span(c).first(32), 64), 32u);
+}
+
 TEST(Wire, LengthsMustMatchTheType) {
   Frame f;
   // SUBSCRIBE without a subject, or with a payload.

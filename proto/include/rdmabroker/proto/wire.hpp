@@ -293,6 +293,23 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   return DecodeStatus::kOk;
 }
 
+/// For a byte stream (TCP): how many leading bytes of `buf` are whole frames,
+/// ready for a decoder that expects whole frames. An incomplete last frame is
+/// left for more bytes; a frame that can never be valid (bad header, too long
+/// for `max_frame`) is included with everything after it, so the decoder
+/// reports it instead of the stream waiting forever.
+inline std::size_t whole_frames(std::span<const std::byte> buf, std::size_t max_frame) {
+  std::size_t whole = 0;
+  while (whole < buf.size()) {
+    Frame f;
+    const auto st = decode_frame(buf.subspan(whole), max_frame, f);
+    if (st == DecodeStatus::kNeedMore) break;
+    if (st != DecodeStatus::kOk) return buf.size();
+    whole += f.header.frame_len();
+  }
+  return whole;
+}
+
 /// Writes a whole frame (header, subject, reply, payload, zero padding) into
 /// `out`. Returns the bytes written, or 0 if it does not fit.
 inline std::size_t encode_frame(std::span<std::byte> out, FrameHeader h, std::string_view subject,
