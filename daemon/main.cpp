@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
   if (config_path.empty() && std::filesystem::exists(config::kDefaultConfigPath)) config_path = config::kDefaultConfigPath;
   if (check_only) {
     const std::string path = !check_path.empty() ? check_path : config_path;
-    auto c = path.empty() ? config::parse("", "(defaults)") : config::load(path);
+    auto c = read_config(path, nullptr);  // the file alone: flags are not part of what is checked
     if (!c) {
       std::cerr << c.error().message << "\n";
       return 1;

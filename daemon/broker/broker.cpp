@@ -110,15 +110,21 @@ std::map<std::string, HistogramSnapshot> Broker::histograms() const {
   return out;
 }
 
-std::vector<ConnectionInfo> Broker::connections() const {
-  std::vector<std::future<std::vector<ConnectionInfo>>> replies;
+template <typename T, typename MakeCommand>
+std::vector<std::future<T>> Broker::ask_workers(MakeCommand make) const {
+  std::vector<std::future<T>> answers;
   for (const auto& w : workers_) {
-    auto promise = std::make_shared<std::promise<std::vector<ConnectionInfo>>>();
-    replies.push_back(promise->get_future());
-    w->post(ListConnectionsCommand{std::move(promise)});
+    auto promise = std::make_shared<std::promise<T>>();
+    answers.push_back(promise->get_future());
+    w->post(make(std::move(promise)));
   }
+  return answers;
+}
+
+std::vector<ConnectionInfo> Broker::connections() const {
+  auto replies = ask_workers<std::vector<ConnectionInfo>>([](auto reply) { return ListConnectionsCommand{std::move(reply)}; });
   std::vector<ConnectionInfo> all;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  const auto deadline = std::chrono::steady_clock::now() + kWorkerAnswerTimeout;
   for (auto& r : replies) {
     if (r.wait_until(deadline) != std::future_status::ready) continue;  // a stuck worker: the watchdog's business
     auto part = r.get();
@@ -131,13 +137,8 @@ std::vector<ConnectionInfo> Broker::connections() const {
 void Broker::apply_live(const BrokerOptions& next) {
   // Wait (bounded) until every worker uses them: a reload that returned has
   // taken effect for every frame that arrives afterwards.
-  std::vector<std::future<void>> applied;
-  for (auto& w : workers_) {
-    auto done = std::make_shared<std::promise<void>>();
-    applied.push_back(done->get_future());
-    w->post(ReloadCommand{next, std::move(done)});
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  auto applied = ask_workers<void>([&](auto done) { return ReloadCommand{next, std::move(done)}; });
+  const auto deadline = std::chrono::steady_clock::now() + kWorkerAnswerTimeout;
   for (auto& a : applied) a.wait_until(deadline);
 }
 

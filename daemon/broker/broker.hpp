@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <future>
 #include <memory>
 #include <vector>
 
@@ -44,6 +45,12 @@ class Broker {
 
  private:
   Broker() = default;
+  /// Posts make(promise) to every worker; each answers through its promise.
+  template <typename T, typename MakeCommand>
+  std::vector<std::future<T>> ask_workers(MakeCommand make) const;
+  /// How long the main thread waits for the workers' answers (a stuck worker
+  /// is the watchdog's business, not a reason to hang `stat` or a reload).
+  static constexpr std::chrono::seconds kWorkerAnswerTimeout{2};
 
   BrokerCore core_;
   std::unique_ptr<BufferPool> pool_;   // declaration order = creation order
