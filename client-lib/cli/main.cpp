@@ -65,6 +65,17 @@ int die(const rdmabroker::Error& e) {
   return 1;
 }
 
+/// Connects, subscribes (in queue group `queue`, if any) and waits until the
+/// broker has the subscription; exits with a message on failure.
+std::pair<std::unique_ptr<Client>, std::shared_ptr<rdmabroker::Subscription>> subscribe_or_die(
+    const Common& common, const std::string& subject, const std::string& queue) {
+  auto client = connect_or_die(common);
+  auto sub = client->queue_subscribe(std::string_view(subject), queue);
+  if (!sub) std::exit(die(sub.error()));
+  if (auto st = client->flush(std::chrono::seconds(30)); !st) std::exit(die(st.error()));
+  return {std::move(client), std::move(sub.value())};
+}
+
 int run_pub(const Common& common, const std::string& subject, const std::string& message, std::uint64_t count) {
   auto client = connect_or_die(common);
   std::uint64_t sent = 0;
@@ -89,10 +100,7 @@ int run_pub(const Common& common, const std::string& subject, const std::string&
 
 int run_sub(const Common& common, const std::string& subject, const std::string& queue, std::uint64_t count, bool raw,
             double timeout_s) {
-  auto client = connect_or_die(common);
-  auto sub = client->queue_subscribe(std::string_view(subject), queue);
-  if (!sub) return die(sub.error());
-  if (auto st = client->flush(std::chrono::seconds(30)); !st) return die(st.error());
+  auto [client, sub] = subscribe_or_die(common, subject, queue);
   // Scripts wait for this line to know the subscription is active.
   std::cerr << "subscribed to " << subject << (queue.empty() ? "" : " in queue group " + queue) << "\n";
   std::uint64_t got = 0;
@@ -102,7 +110,7 @@ int run_sub(const Common& common, const std::string& subject, const std::string&
       std::cerr << "rdmabroker: timed out after " << got << " message(s)\n";
       return 3;
     }
-    auto m = sub.value()->next(std::chrono::milliseconds(200));
+    auto m = sub->next(std::chrono::milliseconds(200));
     if (!m) {
       if (m.error().kind == rdmabroker::ErrorKind::kTimeout) continue;
       return die(m.error());
@@ -138,14 +146,11 @@ int run_request(const Common& common, const std::string& subject, const std::str
 
 int run_reply(const Common& common, const std::string& subject, const std::string& queue, const std::string& message,
               std::uint64_t count) {
-  auto client = connect_or_die(common);
-  auto sub = client->queue_subscribe(std::string_view(subject), queue);
-  if (!sub) return die(sub.error());
-  if (auto st = client->flush(std::chrono::seconds(30)); !st) return die(st.error());
+  auto [client, sub] = subscribe_or_die(common, subject, queue);
   std::cerr << "replying on " << subject << (queue.empty() ? "" : " in queue group " + queue) << "\n";
   std::uint64_t answered = 0;
   while ((count == 0 || answered < count) && !g_interrupted) {
-    auto m = sub.value()->next(std::chrono::milliseconds(200));
+    auto m = sub->next(std::chrono::milliseconds(200));
     if (!m) {
       if (m.error().kind == rdmabroker::ErrorKind::kTimeout) continue;
       return die(m.error());

@@ -180,17 +180,10 @@ Status Session::ensure_inbox_locked(std::unique_lock<std::mutex>& lock) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string inbox = "_INBOX.";
   for (int i = 0; i < 16; ++i) inbox += kHex[rd() % 16];
-  const std::uint32_t sid = next_sid_++;
-  subs_[sid] = SubscriptionEntry{inbox + ".*", [this](const Message& m) { on_inbox_message(m); }, nullptr};
-  proto::FrameHeader h;
-  h.type = FrameType::kSubscribe;
-  h.arg = sid;
   // The SUBSCRIBE precedes the request on the same connection, so the broker
   // has it before any responder can answer.
-  if (auto st = append_frame_locked(lock, h, inbox + ".*", {}, {}); !st) {
-    subs_.erase(sid);
-    return st;
-  }
+  auto sid = subscribe_locked(lock, inbox + ".*", {}, [this](const Message& m) { on_inbox_message(m); });
+  if (!sid) return sid.error();
   inbox_ = std::move(inbox);
   return {};
 }
@@ -238,6 +231,11 @@ Result<std::uint32_t> Session::add_subscription(std::string_view subject, std::s
                                                   "' (subject characters, no wildcards; see docs/subjects.md)"};
   }
   std::unique_lock lock(mu_);
+  return subscribe_locked(lock, subject, group, std::move(handler));
+}
+
+Result<std::uint32_t> Session::subscribe_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
+                                                std::string_view group, MessageHandler handler) {
   const std::uint32_t sid = next_sid_++;
   SubscriptionEntry entry{std::string(subject), std::move(handler), nullptr};
   if (!entry.handler) entry.queue = std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit);

@@ -156,6 +156,9 @@ class Session : public Client {
   Status publish_locked(std::unique_lock<std::mutex>& lock, std::string_view subject, std::string_view reply,
                         std::span<const std::byte> payload, std::uint16_t flags);
   Result<std::uint32_t> add_subscription(std::string_view subject, std::string_view group, MessageHandler handler);
+  /// Registers a subscription (a queue when `handler` is empty) and sends its SUBSCRIBE.
+  Result<std::uint32_t> subscribe_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
+                                         std::string_view group, MessageHandler handler);
   Status ensure_inbox_locked(std::unique_lock<std::mutex>& lock);
   void on_inbox_message(const Message& m);
 
