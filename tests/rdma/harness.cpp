@@ -104,6 +104,31 @@ std::pair<int, std::string> run(std::vector<std::string> argv, const std::string
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
 }
 
+// ---------------------------------------------------------------- transports
+
+std::string to_string(Via v) { return v == Via::kRdma ? "rdma" : "tcp"; }
+void PrintTo(Via v, std::ostream* os) { *os << to_string(v); }
+
+std::string url_via(const BrokerProcess& b, Via via) {
+  return via == Via::kRdma ? b.url(guest_addr1()) : b.tcp_url("127.0.0.1");
+}
+
+std::vector<std::string> cli_where(const BrokerProcess& b, Via via) {
+  std::vector<std::string> args = {"-s", url_via(b, via)};
+  if (via == Via::kRdma) args.insert(args.end(), {"-b", guest_addr2()});
+  return args;
+}
+
+std::unique_ptr<Client> connect_via(const BrokerProcess& b, Via via, ClientOptions opt) {
+  opt.publish_timeout = std::chrono::seconds(10);
+  opt.connect_timeout = std::chrono::seconds(15);
+  if (via == Via::kRdma) opt.bind_address = guest_addr2();
+  const std::string url = url_via(b, via);
+  auto c = Client::connect(url, opt);
+  EXPECT_TRUE(c.ok()) << url << ": " << (c.ok() ? "" : c.error().message);
+  return c.ok() ? std::move(c.value()) : nullptr;
+}
+
 // ---------------------------------------------------------------- broker
 
 BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_args)

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "rdmabroker/client.hpp"
 #include "rdmabroker/common/verbs.hpp"
 #include "rdmabroker/proto/wire.hpp"
 #include "rdmabroker/result.hpp"
@@ -78,6 +79,20 @@ class BrokerProcess {
   std::string admin_socket_;
   int pid_ = -1;
 };
+
+/// The transport a parametrized test runs over: RDMA in the guest (clients on
+/// rxe1, the broker on rxe0, so traffic crosses the soft fabric) or TCP on
+/// loopback.
+enum class Via { kRdma, kTcp };
+std::string to_string(Via v);
+void PrintTo(Via v, std::ostream* os);
+/// The broker's URL for clients over `via`.
+std::string url_via(const BrokerProcess& b, Via via);
+/// CLI arguments that reach the broker over `via`: -s URL [-b ADDR].
+std::vector<std::string> cli_where(const BrokerProcess& b, Via via);
+/// A library client over `via` (generous timeouts for emulation; `opt` may
+/// add handlers); fails the calling test when it cannot connect.
+std::unique_ptr<Client> connect_via(const BrokerProcess& b, Via via, ClientOptions opt = {});
 
 /// A bare rdma_cm client: handshake bytes and SEND contents are the test's.
 class RawPeer {

@@ -26,8 +26,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-enum class Via { kRdma, kTcp };
-void PrintTo(Via v, std::ostream* os) { *os << (v == Via::kRdma ? "rdma" : "tcp"); }
 
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::trunc);
@@ -60,22 +58,13 @@ class Ops : public ::testing::TestWithParam<Via> {
   std::unique_ptr<Client> connect(const BrokerProcess& b, std::vector<Error>* errors = nullptr,
                                   std::mutex* mu = nullptr) {
     ClientOptions opt;
-    opt.publish_timeout = 10s;
-    opt.connect_timeout = 15s;
     if (errors != nullptr) {
       opt.on_error = [errors, mu](const Error& e) {
         std::lock_guard l(*mu);
         errors->push_back(e);
       };
     }
-    std::string url = b.tcp_url("127.0.0.1");
-    if (GetParam() == Via::kRdma) {
-      opt.bind_address = guest_addr2();
-      url = b.url(guest_addr1());
-    }
-    auto c = Client::connect(url, opt);
-    EXPECT_TRUE(c) << (c ? "" : c.error().message);
-    return c ? std::move(c.value()) : nullptr;
+    return connect_via(b, GetParam(), opt);
   }
   std::string config_path_ = "/tmp/rdmabroker-ops-" + std::to_string(getpid()) + ".yaml";
 };
@@ -174,7 +163,7 @@ TEST_P(Ops, MetricsPassPromtoolOnALiveScrape) {
   write_file(file, body);
   auto [rc, out] = run({"/bin/sh", "-c", "promtool check metrics < " + file + " 2>&1"});
   EXPECT_EQ(rc, 0) << out;
-  const std::string via = GetParam() == Via::kRdma ? "rdma" : "tcp";
+  const std::string via = to_string(GetParam());
   EXPECT_NE(body.find("rdmabroker_connections{transport=\"" + via + "\"} 2"), std::string::npos) << body;
   EXPECT_NE(body.find("rdmabroker_messages_received_total 100"), std::string::npos);
   EXPECT_NE(body.find("rdmabroker_messages_delivered_total 100"), std::string::npos);
@@ -215,7 +204,7 @@ TEST_P(Ops, StatListsConnectionsWithTheirTransport) {
   auto doc = nlohmann::json::parse(out);
   ASSERT_EQ(doc["connections"].size(), 1u) << out;
   const auto& c = doc["connections"][0];
-  EXPECT_EQ(c["transport"], GetParam() == Via::kRdma ? "rdma" : "tcp");
+  EXPECT_EQ(c["transport"], to_string(GetParam()));
   EXPECT_EQ(c["state"], "established");
   EXPECT_EQ(c["subscriptions"], 1);
   EXPECT_EQ(c["messages_in"], 7);
@@ -236,7 +225,7 @@ TEST_P(Ops, StatListsConnectionsWithTheirTransport) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Ops, ::testing::Values(Via::kRdma, Via::kTcp),
-                         [](const auto& info) { return info.param == Via::kRdma ? "rdma" : "tcp"; });
+                         [](const auto& info) { return to_string(info.param); });
 
 }  // namespace
 }  // namespace rdmabroker::test

@@ -29,8 +29,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-enum class Via { kRdma, kTcp };
-void PrintTo(Via v, std::ostream* os) { *os << (v == Via::kRdma ? "rdma" : "tcp"); }
 
 /// Everything one subscription received, safe to read from the test thread.
 /// Declare it before the clients that feed it: they must be closed (their
@@ -79,23 +77,6 @@ std::uint64_t seq_of(const Message& m) {
 }
 
 std::span<const std::byte> seq_bytes(const std::uint64_t& seq) { return std::as_bytes(std::span(&seq, 1)); }
-
-std::unique_ptr<Client> connect_via(const BrokerProcess& b, Via via) {
-  ClientOptions opt;
-  opt.publish_timeout = 10s;
-  opt.connect_timeout = 15s;
-  std::string url;
-  if (via == Via::kRdma) {
-    // Clients on rxe1, the broker on rxe0: traffic crosses the (soft) fabric.
-    opt.bind_address = guest_addr2();
-    url = b.url(guest_addr1());
-  } else {
-    url = b.tcp_url("127.0.0.1");
-  }
-  auto c = Client::connect(url, opt);
-  EXPECT_TRUE(c.ok()) << url << ": " << (c.ok() ? "" : c.error().message);
-  return c.ok() ? std::move(c.value()) : nullptr;
-}
 
 class Routing : public ::testing::TestWithParam<Via> {
  protected:
@@ -209,11 +190,7 @@ TEST_P(Routing, QueueGroupMemberKilledMidStreamLosesNothingSilently) {
   ASSERT_TRUE(member->queue_subscribe("work", "w", survivor.handler()));
   ASSERT_TRUE(member->flush(10s));
   std::vector<std::string> victim_args = {RDMABROKER_CLI_PATH, "sub", "work", "--queue", "w", "--raw"};
-  if (GetParam() == Via::kRdma) {
-    victim_args.insert(victim_args.end(), {"-s", broker_.url(guest_addr1()), "-b", guest_addr2()});
-  } else {
-    victim_args.insert(victim_args.end(), {"-s", broker_.tcp_url("127.0.0.1")});
-  }
+  for (auto& a : cli_where(broker_, GetParam())) victim_args.push_back(a);
   const pid_t victim = fork();
   if (victim == 0) {
     const int devnull = ::open("/dev/null", O_WRONLY);
@@ -320,8 +297,7 @@ TEST_P(Routing, RequestTimesOutWhenNobodyAnswers) {
 // The CLI as a user runs it: a responder, requests (answered, no responders),
 // and queue-group subscribers that split a stream.
 TEST_P(Routing, CliRequestReplyAndQueueGroups) {
-  std::vector<std::string> where = {"-s", GetParam() == Via::kRdma ? broker_.url(guest_addr1()) : broker_.tcp_url("127.0.0.1")};
-  if (GetParam() == Via::kRdma) where.insert(where.end(), {"-b", guest_addr2()});
+  const std::vector<std::string> where = cli_where(broker_, GetParam());
   auto cli = [&](std::vector<std::string> args) {
     args.insert(args.begin(), RDMABROKER_CLI_PATH);
     args.insert(args.end(), where.begin(), where.end());
@@ -357,8 +333,7 @@ TEST_P(Routing, CliRequestReplyAndQueueGroups) {
 // `rdmabroker bench` as a user runs it: every message is counted, none lost
 // or reordered, latency measured; with a queue group each message counts once.
 TEST_P(Routing, CliBenchCountsEveryMessage) {
-  std::vector<std::string> where = {"-s", GetParam() == Via::kRdma ? broker_.url(guest_addr1()) : broker_.tcp_url("127.0.0.1")};
-  if (GetParam() == Via::kRdma) where.insert(where.end(), {"-b", guest_addr2()});
+  const std::vector<std::string> where = cli_where(broker_, GetParam());
   auto bench = [&](std::vector<std::string> args) {
     args.insert(args.begin(), {RDMABROKER_CLI_PATH, "bench"});
     args.insert(args.end(), {"--json", "--quiet"});
@@ -383,7 +358,7 @@ TEST_P(Routing, CliBenchCountsEveryMessage) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Routing, ::testing::Values(Via::kRdma, Via::kTcp),
-                         [](const auto& info) { return info.param == Via::kRdma ? "rdma" : "tcp"; });
+                         [](const auto& info) { return to_string(info.param); });
 
 // RDMA and TCP publishers and subscribers on one broker see each other's
 // messages: every subscriber gets every message of both publishers, in each
