@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <spdlog/spdlog.h>
 
 #include "rdmabroker/proto/wire.hpp"
 
@@ -26,6 +27,13 @@ inline std::optional<proto::RejectReason> check_connect_request(std::span<const 
   // Every frame the broker sends must fit one of the client's buffers.
   if (out.recv_buffer_size < buffer_size) return proto::RejectReason::kBufferTooSmall;
   return std::nullopt;
+}
+
+/// How loudly to log a refusal: BUFFER_TOO_SMALL is a step of the handshake
+/// (the reject names the size, librdmabroker reconnects with it at once), not
+/// an event an operator must look at; every other refusal is.
+inline spdlog::level::level_enum refusal_log_level(std::optional<proto::RejectReason> reason) {
+  return reason == proto::RejectReason::kBufferTooSmall ? spdlog::level::info : spdlog::level::warn;
 }
 
 }  // namespace rdmabroker::daemon

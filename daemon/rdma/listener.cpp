@@ -117,11 +117,13 @@ void Listener::run() {
 }
 
 void Listener::reject(rdma_cm_id* id, proto::RejectReason reason, const std::string& peer) {
-  spdlog::warn("connection from {} rejected: {}", peer, proto::to_string(reason));
+  spdlog::log(refusal_log_level(reason), "connection from {} rejected: {}", peer, proto::to_string(reason));
+  // Counted before the peer can see the reject: whoever reads the counter
+  // after being refused must find its refusal in it.
+  rejected_.fetch_add(1, std::memory_order_relaxed);
   auto data = proto::encode(proto::ConnectReject{reason, core_.options.buffer_size});
   rdma_reject(id, data.data(), static_cast<std::uint8_t>(data.size()));
   rdma_destroy_id(id);
-  rejected_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void Listener::on_connect_request(rdma_cm_event* ev) {

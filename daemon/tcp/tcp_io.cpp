@@ -101,7 +101,7 @@ void Worker::on_handshake_readable(int fd) {
   if (it == handshakes_.end()) return;
   Handshake& h = it->second;
   auto drop = [&](const std::string& why, std::optional<proto::RejectReason> reason) {
-    spdlog::warn("tcp connection from {} refused: {}", h.peer, why);
+    spdlog::log(refusal_log_level(reason), "tcp connection from {} refused: {}", h.peer, why);
     stats_.tcp_rejected.add();
     if (reason) send_reject(fd, *reason, opt_.buffer_size);
     core_.slots->release(h.slot);
