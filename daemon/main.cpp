@@ -101,6 +101,8 @@ int main(int argc, char** argv) {
                            [](C& c, const std::uint32_t& v) { c.broker.credits = v; });
   flags.add<std::uint32_t>(app, "--max-inflight-sends", "Sends in flight per connection",
                            [](C& c, const std::uint32_t& v) { c.broker.max_inflight_sends = v; });
+  flags.add<std::uint32_t>(app, "--busy-poll-us", "Spin on the CQs this long after the last work before sleeping (0: never)",
+                           [](C& c, const std::uint32_t& v) { c.broker.busy_poll_us = v; });
   flags.add<std::uint64_t>(app, "--max-pending-bytes", "Bytes queued per subscriber before it is a slow consumer",
                            [](C& c, const std::uint64_t& v) { c.broker.max_pending_bytes = v; });
   flags.add<std::uint32_t>(app, "--write-deadline-ms", "Slow-consumer write deadline",

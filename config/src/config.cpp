@@ -167,6 +167,7 @@ const std::vector<Field>& fields() {
       uint_field("buffers", "srq_depth", false, &B::srq_depth, 16, 1u << 16),
       uint_field("flow", "credits", false, &B::credits, 2, 65535),
       uint_field("flow", "max_inflight_sends", false, &B::max_inflight_sends, 1, 1024),
+      uint_field("flow", "busy_poll_us", true, &B::busy_poll_us, 0, 1'000'000),
       uint_field("limits", "max_connections", false, &B::max_connections, 1, 1u << 20),
       uint_field("limits", "max_payload", true, &B::max_payload, 0, 16u << 20, true),
       uint_field("limits", "max_subscriptions", true, &B::max_subscriptions, 1, 10'000'000),

@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <utility>
@@ -30,6 +31,7 @@ class CommandQueue {
       std::lock_guard lock(mutex_);
       was_empty = items_.empty();
       items_.push_back(std::move(item));
+      nonempty_.store(true, std::memory_order_release);
     }
     if (was_empty) {
       std::uint64_t one = 1;
@@ -44,12 +46,18 @@ class CommandQueue {
     out.clear();
     std::lock_guard lock(mutex_);
     std::swap(out, items_);
+    nonempty_.store(false, std::memory_order_relaxed);
   }
+
+  /// Owner thread, without a system call: whether anything waits (a busy-
+  /// polling owner checks this instead of its eventfd).
+  bool pending() const { return nonempty_.load(std::memory_order_acquire); }
 
  private:
   UniqueFd wake_;
   std::mutex mutex_;
   std::vector<T> items_;  // guarded by mutex_
+  std::atomic<bool> nonempty_{false};
 };
 
 }  // namespace rdmabroker::daemon

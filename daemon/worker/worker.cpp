@@ -35,6 +35,7 @@ Status Worker::init(int tcp_listen_fd) {
   };
   send_blocks_.reset(new std::byte[std::size_t{opt_.send_blocks} * kSendBlockSize]());
   free_blocks_.reserve(opt_.send_blocks);
+  staged_.reserve(opt_.max_inflight_sends + 1);
   for (std::uint32_t b = opt_.send_blocks; b-- > 0;) free_blocks_.push_back(b);
 
   if (!commands_.valid()) return sys_error("eventfd");
@@ -108,6 +109,11 @@ void Worker::run() {
     handle_cm_events();
     bool busy = false;
     for (auto& port : ports_) busy |= poll_port(*port);
+    if (busy) {
+      last_work_ = now_;
+    } else if (opt_.busy_poll_us > 0) {
+      busy = spin_poll();
+    }
     post_remote_batches();
     flush_touched();
     refill_srqs();
@@ -129,6 +135,26 @@ void Worker::run() {
     }
   }
   spdlog::debug("worker {}: stopped", index_);
+}
+
+bool Worker::spin_poll() {
+  // Busy polling (flow.busy_poll_us): within that time of the last work, a
+  // completion is picked up as it lands instead of after a wake-up through
+  // the completion channel, at the price of a core. Only the CQs are polled
+  // while spinning (no system call); commands, CM events and sockets are
+  // looked at when the spin ends or finds work.
+  const auto until = last_work_ + std::chrono::microseconds(opt_.busy_poll_us);
+  for (int i = 0; std::chrono::steady_clock::now() < until; ++i) {
+    for (auto& port : ports_) {
+      if (poll_port(*port)) {
+        now_ = std::chrono::steady_clock::now();
+        last_work_ = now_;
+        return true;
+      }
+    }
+    if ((i & 63) == 63 && commands_.pending()) return true;
+  }
+  return false;
 }
 
 void Worker::wait_events(int timeout_ms) {
@@ -227,6 +253,7 @@ void Worker::handle_commands() {
       opt_.write_deadline_ms = r->options.write_deadline_ms;
       opt_.producer_stall_ms = r->options.producer_stall_ms;
       opt_.drain_timeout_ms = r->options.drain_timeout_ms;
+      opt_.busy_poll_us = r->options.busy_poll_us;
       if (r->applied) r->applied->set_value();
     } else if (auto* l = std::get_if<ListConnectionsCommand>(&cmd)) {
       std::vector<ConnectionInfo> out;
@@ -285,8 +312,13 @@ void Worker::handle_accept(AcceptCommand& cmd) {
   attr.qp_type = IBV_QPT_RC;
   attr.cap.max_send_wr = opt_.max_inflight_sends + 1;  // + a credit update
   attr.cap.max_send_sge = port->max_sge;
+  attr.cap.max_inline_data = verbs::kInlineWanted;
   if (rdma_create_qp(id.get(), port->device->pd.get(), &attr) != 0) {
-    return fail(proto::RejectReason::kNoResources, std::string("rdma_create_qp: ") + std::strerror(errno));
+    // A device that cannot inline (or not that much) still gets the QP.
+    attr.cap.max_inline_data = 0;
+    if (rdma_create_qp(id.get(), port->device->pd.get(), &attr) != 0) {
+      return fail(proto::RejectReason::kNoResources, std::string("rdma_create_qp: ") + std::strerror(errno));
+    }
   }
   auto conn = std::make_unique<Connection>();
   conn->id = cmd.connection_id;
@@ -295,6 +327,7 @@ void Worker::handle_accept(AcceptCommand& cmd) {
   conn->peer = std::move(cmd.peer);
   conn->qp = verbs::CmQp(id.get());
   conn->qp_num = id->qp->qp_num;
+  conn->max_inline = attr.cap.max_inline_data;  // what the device granted
   conn->peer_buffer_size = cmd.request.recv_buffer_size;
   conn->credits = CreditWindow(grant);
   conn->credits.grant_initial(grant);

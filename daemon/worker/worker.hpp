@@ -163,6 +163,7 @@ struct Connection {
   verbs::CmIdPtr cm_id;  // declared first: destroyed after the QP
   verbs::CmQp qp;
   std::uint32_t qp_num = 0;
+  std::uint32_t max_inline = 0;    // RDMA: bytes a SEND may carry inline (the QP's cap)
   TcpState tcp;                    // TCP only
   ConnState state = ConnState::kAccepting;
   CloseReason reason = CloseReason::kCount;
@@ -264,6 +265,9 @@ class Worker {
   /// ready: sockets at once, completion channels by re-enabling their polls.
   void wait_events(int timeout_ms);
   void handle_commands();
+  /// Busy polling: spins on the CQs until one has work or flow.busy_poll_us
+  /// has passed since the last work; true when it found some.
+  bool spin_poll();
   void handle_cm_events();
   void handle_accept(AcceptCommand& cmd);
   /// Accepting -> Established, on the CM event or on the first receive,
@@ -301,10 +305,18 @@ class Worker {
   /// Records a send on c's in-flight ring (what it references, for retire_send).
   InflightSend& record_send(Connection& c, std::uint32_t block, std::array<BufferRef, kMaxFramesPerSend>* refs,
                             const PackedSend& packed);
-  bool post_send(Connection& c, std::uint32_t block, const ibv_sge* sge, std::uint32_t num_sge,
-                 std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs, const PackedSend& packed);
+  /// Records a send and adds its WR to staged_; post_staged() posts them all.
+  void stage_send(Connection& c, std::uint32_t block, const ibv_sge* sge, std::uint32_t num_sge, std::uint32_t imm,
+                  std::array<BufferRef, kMaxFramesPerSend>* refs, const PackedSend& packed);
+  /// Posts c's staged sends as one chain, the last one signaled; on failure
+  /// undoes what was not posted and closes the connection.
+  void post_staged(Connection& c);
   /// Retires the oldest in-flight SEND; its deliveries count as delivered or dropped.
   void retire_send(Connection& c, bool success);
+  /// Releases what one send record references and counts its deliveries as
+  /// delivered or dropped; retire_send() (ring head) and post_staged()'s undo
+  /// of sends never posted (ring tail) share it.
+  void release_send(Connection& c, InflightSend& rec, bool success);
   /// After a send completed (RDMA) or was fully written (TCP): connections
   /// that found no free send block get flushed again.
   void wake_block_waiters();
@@ -354,7 +366,16 @@ class Worker {
 
   // Send blocks: registered memory for frame headers and control frames.
   std::unique_ptr<std::byte[]> send_blocks_;  // before ports_: MRs go first
+  std::chrono::steady_clock::time_point last_work_{};  // the last loop turn that found completions
   std::vector<std::uint32_t> free_blocks_;
+  /// One connection's sends being chained by flush_rdma() (reused; reserved
+  /// for max_inflight_sends + 1 so WR pointers stay put while chaining).
+  struct StagedSend {
+    ibv_send_wr wr{};
+    std::array<ibv_sge, kMaxSendSge> sge{};
+    std::uint32_t frames = 0;
+  };
+  std::vector<StagedSend> staged_;
 
   verbs::EventChannelPtr cm_channel_;  // before connections_: ids are destroyed first (null without RDMA)
   CommandQueue<Command> commands_;

@@ -11,6 +11,11 @@
 
 namespace rdmabroker::verbs {
 
+/// Inline data asked for on every RC QP, broker and client: a small message
+/// with its headers fits. The device may grant less, or refuse any (then the
+/// QP is created without); what it granted is in the QP's init attributes.
+inline constexpr std::uint32_t kInlineWanted = 256;
+
 struct PdDeleter { void operator()(ibv_pd* p) const noexcept { ibv_dealloc_pd(p); } };
 struct CqDeleter { void operator()(ibv_cq* p) const noexcept { ibv_destroy_cq(p); } };
 struct CompChannelDeleter { void operator()(ibv_comp_channel* p) const noexcept { ibv_destroy_comp_channel(p); } };

@@ -26,6 +26,7 @@ struct BrokerOptions {
   std::uint32_t srq_depth = 1024;          // receives per SRQ (one SRQ per worker and device)
   std::uint32_t credits = 32;              // receive credits granted to each client
   std::uint32_t max_inflight_sends = 8;    // SENDs in flight per connection before batching
+  std::uint32_t busy_poll_us = 0;          // a worker spins on its CQs this long after its last work before sleeping
   std::uint64_t max_pending_bytes = 64u << 20;  // queued frame bytes per subscriber before it is a slow consumer
   std::uint32_t write_deadline_ms = 2000;  // a subscriber with queued data and no send progress this long is a slow consumer
   std::uint32_t producer_stall_ms = 100;    // credits withheld from a publisher feeding a backlogged subscriber
