@@ -237,7 +237,8 @@ Result<std::uint32_t> Session::add_subscription(std::string_view subject, std::s
 Result<std::uint32_t> Session::subscribe_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
                                                 std::string_view group, MessageHandler handler) {
   const std::uint32_t sid = next_sid_++;
-  SubscriptionEntry entry{std::string(subject), std::move(handler), nullptr};
+  SubscriptionEntry entry{std::string(subject),
+                          handler ? std::make_shared<const MessageHandler>(std::move(handler)) : nullptr, nullptr};
   if (!entry.handler) entry.queue = std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit);
   subs_[sid] = std::move(entry);
   proto::FrameHeader h;
@@ -331,8 +332,7 @@ void Session::fail_locked(Error why) {
 
 // ---------------------------------------------------------------- receive
 
-void Session::on_frames(std::span<const std::byte> data, std::vector<Message>& deliveries,
-                        std::vector<Error>& errors) {
+void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries, std::vector<Error>& errors) {
   std::size_t off = 0;
   while (off < data.size()) {
     proto::Frame f;
@@ -346,12 +346,11 @@ void Session::on_frames(std::span<const std::byte> data, std::vector<Message>& d
     switch (f.header.type) {
       case FrameType::kDeliver: {
         const auto st = proto::for_each_delivered(f, [&](const proto::Frame& inner) {
-          Message m;
+          Message& m = deliveries.add();
           m.sid = f.header.arg;
           m.subject.assign(inner.subject);
           m.reply.assign(inner.reply);
           m.payload.assign(inner.payload.begin(), inner.payload.end());
-          deliveries.push_back(std::move(m));
         });
         if (st != proto::DecodeStatus::kOk) {
           std::lock_guard lock(mu_);
@@ -395,25 +394,31 @@ void Session::on_frames(std::span<const std::byte> data, std::vector<Message>& d
   }
 }
 
-void Session::dispatch(std::vector<Message>& deliveries, std::vector<Error>& errors) {
-  for (auto& m : deliveries) {
-    MessageHandler handler;
-    std::shared_ptr<QueueSubscription> queue;
-    {
+void Session::dispatch(Deliveries& deliveries, std::vector<Error>& errors) {
+  // The subscription is looked up once per run of messages for the same
+  // subscription (a DELIVER's messages, or a read's worth), not per message.
+  std::uint32_t sid = 0;
+  bool looked_up = false;
+  std::shared_ptr<const MessageHandler> handler;
+  std::shared_ptr<QueueSubscription> queue;
+  for (std::size_t i = 0; i < deliveries.count; ++i) {
+    Message& m = deliveries.slots[i];
+    if (!looked_up || m.sid != sid) {
+      sid = m.sid;
+      looked_up = true;
       std::lock_guard lock(mu_);
-      auto it = subs_.find(m.sid);
-      if (it == subs_.end()) continue;  // unsubscribed while in flight
-      handler = it->second.handler;
-      queue = it->second.queue;
+      auto it = subs_.find(sid);
+      handler = it != subs_.end() ? it->second.handler : nullptr;  // neither: unsubscribed while in flight
+      queue = it != subs_.end() ? it->second.queue : nullptr;
     }
     if (handler) {
-      handler(m);
+      (*handler)(m);
     } else if (queue && !queue->push(std::move(m))) {
       errors.push_back(Error{ErrorKind::kResource, "subscription " + std::to_string(queue->sid()) +
                                                        ": local queue limit reached, message dropped"});
     }
   }
-  deliveries.clear();
+  deliveries.count = 0;
   if (opt_.on_error) {
     for (const auto& e : errors) opt_.on_error(e);
   }

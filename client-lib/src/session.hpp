@@ -53,6 +53,20 @@ class QueueSubscription final : public Subscription {
   std::atomic<std::uint64_t> dropped_{0};
 };
 
+/// The messages decoded from one read or completion poll, on their way to
+/// the application (I/O thread only). The Message objects are kept from batch
+/// to batch, so their strings and payload vectors keep their capacity and
+/// decoding a message allocates nothing once the sizes have been seen.
+struct Deliveries {
+  std::vector<Message> slots;
+  std::size_t count = 0;
+
+  Message& add() {
+    if (count == slots.size()) slots.emplace_back();
+    return slots[count++];
+  }
+};
+
 class Session : public Client {
  public:
   explicit Session(ClientOptions options) : opt_(std::move(options)) {}
@@ -116,10 +130,10 @@ class Session : public Client {
 
   /// Decodes what the broker sent (whole frames) into deliveries and errors;
   /// hands NO_RESPONDERS, PONG, ERROR and CLOSE to the session.
-  void on_frames(std::span<const std::byte> data, std::vector<Message>& deliveries, std::vector<Error>& errors);
+  void on_frames(std::span<const std::byte> data, Deliveries& deliveries, std::vector<Error>& errors);
   /// Runs callbacks and fills queues, reports errors, then counts the PONGs
   /// that came after them (I/O thread, without mu_).
-  void dispatch(std::vector<Message>& deliveries, std::vector<Error>& errors);
+  void dispatch(Deliveries& deliveries, std::vector<Error>& errors);
   void fail_locked(Error why);
   Status check_open_locked() const {
     if (closed_) return close_error_;
@@ -142,7 +156,10 @@ class Session : public Client {
  private:
   struct SubscriptionEntry {
     std::string subject;
-    MessageHandler handler;                    // or
+    // Shared so that dispatch() can call it without mu_ while unsubscribe()
+    // erases the entry, at the cost of one reference count per run of
+    // messages rather than a copy of the function per message.
+    std::shared_ptr<const MessageHandler> handler;  // or
     std::shared_ptr<QueueSubscription> queue;  // one of the two
   };
   struct PendingRequest {

@@ -1,9 +1,13 @@
 // The TCP transport of rdmabroker::Client, for hosts without RDMA (SPEC.md
 // §1.2). The same frames as over RDMA on a byte stream: the handshake is the
 // first 16 bytes each way (24 back), flow control is TCP's window. Frames are
-// encoded by Session into send buffers; a buffer goes to the socket as soon
-// as nothing else is being written, so an idle client sends each publish at
-// once and a busy one coalesces into the buffer being filled.
+// encoded by Session into send buffers by the application's threads; only
+// the I/O thread writes to the socket. A publish wakes it once per batch
+// (the first frame after a write was taken), and it writes whatever has been
+// filled by the time it runs, without holding the session's lock during the
+// system call, so publishers keep filling the next buffer meanwhile: a busy
+// publisher pays a memcpy per message and the socket sees large writes, an
+// idle one pays one wake-up per message (as the NATS client's flusher does).
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -54,9 +58,11 @@ class TcpClient final : public Session {
   /// Waits for `events` on fd_ until `deadline`; false on timeout.
   bool wait_fd(short events, Clock::time_point deadline);
   void run();
-  void read_available(std::vector<Message>& deliveries, std::vector<Error>& errors);
+  void read_available(Deliveries& deliveries, std::vector<Error>& errors);
   void lost_locked(std::vector<Error>& errors, const std::string& why);
   void set_want_write_locked(bool want);
+  /// I/O thread: writes every filled send buffer, or until the socket is full.
+  void write_out();
 
   void transmit_locked() override;
   bool drained_locked() const override { return current_ == kNoBuffer; }
@@ -74,6 +80,8 @@ class TcpClient final : public Session {
   std::uint32_t current_len_ = 0;
   std::uint32_t current_off_ = 0;
   bool want_write_ = false;
+  bool write_requested_ = false;  // the I/O thread has been woken to write
+  bool socket_watched_ = true;    // I/O thread only: fd_ is in the epoll set
 };
 
 // ---------------------------------------------------------------- connect
@@ -199,7 +207,7 @@ void TcpClient::close() {
 // ---------------------------------------------------------------- sending
 
 void TcpClient::set_want_write_locked(bool want) {
-  if (want_write_ == want) return;
+  if (want_write_ == want || !socket_watched_) return;
   want_write_ = want;
   epoll_event e{};
   e.events = EPOLLIN | EPOLLRDHUP | (want ? EPOLLOUT : 0u);
@@ -208,21 +216,37 @@ void TcpClient::set_want_write_locked(bool want) {
 }
 
 void TcpClient::transmit_locked() {
+  // Any thread: hand the filled buffers to the I/O thread, waking it once.
+  if (write_requested_ || closed_) return;
+  write_requested_ = true;
+  std::uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
+}
+
+void TcpClient::write_out() {
+  std::unique_lock lock(mu_);
+  write_requested_ = false;  // frames appended from here on ask again
   while (!closed_) {
     if (current_ == kNoBuffer) {
       std::tie(current_, current_len_) = take_ready_locked();
       current_off_ = 0;
       if (current_ == kNoBuffer) return;
     }
-    const ssize_t n = ::send(fd_.get(), send_buf(current_) + current_off_, current_len_ - current_off_,
-                             MSG_NOSIGNAL | MSG_DONTWAIT);
+    // The buffer is ours until released: write it without the lock, so
+    // publishers fill the next one meanwhile.
+    const std::byte* data = send_buf(current_) + current_off_;
+    const std::size_t len = current_len_ - current_off_;
+    lock.unlock();
+    const ssize_t n = ::send(fd_.get(), data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const int err = errno;
+    lock.lock();
     if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        set_want_write_locked(true);  // the I/O thread resumes on EPOLLOUT
+      if (err == EINTR) continue;
+      if (err == EAGAIN || err == EWOULDBLOCK) {
+        set_want_write_locked(true);  // resumed on EPOLLOUT
         return;
       }
-      fail_locked(sys_error(ErrorKind::kClosed, "connection to the broker lost (send)"));
+      fail_locked(Error{ErrorKind::kClosed, std::string("connection to the broker lost (send: ") + std::strerror(err) + ")"});
       return;
     }
     current_off_ += static_cast<std::uint32_t>(n);
@@ -240,7 +264,7 @@ void TcpClient::lost_locked(std::vector<Error>& errors, const std::string& why) 
   fail_locked(Error{ErrorKind::kClosed, "connection to the broker lost (" + why + ")"});
 }
 
-void TcpClient::read_available(std::vector<Message>& deliveries, std::vector<Error>& errors) {
+void TcpClient::read_available(Deliveries& deliveries, std::vector<Error>& errors) {
   while (true) {
     const ssize_t n = ::read(fd_.get(), rbuf_.data() + rlen_, rbuf_.size() - rlen_);
     if (n == 0) {
@@ -274,11 +298,12 @@ void TcpClient::read_available(std::vector<Message>& deliveries, std::vector<Err
 }
 
 void TcpClient::run() {
-  std::vector<Message> deliveries;
+  Deliveries deliveries;
   std::vector<Error> errors;
   while (!stop_requested()) {
     epoll_event evs[4];
-    const int n = ::epoll_wait(epoll_.get(), evs, 4, 100);
+    // No tick: reads, EPOLLOUT, publishes and close() all raise an fd event.
+    const int n = ::epoll_wait(epoll_.get(), evs, 4, -1);
     bool readable = false;
     bool writable = false;
     for (int i = 0; i < n; ++i) {
@@ -295,12 +320,24 @@ void TcpClient::run() {
       std::lock_guard lock(mu_);
       closed = closed_;
     }
-    // Once closed, the socket is not read again (EOF would be reported forever).
+    // Once closed, the socket is not read again, and it leaves the epoll set:
+    // its EOF stays readable (level-triggered), and this thread would spin on
+    // it until the application called close(). It sleeps on the wake-up fd.
     if (readable && !closed) read_available(deliveries, errors);
-    if (writable) {
+    {
       std::lock_guard lock(mu_);
-      transmit_locked();
+      closed = closed_;
     }
+    if (closed && socket_watched_) {
+      ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd_.get(), nullptr);
+      socket_watched_ = false;
+    }
+    bool write;
+    {
+      std::lock_guard lock(mu_);
+      write = writable || (write_requested_ && !want_write_);
+    }
+    if (write) write_out();
     dispatch(deliveries, errors);
   }
 }

@@ -49,6 +49,11 @@ struct ClientOptions {
   /// Filled send buffers that may wait behind the in-flight ones; a publish
   /// beyond that blocks up to publish_timeout, then fails with kTimeout.
   std::uint32_t send_queue_buffers = 32;
+  /// RDMA only: after a completion the I/O thread keeps polling the CQ this
+  /// long before it sleeps on the completion channel, so that a message
+  /// arriving meanwhile is handed over without a wake-up: lower latency at
+  /// light load for a busy core. 0: never spin (the default).
+  std::chrono::microseconds busy_poll{0};
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds publish_timeout{5000};
   /// Messages a blocking Subscription buffers before it drops (counted).
