@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -189,6 +190,35 @@ TEST_P(Ops, MetricsPassPromtoolOnALiveScrape) {
     }
   }
   ::unlink(file.c_str());
+}
+
+// A client whose broker went away keeps its Client object until the
+// application closes it; meanwhile its I/O thread must sleep, not spin on the
+// dead connection (a process holding many such clients would burn every core).
+TEST_P(Ops, ClientWhoseBrokerLeftUsesNoCpu) {
+  BrokerProcess broker(next_port());
+  ASSERT_TRUE(broker.running());
+  auto a = connect(broker);
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(a->subscribe(std::string_view("s.gone")));
+  ASSERT_TRUE(a->flush(10s));
+  ASSERT_EQ(broker.stop(SIGTERM, 10s), 0);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (a->close_reason().message.empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_FALSE(a->close_reason().message.empty()) << "the client did not notice the broker leaving";
+  auto cpu_seconds = [] {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+  };
+  const double before = cpu_seconds();
+  std::this_thread::sleep_for(1s);
+  // A spinning I/O thread would have used about a second of CPU here.
+  EXPECT_LT(cpu_seconds() - before, 0.2);
+  a->close();
 }
 
 TEST_P(Ops, StatListsConnectionsWithTheirTransport) {

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "harness.hpp"
@@ -64,9 +65,11 @@ class StreamChecker {
   std::string error_;
 };
 
-std::unique_ptr<Client> connect(const BrokerProcess& b, const std::string& host, const std::string& bind) {
+std::unique_ptr<Client> connect(const BrokerProcess& b, const std::string& host, const std::string& bind,
+                                std::chrono::microseconds busy_poll = {}) {
   ClientOptions opt;
   opt.bind_address = bind;
+  opt.busy_poll = busy_poll;
   opt.publish_timeout = 10s;
   opt.connect_timeout = 15s;
   auto c = Client::connect(b.url(host), opt);
@@ -137,6 +140,41 @@ TEST_F(Relay, FanOutAcrossDevicesInOrderByteExact) {
               static_cast<long long>(st["rdma.frames_sent"]), static_cast<long long>(st["rdma.sends_posted"]),
               double(st["rdma.frames_sent"]) / double(std::max<std::int64_t>(1, st["rdma.sends_posted"])),
               static_cast<long long>(st["rdma.credit_stalls"]));
+}
+
+// Busy polling (flow.busy_poll_us, ClientOptions::busy_poll) changes how the
+// broker and the clients wait, nothing else: every message arrives in order
+// whether it lands while they spin or after the spin gave up and they slept,
+// a spinning worker still answers commands (stat's connection list is asked
+// of every worker), and the broker exits cleanly.
+TEST_F(Relay, BusyPollingRelaysEverythingAndStaysResponsive) {
+  BrokerProcess broker(next_port(), {"--workers", "1", "--busy-poll-us", "2000"});
+  ASSERT_TRUE(broker.running());
+  const std::string subject = "relay.spin";
+  auto sub = connect(broker, a1, a2, 2ms);
+  auto pub = connect(broker, a1, a2, 2ms);
+  ASSERT_TRUE(sub && pub);
+  StreamChecker check(sub->max_payload(subject.size()));
+  ASSERT_TRUE(sub->subscribe(subject, [&check](const Message& m) { check.on_message(m); }).ok());
+  ASSERT_TRUE(sub->flush(10s).ok());
+  const std::size_t max_payload = pub->max_payload(subject.size());
+  std::uint64_t seq = 0;
+  // Flat out (always within the spin), then with pauses longer than the spin
+  // (each message wakes a sleeping worker and client).
+  for (; seq < 20'000; ++seq) ASSERT_TRUE(pub->publish(subject, make_payload(seq, max_payload)).ok());
+  for (; seq < 20'020; ++seq) {
+    std::this_thread::sleep_for(10ms);
+    ASSERT_TRUE(pub->publish(subject, make_payload(seq, max_payload)).ok());
+  }
+  ASSERT_TRUE(pub->flush(30s).ok());
+  EXPECT_TRUE(check.wait_for(seq, 60s, sub.get())) << check.received();
+  EXPECT_EQ(check.first_error(), "");
+  EXPECT_EQ(check.received(), seq);
+  EXPECT_EQ(broker.stats().at("messages.delivered"), static_cast<std::int64_t>(seq));
+  // Asked while the worker spins after the last message.
+  auto [rc, out] = run({RDMABROKER_CLI_PATH, "stat", "--json", "--admin-socket", broker.admin_socket()});
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["connections"].size(), 2u) << out;
 }
 
 // A subscriber process SIGKILLed mid-stream: the others get everything, and
