@@ -1,7 +1,10 @@
 #include "bench.hpp"
+#include "latency_histogram.hpp"
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <sys/prctl.h>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -11,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace rdmabroker::cli {
+namespace rdmabroker::bench {
 
 namespace {
 
@@ -21,7 +24,7 @@ using namespace std::chrono_literals;
 /// What every benchmark payload starts with.
 struct Stamp {
   std::uint32_t publisher;
-  std::uint32_t reserved;
+  std::uint32_t lag_us;  // at a fixed rate: how late the publisher got round to it (saturating)
   std::uint64_t seq;
   std::int64_t sent_ns;  // steady clock; the scheduled time at a fixed rate
 };
@@ -35,27 +38,33 @@ struct PublisherResult {
   std::string error;
 };
 
-/// One subscriber's view, filled by its client's I/O thread.
+/// One subscriber's view, filled by its client's delivery thread.
 struct SubscriberState {
   std::mutex mu;
   std::uint64_t received = 0;
   std::uint64_t reordered = 0;  // a sequence at or below one already seen from that publisher
+  std::uint64_t malformed = 0;  // shorter than the stamp
   std::unordered_map<std::uint32_t, std::uint64_t> next_seq;  // per publisher
-  std::vector<std::int64_t> latency_ns;
+  LatencyHistogram latency;            // from the schedule (coordinated omission corrected)
+  LatencyHistogram latency_from_send;  // from the moment of the publish call
   std::int64_t first_ns = 0, last_ns = 0;
   std::atomic<std::uint64_t> count{0};
   std::string error;
 
-  void on_message(const Message& m) {
+  void on_payload(std::span<const std::byte> payload) {
     const std::int64_t t = now_ns();
-    Stamp s{};
-    if (m.payload.size() < sizeof s) return;
-    std::memcpy(&s, m.payload.data(), sizeof s);
     std::lock_guard l(mu);
+    Stamp s{};
+    if (payload.size() < sizeof s) {
+      ++malformed;
+      return;
+    }
+    std::memcpy(&s, payload.data(), sizeof s);
     auto [it, fresh] = next_seq.try_emplace(s.publisher, 0);
     if (!fresh && s.seq < it->second) ++reordered;
     it->second = std::max(it->second, s.seq + 1);
-    latency_ns.push_back(t - s.sent_ns);
+    latency.record(t - s.sent_ns);
+    latency_from_send.record(t - s.sent_ns - std::int64_t{s.lag_us} * 1000);
     if (first_ns == 0) first_ns = t;
     last_ns = t;
     ++received;
@@ -63,78 +72,111 @@ struct SubscriberState {
   }
 };
 
-struct Percentiles {
-  double p50 = 0, p90 = 0, p99 = 0, p999 = 0, max = 0;  // microseconds
-};
-
-Percentiles percentiles(std::vector<std::int64_t> v) {
-  Percentiles p;
-  if (v.empty()) return p;
-  auto at = [&](double q) {
-    const auto k = static_cast<std::size_t>(q * static_cast<double>(v.size() - 1));
-    std::nth_element(v.begin(), v.begin() + static_cast<long>(k), v.end());
-    return static_cast<double>(v[k]) / 1000.0;
-  };
-  p.p50 = at(0.5);
-  p.p90 = at(0.9);
-  p.p99 = at(0.99);
-  p.p999 = at(0.999);
-  p.max = static_cast<double>(*std::max_element(v.begin(), v.end())) / 1000.0;
-  return p;
+nlohmann::json to_json(const LatencyHistogram& h) {
+  return {{"p50_us", h.quantile_us(0.5)},    {"p90_us", h.quantile_us(0.9)}, {"p99_us", h.quantile_us(0.99)},
+          {"p99_9_us", h.quantile_us(0.999)}, {"max_us", h.max_us()}};
 }
 
-nlohmann::json to_json(const Percentiles& p) {
-  return {{"p50_us", p.p50}, {"p90_us", p.p90}, {"p99_us", p.p99}, {"p99_9_us", p.p999}, {"max_us", p.max}};
-}
+double per_second(double n, double seconds) { return seconds > 0 ? n / seconds : 0; }
 
-Result<std::unique_ptr<Client>> open(const BenchOptions& opt) {
-  ClientOptions co;
-  co.bind_address = opt.bind;
-  co.publish_timeout = 30s;
-  co.connect_timeout = 15s;
-  return Client::connect(opt.url, co);
+void print_text(const nlohmann::json& report, bool fixed_rate) {
+  const auto& jp = report["publishers"];
+  const auto& js = report["subscribers"];
+  const auto& a = report["aggregate"];
+  for (std::size_t i = 0; i < jp.size(); ++i) {
+    const auto& p = jp[i];
+    const auto error = p["error"].get<std::string>();
+    std::printf("publisher %zu: %llu msgs in %.2f s, %.0f msg/s, %.1f MB/s%s%s\n", i,
+                static_cast<unsigned long long>(p["sent"].get<std::uint64_t>()), p["seconds"].get<double>(),
+                p["msgs_per_s"].get<double>(), p["mb_per_s"].get<double>(), error.empty() ? "" : " ERROR ", error.c_str());
+  }
+  for (std::size_t i = 0; i < js.size(); ++i) {
+    const auto& s = js[i];
+    const auto& l = s["latency"];
+    const auto error = s["error"].get<std::string>();
+    std::printf("subscriber %zu: %llu msgs, %.0f msg/s, %.1f MB/s, %llu reordered, latency p50 %.1f us p99 %.1f us max %.1f us%s%s\n",
+                i, static_cast<unsigned long long>(s["received"].get<std::uint64_t>()), s["msgs_per_s"].get<double>(),
+                s["mb_per_s"].get<double>(), static_cast<unsigned long long>(s["reordered"].get<std::uint64_t>()),
+                l["p50_us"].get<double>(), l["p99_us"].get<double>(), l["max_us"].get<double>(),
+                error.empty() ? "" : " ERROR ", error.c_str());
+  }
+  std::printf("aggregate: published %llu (%.0f msg/s), received %llu of %llu (%.0f msg/s, %.1f MB/s), lost %llu, "
+              "reordered %llu\n",
+              static_cast<unsigned long long>(a["published"].get<std::uint64_t>()), a["publish_msgs_per_s"].get<double>(),
+              static_cast<unsigned long long>(a["received"].get<std::uint64_t>()),
+              static_cast<unsigned long long>(a["expected"].get<std::uint64_t>()), a["delivery_msgs_per_s"].get<double>(),
+              a["delivery_mb_per_s"].get<double>(), static_cast<unsigned long long>(a["lost"].get<std::uint64_t>()),
+              static_cast<unsigned long long>(a["reordered"].get<std::uint64_t>()));
+  const auto& l = a["latency"];
+  std::printf("latency: p50 %.1f us, p90 %.1f us, p99 %.1f us, p99.9 %.1f us, max %.1f us%s\n", l["p50_us"].get<double>(),
+              l["p90_us"].get<double>(), l["p99_us"].get<double>(), l["p99_9_us"].get<double>(), l["max_us"].get<double>(),
+              fixed_rate ? " (from the schedule: coordinated omission corrected)" : "");
+  if (fixed_rate) {
+    const auto& f = a["latency_from_send"];
+    std::printf("latency from the publish call: p50 %.1f us, p90 %.1f us, p99 %.1f us, p99.9 %.1f us, max %.1f us\n",
+                f["p50_us"].get<double>(), f["p90_us"].get<double>(), f["p99_us"].get<double>(),
+                f["p99_9_us"].get<double>(), f["max_us"].get<double>());
+  }
 }
 
 }  // namespace
 
-int run_bench(const BenchOptions& opt) {
+void add_bench_options(CLI::App& app, BenchOptions& opt) {
+  app.add_option("subject", opt.subject, "Subject")->capture_default_str();
+  app.add_option("-p,--pub", opt.publishers, "Publishers (each its own connection)")->capture_default_str();
+  app.add_option("-m,--sub", opt.subscribers, "Subscribers (each its own connection)")->capture_default_str();
+  app.add_option("-q,--queue", opt.queue, "Subscribers join this queue group (each message to one of them)");
+  app.add_option("--size", opt.size, "Payload bytes (at least 24)")->capture_default_str();
+  app.add_option("-n,--count", opt.count, "Messages per publisher")->capture_default_str();
+  app.add_option("-d,--duration", opt.duration_s, "Seconds per publisher (instead of --count)");
+  app.add_option("-r,--rate", opt.rate, "Messages/s per publisher (0: flat out); latency then counts from the schedule");
+  app.add_flag("--json", opt.json, "JSON report");
+  app.add_flag("!--quiet", opt.progress, "No progress lines");
+}
+
+int run_bench(const BenchOptions& opt, const std::string& system, const Connect& connect) {
   if (opt.size < sizeof(Stamp)) {
-    std::cerr << "rdmabroker bench: --size must be at least " << sizeof(Stamp) << " bytes (the stamp)\n";
+    std::cerr << "bench: --size must be at least " << sizeof(Stamp) << " bytes (the stamp)\n";
+    return 2;
+  }
+  if (opt.publishers == 0) {
+    std::cerr << "bench: at least one publisher\n";
     return 2;
   }
   // Subscribers first, each on its own connection, active before anyone publishes.
   std::vector<std::unique_ptr<SubscriberState>> states;
-  std::vector<std::unique_ptr<Client>> subs;
+  std::vector<std::unique_ptr<BenchEndpoint>> subs;
   for (std::uint32_t i = 0; i < opt.subscribers; ++i) {
-    auto c = open(opt);
+    std::string error;
+    auto c = connect(error);
     if (!c) {
-      std::cerr << "rdmabroker bench: subscriber " << i << ": " << c.error().message << "\n";
+      std::cerr << "bench: subscriber " << i << ": " << error << "\n";
       return 1;
     }
     states.push_back(std::make_unique<SubscriberState>());
     SubscriberState* st = states.back().get();
-    auto sid = c.value()->queue_subscribe(opt.subject, opt.queue, [st](const Message& m) { st->on_message(m); });
-    if (!sid || !c.value()->flush(30s)) {
-      std::cerr << "rdmabroker bench: subscribe failed\n";
+    if (auto e = c->subscribe(opt.subject, opt.queue, [st](std::span<const std::byte> p) { st->on_payload(p); }); !e.empty()) {
+      std::cerr << "bench: subscriber " << i << ": " << e << "\n";
       return 1;
     }
-    subs.push_back(std::move(c.value()));
+    subs.push_back(std::move(c));
   }
-  std::vector<std::unique_ptr<Client>> pubs;
+  std::vector<std::unique_ptr<BenchEndpoint>> pubs;
   for (std::uint32_t i = 0; i < opt.publishers; ++i) {
-    auto c = open(opt);
+    std::string error;
+    auto c = connect(error);
     if (!c) {
-      std::cerr << "rdmabroker bench: publisher " << i << ": " << c.error().message << "\n";
+      std::cerr << "bench: publisher " << i << ": " << error << "\n";
       return 1;
     }
-    pubs.push_back(std::move(c.value()));
+    pubs.push_back(std::move(c));
   }
   if (!opt.json && opt.progress) {
-    std::cerr << "bench: " << opt.publishers << " publisher(s) -> " << opt.subscribers << " subscriber(s)"
+    std::cerr << "bench: " << system << ", " << opt.publishers << " publisher(s) -> " << opt.subscribers << " subscriber(s)"
               << (opt.queue.empty() ? "" : " in queue group " + opt.queue) << ", " << opt.size << " B, "
               << (opt.duration_s > 0 ? std::to_string(opt.duration_s) + " s" : std::to_string(opt.count) + " msgs")
               << " each, " << (opt.rate > 0 ? std::to_string(opt.rate) + " msg/s each" : "flat out") << ", "
-              << pubs.front()->transport_description() << "\n";
+              << pubs.front()->describe() << "\n";
   }
 
   std::atomic<std::uint64_t> published{0};
@@ -144,7 +186,10 @@ int run_bench(const BenchOptions& opt) {
   for (std::uint32_t p = 0; p < opt.publishers; ++p) {
     threads.emplace_back([&, p] {
       std::vector<std::byte> payload(opt.size, std::byte{0x5a});
-      Client& c = *pubs[p];
+      BenchEndpoint& c = *pubs[p];
+      // Wake on schedule: the default 50 us timer slack would be charged to
+      // every message as latency at a fixed rate.
+      ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
       std::this_thread::sleep_until(start);
       const auto t0 = Clock::now();
       const auto end = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt.duration_s));
@@ -159,17 +204,19 @@ int run_bench(const BenchOptions& opt) {
           const auto due = t0 + std::chrono::duration_cast<Clock::duration>(interval * static_cast<double>(seq));
           std::this_thread::sleep_until(due);
           s.sent_ns = due.time_since_epoch().count();
+          const auto lag = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - due).count();
+          s.lag_us = static_cast<std::uint32_t>(std::clamp<std::int64_t>(lag, 0, UINT32_MAX));
         } else {
           s.sent_ns = now_ns();
         }
         std::memcpy(payload.data(), &s, sizeof s);
-        if (auto st = c.publish(opt.subject, payload); !st) {
-          results[p].error = st.error().message;
+        if (auto e = c.publish(opt.subject, payload, opt.rate <= 0); !e.empty()) {
+          results[p].error = e;
           break;
         }
         published.fetch_add(1, std::memory_order_relaxed);
       }
-      if (auto st = c.flush(60s); !st && results[p].error.empty()) results[p].error = st.error().message;
+      if (auto e = c.flush(60s); !e.empty() && results[p].error.empty()) results[p].error = e;
       results[p].sent = seq;
       results[p].seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     });
@@ -206,7 +253,7 @@ int run_bench(const BenchOptions& opt) {
   // Wait for deliveries: all of them, or until nothing arrives for 5 s.
   std::uint64_t total_sent = 0;
   for (const auto& r : results) total_sent += r.sent;
-  const std::uint64_t expected = opt.queue.empty() ? total_sent * opt.subscribers : total_sent;
+  const std::uint64_t expected = opt.queue.empty() ? total_sent * opt.subscribers : (opt.subscribers > 0 ? total_sent : 0);
   auto last_change = Clock::now();
   std::uint64_t seen = received_total();
   while (seen < expected && Clock::now() - last_change < 5s) {
@@ -216,87 +263,84 @@ int run_bench(const BenchOptions& opt) {
       last_change = Clock::now();
     }
   }
-  for (auto& c : subs) {
-    if (!c->close_reason().message.empty() && states.front()->error.empty()) states.front()->error = c->close_reason().message;
-    c->close();
+  for (std::size_t i = 0; i < subs.size(); ++i) {
+    auto why = subs[i]->close();
+    std::lock_guard l(states[i]->mu);
+    if (states[i]->error.empty()) states[i]->error = why;
   }
-  for (auto& c : pubs) c->close();
+  for (std::size_t i = 0; i < pubs.size(); ++i) {
+    if (auto why = pubs[i]->close(); !why.empty() && results[i].error.empty()) results[i].error = why;
+  }
 
   // Report.
   const double start_ns = static_cast<double>(start.time_since_epoch().count());
   nlohmann::json report;
+  report["system"] = system;
   report["config"] = {{"url", opt.url},       {"subject", opt.subject}, {"queue", opt.queue},
                       {"publishers", opt.publishers}, {"subscribers", opt.subscribers}, {"size", opt.size},
                       {"count", opt.count},   {"duration_s", opt.duration_s}, {"rate", opt.rate}};
   nlohmann::json jp = nlohmann::json::array();
   double pub_seconds = 0;
   bool failed = false;
-  for (std::uint32_t p = 0; p < opt.publishers; ++p) {
-    const auto& r = results[p];
+  for (const auto& r : results) {
     pub_seconds = std::max(pub_seconds, r.seconds);
-    jp.push_back({{"sent", r.sent}, {"seconds", r.seconds},
-                  {"msgs_per_s", r.seconds > 0 ? static_cast<double>(r.sent) / r.seconds : 0},
-                  {"mb_per_s", r.seconds > 0 ? static_cast<double>(r.sent) * opt.size / r.seconds / 1e6 : 0},
-                  {"error", r.error}});
+    const auto n = static_cast<double>(r.sent);
+    jp.push_back({{"sent", r.sent}, {"seconds", r.seconds}, {"msgs_per_s", per_second(n, r.seconds)},
+                  {"mb_per_s", per_second(n * opt.size, r.seconds) / 1e6}, {"error", r.error}});
     failed |= !r.error.empty();
   }
   nlohmann::json js = nlohmann::json::array();
-  std::vector<std::int64_t> all;
-  std::uint64_t received = 0, reordered = 0;
+  LatencyHistogram all, all_from_send;
+  std::uint64_t received = 0, reordered = 0, malformed = 0;
   double last_ns = 0;
   for (auto& s : states) {
     std::lock_guard l(s->mu);
     const double secs = s->last_ns > 0 ? (static_cast<double>(s->last_ns) - start_ns) / 1e9 : 0;
-    js.push_back({{"received", s->received}, {"reordered", s->reordered}, {"seconds", secs},
-                  {"msgs_per_s", secs > 0 ? static_cast<double>(s->received) / secs : 0},
-                  {"latency", to_json(percentiles(s->latency_ns))}, {"error", s->error}});
+    const auto n = static_cast<double>(s->received);
+    js.push_back({{"received", s->received}, {"reordered", s->reordered}, {"malformed", s->malformed}, {"seconds", secs},
+                  {"msgs_per_s", per_second(n, secs)}, {"mb_per_s", per_second(n * opt.size, secs) / 1e6},
+                  {"latency", to_json(s->latency)}, {"error", s->error}});
     received += s->received;
     reordered += s->reordered;
+    malformed += s->malformed;
     last_ns = std::max(last_ns, static_cast<double>(s->last_ns));
-    all.insert(all.end(), s->latency_ns.begin(), s->latency_ns.end());
+    all.merge(s->latency);
+    all_from_send.merge(s->latency_from_send);
     failed |= !s->error.empty();
   }
   const std::uint64_t lost = expected > received ? expected - received : 0;
   const double delivery_s = last_ns > 0 ? (last_ns - start_ns) / 1e9 : 0;
-  const Percentiles lat = percentiles(all);
   report["publishers"] = jp;
   report["subscribers"] = js;
   report["aggregate"] = {{"published", total_sent},
-                         {"publish_msgs_per_s", pub_seconds > 0 ? static_cast<double>(total_sent) / pub_seconds : 0},
+                         {"publish_msgs_per_s", per_second(static_cast<double>(total_sent), pub_seconds)},
                          {"expected", expected},
                          {"received", received},
                          {"lost", lost},
                          {"reordered", reordered},
-                         {"delivery_msgs_per_s", delivery_s > 0 ? static_cast<double>(received) / delivery_s : 0},
-                         {"delivery_mb_per_s", delivery_s > 0 ? static_cast<double>(received) * opt.size / delivery_s / 1e6 : 0},
-                         {"latency", to_json(lat)}};
+                         {"malformed", malformed},
+                         {"delivery_seconds", delivery_s},
+                         {"delivery_msgs_per_s", per_second(static_cast<double>(received), delivery_s)},
+                         {"delivery_mb_per_s", per_second(static_cast<double>(received) * opt.size, delivery_s) / 1e6},
+                         {"latency", to_json(all)},
+                         {"latency_from_send", to_json(all_from_send)}};
   if (opt.json) {
     std::cout << report.dump(2) << "\n";
   } else {
-    const auto& a = report["aggregate"];
-    for (std::size_t i = 0; i < jp.size(); ++i) {
-      std::printf("publisher %zu: %llu msgs in %.2f s, %.0f msg/s, %.1f MB/s%s\n", i,
-                  static_cast<unsigned long long>(jp[i]["sent"].get<std::uint64_t>()), jp[i]["seconds"].get<double>(),
-                  jp[i]["msgs_per_s"].get<double>(), jp[i]["mb_per_s"].get<double>(),
-                  jp[i]["error"].get<std::string>().empty() ? "" : (" ERROR " + jp[i]["error"].get<std::string>()).c_str());
-    }
-    for (std::size_t i = 0; i < js.size(); ++i) {
-      const auto& l = js[i]["latency"];
-      std::printf("subscriber %zu: %llu msgs, %.0f msg/s, %llu reordered, latency p50 %.1f us p99 %.1f us max %.1f us\n", i,
-                  static_cast<unsigned long long>(js[i]["received"].get<std::uint64_t>()), js[i]["msgs_per_s"].get<double>(),
-                  static_cast<unsigned long long>(js[i]["reordered"].get<std::uint64_t>()), l["p50_us"].get<double>(),
-                  l["p99_us"].get<double>(), l["max_us"].get<double>());
-    }
-    std::printf("aggregate: published %llu (%.0f msg/s), received %llu of %llu (%.0f msg/s, %.1f MB/s), lost %llu, "
-                "reordered %llu\n",
-                static_cast<unsigned long long>(total_sent), a["publish_msgs_per_s"].get<double>(),
-                static_cast<unsigned long long>(received), static_cast<unsigned long long>(expected),
-                a["delivery_msgs_per_s"].get<double>(), a["delivery_mb_per_s"].get<double>(),
-                static_cast<unsigned long long>(lost), static_cast<unsigned long long>(reordered));
-    std::printf("latency: p50 %.1f us, p90 %.1f us, p99 %.1f us, p99.9 %.1f us, max %.1f us%s\n", lat.p50, lat.p90, lat.p99,
-                lat.p999, lat.max, opt.rate > 0 ? " (from the schedule: coordinated omission corrected)" : "");
+    print_text(report, opt.rate > 0);
   }
-  return failed || lost > 0 ? 1 : 0;
+  return failed || lost > 0 || malformed > 0 ? 1 : 0;
 }
 
-}  // namespace rdmabroker::cli
+int driver_main(int argc, char** argv, const std::string& system, const std::string& default_url,
+                const std::function<Connect(const BenchOptions& opt)>& make_connect) {
+  CLI::App app{system + " pub/sub benchmark driver: the measurement of `rdmabroker bench`, on " + system};
+  BenchOptions opt;
+  opt.url = default_url;
+  add_bench_options(app, opt);
+  app.add_option("-s,--server", opt.url, "Server URL")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  return run_bench(opt, system, make_connect(opt));
+}
+
+}  // namespace rdmabroker::bench

@@ -1,23 +1,33 @@
-// `rdmabroker bench`: N publishers and M subscribers (or queue-group members)
-// on their own connections, flat out or at a fixed rate, over rdma:// or
-// tcp://. Every payload carries (publisher, sequence, send time), so
-// subscribers check loss and reordering per publisher and measure latency;
-// at a fixed rate the send time is the *scheduled* time, which corrects for
-// coordinated omission (a stalled publisher does not hide the delay it
-// causes). Reports per client and in aggregate, as text or --json.
+// The load generator behind `rdmabroker bench` and the NATS and Redis drivers
+// of the benchmark suite (tests/bench/drivers/): N publishers and M
+// subscribers (or queue-group members), each on its own connection, flat out
+// or at a fixed rate. Every payload starts with a stamp (publisher, sequence,
+// send time), so subscribers check loss and reordering per publisher and
+// record latency in a histogram; at a fixed rate the send time is the
+// *scheduled* time, which corrects for coordinated omission (a stalled
+// publisher does not hide the delay it causes). Reports per client and in
+// aggregate, as text or --json.
+//
+// The engine knows nothing about the system under test: each system supplies
+// a BenchEndpoint (one connection) and the same measurement runs on all of
+// them, so rdmabroker, NATS and Redis are driven identically.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
 #include <string>
 
-#include "rdmabroker/client.hpp"
+namespace CLI {
+class App;
+}
 
-namespace rdmabroker::cli {
+namespace rdmabroker::bench {
 
 struct BenchOptions {
   std::string url;
-  std::string bind;
   std::string subject = "bench";
   std::string queue;              // subscribers join this queue group; empty: each gets everything
   std::uint32_t publishers = 1;
@@ -30,8 +40,38 @@ struct BenchOptions {
   bool progress = true;
 };
 
-/// Runs the benchmark; prints the report on stdout. Exit status: 0, or 1 when
-/// a connection failed or messages were lost.
-int run_bench(const BenchOptions& opt);
+/// One connection to the system under test. Errors are returned as text
+/// (empty: success); the engine reports them per client.
+class BenchEndpoint {
+ public:
+  using OnPayload = std::function<void(std::span<const std::byte>)>;
+  virtual ~BenchEndpoint() = default;
+  /// Subscribes (in `queue` when not empty) and returns once the system has
+  /// the subscription, so nothing published afterwards is missed.
+  virtual std::string subscribe(const std::string& subject, const std::string& queue, OnPayload on_payload) = 0;
+  /// `more`: another publish follows at once (flat out); a client that
+  /// buffers may wait for it before writing. False before an idle gap.
+  virtual std::string publish(const std::string& subject, std::span<const std::byte> payload, bool more) = 0;
+  /// Returns once everything published has reached the system.
+  virtual std::string flush(std::chrono::milliseconds timeout) = 0;
+  /// Closes; returns why the connection had failed, if it had.
+  virtual std::string close() = 0;
+  virtual std::string describe() const = 0;
+};
 
-}  // namespace rdmabroker::cli
+using Connect = std::function<std::unique_ptr<BenchEndpoint>(std::string& error)>;
+
+/// Adds the shared options (everything but url/transport) to a command line.
+void add_bench_options(CLI::App& app, BenchOptions& opt);
+
+/// Runs the benchmark; prints the report on stdout. `system` names what is
+/// measured in the report. Exit status: 0, or 1 when a connection failed or
+/// messages were lost; 2 for bad options.
+int run_bench(const BenchOptions& opt, const std::string& system, const Connect& connect);
+
+/// main() of a driver for another system (tests/bench/drivers): the same
+/// options as `rdmabroker bench` plus -s URL (default `default_url`).
+int driver_main(int argc, char** argv, const std::string& system, const std::string& default_url,
+                const std::function<Connect(const BenchOptions& opt)>& make_connect);
+
+}  // namespace rdmabroker::bench

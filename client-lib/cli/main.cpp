@@ -76,6 +76,50 @@ std::pair<std::unique_ptr<Client>, std::shared_ptr<rdmabroker::Subscription>> su
   return {std::move(client), std::move(sub.value())};
 }
 
+/// `rdmabroker bench`'s connection: one librdmabroker client.
+class BrokerEndpoint final : public rdmabroker::bench::BenchEndpoint {
+ public:
+  static std::unique_ptr<BenchEndpoint> connect(const std::string& url, const std::string& bind,
+                                                const ClientOptions& base, std::string& error) {
+    ClientOptions co = base;
+    co.bind_address = bind;
+    co.publish_timeout = std::chrono::seconds(30);
+    co.connect_timeout = std::chrono::seconds(15);
+    auto c = Client::connect(url, co);
+    if (!c) {
+      error = c.error().message;
+      return nullptr;
+    }
+    return std::unique_ptr<BenchEndpoint>(new BrokerEndpoint(std::move(c.value())));
+  }
+  std::string subscribe(const std::string& subject, const std::string& queue, OnPayload on_payload) override {
+    auto sid = client_->queue_subscribe(subject, queue,
+                                        [f = std::move(on_payload)](const rdmabroker::Message& m) { f(m.payload); });
+    if (!sid) return sid.error().message;
+    return flush(std::chrono::seconds(30));
+  }
+  std::string publish(const std::string& subject, std::span<const std::byte> payload, bool) override {
+    // The library coalesces on its own: whatever is queued while a send is
+    // in flight goes out together, an idle connection sends at once.
+    auto st = client_->publish(subject, payload);
+    return st ? std::string() : st.error().message;
+  }
+  std::string flush(std::chrono::milliseconds timeout) override {
+    auto st = client_->flush(timeout);
+    return st ? std::string() : st.error().message;
+  }
+  std::string close() override {
+    std::string why = client_->close_reason().message;
+    client_->close();
+    return why;
+  }
+  std::string describe() const override { return client_->transport_description(); }
+
+ private:
+  explicit BrokerEndpoint(std::unique_ptr<Client> c) : client_(std::move(c)) {}
+  std::unique_ptr<Client> client_;
+};
+
 int run_pub(const Common& common, const std::string& subject, const std::string& message, std::uint64_t count) {
   auto client = connect_or_die(common);
   std::uint64_t sent = 0;
@@ -274,19 +318,22 @@ int main(int argc, char** argv) {
   add_common(rep, rep_common);
 
   Common bench_common;
-  rdmabroker::cli::BenchOptions bench_opt;
-  bool bench_quiet = false;
+  rdmabroker::bench::BenchOptions bench_opt;
   auto* bench = app.add_subcommand("bench", "Benchmark: publishers -> subscribers; rates, loss, reordering, latency");
-  bench->add_option("subject", bench_opt.subject, "Subject")->capture_default_str();
-  bench->add_option("-p,--pub", bench_opt.publishers, "Publishers (each its own connection)")->capture_default_str();
-  bench->add_option("-m,--sub", bench_opt.subscribers, "Subscribers (each its own connection)")->capture_default_str();
-  bench->add_option("-q,--queue", bench_opt.queue, "Subscribers join this queue group (each message to one of them)");
-  bench->add_option("--size", bench_opt.size, "Payload bytes (at least 24)")->capture_default_str();
-  bench->add_option("-n,--count", bench_opt.count, "Messages per publisher")->capture_default_str();
-  bench->add_option("-d,--duration", bench_opt.duration_s, "Seconds per publisher (instead of --count)");
-  bench->add_option("-r,--rate", bench_opt.rate, "Messages/s per publisher (0: flat out); latency then counts from the schedule");
-  bench->add_flag("--json", bench_opt.json, "JSON report");
-  bench->add_flag("--quiet", bench_quiet, "No progress lines");
+  rdmabroker::bench::add_bench_options(*bench, bench_opt);
+  std::uint32_t bench_busy_poll_us = 0;
+  ClientOptions bench_client;
+  bench->add_option("--busy-poll-us", bench_busy_poll_us,
+                    "RDMA: each client's I/O thread spins on its CQ this long after a completion (ClientOptions::busy_poll)")
+      ->capture_default_str();
+  // A client holds (recv credits + in-flight + queued sends) buffers of the
+  // broker's frame size: with very large frames, fewer of each.
+  bench->add_option("--recv-credits", bench_client.recv_credits, "Receive buffers per client (ClientOptions)")
+      ->capture_default_str();
+  bench->add_option("--inflight-sends", bench_client.max_inflight_sends, "Sends in flight per client (ClientOptions)")
+      ->capture_default_str();
+  bench->add_option("--send-buffers", bench_client.send_queue_buffers, "Queued send buffers per client (ClientOptions)")
+      ->capture_default_str();
   add_common(bench, bench_common);
 
   std::string stat_socket = rdmabroker::cli::kDefaultAdminSocket;
@@ -307,9 +354,10 @@ int main(int argc, char** argv) {
   if (reload->parsed()) return run_reload(reload_socket);
   if (bench->parsed()) {
     bench_opt.url = bench_common.server.empty() ? default_server() : bench_common.server;
-    bench_opt.bind = bench_common.bind;
-    bench_opt.progress = !bench_quiet;
-    return rdmabroker::cli::run_bench(bench_opt);
+    bench_client.busy_poll = std::chrono::microseconds(bench_busy_poll_us);
+    return rdmabroker::bench::run_bench(bench_opt, "rdmabroker", [&](std::string& error) {
+      return BrokerEndpoint::connect(bench_opt.url, bench_common.bind, bench_client, error);
+    });
   }
   return run_stat(stat_socket, stat_json);
 }
