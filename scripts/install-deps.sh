@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package that building, testing and the Soft-RoCE
-# guest need. Idempotent: packages already installed are not touched, and
+# guest need (--bench: and what the benchmark suite compares with). Idempotent: packages already installed are not touched, and
 # apt-get update runs only when something is missing.
 set -euo pipefail
 
@@ -11,11 +11,18 @@ PACKAGES=(
   libyaml-cpp-dev prometheus-cpp-dev libsystemd-dev
   # tests
   libgtest-dev libgmock-dev libbenchmark-dev clang
+  libnats-dev libhiredis-dev  # the NATS and Redis drivers of the benchmark suite (built with the tests)
   prometheus  # promtool, to check the metrics a live broker serves
   # the Soft-RoCE guest (tests/softroce/run-in-guest.sh) and RDMA tools used in it
   qemu-system-x86 rdma-core ibverbs-utils ibverbs-providers rdmacm-utils perftest
   iproute2 kmod cpio gzip xz-utils perl util-linux
 )
+
+# --bench: also what tests/bench/suite.sh runs against and plots with. Not in
+# the default set: the server packages start system services on install.
+if [ "${1:-}" = --bench ]; then
+  PACKAGES+=(nats-server redis-server gnuplot-nox python3)
+fi
 
 if [ "$(id -u)" != 0 ]; then
   echo "install-deps: must run as root (apt-get)" >&2

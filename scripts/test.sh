@@ -7,7 +7,11 @@
 #   3. boots the Soft-RoCE guest once and runs the RDMA integration tests
 #      of every tree inside it (tests/softroce/guest-suite.sh);
 #   4. boots it once more with systemd as PID 1, installs the .deb and drives
-#      the real unit (tests/softroce/systemd-suite.sh).
+#      the real unit (tests/softroce/systemd-suite.sh);
+#   5. runs the benchmark suite in --quick mode (tests/bench/suite.sh): not
+#      to measure anything, but so that the suite, the NATS and Redis drivers
+#      and the report keep working; it fails if a run fails or loses a
+#      message (RDMABROKER_TEST_BENCH=0 skips it).
 # RDMA tests never skip: no guest or no RDMA device is a failure.
 # Set RDMABROKER_TEST_TREES to a subset (e.g. "release") for a quicker run.
 set -euo pipefail
@@ -45,6 +49,11 @@ tests/softroce/run-in-guest.sh tests/softroce/guest-suite.sh "${dirs[@]}" || fai
 if [ -n "${DEB:-}" ]; then
   echo "=== systemd unit (Soft-RoCE guest booted with systemd as PID 1): $DEB"
   RDMABROKER_GUEST_INIT=systemd tests/softroce/run-in-guest.sh tests/softroce/systemd-suite.sh "$DEB" || failed=1
+fi
+
+if [[ " $TREES " == *" release "* ]] && [ "${RDMABROKER_TEST_BENCH:-1}" = 1 ]; then
+  echo "=== benchmark suite, quick (machinery only; numbers in docs/benchmarks.md come from a full run)"
+  tests/bench/suite.sh --quick || failed=1
 fi
 
 echo "=== test.sh: $(( $(date +%s) - T0 )) s, $([ $failed = 0 ] && echo PASSED || echo FAILED)"

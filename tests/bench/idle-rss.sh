@@ -38,7 +38,7 @@ rss() { awk '/^VmRSS/{print $2}' "/proc/$B/status"; }
 sleep 1
 BEFORE=$(rss)
 exec 3> >("$BIN/tests/bench/micro/hold_connections" "$URL" "$N" "${BIND[@]}" > /tmp/idle-rss-$$.out; echo exited >> /tmp/idle-rss-$$.out)
-for _ in $(seq 600); do grep -q -e '^held' -e '^exited' /tmp/idle-rss-$$.out 2>/dev/null && break; sleep 0.5; done
+for _ in $(seq 1200); do grep -q -e '^held' -e '^exited' /tmp/idle-rss-$$.out 2>/dev/null && break; sleep 0.5; done
 grep -q '^held' /tmp/idle-rss-$$.out || { echo "idle-rss: the holder did not connect" >&2; exit 1; }
 sleep 1
 AFTER=$(rss)

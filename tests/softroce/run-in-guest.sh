@@ -28,6 +28,7 @@
 #   RDMABROKER_GUEST_ACCEL    auto | kvm | tcg         (auto: KVM only with a
 #                             hardware kvm_intel/kvm_amd and no kvm_pvm)
 #   RDMABROKER_GUEST_VERBOSE  1: boot output and timings
+#   RDMABROKER_GUEST_KERNEL_ARGS  more guest kernel arguments (e.g. idle=poll)
 #   RDMABROKER_GUEST_INIT     bash | systemd (bash: CMD runs under a minimal PID 1;
 #                             systemd: the host's systemd boots as PID 1 into a
 #                             target that runs CMD as a service, so CMD can
@@ -290,7 +291,7 @@ QARGS=(qemu-system-x86_64 "${ACC[@]}" -machine pc -smp "$SMP" -m "$MEM"
   -nodefaults -no-user-config -nic none -display none -no-reboot
   -chardev stdio,id=con,signal=on -serial chardev:con -monitor none
   -bios /usr/share/qemu/qboot.rom -kernel "$BOOTK" -initrd "$INITRD"
-  -append "console=ttyS0 loglevel=3 panic=-1 mitigations=off nokaslr tsc=reliable"
+  -append "console=ttyS0 loglevel=3 panic=-1 mitigations=off nokaslr tsc=reliable${RDMABROKER_GUEST_KERNEL_ARGS:+ $RDMABROKER_GUEST_KERNEL_ARGS}"
   -fsdev local,id=fs0,path=/,security_model=none,readonly=on,multidevs=remap
   -device virtio-9p-pci,fsdev=fs0,mount_tag=hostroot
   -fsdev local,id=fs1,path="$X",security_model=none

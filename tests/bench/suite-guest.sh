@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The RDMA half of the benchmark suite (tests/bench/suite.sh runs it inside
+# the Soft-RoCE guest): raw perftest on rxe1 -> rxe0 as the baseline, then
+# rdmabroker over RDMA on the same devices, then the broker's memory per idle
+# RDMA connection. Each measurement is one JSON file in OUT/.
+#   tests/bench/suite-guest.sh BIN OUT QUICK(0|1)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BIN=$1
+OUT=$2
+QUICK=$3
+A1=${RDMABROKER_GUEST_ADDR1:?run inside the guest}
+A2=${RDMABROKER_GUEST_ADDR2:?}
+# shellcheck source=tests/bench/suite-lib.sh
+. tests/bench/suite-lib.sh
+
+# Sizes: 64 B, 1 KiB, 16 KiB, 1 MiB and 16 MiB (the largest: the protocol's
+# largest buffer). The broker runs with 32 KiB receive buffers (the default
+# 16 KiB cannot carry a 16 KiB payload plus headers); 1 MiB and 16 MiB run
+# against brokers configured with buffers that size. At 16 MiB the broker
+# uses one worker on rxe0 only and clients few buffers each, so that
+# everything fits the guest's 2 GiB (every buffer is 16 MiB).
+MAX=$((1048576 - 128))
+MAX16=$((16777216 - 128))  # the protocol's largest buffer (16 MiB), less headers and subject
+SIZES=(64 1024 16384 "$MAX" "$MAX16")
+count_for() {  # messages per flat-out run: about the same bytes per size, within TCG's patience
+  local c
+  case $1 in 64) c=200000 ;; 1024) c=40000 ;; 16384) c=4000 ;; "$MAX") c=200 ;; *) c=10 ;; esac
+  [ "$QUICK" = 1 ] && c=$((c / 10))
+  echo "$c"
+}
+
+light_rate() {  # messages/s for the latency runs: light load, well under what each size can do
+  if [ "$1" -gt 2000000 ]; then echo 0.25; elif [ "$1" -gt 65536 ]; then echo 20; else echo 200; fi
+}
+
+# ---------------------------------------------------------------- raw perftest
+# rdma_cm mode (-R), rxe1 -> rxe0, one message per packet; bw: message rate,
+# lat: half the round trip (perftest's own definition of one-way latency).
+perftest() {  # TOOL SIZE ITERS [-e]
+  local tool=$1 size=$2 iters=$3 events=${4:-} port=$((18500 + RANDOM % 400))
+  "$tool" -R $events -d rxe0 -s "$size" -n "$iters" -p "$port" >/tmp/perftest-server.txt 2>&1 &
+  local server=$!
+  sleep 1
+  "$tool" -R $events -d rxe1 -s "$size" -n "$iters" -p "$port" "$A1" >/tmp/perftest-client.txt 2>&1 || true
+  wait "$server" || true
+  record_perftest "$tool${events:+-events}" "$size" /tmp/perftest-client.txt
+}
+# Emulation makes single runs noisy (the same run differs by up to 2x from
+# one boot to the next): the 1 -> 1 measurements, raw and relayed, run
+# REPEAT times, alternating, and the report takes the median.
+REPEAT=$( [ "$QUICK" = 1 ] && echo 1 || echo 3 )
+raw_round() {
+  for s in "${SIZES[@]}"; do
+    iters=$(( s > 2000000 ? 20 : s > 16384 ? 500 : 20000 ))
+    [ "$QUICK" = 1 ] && iters=$((iters / 10))
+    perftest ib_send_bw "$s" $(( iters < 10 ? 10 : iters ))
+    perftest ib_send_lat "$s" $(( iters / 4 < 10 ? 10 : iters / 4 ))
+  done
+  # perftest busy-polls its CQ by default; -e sleeps on completion events, as
+  # rdmabrokerd and librdmabroker do unless told to spin.
+  perftest ib_send_lat 64 $( [ "$QUICK" = 1 ] && echo 200 || echo 2000 ) -e
+}
+
+# ---------------------------------------------------------------- rdmabroker
+SOCK=/tmp/bench-suite.sock
+start_broker() {
+  "$BIN/daemon/rdmabrokerd" --port 7490 --tcp-port 0 --admin-socket "$SOCK" --metrics-listen "" --workers 2 \
+    --log-level warn "$@" &
+  BROKER=$!
+  for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
+}
+stop_broker() {
+  kill "$BROKER" 2>/dev/null && wait "$BROKER" 2>/dev/null || true
+  rm -f "$SOCK"
+}
+trap stop_broker EXIT
+URL=rdma://$A1:7490
+# Subscribers and publishers bind rxe1's address: every message crosses
+# rxe1 -> veth -> rxe0 -> broker -> rxe0 -> veth -> rxe1, like the raw test.
+relay_round() {
+for s in "${SIZES[@]}"; do
+  local client=()
+  if [ "$s" = "$MAX16" ]; then
+    printf 'devices: [rxe0]\n' >/tmp/bench-one-device.yaml
+    start_broker --config /tmp/bench-one-device.yaml --workers 1 --buffer-size 16777216 --pool-buffers 24 \
+      --srq-depth 16 --credits 2
+    client=(--recv-credits 2 --inflight-sends 1 --send-buffers 1)
+  elif [ "$s" = "$MAX" ]; then
+    start_broker --buffer-size 1048576 --pool-buffers 128 --srq-depth 16 --credits 8
+  else
+    start_broker --buffer-size 32768 --pool-buffers 8192
+  fi
+  run_bench rdmabroker rdma size "$s" "$BROKER" "$BIN/client-lib/rdmabroker" bench -s "$URL" -b "$A2" \
+    --size "$s" -n "$(count_for "$s")" "${client[@]}"
+  run_bench rdmabroker rdma size "$s" "$BROKER" "$BIN/client-lib/rdmabroker" bench -s "$URL" -b "$A2" \
+    --size "$s" -r "$(light_rate "$s")" -d "$( [ "$QUICK" = 1 ] && echo 2 || echo 5 )" "${client[@]}"
+  stop_broker
+done
+# Light-load latency with the broker's worker spinning on its CQs
+# (flow.busy_poll_us) instead of sleeping on completion events: one worker,
+# since two spinning workers would take both of the guest's vCPUs.
+start_broker --buffer-size 32768 --pool-buffers 8192 --busy-poll-us 20000 --workers 1
+run_bench rdmabroker rdma busy-poll 64 "$BROKER" "$BIN/client-lib/rdmabroker" bench -s "$URL" -b "$A2" \
+  --size 64 -r "$(light_rate 64)" -d "$( [ "$QUICK" = 1 ] && echo 1 || echo 5 )"
+stop_broker
+}
+for _ in $(seq "$REPEAT"); do
+  raw_round
+  relay_round
+done
+start_broker --buffer-size 32768 --pool-buffers 8192
+FAN_COUNT=$( [ "$QUICK" = 1 ] && echo 5000 || echo 50000 )
+for m in 1 4 16 32; do
+  run_bench rdmabroker rdma fanout 64 "$BROKER" "$BIN/client-lib/rdmabroker" bench -s "$URL" -b "$A2" \
+    --size 64 -p 1 -m "$m" -n "$FAN_COUNT"
+done
+run_bench rdmabroker rdma 4x4 64 "$BROKER" "$BIN/client-lib/rdmabroker" bench -s "$URL" -b "$A2" \
+  --size 64 -p 4 -m 4 -n "$FAN_COUNT"
+stop_broker
+
+# ---------------------------------------------------------------- memory
+IDLE=$( [ "$QUICK" = 1 ] && echo 100 || echo 1000 )
+record_idle_rss rdma "$(RDMABROKER_BIN=$BIN tests/bench/idle-rss.sh rdma "$IDLE")"

@@ -1,0 +1,45 @@
+# Shared by tests/bench/suite.sh and suite-guest.sh (sourced): each function
+# runs or parses one measurement and writes it as one JSON file into $OUT,
+# through tests/bench/suite_report.py, which later turns them all into the
+# CSV, the markdown table and the plots.
+REPORT="python3 tests/bench/suite_report.py"
+SEQ_NO=0
+
+cpu_ticks() {  # utime + stime of PID, in clock ticks
+  awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0
+}
+
+# run_bench SYSTEM TRANSPORT GROUP SIZE SERVER_PID COMMAND...: runs a bench
+# command (`rdmabroker bench` or a driver) with --json and records it with the
+# server's CPU time over the run.
+run_bench() {
+  local system=$1 transport=$2 group=$3 size=$4 server=$5
+  shift 5
+  SEQ_NO=$((SEQ_NO + 1))
+  local file="$OUT/$(printf %03d $SEQ_NO)-$system-$transport-$group-$size.json"
+  local c0 c1 rc=0
+  c0=$(cpu_ticks "$server")
+  "$@" --json --quiet >/tmp/bench-run.json 2>/tmp/bench-run.err || rc=$?
+  c1=$(cpu_ticks "$server")
+  $REPORT record-bench --system "$system" --transport "$transport" --group "$group" --size "$size" \
+    --server-cpu-s "$(awk -v a="$c0" -v b="$c1" -v t="$(getconf CLK_TCK)" 'BEGIN { print (b - a) / t }')" \
+    --exit-status "$rc" --stderr /tmp/bench-run.err </tmp/bench-run.json >"$file"
+  $REPORT summary "$file"
+}
+
+# record_perftest TOOL SIZE OUTPUT_FILE: the client side's report of
+# ib_send_bw or ib_send_lat.
+record_perftest() {
+  SEQ_NO=$((SEQ_NO + 1))
+  local file="$OUT/$(printf %03d $SEQ_NO)-raw-$1-$2.json"
+  $REPORT record-perftest --tool "$1" --size "$2" <"$3" >"$file"
+  $REPORT summary "$file"
+}
+
+# record_idle_rss TRANSPORT "idle-rss: ..." (the line tests/bench/idle-rss.sh prints)
+record_idle_rss() {
+  SEQ_NO=$((SEQ_NO + 1))
+  local file="$OUT/$(printf %03d $SEQ_NO)-idle-rss-$1.json"
+  echo "$2" | $REPORT record-idle --transport "$1" >"$file"
+  $REPORT summary "$file"
+}
