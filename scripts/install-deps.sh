@@ -10,7 +10,8 @@ PACKAGES=(
   libibverbs-dev librdmacm-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libyaml-cpp-dev prometheus-cpp-dev libsystemd-dev
   # tests
-  libgtest-dev libgmock-dev libbenchmark-dev clang
+  libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev  # libFuzzer targets (tests/fuzz)
   libnats-dev libhiredis-dev  # the NATS and Redis drivers of the benchmark suite (built with the tests)
   prometheus  # promtool, to check the metrics a live broker serves
   # the Soft-RoCE guest (tests/softroce/run-in-guest.sh) and RDMA tools used in it

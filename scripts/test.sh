@@ -8,7 +8,10 @@
 #      of every tree inside it (tests/softroce/guest-suite.sh);
 #   4. boots it once more with systemd as PID 1, installs the .deb and drives
 #      the real unit (tests/softroce/systemd-suite.sh);
-#   5. runs the benchmark suite in --quick mode (tests/bench/suite.sh): not
+#   5. fuzzes each libFuzzer target (tests/fuzz/run.sh) for
+#      RDMABROKER_FUZZ_SECONDS (default 60, 0 skips) after replaying the
+#      committed seed corpus and regressions;
+#   6. runs the benchmark suite in --quick mode (tests/bench/suite.sh): not
 #      to measure anything, but so that the suite, the NATS and Redis drivers
 #      and the report keep working; it fails if a run fails or loses a
 #      message (RDMABROKER_TEST_BENCH=0 skips it).
@@ -40,6 +43,11 @@ for t in $TREES; do
   echo "=== unit and TCP integration tests ($t, host)"
   ctest --test-dir "build/$t" -L 'unit|tcp' --output-on-failure || failed=1
 done
+
+if [ "${RDMABROKER_FUZZ_SECONDS:-60}" != 0 ]; then
+  echo "=== fuzzing (libFuzzer, ASan+UBSan): ${RDMABROKER_FUZZ_SECONDS:-60} s per target"
+  tests/fuzz/run.sh "${RDMABROKER_FUZZ_SECONDS:-60}" || failed=1
+fi
 
 echo "=== RDMA integration tests (Soft-RoCE guest): $TREES"
 dirs=()
