@@ -40,6 +40,9 @@ class Flags {
         ->check(check)
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides an earlier one
   }
+  void add_flag(CLI::App& app, const std::string& name, const std::string& help, std::function<void(config::Config&)> set) {
+    app.add_flag_function(name, [this, set](std::int64_t) { setters_.push_back(set); }, help);
+  }
   void apply(config::Config& c) const {
     for (const auto& s : setters_) s(c);
   }
@@ -55,6 +58,7 @@ nlohmann::json connections_json(const std::vector<ConnectionInfo>& conns) {
                     {"transport", c.transport},
                     {"peer", c.peer},
                     {"state", c.state},
+                    {"user", c.user},
                     {"worker", c.worker},
                     {"subscriptions", c.subscriptions},
                     {"messages_in", c.messages_in},
@@ -117,6 +121,8 @@ int main(int argc, char** argv) {
                          [](C& c, const std::string& v) { c.broker.admin_socket = v; });
   flags.add<std::string>(app, "--metrics-listen", "Prometheus endpoint host:port (\"\": none)",
                          [](C& c, const std::string& v) { c.metrics_listen = v; });
+  flags.add_flag(app, "--allow-anonymous", "Accept clients without credentials (auth.anonymous: true)",
+                 [](C& c) { c.broker.auth.anonymous = true; });
   flags.add<std::string>(app, "--log-level", "trace, debug, info, warn, error",
                          [](C& c, const std::string& v) { c.log.level = v; });
   CLI11_PARSE(app, argc, argv);

@@ -27,7 +27,7 @@ URL="rdma://$ADDR:$PORT"
 SOCK=$(mktemp -u /tmp/rdmabroker-demo.XXXXXX.sock)
 echo "demo: RDMA devices: $(ibv_devices | awk 'NR>2{printf "%s ", $1}')"
 
-"$BIN/daemon/rdmabrokerd" --listen 0.0.0.0 --port "$PORT" --admin-socket "$SOCK" --workers 2 &
+"$BIN/daemon/rdmabrokerd" --listen 0.0.0.0 --port "$PORT" --admin-socket "$SOCK" --workers 2 --allow-anonymous &
 BROKER=$!
 trap 'kill $BROKER 2>/dev/null || true' EXIT
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done

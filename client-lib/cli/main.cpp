@@ -8,6 +8,7 @@
 //   rdmabroker reload                    reload the broker's configuration (admin socket)
 //   rdmabroker bench [SUBJECT]           N publishers -> M subscribers: rates, loss, latency
 // The broker URL is rdma://host[:port] or tcp://host[:port] (--server, or RDMABROKER_URL).
+#include <crypt.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -15,6 +16,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -33,7 +35,17 @@ std::atomic<bool> g_interrupted{false};
 struct Common {
   std::string server;
   std::string bind;
+  std::string user;
+  std::string password;
+  std::string token;
   bool verbose = false;
+
+  /// The credentials given by flag or environment (docs/security.md).
+  void set_credentials(ClientOptions& opt) const {
+    opt.user = user;
+    opt.password = password;
+    opt.token = token;
+  }
 };
 
 std::string default_server() {
@@ -44,12 +56,49 @@ std::string default_server() {
 void add_common(CLI::App* cmd, Common& c) {
   cmd->add_option("-s,--server", c.server, "Broker URL (env RDMABROKER_URL)")->default_str(default_server());
   cmd->add_option("-b,--bind", c.bind, "Local address to bind (selects the RDMA device)");
+  cmd->add_option("-u,--user", c.user, "User name (env RDMABROKER_USER)")->envname("RDMABROKER_USER");
+  cmd->add_option("--password", c.password, "Password; prefer the environment, which ps does not show (env RDMABROKER_PASSWORD)")
+      ->envname("RDMABROKER_PASSWORD");
+  cmd->add_option("--token", c.token, "Token instead of user and password (env RDMABROKER_TOKEN)")->envname("RDMABROKER_TOKEN");
   cmd->add_flag("-v,--verbose", c.verbose, "Say which transport and device are used");
+}
+
+/// `rdmabroker passwd`: the crypt(3) hash of a password or token for the
+/// broker's auth.users (yescrypt unless asked otherwise); the secret is read
+/// from stdin so that it is not in the shell history or the process list.
+int run_passwd(const std::string& scheme, unsigned long cost) {
+  std::string secret;
+  std::getline(std::cin, secret);
+  if (secret.empty()) {
+    std::cerr << "rdmabroker passwd: read an empty secret from stdin\n";
+    return 2;
+  }
+  const char* prefix = scheme == "yescrypt" ? "$y$" : scheme == "sha512crypt" ? "$6$" : scheme == "bcrypt" ? "$2b$" : nullptr;
+  if (prefix == nullptr) {
+    std::cerr << "rdmabroker passwd: unknown scheme '" << scheme << "' (yescrypt, sha512crypt, bcrypt)\n";
+    return 2;
+  }
+  char setting[CRYPT_GENSALT_OUTPUT_SIZE];
+  if (crypt_gensalt_rn(prefix, cost, nullptr, 0, setting, sizeof setting) == nullptr) {
+    std::cerr << "rdmabroker passwd: crypt_gensalt: " << std::strerror(errno) << "\n";
+    return 1;
+  }
+  crypt_data data{};
+  const char* hash = crypt_r(secret.c_str(), setting, &data);
+  explicit_bzero(secret.data(), secret.size());
+  if (hash == nullptr || hash[0] == '*') {
+    std::cerr << "rdmabroker passwd: crypt failed\n";
+    return 1;
+  }
+  std::cout << hash << "\n";
+  explicit_bzero(&data, sizeof data);
+  return 0;
 }
 
 std::unique_ptr<Client> connect_or_die(const Common& c) {
   ClientOptions opt;
   opt.bind_address = c.bind;
+  c.set_credentials(opt);
   opt.on_error = [](const rdmabroker::Error& e) { std::cerr << "rdmabroker: " << e.message << "\n"; };
   auto client = Client::connect(c.server.empty() ? default_server() : c.server, opt);
   if (!client) {
@@ -241,13 +290,13 @@ int run_stat(const std::string& socket, bool json) {
             << " B/s in, " << s.value("rates.bytes_out_per_s", 0) << " B/s out\n";
   std::cout << c.size() << " connection(s)\n";
   if (!c.empty()) {
-    std::printf("%-6s %-5s %-22s %-13s %4s %12s %12s %14s %14s %8s\n", "id", "via", "peer", "state", "subs", "msgs_in",
+    std::printf("%-6s %-5s %-22s %-13s %-12s %4s %12s %12s %14s %14s %8s\n", "id", "via", "peer", "state", "user", "subs", "msgs_in",
                 "msgs_out", "bytes_in", "bytes_out", "pending");
   }
   for (const auto& x : c) {
-    std::printf("%-6llu %-5s %-22s %-13s %4llu %12llu %12llu %14llu %14llu %8llu\n",
+    std::printf("%-6llu %-5s %-22s %-13s %-12s %4llu %12llu %12llu %14llu %14llu %8llu\n",
                 static_cast<unsigned long long>(x.value("id", 0ull)), x.value("transport", "").c_str(),
-                x.value("peer", "").c_str(), x.value("state", "").c_str(),
+                x.value("peer", "").c_str(), x.value("state", "").c_str(), x.value("user", "-").c_str(),
                 static_cast<unsigned long long>(x.value("subscriptions", 0ull)),
                 static_cast<unsigned long long>(x.value("messages_in", 0ull)),
                 static_cast<unsigned long long>(x.value("messages_out", 0ull)),
@@ -346,7 +395,14 @@ int main(int argc, char** argv) {
   auto* reload = app.add_subcommand("reload", "Reload the broker's configuration file (exit 1 if refused or invalid)");
   reload->add_option("--admin-socket", reload_socket, "The broker's admin socket")->capture_default_str();
 
+  std::string passwd_scheme = "yescrypt";
+  unsigned long passwd_cost = 0;
+  auto* passwd = app.add_subcommand("passwd", "Hash a password or token read from stdin for the broker's auth.users");
+  passwd->add_option("--scheme", passwd_scheme, "yescrypt, sha512crypt or bcrypt")->capture_default_str();
+  passwd->add_option("--cost", passwd_cost, "The scheme's cost parameter (0: its default)")->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
+  if (passwd->parsed()) return run_passwd(passwd_scheme, passwd_cost);
   if (pub->parsed()) return run_pub(pub_common, pub_subject, pub_message, pub_count);
   if (sub->parsed()) return run_sub(sub_common, sub_subject, sub_queue, sub_count, sub_raw, sub_timeout);
   if (req->parsed()) return run_request(req_common, req_subject, req_message, req_timeout);
@@ -355,6 +411,7 @@ int main(int argc, char** argv) {
   if (bench->parsed()) {
     bench_opt.url = bench_common.server.empty() ? default_server() : bench_common.server;
     bench_client.busy_poll = std::chrono::microseconds(bench_busy_poll_us);
+    bench_common.set_credentials(bench_client);
     return rdmabroker::bench::run_bench(bench_opt, "rdmabroker", [&](std::string& error) {
       return BrokerEndpoint::connect(bench_opt.url, bench_common.bind, bench_client, error);
     });

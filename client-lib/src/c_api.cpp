@@ -33,6 +33,8 @@ int code_for(rdmabroker::ErrorKind k) {
     case ErrorKind::kResource: return RB_ERR_RESOURCE;
     case ErrorKind::kPayloadTooLarge: return RB_ERR_PAYLOAD_TOO_LARGE;
     case ErrorKind::kNoResponders: return RB_ERR_NO_RESPONDERS;
+    case ErrorKind::kAuthenticationFailed: return RB_ERR_AUTHENTICATION;
+    case ErrorKind::kPermissionDenied: return RB_ERR_PERMISSION_DENIED;
   }
   return RB_ERR_INVALID_ARGUMENT;
 }

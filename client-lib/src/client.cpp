@@ -16,6 +16,18 @@ Result<ParsedUrl> parse_url(std::string_view url) {
   if (out.scheme == "tcp") out.port = kDefaultTcpPort;
   std::string_view rest = url.substr(sep + 3);
   if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
+  if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
+    const std::string_view userinfo = rest.substr(0, at);
+    rest.remove_prefix(at + 1);
+    if (userinfo.empty()) return bad("empty credentials before '@'");
+    if (const auto colon = userinfo.find(':'); colon != std::string_view::npos) {
+      out.user = std::string(userinfo.substr(0, colon));
+      out.password = std::string(userinfo.substr(colon + 1));
+      if (out.user.empty()) return bad("no user name before ':'");
+    } else {
+      out.token = std::string(userinfo);
+    }
+  }
   if (rest.empty()) return bad("no host");
   std::string_view host = rest;
   if (rest.front() == '[') {  // [v6]:port
@@ -46,6 +58,12 @@ Result<ParsedUrl> parse_url(std::string_view url) {
 Result<std::unique_ptr<Client>> Client::connect(std::string_view url, ClientOptions options) {
   auto parsed = parse_url(url);
   if (!parsed) return parsed.error();
+  // Credentials in the URL stand in for those of the options.
+  if (!parsed->user.empty() || !parsed->token.empty()) {
+    options.user = parsed->user;
+    options.password = parsed->password;
+    options.token = parsed->token;
+  }
   if (parsed->scheme == "rdma") return connect_rdma(*parsed, std::move(options));
   if (parsed->scheme == "tcp") return connect_tcp(*parsed, std::move(options));
   return Error{ErrorKind::kInvalidArgument, "unsupported scheme '" + parsed->scheme + "' in '" + std::string(url) +

@@ -104,7 +104,7 @@ Status RdmaClient::connect() {
       [this] { teardown_resources(); });
   if (!st) return st;
   io_thread_ = std::thread([this] { run(); });
-  return {};
+  return authenticate();
 }
 
 Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectReject* reject) {
@@ -175,7 +175,7 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
 
   const std::size_t recv_bytes = std::size_t{opt_.recv_credits} * recv_buffer_size;
   recv_mem_.reset(new std::byte[recv_bytes]);
-  recv_mr_.reset(ibv_reg_mr(pd_.get(), recv_mem_.get(), recv_bytes, IBV_ACCESS_LOCAL_WRITE));
+  recv_mr_ = verbs::register_local(pd_.get(), recv_mem_.get(), recv_bytes);
   if (!recv_mr_) return sys_error(ErrorKind::kResource, "ibv_reg_mr (receive buffers; check ulimit -l)");
   for (std::uint32_t i = 0; i < opt_.recv_credits; ++i) {
     ibv_sge sge{reinterpret_cast<std::uint64_t>(recv_mem_.get() + std::size_t{i} * recv_buffer_size), recv_buffer_size,
@@ -212,7 +212,7 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
   max_frame_ = accept.max_frame_size;
 
   init_send_buffers(max_frame_, opt_.max_inflight_sends + opt_.send_queue_buffers);
-  send_mr_.reset(ibv_reg_mr(pd_.get(), send_memory().data(), send_memory().size(), IBV_ACCESS_LOCAL_WRITE));
+  send_mr_ = verbs::register_local(pd_.get(), send_memory().data(), send_memory().size());
   if (!send_mr_) return sys_error(ErrorKind::kResource, "ibv_reg_mr (send buffers; check ulimit -l)");
 
   credits_ = CreditWindow(opt_.recv_credits);

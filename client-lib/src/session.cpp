@@ -287,6 +287,41 @@ Status Session::unsubscribe(std::uint32_t sid) {
   return append_frame_locked(lock, h, {}, {}, {});
 }
 
+void Session::end_subscription(std::uint32_t sid, const std::string& why) {
+  std::lock_guard lock(mu_);
+  auto it = subs_.find(sid);
+  if (it == subs_.end()) return;
+  if (it->second.queue) it->second.queue->close(why);
+  subs_.erase(it);
+}
+
+Status Session::authenticate() {
+  {
+    std::unique_lock lock(mu_);
+    const bool token = !opt_.token.empty();
+    const std::string& user = token ? std::string() : opt_.user;
+    const std::string& secret = token ? opt_.token : opt_.password;
+    if (user.size() + secret.size() > proto::kMaxCredentialsLen) {
+      return Error{ErrorKind::kInvalidArgument,
+                   "credentials longer than " + std::to_string(proto::kMaxCredentialsLen) + " bytes"};
+    }
+    std::string payload = user + secret;
+    proto::FrameHeader h;
+    h.type = FrameType::kConnect;
+    h.arg = static_cast<std::uint32_t>(user.size());
+    const Status st = append_frame_locked(lock, h, {}, {}, as_payload(payload));
+    explicit_bzero(payload.data(), payload.size());
+    if (!st) return st;
+  }
+  // The broker answers a PING sent after CONNECT only once it accepted the
+  // credentials; a refusal comes as ERROR then CLOSE.
+  const Status st = flush(opt_.connect_timeout);
+  if (st) return st;
+  std::lock_guard lock(mu_);
+  if (!auth_refusal_.empty()) return Error{ErrorKind::kAuthenticationFailed, auth_refusal_};
+  return st;
+}
+
 Status Session::flush(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
   proto::FrameHeader h;
@@ -380,7 +415,18 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
         const auto code = static_cast<proto::ErrorCode>(f.header.arg);
         std::string text(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
         std::string msg = "broker: " + std::string(proto::to_string(code)) + (text.empty() ? "" : ": " + text);
-        errors.push_back(Error{ErrorKind::kBrokerError, msg});
+        ErrorKind kind = ErrorKind::kBrokerError;
+        if (code == proto::ErrorCode::kAuthenticationFailed || code == proto::ErrorCode::kAuthenticationRequired) {
+          kind = ErrorKind::kAuthenticationFailed;
+          std::lock_guard lock(mu_);
+          auth_refusal_ = msg;
+        } else if (code == proto::ErrorCode::kPermissionDenied) {
+          kind = ErrorKind::kPermissionDenied;
+          // An ERROR about a subscription names it (SPEC.md §3.5): the broker
+          // refused or revoked it, so it ends here too.
+          if (f.header.type == FrameType::kError && f.header.sequence != 0) end_subscription(static_cast<std::uint32_t>(f.header.sequence), msg);
+        }
+        errors.push_back(Error{kind, msg});
         if (f.header.type == FrameType::kClose) {
           std::lock_guard lock(mu_);
           fail_locked(Error{ErrorKind::kClosed, "broker closed the connection: " + std::string(proto::to_string(code))});

@@ -107,6 +107,10 @@ class Session : public Client {
     return stop_;
   }
 
+  /// Sends CONNECT with the options' credentials (none: anonymous) and waits
+  /// for the broker's verdict (SPEC.md §2.4); the I/O thread must be running.
+  Status authenticate();
+
   /// Sets up the send buffers once the broker's frame size is known.
   void init_send_buffers(std::uint32_t max_frame, std::uint32_t count);
   std::byte* send_buf(std::uint32_t i) { return send_mem_.get() + std::size_t{i} * max_frame_; }
@@ -177,6 +181,9 @@ class Session : public Client {
   Result<std::uint32_t> subscribe_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
                                          std::string_view group, MessageHandler handler);
   Status ensure_inbox_locked(std::unique_lock<std::mutex>& lock);
+  /// The broker refused or revoked subscription `sid`: a blocking reader's
+  /// next() returns kClosed with `why`, a callback gets nothing more.
+  void end_subscription(std::uint32_t sid, const std::string& why);
   void on_inbox_message(const Message& m);
 
   std::unique_ptr<std::byte[]> send_mem_;
@@ -190,6 +197,7 @@ class Session : public Client {
   std::uint64_t pongs_received_ = 0;
   std::uint64_t pongs_pending_ = 0;  // I/O thread only: PONGs decoded, not yet dispatched
   std::uint32_t next_sid_ = 1;
+  std::string auth_refusal_;  // the broker's ERROR text when it refused our credentials
   std::unordered_map<std::uint32_t, SubscriptionEntry> subs_;
   // Request/reply: replies arrive on "<inbox_>.<n>" through one wildcard subscription.
   std::string inbox_;

@@ -103,7 +103,7 @@ Status TcpClient::connect() {
       [this] { fd_.reset(); });
   if (!st) return st;
   io_thread_ = std::thread([this] { run(); });
-  return {};
+  return authenticate();
 }
 
 Status TcpClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectReject* reject) {

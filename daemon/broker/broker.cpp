@@ -27,6 +27,20 @@ Result<std::unique_ptr<Broker>> Broker::create(const BrokerOptions& options) {
     return Error{ErrorKind::kInvalidArgument, "max pending bytes must be at least 4 buffers"};
   }
   b->core_.slots = std::make_unique<ConnectionSlots>(opt.max_connections);
+  b->core_.auth = AuthTable::build(opt.auth);
+  warn_if_nobody_can_connect(*b->core_.auth);
+  Broker* self = b.get();
+  b->authenticator_ = std::make_unique<Authenticator>(
+      b->core_.auth, [self](const Authenticator::Request& r, Result<std::shared_ptr<const Identity>> verdict) {
+        AuthResultCommand cmd{r.connection, nullptr, ""};
+        if (verdict) {
+          cmd.identity = std::move(verdict.value());
+        } else {
+          cmd.error = verdict.error().message;
+        }
+        self->core_.workers[r.worker]->post(std::move(cmd));
+      });
+  b->core_.authenticator = b->authenticator_.get();
   auto pool = BufferPool::create(opt.pool_buffers, opt.buffer_size);
   if (!pool) return pool.error();
   b->pool_ = std::move(pool.value());
@@ -74,6 +88,13 @@ Result<std::unique_ptr<Broker>> Broker::create(const BrokerOptions& options) {
 
 Broker::~Broker() { stop(); }
 
+void Broker::warn_if_nobody_can_connect(const AuthTable& table) {
+  if (table.nobody_can_connect()) {
+    spdlog::warn("auth: no users and anonymous access off: every client will be refused "
+                 "(set auth.anonymous: true, or add auth.users; docs/security.md)");
+  }
+}
+
 std::string Broker::listeners() const {
   const auto& opt = core_.options;
   std::string out;
@@ -86,6 +107,7 @@ std::string Broker::listeners() const {
 }
 
 void Broker::start() {
+  authenticator_->start();
   for (auto& w : workers_) w->start();
   if (listener_) listener_->start();
 }
@@ -94,6 +116,7 @@ void Broker::stop() {
   if (stopped_) return;
   stopped_ = true;
   if (listener_) listener_->stop();
+  if (authenticator_) authenticator_->stop();  // a verdict still queued is moot: every connection is closing
   for (auto& w : workers_) w->post(ShutdownCommand{});
   for (auto& w : workers_) w->join();
   // Connections still in the backlog are reset rather than left waiting for
@@ -137,7 +160,10 @@ std::vector<ConnectionInfo> Broker::connections() const {
 void Broker::apply_live(const BrokerOptions& next) {
   // Wait (bounded) until every worker uses them: a reload that returned has
   // taken effect for every frame that arrives afterwards.
-  auto applied = ask_workers<void>([&](auto done) { return ReloadCommand{next, std::move(done)}; });
+  auto auth = AuthTable::build(next.auth);
+  warn_if_nobody_can_connect(*auth);
+  authenticator_->update(auth);
+  auto applied = ask_workers<void>([&](auto done) { return ReloadCommand{next, auth, std::move(done)}; });
   const auto deadline = std::chrono::steady_clock::now() + kWorkerAnswerTimeout;
   for (auto& a : applied) a.wait_until(deadline);
 }
@@ -188,6 +214,11 @@ StatsSnapshot Broker::stats() const {
     add("tcp.reads", static_cast<std::int64_t>(ws.tcp_reads.get()));
     add("tcp.writes", static_cast<std::int64_t>(ws.tcp_writes.get()));
     add("tcp.write_blocked", static_cast<std::int64_t>(ws.tcp_write_blocked.get()));
+    add("auth.ok", static_cast<std::int64_t>(ws.auth_ok.get()));
+    add("auth.failed", static_cast<std::int64_t>(ws.auth_failed.get()));
+    add("permissions.denied.publish", static_cast<std::int64_t>(ws.denied_publish.get()));
+    add("permissions.denied.subscribe", static_cast<std::int64_t>(ws.denied_subscribe.get()));
+    add("permissions.revoked", static_cast<std::int64_t>(ws.subscriptions_revoked.get()));
   }
   add("connections.rejected", static_cast<std::int64_t>(listener_ ? listener_->rejected() : 0) + s["tcp.rejected"]);
   add("subscriptions", static_cast<std::int64_t>(core_.index.size()));

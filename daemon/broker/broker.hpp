@@ -44,6 +44,7 @@ class Broker {
   bool rdma_enabled() const { return devices_ != nullptr; }
 
  private:
+  static void warn_if_nobody_can_connect(const AuthTable& table);
   Broker() = default;
   /// Posts make(promise) to every worker; each answers through its promise.
   template <typename T, typename MakeCommand>
@@ -58,6 +59,7 @@ class Broker {
   UniqueFd tcp_listen_;                 // -1: no TCP; outlives the workers that watch it
   std::vector<std::unique_ptr<Worker>> workers_;
   std::unique_ptr<Listener> listener_;  // the RDMA CM listener; null: TCP only
+  std::unique_ptr<Authenticator> authenticator_;  // after workers_: destroyed (joined) before them
   bool stopped_ = false;
 };
 

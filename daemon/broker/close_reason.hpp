@@ -17,6 +17,8 @@ enum class CloseReason : unsigned char {
   kBrokerShutdown,
   kDeviceRemoved,
   kConnectFailed,       // the handshake never completed (REJECTED/UNREACHABLE/timeout)
+  kAuthFailed,          // credentials refused, missing, or not presented in time
+  kAuthRevoked,         // a reload removed the user or changed its credential
   kCount,
 };
 
@@ -31,6 +33,8 @@ constexpr std::string_view to_string(CloseReason r) {
     case CloseReason::kBrokerShutdown: return "shutdown";
     case CloseReason::kDeviceRemoved: return "device_removed";
     case CloseReason::kConnectFailed: return "connect_failed";
+    case CloseReason::kAuthFailed: return "auth_failed";
+    case CloseReason::kAuthRevoked: return "auth_revoked";
     case CloseReason::kCount: break;
   }
   return "unknown";

@@ -5,8 +5,9 @@
 
 namespace rdmabroker::daemon {
 
-OutItem make_control(proto::FrameType type, std::uint32_t arg, std::string text) {
+OutItem make_control(proto::FrameType type, std::uint32_t arg, std::string text, std::uint32_t sid) {
   OutItem item;
+  item.header.sequence = sid;
   if (text.size() > kMaxControlText) text.resize(kMaxControlText);
   item.header.type = type;
   item.header.arg = arg;
@@ -81,7 +82,13 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
       break;
     }
     std::byte* dst = block.data() + block_used;
-    item.header.sequence = next_sequence++;
+    // An ERROR's sequence field names the subscription it is about (SPEC.md
+    // "Frame header"); every other frame carries the connection's counter.
+    if (item.header.type == proto::FrameType::kError) {
+      ++next_sequence;
+    } else {
+      item.header.sequence = next_sequence++;
+    }
     if (item.body) {
       proto::encode_header(dst, item.header);
       add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(dst), proto::kHeaderSize, block_lkey);

@@ -43,7 +43,9 @@ struct OutItem {
 };
 
 /// A control frame (ERROR, CLOSE, PONG) whose body, if any, is text.
-OutItem make_control(proto::FrameType type, std::uint32_t arg, std::string text = {});
+/// A control frame (ERROR, CLOSE, PONG, ...). An ERROR about one subscription
+/// carries its id in the sequence field (SPEC.md §3.5): the client ends it.
+OutItem make_control(proto::FrameType type, std::uint32_t arg, std::string text = {}, std::uint32_t sid = 0);
 /// NO_RESPONDERS for the request whose reply subject is `reply` (≤ 255 bytes).
 OutItem make_no_responders(std::string_view reply);
 

@@ -96,6 +96,11 @@ struct WorkerStats {
   Counter tcp_reads;                   // read() calls that returned data
   Counter tcp_writes;                  // sendmsg() calls that wrote data
   Counter tcp_write_blocked;           // writes that hit a full socket buffer (EAGAIN)
+  Counter auth_ok;                     // connections authenticated (anonymous included)
+  Counter auth_failed;                 // refused credentials, missing CONNECT, or too late
+  Counter denied_publish;              // PUBLISH frames refused by permissions (ERROR sent)
+  Counter denied_subscribe;            // SUBSCRIBE frames refused by permissions (ERROR sent)
+  Counter subscriptions_revoked;       // subscriptions removed because a reload took the permission away
 };
 
 /// Sum of all workers plus broker-wide gauges; flattened to name -> value.

@@ -32,7 +32,7 @@ Result<std::unique_ptr<DeviceSet>> DeviceSet::open(const BufferPool& pool, const
     dev->pd.reset(ibv_alloc_pd(dev->context));
     if (!dev->pd) return Error{ErrorKind::kResource, "ibv_alloc_pd(" + dev->name + "): " + std::strerror(errno)};
     auto region = pool.region();
-    dev->pool_mr.reset(ibv_reg_mr(dev->pd.get(), region.data(), region.size(), IBV_ACCESS_LOCAL_WRITE));
+    dev->pool_mr = verbs::register_local(dev->pd.get(), region.data(), region.size());
     if (!dev->pool_mr) {
       return Error{ErrorKind::kResource, "ibv_reg_mr of the " + std::to_string(region.size()) +
                                              "-byte buffer pool on " + dev->name + ": " + std::strerror(errno) +

@@ -66,6 +66,11 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t b
     }
     f.offset = off;
     const auto& h = f.header;
+    if (c.auth != AuthPhase::kDone) {
+      if (!before_authentication(c, f)) return;
+      off += h.frame_len();
+      continue;
+    }
     switch (h.type) {
       case FrameType::kPublish:
         if (h.frame_len() > proto::max_publish_frame(opt_.buffer_size)) {
@@ -79,6 +84,10 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t b
                 "payload of " + std::to_string(h.payload_len) + " bytes exceeds limits.max_payload (" +
                     std::to_string(opt_.max_payload) + ")");
           return;
+        }
+        if (!may_publish(c, f.subject)) {
+          deny(c, "publish", f.subject, 0);  // refused, not accepted: nothing was lost
+          break;
         }
         stats_.messages_in.add();
         stats_.bytes_in.add(h.payload_len);
@@ -95,6 +104,10 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t b
         if (c.subscriptions.size() >= opt_.max_subscriptions) {
           enqueue(c, make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kTooManySubscriptions),
                                   "limit of " + std::to_string(opt_.max_subscriptions) + " subscriptions reached"));
+          break;
+        }
+        if (!c.identity->may_subscribe(f.subject)) {
+          deny(c, "subscribe", f.subject, h.arg);
           break;
         }
         // The reply field of a SUBSCRIBE names its queue group (SPEC.md §3.3).
@@ -123,6 +136,9 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t b
       case FrameType::kClose:
         c.close_received = true;
         close(c, CloseReason::kClientClose);
+        return;
+      case FrameType::kConnect:
+        close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation, "CONNECT sent twice");
         return;
       case FrameType::kDeliver:
       case FrameType::kPong:

@@ -11,7 +11,8 @@
 
 namespace rdmabroker::daemon {
 
-Worker::Worker(std::uint32_t index, BrokerCore& core) : index_(index), core_(core), opt_(core.options) {}
+Worker::Worker(std::uint32_t index, BrokerCore& core)
+    : index_(index), core_(core), opt_(core.options), auth_(core.auth) {}
 
 Worker::~Worker() {
   join();
@@ -81,8 +82,8 @@ Status Worker::init(int tcp_listen_fd) {
     srq_attr.attr.max_sge = 1;
     port->srq.reset(ibv_create_srq(dev->pd.get(), &srq_attr));
     if (!port->srq) return sys_error("ibv_create_srq(" + dev->name + ")");
-    port->send_blocks_mr.reset(ibv_reg_mr(dev->pd.get(), send_blocks_.get(),
-                                          std::size_t{opt_.send_blocks} * kSendBlockSize, IBV_ACCESS_LOCAL_WRITE));
+    port->send_blocks_mr =
+        verbs::register_local(dev->pd.get(), send_blocks_.get(), std::size_t{opt_.send_blocks} * kSendBlockSize);
     if (!port->send_blocks_mr) return sys_error("ibv_reg_mr of the send blocks on " + dev->name);
     port->posted_flag.assign(core_.pool->count(), 0);
     if (!watch(port->channel->fd, ports_.size())) return sys_error("epoll_ctl");
@@ -254,12 +255,16 @@ void Worker::handle_commands() {
       opt_.producer_stall_ms = r->options.producer_stall_ms;
       opt_.drain_timeout_ms = r->options.drain_timeout_ms;
       opt_.busy_poll_us = r->options.busy_poll_us;
+      if (r->auth) apply_auth(r->auth);
       if (r->applied) r->applied->set_value();
+    } else if (auto* ar = std::get_if<AuthResultCommand>(&cmd)) {
+      on_auth_result(*ar);
     } else if (auto* l = std::get_if<ListConnectionsCommand>(&cmd)) {
       std::vector<ConnectionInfo> out;
       for (const auto& [id, c] : connections_) {
         out.push_back(ConnectionInfo{c->id, std::string(to_string(c->transport)), c->peer,
-                                     std::string(to_string(c->state)), index_, c->subscriptions.size(),
+                                     std::string(to_string(c->state)), c->identity ? c->identity->name : "",
+                                     index_, c->subscriptions.size(),
                                      c->messages_in, c->messages_out, c->bytes_in, c->bytes_out,
                                      c->pending_messages, c->pending_bytes});
       }
@@ -420,6 +425,8 @@ void Worker::establish(Connection& c) {
   c.state = ConnState::kEstablished;
   c.last_progress = now_;
   stats_.connections_accepted.add();
+  c.auth_deadline = now_ + kAuthTimeout;
+  unauthenticated_.push_back(c.id);
   if (c.transport == Transport::kRdma) {
     spdlog::info("connection {} from {} established on {} (worker {}, qp {})", c.id, c.peer, c.port->device->name,
                  index_, c.qp_num);
@@ -497,6 +504,7 @@ void Worker::check_deadlines() {
     flush_touched();
   }
   if (!handshakes_.empty()) check_handshake_deadlines();
+  if (!unauthenticated_.empty()) check_auth_deadlines();
   if (closing_.empty()) return;
   std::vector<std::uint64_t> ids;
   ids.swap(closing_);

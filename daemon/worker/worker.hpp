@@ -21,6 +21,7 @@
 #include <variant>
 #include <vector>
 
+#include "broker/auth.hpp"
 #include "broker/close_reason.hpp"
 #include "broker/connection_slots.hpp"
 #include "broker/options.hpp"
@@ -48,6 +49,8 @@ struct BrokerCore {
   std::vector<Worker*> workers;
   std::unique_ptr<ConnectionSlots> slots;  // one per open connection, all workers
   std::atomic<std::uint64_t> next_connection_id{1};  // broker-wide, both transports
+  std::shared_ptr<const AuthTable> auth;    // as started; reloads hand workers their successors
+  Authenticator* authenticator = nullptr;   // checks passwords and tokens off the workers
 };
 
 // ---------------------------------------------------------------- commands
@@ -76,10 +79,17 @@ struct QpFatalCommand {
   std::string event;
 };
 struct ShutdownCommand {};
+/// The authenticator's verdict on a connection's CONNECT.
+struct AuthResultCommand {
+  std::uint64_t connection_id = 0;
+  std::shared_ptr<const Identity> identity;  // null: refused
+  std::string error;                         // why, as the client is told
+};
 /// A reload's settings: the worker takes the live ones (config::diff's
 /// `live` keys) into its own copy; the others cannot have changed.
 struct ReloadCommand {
   BrokerOptions options;
+  std::shared_ptr<const AuthTable> auth;         // users and permissions now
   std::shared_ptr<std::promise<void>> applied;  // set once the worker uses them
 };
 /// One connection as `rdmabroker stat` shows it.
@@ -88,6 +98,7 @@ struct ConnectionInfo {
   std::string transport;
   std::string peer;
   std::string state;
+  std::string user;  // empty until authenticated
   std::uint32_t worker = 0;
   std::size_t subscriptions = 0;
   std::uint64_t messages_in = 0;
@@ -102,7 +113,7 @@ struct ListConnectionsCommand {
   std::shared_ptr<std::promise<std::vector<ConnectionInfo>>> reply;
 };
 using Command = std::variant<AcceptCommand, DeliverCommand, QpFatalCommand, ShutdownCommand, ReloadCommand,
-                             ListConnectionsCommand>;
+                             ListConnectionsCommand, AuthResultCommand>;
 
 // ---------------------------------------------------------------- connection
 
@@ -126,6 +137,21 @@ constexpr std::string_view to_string(ConnState s) {
   }
   return "unknown";
 }
+
+/// Lets a map keyed by std::string be searched with a string_view.
+struct StringHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
+/// Where a connection is in authentication (SPEC.md §2.4): its first frame
+/// must be CONNECT; until the verdict only PING (answered after it), CREDIT
+/// and CLOSE may follow.
+enum class AuthPhase : std::uint8_t {
+  kAwaitingConnect,
+  kVerifying,  // the authenticator thread is checking the credentials
+  kDone,
+};
 
 struct DevicePort;
 
@@ -191,6 +217,14 @@ struct Connection {
   std::uint32_t inflight_head = 0;
   std::uint32_t inflight_count = 0;
   std::uint64_t next_sequence = 1;
+  AuthPhase auth = AuthPhase::kAwaitingConnect;
+  std::chrono::steady_clock::time_point auth_deadline{};  // CONNECT and its verdict must come before
+  std::uint32_t deferred_pongs = 0;           // PINGs that arrived while verifying
+  std::shared_ptr<const Identity> identity;  // set once authenticated
+  /// Recent publish verdicts by subject, for users whose publish permissions
+  /// are restricted (cleared when full and on reload).
+  std::unordered_map<std::string, bool, StringHash, std::equal_to<>> publish_verdicts;
+  std::uint64_t denials = 0;  // operations refused by permissions (their log lines are thinned out)
   // Traffic of this connection (for `rdmabroker stat`): PUBLISH frames in,
   // deliveries sent out, and their payload bytes.
   std::uint64_t messages_in = 0;
@@ -250,6 +284,8 @@ class Worker {
 
  private:
   static constexpr std::uint32_t kNoBlock = ~0u;
+  /// From establishment to an accepted CONNECT (the verdict included).
+  static constexpr std::chrono::seconds kAuthTimeout{10};
   static constexpr std::uint64_t kRecvFlag = 1ull << 63;
   // epoll user data: which fd woke us. Device ports use their index (< 2^32).
   static constexpr std::uint64_t kTagCommands = 1ull << 62;
@@ -274,6 +310,18 @@ class Worker {
   /// whichever the worker sees first (they travel on different channels).
   void establish(Connection& c);
   void reject(rdma_cm_id* id, proto::RejectReason reason);
+
+  // Authentication and permissions (worker/access.cpp)
+  /// A frame of a connection that is not authenticated yet; false if it closed.
+  bool before_authentication(Connection& c, const proto::Frame& f);
+  void on_auth_result(AuthResultCommand& r);
+  /// Reload: renews every identity from the new table; revokes subscriptions
+  /// and connections that lost their permission.
+  void apply_auth(std::shared_ptr<const AuthTable> table);
+  bool may_publish(Connection& c, std::string_view subject);
+  /// ERROR(PERMISSION_DENIED) to the client, a log line, a count.
+  void deny(Connection& c, std::string_view operation, std::string_view subject, std::uint32_t sid);
+  void check_auth_deadlines();
 
   void on_receive(DevicePort& port, const ibv_wc& wc);
   void on_send_complete(DevicePort& port, const ibv_wc& wc);
@@ -361,6 +409,8 @@ class Worker {
   const std::uint32_t index_;
   BrokerCore& core_;
   BrokerOptions opt_;  // this worker's copy: reloads update the live settings
+  std::shared_ptr<const AuthTable> auth_;  // this worker's version of the users
+  std::vector<std::uint64_t> unauthenticated_;  // connections with an authentication deadline
   std::atomic<std::int64_t> heartbeat_{0};
   WorkerStats stats_;
 

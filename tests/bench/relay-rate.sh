@@ -32,7 +32,7 @@ if command -v ib_send_bw >/dev/null; then
   [ -n "$RAW" ] || RAW=n/a
 fi
 SOCK=/tmp/relay-rate.sock
-"$BIN/daemon/rdmabrokerd" --port 7479 --tcp-port 7480 --admin-socket "$SOCK" --workers 2 --log-level warn &
+"$BIN/daemon/rdmabrokerd" --port 7479 --tcp-port 7480 --admin-socket "$SOCK" --workers 2 --log-level warn --allow-anonymous &
 B=$!
 trap 'kill $B 2>/dev/null || true' EXIT
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done

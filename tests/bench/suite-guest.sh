@@ -65,7 +65,7 @@ raw_round() {
 # ---------------------------------------------------------------- rdmabroker
 SOCK=/tmp/bench-suite.sock
 start_broker() {
-  "$BIN/daemon/rdmabrokerd" --port 7490 --tcp-port 0 --admin-socket "$SOCK" --metrics-listen "" --workers 2 \
+  "$BIN/daemon/rdmabrokerd" --port 7490 --tcp-port 0 --admin-socket "$SOCK" --metrics-listen "" --workers 2 --allow-anonymous \
     --log-level warn "$@" &
   BROKER=$!
   for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done

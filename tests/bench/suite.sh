@@ -48,7 +48,7 @@ trap cleanup EXIT
 BASE=$((20000 + $$ % 5000))
 RB_PORT=$BASE NATS_PORT=$((BASE + 1)) REDIS_PORT=$((BASE + 2))
 SOCK=/tmp/bench-suite-host-$$.sock
-"$BIN/daemon/rdmabrokerd" --rdma off --tcp-port "$RB_PORT" --admin-socket "$SOCK" --metrics-listen "" --workers 2 \
+"$BIN/daemon/rdmabrokerd" --rdma off --tcp-port "$RB_PORT" --admin-socket "$SOCK" --metrics-listen "" --workers 2 --allow-anonymous \
   --buffer-size 32768 --log-level warn &
 RB_PID=$!
 PIDS+=("$RB_PID")

@@ -45,7 +45,8 @@ class BrokerProcess {
   /// Starts rdmabrokerd on `port` (RDMA) and a port of its own for TCP, with
   /// extra flags; waits until its admin socket answers. Where there is no RDMA
   /// device the broker serves TCP only.
-  explicit BrokerProcess(std::uint16_t port, std::vector<std::string> extra_args = {});
+  /// `allow_anonymous`: passes --allow-anonymous (tests of authentication turn it off).
+  explicit BrokerProcess(std::uint16_t port, std::vector<std::string> extra_args = {}, bool allow_anonymous = true);
   ~BrokerProcess();
   BrokerProcess(const BrokerProcess&) = delete;
   BrokerProcess& operator=(const BrokerProcess&) = delete;
@@ -93,6 +94,8 @@ std::vector<std::string> cli_where(const BrokerProcess& b, Via via);
 /// A library client over `via` (generous timeouts for emulation; `opt` may
 /// add handlers); fails the calling test when it cannot connect.
 std::unique_ptr<Client> connect_via(const BrokerProcess& b, Via via, ClientOptions opt = {});
+/// The same, for a test that expects the connect to fail.
+Result<std::unique_ptr<Client>> try_connect_via(const BrokerProcess& b, Via via, ClientOptions opt = {});
 
 /// A bare rdma_cm client: handshake bytes and SEND contents are the test's.
 class RawPeer {
@@ -109,7 +112,8 @@ class RawPeer {
   Result<ConnectResult> connect(const std::string& host, std::uint16_t port, const std::string& bind,
                                 std::span<const std::byte> private_data, std::uint32_t recv_buffer_size = 16384,
                                 std::uint32_t recv_count = 16);
-  /// Connects with a valid handshake; fails the result if not accepted.
+  /// Connects with a valid handshake and sends an anonymous CONNECT; fails
+  /// the result if not accepted.
   Status connect_ok(const std::string& host, std::uint16_t port, const std::string& bind, std::uint32_t recv_count = 16);
   /// Posts one SEND_WITH_IMM with these bytes and waits for its completion.
   Status send(std::span<const std::byte> bytes, std::uint32_t imm = 0);

@@ -278,6 +278,31 @@ TEST_F(Relay, MalformedFrameGetsErrorAndCloseOthersContinue) {
 }
 
 // Frames that are well-formed but wrong, or claim too much, get the right code.
+// Over RDMA as over TCP (Tcp.FramesBeforeConnectAndSilentPeersAreRefused):
+// a connection whose first frame is not CONNECT is refused and closed, and
+// nothing it sent takes effect.
+TEST_F(Relay, FramesBeforeConnectAreRefused) {
+  BrokerProcess broker(next_port());
+  ASSERT_TRUE(broker.running());
+  RawPeer peer;
+  auto r = peer.connect(a1, broker.port(), "", proto::encode(proto::ConnectRequest{16384, 16}));
+  ASSERT_TRUE(r.ok() && r->accepted) << (r.ok() ? r->event : r.error().message);
+  ASSERT_TRUE(peer.send(frame(FrameType::kSubscribe, 1, "x.>")).ok());
+  auto reply = peer.receive(10s);
+  ASSERT_TRUE(reply.ok()) << reply.error().message;
+  auto fs = frames(reply.value());
+  ASSERT_FALSE(fs.empty());
+  EXPECT_EQ(fs[0].header.type, FrameType::kError);
+  EXPECT_EQ(static_cast<ErrorCode>(fs[0].header.arg), ErrorCode::kAuthenticationRequired) << payload_str(fs[0]);
+  EXPECT_TRUE(peer.wait_disconnected(10s));
+  auto s = broker.wait_stats([](auto& s) { return s["connections.closed.auth_failed"] == 1; }, 10s);
+  EXPECT_EQ(s["connections.closed.auth_failed"], 1);
+  EXPECT_EQ(s["subscriptions"], 0);
+  auto c = connect(broker, a1, "");
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->flush(10s).ok());
+}
+
 TEST_F(Relay, WrongFramesGetTheirErrorCodes) {
   BrokerProcess broker(next_port());
   ASSERT_TRUE(broker.running());

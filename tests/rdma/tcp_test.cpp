@@ -53,12 +53,14 @@ class RawTcp {
     out.resize(got);
     return out;
   }
-  /// Sends a valid connect request and checks the accept.
-  void handshake(std::uint32_t recv_buffer_size = 16384) {
+  /// Sends a valid connect request, checks the accept and (unless told not
+  /// to) sends an anonymous CONNECT.
+  void handshake(std::uint32_t recv_buffer_size = 16384, bool authenticate = true) {
     send(proto::encode(proto::ConnectRequest{recv_buffer_size, 2}));
     auto reply = read(proto::kConnectAcceptSize);
     proto::ConnectAccept accept;
     ASSERT_EQ(proto::decode(reply, accept), proto::HandshakeStatus::kOk);
+    if (authenticate) send(frame(FrameType::kConnect, 0, "", ""));  // anonymous: the test brokers allow it
   }
   /// Reads frames until one of `type` arrives; returns it.
   std::optional<std::pair<proto::FrameHeader, std::string>> read_until(FrameType type) {
@@ -163,6 +165,43 @@ TEST(Tcp, MalformedFrameGetsErrorAndCloseOthersContinue) {
   EXPECT_EQ(s["connections.closed.protocol_error"], 1);
 }
 
+// A connection must authenticate first (SPEC.md §2.4): any other frame first
+// gets ERROR(AUTHENTICATION_REQUIRED) and a close, and so does a peer that
+// says nothing for 10 s; a second CONNECT is a protocol violation. Others are
+// unaffected.
+TEST(Tcp, FramesBeforeConnectAndSilentPeersAreRefused) {
+  BrokerProcess broker(next_port());
+  RawTcp early(broker.tcp_port());
+  early.handshake(16384, /*authenticate=*/false);
+  early.send(frame(FrameType::kSubscribe, 1, "x.>"));
+  auto err = early.read_until(FrameType::kError);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(static_cast<ErrorCode>(err->first.arg), ErrorCode::kAuthenticationRequired) << err->second;
+  EXPECT_NE(err->second.find("SUBSCRIBE before CONNECT"), std::string::npos) << err->second;
+  EXPECT_TRUE(early.closed_by_peer());
+
+  RawTcp twice(broker.tcp_port());
+  twice.handshake();
+  twice.send(frame(FrameType::kConnect, 0, "", ""));
+  auto dup = twice.read_until(FrameType::kError);
+  ASSERT_TRUE(dup);
+  EXPECT_EQ(static_cast<ErrorCode>(dup->first.arg), ErrorCode::kProtocolViolation) << dup->second;
+
+  RawTcp silent(broker.tcp_port());
+  silent.handshake(16384, false);
+  auto timeout = silent.read_until(FrameType::kError);  // read() waits up to 10 s per piece
+  if (!timeout) timeout = silent.read_until(FrameType::kError);
+  ASSERT_TRUE(timeout);
+  EXPECT_EQ(static_cast<ErrorCode>(timeout->first.arg), ErrorCode::kAuthenticationRequired);
+  EXPECT_NE(timeout->second.find("not authenticated within 10 s"), std::string::npos) << timeout->second;
+  EXPECT_TRUE(silent.closed_by_peer());
+  expect_relay_works(broker, "after.unauthenticated");
+  auto s = broker.wait_stats([](auto& s) { return s["connections.closed.auth_failed"] == 2; }, 10s);
+  EXPECT_EQ(s["connections.closed.auth_failed"], 2);
+  EXPECT_EQ(s["auth.failed"], 2);
+  EXPECT_EQ(s["subscriptions"], 0);
+}
+
 TEST(Tcp, OversizedFrameIsRefusedWithItsCode) {
   BrokerProcess broker(next_port());
   RawTcp raw(broker.tcp_port());
@@ -252,7 +291,7 @@ TEST(Tcp, BrokerWithoutRdmaServesTcpOnlyAndSaysSo) {
   const std::string port = std::to_string(next_port());
   const std::string tcp_port = std::to_string(next_port());
   auto check_tcp_only = [&](std::vector<std::string> extra) {
-    std::vector<std::string> args = {RDMABROKERD_PATH, "--port", port, "--tcp-port", tcp_port, "--log-level", "info",
+    std::vector<std::string> args = {RDMABROKERD_PATH, "--port", port, "--tcp-port", tcp_port, "--log-level", "info", "--allow-anonymous",
                                      "--admin-socket", "", "--metrics-listen", ""};
     args.insert(args.end(), extra.begin(), extra.end());
     // The broker runs until SIGTERM; a client proves it serves TCP meanwhile.

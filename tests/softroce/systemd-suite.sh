@@ -3,8 +3,10 @@
 # and Soft-RoCE provides RDMA (run-in-guest.sh with RDMABROKER_GUEST_INIT=systemd):
 #   1. installs the .deb (postinst: user, directories, enable and start the
 #      unit the Debian way) and waits for READY=1 (Type=notify);
-#   2. checks the broker serves RDMA under the hardened unit (DeviceAllow,
-#      LimitMEMLOCK) with a real client, and its status line;
+#   2. authentication as shipped: anonymous clients are refused; a user added
+#      with `rdmabroker passwd` and `systemctl reload` gets in; then checks
+#      the broker serves RDMA under the hardened unit (DeviceAllow,
+#      LimitMEMLOCK) with real clients, and its status line;
 #   3. reload with a changed log level: succeeds, the journal says so;
 #   4. reload with an invalid file: `systemctl reload` fails, the broker keeps
 #      running (same PID, no restart), the journal names line, column and key;
@@ -50,7 +52,24 @@ check "it runs as rdmabroker" test "$(ps -o uid= -p "$(prop MainPID)" | tr -d ' 
 check "its status says where it listens" bash -c "systemctl show -p StatusText --value rdmabrokerd | grep -q 'listening on rdma://0.0.0.0:7470'"
 PID=$(prop MainPID)
 
-# 2. serves RDMA under the hardened unit: a request nobody serves gets its
+# 2. authentication as shipped (auth.anonymous: false, no users): an
+# anonymous client is refused and told why; a user added to the file with a
+# hash from `rdmabroker passwd` is accepted after a reload.
+OUT=$("$CLI" pub guest.x hi -s "rdma://$A1:7470" -b "$A2" 2>&1)
+check "an anonymous client is refused (exit 2)" test $? = 2
+check "... and told why" grep -q "authentication failed" <<<"$OUT"
+check "the journal has the refusal" journal_has "authentication failed"
+HASH=$(printf 'guest-pw\n' | "$CLI" passwd --scheme sha512crypt --cost 1000)
+check "rdmabroker passwd prints a hash" grep -q '^\$6\$' <<<"$HASH"
+H="$HASH" perl -pi -e 's/^  users: \[\].*$/  users:\n    - {name: guest, password: "$ENV{H}", subscribe: {allow: ["svc.>", "_INBOX.>"]}}/' "$CONF"
+check "the config passes --check-config" /usr/sbin/rdmabrokerd --check-config "$CONF"
+check "systemctl reload adds the user" systemctl reload rdmabrokerd.service
+check "the journal shows the new user" journal_has "-> [guest (password"
+export RDMABROKER_USER=guest RDMABROKER_PASSWORD=guest-pw
+OUT=$("$CLI" sub other.x -n 1 --timeout 2 -s "rdma://$A1:7470" -b "$A2" 2>&1)
+check "a subscription outside the user's permissions is refused" grep -q "subscribe to 'other.x' denied for user 'guest'" <<<"$OUT"
+
+# Serves RDMA under the hardened unit: a request nobody serves gets its
 # answer from the broker (exit 4), a responder's request gets the reply.
 "$CLI" reply svc.guest "from the unit" -n 1 -s "rdma://$A1:7470" -b "$A2" >/dev/null 2>&1 &
 R=$!
@@ -59,6 +78,7 @@ check "a client gets a reply over RDMA" test "$("$CLI" request svc.guest hi -s "
 "$CLI" request svc.nobody hi -s "rdma://$A1:7470" -b "$A2" >/dev/null 2>&1
 check "no responders over RDMA (exit 4)" test $? = 4
 wait $R
+unset RDMABROKER_USER RDMABROKER_PASSWORD
 check "the broker counted RDMA receives" bash -c "$CLI stat | awk '\$1==\"rdma.receives\"{found=1; exit !(\$2>0)} END{if(!found) exit 1}'"
 check "metrics are served" bash -c "exec 3<>/dev/tcp/127.0.0.1/9464 && printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && grep -q '^rdmabroker_connections_accepted_total' <&3"
 

@@ -159,5 +159,109 @@ TEST(Config, DiffSaysWhatChangedAndWhetherItMayChangeLive) {
   EXPECT_TRUE(diff(a.value(), a.value()).empty());
 }
 
+// ---------------------------------------------------------------- auth
+
+constexpr const char* kHash = "$6$rounds=1000$fnhyAvh8lJCQuE45$XMCSqNzrnurY8jX7KFED7igC0gRZaiMHdqP5qrrAuI.RVWcDhtbeqKhwKeu265AN3c5WjQag5PSCv8SzQyt7O1";
+
+TEST(ConfigAuth, AnonymousIsOffUnlessTheConfigSaysSo) {
+  auto c = parse("", "broker.yaml");
+  ASSERT_TRUE(c);
+  EXPECT_FALSE(c->broker.auth.anonymous);
+  EXPECT_TRUE(c->broker.auth.users.empty());
+  auto on = parse("auth: {anonymous: true}\n", "broker.yaml");
+  ASSERT_TRUE(on) << on.error().message;
+  EXPECT_TRUE(on->broker.auth.anonymous);
+}
+
+TEST(ConfigAuth, UsersWithPermissionsAreRead) {
+  auto c = parse(std::string(R"(
+auth:
+  anonymous: false
+  anonymous_permissions:
+    subscribe: {allow: ["public.>"]}
+  users:
+    - name: alice
+      password: ")") + kHash + R"("
+      publish: {allow: ["orders.>"], deny: [orders.secret]}
+      subscribe: {deny: ["orders.secret.>"]}
+    - name: ingest
+      token: ")" + kHash + R"("
+)", "broker.yaml");
+  ASSERT_TRUE(c) << c.error().message;
+  const auto& a = c->broker.auth;
+  ASSERT_EQ(a.users.size(), 2u);
+  EXPECT_EQ(a.users[0].name, "alice");
+  EXPECT_EQ(a.users[0].password_hash, kHash);
+  EXPECT_EQ(a.users[0].permissions.publish.allow, std::vector<std::string>{"orders.>"});
+  EXPECT_EQ(a.users[0].permissions.publish.deny, std::vector<std::string>{"orders.secret"});
+  EXPECT_EQ(a.users[0].permissions.subscribe.allow, std::vector<std::string>{">"});  // the default: everything
+  EXPECT_EQ(a.users[1].token_hash, kHash);
+  EXPECT_TRUE(a.users[1].password_hash.empty());
+  EXPECT_EQ(a.anonymous_permissions.subscribe.allow, std::vector<std::string>{"public.>"});
+}
+
+TEST(ConfigAuth, MistakesNameTheElementThatHasThem) {
+  // A plain-text secret is refused: only hashes belong in the file.
+  EXPECT_NE(errors_of("auth:\n  users:\n    - name: bob\n      password: hunter2\n")
+                .find("broker.yaml:4:17: auth.users[0].password: expected a crypt(3) hash"),
+            std::string::npos);
+  EXPECT_NE(errors_of(std::string("auth:\n  users:\n    - name: bob\n      password: '") + kHash +
+                      "'\n      publish: {allow: [ok, 'a..b']}\n")
+                .find("broker.yaml:5:29: auth.users[0].publish.allow[1]: not a valid subject pattern"),
+            std::string::npos);
+  EXPECT_NE(errors_of(std::string("auth:\n  users:\n    - {name: bob, password: '") + kHash + "', token: '" + kHash + "'}\n")
+                .find("auth.users[0]: user 'bob' needs exactly one of password and token"),
+            std::string::npos);
+  EXPECT_NE(errors_of(std::string("auth:\n  users:\n    - {name: bob, password: '") + kHash + "'}\n    - {name: bob, token: '" +
+                      kHash + "'}\n")
+                .find("auth.users[1].name: duplicate user 'bob'"),
+            std::string::npos);
+  EXPECT_NE(errors_of(std::string("auth:\n  users:\n    - {name: bob, pasword: '") + kHash + "'}\n")
+                .find("auth.users[0].pasword: unknown key"),
+            std::string::npos);
+  EXPECT_NE(errors_of("auth: {anonymous: maybe}\n").find("auth.anonymous: expected true or false"), std::string::npos);
+}
+
+TEST(ConfigAuth, PermissionChangesAreLiveAndShowInTheDiff) {
+  auto before = parse(std::string("auth:\n  users:\n    - {name: bob, password: '") + kHash + "'}\n", "broker.yaml");
+  auto after = parse(std::string("auth:\n  users:\n    - {name: bob, password: '") + kHash +
+                         "', subscribe: {allow: [a.>]}}\n",
+                     "broker.yaml");
+  ASSERT_TRUE(before && after);
+  auto changes = diff(*before, *after);
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0].key, "auth.users");
+  EXPECT_TRUE(changes[0].live);
+  EXPECT_NE(changes[0].to.find("subscribe +a.>"), std::string::npos) << changes[0].to;
+  EXPECT_EQ(changes[0].to.find(kHash), std::string::npos) << "a hash must not be logged";
+}
+
+// The example config the package installs and the one in the Kubernetes
+// ConfigMap are what operators start from: both must load.
+TEST(Config, ShippedConfigsAreValid) {
+  auto shipped = load(std::string(RDMABROKER_SOURCE_DIR) + "/config/broker.yaml");
+  ASSERT_TRUE(shipped) << shipped.error().message;
+  EXPECT_EQ(shipped->broker.port, Config{}.broker.port);  // it documents the defaults
+  EXPECT_FALSE(shipped->broker.auth.anonymous);
+
+  std::ifstream k8s(std::string(RDMABROKER_SOURCE_DIR) + "/deploy/kubernetes/rdmabroker.yaml");
+  ASSERT_TRUE(k8s);
+  std::string line, embedded;
+  bool inside = false;
+  while (std::getline(k8s, line)) {
+    if (line.find("broker.yaml: |") != std::string::npos) {
+      inside = true;
+    } else if (inside && line.rfind("    ", 0) == 0) {
+      embedded += line.substr(4) + "\n";
+    } else if (inside && !line.empty()) {
+      break;
+    }
+  }
+  ASSERT_FALSE(embedded.empty());
+  auto cm = parse(embedded, "ConfigMap rdmabroker-config");
+  ASSERT_TRUE(cm) << cm.error().message;
+  EXPECT_EQ(cm->log.format, LogFormat::kJson);
+}
+
 }  // namespace
 }  // namespace rdmabroker::config

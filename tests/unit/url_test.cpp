@@ -25,6 +25,22 @@ TEST(Url, Parses) {
   EXPECT_EQ(t->port, kDefaultTcpPort);
 }
 
+TEST(Url, CarriesCredentials) {
+  auto u = parse_url("rdma://alice:s3cr@t:x@10.0.0.1:9000");  // the last '@' ends them; ':' may be in the password
+  ASSERT_TRUE(u.ok()) << u.error().message;
+  EXPECT_EQ(u->user, "alice");
+  EXPECT_EQ(u->password, "s3cr@t:x");
+  EXPECT_EQ(u->host, "10.0.0.1");
+  EXPECT_EQ(u->port, 9000);
+  auto t = parse_url("tcp://tok-123@broker.local");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->token, "tok-123");
+  EXPECT_TRUE(t->user.empty());
+  EXPECT_EQ(t->host, "broker.local");
+  EXPECT_FALSE(parse_url("rdma://@host").ok());
+  EXPECT_FALSE(parse_url("rdma://:pw@host").ok());
+}
+
 TEST(Url, RejectsWithAReason) {
   for (const char* bad : {"10.0.0.1:9000", "rdma://", "rdma://:7", "rdma://h:0", "rdma://h:70000", "rdma://h:x"}) {
     auto u = parse_url(bad);

@@ -115,7 +115,7 @@ TEST(Wire, BadMagicVersionType) {
   v[2] = std::byte{2};
   EXPECT_EQ(decode(v, f), DecodeStatus::kBadVersion);
   EXPECT_EQ(error_for(DecodeStatus::kBadVersion), ErrorCode::kUnsupportedVersion);
-  for (std::uint8_t t : {0, 11, 255}) {
+  for (std::uint8_t t : {0, 12, 255}) {
     auto tt = buf;
     tt[3] = std::byte{t};
     EXPECT_EQ(decode(tt, f), DecodeStatus::kBadType) << int(t);

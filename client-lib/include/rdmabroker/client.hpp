@@ -54,6 +54,14 @@ struct ClientOptions {
   /// arriving meanwhile is handed over without a wake-up: lower latency at
   /// light load for a busy core. 0: never spin (the default).
   std::chrono::microseconds busy_poll{0};
+  /// Credentials presented when connecting (docs/security.md): a user and
+  /// password, or a token, or none (accepted only if the broker allows
+  /// anonymous clients). A URL "rdma://user:password@host" or
+  /// "rdma://token@host" sets them too. connect() fails with
+  /// kAuthenticationFailed when the broker refuses them.
+  std::string user;
+  std::string password;
+  std::string token;
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds publish_timeout{5000};
   /// Messages a blocking Subscription buffers before it drops (counted).

@@ -21,7 +21,9 @@ typedef enum {
   RB_ERR_BROKER = -6,
   RB_ERR_RESOURCE = -7,
   RB_ERR_PAYLOAD_TOO_LARGE = -8,
-  RB_ERR_NO_RESPONDERS = -9 /* rb_request: nobody subscribes to the subject */
+  RB_ERR_NO_RESPONDERS = -9, /* rb_request: nobody subscribes to the subject */
+  RB_ERR_AUTHENTICATION = -10, /* rb_connect: the broker refused the credentials */
+  RB_ERR_PERMISSION_DENIED = -11 /* the user may not publish or subscribe to that subject */
 } rb_status;
 
 typedef struct rb_client rb_client;
@@ -40,7 +42,8 @@ typedef struct rb_message {
 
 typedef void (*rb_message_cb)(const rb_message* msg, void* user);
 
-/* bind_address may be NULL. */
+/* bind_address may be NULL. Credentials go in the URL: "rdma://user:password@host"
+ * or "rdma://token@host" (RB_ERR_AUTHENTICATION when the broker refuses them). */
 int rb_connect(const char* url, const char* bind_address, rb_client** out);
 /* url: "rdma://host[:port]" or "tcp://host[:port]". */
 int rb_publish(rb_client* c, const char* subject, const void* data, size_t len);

@@ -20,6 +20,8 @@ enum class ErrorKind {
   kResource,          // a verbs or system resource could not be created
   kPayloadTooLarge,
   kNoResponders,      // a request found nobody subscribed to its subject
+  kAuthenticationFailed,  // the broker refused the credentials (or their absence)
+  kPermissionDenied,      // the user may not publish or subscribe to that subject
 };
 
 struct Error {

@@ -31,6 +31,14 @@ using CqPtr = std::unique_ptr<ibv_cq, CqDeleter>;
 using CompChannelPtr = std::unique_ptr<ibv_comp_channel, CompChannelDeleter>;
 using SrqPtr = std::unique_ptr<ibv_srq, SrqDeleter>;
 using MrPtr = std::unique_ptr<ibv_mr, MrDeleter>;
+
+/// The only way rdmabroker registers memory (docs/security.md): for local
+/// access by the NIC (receives land in it, sends gather from it), never for
+/// remote read or write, so no peer can reach it with an rkey. Null on
+/// failure, errno set. tests/lint.sh fails if ibv_reg_mr appears elsewhere.
+inline MrPtr register_local(ibv_pd* pd, void* addr, std::size_t length) {
+  return MrPtr(ibv_reg_mr(pd, addr, length, IBV_ACCESS_LOCAL_WRITE));
+}
 using AhPtr = std::unique_ptr<ibv_ah, AhDeleter>;
 using EventChannelPtr = std::unique_ptr<rdma_event_channel, EventChannelDeleter>;
 using CmIdPtr = std::unique_ptr<rdma_cm_id, CmIdDeleter>;

@@ -14,6 +14,39 @@ namespace rdmabroker::config {
 /// otherwise runs TCP-only (and says so); kOn refuses to start without it.
 enum class RdmaMode { kAuto, kOn, kOff };
 
+/// Which subjects a user may publish to or subscribe to (docs/security.md):
+/// allowed when an `allow` pattern matches (publish) or covers (subscribe)
+/// and no `deny` pattern matches (publish) or intersects (subscribe).
+struct SubjectRules {
+  std::vector<std::string> allow{">"};
+  std::vector<std::string> deny;
+  bool operator==(const SubjectRules&) const = default;
+};
+
+struct Permissions {
+  SubjectRules publish;
+  SubjectRules subscribe;
+  bool operator==(const Permissions&) const = default;
+};
+
+/// One configured user. Exactly one of the two hashes is set: a password
+/// (the client presents name and password) or a token (the client presents
+/// the token alone). Both are crypt(3) hashes (`rdmabroker passwd`).
+struct User {
+  std::string name;
+  std::string password_hash;
+  std::string token_hash;
+  Permissions permissions;
+  bool operator==(const User&) const = default;
+};
+
+struct AuthSettings {
+  bool anonymous = false;            // clients without credentials are accepted (only when the config says so)
+  Permissions anonymous_permissions;  // what they may do
+  std::vector<User> users;
+  bool operator==(const AuthSettings&) const = default;
+};
+
 struct BrokerOptions {
   std::string listen_address = "0.0.0.0";
   std::uint16_t port = 7470;               // RDMA CM port
@@ -37,6 +70,7 @@ struct BrokerOptions {
   std::string admin_socket = "/run/rdmabroker/admin.sock";  // `rdmabroker stat`/`reload`; empty: none
   std::vector<std::string> devices;        // RDMA devices to use (e.g. rxe0); empty: all
   std::uint32_t max_payload = 0;           // largest payload accepted; 0: what the buffer size allows
+  AuthSettings auth;                       // who may connect and what they may do (live)
 };
 
 enum class LogFormat { kText, kJson };

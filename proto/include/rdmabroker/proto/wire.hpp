@@ -39,8 +39,11 @@ enum class FrameType : std::uint8_t {
   kError = 8,
   kClose = 9,
   kNoResponders = 10,
+  kConnect = 11,  // client -> broker, first frame: credentials (SPEC.md §2.3)
 };
-inline constexpr std::uint8_t kMaxFrameType = 10;
+inline constexpr std::uint8_t kMaxFrameType = 11;
+/// Longest CONNECT payload (user name plus password, or a token).
+inline constexpr std::size_t kMaxCredentialsLen = 1024;
 
 /// PUBLISH flag: the publisher wants a NO_RESPONDERS frame back when the
 /// message (which must carry a reply subject) matches no subscription.
@@ -60,6 +63,9 @@ enum class ErrorCode : std::uint32_t {
   kSlowConsumer = 9,
   kServerShutdown = 10,
   kInternalError = 11,
+  kAuthenticationRequired = 12,  // a frame other than CONNECT came first
+  kAuthenticationFailed = 13,    // unknown user, wrong password or token, or anonymous access is off
+  kPermissionDenied = 14,        // the user may not publish or subscribe to that subject (or no longer may)
 };
 
 constexpr std::string_view to_string(FrameType t) {
@@ -74,6 +80,7 @@ constexpr std::string_view to_string(FrameType t) {
     case FrameType::kError: return "ERROR";
     case FrameType::kClose: return "CLOSE";
     case FrameType::kNoResponders: return "NO_RESPONDERS";
+    case FrameType::kConnect: return "CONNECT";
   }
   return "UNKNOWN";
 }
@@ -92,6 +99,9 @@ constexpr std::string_view to_string(ErrorCode c) {
     case ErrorCode::kSlowConsumer: return "slow consumer";
     case ErrorCode::kServerShutdown: return "server shutting down";
     case ErrorCode::kInternalError: return "internal error";
+    case ErrorCode::kAuthenticationRequired: return "authentication required";
+    case ErrorCode::kAuthenticationFailed: return "authentication failed";
+    case ErrorCode::kPermissionDenied: return "permission denied";
   }
   return "unknown error";
 }
@@ -271,6 +281,13 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
     case FrameType::kNoResponders:
       // The subject is the request's reply subject.
       if (!has_subject || h.reply_len != 0 || h.payload_len != 0) return DecodeStatus::kBadLength;
+      break;
+    case FrameType::kConnect:
+      // Payload: the user name (arg bytes) then the password; arg 0: a token
+      // or, with an empty payload, no credentials (anonymous).
+      if (has_subject || h.reply_len != 0 || h.payload_len > kMaxCredentialsLen || h.arg > h.payload_len) {
+        return DecodeStatus::kBadLength;
+      }
       break;
     case FrameType::kUnsubscribe:
     case FrameType::kCredit:

@@ -1,0 +1,149 @@
+#include "broker/auth.hpp"
+
+#include <crypt.h>
+#include <string.h>
+
+#include <cstring>
+
+#include <algorithm>
+
+#include "rdmabroker/proto/subjects.hpp"
+
+namespace rdmabroker::daemon {
+
+namespace {
+
+bool unrestricted(const config::SubjectRules& r) {
+  return r.deny.empty() && std::find(r.allow.begin(), r.allow.end(), ">") != r.allow.end();
+}
+
+std::shared_ptr<const Identity> make_identity(std::string name, bool anonymous, std::string credential,
+                                              const config::Permissions& p) {
+  auto id = std::make_shared<Identity>();
+  id->name = std::move(name);
+  id->anonymous = anonymous;
+  id->credential = std::move(credential);
+  id->permissions = p;
+  id->publish_unrestricted = unrestricted(p.publish);
+  id->subscribe_unrestricted = unrestricted(p.subscribe);
+  return id;
+}
+
+/// crypt(3) of `secret` with `hash`'s setting equals `hash`, compared in
+/// constant time.
+bool hash_matches(std::string_view secret, const std::string& hash) {
+  crypt_data data{};
+  const std::string s(secret);
+  const char* out = crypt_r(s.c_str(), hash.c_str(), &data);
+  bool equal = out != nullptr && out[0] != '*' && std::strlen(out) == hash.size();
+  if (equal) {
+    unsigned char diff = 0;
+    for (std::size_t i = 0; i < hash.size(); ++i) diff |= static_cast<unsigned char>(out[i] ^ hash[i]);
+    equal = diff == 0;
+  }
+  explicit_bzero(&data, sizeof data);
+  return equal;
+}
+
+}  // namespace
+
+bool Identity::may_publish(std::string_view subject) const {
+  if (publish_unrestricted) return true;
+  const auto& r = permissions.publish;
+  const auto matches = [&](const std::string& p) { return proto::pattern_matches(p, subject); };
+  return std::any_of(r.allow.begin(), r.allow.end(), matches) && std::none_of(r.deny.begin(), r.deny.end(), matches);
+}
+
+bool Identity::may_subscribe(std::string_view pattern) const {
+  if (subscribe_unrestricted) return true;
+  const auto& r = permissions.subscribe;
+  return std::any_of(r.allow.begin(), r.allow.end(), [&](const std::string& a) { return proto::pattern_covers(a, pattern); }) &&
+         std::none_of(r.deny.begin(), r.deny.end(), [&](const std::string& d) { return proto::patterns_intersect(d, pattern); });
+}
+
+std::shared_ptr<const AuthTable> AuthTable::build(const config::AuthSettings& settings) {
+  auto t = std::make_shared<AuthTable>();
+  if (settings.anonymous) t->anonymous_ = make_identity("anonymous", true, "", settings.anonymous_permissions);
+  for (const auto& u : settings.users) {
+    if (!u.password_hash.empty()) {
+      t->by_name_.emplace(u.name, make_identity(u.name, false, u.password_hash, u.permissions));
+    } else {
+      t->tokens_.push_back(make_identity(u.name, false, u.token_hash, u.permissions));
+    }
+  }
+  return t;
+}
+
+Result<std::shared_ptr<const Identity>> AuthTable::verify(std::string_view user, std::string_view secret) const {
+  if (user.empty() && secret.empty()) {
+    if (anonymous_) return anonymous_;
+    return Error{ErrorKind::kRejected, "credentials required (anonymous access is off)"};
+  }
+  if (!user.empty()) {
+    auto it = by_name_.find(std::string(user));
+    if (it != by_name_.end() && hash_matches(secret, it->second->credential)) return it->second;
+  } else {
+    for (const auto& id : tokens_) {
+      if (hash_matches(secret, id->credential)) return id;
+    }
+  }
+  return Error{ErrorKind::kRejected, "unknown user, wrong password or unknown token"};
+}
+
+std::shared_ptr<const Identity> AuthTable::renew(const Identity& old) const {
+  if (old.anonymous) return anonymous_;
+  if (auto it = by_name_.find(old.name); it != by_name_.end()) {
+    return it->second->credential == old.credential ? it->second : nullptr;
+  }
+  for (const auto& id : tokens_) {
+    if (id->name == old.name && id->credential == old.credential) return id;
+  }
+  return nullptr;
+}
+
+Authenticator::Authenticator(std::shared_ptr<const AuthTable> table, Done done)
+    : done_(std::move(done)), table_(std::move(table)) {}
+
+Authenticator::~Authenticator() { stop(); }
+
+void Authenticator::start() { thread_ = std::thread([this] { run(); }); }
+
+void Authenticator::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Authenticator::update(std::shared_ptr<const AuthTable> table) {
+  std::lock_guard lock(mu_);
+  table_ = std::move(table);
+}
+
+void Authenticator::submit(Request r) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(r));
+  }
+  cv_.notify_one();
+}
+
+void Authenticator::run() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) return;  // the workers are gone or going: nobody waits for an answer
+    Request r = std::move(queue_.front());
+    queue_.pop_front();
+    auto table = table_;
+    lock.unlock();
+    auto result = table->verify(r.user, r.secret);
+    explicit_bzero(r.secret.data(), r.secret.size());
+    done_(r, std::move(result));
+    lock.lock();
+  }
+}
+
+}  // namespace rdmabroker::daemon

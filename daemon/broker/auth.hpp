@@ -1,0 +1,101 @@
+// Who a connection is and what it may do (docs/security.md).
+//
+// An AuthTable is built from the config's auth section at start and at every
+// reload, and is immutable: the authenticator thread and every worker hold
+// the version they were given, and a reload hands each its successor. A
+// connection's Identity is shared the same way; a reload renews it (same
+// user, same credential: the new permissions) or revokes it.
+//
+// Checking a password or token is deliberately slow (crypt(3)), so it never
+// runs on a worker: the Authenticator's own thread does it and answers the
+// worker through a callback (the worker's command queue).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+
+#include "rdmabroker/config/settings.hpp"
+#include "rdmabroker/result.hpp"
+
+namespace rdmabroker::daemon {
+
+struct Identity {
+  std::string name;        // the user's name, or "anonymous"
+  bool anonymous = false;
+  std::string credential;  // the hash it authenticated against: a reload that changes it revokes
+  config::Permissions permissions;
+  bool publish_unrestricted = false;    // allow covers everything, nothing denied: no check per message
+  bool subscribe_unrestricted = false;
+
+  /// A PUBLISH to `subject`: an allow pattern matches it and no deny pattern does.
+  bool may_publish(std::string_view subject) const;
+  /// A SUBSCRIBE to `pattern`: an allow pattern covers all of it and no deny
+  /// pattern meets it (so no message it could receive is denied).
+  bool may_subscribe(std::string_view pattern) const;
+};
+
+class AuthTable {
+ public:
+  static std::shared_ptr<const AuthTable> build(const config::AuthSettings& settings);
+
+  /// The identity of a client that presents no credentials, or null when
+  /// anonymous access is off.
+  const std::shared_ptr<const Identity>& anonymous() const { return anonymous_; }
+  /// Checks credentials: a user name and password, or (empty user) a token.
+  /// Slow by design: authenticator thread only. The error is what the
+  /// client is told; it never says which part was wrong.
+  Result<std::shared_ptr<const Identity>> verify(std::string_view user, std::string_view secret) const;
+  /// After a reload: the identity a connected client now has, or null when
+  /// it lost access (user removed, credential changed, anonymous turned off).
+  std::shared_ptr<const Identity> renew(const Identity& old) const;
+  /// No user and no anonymous access: every client is refused.
+  bool nobody_can_connect() const { return !anonymous_ && by_name_.empty() && tokens_.empty(); }
+
+ private:
+  std::shared_ptr<const Identity> anonymous_;
+  std::unordered_map<std::string, std::shared_ptr<const Identity>> by_name_;  // password users
+  std::vector<std::shared_ptr<const Identity>> tokens_;                       // token users
+};
+
+class Authenticator {
+ public:
+  struct Request {
+    std::uint32_t worker = 0;
+    std::uint64_t connection = 0;
+    std::string user;
+    std::string secret;  // wiped once checked
+  };
+  using Done = std::function<void(const Request&, Result<std::shared_ptr<const Identity>>)>;
+
+  Authenticator(std::shared_ptr<const AuthTable> table, Done done);
+  ~Authenticator();
+  Authenticator(const Authenticator&) = delete;
+  Authenticator& operator=(const Authenticator&) = delete;
+
+  void start();
+  void stop();
+  /// Any thread. Requests already queued are checked against the new table.
+  void update(std::shared_ptr<const AuthTable> table);
+  void submit(Request r);
+
+ private:
+  void run();
+
+  Done done_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::shared_ptr<const AuthTable> table_;  // guarded by mu_
+  std::deque<Request> queue_;               // guarded by mu_
+  bool stop_ = false;                       // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Source rules a compiler cannot check, run as a unit test (ctest -L unit):
+#   - memory is registered only through verbs::register_local (local access
+#     only), never with remote read/write/atomic rights and never through a
+#     memory window: no peer can reach broker or client memory with an rkey
+#     (docs/security.md, "RDMA memory").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+fail=0
+SRC=(daemon client-lib common proto config)
+hits=$(grep -rn --include='*.cpp' --include='*.hpp' --include='*.h' --include='*.c' 'ibv_reg_mr(' "${SRC[@]}" |
+  grep -v '^common/include/rdmabroker/common/verbs.hpp:' || true)
+if [ -n "$hits" ]; then
+  echo "lint: ibv_reg_mr outside verbs::register_local:"; echo "$hits"; fail=1
+fi
+hits=$(grep -rnE --include='*.cpp' --include='*.hpp' --include='*.h' --include='*.c' \
+  'IBV_ACCESS_REMOTE_|IBV_ACCESS_MW_BIND|ibv_alloc_mw|ibv_bind_mw|ibv_reg_dmabuf_mr|ibv_reg_mr_iova' "${SRC[@]}" || true)
+if [ -n "$hits" ]; then
+  echo "lint: remote access to registered memory:"; echo "$hits"; fail=1
+fi
+[ $fail = 0 ] && echo "lint: ok"
+exit $fail

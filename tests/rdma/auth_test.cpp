@@ -1,0 +1,251 @@
+// Authentication and permissions end to end (docs/security.md), each over
+// RDMA (in the guest, label rdma) and TCP (on the host, label tcp): who may
+// connect, what a user may publish and subscribe to, and what a reload does
+// to connected clients. Brokers here start without --allow-anonymous.
+#include <crypt.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "harness.hpp"
+#include "rdmabroker/client.hpp"
+
+namespace rdmabroker::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+/// A cheap hash (sha512crypt, 1,000 rounds): the guest emulates the CPU, and
+/// what is tested is the check, not the cost.
+std::string hash_secret(const std::string& secret) {
+  char setting[CRYPT_GENSALT_OUTPUT_SIZE];
+  EXPECT_NE(crypt_gensalt_rn("$6$", 1000, nullptr, 0, setting, sizeof setting), nullptr);
+  crypt_data data{};
+  return crypt_r(secret.c_str(), setting, &data);
+}
+
+ClientOptions credentials(std::string user, std::string password, std::string token = {}) {
+  ClientOptions o;
+  o.user = std::move(user);
+  o.password = std::move(password);
+  o.token = std::move(token);
+  return o;
+}
+
+/// Collects a client's asynchronous errors (must outlive the client).
+struct Errors {
+  std::mutex mu;
+  std::vector<Error> list;
+  ClientOptions options(std::string user, std::string password) {
+    ClientOptions o = credentials(std::move(user), std::move(password));
+    o.on_error = [this](const Error& e) {
+      std::lock_guard l(mu);
+      list.push_back(e);
+    };
+    return o;
+  }
+  std::vector<Error> get() {
+    std::lock_guard l(mu);
+    return list;
+  }
+};
+
+class Auth : public ::testing::TestWithParam<Via> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Via::kRdma) require_rdma();
+    write(base_config());
+  }
+  void TearDown() override { ::unlink(path_.c_str()); }
+
+  /// alice (password): publishes to orders.> except orders.secret, subscribes
+  /// to orders.> except orders.secret.>; bob (password) and ingest (token):
+  /// everything.
+  std::string base_config(const std::string& alice_subscribe = "{allow: [\"orders.>\"], deny: [\"orders.secret.>\"]}",
+                          bool with_bob = true) {
+    std::string y = "logging: {level: info}\nauth:\n  anonymous: false\n  users:\n";
+    y += "    - name: alice\n      password: '" + alice_hash_ + "'\n";
+    y += "      publish: {allow: [\"orders.>\"], deny: [orders.secret]}\n";
+    y += "      subscribe: " + alice_subscribe + "\n";
+    if (with_bob) y += "    - name: bob\n      password: '" + bob_hash_ + "'\n";
+    y += "    - name: ingest\n      token: '" + token_hash_ + "'\n";
+    return y;
+  }
+  void write(const std::string& text) {
+    std::ofstream out(path_, std::ios::trunc);
+    out << text;
+  }
+  std::pair<int, std::string> reload(const BrokerProcess& b) {
+    return run({"/bin/sh", "-c", std::string(RDMABROKER_CLI_PATH) + " reload --admin-socket " + b.admin_socket() + " 2>&1"});
+  }
+
+  const std::string path_ = "/tmp/rdmabroker-auth-" + std::to_string(getpid()) + ".yaml";
+  const std::string alice_hash_ = hash_secret("alice-pw");
+  const std::string bob_hash_ = hash_secret("bob-pw");
+  const std::string token_hash_ = hash_secret("tok-ingest-1");
+};
+
+TEST_P(Auth, OnlyValidCredentialsConnectAndOthersAreUndisturbed) {
+  BrokerProcess broker(next_port(), {"--config", path_}, /*allow_anonymous=*/false);
+  ASSERT_TRUE(broker.running());
+  Errors bob_errors;
+  auto bob = connect_via(broker, GetParam(), bob_errors.options("bob", "bob-pw"));
+  ASSERT_TRUE(bob);
+  auto sub = bob->subscribe(std::string_view("orders.>"));
+  ASSERT_TRUE(sub);
+  ASSERT_TRUE(bob->flush(10s));
+
+  auto refused = [&](ClientOptions opt, const std::string& why) -> std::string {
+    auto c = try_connect_via(broker, GetParam(), std::move(opt));
+    if (c.ok()) {
+      ADD_FAILURE() << why << ": connected";
+      return "";
+    }
+    EXPECT_EQ(c.error().kind, ErrorKind::kAuthenticationFailed) << why << ": " << c.error().message;
+    return c.error().message;
+  };
+  const std::string anon = refused({}, "anonymous");
+  EXPECT_NE(anon.find("anonymous access is off"), std::string::npos) << anon;
+  const std::string wrong = refused(credentials("alice", "wrong"), "wrong password");
+  EXPECT_NE(wrong.find("unknown user, wrong password or unknown token"), std::string::npos) << wrong;
+  refused(credentials("mallory", "alice-pw"), "unknown user");
+  refused(credentials("", "", "tok-wrong"), "unknown token");
+
+  // The right ones: password, token, and credentials in the URL.
+  auto alice = connect_via(broker, GetParam(), credentials("alice", "alice-pw"));
+  ASSERT_TRUE(alice);
+  auto ingest = connect_via(broker, GetParam(), credentials("", "", "tok-ingest-1"));
+  ASSERT_TRUE(ingest);
+  std::string url = url_via(broker, GetParam());
+  url.insert(url.find("://") + 3, "bob:bob-pw@");
+  ClientOptions by_url;
+  if (GetParam() == Via::kRdma) by_url.bind_address = guest_addr2();
+  auto bob2 = Client::connect(url, by_url);
+  ASSERT_TRUE(bob2.ok()) << bob2.error().message;
+
+  // `rdmabroker stat` names each connection's user.
+  auto [rc, out] = run({RDMABROKER_CLI_PATH, "stat", "--json", "--admin-socket", broker.admin_socket()});
+  ASSERT_EQ(rc, 0) << out;
+  std::multiset<std::string> users;
+  const auto listed = nlohmann::json::parse(out);
+  for (const auto& c : listed["connections"]) users.insert(c.value("user", ""));
+  EXPECT_EQ(users, (std::multiset<std::string>{"alice", "bob", "bob", "ingest"})) << out;
+
+  auto s = broker.wait_stats([](auto& s) { return s["connections.closed.auth_failed"] == 4; }, 10s);
+  EXPECT_EQ(s["auth.failed"], 4);
+  EXPECT_EQ(s["auth.ok"], 4);
+  EXPECT_EQ(s["connections.closed.auth_failed"], 4);
+  // The refusals disturbed nobody: bob still receives.
+  ASSERT_TRUE(ingest->publish("orders.eu", std::string_view("after the refusals")));
+  auto m = sub.value()->next(10s);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->data(), "after the refusals");
+  EXPECT_TRUE(bob_errors.get().empty());
+}
+
+TEST_P(Auth, PermissionsAllowAndDenyPublishAndSubscribe) {
+  BrokerProcess broker(next_port(), {"--config", path_}, false);
+  ASSERT_TRUE(broker.running());
+  Errors errors;
+  auto alice = connect_via(broker, GetParam(), errors.options("alice", "alice-pw"));
+  auto bob = connect_via(broker, GetParam(), credentials("bob", "bob-pw"));
+  ASSERT_TRUE(alice && bob);
+  auto everything = bob->subscribe(std::string_view(">"));
+  ASSERT_TRUE(everything);
+  ASSERT_TRUE(bob->flush(10s));
+
+  // Subscriptions: orders.* is allowed (no orders.secret.x in it); orders.>
+  // could see orders.secret.x and is refused, ending that subscription.
+  auto allowed = alice->subscribe(std::string_view("orders.*"));
+  auto denied = alice->subscribe(std::string_view("orders.>"));
+  ASSERT_TRUE(allowed && denied);
+  ASSERT_TRUE(alice->flush(10s));
+  auto end = denied.value()->next(5s);
+  ASSERT_FALSE(end);
+  EXPECT_EQ(end.error().kind, ErrorKind::kClosed);
+  EXPECT_NE(end.error().message.find("subscribe to 'orders.>' denied for user 'alice'"), std::string::npos)
+      << end.error().message;
+
+  // Publishes: allowed ones flow; denied ones get an ERROR each, go nowhere,
+  // and the connection stays.
+  ASSERT_TRUE(alice->publish("orders.secret", std::string_view("no")));
+  ASSERT_TRUE(alice->publish("billing.x", std::string_view("no")));
+  ASSERT_TRUE(alice->publish("orders.eu", std::string_view("yes")));
+  ASSERT_TRUE(alice->flush(10s));
+  auto m = everything.value()->next(10s);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->subject, "orders.eu");
+  EXPECT_FALSE(everything.value()->next(300ms)) << "a denied publish was delivered";
+  auto mine = allowed.value()->next(10s);
+  ASSERT_TRUE(mine) << mine.error().message;
+  EXPECT_EQ(mine->subject, "orders.eu");
+
+  const auto e = errors.get();
+  ASSERT_EQ(e.size(), 3u);
+  EXPECT_EQ(e[0].kind, ErrorKind::kPermissionDenied);
+  EXPECT_NE(e[1].message.find("publish to 'orders.secret' denied for user 'alice'"), std::string::npos) << e[1].message;
+  EXPECT_NE(e[2].message.find("publish to 'billing.x' denied"), std::string::npos) << e[2].message;
+  EXPECT_TRUE(alice->close_reason().message.empty()) << alice->close_reason().message;
+  auto s = broker.stats();
+  EXPECT_EQ(s["permissions.denied.publish"], 2);
+  EXPECT_EQ(s["permissions.denied.subscribe"], 1);
+  EXPECT_EQ(s["messages.in"], 1);  // refused publishes were never accepted
+  EXPECT_EQ(s["messages.dropped.slow_consumer"] + s["messages.dropped.subscriber_closed"], 0);
+}
+
+TEST_P(Auth, ReloadRevokesSubscriptionsAndUsersOfConnectedClients) {
+  BrokerProcess broker(next_port(), {"--config", path_}, false);
+  ASSERT_TRUE(broker.running());
+  auto alice = connect_via(broker, GetParam(), credentials("alice", "alice-pw"));
+  auto bob = connect_via(broker, GetParam(), credentials("bob", "bob-pw"));
+  auto ingest = connect_via(broker, GetParam(), credentials("", "", "tok-ingest-1"));
+  ASSERT_TRUE(alice && bob && ingest);
+  auto eu = alice->subscribe(std::string_view("orders.eu"));
+  auto us = alice->subscribe(std::string_view("orders.us"));
+  ASSERT_TRUE(eu && us);
+  ASSERT_TRUE(alice->flush(10s));
+  ASSERT_TRUE(ingest->publish("orders.us", std::string_view("before")));
+  auto before = us.value()->next(10s);
+  ASSERT_TRUE(before) << before.error().message;
+
+  // alice may now subscribe to orders.eu.> and orders.eu only; bob is removed.
+  write(base_config("{allow: [\"orders.eu\", \"orders.eu.>\"]}", /*with_bob=*/false));
+  auto [rc, out] = reload(broker);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("auth.users"), std::string::npos) << out;
+
+  // The revoked subscription ends; the other keeps receiving.
+  auto end = us.value()->next(10s);
+  ASSERT_FALSE(end);
+  EXPECT_NE(end.error().message.find("subscription to 'orders.us' revoked"), std::string::npos) << end.error().message;
+  ASSERT_TRUE(ingest->publish("orders.us", std::string_view("after")));
+  ASSERT_TRUE(ingest->publish("orders.eu", std::string_view("after")));
+  ASSERT_TRUE(ingest->flush(10s));
+  auto still = eu.value()->next(10s);
+  ASSERT_TRUE(still) << still.error().message;
+  EXPECT_EQ(still->subject, "orders.eu");
+
+  // bob's connection is closed with the reason; alice and ingest stay.
+  auto s = broker.wait_stats([](auto& s) { return s["connections.closed.auth_revoked"] == 1; }, 10s);
+  EXPECT_EQ(s["connections.closed.auth_revoked"], 1);
+  EXPECT_EQ(s["permissions.revoked"], 1);
+  EXPECT_EQ(s["connections.current"], 2);
+  EXPECT_NE(bob->close_reason().message, "");
+  EXPECT_FALSE(bob->publish("orders.eu", std::string_view("x")));
+  EXPECT_TRUE(alice->close_reason().message.empty());
+  // A new client with bob's password is refused now.
+  auto again = try_connect_via(broker, GetParam(), credentials("bob", "bob-pw"));
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().kind, ErrorKind::kAuthenticationFailed);
+}
+
+INSTANTIATE_TEST_SUITE_P(Via, Auth, ::testing::Values(Via::kRdma, Via::kTcp),
+                         [](const auto& info) { return to_string(info.param); });
+
+}  // namespace
+}  // namespace rdmabroker::test
