@@ -9,7 +9,7 @@ import struct
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "corpus")
 
-SUBSCRIBE, UNSUBSCRIBE, PUBLISH, DELIVER, CREDIT, PING, PONG, ERROR, CLOSE, NO_RESPONDERS = range(1, 11)
+SUBSCRIBE, UNSUBSCRIBE, PUBLISH, DELIVER, CREDIT, PING, PONG, ERROR, CLOSE, NO_RESPONDERS, CONNECT = range(1, 12)
 
 
 def frame(ftype, subject=b"", reply=b"", payload=b"", arg=0, seq=0, flags=0):
@@ -47,7 +47,9 @@ def main():
         "error": frame(ERROR, payload=b"invalid subject", arg=4),
         "close": frame(CLOSE, payload=b"slow consumer", arg=9),
         "no_responders": frame(NO_RESPONDERS, b"_INBOX.ab12.1"),
-        "stream": frame(SUBSCRIBE, b">", arg=3) + pub + req + frame(PING),
+        "stream": frame(CONNECT, payload=b"alicesecret", arg=5) + frame(SUBSCRIBE, b">", arg=3) + pub + req + frame(PING),
+        "connect_token": frame(CONNECT, payload=b"tok-123"),
+        "connect_anonymous": frame(CONNECT) + frame(PING),
         "stream_truncated": (pub + req)[:-13],
     }
     for name, data in seeds.items():
@@ -73,6 +75,10 @@ def main():
         "wrong_type": "workers: many\n",
         "flow_seq": "flow: [1, 2]\n",
         "unknown": "nonsense:\n  key: 1\n",
+        "auth": "auth:\n  anonymous: true\n  anonymous_permissions:\n    subscribe: {allow: [\"public.>\"]}\n"
+                "  users:\n    - name: alice\n      password: \"$6$rounds=1000$fnhyAvh8lJCQuE45$XMCSqNzrnurY8jX7KFED7igC0gRZaiMHdqP5qrrAuI.RVWcDhtbeqKhwKeu265AN3c5WjQag5PSCv8SzQyt7O1\"\n"
+                "      publish: {allow: [\"orders.>\"], deny: [orders.secret]}\n"
+                "    - {name: ingest, token: \"$y$j9T$a.aowhM6ExMXnwd/NDvRc/$N3Pcz8NP.ShNLffGmOw6IDN9soJVq1poIQcYZ5.cAT8\"}\n",
     }
     for name, text in configs.items():
         write("fuzz_config", name, text)
