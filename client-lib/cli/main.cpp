@@ -38,6 +38,7 @@ struct Common {
   std::string user;
   std::string password;
   std::string token;
+  bool reconnect = false;
   bool verbose = false;
 
   /// The credentials given by flag or environment (docs/security.md).
@@ -60,6 +61,7 @@ void add_common(CLI::App* cmd, Common& c) {
   cmd->add_option("--password", c.password, "Password; prefer the environment, which ps does not show (env RDMABROKER_PASSWORD)")
       ->envname("RDMABROKER_PASSWORD");
   cmd->add_option("--token", c.token, "Token instead of user and password (env RDMABROKER_TOKEN)")->envname("RDMABROKER_TOKEN");
+  cmd->add_flag("--reconnect", c.reconnect, "Reconnect (with backoff) when the connection fails or the broker restarts");
   cmd->add_flag("-v,--verbose", c.verbose, "Say which transport and device are used");
 }
 
@@ -99,6 +101,16 @@ std::unique_ptr<Client> connect_or_die(const Common& c) {
   ClientOptions opt;
   opt.bind_address = c.bind;
   c.set_credentials(opt);
+  opt.reconnect = c.reconnect;
+  opt.on_connection_event = [](const rdmabroker::ConnectionEvent& e) {
+    using K = rdmabroker::ConnectionEvent::Kind;
+    if (e.kind == K::kDisconnected) std::cerr << "rdmabroker: disconnected (" << e.reason.message << "), reconnecting\n";
+    if (e.kind == K::kReconnected) {
+      std::cerr << "rdmabroker: reconnected after " << e.downtime.count() << " ms (" << e.attempts
+                << " attempts); messages published meanwhile were missed\n";
+    }
+    if (e.kind == K::kGaveUp) std::cerr << "rdmabroker: " << e.reason.message << "\n";
+  };
   opt.on_error = [](const rdmabroker::Error& e) { std::cerr << "rdmabroker: " << e.message << "\n"; };
   auto client = Client::connect(c.server.empty() ? default_server() : c.server, opt);
   if (!client) {

@@ -58,6 +58,7 @@ Result<ParsedUrl> parse_url(std::string_view url) {
 Result<std::unique_ptr<Client>> Client::connect(std::string_view url, ClientOptions options) {
   auto parsed = parse_url(url);
   if (!parsed) return parsed.error();
+  if (options.reconnect) return connect_reconnecting(url, std::move(options));
   // Credentials in the URL stand in for those of the options.
   if (!parsed->user.empty() || !parsed->token.empty()) {
     options.user = parsed->user;

@@ -31,5 +31,7 @@ Result<ParsedUrl> parse_url(std::string_view url);
 
 Result<std::unique_ptr<Client>> connect_rdma(const ParsedUrl& url, ClientOptions options);
 Result<std::unique_ptr<Client>> connect_tcp(const ParsedUrl& url, ClientOptions options);
+/// ClientOptions::reconnect: a client that reconnects (reconnecting_client.cpp).
+Result<std::unique_ptr<Client>> connect_reconnecting(std::string_view url, ClientOptions options);
 
 }  // namespace rdmabroker

@@ -1,5 +1,6 @@
 #include "session.hpp"
 
+#include <algorithm>
 #include <random>
 
 namespace rdmabroker {
@@ -235,11 +236,14 @@ Result<std::uint32_t> Session::add_subscription(std::string_view subject, std::s
 }
 
 Result<std::uint32_t> Session::subscribe_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
-                                                std::string_view group, MessageHandler handler) {
-  const std::uint32_t sid = next_sid_++;
+                                                std::string_view group, MessageHandler handler, std::uint32_t sid,
+                                                std::shared_ptr<QueueSubscription> queue) {
+  if (sid == 0) sid = next_sid_++;
+  next_sid_ = std::max(next_sid_, sid + 1);
   SubscriptionEntry entry{std::string(subject),
                           handler ? std::make_shared<const MessageHandler>(std::move(handler)) : nullptr, nullptr};
-  if (!entry.handler) entry.queue = std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit);
+  entry.borrowed_queue = queue != nullptr;
+  if (!entry.handler) entry.queue = queue ? std::move(queue) : std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit);
   subs_[sid] = std::move(entry);
   proto::FrameHeader h;
   h.type = FrameType::kSubscribe;
@@ -250,6 +254,13 @@ Result<std::uint32_t> Session::subscribe_locked(std::unique_lock<std::mutex>& lo
     return st.error();
   }
   return sid;
+}
+
+Result<std::uint32_t> Session::restore_subscription(std::uint32_t sid, std::string_view subject, std::string_view group,
+                                                    MessageHandler handler, std::shared_ptr<QueueSubscription> queue) {
+  std::unique_lock lock(mu_);
+  if (subs_.contains(sid)) return Error{ErrorKind::kInvalidArgument, "subscription " + std::to_string(sid) + " exists"};
+  return subscribe_locked(lock, subject, group, std::move(handler), sid, std::move(queue));
 }
 
 Result<std::uint32_t> Session::subscribe(std::string_view subject, MessageHandler handler) {
@@ -360,7 +371,7 @@ void Session::fail_locked(Error why) {
   closed_ = true;
   close_error_ = std::move(why);
   for (auto& [sid, e] : subs_) {
-    if (e.queue) e.queue->close(close_error_.message);
+    if (e.queue && !e.borrowed_queue) e.queue->close(close_error_.message);
   }
   cv_.notify_all();
 }

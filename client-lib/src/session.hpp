@@ -42,6 +42,10 @@ class QueueSubscription final : public Subscription {
   /// Returns false when the message was dropped (queue limit).
   bool push(Message m);
   void close(const std::string& why);
+  bool closed() {
+    std::lock_guard lock(mu_);
+    return closed_;
+  }
 
  private:
   const std::size_t limit_;
@@ -86,6 +90,19 @@ class Session : public Client {
     return proto::max_payload(proto::max_publish_frame(max_frame_), subject_len);
   }
   std::string transport_description() const override { return description_; }
+  /// The broker's frame limit (its receive buffer size).
+  std::uint32_t max_frame() const { return max_frame_; }
+  /// For ReconnectingClient: subscribes with a given id (the application's,
+  /// kept across connections), delivering to `handler` or into `queue`, a
+  /// queue that outlives this session (its failure does not close it).
+  Result<std::uint32_t> restore_subscription(std::uint32_t sid, std::string_view subject, std::string_view group,
+                                             MessageHandler handler, std::shared_ptr<QueueSubscription> queue);
+  /// Whether `sid` is still subscribed (not unsubscribed, refused or revoked).
+  bool has_subscription(std::uint32_t sid) const {
+    std::lock_guard lock(mu_);
+    return subs_.contains(sid);
+  }
+
   Error close_reason() const override {
     std::lock_guard lock(mu_);
     return closed_ ? close_error_ : Error{ErrorKind::kClosed, ""};
@@ -165,6 +182,7 @@ class Session : public Client {
     // messages rather than a copy of the function per message.
     std::shared_ptr<const MessageHandler> handler;  // or
     std::shared_ptr<QueueSubscription> queue;  // one of the two
+    bool borrowed_queue = false;  // a ReconnectingClient's: not closed when this session fails
   };
   struct PendingRequest {
     bool done = false;
@@ -179,7 +197,8 @@ class Session : public Client {
   Result<std::uint32_t> add_subscription(std::string_view subject, std::string_view group, MessageHandler handler);
   /// Registers a subscription (a queue when `handler` is empty) and sends its SUBSCRIBE.
   Result<std::uint32_t> subscribe_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
-                                         std::string_view group, MessageHandler handler);
+                                         std::string_view group, MessageHandler handler, std::uint32_t sid = 0,
+                                         std::shared_ptr<QueueSubscription> queue = nullptr);
   Status ensure_inbox_locked(std::unique_lock<std::mutex>& lock);
   /// The broker refused or revoked subscription `sid`: a blocking reader's
   /// next() returns kClosed with `why`, a callback gets nothing more.

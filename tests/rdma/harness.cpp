@@ -120,8 +120,10 @@ std::vector<std::string> cli_where(const BrokerProcess& b, Via via) {
 }
 
 Result<std::unique_ptr<Client>> try_connect_via(const BrokerProcess& b, Via via, ClientOptions opt) {
-  opt.publish_timeout = std::chrono::seconds(10);
-  opt.connect_timeout = std::chrono::seconds(15);
+  // Generous timeouts for emulation, unless the test chose its own.
+  const ClientOptions defaults;
+  if (opt.publish_timeout == defaults.publish_timeout) opt.publish_timeout = std::chrono::seconds(10);
+  if (opt.connect_timeout == defaults.connect_timeout) opt.connect_timeout = std::chrono::seconds(15);
   if (via == Via::kRdma) opt.bind_address = guest_addr2();
   return Client::connect(url_via(b, via), opt);
 }
@@ -136,20 +138,24 @@ std::unique_ptr<Client> connect_via(const BrokerProcess& b, Via via, ClientOptio
 
 BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_args, bool allow_anonymous)
     : port_(port), tcp_port_(next_port()), admin_socket_("/tmp/rdmabroker-test-" + std::to_string(getpid()) + "-" + std::to_string(port) + ".sock") {
-  std::vector<std::string> args = {RDMABROKERD_PATH, "--listen", "0.0.0.0", "--port", std::to_string(port),
-                                   "--tcp-port", std::to_string(tcp_port_), "--metrics-listen", "",
-                                   "--admin-socket", admin_socket_};
+  args_ = {RDMABROKERD_PATH, "--listen", "0.0.0.0", "--port", std::to_string(port),
+           "--tcp-port", std::to_string(tcp_port_), "--metrics-listen", "",
+           "--admin-socket", admin_socket_};
   // Most tests are not about authentication: their clients connect anonymously.
-  if (allow_anonymous) args.push_back("--allow-anonymous");
+  if (allow_anonymous) args_.push_back("--allow-anonymous");
   // Quiet by default; a test that brings its own config file gets its logging settings.
   if (std::find(extra_args.begin(), extra_args.end(), "--config") == extra_args.end()) {
-    args.insert(args.end(), {"--log-level", "warn"});
+    args_.insert(args_.end(), {"--log-level", "warn"});
   }
-  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  args_.insert(args_.end(), extra_args.begin(), extra_args.end());
+  launch();
+}
+
+void BrokerProcess::launch() {
   pid_ = fork();
   if (pid_ == 0) {
     std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
+    for (auto& a : args_) argv.push_back(a.data());
     argv.push_back(nullptr);
     execv(argv[0], argv.data());
     _exit(127);
@@ -168,6 +174,13 @@ BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_
     usleep(50'000);
   }
   ADD_FAILURE() << "rdmabrokerd did not open its admin socket within 30 s";
+}
+
+int BrokerProcess::restart(int sig) {
+  const int status = stop(sig, std::chrono::seconds(30));
+  unlink(admin_socket_.c_str());
+  launch();
+  return status;
 }
 
 BrokerProcess::~BrokerProcess() {

@@ -73,8 +73,14 @@ class BrokerProcess {
   /// Sends `sig` and waits for the exit; returns the exit status, or -1 on
   /// timeout/abnormal exit.
   int stop(int sig, std::chrono::milliseconds timeout);
+  /// Stops the broker with `sig` and starts it again on the same ports with
+  /// the same flags; returns the old process's exit status.
+  int restart(int sig);
 
  private:
+  void launch();
+
+  std::vector<std::string> args_;
   std::uint16_t port_;
   std::uint16_t tcp_port_;
   std::string admin_socket_;

@@ -36,6 +36,22 @@ using MessageHandler = std::function<void(const Message&)>;
 /// Asynchronous errors: ERROR frames from the broker, connection loss.
 using ErrorHandler = std::function<void(const Error&)>;
 
+/// What a reconnecting client (ClientOptions::reconnect) tells the
+/// application about its connection.
+struct ConnectionEvent {
+  enum class Kind {
+    kDisconnected,  // the connection failed; reconnecting has begun (`reason`)
+    kReconnected,   // connected again, subscriptions restored: messages published in between were missed
+    kGaveUp,        // max_reconnect_attempts reached: the client is closed (`reason`)
+  };
+  Kind kind = Kind::kDisconnected;
+  Error reason{ErrorKind::kClosed, ""};
+  std::uint32_t attempts = 0;             // connection attempts this outage took
+  std::chrono::milliseconds downtime{0};  // kReconnected: from the failure to the restored subscriptions
+  std::size_t subscriptions_restored = 0;
+};
+using ConnectionEventHandler = std::function<void(const ConnectionEvent&)>;
+
 struct ClientOptions {
   /// Local address to bind (selects the RDMA device); empty: let routing choose.
   std::string bind_address;
@@ -63,6 +79,19 @@ struct ClientOptions {
   std::string password;
   std::string token;
   std::chrono::milliseconds connect_timeout{5000};
+  /// Reconnect when the connection fails or the broker restarts: attempts
+  /// start after reconnect_delay and back off (doubling, with jitter) to
+  /// reconnect_max_delay; subscriptions (same ids, same handlers and queues)
+  /// are restored, and on_connection_event reports the outage. Meanwhile
+  /// publish() and request() wait for the connection up to publish_timeout,
+  /// then fail with kTimeout; a publish that returned ok just before the
+  /// failure may be lost (flush() says whether the broker had it). Off by
+  /// default: a failed connection stays failed (kClosed).
+  bool reconnect = false;
+  std::chrono::milliseconds reconnect_delay{100};
+  std::chrono::milliseconds reconnect_max_delay{5000};
+  std::uint32_t max_reconnect_attempts = 0;  // per outage; 0: no limit
+  ConnectionEventHandler on_connection_event;
   std::chrono::milliseconds publish_timeout{5000};
   /// Messages a blocking Subscription buffers before it drops (counted).
   std::size_t subscription_queue_limit = 1u << 20;

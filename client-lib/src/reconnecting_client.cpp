@@ -1,0 +1,291 @@
+// A Client that survives its connection (ClientOptions::reconnect): it holds
+// one connected Session at a time and, when that fails, a supervisor thread
+// connects a new one with backoff and restores every subscription under its
+// old id, with its old handler or queue. Application calls go to the current
+// Session; while there is none, publish() and request() wait for one (up to
+// publish_timeout) and subscribe()/unsubscribe() change what will be
+// restored.
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "client_internal.hpp"
+#include "session.hpp"
+
+namespace rdmabroker {
+
+namespace {
+
+class ReconnectingClient final : public Client {
+ public:
+  ReconnectingClient(std::string url, ClientOptions options) : url_(std::move(url)), opt_(std::move(options)) {}
+  ~ReconnectingClient() override { close(); }
+
+  Status start() {
+    auto first = connect_once();
+    if (!first) return first.error();
+    current_ = std::move(first.value());
+    supervisor_ = std::thread([this] { supervise(); });
+    return {};
+  }
+
+  Status publish(std::string_view subject, std::span<const std::byte> payload) override {
+    return with_session([&](Session& s) { return s.publish(subject, payload); });
+  }
+  Status publish_request(std::string_view subject, std::string_view reply, std::span<const std::byte> payload) override {
+    return with_session([&](Session& s) { return s.publish_request(subject, reply, payload); });
+  }
+  Result<Message> request(std::string_view subject, std::span<const std::byte> payload,
+                          std::chrono::milliseconds timeout) override {
+    auto s = wait_for_session(opt_.publish_timeout);
+    if (!s) return s.error();
+    return s.value()->request(subject, payload, timeout);
+  }
+  Result<std::uint32_t> subscribe(std::string_view subject, MessageHandler handler) override {
+    return queue_subscribe(subject, {}, std::move(handler));
+  }
+  Result<std::shared_ptr<Subscription>> subscribe(std::string_view subject) override {
+    return queue_subscribe(subject, {});
+  }
+  Result<std::uint32_t> queue_subscribe(std::string_view subject, std::string_view group, MessageHandler handler) override {
+    if (!handler) return Error{ErrorKind::kInvalidArgument, "subscribe needs a handler"};
+    auto added = add(subject, group, std::move(handler));
+    if (!added) return added.error();
+    return added->first;
+  }
+  Result<std::shared_ptr<Subscription>> queue_subscribe(std::string_view subject, std::string_view group) override {
+    auto added = add(subject, group, nullptr);
+    if (!added) return added.error();
+    return std::shared_ptr<Subscription>(added->second);
+  }
+  Status unsubscribe(std::uint32_t sid) override {
+    std::shared_ptr<Session> s;
+    {
+      std::lock_guard lock(mu_);
+      auto it = subs_.find(sid);
+      if (it == subs_.end()) return Error{ErrorKind::kInvalidArgument, "no subscription " + std::to_string(sid)};
+      if (it->second.queue) it->second.queue->close("unsubscribed");
+      subs_.erase(it);
+      s = current_;
+    }
+    if (s && s->has_subscription(sid)) return s->unsubscribe(sid);
+    return {};
+  }
+  Status flush(std::chrono::milliseconds timeout) override {
+    auto s = wait_for_session(timeout);
+    if (!s) return s.error();
+    return s.value()->flush(timeout);
+  }
+  void close() override {
+    std::shared_ptr<Session> s;
+    {
+      std::lock_guard lock(mu_);
+      if (!closed_) {  // else the supervisor gave up: what is left is the joining
+        closed_ = true;
+        close_error_ = Error{ErrorKind::kClosed, "client closed the connection"};
+        for (auto& [sid, sub] : subs_) {
+          if (sub.queue) sub.queue->close(close_error_.message);
+        }
+      }
+      s = std::move(current_);
+    }
+    cv_.notify_all();
+    if (supervisor_.joinable()) supervisor_.join();
+    if (s) s->close();
+  }
+  std::size_t max_payload(std::size_t subject_len) const override {
+    std::lock_guard lock(mu_);
+    return current_ ? current_->max_payload(subject_len)
+                    : proto::max_payload(proto::max_publish_frame(last_max_frame_), subject_len);
+  }
+  std::string transport_description() const override {
+    std::lock_guard lock(mu_);
+    return current_ ? current_->transport_description() : "reconnecting to " + url_;
+  }
+  Error close_reason() const override {
+    std::lock_guard lock(mu_);
+    return closed_ ? close_error_ : Error{ErrorKind::kClosed, ""};
+  }
+
+ private:
+  struct Entry {
+    std::string subject;
+    std::string group;
+    MessageHandler handler;                    // or
+    std::shared_ptr<QueueSubscription> queue;  // one of the two
+  };
+
+  Result<std::shared_ptr<Session>> connect_once() {
+    ClientOptions o = opt_;
+    o.reconnect = false;
+    auto c = Client::connect(url_, o);
+    if (!c) return c.error();
+    std::shared_ptr<Session> s(static_cast<Session*>(c.value().release()));
+    last_max_frame_ = s->max_frame();
+    return s;
+  }
+
+  /// Registers a subscription (a queue when `handler` is empty) for every
+  /// connection from now on, and subscribes on the current one. Registered
+  /// first: a reconnect that happens meanwhile restores it too (a second
+  /// SUBSCRIBE of the same id on the same session is refused locally).
+  Result<std::pair<std::uint32_t, std::shared_ptr<QueueSubscription>>> add(std::string_view subject,
+                                                                         std::string_view group,
+                                                                         MessageHandler handler) {
+    if (!proto::valid_pattern(subject)) {
+      return Error{ErrorKind::kInvalidArgument, "invalid subject '" + std::string(subject) + "' (see docs/subjects.md)"};
+    }
+    if (!group.empty() && !proto::valid_subject(group)) {
+      return Error{ErrorKind::kInvalidArgument, "invalid queue group name '" + std::string(group) + "'"};
+    }
+    std::shared_ptr<Session> s;
+    std::uint32_t sid;
+    std::shared_ptr<QueueSubscription> queue;
+    {
+      std::lock_guard lock(mu_);
+      if (closed_) return close_error_;
+      sid = next_sid_++;
+      if (!handler) queue = std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit);
+      subs_.emplace(sid, Entry{std::string(subject), std::string(group), handler, queue});
+      s = current_;
+    }
+    if (s) (void)s->restore_subscription(sid, subject, group, std::move(handler), queue);
+    return std::pair{sid, queue};
+  }
+
+  /// The connected session, waiting up to `timeout` while reconnecting.
+  Result<std::shared_ptr<Session>> wait_for_session(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, timeout, [&] { return closed_ || (current_ && current_->close_reason().message.empty()); });
+    if (closed_) return close_error_;
+    if (!current_ || !current_->close_reason().message.empty()) {
+      return Error{ErrorKind::kTimeout, "not connected to the broker for " + std::to_string(timeout.count()) +
+                                            " ms (reconnecting: " + outage_.message + ")"};
+    }
+    return current_;
+  }
+
+  /// Runs `op` on the session; if it fails because that session just
+  /// failed, waits for the next one within publish_timeout and tries again.
+  template <typename Op>
+  Status with_session(Op op) {
+    const auto deadline = std::chrono::steady_clock::now() + opt_.publish_timeout;
+    while (true) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      auto s = wait_for_session(std::max(left, std::chrono::milliseconds(0)));
+      if (!s) return s.error();
+      Status st = op(*s.value());
+      if (st || st.error().kind != ErrorKind::kClosed || std::chrono::steady_clock::now() >= deadline) return st;
+    }
+  }
+
+  void report(const ConnectionEvent& e) {
+    if (opt_.on_connection_event) opt_.on_connection_event(e);
+  }
+
+  void supervise() {
+    std::mt19937 rng(std::random_device{}());
+    while (true) {
+      std::shared_ptr<Session> failed;
+      {
+        std::unique_lock lock(mu_);
+        // Woken by close(); otherwise looks at the session every 20 ms (a
+        // failure is noticed that fast; the session has no failure callback
+        // that could not also race with close()).
+        cv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return closed_; });
+        if (closed_) return;
+        if (current_->close_reason().message.empty()) continue;
+        failed = current_;
+        outage_ = failed->close_reason();
+      }
+      const auto down_since = std::chrono::steady_clock::now();
+      // Release the dead connection at once (its QP or socket, its I/O
+      // thread): a broker shutting down waits for its clients to leave.
+      failed->close();
+      report({ConnectionEvent::Kind::kDisconnected, outage_, 0, {}, 0});
+      auto delay = opt_.reconnect_delay;
+      std::uint32_t attempts = 0;
+      while (true) {
+        {
+          std::unique_lock lock(mu_);
+          // Jitter: clients of a restarted broker do not all come back at once.
+          const auto jittered = delay / 2 + std::chrono::milliseconds(rng() % (delay.count() / 2 + 1));
+          if (cv_.wait_for(lock, jittered, [&] { return closed_; })) return;
+        }
+        ++attempts;
+        auto next = connect_once();
+        if (next) {
+          // Restore what the application still has: the subscriptions the
+          // failed session still held (refused or revoked ones stay ended),
+          // and those made during the outage.
+          std::size_t restored = 0;
+          std::vector<std::pair<std::uint32_t, Entry>> to_restore;
+          {
+            std::lock_guard lock(mu_);
+            for (auto& [sid, e] : subs_) to_restore.emplace_back(sid, e);
+          }
+          for (auto& [sid, e] : to_restore) {
+            if (e.queue && e.queue->closed()) continue;
+            if (next.value()->restore_subscription(sid, e.subject, e.group, e.handler, e.queue)) ++restored;
+          }
+          if (next.value()->flush(opt_.connect_timeout)) {
+            const auto downtime =
+                std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - down_since);
+            {
+              std::lock_guard lock(mu_);
+              if (closed_) {
+                next.value()->close();
+                return;
+              }
+              current_ = next.value();
+            }
+            cv_.notify_all();
+            report({ConnectionEvent::Kind::kReconnected, outage_, attempts, downtime, restored});
+            break;
+          }
+          next.value()->close();
+        } else {
+          outage_ = next.error();
+        }
+        if (opt_.max_reconnect_attempts != 0 && attempts >= opt_.max_reconnect_attempts) {
+          {
+            std::lock_guard lock(mu_);
+            closed_ = true;
+            close_error_ = Error{ErrorKind::kClosed, "gave up reconnecting after " + std::to_string(attempts) +
+                                                         " attempts: " + outage_.message};
+            for (auto& [sid, sub] : subs_) {
+              if (sub.queue) sub.queue->close(close_error_.message);
+            }
+          }
+          cv_.notify_all();
+          report({ConnectionEvent::Kind::kGaveUp, close_error_, attempts, {}, 0});
+          return;
+        }
+        delay = std::min(delay * 2, opt_.reconnect_max_delay);
+      }
+    }
+  }
+
+  const std::string url_;
+  const ClientOptions opt_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::shared_ptr<Session> current_;  // guarded by mu_
+  std::unordered_map<std::uint32_t, Entry> subs_;
+  std::uint32_t next_sid_ = 1;
+  bool closed_ = false;
+  Error close_error_{ErrorKind::kClosed, ""};
+  Error outage_{ErrorKind::kClosed, ""};  // why the last connection failed, or the last attempt
+  std::uint32_t last_max_frame_ = 0;
+  std::thread supervisor_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Client>> connect_reconnecting(std::string_view url, ClientOptions options) {
+  auto c = std::make_unique<ReconnectingClient>(std::string(url), std::move(options));
+  if (auto st = c->start(); !st) return st.error();
+  return std::unique_ptr<Client>(std::move(c));
+}
+
+}  // namespace rdmabroker
