@@ -121,6 +121,7 @@ class ReconnectingClient final : public Client {
     auto c = Client::connect(url_, o);
     if (!c) return c.error();
     std::shared_ptr<Session> s(static_cast<Session*>(c.value().release()));
+    std::lock_guard lock(mu_);
     last_max_frame_ = s->max_frame();
     return s;
   }
@@ -202,7 +203,7 @@ class ReconnectingClient final : public Client {
       // Release the dead connection at once (its QP or socket, its I/O
       // thread): a broker shutting down waits for its clients to leave.
       failed->close();
-      report({ConnectionEvent::Kind::kDisconnected, outage_, 0, {}, 0});
+      report({ConnectionEvent::Kind::kDisconnected, failed->close_reason(), 0, {}, 0});
       auto delay = opt_.reconnect_delay;
       std::uint32_t attempts = 0;
       while (true) {
@@ -240,25 +241,28 @@ class ReconnectingClient final : public Client {
               current_ = next.value();
             }
             cv_.notify_all();
-            report({ConnectionEvent::Kind::kReconnected, outage_, attempts, downtime, restored});
+            report({ConnectionEvent::Kind::kReconnected, failed->close_reason(), attempts, downtime, restored});
             break;
           }
           next.value()->close();
         } else {
+          std::lock_guard lock(mu_);
           outage_ = next.error();
         }
         if (opt_.max_reconnect_attempts != 0 && attempts >= opt_.max_reconnect_attempts) {
+          Error gave_up{ErrorKind::kClosed, ""};
           {
             std::lock_guard lock(mu_);
             closed_ = true;
             close_error_ = Error{ErrorKind::kClosed, "gave up reconnecting after " + std::to_string(attempts) +
                                                          " attempts: " + outage_.message};
+            gave_up = close_error_;
             for (auto& [sid, sub] : subs_) {
               if (sub.queue) sub.queue->close(close_error_.message);
             }
           }
           cv_.notify_all();
-          report({ConnectionEvent::Kind::kGaveUp, close_error_, attempts, {}, 0});
+          report({ConnectionEvent::Kind::kGaveUp, gave_up, attempts, {}, 0});
           return;
         }
         delay = std::min(delay * 2, opt_.reconnect_max_delay);

@@ -214,6 +214,9 @@ StatsSnapshot Broker::stats() const {
     add("tcp.reads", static_cast<std::int64_t>(ws.tcp_reads.get()));
     add("tcp.writes", static_cast<std::int64_t>(ws.tcp_writes.get()));
     add("tcp.write_blocked", static_cast<std::int64_t>(ws.tcp_write_blocked.get()));
+    add("limits.refused.connections", static_cast<std::int64_t>(ws.limit_connections.get()));
+    add("limits.refused.payload", static_cast<std::int64_t>(ws.limit_payload.get()));
+    add("limits.refused.subscriptions", static_cast<std::int64_t>(ws.limit_subscriptions.get()));
     add("auth.ok", static_cast<std::int64_t>(ws.auth_ok.get()));
     add("auth.failed", static_cast<std::int64_t>(ws.auth_failed.get()));
     add("permissions.denied.publish", static_cast<std::int64_t>(ws.denied_publish.get()));
@@ -221,6 +224,7 @@ StatsSnapshot Broker::stats() const {
     add("permissions.revoked", static_cast<std::int64_t>(ws.subscriptions_revoked.get()));
   }
   add("connections.rejected", static_cast<std::int64_t>(listener_ ? listener_->rejected() : 0) + s["tcp.rejected"]);
+  add("limits.refused.connections", static_cast<std::int64_t>(listener_ ? listener_->over_limit() : 0));
   add("subscriptions", static_cast<std::int64_t>(core_.index.size()));
   add("connections.by_transport.tcp", s["tcp.connections"]);
   add("connections.by_transport.rdma", s["connections.current"] - s["tcp.connections"]);

@@ -96,6 +96,9 @@ struct WorkerStats {
   Counter tcp_reads;                   // read() calls that returned data
   Counter tcp_writes;                  // sendmsg() calls that wrote data
   Counter tcp_write_blocked;           // writes that hit a full socket buffer (EAGAIN)
+  Counter limit_connections;           // TCP connections refused at limits.max_connections (RDMA: the listener counts)
+  Counter limit_payload;               // PUBLISH frames over limits.max_payload or the buffer size (connection closed)
+  Counter limit_subscriptions;         // SUBSCRIBE frames over limits.max_subscriptions (ERROR, connection stays)
   Counter auth_ok;                     // connections authenticated (anonymous included)
   Counter auth_failed;                 // refused credentials, missing CONNECT, or too late
   Counter denied_publish;              // PUBLISH frames refused by permissions (ERROR sent)

@@ -62,6 +62,7 @@ const MetricDef kMetrics[] = {
     {"rdmabroker_tcp_reads_total", kCounter, "read() calls on TCP connections that returned data.", "tcp.reads"},
     {"rdmabroker_tcp_writes_total", kCounter, "sendmsg() calls on TCP connections that wrote data.", "tcp.writes"},
     {"rdmabroker_tcp_write_blocked_total", kCounter, "TCP writes that found the socket buffer full.", "tcp.write_blocked"},
+    {"rdmabroker_limit_refusals_total", kCounter, "Operations refused by a configured limit, by limit.", "limits.refused.", "limit"},
     {"rdmabroker_authentications_total", kCounter, "Connections that presented credentials, by outcome.", "auth.", "outcome"},
     {"rdmabroker_permission_denied_total", kCounter, "Publishes and subscriptions refused by the user's permissions.", "permissions.denied.", "operation"},
     {"rdmabroker_subscriptions_revoked_total", kCounter, "Subscriptions removed because a reload took the permission away.", "permissions.revoked"},

@@ -121,6 +121,7 @@ void Listener::reject(rdma_cm_id* id, proto::RejectReason reason, const std::str
   // Counted before the peer can see the reject: whoever reads the counter
   // after being refused must find its refusal in it.
   rejected_.fetch_add(1, std::memory_order_relaxed);
+  if (reason == proto::RejectReason::kTooManyConnections) over_limit_.fetch_add(1, std::memory_order_relaxed);
   auto data = proto::encode(proto::ConnectReject{reason, core_.options.buffer_size});
   rdma_reject(id, data.data(), static_cast<std::uint8_t>(data.size()));
   rdma_destroy_id(id);

@@ -32,6 +32,8 @@ class Listener {
 
   /// Connections refused before reaching a worker, by reason.
   std::uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
+  /// Of those, refused because limits.max_connections was reached.
+  std::uint64_t over_limit() const { return over_limit_.load(std::memory_order_relaxed); }
 
  private:
   void run();
@@ -44,6 +46,7 @@ class Listener {
   verbs::CmIdPtr listen_id_;  // after channel_: destroyed first
   UniqueFd stop_fd_;
   std::atomic<std::uint64_t> rejected_{0};
+  std::atomic<std::uint64_t> over_limit_{0};
   std::thread thread_;
 };
 

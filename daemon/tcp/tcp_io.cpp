@@ -76,6 +76,7 @@ void Worker::accept_tcp() {
     }
     const auto slot = core_.slots->acquire();
     if (!slot) {
+      stats_.limit_connections.add();
       refuse(proto::RejectReason::kTooManyConnections);
       continue;
     }

@@ -59,6 +59,7 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t b
     proto::Frame f;
     const auto st = proto::decode_frame(data.subspan(off), opt_.buffer_size, f);
     if (st != proto::DecodeStatus::kOk) {
+      if (st == proto::DecodeStatus::kTooLarge) stats_.limit_payload.add();
       close(c, CloseReason::kProtocolError, proto::error_for(st),
             "frame at byte " + std::to_string(off - begin) + " of " + std::to_string(end - begin) +
                 " received bytes: " + std::string(proto::to_string(st)));
@@ -74,12 +75,14 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t b
     switch (h.type) {
       case FrameType::kPublish:
         if (h.frame_len() > proto::max_publish_frame(opt_.buffer_size)) {
+          stats_.limit_payload.add();
           close(c, CloseReason::kProtocolError, ErrorCode::kPayloadTooLarge,
                 "PUBLISH of " + std::to_string(h.frame_len()) + " bytes exceeds the limit of " +
                     std::to_string(proto::max_publish_frame(opt_.buffer_size)));
           return;
         }
         if (opt_.max_payload != 0 && h.payload_len > opt_.max_payload) {
+          stats_.limit_payload.add();
           close(c, CloseReason::kProtocolError, ErrorCode::kPayloadTooLarge,
                 "payload of " + std::to_string(h.payload_len) + " bytes exceeds limits.max_payload (" +
                     std::to_string(opt_.max_payload) + ")");
@@ -102,6 +105,12 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t b
           break;
         }
         if (c.subscriptions.size() >= opt_.max_subscriptions) {
+          stats_.limit_subscriptions.add();
+          // Logged once per connection: a client looping over subscribe must not flood the log.
+          if (!std::exchange(c.subscription_limit_logged, true)) {
+            spdlog::warn("connection {} from {}: limit of {} subscriptions reached (limits.max_subscriptions)", c.id,
+                         c.peer, opt_.max_subscriptions);
+          }
           enqueue(c, make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kTooManySubscriptions),
                                   "limit of " + std::to_string(opt_.max_subscriptions) + " subscriptions reached"));
           break;

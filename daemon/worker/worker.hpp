@@ -224,7 +224,8 @@ struct Connection {
   /// Recent publish verdicts by subject, for users whose publish permissions
   /// are restricted (cleared when full and on reload).
   std::unordered_map<std::string, bool, StringHash, std::equal_to<>> publish_verdicts;
-  std::uint64_t denials = 0;  // operations refused by permissions (their log lines are thinned out)
+  std::uint64_t denials = 0;
+  bool subscription_limit_logged = false;  // operations refused by permissions (their log lines are thinned out)
   // Traffic of this connection (for `rdmabroker stat`): PUBLISH frames in,
   // deliveries sent out, and their payload bytes.
   std::uint64_t messages_in = 0;

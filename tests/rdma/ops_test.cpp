@@ -126,6 +126,43 @@ TEST_P(Ops, ReloadAppliesLiveSettingsRefusesTheRestAndKeepsClients) {
   ::unlink(config_path_.c_str());
 }
 
+// Each limit answers with its own error to that client only, and is counted
+// by limit (rdmabroker_limit_refusals_total{limit}).
+TEST_P(Ops, LimitsAreEnforcedWithAClearErrorAndCounted) {
+  BrokerProcess broker(next_port(), {"--max-connections", "2", "--max-subscriptions", "2"});
+  ASSERT_TRUE(broker.running());
+  std::mutex mu;
+  std::vector<Error> errors;
+  auto a = connect(broker, &errors, &mu);
+  auto b = connect(broker);
+  ASSERT_TRUE(a && b);
+  auto third = try_connect_via(broker, GetParam());
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.error().kind, ErrorKind::kRejected);
+  EXPECT_NE(third.error().message.find("connection limit reached"), std::string::npos) << third.error().message;
+
+  ASSERT_TRUE(a->subscribe(std::string_view("lim.1")));
+  ASSERT_TRUE(a->subscribe(std::string_view("lim.2")));
+  ASSERT_TRUE(a->subscribe(std::string_view("lim.3")));
+  ASSERT_TRUE(a->flush(10s));
+  {
+    std::lock_guard l(mu);
+    ASSERT_EQ(errors.size(), 1u);
+    EXPECT_NE(errors[0].message.find("too many subscriptions"), std::string::npos) << errors[0].message;
+  }
+  auto s = broker.stats();
+  EXPECT_EQ(s["limits.refused.connections"], 1);
+  EXPECT_EQ(s["limits.refused.subscriptions"], 1);
+  EXPECT_EQ(s["subscriptions"], 2);
+  EXPECT_EQ(s["connections.current"], 2);
+  // Both admitted clients still work.
+  auto sub = b->subscribe(std::string_view("lim.ok"));
+  ASSERT_TRUE(sub && b->flush(10s));
+  ASSERT_TRUE(a->publish("lim.ok", std::string_view("fine")));
+  auto m = sub.value()->next(10s);
+  ASSERT_TRUE(m) << m.error().message;
+}
+
 TEST_P(Ops, InvalidReloadExplainsWhereAndWhy) {
   write_file(config_path_, "workers: 2\n");
   BrokerProcess broker(next_port(), {"--config", config_path_});

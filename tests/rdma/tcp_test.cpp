@@ -216,6 +216,7 @@ TEST(Tcp, OversizedFrameIsRefusedWithItsCode) {
   EXPECT_EQ(static_cast<ErrorCode>(err->first.arg), ErrorCode::kPayloadTooLarge) << err->second;
   EXPECT_TRUE(raw.closed_by_peer());
   expect_relay_works(broker, "after.oversized");
+  EXPECT_EQ(broker.stats()["limits.refused.payload"], 1);
 }
 
 TEST(Tcp, PeerVanishingMidFrameIsCleanedUp) {

@@ -17,7 +17,9 @@ for dir in "$@"; do
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     ctest --test-dir "$dir" -L rdma --output-on-failure --timeout 900 2>&1 | tee "$log" | grep -E "Test +#|tests passed|FAILED|Failure|ERROR|WARNING: ThreadSanitizer|AddressSanitizer" || true
   p=$(grep -cE "Test +#.*Passed" "$log")
-  f=$(grep -cE "Test +#.*(Failed|Timeout|Exception|Not Run)" "$log")
+  # ctest marks a failure in its status column ("***Failed", "***Timeout",
+  # "***Exception: ...", "***Not Run"), never to be confused with a test name.
+  f=$(grep -cE "Test +#.*\*\*\*(Failed|Timeout|Exception|Not Run)" "$log")
   if [ "$p" = 0 ] && [ "$f" = 0 ]; then f=1; echo "guest-suite: no test ran in $dir" >&2; fi
   passed=$((passed + p)) failed=$((failed + f))
   echo "--- $dir: $p passed, $f failed in $(( $(date +%s) - start )) s"
