@@ -1,8 +1,14 @@
-// Holds N idle client connections to a broker, each with one subscription,
-// until its stdin closes: what tests/bench/idle-rss.sh measures the broker's
-// memory against. Clients use the smallest buffers the protocol allows, so
-// 1,000 RDMA clients fit one process.
-//   hold_connections URL N [BIND]
+// Holds N client connections to a broker, each with one subscription of its
+// own, until its stdin closes: what tests/bench/idle-rss.sh measures the
+// broker's memory against. Clients use the smallest buffers the protocol
+// allows, so 1,000 RDMA clients fit one process. With HOLD_SUBJECT set, each
+// also subscribes to that subject and counts what it receives; at exit it
+// prints "received MIN MAX" over the clients (tests/bench/soak.sh checks
+// that every one got every message).
+//   [HOLD_SUBJECT=S] hold_connections URL N [BIND]
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -22,6 +28,8 @@ int main(int argc, char** argv) {
   opt.max_inflight_sends = 1;
   opt.send_queue_buffers = 1;
   opt.connect_timeout = std::chrono::seconds(30);
+  const char* shared = std::getenv("HOLD_SUBJECT");
+  std::vector<std::atomic<std::uint64_t>> received(static_cast<std::size_t>(n));
   std::vector<std::unique_ptr<rdmabroker::Client>> clients;
   for (int i = 0; i < n; ++i) {
     auto c = rdmabroker::Client::connect(url, opt);
@@ -33,6 +41,14 @@ int main(int argc, char** argv) {
       std::cerr << "hold_connections: subscribe " << i << " failed\n";
       return 1;
     }
+    if (shared != nullptr) {
+      auto* counter = &received[static_cast<std::size_t>(i)];
+      if (!c.value()->subscribe(shared, [counter](const rdmabroker::Message&) { counter->fetch_add(1); }) ||
+          !c.value()->flush(std::chrono::seconds(30))) {
+        std::cerr << "hold_connections: subscribe " << i << " to " << shared << " failed\n";
+        return 1;
+      }
+    }
     clients.push_back(std::move(c.value()));
   }
   std::cout << "held " << clients.size() << std::endl;
@@ -40,5 +56,13 @@ int main(int argc, char** argv) {
   while (std::getline(std::cin, line)) {
   }
   for (auto& c : clients) c->close();
+  if (shared != nullptr) {
+    std::uint64_t lo = ~0ull, hi = 0;
+    for (auto& r : received) {
+      lo = std::min<std::uint64_t>(lo, r.load());
+      hi = std::max<std::uint64_t>(hi, r.load());
+    }
+    std::cout << "received " << lo << " " << hi << std::endl;
+  }
   return 0;
 }
