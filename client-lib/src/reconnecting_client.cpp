@@ -216,9 +216,10 @@ class ReconnectingClient final : public Client {
         ++attempts;
         auto next = connect_once();
         if (next) {
-          // Restore what the application still has: the subscriptions the
-          // failed session still held (refused or revoked ones stay ended),
-          // and those made during the outage.
+          // Restore every subscription the application has not ended:
+          // queues the broker refused or revoked are closed and stay ended;
+          // a callback subscription it refused is sent again, and the broker
+          // refuses it again with PERMISSION_DENIED.
           std::size_t restored = 0;
           std::vector<std::pair<std::uint32_t, Entry>> to_restore;
           {
