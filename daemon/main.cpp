@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "broker/broker.hpp"
+#include "fault/fault.hpp"
 #include "ops/admin_server.hpp"
 #include "ops/logging.hpp"
 #include "ops/metrics.hpp"
@@ -209,6 +210,12 @@ int main(int argc, char** argv) {
         nlohmann::json changes = nlohmann::json::array();
         for (const auto& c : outcome.changes) changes.push_back({{"key", c.key}, {"from", c.from}, {"to", c.to}, {"live", c.live}});
         reply["changes"] = changes;
+      } else if (cmd.starts_with("fault ") || cmd == "fault") {
+        // Test builds only (fault/fault.hpp); elsewhere inject() says so.
+        auto spec = fault::parse(std::string_view(cmd).substr(5));
+        rdmabroker::Status st = spec ? broker.inject(spec.value()) : rdmabroker::Status(spec.error());
+        reply["ok"] = st.ok();
+        if (!st) reply["error"] = st.error().message;
       } else {
         reply["ok"] = false;
         reply["error"] = "unknown command '" + cmd + "' (known: stats, connections, reload)";
@@ -233,12 +240,14 @@ int main(int argc, char** argv) {
   // The loop also wakes about once a second to sample rates for `stat`.
   const auto period = notifier.watchdog_period();
   const int poll_ms = period.count() > 0 ? static_cast<int>(std::min<std::int64_t>(period.count(), 1000)) : 1000;
-  std::vector<pollfd> fds{{sigfd.get(), POLLIN, 0}};
-  if (admin) fds.push_back({admin->fd(), POLLIN, 0});
+  std::vector<pollfd> fds;
   while (true) {
-    const int n = ::poll(fds.data(), fds.size(), poll_ms);
+    fds.assign(1, {sigfd.get(), POLLIN, 0});
+    if (admin) admin->add_poll_fds(fds);
+    const int n = ::poll(fds.data(), fds.size(), admin ? admin->timeout_ms(poll_ms) : poll_ms);
     if (period.count() > 0 && broker.workers_healthy(std::chrono::seconds(2))) notifier.watchdog();
     rates.sample(broker.stats(), std::chrono::steady_clock::now());
+    if (admin) admin->on_poll(fds.data() + 1, fds.size() - 1);  // also drops clients past their deadline
     if (n <= 0) continue;
     if (fds[0].revents != 0) {
       signalfd_siginfo si{};
@@ -250,7 +259,6 @@ int main(int argc, char** argv) {
       spdlog::info("{}: shutting down", strsignal(static_cast<int>(si.ssi_signo)));
       break;
     }
-    if (admin && fds[1].revents != 0) admin->serve_one();
   }
   notifier.stopping();
   broker.stop();

@@ -26,8 +26,8 @@ TREES=${RDMABROKER_TEST_TREES:-release asan tsan}
 for t in $TREES; do
   case $t in
     release) args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo) ;;
-    asan) args=(-DCMAKE_BUILD_TYPE=Debug -DRDMABROKER_SANITIZE=address) ;;
-    tsan) args=(-DCMAKE_BUILD_TYPE=Debug -DRDMABROKER_SANITIZE=thread) ;;
+    asan) args=(-DCMAKE_BUILD_TYPE=Debug -DRDMABROKER_SANITIZE=address -DRDMABROKER_FAULT_INJECTION=ON) ;;
+    tsan) args=(-DCMAKE_BUILD_TYPE=Debug -DRDMABROKER_SANITIZE=thread -DRDMABROKER_FAULT_INJECTION=ON) ;;
     *) echo "test.sh: unknown tree $t" >&2; exit 2 ;;
   esac
   echo "=== build $t"

@@ -88,6 +88,41 @@ Result<std::unique_ptr<Broker>> Broker::create(const BrokerOptions& options) {
 
 Broker::~Broker() { stop(); }
 
+Status Broker::inject(const fault::Spec& spec) {
+  if constexpr (!fault::kEnabled) {
+    return Error{ErrorKind::kInvalidArgument, "fault injection is not built in (a test build has it: "
+                                              "-DRDMABROKER_FAULT_INJECTION=ON)"};
+  }
+  switch (spec.kind) {
+    case fault::Kind::kWcError:
+    case fault::Kind::kQpError: {
+      auto reply = std::make_shared<std::promise<Status>>();
+      auto answer = reply->get_future();
+      workers_[spec.connection % workers_.size()]->post(FaultCommand{spec, std::move(reply)});
+      if (answer.wait_for(kWorkerAnswerTimeout) != std::future_status::ready) {
+        return Error{ErrorKind::kTimeout, "the worker did not answer"};
+      }
+      return answer.get();
+    }
+    case fault::Kind::kCmDuplicate:
+      core_.faults.cm_duplicates.store(spec.count);
+      break;
+    case fault::Kind::kCmDelay:
+      core_.faults.cm_delay_ms.store(spec.delay_ms);
+      core_.faults.cm_delays.store(spec.count);
+      break;
+    case fault::Kind::kPoolExhaust:
+      spdlog::warn("fault: the buffer pool hands out nothing until `fault pool-release`");
+      pool_->set_exhausted(true);
+      break;
+    case fault::Kind::kPoolRelease:
+      spdlog::warn("fault: the buffer pool hands out buffers again");
+      pool_->set_exhausted(false);
+      break;
+  }
+  return {};
+}
+
 void Broker::warn_if_nobody_can_connect(const AuthTable& table) {
   if (table.nobody_can_connect()) {
     spdlog::warn("auth: no users and anonymous access off: every client will be refused "
@@ -208,6 +243,8 @@ StatsSnapshot Broker::stats() const {
     add("rdma.wc_errors", static_cast<std::int64_t>(ws.wc_errors.get()));
     add("rdma.srq_refills", static_cast<std::int64_t>(ws.srq_refills.get()));
     add("rdma.srq_posted", ws.srq_posted.get());
+    add("pool.exhausted", static_cast<std::int64_t>(ws.pool_exhausted.get()));
+    add("rdma.cq_full", static_cast<std::int64_t>(ws.cq_full.get()));
     add("messages.no_responders", static_cast<std::int64_t>(ws.no_responders.get()));
     add("tcp.connections", ws.tcp_connections.get());
     add("tcp.rejected", static_cast<std::int64_t>(ws.tcp_rejected.get()));

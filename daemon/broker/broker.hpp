@@ -9,6 +9,7 @@
 
 #include "broker/options.hpp"
 #include "broker/stats.hpp"
+#include "fault/fault.hpp"
 #include "rdma/buffer_pool.hpp"
 #include "rdma/device.hpp"
 #include "rdma/listener.hpp"
@@ -42,6 +43,9 @@ class Broker {
   /// "rdma://0.0.0.0:7470 (rxe0, rxe1), tcp://0.0.0.0:7471": what it listens on.
   std::string listeners() const;
   bool rdma_enabled() const { return devices_ != nullptr; }
+  /// Test builds (fault/fault.hpp): arms one fault; the admin command `fault`.
+  /// Main thread only.
+  Status inject(const fault::Spec& spec);
 
  private:
   static void warn_if_nobody_can_connect(const AuthTable& table);

@@ -59,6 +59,8 @@ const MetricDef kMetrics[] = {
     {"rdmabroker_srq_refills_total", kCounter, "Shared receive queue refills at the low watermark.", "rdma.srq_refills"},
     {"rdmabroker_pool_buffers", kGauge, "Buffers in the registered pool.", "pool.buffers"},
     {"rdmabroker_pool_buffers_in_use", kGauge, "Pool buffers posted, queued or being sent.", "pool.in_use"},
+    {"rdmabroker_pool_exhausted_total", kCounter, "Times a worker found the buffer pool empty (once per shortage).", "pool.exhausted"},
+    {"rdmabroker_cq_full_refusals_total", kCounter, "RDMA connections refused because their completion queue had no room.", "rdma.cq_full"},
     {"rdmabroker_tcp_reads_total", kCounter, "read() calls on TCP connections that returned data.", "tcp.reads"},
     {"rdmabroker_tcp_writes_total", kCounter, "sendmsg() calls on TCP connections that wrote data.", "tcp.writes"},
     {"rdmabroker_tcp_write_blocked_total", kCounter, "TCP writes that found the socket buffer full.", "tcp.write_blocked"},

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <string>
 
+#include "fault/fault.hpp"
+
 namespace rdmabroker::daemon {
 
 Result<std::unique_ptr<BufferPool>> BufferPool::create(std::uint32_t count, std::uint32_t buffer_size) {
@@ -36,6 +38,9 @@ BufferPool::~BufferPool() { ::munmap(base_, std::size_t{count_} * buffer_size_);
 
 std::size_t BufferPool::acquire(std::uint32_t* out, std::size_t n) {
   std::size_t got = 0;
+  if constexpr (fault::kEnabled) {
+    if (exhausted_.load(std::memory_order_relaxed)) return 0;
+  }
   {
     std::lock_guard lock(free_mutex_);
     while (got < n && !free_.empty()) {

@@ -38,6 +38,13 @@ class BufferPool {
   void release(std::uint32_t index);
 
   std::uint32_t in_use() const { return in_use_.load(std::memory_order_relaxed); }
+  /// Test builds (fault pool-exhaust): while set, acquire() hands out nothing,
+  /// as if every buffer were in use.
+  void set_exhausted(bool on) { exhausted_.store(on, std::memory_order_relaxed); }
+  /// True when acquire() would hand out nothing.
+  bool exhausted() const {
+    return in_use() >= count_ || exhausted_.load(std::memory_order_relaxed);
+  }
 
  private:
   BufferPool(std::byte* base, std::uint32_t count, std::uint32_t buffer_size);
@@ -49,6 +56,7 @@ class BufferPool {
   std::mutex free_mutex_;
   std::vector<std::uint32_t> free_;  // guarded by free_mutex_
   std::atomic<std::uint32_t> in_use_{0};
+  std::atomic<bool> exhausted_{false};
 };
 
 /// One reference to a pool buffer. Move-only; clone() takes another reference.

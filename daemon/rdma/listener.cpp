@@ -169,7 +169,15 @@ void Listener::on_async_event(Device& dev) {
       case IBV_EVENT_DEVICE_FATAL:
         spdlog::critical("device {}: fatal error event", dev.name);
         break;
-      case IBV_EVENT_QP_LAST_WQE_REACHED:
+      case IBV_EVENT_QP_LAST_WQE_REACHED: {
+        // A QP on an SRQ went to the error state. Every close causes this
+        // (rdma_disconnect); for a connection still open it is the only news
+        // of a QP that failed while idle.
+        const auto conn_id = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ev.element.qp->qp_context));
+        core_.workers[conn_id % core_.workers.size()]->post(QpFatalCommand{
+            conn_id, std::string(ibv_event_type_str(ev.event_type)) + " on " + dev.name + " (the QP is in error)", true});
+        break;
+      }
       case IBV_EVENT_SRQ_LIMIT_REACHED:
         break;
       default:

@@ -181,7 +181,7 @@ void Worker::resume_reading(Connection& c) {
 }
 
 void Worker::retry_buffer_waiters() {
-  if (buffer_waiters_.empty() || core_.pool->in_use() >= core_.pool->count()) return;
+  if (buffer_waiters_.empty() || core_.pool->exhausted()) return;
   std::vector<std::uint64_t> ids;
   ids.swap(buffer_waiters_);
   for (std::uint64_t id : ids) {
@@ -207,7 +207,9 @@ void Worker::tcp_lost(Connection& c, const char* what, int err) {
 
 BufferRef Worker::read_buffer(Connection& c) {
   std::uint32_t index = 0;
-  if (core_.pool->acquire(&index, 1) == 0) {
+  const bool empty = core_.pool->acquire(&index, 1) == 0;
+  note_pool_starved(empty);
+  if (empty) {
     // Pool exhausted: stop reading until buffers come back (TCP's window
     // then holds the publisher, as withheld credits hold an RDMA one).
     buffer_waiters_.push_back(c.id);

@@ -593,6 +593,7 @@ void Worker::destroy(Connection& c) {
   if (c.transport == Transport::kRdma) {
     DevicePort& port = *c.port;
     port.outstanding -= std::min(port.outstanding, c.credits.forfeit());
+    port.cq_reserved -= static_cast<std::uint32_t>(c.inflight.size());  // its send window (handle_accept)
     port.by_qp.erase(c.qp_num);
   } else {
     stats_.tcp_connections.add(-1);

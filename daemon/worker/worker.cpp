@@ -69,14 +69,29 @@ Status Worker::init(int tcp_listen_fd) {
     port->max_sge = std::min<std::uint32_t>(kMaxSendSge, static_cast<std::uint32_t>(attr.max_sge));
     // Every signaled send and every receive needs a CQ slot: size for the SRQ
     // plus a full send window on every connection this worker may hold.
-    const std::uint64_t want = std::uint64_t{port->srq_depth} + std::uint64_t{per_worker_conns} * (opt_.max_inflight_sends + 1);
-    const int cqe = static_cast<int>(std::min<std::uint64_t>(want, static_cast<std::uint64_t>(attr.max_cqe)));
+    const std::uint32_t window = opt_.max_inflight_sends + 1;
+    const std::uint64_t want = std::uint64_t{port->srq_depth} + std::uint64_t{per_worker_conns} * window;
+    int cqe = static_cast<int>(std::min<std::uint64_t>(want, static_cast<std::uint64_t>(attr.max_cqe)));
+    if (const std::uint32_t forced = fault::cq_entries_override(); forced > 0) cqe = static_cast<int>(forced);
     port->channel.reset(ibv_create_comp_channel(dev->context));
     if (!port->channel) return sys_error("ibv_create_comp_channel(" + dev->name + ")");
     if (!set_nonblocking(port->channel->fd)) return sys_error("O_NONBLOCK on the completion channel");
     port->cq.reset(ibv_create_cq(dev->context, cqe, nullptr, port->channel.get(), 0));
     if (!port->cq) return sys_error("ibv_create_cq(" + dev->name + ", " + std::to_string(cqe) + ")");
     port->acker.attach(port->cq.get());
+    // The device may round the size up; what it granted is the budget. The
+    // SRQ must fit with at least one connection's window beside it.
+    port->cq_capacity = static_cast<std::uint32_t>(port->cq->cqe);
+    if (port->cq_capacity < port->srq_depth + window) {
+      if (port->cq_capacity < 2 * window) {
+        return Error{ErrorKind::kResource, "the CQ on " + dev->name + " has " + std::to_string(port->cq_capacity) +
+                                               " entries: too few for a receive queue and one connection"};
+      }
+      spdlog::warn("worker {}: {} has a CQ of {} entries: receive queue cut from {} to {}", index_, dev->name,
+                   port->cq_capacity, port->srq_depth, port->cq_capacity - window);
+      port->srq_depth = port->cq_capacity - window;
+    }
+    port->cq_reserved = port->srq_depth;
     ibv_srq_init_attr srq_attr{};
     srq_attr.attr.max_wr = port->srq_depth;
     srq_attr.attr.max_sge = 1;
@@ -108,6 +123,9 @@ void Worker::run() {
     heartbeat_.store(now_.time_since_epoch().count(), std::memory_order_relaxed);
     handle_commands();
     handle_cm_events();
+    if constexpr (fault::kEnabled) {
+      if (!delayed_cm_.empty()) deliver_delayed_cm_events();
+    }
     bool busy = false;
     for (auto& port : ports_) busy |= poll_port(*port);
     if (busy) {
@@ -212,6 +230,9 @@ bool Worker::poll_port(DevicePort& port) {
     any = true;
     stats_.completions_per_poll.observe(n);
     for (int i = 0; i < n; ++i) {
+      if constexpr (fault::kEnabled) {
+        if (wc_faults_armed_ > 0) inject_wc_fault(wcs[i], port);
+      }
       // The opcode of an error completion is undefined: tell receives from
       // sends by the wr_id we chose.
       if ((wcs[i].wr_id & kRecvFlag) != 0) {
@@ -242,7 +263,8 @@ void Worker::handle_commands() {
         enqueue(*c, std::move(d.item));
       }
     } else if (auto* q = std::get_if<QpFatalCommand>(&cmd)) {
-      if (Connection* c = find(q->connection_id)) {
+      Connection* c = find(q->connection_id);
+      if (c != nullptr && (!q->only_if_open || c->state == ConnState::kEstablished)) {
         spdlog::warn("connection {} ({}): {}", c->id, c->peer, q->event);
         close(*c, CloseReason::kQpFatal);
       }
@@ -259,6 +281,8 @@ void Worker::handle_commands() {
       if (r->applied) r->applied->set_value();
     } else if (auto* ar = std::get_if<AuthResultCommand>(&cmd)) {
       on_auth_result(*ar);
+    } else if (auto* f = std::get_if<FaultCommand>(&cmd)) {
+      on_fault(*f);
     } else if (auto* l = std::get_if<ListConnectionsCommand>(&cmd)) {
       std::vector<ConnectionInfo> out;
       for (const auto& [id, c] : connections_) {
@@ -308,6 +332,12 @@ void Worker::handle_accept(AcceptCommand& cmd) {
   if (stopping_) return fail(proto::RejectReason::kShuttingDown, "shutting down");
   const std::uint32_t grant = std::min(opt_.credits, port->credit_budget());
   if (grant < 2) return fail(proto::RejectReason::kNoResources, "no receive credits left on " + port->device->name);
+  const std::uint32_t window = opt_.max_inflight_sends + 1;
+  if (port->cq_reserved + window > port->cq_capacity) {
+    stats_.cq_full.add();
+    return fail(proto::RejectReason::kNoResources, "the completion queue on " + port->device->name + " is full (" +
+                                                       std::to_string(port->cq_capacity) + " entries)");
+  }
 
   ibv_qp_init_attr attr{};
   attr.qp_context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(cmd.connection_id));
@@ -354,6 +384,7 @@ void Worker::handle_accept(AcceptCommand& cmd) {
     return;
   }
   conn->cm_id = std::move(id);
+  port->cq_reserved += window;
   port->by_qp[conn->qp_num] = conn.get();
   stats_.connections_current.add(1);
   connections_.emplace(conn->id, std::move(conn));
@@ -368,37 +399,53 @@ void Worker::handle_cm_events() {
     const int status = raw->status;
     const auto conn_id = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(raw->id->context));
     rdma_ack_cm_event(raw);
-    Connection* c = find(conn_id);
-    if (c == nullptr) {
-      spdlog::debug("worker {}: {} for connection {} that is gone", index_, rdma_event_str(type), conn_id);
-      continue;
+    if constexpr (fault::kEnabled) {
+      if (fault::Shared::take(core_.faults.cm_delays)) {
+        const auto delay = std::chrono::milliseconds(core_.faults.cm_delay_ms.load(std::memory_order_relaxed));
+        spdlog::info("fault: {} of connection {} held back {} ms", rdma_event_str(type), conn_id, delay.count());
+        delayed_cm_.push_back({now_ + delay, type, status, conn_id});
+        continue;
+      }
+      if (fault::Shared::take(core_.faults.cm_duplicates)) {
+        spdlog::info("fault: {} of connection {} handled twice", rdma_event_str(type), conn_id);
+        on_cm_event(type, status, conn_id);
+      }
     }
-    switch (type) {
-      case RDMA_CM_EVENT_ESTABLISHED:
-        establish(*c);
-        break;
-      case RDMA_CM_EVENT_DISCONNECTED:
-        c->peer_disconnected = true;
-        close(*c, c->close_received ? CloseReason::kClientClose : CloseReason::kPeerDisconnected);
-        try_finish(*c);
-        break;
-      case RDMA_CM_EVENT_DEVICE_REMOVAL:
-        c->peer_disconnected = true;
-        close(*c, CloseReason::kDeviceRemoved);
-        break;
-      case RDMA_CM_EVENT_REJECTED:
-      case RDMA_CM_EVENT_CONNECT_ERROR:
-      case RDMA_CM_EVENT_UNREACHABLE:
-        spdlog::warn("connection {} from {}: {} (status {})", c->id, c->peer, rdma_event_str(type), status);
-        c->peer_disconnected = true;
-        close(*c, CloseReason::kConnectFailed);
-        break;
-      case RDMA_CM_EVENT_TIMEWAIT_EXIT:
-        break;
-      default:
-        spdlog::debug("connection {}: CM event {}", c->id, rdma_event_str(type));
-        break;
-    }
+    on_cm_event(type, status, conn_id);
+  }
+}
+
+void Worker::on_cm_event(rdma_cm_event_type type, int status, std::uint64_t conn_id) {
+  Connection* c = find(conn_id);
+  if (c == nullptr) {
+    spdlog::debug("worker {}: {} for connection {} that is gone", index_, rdma_event_str(type), conn_id);
+    return;
+  }
+  switch (type) {
+    case RDMA_CM_EVENT_ESTABLISHED:
+      establish(*c);
+      break;
+    case RDMA_CM_EVENT_DISCONNECTED:
+      c->peer_disconnected = true;
+      close(*c, c->close_received ? CloseReason::kClientClose : CloseReason::kPeerDisconnected);
+      try_finish(*c);
+      break;
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+      c->peer_disconnected = true;
+      close(*c, CloseReason::kDeviceRemoved);
+      break;
+    case RDMA_CM_EVENT_REJECTED:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+      spdlog::warn("connection {} from {}: {} (status {})", c->id, c->peer, rdma_event_str(type), status);
+      c->peer_disconnected = true;
+      close(*c, CloseReason::kConnectFailed);
+      break;
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT:
+      break;
+    default:
+      spdlog::debug("connection {}: CM event {}", c->id, rdma_event_str(type));
+      break;
   }
 }
 
@@ -436,6 +483,20 @@ void Worker::establish(Connection& c) {
   touch(c);  // its initial credits may already allow sends
 }
 
+void Worker::note_pool_starved(bool starved) {
+  if (starved == pool_starved_) return;
+  pool_starved_ = starved;
+  if (starved) {
+    // Receives are not reposted and credits not returned until buffers come
+    // back: publishers slow down, nothing is lost. Once per shortage.
+    stats_.pool_exhausted.add();
+    spdlog::warn("worker {}: the buffer pool is empty ({} buffers, all in use): receives wait for buffers to come back "
+                 "(raise buffers.count if this recurs)", index_, core_.pool->count());
+  } else {
+    spdlog::info("worker {}: buffers available again", index_);
+  }
+}
+
 Connection* Worker::find(std::uint64_t id) {
   auto it = connections_.find(id);
   return it == connections_.end() ? nullptr : it->second.get();
@@ -448,6 +509,7 @@ void Worker::refill_srqs() {
     std::uint32_t want = port->srq_depth - port->posted;
     std::vector<std::uint32_t> idx(want);
     const std::size_t got = core_.pool->acquire(idx.data(), want);
+    note_pool_starved(got == 0);
     if (got == 0) continue;  // pool empty: retried on the next loop turn
     std::vector<ibv_recv_wr> wrs(got);
     std::vector<ibv_sge> sges(got);

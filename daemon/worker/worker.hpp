@@ -28,6 +28,7 @@
 #include "broker/outbound.hpp"
 #include "broker/stats.hpp"
 #include "broker/subscription_index.hpp"
+#include "fault/fault.hpp"
 #include "rdma/buffer_pool.hpp"
 #include "worker/command_queue.hpp"
 #include "rdma/device.hpp"
@@ -51,6 +52,7 @@ struct BrokerCore {
   std::atomic<std::uint64_t> next_connection_id{1};  // broker-wide, both transports
   std::shared_ptr<const AuthTable> auth;    // as started; reloads hand workers their successors
   Authenticator* authenticator = nullptr;   // checks passwords and tokens off the workers
+  fault::Shared faults;                     // test builds: faults any worker may pick up
 };
 
 // ---------------------------------------------------------------- commands
@@ -77,6 +79,9 @@ struct DeliverCommand {
 struct QpFatalCommand {
   std::uint64_t connection_id = 0;
   std::string event;
+  /// IBV_EVENT_QP_LAST_WQE_REACHED: the QP left for the error state. News
+  /// only for a connection that is open; closing ones cause it themselves.
+  bool only_if_open = false;
 };
 struct ShutdownCommand {};
 /// The authenticator's verdict on a connection's CONNECT.
@@ -112,8 +117,13 @@ struct ConnectionInfo {
 struct ListConnectionsCommand {
   std::shared_ptr<std::promise<std::vector<ConnectionInfo>>> reply;
 };
+/// Test builds (fault.hpp): a fault aimed at one of this worker's connections.
+struct FaultCommand {
+  fault::Spec spec;
+  std::shared_ptr<std::promise<Status>> reply;
+};
 using Command = std::variant<AcceptCommand, DeliverCommand, QpFatalCommand, ShutdownCommand, ReloadCommand,
-                             ListConnectionsCommand, AuthResultCommand>;
+                             ListConnectionsCommand, AuthResultCommand, FaultCommand>;
 
 // ---------------------------------------------------------------- connection
 
@@ -224,6 +234,7 @@ struct Connection {
   /// Recent publish verdicts by subject, for users whose publish permissions
   /// are restricted (cleared when full and on reload).
   std::unordered_map<std::string, bool, StringHash, std::equal_to<>> publish_verdicts;
+  bool fail_next_wc = false;       // test builds: fault wc-error armed on this connection
   std::uint64_t denials = 0;
   bool subscription_limit_logged = false;  // operations refused by permissions (their log lines are thinned out)
   // Traffic of this connection (for `rdmabroker stat`): PUBLISH frames in,
@@ -249,6 +260,11 @@ struct DevicePort {
   verbs::MrPtr send_blocks_mr;    // the worker's send blocks registered on this device
   std::uint32_t max_sge = 1;
   std::uint32_t srq_depth = 0;
+  /// CQ entries, and those spoken for: the SRQ's receives plus a send window
+  /// (max_inflight_sends + 1) per connection. A connection that would
+  /// overrun the CQ is refused: an overrun CQ breaks every QP on it.
+  std::uint32_t cq_capacity = 0;
+  std::uint32_t cq_reserved = 0;
   std::uint32_t posted = 0;       // receives on the SRQ
   std::uint32_t outstanding = 0;  // credits granted to this port's clients, not yet used
   bool armed = false;
@@ -306,6 +322,14 @@ class Worker {
   /// has passed since the last work; true when it found some.
   bool spin_poll();
   void handle_cm_events();
+  /// One CM event of a connection (copied out of the acked rdma_cm_event).
+  void on_cm_event(rdma_cm_event_type type, int status, std::uint64_t conn_id);
+  /// Test builds: fault commands, failed completions, late CM events.
+  void on_fault(FaultCommand& f);
+  void inject_wc_fault(ibv_wc& wc, DevicePort& port);
+  void deliver_delayed_cm_events();
+  /// The pool gave a refill nothing: logged and counted once per shortage.
+  void note_pool_starved(bool starved);
   void handle_accept(AcceptCommand& cmd);
   /// Accepting -> Established, on the CM event or on the first receive,
   /// whichever the worker sees first (they travel on different channels).
@@ -457,6 +481,15 @@ class Worker {
   MatchCache match_cache_;  // this worker's recent subject -> subscribers results
   std::vector<Command> command_scratch_;
   bool stopping_ = false;
+  bool pool_starved_ = false;          // the last refill found the pool empty
+  std::uint32_t wc_faults_armed_ = 0;  // test builds: connections with fail_next_wc
+  struct DelayedCmEvent {
+    std::chrono::steady_clock::time_point due;
+    rdma_cm_event_type type;
+    int status;
+    std::uint64_t conn_id;
+  };
+  std::vector<DelayedCmEvent> delayed_cm_;  // test builds: fault cm-delay
   std::thread thread_;
 };
 

@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -154,6 +155,10 @@ BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_
 void BrokerProcess::launch() {
   pid_ = fork();
   if (pid_ == 0) {
+    // A test process that dies (an assertion abort, a sanitizer report) takes
+    // its broker with it: a broker left behind would keep ctest waiting on
+    // the output pipe until the test's timeout.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     std::vector<char*> argv;
     for (auto& a : args_) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -205,6 +210,24 @@ std::map<std::string, std::int64_t> BrokerProcess::stats() const {
   }
   auto doc = nlohmann::json::parse(reply.value());
   return doc["stats"].get<std::map<std::string, std::int64_t>>();
+}
+
+std::string BrokerProcess::admin(const std::string& command) const {
+  auto reply = cli::admin_request(admin_socket_, command);
+  if (!reply) {
+    ADD_FAILURE() << command << ": " << reply.error().message;
+    return "";
+  }
+  return reply.value();
+}
+
+std::vector<std::uint64_t> BrokerProcess::connection_ids() const {
+  std::vector<std::uint64_t> ids;
+  const std::string reply = admin("connections");
+  if (reply.empty()) return ids;
+  const auto doc = nlohmann::json::parse(reply);
+  for (const auto& c : doc["connections"]) ids.push_back(c["id"].get<std::uint64_t>());
+  return ids;
 }
 
 int BrokerProcess::stop(int sig, std::chrono::milliseconds timeout) {
@@ -314,7 +337,7 @@ Result<RawPeer::ConnectResult> RawPeer::connect(const std::string& host, std::ui
   // send more than any broker buffer).
   mem_.assign(std::size_t{recv_count} * recv_buffer_size + kMaxRawSend, std::byte{0});
   mr_.reset(ibv_reg_mr(pd_.get(), mem_.data(), mem_.size(), IBV_ACCESS_LOCAL_WRITE));
-  for (std::uint32_t i = 0; i < recv_count; ++i) {
+  for (std::uint32_t i = 0; i < receives_posted.value_or(recv_count); ++i) {
     ibv_sge sge{reinterpret_cast<std::uint64_t>(mem_.data() + std::size_t{i} * recv_size_), recv_size_, mr_->lkey};
     ibv_recv_wr wr{};
     wr.wr_id = i;
@@ -327,7 +350,7 @@ Result<RawPeer::ConnectResult> RawPeer::connect(const std::string& host, std::ui
   param.private_data = private_data.data();
   param.private_data_len = static_cast<std::uint8_t>(private_data.size());
   param.retry_count = 7;
-  param.rnr_retry_count = 7;
+  param.rnr_retry_count = rnr_retry_count;
   if (rdma_connect(id, &param) != 0) return Error{ErrorKind::kConnectFailed, "rdma_connect"};
   ConnectResult r;
   auto e = wait_event(channel_.get(), t, &r.private_data);

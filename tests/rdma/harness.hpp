@@ -59,6 +59,11 @@ class BrokerProcess {
   const std::string& admin_socket() const { return admin_socket_; }
   int pid() const { return pid_; }
   std::map<std::string, std::int64_t> stats() const;
+  /// Sends one admin command; the JSON reply's text ("" and a test failure
+  /// when the broker does not answer).
+  std::string admin(const std::string& command) const;
+  /// The ids of the open connections, oldest first (admin `connections`).
+  std::vector<std::uint64_t> connection_ids() const;
   /// Polls stats until `pred` holds or `timeout` passes; returns the last stats.
   template <typename Pred>
   std::map<std::string, std::int64_t> wait_stats(Pred pred, std::chrono::milliseconds timeout) const {
@@ -129,6 +134,12 @@ class RawPeer {
   /// Waits for RDMA_CM_EVENT_DISCONNECTED.
   bool wait_disconnected(std::chrono::milliseconds timeout);
   std::uint32_t broker_credits() const { return broker_credits_; }
+
+  /// Set before connect(): how often the broker's QP retries a SEND this
+  /// peer has no receive for (the connect parameter; 7 = forever), and how
+  /// many of its receives it really posts (default: all it advertises).
+  std::uint8_t rnr_retry_count = 7;
+  std::optional<std::uint32_t> receives_posted;
 
  private:
   verbs::EventChannelPtr channel_;

@@ -8,10 +8,14 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -289,6 +293,96 @@ TEST_P(Ops, StatListsConnectionsWithTheirTransport) {
   auto busy = nlohmann::json::parse(run({RDMABROKER_CLI_PATH, "stat", "--json", "--admin-socket", broker.admin_socket()}).second);
   EXPECT_GT(busy["stats"]["rates.messages_in_per_s"].get<std::int64_t>(), 10) << busy["stats"].dump();
   EXPECT_GT(busy["stats"]["rates.bytes_in_per_s"].get<std::int64_t>(), 40);
+}
+
+/// A raw connection to the admin socket.
+UniqueFd admin_connect(const std::string& path) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) fd.reset();
+  return fd;
+}
+
+/// What the broker writes back before it closes (waits up to `timeout`).
+std::string read_reply(int fd, std::chrono::milliseconds timeout) {
+  std::string out;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  char buf[4096];
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  return out;
+}
+
+std::size_t open_fds(int pid) {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) ++n;
+  return n;
+}
+
+TEST_P(Ops, AdminSocketMisuseGetsAnErrorAndHarmsNobody) {
+  BrokerProcess broker(next_port());
+  ASSERT_TRUE(broker.running());
+  auto sub = connect(broker);
+  auto pub = connect(broker);
+  ASSERT_TRUE(sub && pub);
+  std::atomic<int> got{0};
+  ASSERT_TRUE(sub->subscribe("admin.t", [&](const Message&) { got.fetch_add(1); }));
+  ASSERT_TRUE(sub->flush(10s));
+  const std::size_t baseline_fds = open_fds(broker.pid());
+
+  // Clients that connect and say nothing, or half a command: the admin
+  // socket is served on the broker's main thread, and none of them may hold
+  // it: a well-behaved `stats` gets its answer meanwhile.
+  std::vector<UniqueFd> idle;
+  for (int i = 0; i < 20; ++i) idle.push_back(admin_connect(broker.admin_socket()));
+  ASSERT_EQ(::send(idle.back().get(), "sta", 3, MSG_NOSIGNAL), 3);
+  EXPECT_GT(broker.stats()["connections.current"], 0);
+
+  auto ask = [&](const std::string& bytes) {
+    UniqueFd fd = admin_connect(broker.admin_socket());
+    EXPECT_EQ(::send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    return read_reply(fd.get(), 10s);
+  };
+  EXPECT_NE(ask(std::string(5000, 'a')).find("longer than 4096"), std::string::npos);
+  EXPECT_NE(ask(std::string("\x01\x02\xff\n", 4)).find("printable ASCII"), std::string::npos);
+  EXPECT_NE(ask("hello\n").find("unknown command"), std::string::npos);
+  const std::string fault = ask("fault bogus 1\n");  // unknown fault, or not built in
+  EXPECT_NE(fault.find("\"ok\":false"), std::string::npos) << fault;
+  {
+    // Asks and leaves without reading the answer.
+    UniqueFd fd = admin_connect(broker.admin_socket());
+    ASSERT_EQ(::send(fd.get(), "connections\n", 12, MSG_NOSIGNAL), 12);
+  }
+  // More clients than the broker serves at once: the extra ones are told so.
+  std::vector<UniqueFd> crowd;
+  for (int i = 0; i < 20; ++i) crowd.push_back(admin_connect(broker.admin_socket()));
+  int refused = 0;
+  for (auto& fd : crowd) {
+    if (read_reply(fd.get(), 200ms).find("too many admin clients") != std::string::npos) ++refused;
+  }
+  EXPECT_GT(refused, 0);
+  crowd.clear();
+
+  // The data path never noticed.
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(pub->publish("admin.t", std::string_view("x")));
+  ASSERT_TRUE(pub->flush(10s));
+  EXPECT_TRUE(sub->flush(10s));
+  EXPECT_EQ(got.load(), 200);
+
+  // A silent client is dropped at its deadline; then every descriptor is back.
+  EXPECT_EQ(read_reply(idle.front().get(), 15s), "");  // EOF, not a reply
+  idle.clear();
+  std::size_t fds = 0;
+  for (int i = 0; i < 100 && (fds = open_fds(broker.pid())) != baseline_fds; ++i) std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(fds, baseline_fds);
+  EXPECT_NE(broker.admin("stats").find("\"ok\":true"), std::string::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Ops, ::testing::Values(Via::kRdma, Via::kTcp),
