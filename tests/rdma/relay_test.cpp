@@ -89,14 +89,14 @@ class Relay : public ::testing::Test {
 
 // 1 publisher -> 3 subscribers, spread so that the broker serves connections
 // on both devices (rxe0 loopback, rxe1 -> rxe0, rxe0 -> rxe1), 100,000
-// messages of mixed sizes up to the largest allowed.
+// messages of mixed sizes up to the largest allowed (25,000 in the sanitizer trees).
 TEST_F(Relay, FanOutAcrossDevicesInOrderByteExact) {
   // Not a test of the slow-consumer policy (SlowConsumerIsCutOffOthersUnaffected
   // is): a TSan-instrumented client in the emulated guest has been seen to
   // take more than the default 2 s write deadline to drain a burst.
   BrokerProcess broker(next_port(), {"--workers", "2", "--write-deadline-ms", "30000"});
   ASSERT_TRUE(broker.running());
-  constexpr std::uint64_t kMessages = 100'000;
+  constexpr std::uint64_t kMessages = volume(100'000);
   const std::string subject = "relay.mixed";
 
   struct Sub {
@@ -164,8 +164,9 @@ TEST_F(Relay, BusyPollingRelaysEverythingAndStaysResponsive) {
   std::uint64_t seq = 0;
   // Flat out (always within the spin), then with pauses longer than the spin
   // (each message wakes a sleeping worker and client).
-  for (; seq < 20'000; ++seq) ASSERT_TRUE(pub->publish(subject, make_payload(seq, max_payload)).ok());
-  for (; seq < 20'020; ++seq) {
+  constexpr std::uint64_t kFlatOut = volume(20'000);
+  for (; seq < kFlatOut; ++seq) ASSERT_TRUE(pub->publish(subject, make_payload(seq, max_payload)).ok());
+  for (; seq < kFlatOut + 20; ++seq) {
     std::this_thread::sleep_for(10ms);
     ASSERT_TRUE(pub->publish(subject, make_payload(seq, max_payload)).ok());
   }
