@@ -113,6 +113,9 @@ class ReconnectingClient final : public Client {
     std::string group;
     MessageHandler handler;                    // or
     std::shared_ptr<QueueSubscription> queue;  // one of the two
+    /// Made on a connection at least once: if that connection no longer had
+    /// it when it failed, the broker refused or revoked it, and it stays ended.
+    bool placed = false;
   };
 
   Result<std::shared_ptr<Session>> connect_once() {
@@ -150,7 +153,7 @@ class ReconnectingClient final : public Client {
       subs_.emplace(sid, Entry{std::string(subject), std::string(group), handler, queue});
       s = current_;
     }
-    if (s) (void)s->restore_subscription(sid, subject, group, std::move(handler), queue);
+    if (s && s->restore_subscription(sid, subject, group, std::move(handler), queue)) mark_placed(sid);
     return std::pair{sid, queue};
   }
 
@@ -180,6 +183,19 @@ class ReconnectingClient final : public Client {
     }
   }
 
+  void mark_placed(std::uint32_t sid) {
+    std::lock_guard lock(mu_);
+    if (auto it = subs_.find(sid); it != subs_.end()) it->second.placed = true;
+  }
+
+  /// Forgets the subscriptions the broker ended on `failed` (PERMISSION_DENIED
+  /// with their id: refused, or revoked by a reload), so that a reconnect
+  /// does not ask for them again. Before failed->close().
+  void forget_ended(const Session& failed) {
+    std::lock_guard lock(mu_);
+    std::erase_if(subs_, [&](const auto& kv) { return kv.second.placed && !failed.has_subscription(kv.first); });
+  }
+
   void report(const ConnectionEvent& e) {
     if (opt_.on_connection_event) opt_.on_connection_event(e);
   }
@@ -200,6 +216,7 @@ class ReconnectingClient final : public Client {
         outage_ = failed->close_reason();
       }
       const auto down_since = std::chrono::steady_clock::now();
+      forget_ended(*failed);
       // Release the dead connection at once (its QP or socket, its I/O
       // thread): a broker shutting down waits for its clients to leave.
       failed->close();
@@ -216,10 +233,9 @@ class ReconnectingClient final : public Client {
         ++attempts;
         auto next = connect_once();
         if (next) {
-          // Restore every subscription the application has not ended:
-          // queues the broker refused or revoked are closed and stay ended;
-          // a callback subscription it refused is sent again, and the broker
-          // refuses it again with PERMISSION_DENIED.
+          // Restore every subscription that neither the application nor the
+          // broker ended (forget_ended() dropped those the broker refused or
+          // revoked; their queues are closed).
           std::size_t restored = 0;
           std::vector<std::pair<std::uint32_t, Entry>> to_restore;
           {
@@ -228,7 +244,10 @@ class ReconnectingClient final : public Client {
           }
           for (auto& [sid, e] : to_restore) {
             if (e.queue && e.queue->closed()) continue;
-            if (next.value()->restore_subscription(sid, e.subject, e.group, e.handler, e.queue)) ++restored;
+            if (next.value()->restore_subscription(sid, e.subject, e.group, e.handler, e.queue)) {
+              mark_placed(sid);
+              ++restored;
+            }
           }
           if (next.value()->flush(opt_.connect_timeout)) {
             const auto downtime =

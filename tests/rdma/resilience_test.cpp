@@ -6,6 +6,8 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cstdio>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -198,6 +200,47 @@ TEST_P(Resilience, GivingUpClosesTheClientAndSaysWhy) {
   ASSERT_FALSE(m);
   EXPECT_EQ(m.error().kind, ErrorKind::kClosed);
   EXPECT_FALSE(c->publish("a.b", std::string_view("x")));
+}
+
+TEST_P(Resilience, ASubscriptionTheBrokerRefusedStaysEndedAcrossReconnects) {
+  // Anonymous clients may not subscribe to secret.>: the refusal (ERROR
+  // PERMISSION_DENIED naming the subscription) ends it in the library, and a
+  // reconnect must not ask for it again.
+  const std::string path = "/tmp/rdmabroker-resilience-" + std::to_string(getpid()) + ".yaml";
+  {
+    std::ofstream out(path, std::ios::trunc);
+    out << "auth:\n  anonymous: true\n  anonymous_permissions:\n    subscribe: {allow: [\">\"], deny: [\"secret.>\"]}\n";
+  }
+  BrokerProcess broker(next_port(), {"--config", path});
+  ASSERT_TRUE(broker.running());
+  Events events;
+  std::atomic<int> denied{0};
+  ClientOptions opt = events.options();
+  opt.on_error = [&](const Error& e) {
+    if (e.kind == ErrorKind::kPermissionDenied) denied.fetch_add(1);
+  };
+  auto c = connect_via(broker, GetParam(), opt);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->subscribe("secret.plans", [](const Message&) {}));
+  auto open_queue = c->subscribe(std::string_view("open.news"));
+  ASSERT_TRUE(open_queue);
+  ASSERT_TRUE(c->flush(10s));
+  EXPECT_EQ(denied.load(), 1);
+
+  EXPECT_EQ(broker.restart(SIGTERM), 0);
+  ASSERT_TRUE(wait_until([&] { return events.reconnected > 0; }, 60s));
+  ASSERT_TRUE(c->flush(10s));
+  const auto e = events.get();
+  ASSERT_EQ(e.back().kind, Kind::kReconnected);
+  EXPECT_EQ(e.back().subscriptions_restored, 1u) << "only open.news comes back";
+  EXPECT_EQ(denied.load(), 1) << "the refused subscription was asked for again";
+  EXPECT_EQ(broker.stats()["permissions.denied.subscribe"], 0);
+  EXPECT_EQ(broker.stats()["subscriptions"], 1);
+  ASSERT_TRUE(c->publish("open.news", std::string_view("still here")));
+  auto m = open_queue.value()->next(10s);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->data(), "still here");
+  std::remove(path.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Resilience, ::testing::Values(Via::kRdma, Via::kTcp),

@@ -82,7 +82,8 @@ struct ClientOptions {
   /// Reconnect when the connection fails or the broker restarts: attempts
   /// start after reconnect_delay and back off (doubling, with jitter) to
   /// reconnect_max_delay; subscriptions (same ids, same handlers and queues)
-  /// are restored, and on_connection_event reports the outage. Meanwhile
+  /// are restored, except those the broker refused or revoked
+  /// (PERMISSION_DENIED), and on_connection_event reports the outage. Meanwhile
   /// publish() and request() wait for the connection up to publish_timeout,
   /// then fail with kTimeout; a publish that returned ok just before the
   /// failure may be lost (flush() says whether the broker had it). Off by
