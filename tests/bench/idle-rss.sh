@@ -9,10 +9,8 @@ cd "$(dirname "$0")/../.."
 VIA=${1:-tcp}
 N=${2:-1000}
 BIN=${RDMABROKER_BIN:-build/release}
-if [ "$VIA" = rdma ] && [ "${RDMABROKER_GUEST:-}" != 1 ] && ! ibv_devices 2>/dev/null | grep -q -e rxe -e mlx; then
-  [ -x "$BIN/tests/bench/micro/hold_connections" ] || ninja -C "$BIN" hold_connections >/dev/null
-  exec tests/softroce/run-in-guest.sh env RDMABROKER_BIN="$BIN" tests/bench/idle-rss.sh rdma "$N"
-fi
+source tests/bench/suite-lib.sh
+[ "$VIA" = rdma ] && in_guest_unless_rdma tests/bench/idle-rss.sh rdma "$N"
 ninja -C "$BIN" hold_connections rdmabrokerd >/dev/null 2>&1 || true
 SOCK=/tmp/idle-rss-$$.sock
 ARGS=(--port 7490 --tcp-port 7491 --admin-socket "$SOCK" --metrics-listen "" --workers 2 --log-level warn

@@ -11,10 +11,8 @@ cd "$(dirname "$0")/../.."
 COUNT=${1:-200000}
 SIZE=${2:-64}
 BIN=${RDMABROKER_BIN:-build/release}
-if [ "${RDMABROKER_GUEST:-}" != 1 ] && ! ibv_devices 2>/dev/null | grep -q -e rxe -e mlx; then
-  [ -x "$BIN/daemon/rdmabrokerd" ] || scripts/build.sh "$BIN" -DCMAKE_BUILD_TYPE=RelWithDebInfo
-  exec tests/softroce/run-in-guest.sh env RDMABROKER_BIN="$BIN" tests/bench/relay-rate.sh "$COUNT" "$SIZE"
-fi
+source tests/bench/suite-lib.sh
+in_guest_unless_rdma tests/bench/relay-rate.sh "$COUNT" "$SIZE"
 A1=${RDMABROKER_GUEST_ADDR1:?}
 A2=${RDMABROKER_GUEST_ADDR2:?}
 

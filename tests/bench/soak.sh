@@ -19,10 +19,8 @@ cd "$(dirname "$0")/../.."
 MINUTES=${1:-10}
 CONNS=${2:-1000}
 BIN=${RDMABROKER_BIN:-build/release}
-if [ "${RDMABROKER_GUEST:-}" != 1 ] && ! ibv_devices 2>/dev/null | grep -q -e rxe -e mlx; then
-  ninja -C "$BIN" hold_connections rdmabrokerd rdmabroker_cli >/dev/null
-  exec tests/softroce/run-in-guest.sh env RDMABROKER_BIN="$BIN" tests/bench/soak.sh "$MINUTES" "$CONNS"
-fi
+source tests/bench/suite-lib.sh
+in_guest_unless_rdma tests/bench/soak.sh "$MINUTES" "$CONNS"
 SECS=$((MINUTES * 60))
 SOCK=/tmp/soak-$$.sock
 OUT=/tmp/soak-$$

@@ -5,6 +5,17 @@
 REPORT="python3 tests/bench/suite_report.py"
 SEQ_NO=0
 
+# For a script that needs RDMA: returns where there is an RDMA device (or
+# inside the guest); elsewhere builds what the benchmarks run from $BIN and
+# re-runs the command line it is given inside the Soft-RoCE guest, with
+# RDMABROKER_BIN passed along. Usage: in_guest_unless_rdma "$0" "$@"
+in_guest_unless_rdma() {
+  if [ "${RDMABROKER_GUEST:-}" = 1 ] || ibv_devices 2>/dev/null | grep -q -e rxe -e mlx; then return 0; fi
+  [ -f "$BIN/CMakeCache.txt" ] || scripts/build.sh "$BIN" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  ninja -C "$BIN" rdmabrokerd rdmabroker_cli hold_connections >/dev/null
+  exec tests/softroce/run-in-guest.sh env RDMABROKER_BIN="$BIN" "$@"
+}
+
 cpu_ticks() {  # utime + stime of PID, in clock ticks
   awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0
 }
