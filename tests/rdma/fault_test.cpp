@@ -25,15 +25,6 @@ namespace {
 using namespace std::chrono_literals;
 using Kind = ConnectionEvent::Kind;
 
-bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(20ms);
-  }
-  return true;
-}
-
 /// The sequence numbers one subscription received (payloads start with the number).
 struct SeqSink {
   std::mutex mu;
@@ -71,26 +62,7 @@ std::string numbered(std::uint64_t seq, std::size_t size = 0) {
   return s;
 }
 
-/// Connection events of a reconnecting client.
-struct Events {
-  std::mutex mu;
-  std::vector<ConnectionEvent> list;
-  ClientOptions options() {
-    ClientOptions o;
-    o.reconnect = true;
-    o.reconnect_delay = 50ms;
-    o.reconnect_max_delay = 1s;
-    o.on_connection_event = [this](const ConnectionEvent& e) {
-      std::lock_guard l(mu);
-      list.push_back(e);
-    };
-    return o;
-  }
-  bool saw(Kind k) {
-    std::lock_guard l(mu);
-    return std::any_of(list.begin(), list.end(), [&](const ConnectionEvent& e) { return e.kind == k; });
-  }
-};
+using Events = ConnectionEvents;
 
 /// What every test checks at its end: the broker is back at its baseline
 /// (no connection, every pool buffer either free or posted as a receive)

@@ -135,6 +135,38 @@ std::unique_ptr<Client> connect_via(const BrokerProcess& b, Via via, ClientOptio
   return c.ok() ? std::move(c.value()) : nullptr;
 }
 
+bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    usleep(20'000);
+  }
+  return true;
+}
+
+ClientOptions ConnectionEvents::options() {
+  ClientOptions o;
+  o.reconnect = true;
+  o.reconnect_delay = std::chrono::milliseconds(50);
+  o.reconnect_max_delay = std::chrono::seconds(1);
+  o.on_connection_event = [this](const ConnectionEvent& e) {
+    std::lock_guard l(mu);
+    list.push_back(e);
+    if (e.kind == ConnectionEvent::Kind::kReconnected) reconnected.fetch_add(1);
+  };
+  return o;
+}
+
+std::vector<ConnectionEvent> ConnectionEvents::get() {
+  std::lock_guard l(mu);
+  return list;
+}
+
+bool ConnectionEvents::saw(ConnectionEvent::Kind kind) {
+  std::lock_guard l(mu);
+  return std::any_of(list.begin(), list.end(), [&](const ConnectionEvent& e) { return e.kind == kind; });
+}
+
 // ---------------------------------------------------------------- broker
 
 BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_args, bool allow_anonymous)

@@ -4,7 +4,10 @@
 // would (malformed frames, bad handshakes, no reposted receives).
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
+#include <functional>
 #include <cstdint>
 #include <deque>
 #include <span>
@@ -112,6 +115,20 @@ std::vector<std::string> cli_where(const BrokerProcess& b, Via via);
 std::unique_ptr<Client> connect_via(const BrokerProcess& b, Via via, ClientOptions opt = {});
 /// The same, for a test that expects the connect to fail.
 Result<std::unique_ptr<Client>> try_connect_via(const BrokerProcess& b, Via via, ClientOptions opt = {});
+
+/// Polls `pred` every 20 ms until it holds (true) or `timeout` passes (false).
+bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout);
+
+/// A reconnecting client's connection events, as the application sees them.
+struct ConnectionEvents {
+  std::mutex mu;
+  std::vector<ConnectionEvent> list;
+  std::atomic<int> reconnected{0};
+  /// Reconnect on, quick backoff (50 ms to 1 s), events recorded here.
+  ClientOptions options();
+  std::vector<ConnectionEvent> get();
+  bool saw(ConnectionEvent::Kind kind);
+};
 
 /// A bare rdma_cm client: handshake bytes and SEND contents are the test's.
 class RawPeer {

@@ -20,28 +20,7 @@ namespace {
 using namespace std::chrono_literals;
 using Kind = ConnectionEvent::Kind;
 
-/// A client's connection events, as the application sees them.
-struct Events {
-  std::mutex mu;
-  std::vector<ConnectionEvent> list;
-  std::atomic<int> reconnected{0};
-  ClientOptions options() {
-    ClientOptions o;
-    o.reconnect = true;
-    o.reconnect_delay = 50ms;
-    o.reconnect_max_delay = 1s;
-    o.on_connection_event = [this](const ConnectionEvent& e) {
-      std::lock_guard l(mu);
-      list.push_back(e);
-      if (e.kind == Kind::kReconnected) reconnected.fetch_add(1);
-    };
-    return o;
-  }
-  std::vector<ConnectionEvent> get() {
-    std::lock_guard l(mu);
-    return list;
-  }
-};
+using Events = ConnectionEvents;
 
 class Resilience : public ::testing::TestWithParam<Via> {
  protected:
@@ -49,15 +28,6 @@ class Resilience : public ::testing::TestWithParam<Via> {
     if (GetParam() == Via::kRdma) require_rdma();
   }
 };
-
-bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(20ms);
-  }
-  return true;
-}
 
 TEST_P(Resilience, ClientsReconnectAfterABrokerRestartUnderLoad) {
   BrokerProcess broker(next_port());
