@@ -111,6 +111,8 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
       out.deliveries += item.messages;
       out.delivered_payload += item.payload_bytes;
       out.delivery_bytes += item.body_len;
+    } else {
+      ++out.replies;
     }
     block_used += in_block;
     out.bytes += static_cast<std::uint32_t>(wire);

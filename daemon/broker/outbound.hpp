@@ -74,6 +74,7 @@ struct PackedSend {
   std::uint32_t deliveries = 0;         // messages in the packed DELIVERs
   std::uint64_t delivered_payload = 0;  // their payload bytes
   std::uint64_t delivery_bytes = 0;     // the PUBLISH frames' bytes (what queue bounds count)
+  std::uint32_t replies = 0;            // control frames (PONG, ERROR, NO_RESPONDERS, CLOSE)
 };
 
 /// Moves frames from the front of `queue` into one SEND: headers and control

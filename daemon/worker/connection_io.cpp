@@ -269,6 +269,15 @@ void Worker::enqueue(Connection& c, OutItem item) {
           std::to_string(c.pending_bytes) + " bytes pending, limit " + std::to_string(opt_.max_pending_bytes));
     return;
   }
+  if (!item.is_delivery()) {
+    if (c.queued_replies >= kMaxQueuedReplies) {
+      spdlog::warn("connection {} ({}): slow consumer, {} replies unread", c.id, c.peer, c.queued_replies);
+      close(c, CloseReason::kSlowConsumer, ErrorCode::kSlowConsumer,
+            std::to_string(c.queued_replies) + " replies unread");
+      return;
+    }
+    ++c.queued_replies;
+  }
   if (c.pending_bytes == 0) c.last_progress = now_;  // the write deadline counts from here
   c.pending_messages += item.messages;
   c.pending_bytes += item.body_len;
@@ -329,6 +338,7 @@ std::uint32_t Worker::pack_next(Connection& c, std::uint32_t max_sge, std::uint3
     return kNoBlock;
   }
   free_blocks_.pop_back();
+  c.queued_replies -= std::min(c.queued_replies, packed.replies);  // close()'s own frame is not counted
   c.pending_messages -= packed.deliveries;
   c.pending_bytes -= packed.delivery_bytes;
   stats_.pending_messages.add(-static_cast<std::int64_t>(packed.deliveries));
@@ -567,6 +577,7 @@ void Worker::drop_queue(Connection& c, DropReason why) {
   unqueue(c.slot, c.pending_bytes);
   c.pending_messages = 0;
   c.pending_bytes = 0;
+  c.queued_replies = 0;
   c.outq.clear();
 }
 

@@ -222,6 +222,7 @@ struct Connection {
   std::deque<OutItem> outq;
   std::uint32_t pending_messages = 0;  // messages in outq (deliveries, not control frames)
   std::uint64_t pending_bytes = 0;     // their PUBLISH frames' bytes: bounded by max_pending_bytes
+  std::uint32_t queued_replies = 0;    // control frames in outq: bounded by kMaxQueuedReplies
   std::chrono::steady_clock::time_point last_progress{};  // last send completion, or when the queue filled
   std::vector<InflightSend> inflight;  // ring (TCP: at most one, being written)
   std::uint32_t inflight_head = 0;
@@ -303,6 +304,12 @@ class Worker {
   static constexpr std::uint32_t kNoBlock = ~0u;
   /// From establishment to an accepted CONNECT (the verdict included).
   static constexpr std::chrono::seconds kAuthTimeout{10};
+  /// Replies (PONG, ERROR, NO_RESPONDERS) a connection may have queued and
+  /// unsent. max_pending_bytes bounds deliveries only; without this a client
+  /// that keeps asking (PINGs, denied publishes, requests nobody serves) and
+  /// never reads would grow its queue without limit. Beyond it the client is
+  /// cut off as a slow consumer.
+  static constexpr std::uint32_t kMaxQueuedReplies = 1024;
   static constexpr std::uint64_t kRecvFlag = 1ull << 63;
   // epoll user data: which fd woke us. Device ports use their index (< 2^32).
   static constexpr std::uint64_t kTagCommands = 1ull << 62;

@@ -92,6 +92,16 @@ class RawTcp {
     return false;
   }
   void close() { fd_.reset(); }
+  /// Writes what the socket takes now (non-blocking); false once the peer is gone.
+  bool offer(std::span<const std::byte> bytes) {
+    const ssize_t n = ::send(fd_.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno != EAGAIN && errno != EINTR) return false;
+    if (n < 0) {
+      pollfd p{fd_.get(), POLLOUT, 0};
+      ::poll(&p, 1, 10);
+    }
+    return true;
+  }
 
  private:
   UniqueFd fd_;
@@ -276,6 +286,30 @@ TEST(Tcp, SubscriberThatStopsReadingIsCutOffOthersUnaffected) {
     for (const auto& [k, v] : s) all += k + "=" + std::to_string(v) + " ";
     return all;
   }();
+}
+
+TEST(Tcp, ClientThatAsksAndNeverReadsIsCutOff) {
+  // Every PING queues a PONG. A client that keeps pinging and never reads
+  // fills its socket, then its queue of replies: at 1,024 unread replies it
+  // is cut off as a slow consumer, instead of growing the broker's memory.
+  BrokerProcess broker(next_port());
+  RawTcp greedy(broker.tcp_port(), 4096);
+  greedy.handshake();
+  std::vector<std::byte> pings;
+  for (int i = 0; i < 4096; ++i) {
+    const auto f = frame(FrameType::kPing, 0, "");
+    pings.insert(pings.end(), f.begin(), f.end());
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  std::int64_t cut = 0;
+  for (int round = 0; cut == 0 && std::chrono::steady_clock::now() < deadline; ++round) {
+    if (!greedy.offer(pings)) break;  // the broker hung up
+    if (round % 64 == 0) cut = broker.stats()["connections.closed.slow_consumer"];
+  }
+  auto s = broker.wait_stats([](auto& s) { return s["connections.closed.slow_consumer"] == 1; }, 20s);
+  EXPECT_EQ(s["connections.closed.slow_consumer"], 1);
+  EXPECT_EQ(s["connections.current"], 0);
+  expect_relay_works(broker, "after.greedy");
 }
 
 TEST(Tcp, CApiWorksOverTcp) {
