@@ -18,6 +18,7 @@
 #include "fault/fault.hpp"
 #include "ops/admin_server.hpp"
 #include "ops/logging.hpp"
+#include "ops/memory_trim.hpp"
 #include "ops/metrics.hpp"
 #include "ops/rate_meter.hpp"
 #include "ops/reloader.hpp"
@@ -176,6 +177,7 @@ int main(int argc, char** argv) {
     return s;
   };
   RateMeter rates;  // main thread only
+  MemoryTrimmer trimmer;
 
   std::unique_ptr<MetricsExporter> metrics;
   if (!cfg.metrics_listen.empty()) {
@@ -246,7 +248,9 @@ int main(int argc, char** argv) {
     if (admin) admin->add_poll_fds(fds);
     const int n = ::poll(fds.data(), fds.size(), admin ? admin->timeout_ms(poll_ms) : poll_ms);
     if (period.count() > 0 && broker.workers_healthy(std::chrono::seconds(2))) notifier.watchdog();
-    rates.sample(broker.stats(), std::chrono::steady_clock::now());
+    const auto now_stats = broker.stats();
+    rates.sample(now_stats, std::chrono::steady_clock::now());
+    trimmer.observe(now_stats.at("connections.current"));
     if (admin) admin->on_poll(fds.data() + 1, fds.size() - 1);  // also drops clients past their deadline
     if (n <= 0) continue;
     if (fds[0].revents != 0) {
