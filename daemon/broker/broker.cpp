@@ -98,7 +98,7 @@ Status Broker::inject(const fault::Spec& spec) {
     case fault::Kind::kQpError: {
       auto reply = std::make_shared<std::promise<Status>>();
       auto answer = reply->get_future();
-      workers_[spec.connection % workers_.size()]->post(FaultCommand{spec, std::move(reply)});
+      core_.rdma_owner(spec.connection).post(FaultCommand{spec, std::move(reply)});
       if (answer.wait_for(kWorkerAnswerTimeout) != std::future_status::ready) {
         return Error{ErrorKind::kTimeout, "the worker did not answer"};
       }

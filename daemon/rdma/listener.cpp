@@ -141,7 +141,7 @@ void Listener::on_connect_request(rdma_cm_event* ev) {
   const auto slot = core_.slots->acquire();
   if (!slot) return reject(id, proto::RejectReason::kTooManyConnections, peer);
   const std::uint64_t conn_id = core_.next_connection_id.fetch_add(1);
-  Worker& worker = *core_.workers[conn_id % core_.workers.size()];
+  Worker& worker = core_.rdma_owner(conn_id);
   id->context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(conn_id));
   AcceptCommand cmd{id, req, conn_id, *slot, peer};
   if (rdma_migrate_id(id, worker.cm_channel()) != 0) {
@@ -162,7 +162,7 @@ void Listener::on_async_event(Device& dev) {
         // qp_context holds the connection id (set at QP creation); the QP
         // cannot be destroyed before this event is acked, so reading it is safe.
         const auto conn_id = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ev.element.qp->qp_context));
-        core_.workers[conn_id % core_.workers.size()]->post(
+        core_.rdma_owner(conn_id).post(
             QpFatalCommand{conn_id, std::string(ibv_event_type_str(ev.event_type)) + " on " + dev.name});
         break;
       }
@@ -174,7 +174,7 @@ void Listener::on_async_event(Device& dev) {
         // (rdma_disconnect); for a connection still open it is the only news
         // of a QP that failed while idle.
         const auto conn_id = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ev.element.qp->qp_context));
-        core_.workers[conn_id % core_.workers.size()]->post(QpFatalCommand{
+        core_.rdma_owner(conn_id).post(QpFatalCommand{
             conn_id, std::string(ibv_event_type_str(ev.event_type)) + " on " + dev.name + " (the QP is in error)", true});
         break;
       }

@@ -53,6 +53,10 @@ struct BrokerCore {
   std::shared_ptr<const AuthTable> auth;    // as started; reloads hand workers their successors
   Authenticator* authenticator = nullptr;   // checks passwords and tokens off the workers
   fault::Shared faults;                     // test builds: faults any worker may pick up
+
+  /// The worker that owns RDMA connection `id`: the listener spreads them
+  /// round-robin by id (a TCP connection stays with the worker that accepted it).
+  Worker& rdma_owner(std::uint64_t id) const { return *workers[id % workers.size()]; }
 };
 
 // ---------------------------------------------------------------- commands
