@@ -4,6 +4,7 @@
 // be parsed but forgotten by reload, or the other way round.
 #include "rdmabroker/config/config.hpp"
 
+#include <arpa/inet.h>
 #include <crypt.h>
 #include <yaml-cpp/yaml.h>
 
@@ -268,6 +269,42 @@ std::string show_users(const std::vector<User>& users) {
   return s + "]";
 }
 
+/// An unsigned setting outside BrokerOptions' top level (uint_field's member pointer cannot reach it).
+Field u32_field(std::string_view section, std::string_view name, bool live, std::function<std::uint32_t&(Config&)> get,
+                std::uint64_t lo, std::uint64_t hi) {
+  return Field{section, name, live,
+               [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
+                 std::uint64_t v = 0;
+                 if (auto e = parse_uint(n, lo, hi, false, v)) return e;
+                 get(c) = static_cast<std::uint32_t>(v);
+                 return std::nullopt;
+               },
+               [=](const Config& c) { return std::to_string(get(const_cast<Config&>(c))); }};
+}
+
+Field bool_field(std::string_view section, std::string_view name, bool live, std::function<bool&(Config&)> get) {
+  return Field{section, name, live,
+               [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
+                 if (!parse_bool(n, get(c))) return "expected true or false";
+                 return std::nullopt;
+               },
+               [=](const Config& c) { return std::string(get(const_cast<Config&>(c)) ? "true" : "false"); }};
+}
+
+/// "239.77.0.0/16": an IPv4 multicast range (224.0.0.0/4) with room for groups.
+std::optional<std::string> check_group_range(const std::string& text) {
+  const auto slash = text.find('/');
+  in_addr a{};
+  unsigned bits = 0;
+  const char* end = text.data() + text.size();
+  if (slash == std::string::npos || inet_pton(AF_INET, text.substr(0, slash).c_str(), &a) != 1 ||
+      std::from_chars(text.data() + slash + 1, end, bits).ptr != end || bits < 4 || bits > 30) {
+    return "expected an IPv4 multicast range such as 239.77.0.0/16 (prefix 4..30), got '" + text + "'";
+  }
+  if ((ntohl(a.s_addr) >> 28) != 0xe) return "'" + text + "' is not in the multicast range 224.0.0.0/4";
+  return std::nullopt;
+}
+
 const std::vector<Field>& fields() {
   using B = BrokerOptions;
   static const std::vector<Field> kFields = {
@@ -321,6 +358,29 @@ const std::vector<Field>& fields() {
             },
             [](const Config& c) { return show_permissions(c.broker.auth.anonymous_permissions); }},
       Field{"auth", "users", true, parse_users, [](const Config& c) { return show_users(c.broker.auth.users); }},
+      bool_field("multicast", "enabled", false, [](Config& c) -> bool& { return c.broker.multicast.enabled; }),
+      Field{"multicast", "groups", false,
+            [](const YAML::Node& n, Config& c) -> std::optional<std::string> {
+              std::string text;
+              if (auto e = scalar_text(n, text)) return e;
+              if (auto e = check_group_range(text)) return e;
+              c.broker.multicast.groups = text;
+              return std::nullopt;
+            },
+            [](const Config& c) { return c.broker.multicast.groups; }},
+      Field{"multicast", "subjects", true,
+            [](const YAML::Node& n, Config& c) -> std::optional<std::string> {
+              parse_patterns(n, "", c.broker.multicast.subjects);
+              return std::nullopt;
+            },
+            [](const Config& c) {
+              std::string s = "[";
+              for (const auto& p : c.broker.multicast.subjects) s += (s.size() > 1 ? ", " : "") + p;
+              return s + "]";
+            }},
+      u32_field("multicast", "threshold", true, [](Config& c) -> std::uint32_t& { return c.broker.multicast.threshold; }, 1, 1u << 20),
+      u32_field("multicast", "leave_below", true, [](Config& c) -> std::uint32_t& { return c.broker.multicast.leave_below; }, 1, 1u << 20),
+      u32_field("multicast", "retransmit_window", false, [](Config& c) -> std::uint32_t& { return c.broker.multicast.retransmit_window; }, 16, 1u << 20),
       string_field("metrics", "listen", false, [](Config& c) -> std::string& { return c.metrics_listen; }),
       string_field("admin", "socket", false, [](Config& c) -> std::string& { return c.broker.admin_socket; }),
       enum_field<std::string>("logging", "level", true, [](Config& c) -> std::string& { return c.log.level; },
@@ -450,6 +510,11 @@ Result<Config> parse(std::string_view yaml, const std::string& name) {
   }
   if (b.rdma == RdmaMode::kOff && b.tcp_port == 0) {
     problems.add(mark_of("", "rdma"), "rdma", "RDMA is off and listen.tcp is empty: nothing to listen on");
+  }
+  if (b.multicast.leave_below > b.multicast.threshold) {
+    problems.add(mark_of("multicast", "leave_below"), "multicast.leave_below",
+                 "must not exceed multicast.threshold (" + std::to_string(b.multicast.threshold) +
+                     "): a subject would leave its group as soon as it joined");
   }
   if (!c.metrics_listen.empty()) {
     if (auto hp = parse_host_port(c.metrics_listen, "metrics.listen"); !hp) {

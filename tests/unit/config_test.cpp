@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 
 #include "rdmabroker/config/config.hpp"
 
@@ -238,6 +239,57 @@ TEST(ConfigAuth, PermissionChangesAreLiveAndShowInTheDiff) {
 
 // The example config the package installs and the one in the Kubernetes
 // ConfigMap are what operators start from: both must load.
+TEST(ConfigMulticast, SectionIsReadWithDefaultsOff) {
+  auto d = parse("", "broker.yaml");
+  ASSERT_TRUE(d);
+  EXPECT_FALSE(d->broker.multicast.enabled);
+  EXPECT_EQ(d->broker.multicast.groups, "239.77.0.0/16");
+  auto c = parse(R"(
+multicast:
+  enabled: true
+  groups: 239.1.2.0/24
+  subjects: ["prices.>", "news.*"]
+  threshold: 8
+  leave_below: 4
+  retransmit_window: 1024
+)", "broker.yaml");
+  ASSERT_TRUE(c) << c.error().message;
+  const auto& m = c->broker.multicast;
+  EXPECT_TRUE(m.enabled);
+  EXPECT_EQ(m.groups, "239.1.2.0/24");
+  EXPECT_EQ(m.subjects, (std::vector<std::string>{"prices.>", "news.*"}));
+  EXPECT_EQ(m.threshold, 8u);
+  EXPECT_EQ(m.leave_below, 4u);
+  EXPECT_EQ(m.retransmit_window, 1024u);
+}
+
+TEST(ConfigMulticast, MistakesNameTheKey) {
+  EXPECT_NE(errors_of("multicast: {groups: 10.0.0.0/8}").find("multicast.groups: '10.0.0.0/8' is not in the multicast range"),
+            std::string::npos);
+  EXPECT_NE(errors_of("multicast: {groups: 239.1.2.3}").find("multicast.groups: expected an IPv4 multicast range"),
+            std::string::npos);
+  EXPECT_NE(errors_of("multicast:\n  subjects: [\"a..b\"]").find("broker.yaml:2:14: multicast.subjects[0]: not a valid subject pattern"),
+            std::string::npos);
+  EXPECT_NE(errors_of("multicast: {threshold: 2, leave_below: 3}").find("multicast.leave_below: must not exceed multicast.threshold (2)"),
+            std::string::npos);
+  EXPECT_NE(errors_of("multicast: {retransmit_window: 4}").find("multicast.retransmit_window: must be between 16"),
+            std::string::npos);
+  EXPECT_NE(errors_of("multicast: {enabled: maybe}").find("multicast.enabled: expected true or false"), std::string::npos);
+  EXPECT_NE(errors_of("multicast: {ttl: 3}").find("multicast.ttl: unknown key"), std::string::npos);
+}
+
+TEST(ConfigMulticast, SubjectsAndThresholdsChangeLiveTheRestNeedsARestart) {
+  auto a = parse("multicast: {enabled: true, subjects: [\"a.>\"]}", "a.yaml");
+  auto b = parse("multicast: {enabled: true, subjects: [\"b.>\"], threshold: 4, leave_below: 2, groups: 239.9.0.0/16}", "b.yaml");
+  ASSERT_TRUE(a && b);
+  std::map<std::string, bool> live;
+  for (const auto& ch : diff(*a, *b)) live[ch.key] = ch.live;
+  EXPECT_EQ(live, (std::map<std::string, bool>{{"multicast.subjects", true},
+                                                {"multicast.threshold", true},
+                                                {"multicast.leave_below", true},
+                                                {"multicast.groups", false}}));
+}
+
 TEST(Config, ShippedConfigsAreValid) {
   auto shipped = load(std::string(RDMABROKER_SOURCE_DIR) + "/config/broker.yaml");
   ASSERT_TRUE(shipped) << shipped.error().message;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "rdmabroker/proto/multicast.hpp"
 #include "rdmabroker/proto/wire.hpp"
 
 namespace rdmabroker::proto {
@@ -115,7 +116,7 @@ TEST(Wire, BadMagicVersionType) {
   v[2] = std::byte{2};
   EXPECT_EQ(decode(v, f), DecodeStatus::kBadVersion);
   EXPECT_EQ(error_for(DecodeStatus::kBadVersion), ErrorCode::kUnsupportedVersion);
-  for (std::uint8_t t : {0, 12, 255}) {
+  for (std::uint8_t t : {0, 17, 255}) {
     auto tt = buf;
     tt[3] = std::byte{t};
     EXPECT_EQ(decode(tt, f), DecodeStatus::kBadType) << int(t);
@@ -253,6 +254,95 @@ TEST(Wire, MaxPayloadFitsExactly) {
   EXPECT_EQ(encode_frame(buf, h, "abcde", {}, bytes(payload)), max_frame);
   std::string one_more(p + 1, 'z');
   EXPECT_EQ(encode_frame(buf, h, "abcde", {}, bytes(one_more)), 0u);
+}
+
+// ---------------------------------------------------------------- multicast (SPEC.md §7)
+
+TEST(WireMulticast, FramesHaveTheirFixedShapes) {
+  McastJoin j;
+  j.channel = 9;
+  j.qkey = 0x01234567;
+  j.group[10] = 0xff;
+  j.group[11] = 0xff;
+  j.group[12] = 239;
+  const auto jb = proto::encode(j);
+  const std::string join(reinterpret_cast<const char*>(jb.data()), jb.size());
+  const auto cb = encode_count(1234);
+  const std::string count(reinterpret_cast<const char*>(cb.data()), cb.size());
+  Frame f;
+  auto buf = encode(FrameType::kMcastJoin, 3, "", join);
+  ASSERT_EQ(decode(buf, f), DecodeStatus::kOk);
+  auto back = decode_mcast_join(f.payload);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->channel, 9u);
+  EXPECT_EQ(back->qkey, 0x01234567u);
+  EXPECT_EQ(back->group, j.group);
+  EXPECT_EQ(decode(encode(FrameType::kMcastJoin, 3, "", join.substr(1)), f), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(encode(FrameType::kMcastJoin, 3, "a", join), f), DecodeStatus::kBadLength);
+
+  for (FrameType t : {FrameType::kMcastRepair, FrameType::kMcastLoss}) {
+    buf = encode(t, 3, "", count);
+    ASSERT_EQ(decode(buf, f), DecodeStatus::kOk) << to_string(t);
+    EXPECT_EQ(decode_count(f.payload), 1234u);
+    EXPECT_EQ(decode(encode(t, 3, "", "1234567"), f), DecodeStatus::kBadLength) << to_string(t);
+  }
+  EXPECT_EQ(decode(encode(FrameType::kMcastLeave, 3, "", ""), f), DecodeStatus::kOk);
+  EXPECT_EQ(decode(encode(FrameType::kMcastLeave, 3, "", "x"), f), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(encode(FrameType::kMcastJoined, 3, "", ""), f), DecodeStatus::kOk);
+  EXPECT_EQ(decode(encode(FrameType::kMcastJoined, 3, "", "no such device"), f), DecodeStatus::kOk);
+  EXPECT_EQ(decode(encode(FrameType::kMcastJoined, 3, "", std::string(kMaxMcastReasonLen + 1, 'x')), f),
+            DecodeStatus::kBadLength);
+}
+
+TEST(WireMulticast, SequencedFlagOnlyOnDeliver) {
+  auto inner = encode(FrameType::kPublish, 0, "a", "x");
+  std::string inner_text(reinterpret_cast<const char*>(inner.data()), inner.size());
+  auto deliver = encode(FrameType::kDeliver, 5, "", inner_text);
+  deliver[4] = std::byte{kFlagSequenced};
+  Frame f;
+  ASSERT_EQ(decode(deliver, f), DecodeStatus::kOk);
+  EXPECT_EQ(f.header.flags, kFlagSequenced);
+  auto ping = encode(FrameType::kPing, 0, "", "");
+  ping[4] = std::byte{kFlagSequenced};
+  EXPECT_EQ(decode(ping, f), DecodeStatus::kBadReserved);
+  auto publish = encode(FrameType::kPublish, 0, "a", "x");
+  publish[4] = std::byte{kFlagSequenced};
+  EXPECT_EQ(decode(publish, f), DecodeStatus::kBadReserved);
+}
+
+TEST(WireMulticast, ConnectRequestOffersMulticast) {
+  ConnectRequest r{16384, 32, kConnectMulticast};
+  ConnectRequest back;
+  ASSERT_EQ(proto::decode(proto::encode(r), back), HandshakeStatus::kOk);
+  EXPECT_EQ(back.flags, kConnectMulticast);
+  ASSERT_EQ(proto::decode(proto::encode(ConnectRequest{16384, 32}), back), HandshakeStatus::kOk);
+  EXPECT_EQ(back.flags, 0);
+}
+
+TEST(WireMulticast, DatagramsAreCheckedBeforeTheyAreTrusted) {
+  std::vector<std::byte> d(kDatagramHeaderSize + 100);
+  proto::encode(d.data(), DatagramHeader{7, 42, 300, 200});
+  auto h = decode_datagram(d, 4096);
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->channel, 7u);
+  EXPECT_EQ(h->sequence, 42u);
+  EXPECT_EQ(h->total_len, 300u);
+  EXPECT_EQ(h->offset, 200u);
+  EXPECT_FALSE(decode_datagram(d, 299)) << "longer than the receiver's largest message";
+  proto::encode(d.data(), DatagramHeader{7, 42, 300, 201});
+  EXPECT_FALSE(decode_datagram(d, 4096)) << "fragment past the message's end";
+  proto::encode(d.data(), DatagramHeader{7, 0, 300, 0});
+  EXPECT_FALSE(decode_datagram(d, 4096)) << "sequence numbers start at 1";
+  std::vector<std::byte> hb(kDatagramHeaderSize);
+  proto::encode(hb.data(), DatagramHeader{7, 42, 0, 0});
+  ASSERT_TRUE(decode_datagram(hb, 4096));
+  EXPECT_EQ(decode_datagram(hb, 4096)->total_len, 0u) << "a heartbeat";
+  auto bad = hb;
+  bad[0] = std::byte{0};
+  EXPECT_FALSE(decode_datagram(bad, 4096)) << "bad magic";
+  EXPECT_FALSE(decode_datagram(std::span(hb).first(kDatagramHeaderSize - 1), 4096)) << "short";
+  hb.push_back(std::byte{1});
+  EXPECT_FALSE(decode_datagram(hb, 4096)) << "a heartbeat carries no data";
 }
 
 TEST(Handshake, RoundTrips) {

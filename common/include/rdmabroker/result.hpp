@@ -22,6 +22,7 @@ enum class ErrorKind {
   kNoResponders,      // a request found nobody subscribed to its subject
   kAuthenticationFailed,  // the broker refused the credentials (or their absence)
   kPermissionDenied,      // the user may not publish or subscribe to that subject
+  kMessagesLost,          // multicast: messages the broker could no longer resend (on_error only)
 };
 
 struct Error {

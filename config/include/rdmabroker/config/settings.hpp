@@ -47,6 +47,21 @@ struct AuthSettings {
   bool operator==(const AuthSettings&) const = default;
 };
 
+/// Hardware multicast fan-out (docs/multicast.md): subjects matching
+/// `subjects` are sequenced by the broker's multicast engine and, once
+/// `threshold` subscribers that can join are there, sent as one UD multicast
+/// per device instead of one RC send per subscriber; back to RC sends when
+/// fewer than `leave_below` remain (hysteresis).
+struct MulticastSettings {
+  bool enabled = false;
+  std::string groups = "239.77.0.0/16";   // IPv4 multicast range group addresses are taken from
+  std::vector<std::string> subjects;      // patterns of multicast-backed subjects (live)
+  std::uint32_t threshold = 1;            // multicast-capable subscribers at which a subject joins a group (live)
+  std::uint32_t leave_below = 1;          // ... and below which it leaves it again (live, <= threshold)
+  std::uint32_t retransmit_window = 4096; // messages per subject kept for gap repair
+  bool operator==(const MulticastSettings&) const = default;
+};
+
 struct BrokerOptions {
   std::string listen_address = "0.0.0.0";
   std::uint16_t port = 7470;               // RDMA CM port
@@ -71,6 +86,7 @@ struct BrokerOptions {
   std::vector<std::string> devices;        // RDMA devices to use (e.g. rxe0); empty: all
   std::uint32_t max_payload = 0;           // largest payload accepted; 0: what the buffer size allows
   AuthSettings auth;                       // who may connect and what they may do (live)
+  MulticastSettings multicast;
 };
 
 enum class LogFormat { kText, kJson };

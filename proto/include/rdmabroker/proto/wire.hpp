@@ -40,14 +40,31 @@ enum class FrameType : std::uint8_t {
   kClose = 9,
   kNoResponders = 10,
   kConnect = 11,  // client -> broker, first frame: credentials (SPEC.md §2.3)
+  // Multicast (SPEC.md §7): only between a broker and a client that offered
+  // kConnectMulticast in its connect request.
+  kMcastJoin = 12,    // B -> C: subscription `arg` is served by a multicast channel (McastJoin payload)
+  kMcastJoined = 13,  // C -> B: outcome of joining for subscription `arg`: empty payload ok, else why not
+  kMcastRepair = 14,  // C -> B: resend subscription `arg`'s messages from `sequence` (payload: u64 count)
+  kMcastLoss = 15,    // B -> C: subscription `arg` lost messages from `sequence` (payload: u64 count)
+  kMcastLeave = 16,   // B -> C: subscription `arg`'s channel left its group: all further messages come over RC
 };
-inline constexpr std::uint8_t kMaxFrameType = 11;
+inline constexpr std::uint8_t kMaxFrameType = 16;
 /// Longest CONNECT payload (user name plus password, or a token).
 inline constexpr std::size_t kMaxCredentialsLen = 1024;
 
 /// PUBLISH flag: the publisher wants a NO_RESPONDERS frame back when the
 /// message (which must carry a reply subject) matches no subscription.
 inline constexpr std::uint16_t kFlagRequest = 1;
+/// DELIVER flag: the subscription is served by a multicast channel; the
+/// header's `sequence` is the channel sequence number of the first inner
+/// message, the others follow it one by one (SPEC.md §7).
+inline constexpr std::uint16_t kFlagSequenced = 2;
+/// Payload of MCAST_REPAIR and MCAST_LOSS: a u64 message count.
+inline constexpr std::size_t kMcastCountLen = 8;
+/// Payload of MCAST_JOIN (see multicast.hpp).
+inline constexpr std::size_t kMcastJoinLen = 24;
+/// Longest MCAST_JOINED text (why a join failed).
+inline constexpr std::size_t kMaxMcastReasonLen = 200;
 
 /// Numbered error codes carried in ERROR frames (arg field) and CLOSE frames.
 enum class ErrorCode : std::uint32_t {
@@ -81,6 +98,11 @@ constexpr std::string_view to_string(FrameType t) {
     case FrameType::kClose: return "CLOSE";
     case FrameType::kNoResponders: return "NO_RESPONDERS";
     case FrameType::kConnect: return "CONNECT";
+    case FrameType::kMcastJoin: return "MCAST_JOIN";
+    case FrameType::kMcastJoined: return "MCAST_JOINED";
+    case FrameType::kMcastRepair: return "MCAST_REPAIR";
+    case FrameType::kMcastLoss: return "MCAST_LOSS";
+    case FrameType::kMcastLeave: return "MCAST_LEAVE";
   }
   return "UNKNOWN";
 }
@@ -251,8 +273,10 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   h.payload_len = load<std::uint32_t>(p + 12);
   h.arg = load<std::uint32_t>(p + 16);
   h.sequence = load<std::uint64_t>(p + 24);
-  // The one flag defined (REQUEST) belongs to PUBLISH frames with a reply subject.
-  const std::uint16_t allowed_flags = h.type == FrameType::kPublish && h.reply_len != 0 ? kFlagRequest : 0;
+  // REQUEST belongs to PUBLISH frames with a reply subject, SEQUENCED to DELIVER.
+  const std::uint16_t allowed_flags = h.type == FrameType::kPublish && h.reply_len != 0 ? kFlagRequest
+                                      : h.type == FrameType::kDeliver                  ? kFlagSequenced
+                                                                                       : 0;
   if ((h.flags & ~allowed_flags) != 0) return DecodeStatus::kBadReserved;
   if (h.subject_len > kMaxSubjectLen || h.reply_len > kMaxSubjectLen) return DecodeStatus::kBadLength;
   // 64-bit arithmetic: payload_len is attacker-controlled and may be near 2^32.
@@ -289,6 +313,17 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
         return DecodeStatus::kBadLength;
       }
       break;
+    case FrameType::kMcastJoin:
+      if (has_subject || h.reply_len != 0 || h.payload_len != kMcastJoinLen) return DecodeStatus::kBadLength;
+      break;
+    case FrameType::kMcastJoined:
+      if (has_subject || h.reply_len != 0 || h.payload_len > kMaxMcastReasonLen) return DecodeStatus::kBadLength;
+      break;
+    case FrameType::kMcastRepair:
+    case FrameType::kMcastLoss:
+      if (has_subject || h.reply_len != 0 || h.payload_len != kMcastCountLen) return DecodeStatus::kBadLength;
+      break;
+    case FrameType::kMcastLeave:
     case FrameType::kUnsubscribe:
     case FrameType::kCredit:
     case FrameType::kPing:
@@ -389,7 +424,10 @@ inline constexpr std::uint32_t kHandshakeMagic = 0x31424452;  // bytes "RDB1"
 struct ConnectRequest {
   std::uint32_t recv_buffer_size = 0;  // size of each receive buffer the client posted
   std::uint32_t initial_credits = 0;   // receives the client posted for the broker
+  std::uint16_t flags = 0;             // kConnectMulticast; other bits are ignored (sent as 0)
 };
+/// Connect request flag: the client can join multicast groups (SPEC.md §7).
+inline constexpr std::uint16_t kConnectMulticast = 1;
 
 /// Broker -> client, in the rdma_cm accept private data (24 bytes).
 struct ConnectAccept {
@@ -440,7 +478,7 @@ inline void encode_prefix(std::byte* p, std::uint16_t word) {
 
 inline std::array<std::byte, kConnectRequestSize> encode(const ConnectRequest& r) {
   std::array<std::byte, kConnectRequestSize> b{};
-  encode_prefix(b.data(), 0);
+  encode_prefix(b.data(), r.flags);
   store<std::uint32_t>(b.data() + 8, r.recv_buffer_size);
   store<std::uint32_t>(b.data() + 12, r.initial_credits);
   return b;
@@ -484,6 +522,7 @@ inline HandshakeStatus check_prefix(std::span<const std::byte> b, std::size_t ne
 
 inline HandshakeStatus decode(std::span<const std::byte> b, ConnectRequest& out) {
   if (auto s = check_prefix(b, kConnectRequestSize); s != HandshakeStatus::kOk) return s;
+  out.flags = load<std::uint16_t>(b.data() + 6);
   out.recv_buffer_size = load<std::uint32_t>(b.data() + 8);
   out.initial_credits = load<std::uint32_t>(b.data() + 12);
   if (out.recv_buffer_size < kMinBufferSize || out.recv_buffer_size > kMaxBufferSize) return HandshakeStatus::kBadValue;
