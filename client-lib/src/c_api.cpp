@@ -35,6 +35,7 @@ int code_for(rdmabroker::ErrorKind k) {
     case ErrorKind::kNoResponders: return RB_ERR_NO_RESPONDERS;
     case ErrorKind::kAuthenticationFailed: return RB_ERR_AUTHENTICATION;
     case ErrorKind::kPermissionDenied: return RB_ERR_PERMISSION_DENIED;
+    case ErrorKind::kMessagesLost: return RB_ERR_MESSAGES_LOST;
   }
   return RB_ERR_INVALID_ARGUMENT;
 }

@@ -13,9 +13,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
+#include <set>
 #include <thread>
+#include <unordered_map>
 
 #include "client_internal.hpp"
 #include "rdmabroker/common/credits.hpp"
@@ -28,6 +32,9 @@ namespace {
 
 
 constexpr std::uint64_t kRecvFlag = 1ull << 63;
+/// Multicast receive buffers: the GRH plus the largest datagram (4096-byte MTU).
+constexpr std::uint32_t kUdRecvs = 512;
+constexpr std::uint32_t kUdBufferSize = proto::kGrhSize + 4096;
 
 class RdmaClient final : public Session {
  public:
@@ -49,6 +56,25 @@ class RdmaClient final : public Session {
   bool post_locked(std::uint32_t buffer, std::uint32_t len);
   void on_completion(const ibv_wc& wc, Deliveries& deliveries, std::vector<Error>& errors);
 
+  // Multicast (SPEC.md §7): one UD QP, on the connection's device, joined to
+  // the groups of the subscriptions the broker serves by multicast.
+  void join_group(std::uint32_t sid, const proto::McastJoin& j, std::uint64_t epoch) override;
+  void leave_group(std::uint32_t sid) override;
+  /// Creates the UD endpoint on first use; false with `why` if it cannot.
+  bool open_ud(std::string& why);
+  void post_ud_receive(std::uint32_t index);
+  void handle_group_events();
+  void drain_ud(Deliveries& deliveries);
+  void teardown_ud();
+  struct Group {
+    sockaddr_in addr{};
+    bool joined = false;
+    std::set<std::uint32_t> sids;                                // subscriptions it serves
+    std::vector<std::pair<std::uint32_t, std::uint64_t>> waiting;  // (sid, epoch) to answer once joined
+  };
+  std::map<std::uint32_t, Group> groups_;                    // by channel; I/O thread
+  std::unordered_map<std::uint32_t, std::uint32_t> group_of_;  // sid -> channel
+
   const ParsedUrl url_;
 
   // Verbs resources in creation order; teardown_resources() undoes them in reverse.
@@ -63,6 +89,21 @@ class RdmaClient final : public Session {
   std::unique_ptr<std::byte[]> recv_mem_;
   verbs::MrPtr recv_mr_;
   verbs::MrPtr send_mr_;  // registers Session's send buffers
+  // UD endpoint (created on the first MCAST_JOIN), in creation order.
+  verbs::EventChannelPtr ud_cm_channel_;
+  verbs::CmIdPtr ud_id_;
+  verbs::CompChannelPtr ud_comp_channel_;
+  verbs::CqPtr ud_cq_;
+  verbs::CqEventAcker ud_acker_;
+  std::unique_ptr<std::byte[]> ud_mem_;
+  verbs::MrPtr ud_mr_;
+  verbs::CmQp ud_qp_;
+  bool ud_failed_ = false;
+  /// Test builds: RDMABROKER_TEST_FAIL_MCAST_JOIN set when connecting makes
+  /// every join fail, as on a fabric that refuses it (read once, on the
+  /// connecting thread: the I/O thread never calls getenv).
+  bool fail_joins_ = false;
+  std::string ud_error_;
   UniqueFd wake_fd_;
   UniqueFd epoll_;
   std::thread io_thread_;
@@ -99,6 +140,9 @@ Result<rdma_cm_event_type> RdmaClient::wait_cm_event(rdma_cm_event_type expected
 }
 
 Status RdmaClient::connect() {
+#if RDMABROKER_FAULT_INJECTION
+  fail_joins_ = std::getenv("RDMABROKER_TEST_FAIL_MCAST_JOIN") != nullptr;
+#endif
   const Status st = connect_with_retry(
       [this](std::uint32_t size, proto::ConnectReject* reject) { return connect_once(size, reject); },
       [this] { teardown_resources(); });
@@ -188,7 +232,8 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
     if (ibv_post_recv(qp_.get(), &wr, &bad) != 0) return sys_error(ErrorKind::kResource, "ibv_post_recv");
   }
 
-  auto pdata = proto::encode(proto::ConnectRequest{recv_buffer_size, opt_.recv_credits});
+  auto pdata = proto::encode(proto::ConnectRequest{recv_buffer_size, opt_.recv_credits,
+                                                   opt_.multicast ? proto::kConnectMulticast : std::uint16_t{0}});
   rdma_conn_param param{};
   param.private_data = pdata.data();
   param.private_data_len = static_cast<std::uint8_t>(pdata.size());
@@ -240,6 +285,7 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
 }
 
 void RdmaClient::teardown_resources() {
+  teardown_ud();  // its QP and MR use the PD
   // Reverse order of creation: QP, MRs, CQ, completion channel, PD, cm_id, channel.
   qp_.reset();
   send_mr_.reset();
@@ -335,8 +381,10 @@ void RdmaClient::run() {
         timeout_ms = 0;
       }
     }
-    epoll_event evs[4];
-    const int n = ::epoll_wait(epoll_.get(), evs, 4, timeout_ms);
+    // A multicast gap to ask for (or a frame to retry) bounds the sleep.
+    if (const int gap_ms = check_gaps(); gap_ms >= 0) timeout_ms = timeout_ms < 0 ? gap_ms : std::min(timeout_ms, gap_ms);
+    epoll_event evs[6];
+    const int n = ::epoll_wait(epoll_.get(), evs, 6, timeout_ms);
     bool cm_ready = false;
     for (int i = 0; i < n; ++i) {
       const int fd = evs[i].data.fd;
@@ -346,6 +394,12 @@ void RdmaClient::run() {
         while (ibv_get_cq_event(comp_channel_.get(), &cq, &ctx) == 0) acker_.add();
       } else if (fd == cm_channel_->fd) {
         cm_ready = true;
+      } else if (ud_comp_channel_ && fd == ud_comp_channel_->fd) {
+        ibv_cq* cq = nullptr;
+        void* ctx = nullptr;
+        while (ibv_get_cq_event(ud_comp_channel_.get(), &cq, &ctx) == 0) ud_acker_.add();
+      } else if (ud_cm_channel_ && fd == ud_cm_channel_->fd) {
+        handle_group_events();
       } else {
         std::uint64_t v;
         [[maybe_unused]] auto r = ::read(wake_fd_.get(), &v, sizeof v);
@@ -363,6 +417,7 @@ void RdmaClient::run() {
       }
       if (pass == 0) ibv_req_notify_cq(cq_.get(), 0);
     }
+    if (ud_cq_) drain_ud(deliveries);
     rdma_cm_event* ev = nullptr;
     while (cm_ready && rdma_get_cm_event(cm_channel_.get(), &ev) == 0) {
       verbs::CmEventPtr owned(ev);
@@ -426,6 +481,191 @@ void RdmaClient::on_completion(const ibv_wc& wc, Deliveries& deliveries, std::ve
     fail_locked(Error{ErrorKind::kClosed, std::string("send failed: ") + ibv_wc_status_str(wc.status)});
   }
   cv_.notify_all();
+}
+
+// ---------------------------------------------------------------- multicast
+
+bool RdmaClient::open_ud(std::string& why) {
+  if (ud_qp_) return true;
+  if (ud_failed_) {
+    why = ud_error_;
+    return false;
+  }
+  auto fail = [&](const std::string& what) {
+    ud_failed_ = true;
+    ud_error_ = what + ": " + std::strerror(errno);
+    why = ud_error_;
+    teardown_ud();
+    return false;
+  };
+  ud_cm_channel_.reset(rdma_create_event_channel());
+  if (!ud_cm_channel_) return fail("rdma_create_event_channel");
+  set_nonblocking(ud_cm_channel_->fd);
+  rdma_cm_id* id = nullptr;
+  if (rdma_create_id(ud_cm_channel_.get(), &id, nullptr, RDMA_PS_UDP) != 0) return fail("rdma_create_id");
+  ud_id_.reset(id);
+  // On the connection's own address: the device the broker reaches us on.
+  sockaddr_in local = *reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(id_.get()));
+  local.sin_port = 0;
+  if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&local)) != 0) return fail("rdma_bind_addr");
+  if (id->verbs != id_->verbs) {
+    errno = ENODEV;
+    return fail("the UD endpoint is not on the connection's device");
+  }
+  ud_comp_channel_.reset(ibv_create_comp_channel(id->verbs));
+  if (!ud_comp_channel_) return fail("ibv_create_comp_channel");
+  set_nonblocking(ud_comp_channel_->fd);
+  ud_cq_.reset(ibv_create_cq(id->verbs, static_cast<int>(kUdRecvs + 1), nullptr, ud_comp_channel_.get(), 0));
+  if (!ud_cq_) return fail("ibv_create_cq");
+  ud_acker_.attach(ud_cq_.get());
+  ud_mem_.reset(new std::byte[std::size_t{kUdRecvs} * kUdBufferSize]);
+  ud_mr_ = verbs::register_local(pd_.get(), ud_mem_.get(), std::size_t{kUdRecvs} * kUdBufferSize);
+  if (!ud_mr_) return fail("ibv_reg_mr (multicast receive buffers)");
+  ibv_qp_init_attr attr{};
+  attr.qp_type = IBV_QPT_UD;
+  attr.send_cq = ud_cq_.get();
+  attr.recv_cq = ud_cq_.get();
+  attr.cap.max_send_wr = 1;
+  attr.cap.max_recv_wr = kUdRecvs;
+  attr.cap.max_send_sge = 1;
+  attr.cap.max_recv_sge = 1;
+  if (rdma_create_qp(id, pd_.get(), &attr) != 0) return fail("rdma_create_qp (UD)");
+  ud_qp_ = verbs::CmQp(id);
+  for (std::uint32_t i = 0; i < kUdRecvs; ++i) post_ud_receive(i);
+  for (int fd : {ud_cm_channel_->fd, ud_comp_channel_->fd}) {
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.fd = fd;
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &e);
+  }
+  ibv_req_notify_cq(ud_cq_.get(), 0);
+  return true;
+}
+
+void RdmaClient::post_ud_receive(std::uint32_t index) {
+  ibv_sge sge{reinterpret_cast<std::uint64_t>(ud_mem_.get() + std::size_t{index} * kUdBufferSize), kUdBufferSize,
+              ud_mr_->lkey};
+  ibv_recv_wr wr{};
+  wr.wr_id = index;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  ibv_post_recv(ud_qp_.get(), &wr, &bad);  // fails only once the QP is in error: then nothing arrives anyway
+}
+
+void RdmaClient::teardown_ud() {
+  // Groups first: the kernel refuses to destroy a QP still attached to one
+  // (EBUSY), and the CQ and completion channel would leak with it.
+  for (auto& [channel, g] : groups_) rdma_leave_multicast(ud_id_.get(), reinterpret_cast<sockaddr*>(&g.addr));
+  groups_.clear();
+  // Then the rest in reverse order of creation.
+  ud_qp_.reset();
+  ud_mr_.reset();
+  ud_mem_.reset();
+  ud_acker_.flush();
+  ud_cq_.reset();
+  ud_comp_channel_.reset();
+  ud_id_.reset();
+  ud_cm_channel_.reset();
+  groups_.clear();
+  group_of_.clear();
+  groups_joined_.store(0, std::memory_order_relaxed);
+}
+
+void RdmaClient::join_group(std::uint32_t sid, const proto::McastJoin& j, std::uint64_t epoch) {
+  leave_group(sid);  // a subscription is in one group at a time
+  std::string why;
+  if (fail_joins_) {
+    join_done(sid, epoch, "join refused (RDMABROKER_TEST_FAIL_MCAST_JOIN)");
+    return;
+  }
+  static constexpr std::uint8_t kV4Mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (std::memcmp(j.group.data(), kV4Mapped, sizeof kV4Mapped) != 0) {
+    join_done(sid, epoch, "only IPv4 (RoCE v2) groups are supported");
+    return;
+  }
+  if (!open_ud(why)) {
+    join_done(sid, epoch, why);
+    return;
+  }
+  auto [it, created] = groups_.try_emplace(j.channel);
+  Group& g = it->second;
+  if (created) {
+    g.addr.sin_family = AF_INET;
+    std::memcpy(&g.addr.sin_addr, j.group.data() + 12, 4);
+    if (rdma_join_multicast(ud_id_.get(), reinterpret_cast<sockaddr*>(&g.addr),
+                            reinterpret_cast<void*>(static_cast<std::uintptr_t>(j.channel))) != 0) {
+      groups_.erase(it);
+      join_done(sid, epoch, std::string("rdma_join_multicast: ") + std::strerror(errno));
+      return;
+    }
+  }
+  g.sids.insert(sid);
+  group_of_[sid] = j.channel;
+  if (g.joined) {
+    join_done(sid, epoch, {});
+  } else {
+    g.waiting.emplace_back(sid, epoch);
+  }
+}
+
+void RdmaClient::leave_group(std::uint32_t sid) {
+  auto of = group_of_.find(sid);
+  if (of == group_of_.end()) return;
+  auto it = groups_.find(of->second);
+  group_of_.erase(of);
+  if (it == groups_.end()) return;
+  Group& g = it->second;
+  g.sids.erase(sid);
+  std::erase_if(g.waiting, [&](const auto& w) { return w.first == sid; });
+  if (!g.sids.empty()) return;
+  rdma_leave_multicast(ud_id_.get(), reinterpret_cast<sockaddr*>(&g.addr));
+  if (g.joined) groups_joined_.fetch_sub(1, std::memory_order_relaxed);
+  groups_.erase(it);
+}
+
+void RdmaClient::handle_group_events() {
+  rdma_cm_event* raw = nullptr;
+  while (rdma_get_cm_event(ud_cm_channel_.get(), &raw) == 0) {
+    verbs::CmEventPtr ev(raw);
+    const auto channel = static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(ev->param.ud.private_data));
+    auto it = groups_.find(channel);
+    if (it == groups_.end()) continue;  // left meanwhile
+    Group& g = it->second;
+    const auto waiting = std::exchange(g.waiting, {});
+    if (ev->event == RDMA_CM_EVENT_MULTICAST_JOIN) {
+      if (!g.joined) groups_joined_.fetch_add(1, std::memory_order_relaxed);
+      g.joined = true;
+      for (const auto& [sid, epoch] : waiting) join_done(sid, epoch, {});
+      continue;
+    }
+    const std::string why = std::string(rdma_event_str(ev->event)) + " (status " + std::to_string(ev->status) + ")";
+    for (const auto& [sid, epoch] : waiting) {
+      join_done(sid, epoch, why);
+      group_of_.erase(sid);
+    }
+    if (!g.joined) groups_.erase(it);
+  }
+}
+
+void RdmaClient::drain_ud(Deliveries& deliveries) {
+  for (int pass = 0; pass < 2; ++pass) {
+    ibv_wc wcs[32];
+    int got;
+    while ((got = ibv_poll_cq(ud_cq_.get(), 32, wcs)) > 0) {
+      for (int i = 0; i < got; ++i) {
+        const auto& wc = wcs[i];
+        if (wc.status != IBV_WC_SUCCESS) continue;  // flushed at teardown
+        const auto index = static_cast<std::uint32_t>(wc.wr_id);
+        const std::byte* buf = ud_mem_.get() + std::size_t{index} * kUdBufferSize;
+        if (wc.byte_len > proto::kGrhSize) {
+          on_datagram({buf + proto::kGrhSize, wc.byte_len - proto::kGrhSize}, deliveries);
+        }
+        post_ud_receive(index);
+      }
+    }
+    if (pass == 0) ibv_req_notify_cq(ud_cq_.get(), 0);
+  }
 }
 
 }  // namespace

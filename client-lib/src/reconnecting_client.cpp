@@ -106,8 +106,25 @@ class ReconnectingClient final : public Client {
     std::lock_guard lock(mu_);
     return closed_ ? close_error_ : Error{ErrorKind::kClosed, ""};
   }
+  ClientStats stats() const override {
+    std::lock_guard lock(mu_);
+    ClientStats s = past_;
+    if (current_) add_stats(s, current_->stats());
+    s.multicast_groups = current_ ? current_->stats().multicast_groups : 0;  // a gauge: now, not summed
+    return s;
+  }
 
  private:
+  static void add_stats(ClientStats& to, const ClientStats& s) {
+    to.messages_received += s.messages_received;
+    to.multicast_messages += s.multicast_messages;
+    to.join_failures += s.join_failures;
+    to.repairs_requested += s.repairs_requested;
+    to.duplicates += s.duplicates;
+    to.messages_lost += s.messages_lost;
+  }
+  ClientStats past_;  // sessions that failed (guarded by mu_)
+
   struct Entry {
     std::string subject;
     std::string group;
@@ -258,6 +275,7 @@ class ReconnectingClient final : public Client {
                 next.value()->close();
                 return;
               }
+              add_stats(past_, current_->stats());  // the failed session's counts stay counted
               current_ = next.value();
             }
             cv_.notify_all();

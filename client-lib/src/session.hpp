@@ -17,7 +17,9 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "rdmabroker/client.hpp"
+#include "rdmabroker/proto/multicast.hpp"
 #include "rdmabroker/proto/wire.hpp"
 
 namespace rdmabroker {
@@ -107,6 +110,7 @@ class Session : public Client {
     std::lock_guard lock(mu_);
     return closed_ ? close_error_ : Error{ErrorKind::kClosed, ""};
   }
+  ClientStats stats() const override;
 
  protected:
   static constexpr std::uint32_t kNoBuffer = ~0u;
@@ -156,6 +160,27 @@ class Session : public Client {
   /// that came after them (I/O thread, without mu_).
   void dispatch(Deliveries& deliveries, std::vector<Error>& errors);
   void fail_locked(Error why);
+
+  // ---- multicast (SPEC.md §7); I/O thread only
+  /// The transport joins the group of `j` for subscription `sid` and calls
+  /// join_done() with the outcome (now, or when the join completes). The
+  /// default, for a transport without multicast, refuses.
+  virtual void join_group(std::uint32_t sid, const proto::McastJoin& /*j*/, std::uint64_t epoch) {
+    join_done(sid, epoch, "this transport has no multicast");
+  }
+  /// Subscription `sid` no longer takes its messages from a group.
+  virtual void leave_group(std::uint32_t /*sid*/) {}
+  /// Tells the broker (MCAST_JOINED); `error` empty: joined.
+  void join_done(std::uint32_t sid, std::uint64_t epoch, const std::string& error);
+  /// A datagram from a group, without the GRH.
+  void on_datagram(std::span<const std::byte> datagram, Deliveries& deliveries);
+  /// Asks for gaps that have lasted long enough, forgets the state of ended
+  /// subscriptions. Returns how many ms until it should run again (-1: no gap).
+  int check_gaps();
+  /// Groups the transport has joined now (for stats()).
+  std::atomic<std::uint64_t> groups_joined_{0};
+  std::atomic<std::uint64_t> join_failures_{0};
+
   Status check_open_locked() const {
     if (closed_) return close_error_;
     return {};
@@ -190,8 +215,23 @@ class Session : public Client {
     Message reply;
   };
 
+  /// Encodes a frame into the open send buffer, waiting (up to publish_timeout)
+  /// for one if all are taken; `sequence` != 0 is kept as the frame's
+  /// sequence; `wait` false: fails at once instead (the I/O thread must not wait
+  /// for buffers that only it can free).
   Status append_frame_locked(std::unique_lock<std::mutex>& lock, const proto::FrameHeader& h, std::string_view subject,
-                             std::string_view reply, std::span<const std::byte> payload);
+                             std::string_view reply, std::span<const std::byte> payload, std::uint64_t sequence = 0,
+                             bool wait = true);
+  /// I/O thread: sends a multicast control frame now, or at the next
+  /// check_gaps() if every send buffer is taken.
+  void send_from_io(std::uint32_t sid, proto::FrameType type, std::uint64_t sequence, std::vector<std::byte> payload);
+  struct DeferredFrame {
+    std::uint32_t sid;
+    proto::FrameType type;
+    std::uint64_t sequence;
+    std::vector<std::byte> payload;
+  };
+  std::vector<DeferredFrame> deferred_;  // I/O thread
   Status publish_locked(std::unique_lock<std::mutex>& lock, std::string_view subject, std::string_view reply,
                         std::span<const std::byte> payload, std::uint16_t flags);
   Result<std::uint32_t> add_subscription(std::string_view subject, std::string_view group, MessageHandler handler);
@@ -204,6 +244,40 @@ class Session : public Client {
   /// next() returns kClosed with `why`, a callback gets nothing more.
   void end_subscription(std::uint32_t sid, const std::string& why);
   void on_inbox_message(const Message& m);
+
+  /// A multicast-served subscription's message stream: every message has a
+  /// channel sequence number; each is delivered once, in order, whichever
+  /// path (group or connection) brought it first.
+  struct SequencedStream {
+    std::uint32_t channel = 0;       // from MCAST_JOIN (0: not told yet)
+    bool started = false;
+    std::uint64_t next = 0;          // the next sequence number to deliver
+    std::uint64_t tail = 0;          // the highest known to exist (a heartbeat or a later message)
+    std::map<std::uint64_t, Message> early;  // arrived ahead of `next`
+    Clock::time_point gap_since{};   // when the current gap was first seen
+    Clock::time_point asked_at{};    // when it was last asked for
+    bool asked = false;
+  };
+  /// A multicast message being reassembled from its fragments.
+  struct Partial {
+    std::vector<std::byte> bytes;
+    std::set<std::uint32_t> offsets;  // fragments received (duplicates are ignored)
+    std::uint32_t received = 0;
+  };
+  /// Hands message `seq` of `sid` over (deliver in order, keep early, drop a duplicate).
+  void on_sequenced(std::uint32_t sid, std::uint64_t seq, Message&& m, Deliveries& deliveries, bool from_group);
+  void deliver_in_order(std::uint32_t sid, SequencedStream& s, Deliveries& deliveries);
+  /// MCAST_LOSS: moves past `count` messages from `first`, reports it.
+  void on_loss(std::uint32_t sid, std::uint64_t first, std::uint64_t count, std::vector<Error>& errors);
+  void send_repair(std::uint32_t sid, std::uint64_t first, std::uint64_t count);
+
+  std::unordered_map<std::uint32_t, SequencedStream> streams_;  // by sid, I/O thread
+  std::map<std::pair<std::uint32_t, std::uint64_t>, Partial> partials_;  // (channel, seq), I/O thread
+  std::atomic<std::uint64_t> messages_received_{0};
+  std::atomic<std::uint64_t> multicast_messages_{0};
+  std::atomic<std::uint64_t> repairs_requested_{0};
+  std::atomic<std::uint64_t> duplicates_{0};
+  std::atomic<std::uint64_t> messages_lost_{0};
 
   std::unique_ptr<std::byte[]> send_mem_;
   std::uint32_t send_count_ = 0;

@@ -26,7 +26,9 @@ Result<std::unique_ptr<Broker>> Broker::create(const BrokerOptions& options) {
   if (opt.max_pending_bytes < 4ull * opt.buffer_size) {
     return Error{ErrorKind::kInvalidArgument, "max pending bytes must be at least 4 buffers"};
   }
-  b->core_.slots = std::make_unique<ConnectionSlots>(opt.max_connections);
+  // One reserved slot: the multicast engine's backlog (BrokerCore::multicast_slot).
+  b->core_.slots = std::make_unique<ConnectionSlots>(opt.max_connections, 1);
+  b->core_.multicast_slot = opt.max_connections;
   b->core_.auth = AuthTable::build(opt.auth);
   warn_if_nobody_can_connect(*b->core_.auth);
   Broker* self = b.get();
@@ -79,6 +81,14 @@ Result<std::unique_ptr<Broker>> Broker::create(const BrokerOptions& options) {
   for (auto& w : b->workers_) {
     if (auto st = w->init(b->tcp_listen_.get()); !st) return st.error();
   }
+  if (opt.multicast.enabled && !use_rdma) {
+    spdlog::warn("multicast.enabled: no RDMA device, so no multicast: every subject is served by unicast");
+  } else if (opt.multicast.enabled) {
+    auto engine = MulticastEngine::create(b->core_);
+    if (!engine) return engine.error();
+    b->multicast_ = std::move(engine.value());
+    b->core_.multicast = b->multicast_.get();
+  }
   if (use_rdma) {
     b->listener_ = std::make_unique<Listener>(b->core_);
     if (auto st = b->listener_->listen(); !st) return st.error();
@@ -119,6 +129,14 @@ Status Broker::inject(const fault::Spec& spec) {
       spdlog::warn("fault: the buffer pool hands out buffers again");
       pool_->set_exhausted(false);
       break;
+    case fault::Kind::kMcastDrop:
+      spdlog::warn("fault: the next {} multicast channel messages are not sent to their groups", spec.count);
+      core_.faults.mcast_drops.store(spec.count);
+      break;
+    case fault::Kind::kMcastJoinFail:
+      spdlog::warn("fault: the next {} multicast group joins fail", spec.count);
+      core_.faults.mcast_join_fails.store(spec.count);
+      break;
   }
   return {};
 }
@@ -143,6 +161,7 @@ std::string Broker::listeners() const {
 
 void Broker::start() {
   authenticator_->start();
+  if (multicast_) multicast_->start();
   for (auto& w : workers_) w->start();
   if (listener_) listener_->start();
 }
@@ -154,6 +173,8 @@ void Broker::stop() {
   if (authenticator_) authenticator_->stop();  // a verdict still queued is moot: every connection is closing
   for (auto& w : workers_) w->post(ShutdownCommand{});
   for (auto& w : workers_) w->join();
+  // Closing connections removed their channel members; now the groups go.
+  if (multicast_) multicast_->stop();
   // Connections still in the backlog are reset rather than left waiting for
   // a handshake reply that will never come.
   tcp_listen_.reset();
@@ -201,6 +222,7 @@ void Broker::apply_live(const BrokerOptions& next) {
   auto applied = ask_workers<void>([&](auto done) { return ReloadCommand{next, auth, std::move(done)}; });
   const auto deadline = std::chrono::steady_clock::now() + kWorkerAnswerTimeout;
   for (auto& a : applied) a.wait_until(deadline);
+  if (multicast_) multicast_->reload(next.multicast);
 }
 
 bool Broker::workers_healthy(std::chrono::milliseconds limit) const {
@@ -262,7 +284,28 @@ StatsSnapshot Broker::stats() const {
   }
   add("connections.rejected", static_cast<std::int64_t>(listener_ ? listener_->rejected() : 0) + s["tcp.rejected"]);
   add("limits.refused.connections", static_cast<std::int64_t>(listener_ ? listener_->over_limit() : 0));
-  add("subscriptions", static_cast<std::int64_t>(core_.index.size()));
+  {
+    static const MulticastStats kOff;  // multicast off: every series is there, at 0
+    const MulticastStats& m = multicast_ ? multicast_->stats() : kOff;
+    add("multicast.channels", m.channels.get());
+    add("multicast.groups", m.groups.get());
+    add("multicast.members", m.members.get());
+    add("multicast.members_joined", m.members_joined.get());
+    add("multicast.messages", static_cast<std::int64_t>(m.messages.get()));
+    add("multicast.group_messages", static_cast<std::int64_t>(m.group_messages.get()));
+    add("multicast.datagrams", static_cast<std::int64_t>(m.datagrams.get()));
+    add("multicast.unicast_copies", static_cast<std::int64_t>(m.unicast_copies.get()));
+    add("multicast.repairs_requested", static_cast<std::int64_t>(m.repairs_requested.get()));
+    add("multicast.repairs_served", static_cast<std::int64_t>(m.repairs_served.get()));
+    add("multicast.losses", static_cast<std::int64_t>(m.losses.get()));
+    add("multicast.joins", static_cast<std::int64_t>(m.joins.get()));
+    add("multicast.join_failures", static_cast<std::int64_t>(m.join_failures.get()));
+    add("multicast.client_join_failures", static_cast<std::int64_t>(m.client_join_failures.get()));
+    add("multicast.send_errors", static_cast<std::int64_t>(m.send_errors.get()));
+    add("multicast.no_channel", static_cast<std::int64_t>(m.no_channel.get()));
+  }
+  // A channel is one entry in the index for all of its members.
+  add("subscriptions", static_cast<std::int64_t>(core_.index.size()) - s["multicast.channels"] + s["multicast.members"]);
   add("connections.by_transport.tcp", s["tcp.connections"]);
   add("connections.by_transport.rdma", s["connections.current"] - s["tcp.connections"]);
   add("pool.buffers", pool_->count());

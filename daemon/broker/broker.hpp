@@ -12,6 +12,7 @@
 #include "fault/fault.hpp"
 #include "rdma/buffer_pool.hpp"
 #include "rdma/device.hpp"
+#include "multicast/engine.hpp"
 #include "rdma/listener.hpp"
 #include "worker/worker.hpp"
 #include "rdmabroker/result.hpp"
@@ -62,6 +63,7 @@ class Broker {
   std::unique_ptr<DeviceSet> devices_;  // null: TCP only
   UniqueFd tcp_listen_;                 // -1: no TCP; outlives the workers that watch it
   std::vector<std::unique_ptr<Worker>> workers_;
+  std::unique_ptr<MulticastEngine> multicast_;  // null: multicast off; stopped after the workers, before them destroyed
   std::unique_ptr<Listener> listener_;  // the RDMA CM listener; null: TCP only
   std::unique_ptr<Authenticator> authenticator_;  // after workers_: destroyed (joined) before them
   bool stopped_ = false;

@@ -18,12 +18,15 @@ namespace rdmabroker::daemon {
 
 class ConnectionSlots {
  public:
-  explicit ConnectionSlots(std::uint32_t max) : queued_(new std::atomic<std::int64_t>[max]) {
+  /// `max` slots for connections, then `reserved` more that acquire() never
+  /// hands out: slot `max + i` is reserved slot i (the multicast engine's
+  /// backlog is one, so that publishers feeding it are slowed like those
+  /// feeding a backlogged subscriber).
+  explicit ConnectionSlots(std::uint32_t max, std::uint32_t reserved = 0)
+      : queued_(new std::atomic<std::int64_t>[max + reserved]) {
+    for (std::uint32_t s = 0; s < max + reserved; ++s) queued_[s].store(0, std::memory_order_relaxed);
     free_.reserve(max);
-    for (std::uint32_t s = max; s-- > 0;) {
-      queued_[s].store(0, std::memory_order_relaxed);
-      free_.push_back(s);
-    }
+    for (std::uint32_t s = max; s-- > 0;) free_.push_back(s);
   }
   /// Any thread. Empty when the connection limit is reached.
   std::optional<std::uint32_t> acquire() {

@@ -8,6 +8,7 @@ namespace rdmabroker::daemon {
 OutItem make_control(proto::FrameType type, std::uint32_t arg, std::string text, std::uint32_t sid) {
   OutItem item;
   item.header.sequence = sid;
+  item.fixed_sequence = type == proto::FrameType::kError;
   if (text.size() > kMaxControlText) text.resize(kMaxControlText);
   item.header.type = type;
   item.header.arg = arg;
@@ -39,8 +40,20 @@ OutItem make_delivery(BufferRef buf, std::uint32_t sid, std::uint32_t offset, st
   return item;
 }
 
+OutItem make_sequenced_delivery(BufferRef buf, std::uint32_t sid, std::uint64_t sequence, std::uint32_t offset,
+                                std::uint32_t len, std::uint32_t payload_len, std::int64_t received_at) {
+  OutItem item = make_delivery(std::move(buf), sid, offset, len, payload_len, received_at);
+  item.header.flags = proto::kFlagSequenced;
+  item.header.sequence = sequence;
+  item.fixed_sequence = true;
+  return item;
+}
+
 bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, std::uint32_t offset,
-                     std::uint32_t len, std::uint32_t payload_len, std::uint32_t max_frame) {
+                     std::uint32_t len, std::uint32_t payload_len, std::uint32_t max_frame, std::uint64_t sequence) {
+  // A sequenced run takes only the next message of its channel; a plain one only plain messages.
+  const bool sequenced = (tail.header.flags & proto::kFlagSequenced) != 0;
+  if (sequenced ? sequence != tail.header.sequence + tail.messages : sequence != 0) return false;
   if (!tail.is_delivery() || tail.header.arg != sid || !tail.body || tail.body.index() != buf.index() ||
       tail.body_offset + tail.body_len != offset || proto::kHeaderSize + tail.body_len + len > max_frame) {
     return false;
@@ -84,7 +97,7 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
     std::byte* dst = block.data() + block_used;
     // An ERROR's sequence field names the subscription it is about (SPEC.md
     // "Frame header"); every other frame carries the connection's counter.
-    if (item.header.type == proto::FrameType::kError) {
+    if (item.fixed_sequence) {
       ++next_sequence;
     } else {
       item.header.sequence = next_sequence++;

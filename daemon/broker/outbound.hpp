@@ -29,7 +29,8 @@ inline constexpr std::uint32_t kSendBlockSize = 1024;
 inline constexpr std::size_t kMaxControlText = 200;
 
 struct OutItem {
-  proto::FrameHeader header;  // sequence is assigned when packed
+  proto::FrameHeader header;  // sequence is assigned when packed, unless fixed_sequence
+  bool fixed_sequence = false;  // header.sequence means something (ERROR's sid, a channel sequence): kept
   BufferRef body;             // deliveries: the received buffer holding the PUBLISH frames
   std::uint32_t body_offset = 0;
   std::uint32_t body_len = 0;  // padded bytes after the header
@@ -58,8 +59,14 @@ OutItem make_delivery(BufferRef buf, std::uint32_t sid, std::uint32_t offset, st
 /// is a DELIVER to the same subscription that ends exactly where this frame
 /// starts in the same buffer, and the result stays within `max_frame`. One
 /// run of a publisher's batch thus becomes one DELIVER and two SGEs.
+/// `sequence`: for a multicast channel's sequenced DELIVER (SPEC.md §7), the
+/// frame's channel sequence, which must follow the tail's last one; 0 otherwise.
 bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, std::uint32_t offset,
-                     std::uint32_t len, std::uint32_t payload_len, std::uint32_t max_frame);
+                     std::uint32_t len, std::uint32_t payload_len, std::uint32_t max_frame,
+                     std::uint64_t sequence = 0);
+/// A sequenced DELIVER (SPEC.md §7) of one channel message to subscription `sid`.
+OutItem make_sequenced_delivery(BufferRef buf, std::uint32_t sid, std::uint64_t sequence, std::uint32_t offset,
+                                std::uint32_t len, std::uint32_t payload_len, std::int64_t received_at = 0);
 
 struct PackLimits {
   std::uint32_t max_bytes = 0;  // the peer's receive buffer size

@@ -28,7 +28,7 @@ bool number(std::string_view s, T& out) {
 Error usage(const std::string& why) {
   return Error{ErrorKind::kInvalidArgument,
                why + " (usage: fault wc-error CONN | qp-error CONN | cm-duplicate N | cm-delay MS N | "
-                     "pool-exhaust | pool-release)"};
+                     "pool-exhaust | pool-release | mcast-drop N | mcast-join-fail N)"};
 }
 
 }  // namespace
@@ -45,6 +45,9 @@ Result<Spec> parse(std::string_view args) {
   } else if (name == "cm-duplicate") {
     spec.kind = Kind::kCmDuplicate;
     if (!want(1) || !number(w[1], spec.count) || spec.count == 0) return usage("cm-duplicate needs a count");
+  } else if (name == "mcast-drop" || name == "mcast-join-fail") {
+    spec.kind = name == "mcast-drop" ? Kind::kMcastDrop : Kind::kMcastJoinFail;
+    if (!want(1) || !number(w[1], spec.count) || spec.count == 0) return usage(std::string(name) + " needs a count");
   } else if (name == "cm-delay") {
     spec.kind = Kind::kCmDelay;
     if (!want(2) || !number(w[1], spec.delay_ms) || !number(w[2], spec.count) || spec.count == 0) {

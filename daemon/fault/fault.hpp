@@ -14,6 +14,10 @@
 //   fault pool-exhaust       the buffer pool hands out nothing, as if every
 //                            buffer were in use: receives are not reposted
 //   fault pool-release       it hands them out again
+//   fault mcast-drop N       the multicast engine assigns the next N channel
+//                            messages their sequence numbers and keeps them for
+//                            repair, but does not send them to the groups
+//   fault mcast-join-fail N  the broker's next N group joins fail
 // and, at start (a CQ is sized when it is created), the environment variable
 //   RDMABROKER_FAULT_CQ_ENTRIES=N   every worker's CQs get N entries.
 // What the broker must do under each is in docs/testing.md ("Fault injection").
@@ -30,12 +34,12 @@ namespace rdmabroker::daemon::fault {
 
 inline constexpr bool kEnabled = RDMABROKER_FAULT_INJECTION != 0;
 
-enum class Kind : std::uint8_t { kWcError, kQpError, kCmDuplicate, kCmDelay, kPoolExhaust, kPoolRelease };
+enum class Kind : std::uint8_t { kWcError, kQpError, kCmDuplicate, kCmDelay, kPoolExhaust, kPoolRelease, kMcastDrop, kMcastJoinFail };
 
 struct Spec {
   Kind kind = Kind::kWcError;
   std::uint64_t connection = 0;  // wc-error, qp-error
-  std::uint32_t count = 1;       // cm-duplicate, cm-delay
+  std::uint32_t count = 1;       // cm-duplicate, cm-delay, mcast-drop, mcast-join-fail
   std::uint32_t delay_ms = 0;    // cm-delay
 };
 
@@ -47,6 +51,8 @@ struct Shared {
   std::atomic<std::uint32_t> cm_duplicates{0};
   std::atomic<std::uint32_t> cm_delays{0};
   std::atomic<std::uint32_t> cm_delay_ms{0};
+  std::atomic<std::uint32_t> mcast_drops{0};       // channel messages not to send to their groups
+  std::atomic<std::uint32_t> mcast_join_fails{0};  // group joins to fail
 
   /// Takes one from `counter` if any is left.
   static bool take(std::atomic<std::uint32_t>& counter);

@@ -127,7 +127,7 @@ void Worker::apply_auth(std::shared_ptr<const AuthTable> table) {
       }
       const std::uint32_t sid = it->first;
       const std::string pattern = it->second.pattern;
-      core_.index.remove(pattern, it->second.stored);
+      drop_subscription(*c, it->second, it->first);
       it = c->subscriptions.erase(it);
       stats_.subscriptions_revoked.add();
       spdlog::warn("connection {} from {}: subscription {} to '{}' of user '{}' revoked by a configuration reload",

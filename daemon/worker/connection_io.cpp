@@ -8,6 +8,7 @@
 #include <cstring>
 #include <sys/socket.h>
 
+#include "rdmabroker/proto/multicast.hpp"
 #include "worker/worker.hpp"
 
 namespace rdmabroker::daemon {
@@ -119,9 +120,7 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t b
           deny(c, "subscribe", f.subject, h.arg);
           break;
         }
-        // The reply field of a SUBSCRIBE names its queue group (SPEC.md §3.3).
-        const Subscriber stored = core_.index.add(f.subject, Subscriber{index_, c.id, h.arg, c.slot}, f.reply);
-        c.subscriptions.emplace(h.arg, Connection::Subscription{std::string(f.subject), stored});
+        add_subscription(c, f);
         break;
       }
       case FrameType::kUnsubscribe: {
@@ -131,10 +130,14 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t b
                                   "no subscription with id " + std::to_string(h.arg)));
           break;
         }
-        core_.index.remove(it->second.pattern, it->second.stored);
+        drop_subscription(c, it->second, it->first);
         c.subscriptions.erase(it);
         break;
       }
+      case FrameType::kMcastJoined:
+      case FrameType::kMcastRepair:
+        if (!on_multicast_frame(c, f)) return;
+        break;
       case FrameType::kPing:
         enqueue(c, make_control(FrameType::kPong, 0));
         break;
@@ -153,6 +156,9 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t b
       case FrameType::kPong:
       case FrameType::kError:
       case FrameType::kNoResponders:
+      case FrameType::kMcastJoin:
+      case FrameType::kMcastLoss:
+      case FrameType::kMcastLeave:
         close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
               std::string(proto::to_string(h.type)) + " is sent by the broker, never to it");
         return;
@@ -178,11 +184,14 @@ void Worker::route_publish(Connection& publisher, const proto::Frame& f, const B
   stats_.routed.add(match.fanout());
   // Stall watermark: three quarters of the bound leaves room for what the
   // publishers already have in flight when they are slowed down.
-  const auto watermark = static_cast<std::int64_t>(opt_.max_pending_bytes - opt_.max_pending_bytes / 4);
+  auto watermark = [&](std::uint32_t slot) {
+    const std::uint64_t bound = core_.backlog_bound(slot, opt_.max_pending_bytes);
+    return static_cast<std::int64_t>(bound - bound / 4);
+  };
   const Subscriber* backlogged = nullptr;
   auto deliver = [&](const Subscriber& s) {
     if (!route_to(s, f, buf)) return;
-    if (backlogged == nullptr && core_.slots->queued(s.slot) > watermark) backlogged = &s;
+    if (backlogged == nullptr && core_.slots->queued(s.slot) > watermark(s.slot)) backlogged = &s;
   };
   for (const Subscriber& s : match.plain) deliver(s);
   for (std::size_t g = 0; g < match.groups.size(); ++g) {
@@ -216,6 +225,13 @@ bool Worker::is_live(const Subscriber& s) {
 bool Worker::route_to(const Subscriber& s, const proto::Frame& f, const BufferRef& buf) {
   const auto off = static_cast<std::uint32_t>(f.offset);
   const auto len = static_cast<std::uint32_t>(f.header.frame_len());
+  if (s.worker == kChannelWorker) {
+    // A multicast channel: its engine sequences the message and fans it out.
+    core_.slots->add_queued(s.slot, 1);  // the engine's backlog (in messages), until it has handled it
+    channel_batch_.push_back({static_cast<std::uint32_t>(s.connection), buf.clone(), off, len, f.header.payload_len,
+                              now_.time_since_epoch().count()});
+    return true;
+  }
   if (s.worker == index_) {
     Connection* c = find(s.connection);
     if (c == nullptr || c->state != ConnState::kEstablished) {
@@ -257,6 +273,10 @@ void Worker::post_remote_batches() {
     cmd.items.swap(remote_[w]);
     core_.workers[w]->post(std::move(cmd));
   }
+  // After the workers' batches: a subject that just moved to a channel must
+  // not have its next message overtake, through the engine, the last one
+  // this worker routed to a subscriber directly.
+  if (!channel_batch_.empty()) core_.multicast->publish(std::exchange(channel_batch_, {}));
 }
 
 void Worker::enqueue(Connection& c, OutItem item) {
@@ -624,8 +644,58 @@ void Worker::destroy(Connection& c) {
 }
 
 void Worker::remove_subscriptions(Connection& c) {
-  for (const auto& [sid, sub] : c.subscriptions) core_.index.remove(sub.pattern, sub.stored);
+  for (const auto& [sid, sub] : c.subscriptions) drop_subscription(c, sub, sid);
   c.subscriptions.clear();
+}
+
+void Worker::add_subscription(Connection& c, const proto::Frame& f) {
+  const std::uint32_t sid = f.header.arg;
+  // An exact subscription (no wildcard, no queue group) to a multicast-backed
+  // subject is served by the subject's channel (multicast/engine.hpp).
+  if (core_.multicast != nullptr && f.reply.empty() && proto::valid_subject(f.subject) &&
+      MulticastEngine::eligible(opt_.multicast, f.subject)) {
+    ChannelMember m{c.id, index_, c.slot, sid, c.multicast_capable};
+    if (c.multicast_capable && c.port != nullptr && c.cm_id) {
+      m.device = c.port->device->index;
+      const sockaddr* local = rdma_get_local_addr(c.cm_id.get());
+      std::memcpy(&m.local, local, local->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in));
+    }
+    const std::uint32_t channel = core_.multicast->subscribe(f.subject, m);
+    c.subscriptions.emplace(sid, Connection::Subscription{std::string(f.subject), {}, channel});
+    return;
+  }
+  // The reply field of a SUBSCRIBE names its queue group (SPEC.md §3.3).
+  const Subscriber stored = core_.index.add(f.subject, Subscriber{index_, c.id, sid, c.slot}, f.reply);
+  c.subscriptions.emplace(sid, Connection::Subscription{std::string(f.subject), stored});
+}
+
+void Worker::drop_subscription(Connection& c, const Connection::Subscription& sub, std::uint32_t sid) {
+  if (sub.channel != 0) {
+    core_.multicast->unsubscribe(sub.channel, c.id, sid);
+  } else {
+    core_.index.remove(sub.pattern, sub.stored);
+  }
+}
+
+bool Worker::on_multicast_frame(Connection& c, const proto::Frame& f) {
+  if (core_.multicast == nullptr || !c.multicast_capable) {
+    close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
+          std::string(proto::to_string(f.header.type)) + " without multicast (the broker has it off, or the client "
+                                                         "did not offer it when connecting)");
+    return false;
+  }
+  const auto it = c.subscriptions.find(f.header.arg);
+  if (it == c.subscriptions.end() || it->second.channel == 0) {
+    // Crossed with an UNSUBSCRIBE, or a subject moved off multicast by a reload: nothing to do.
+    return true;
+  }
+  if (f.header.type == FrameType::kMcastJoined) {
+    core_.multicast->joined(c.id, f.header.arg, f.header.sequence,
+                            std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size()));
+  } else {
+    core_.multicast->repair(c.id, f.header.arg, f.header.sequence, proto::decode_count(f.payload));
+  }
+  return true;
 }
 
 }  // namespace rdmabroker::daemon

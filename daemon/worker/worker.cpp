@@ -277,6 +277,7 @@ void Worker::handle_commands() {
       opt_.producer_stall_ms = r->options.producer_stall_ms;
       opt_.drain_timeout_ms = r->options.drain_timeout_ms;
       opt_.busy_poll_us = r->options.busy_poll_us;
+      opt_.multicast = r->options.multicast;  // its restart-only keys cannot have changed
       if (r->auth) apply_auth(r->auth);
       if (r->applied) r->applied->set_value();
     } else if (auto* ar = std::get_if<AuthResultCommand>(&cmd)) {
@@ -364,6 +365,7 @@ void Worker::handle_accept(AcceptCommand& cmd) {
   conn->qp_num = id->qp->qp_num;
   conn->max_inline = attr.cap.max_inline_data;  // what the device granted
   conn->peer_buffer_size = cmd.request.recv_buffer_size;
+  conn->multicast_capable = (cmd.request.flags & proto::kConnectMulticast) != 0;
   conn->credits = CreditWindow(grant);
   conn->credits.grant_initial(grant);
   conn->credits.add_send_credits(cmd.request.initial_credits);
@@ -547,11 +549,11 @@ void Worker::check_deadlines() {
     // A stall ends when the subscriber it waits for has drained to half its
     // bound, or when that queue stopped shrinking for producer_stall_ms; the
     // publisher's owed credits then go back.
-    const auto low = static_cast<std::int64_t>(opt_.max_pending_bytes / 2);
     const auto patience = std::chrono::milliseconds(opt_.producer_stall_ms);
     std::erase_if(stalled_, [&](std::uint64_t id) {
       Connection* c = find(id);
       if (c == nullptr) return true;
+      const auto low = static_cast<std::int64_t>(core_.backlog_bound(c->stall_slot, opt_.max_pending_bytes) / 2);
       const std::int64_t queued = core_.slots->queued(c->stall_slot);
       if (queued < c->stall_queued) {  // progress: keep waiting
         c->stall_queued = queued;

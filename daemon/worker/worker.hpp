@@ -29,6 +29,7 @@
 #include "broker/stats.hpp"
 #include "broker/subscription_index.hpp"
 #include "fault/fault.hpp"
+#include "multicast/engine.hpp"
 #include "rdma/buffer_pool.hpp"
 #include "worker/command_queue.hpp"
 #include "rdma/device.hpp"
@@ -53,6 +54,21 @@ struct BrokerCore {
   std::shared_ptr<const AuthTable> auth;    // as started; reloads hand workers their successors
   Authenticator* authenticator = nullptr;   // checks passwords and tokens off the workers
   fault::Shared faults;                     // test builds: faults any worker may pick up
+  MulticastEngine* multicast = nullptr;     // null: multicast off (or no RDMA device)
+  /// The slot whose count is the multicast engine's backlog: messages
+  /// workers routed to channels that the engine has not handled yet
+  /// (messages, not bytes: each costs the engine at least one datagram).
+  std::uint32_t multicast_slot = 0;
+  /// The backlog's bound: publishers feeding channels are slowed above three
+  /// quarters of it, as for a backlogged subscriber. A quarter of the
+  /// retransmit window: a gap's repair request waits behind the backlog, and
+  /// must be answered before the window has moved past the gap.
+  std::uint64_t multicast_backlog = 1024;
+
+  /// The queue bound that slows publishers for `slot` (a connection's, or the engine's).
+  std::uint64_t backlog_bound(std::uint32_t slot, std::uint64_t max_pending_bytes) const {
+    return multicast != nullptr && slot == multicast_slot ? multicast_backlog : max_pending_bytes;
+  }
 
   /// The worker that owns RDMA connection `id`: the listener spreads them
   /// round-robin by id (a TCP connection stays with the worker that accepted it).
@@ -250,8 +266,10 @@ struct Connection {
   std::uint64_t bytes_out = 0;
   struct Subscription {
     std::string pattern;
-    Subscriber stored;  // as the index holds it (with its queue group id)
+    Subscriber stored;          // as the index holds it (with its queue group id)
+    std::uint32_t channel = 0;  // served by this multicast channel instead (not in the index itself)
   };
+  bool multicast_capable = false;  // RDMA client that offered kConnectMulticast
   std::unordered_map<std::uint32_t, Subscription> subscriptions;  // by sid
 };
 
@@ -377,6 +395,11 @@ class Worker {
   /// Queues one routed PUBLISH frame for `c`, extending its last DELIVER run if possible.
   void deliver_local(Connection& c, const BufferRef& buf, std::uint32_t sid, const proto::Frame& f);
   void post_remote_batches();
+  /// Adds a subscription to the index, or to its subject's multicast channel.
+  void add_subscription(Connection& c, const proto::Frame& f);
+  void drop_subscription(Connection& c, const Connection::Subscription& sub, std::uint32_t sid);
+  /// MCAST_JOINED and MCAST_REPAIR; false if the connection was closed for it.
+  bool on_multicast_frame(Connection& c, const proto::Frame& f);
 
   void touch(Connection& c);
   void flush_touched();
@@ -489,6 +512,7 @@ class Worker {
   std::chrono::steady_clock::time_point next_write_check_{};
   std::chrono::steady_clock::time_point next_socket_check_{};  // busy loop: when to look at sockets
   std::vector<std::vector<RemoteDelivery>> remote_;  // per target worker
+  std::vector<ChannelPublish> channel_batch_;        // for the multicast engine, posted after remote_
   MatchCache match_cache_;  // this worker's recent subject -> subscribers results
   std::vector<Command> command_scratch_;
   bool stopping_ = false;

@@ -96,7 +96,26 @@ struct ClientOptions {
   std::chrono::milliseconds publish_timeout{5000};
   /// Messages a blocking Subscription buffers before it drops (counted).
   std::size_t subscription_queue_limit = 1u << 20;
+  /// RDMA only: offer the broker to receive multicast-backed subjects from a
+  /// multicast group (docs/multicast.md). Where the broker takes the offer,
+  /// the subscription's messages come from the group, are put in order and
+  /// gaps repaired over the connection; the callback or queue sees the same
+  /// messages either way. If joining fails the broker sends over the
+  /// connection instead (stats().join_failures counts it).
+  bool multicast = true;
   ErrorHandler on_error;
+};
+
+/// What a client counts about what it received (Client::stats()).
+struct ClientStats {
+  std::uint64_t messages_received = 0;   // messages handed to subscriptions
+  std::uint64_t multicast_messages = 0;  // ... of which came from a multicast group
+  std::uint64_t multicast_groups = 0;    // groups joined now
+  std::uint64_t join_failures = 0;       // group joins that failed (the broker then sends over the connection)
+  std::uint64_t repairs_requested = 0;   // multicast messages asked to be resent (gaps)
+  std::uint64_t duplicates = 0;          // copies dropped: a message that came both from the group and the connection
+  std::uint64_t messages_lost = 0;       // gone beyond the broker's retransmit window; each loss is also an
+                                         // on_error with ErrorKind::kMessagesLost
 };
 
 /// A subscription read with next(); created by Client::subscribe(subject).
@@ -170,6 +189,8 @@ class Client {
   virtual std::string transport_description() const = 0;
   /// Why the connection ended, or an empty message while it is open.
   virtual Error close_reason() const = 0;
+  /// Counts since the client was created (across reconnects).
+  virtual ClientStats stats() const = 0;
 };
 
 }  // namespace rdmabroker

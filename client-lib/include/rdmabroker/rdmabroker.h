@@ -23,7 +23,8 @@ typedef enum {
   RB_ERR_PAYLOAD_TOO_LARGE = -8,
   RB_ERR_NO_RESPONDERS = -9, /* rb_request: nobody subscribes to the subject */
   RB_ERR_AUTHENTICATION = -10, /* rb_connect: the broker refused the credentials */
-  RB_ERR_PERMISSION_DENIED = -11 /* the user may not publish or subscribe to that subject */
+  RB_ERR_PERMISSION_DENIED = -11, /* the user may not publish or subscribe to that subject */
+  RB_ERR_MESSAGES_LOST = -12 /* multicast: messages beyond the broker's retransmit window */
 } rb_status;
 
 typedef struct rb_client rb_client;
