@@ -642,7 +642,7 @@ void Session::on_datagram(std::span<const std::byte> datagram, Deliveries& deliv
   std::span<const std::byte> whole;
   std::vector<std::byte> assembled;
   if (h->offset == 0 && chunk.size() == h->total_len) {
-    whole = chunk;  // one datagram: nothing to reassemble
+    whole = chunk;  // whole message(s): nothing to reassemble
   } else {
     const auto key = std::make_pair(h->channel, h->sequence);
     Partial& p = partials_[key];
@@ -663,18 +663,28 @@ void Session::on_datagram(std::span<const std::byte> datagram, Deliveries& deliv
     partials_.erase(key);
     whole = assembled;
   }
-  proto::Frame inner;
-  if (proto::decode_frame(whole, whole.size(), inner) != proto::DecodeStatus::kOk ||
-      inner.header.type != FrameType::kPublish) {
-    return;  // a corrupt message is a gap: repaired like a lost one
+  // `count` PUBLISH frames back to back, with consecutive sequence numbers.
+  // Any that does not decode spoils the datagram: what it carried is a gap.
+  std::vector<proto::Frame> frames;
+  for (std::size_t off = 0; off < whole.size();) {
+    proto::Frame inner;
+    if (proto::decode_frame(whole.subspan(off), whole.size() - off, inner) != proto::DecodeStatus::kOk ||
+        inner.header.type != FrameType::kPublish) {
+      return;
+    }
+    frames.push_back(inner);
+    off += inner.header.frame_len();
   }
-  for (auto sid : sids) {
-    Message m;
-    m.sid = sid;
-    m.subject.assign(inner.subject);
-    m.reply.assign(inner.reply);
-    m.payload.assign(inner.payload.begin(), inner.payload.end());
-    on_sequenced(sid, h->sequence, std::move(m), deliveries, true);
+  if (frames.size() != h->count) return;
+  for (std::size_t i = 0; i < frames.size(); ++i) {
+    for (auto sid : sids) {
+      Message m;
+      m.sid = sid;
+      m.subject.assign(frames[i].subject);
+      m.reply.assign(frames[i].reply);
+      m.payload.assign(frames[i].payload.begin(), frames[i].payload.end());
+      on_sequenced(sid, h->sequence + i, std::move(m), deliveries, true);
+    }
   }
 }
 

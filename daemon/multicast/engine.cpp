@@ -315,17 +315,53 @@ void MulticastEngine::handle(PublishBatch& c) {
     stats_.messages.add();
     bool dropped = false;
     if constexpr (fault::kEnabled) dropped = ch->grouped && fault::Shared::take(core_.faults.mcast_drops);
-    if (ch->grouped && !dropped) send_datagrams(*ch, &e);
+    if (ch->grouped && !dropped) pack(*ch, e);
     for (const Member& m : ch->members) {
       if (m.mode != MemberMode::kJoined) unicast(m, e, false);
     }
     remember(*ch, std::move(e));
     // A large batch on a slow device: repair requests and joins need not wait for all of it.
     if (++handled % 64 == 0 && commands_.pending()) {
+      for (auto& [id, c] : channels_) flush_packed(c);
       post_to_workers();
       handle_commands();
     }
   }
+  // The batch's last datagrams leave now: packing never waits for more.
+  for (auto& [id, ch] : channels_) flush_packed(ch);
+}
+
+std::uint32_t MulticastEngine::datagram_room(const Channel& ch) const {
+  std::uint32_t room = 0;
+  for (const auto& [device, dg] : ch.devices) {
+    auto ep = endpoints_.find(device);
+    if (!dg.joined || ep == endpoints_.end() || ep->second->broken) continue;
+    const auto r = static_cast<std::uint32_t>(proto::datagram_chunk(ep->second->mtu));
+    room = room == 0 ? r : std::min(room, r);
+  }
+  return room;
+}
+
+void MulticastEngine::pack(Channel& ch, const WindowEntry& e) {
+  const std::uint32_t room = datagram_room(ch);
+  if (room == 0) return;  // no device joined yet: its members get it over RC
+  const bool follows = ch.packed.empty() || ch.packed.back().sequence + 1 == e.sequence;
+  if (!follows || ch.packed_bytes + e.len > room) flush_packed(ch);
+  if (e.len > room) {  // alone, in fragments
+    send_datagrams(ch, std::span(&e, 1));
+    return;
+  }
+  ch.packed.push_back(WindowEntry{e.sequence, e.buf.clone(), e.offset, e.len, e.payload_len});
+  ch.packed_bytes += e.len;
+}
+
+void MulticastEngine::flush_packed(Channel& ch) {
+  if (ch.packed.empty()) return;
+  // Taken out first: a failed send leaves the group, which flushes again.
+  std::vector<WindowEntry> out;
+  out.swap(ch.packed);
+  ch.packed_bytes = 0;
+  if (ch.grouped) send_datagrams(ch, out);
 }
 
 // ---------------------------------------------------------------- members over RC
@@ -352,14 +388,7 @@ void MulticastEngine::unicast(const Member& m, const WindowEntry& e, bool repair
                             : make_delivery(e.buf.clone(), m.info.sid, e.offset, e.len, e.payload_len, now)});
 }
 
-void MulticastEngine::post_to_workers() {
-  for (std::size_t w = 0; w < remote_.size(); ++w) {
-    if (remote_[w].empty()) continue;
-    DeliverCommand cmd;
-    cmd.items.swap(remote_[w]);
-    core_.workers[w]->post(std::move(cmd));
-  }
-}
+void MulticastEngine::post_to_workers() { core_.post_deliveries(remote_); }
 
 void MulticastEngine::remember(Channel& ch, WindowEntry entry) {
   ch.window.push_back(std::move(entry));
@@ -452,6 +481,7 @@ void MulticastEngine::update(Channel& ch) {
 
 void MulticastEngine::leave_group(Channel& ch) {
   if (!ch.grouped) return;
+  flush_packed(ch);
   for (Member& m : ch.members) {
     if (m.mode != MemberMode::kJoining && m.mode != MemberMode::kJoined) continue;
     if (m.mode == MemberMode::kJoined) stats_.members_joined.add(-1);
@@ -581,8 +611,10 @@ void MulticastEngine::handle_cm_events() {
 
 // ---------------------------------------------------------------- datagrams
 
-void MulticastEngine::send_datagrams(Channel& ch, const WindowEntry* entry) {
-  const std::uint32_t total = entry != nullptr ? entry->len : 0;
+void MulticastEngine::send_datagrams(Channel& ch, std::span<const WindowEntry> entries) {
+  std::uint32_t total = 0;
+  for (const auto& e : entries) total += e.len;
+  const bool fragmented = entries.size() == 1 && total > datagram_room(ch);
   bool sent = false;
   for (auto& [device, dg] : ch.devices) {
     if (!dg.joined) continue;
@@ -601,12 +633,21 @@ void MulticastEngine::send_datagrams(Channel& ch, const WindowEntry* entry) {
         poll_sends(ep);
         if (ep.in_flight == ep.slot_count) std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
-      const std::uint32_t n = std::min(chunk, total - offset);
       std::byte* slot = ep.slots.get() + std::size_t{ep.next_slot} * kSlotSize;
       ep.next_slot = (ep.next_slot + 1) % ep.slot_count;
-      proto::encode(slot, proto::DatagramHeader{ch.id, entry != nullptr ? entry->sequence : ch.next_sequence - 1,
-                                                total, offset});
-      if (n > 0) std::memcpy(slot + proto::kDatagramHeaderSize, entry->buf.data() + entry->offset + offset, n);
+      std::uint32_t n = 0;
+      if (fragmented) {
+        n = std::min(chunk, total - offset);
+        std::memcpy(slot + proto::kDatagramHeaderSize, entries[0].buf.data() + entries[0].offset + offset, n);
+      } else {
+        for (const auto& e : entries) {
+          std::memcpy(slot + proto::kDatagramHeaderSize + n, e.buf.data() + e.offset, e.len);
+          n += e.len;
+        }
+      }
+      const std::uint64_t first = entries.empty() ? ch.next_sequence - 1 : entries[0].sequence;
+      proto::encode(slot, proto::DatagramHeader{ch.id, first, total, fragmented ? offset : 0,
+                                                static_cast<std::uint32_t>(entries.size())});
       ibv_sge sge{reinterpret_cast<std::uint64_t>(slot), static_cast<std::uint32_t>(proto::kDatagramHeaderSize + n),
                   ep.slots_mr->lkey};
       ibv_send_wr wr{};
@@ -629,9 +670,9 @@ void MulticastEngine::send_datagrams(Channel& ch, const WindowEntry* entry) {
       stats_.datagrams.add();
       offset += n;
       sent = true;
-    } while (offset < total);
+    } while (fragmented && offset < total);
   }
-  if (sent && entry != nullptr) stats_.group_messages.add();
+  if (sent) stats_.group_messages.add(entries.size());
   if (!ch.devices.empty() && std::all_of(ch.devices.begin(), ch.devices.end(), [&](const auto& d) {
         return endpoints_.contains(d.first) && endpoints_.at(d.first)->broken;
       })) {
@@ -661,7 +702,7 @@ void MulticastEngine::poll_sends(Endpoint& ep) {
 
 void MulticastEngine::heartbeats() {
   for (auto& [id, ch] : channels_) {
-    if (ch.grouped && ch.next_sequence > 1) send_datagrams(ch, nullptr);
+    if (ch.grouped && ch.next_sequence > 1) send_datagrams(ch, {});
   }
 }
 

@@ -31,6 +31,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -220,6 +221,8 @@ class MulticastEngine {
     std::uint32_t group_index = 0;   // offset in multicast.groups
     sockaddr_in group{};
     std::map<std::uint32_t, DeviceGroup> devices;  // by device index
+    std::vector<WindowEntry> packed;  // consecutive messages for the next datagram
+    std::uint32_t packed_bytes = 0;
   };
 
   explicit MulticastEngine(BrokerCore& core);
@@ -239,8 +242,15 @@ class MulticastEngine {
   void update(Channel& ch);
   void leave_group(Channel& ch);
   Endpoint* endpoint_for(const ChannelMember& m, std::string& why);
-  /// Writes and posts the datagrams of one message (or a heartbeat: len 0).
-  void send_datagrams(Channel& ch, const WindowEntry* entry);
+  /// Writes and posts datagrams: none = a heartbeat; one message longer than
+  /// a datagram = its fragments; otherwise the messages packed into one.
+  void send_datagrams(Channel& ch, std::span<const WindowEntry> entries);
+  /// Adds a message to the channel's datagram being packed (sent when the
+  /// next does not fit, does not follow, or the batch ends).
+  void pack(Channel& ch, const WindowEntry& e);
+  void flush_packed(Channel& ch);
+  /// The message bytes one datagram carries on every device of the channel's group.
+  std::uint32_t datagram_room(const Channel& ch) const;
   void poll_sends(Endpoint& ep);
   void remember(Channel& ch, WindowEntry entry);
   void heartbeats();

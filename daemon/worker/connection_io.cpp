@@ -266,13 +266,17 @@ void Worker::deliver_local(Connection& c, const BufferRef& buf, std::uint32_t si
   enqueue(c, make_delivery(buf.clone(), sid, off, len, f.header.payload_len, now_.time_since_epoch().count()));
 }
 
-void Worker::post_remote_batches() {
-  for (std::size_t w = 0; w < remote_.size(); ++w) {
-    if (remote_[w].empty()) continue;
+void BrokerCore::post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker) const {
+  for (std::size_t w = 0; w < per_worker.size(); ++w) {
+    if (per_worker[w].empty()) continue;
     DeliverCommand cmd;
-    cmd.items.swap(remote_[w]);
-    core_.workers[w]->post(std::move(cmd));
+    cmd.items.swap(per_worker[w]);
+    workers[w]->post(std::move(cmd));
   }
+}
+
+void Worker::post_remote_batches() {
+  core_.post_deliveries(remote_);
   // After the workers' batches: a subject that just moved to a channel must
   // not have its next message overtake, through the engine, the last one
   // this worker routed to a subscriber directly.

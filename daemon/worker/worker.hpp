@@ -70,6 +70,11 @@ struct BrokerCore {
     return multicast != nullptr && slot == multicast_slot ? multicast_backlog : max_pending_bytes;
   }
 
+  /// Posts each worker its deliveries (one DeliverCommand per worker with
+  /// any) and leaves `per_worker` empty: how workers and the multicast engine
+  /// hand messages to connections they do not own.
+  void post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker) const;
+
   /// The worker that owns RDMA connection `id`: the listener spreads them
   /// round-robin by id (a TCP connection stays with the worker that accepted it).
   Worker& rdma_owner(std::uint64_t id) const { return *workers[id % workers.size()]; }

@@ -321,7 +321,7 @@ TEST(WireMulticast, ConnectRequestOffersMulticast) {
 
 TEST(WireMulticast, DatagramsAreCheckedBeforeTheyAreTrusted) {
   std::vector<std::byte> d(kDatagramHeaderSize + 100);
-  proto::encode(d.data(), DatagramHeader{7, 42, 300, 200});
+  proto::encode(d.data(), DatagramHeader{7, 42, 300, 200, 1});
   auto h = decode_datagram(d, 4096);
   ASSERT_TRUE(h);
   EXPECT_EQ(h->channel, 7u);
@@ -329,12 +329,19 @@ TEST(WireMulticast, DatagramsAreCheckedBeforeTheyAreTrusted) {
   EXPECT_EQ(h->total_len, 300u);
   EXPECT_EQ(h->offset, 200u);
   EXPECT_FALSE(decode_datagram(d, 299)) << "longer than the receiver's largest message";
-  proto::encode(d.data(), DatagramHeader{7, 42, 300, 201});
+  proto::encode(d.data(), DatagramHeader{7, 42, 300, 201, 1});
   EXPECT_FALSE(decode_datagram(d, 4096)) << "fragment past the message's end";
-  proto::encode(d.data(), DatagramHeader{7, 0, 300, 0});
+  proto::encode(d.data(), DatagramHeader{7, 0, 300, 0, 1});
   EXPECT_FALSE(decode_datagram(d, 4096)) << "sequence numbers start at 1";
+  proto::encode(d.data(), DatagramHeader{7, 42, 300, 200, 0});
+  EXPECT_FALSE(decode_datagram(d, 4096)) << "data without a message count";
+  proto::encode(d.data(), DatagramHeader{7, 42, 300, 200, 2});
+  EXPECT_FALSE(decode_datagram(d, 4096)) << "several messages are never fragmented";
+  proto::encode(d.data(), DatagramHeader{7, 42, 100, 0, 3});
+  ASSERT_TRUE(decode_datagram(d, 4096)) << "three whole messages in one datagram";
+  EXPECT_EQ(decode_datagram(d, 4096)->count, 3u);
   std::vector<std::byte> hb(kDatagramHeaderSize);
-  proto::encode(hb.data(), DatagramHeader{7, 42, 0, 0});
+  proto::encode(hb.data(), DatagramHeader{7, 42, 0, 0, 0});
   ASSERT_TRUE(decode_datagram(hb, 4096));
   EXPECT_EQ(decode_datagram(hb, 4096)->total_len, 0u) << "a heartbeat";
   auto bad = hb;

@@ -58,14 +58,16 @@ inline constexpr std::size_t kGrhSize = 40;
 /// Most messages the client asks to be repaired in one MCAST_REPAIR.
 inline constexpr std::uint64_t kMaxRepairCount = 1024;
 
-/// One datagram: a fragment of a channel message (the PUBLISH frame exactly as
-/// the broker received it), or with total_len 0 a heartbeat whose sequence is
-/// the last the channel sent.
+/// One datagram: `count` whole consecutive channel messages (PUBLISH frames
+/// exactly as the broker received them, back to back), or a fragment of one
+/// message too long for a datagram (count 1), or with total_len 0 a heartbeat
+/// (count 0) whose sequence is the last the channel sent.
 struct DatagramHeader {
   std::uint32_t channel = 0;
-  std::uint64_t sequence = 0;
-  std::uint32_t total_len = 0;  // bytes of the whole message; 0: heartbeat
-  std::uint32_t offset = 0;     // where this fragment's bytes go in the message
+  std::uint64_t sequence = 0;   // of the first message
+  std::uint32_t total_len = 0;  // bytes of the message(s); 0: heartbeat
+  std::uint32_t offset = 0;     // a fragment: where its bytes go in the message; else 0
+  std::uint32_t count = 0;      // messages: 1 for a fragment, 0 for a heartbeat
 };
 
 inline void encode(std::byte* out, const DatagramHeader& h) {
@@ -74,14 +76,16 @@ inline void encode(std::byte* out, const DatagramHeader& h) {
   store<std::uint64_t>(out + 8, h.sequence);
   store<std::uint32_t>(out + 16, h.total_len);
   store<std::uint32_t>(out + 20, h.offset);
-  store<std::uint64_t>(out + 24, 0);
+  store<std::uint32_t>(out + 24, h.count);
+  store<std::uint32_t>(out + 28, 0);
 }
 
 /// Decodes a datagram (without the GRH); nullopt when it is not one of ours
-/// or its fragment does not fit the message it claims to be part of.
+/// or its fields do not fit together (a fragment past the message's end, a
+/// message longer than `max_message`, a heartbeat with data, ...).
 inline std::optional<DatagramHeader> decode_datagram(std::span<const std::byte> b, std::size_t max_message) {
   if (b.size() < kDatagramHeaderSize || load<std::uint32_t>(b.data()) != kDatagramMagic ||
-      load<std::uint64_t>(b.data() + 24) != 0) {
+      load<std::uint32_t>(b.data() + 28) != 0) {
     return std::nullopt;
   }
   DatagramHeader h;
@@ -89,10 +93,15 @@ inline std::optional<DatagramHeader> decode_datagram(std::span<const std::byte> 
   h.sequence = load<std::uint64_t>(b.data() + 8);
   h.total_len = load<std::uint32_t>(b.data() + 16);
   h.offset = load<std::uint32_t>(b.data() + 20);
+  h.count = load<std::uint32_t>(b.data() + 24);
   const std::uint64_t chunk = b.size() - kDatagramHeaderSize;
   if (h.sequence == 0) return std::nullopt;
-  if (h.total_len == 0) return chunk == 0 && h.offset == 0 ? std::optional(h) : std::nullopt;
-  if (h.total_len > max_message || chunk == 0 || std::uint64_t{h.offset} + chunk > h.total_len) return std::nullopt;
+  if (h.total_len == 0) return chunk == 0 && h.offset == 0 && h.count == 0 ? std::optional(h) : std::nullopt;
+  if (h.total_len > max_message || chunk == 0 || h.count == 0 || std::uint64_t{h.offset} + chunk > h.total_len) {
+    return std::nullopt;
+  }
+  // Several messages only whole, in one datagram.
+  if (h.count > 1 && (h.offset != 0 || chunk != h.total_len)) return std::nullopt;
   return h;
 }
 
