@@ -294,9 +294,10 @@ TEST_F(Multicast, ALossBeyondTheWindowIsReportedNeverSilent) {
   EXPECT_EQ(cs.messages_lost, got.lost_reported.load());
   EXPECT_EQ(broker.stats()["multicast.losses"], static_cast<std::int64_t>(cs.messages_lost));
   {
-    // What arrived is in order; what did not is one run (the drop burst: it
-    // starts wherever the broker was when the fault was armed), all of it
-    // reported lost.
+    // What arrived is in order; what did not lies within the 300 dropped
+    // (the burst starts wherever the broker was when the fault was armed; the
+    // 16-message window may still serve a slice of it while it slides), and
+    // all of it was reported lost.
     std::lock_guard l(got.mu);
     for (std::size_t i = 1; i < got.seqs.size(); ++i) ASSERT_LT(got.seqs[i - 1], got.seqs[i]) << "out of order";
     std::vector<std::uint64_t> missing;
@@ -310,8 +311,7 @@ TEST_F(Multicast, ALossBeyondTheWindowIsReportedNeverSilent) {
     }
     ASSERT_FALSE(missing.empty());
     EXPECT_EQ(missing.size(), got.lost_reported.load());
-    EXPECT_EQ(missing.back() - missing.front() + 1, missing.size()) << "the missing messages are not one run";
-    EXPECT_LE(missing.size(), 300u);
+    EXPECT_LE(missing.back() - missing.front() + 1, 300u) << "a message outside the dropped burst is missing";
   }
   sub->close();
   pub->close();
