@@ -9,7 +9,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -17,6 +16,7 @@
 #include "broker/broker.hpp"
 #include "fault/fault.hpp"
 #include "ops/admin_server.hpp"
+#include "ops/command_line.hpp"
 #include "ops/logging.hpp"
 #include "ops/memory_trim.hpp"
 #include "ops/metrics.hpp"
@@ -29,29 +29,6 @@ namespace {
 
 using namespace rdmabroker::daemon;
 namespace config = rdmabroker::config;
-
-/// Command-line flags override the file; each one given is remembered as a
-/// setter, so a reload re-applies it over the freshly read file.
-class Flags {
- public:
-  template <typename T>
-  void add(CLI::App& app, const std::string& name, const std::string& help, std::function<void(config::Config&, const T&)> set,
-           CLI::Validator check = CLI::Validator()) {
-    app.add_option_function<T>(
-           name, [this, set](const T& v) { setters_.push_back([set, v](config::Config& c) { set(c, v); }); }, help)
-        ->check(check)
-        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides an earlier one
-  }
-  void add_flag(CLI::App& app, const std::string& name, const std::string& help, std::function<void(config::Config&)> set) {
-    app.add_flag_function(name, [this, set](std::int64_t) { setters_.push_back(set); }, help);
-  }
-  void apply(config::Config& c) const {
-    for (const auto& s : setters_) s(c);
-  }
-
- private:
-  std::vector<std::function<void(config::Config&)>> setters_;
-};
 
 nlohmann::json connections_json(const std::vector<ConnectionInfo>& conns) {
   nlohmann::json list = nlohmann::json::array();
@@ -76,78 +53,35 @@ nlohmann::json connections_json(const std::vector<ConnectionInfo>& conns) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"rdmabrokerd: RDMA topic message broker"};
-  std::string config_path;
-  std::string check_path;
-  bool check_only = false;
-  app.add_option("-c,--config", config_path,
-                 std::string("YAML configuration file (default ") + config::kDefaultConfigPath + " if it exists)");
-  auto* check = app.add_option("--check-config", check_path, "Validate a configuration file (default: --config's) and exit")
-                    ->expected(0, 1);
-  Flags flags;
-  using C = config::Config;
-  flags.add<std::string>(app, "-a,--listen", "Address for RDMA (and TCP unless --tcp-listen); overrides listen.rdma's host",
-                         [](C& c, const std::string& v) { c.broker.listen_address = v; });
-  flags.add<std::uint16_t>(app, "-p,--port", "RDMA CM port", [](C& c, const std::uint16_t& v) { c.broker.port = v; });
-  flags.add<std::string>(app, "--rdma", "auto, on or off", [](C& c, const std::string& v) {
-    c.broker.rdma = v == "on" ? config::RdmaMode::kOn : v == "off" ? config::RdmaMode::kOff : config::RdmaMode::kAuto;
-  }, CLI::IsMember({"auto", "on", "off"}));
-  flags.add<std::string>(app, "--tcp-listen", "Address for the TCP listener",
-                         [](C& c, const std::string& v) { c.broker.tcp_listen_address = v; });
-  flags.add<std::uint16_t>(app, "--tcp-port", "TCP port (0: no TCP listener)",
-                           [](C& c, const std::uint16_t& v) { c.broker.tcp_port = v; });
-  flags.add<std::uint32_t>(app, "-w,--workers", "Worker threads (0: one per core, at most 8)",
-                           [](C& c, const std::uint32_t& v) { c.broker.workers = v; });
-  flags.add<std::uint32_t>(app, "--buffer-size", "Receive buffer size = largest frame",
-                           [](C& c, const std::uint32_t& v) { c.broker.buffer_size = v; });
-  flags.add<std::uint32_t>(app, "--pool-buffers", "Buffers in the registered pool",
-                           [](C& c, const std::uint32_t& v) { c.broker.pool_buffers = v; });
-  flags.add<std::uint32_t>(app, "--srq-depth", "Receives per SRQ", [](C& c, const std::uint32_t& v) { c.broker.srq_depth = v; });
-  flags.add<std::uint32_t>(app, "--credits", "Receive credits granted to each RDMA client",
-                           [](C& c, const std::uint32_t& v) { c.broker.credits = v; });
-  flags.add<std::uint32_t>(app, "--max-inflight-sends", "Sends in flight per connection",
-                           [](C& c, const std::uint32_t& v) { c.broker.max_inflight_sends = v; });
-  flags.add<std::uint32_t>(app, "--busy-poll-us", "Spin on the CQs this long after the last work before sleeping (0: never)",
-                           [](C& c, const std::uint32_t& v) { c.broker.busy_poll_us = v; });
-  flags.add<std::uint64_t>(app, "--max-pending-bytes", "Bytes queued per subscriber before it is a slow consumer",
-                           [](C& c, const std::uint64_t& v) { c.broker.max_pending_bytes = v; });
-  flags.add<std::uint32_t>(app, "--write-deadline-ms", "Slow-consumer write deadline",
-                           [](C& c, const std::uint32_t& v) { c.broker.write_deadline_ms = v; });
-  flags.add<std::uint32_t>(app, "--producer-stall-ms", "How long publishers wait for a backlogged subscriber",
-                           [](C& c, const std::uint32_t& v) { c.broker.producer_stall_ms = v; });
-  flags.add<std::uint32_t>(app, "--max-connections", "Connection limit",
-                           [](C& c, const std::uint32_t& v) { c.broker.max_connections = v; });
-  flags.add<std::uint32_t>(app, "--max-subscriptions", "Subscriptions per connection",
-                           [](C& c, const std::uint32_t& v) { c.broker.max_subscriptions = v; });
-  flags.add<std::string>(app, "--admin-socket", "Unix socket for `rdmabroker stat`/`reload` (\"\": none)",
-                         [](C& c, const std::string& v) { c.broker.admin_socket = v; });
-  flags.add<std::string>(app, "--metrics-listen", "Prometheus endpoint host:port (\"\": none)",
-                         [](C& c, const std::string& v) { c.metrics_listen = v; });
-  flags.add_flag(app, "--allow-anonymous", "Accept clients without credentials (auth.anonymous: true)",
-                 [](C& c) { c.broker.auth.anonymous = true; });
-  flags.add<std::string>(app, "--log-level", "trace, debug, info, warn, error",
-                         [](C& c, const std::string& v) { c.log.level = v; });
-  CLI11_PARSE(app, argc, argv);
-  check_only = check->count() > 0;
-
-  // The file: --config, else the default path if present, else defaults only.
-  if (config_path.empty() && std::filesystem::exists(config::kDefaultConfigPath)) config_path = config::kDefaultConfigPath;
-  if (check_only) {
-    const std::string path = !check_path.empty() ? check_path : config_path;
-    auto c = read_config(path, nullptr);  // the file alone: flags are not part of what is checked
-    if (!c) {
-      std::cerr << c.error().message << "\n";
+  auto parsed = parse_command_line(argc, argv);
+  if (auto* exit = std::get_if<CommandLineExit>(&parsed)) {
+    (exit->code == 0 ? std::cout : std::cerr) << exit->text;
+    return exit->code;
+  }
+  const CommandLine& cl = std::get<CommandLine>(parsed);
+  if (cl.check_only) {
+    // The file alone is what is checked; the effective listeners (flags
+    // applied) are printed so that an operator sees what would be opened.
+    const std::string path = !cl.check_path.empty() ? cl.check_path : cl.config_path;
+    auto file = read_file_config(path);
+    if (!file) {
+      std::cerr << file.error().message << "\n";
       return 1;
     }
+    config::Config effective = file.value();
+    cl.apply(effective);
     std::cout << (path.empty() ? std::string("(defaults)") : path) << ": ok\n";
+    for (const auto& l : describe_listeners(effective, cl, path)) std::cout << l << "\n";
     return 0;
   }
-  const Reloader::Overrides overrides = [&flags](config::Config& c) { flags.apply(c); };
-  auto loaded = read_config(config_path, overrides);
+  const std::string config_path = cl.config_path;
+  auto loaded = read_file_config(config_path);
   if (!loaded) {
     std::cerr << "rdmabrokerd: " << loaded.error().message << "\n";
     return 1;
   }
+  const config::Config file_cfg = loaded.value();
+  cl.apply(loaded.value());
   config::Config cfg = std::move(loaded.value());
   const std::string log_target = setup_logging(cfg.log);
 
@@ -170,7 +104,8 @@ int main(int argc, char** argv) {
   }
   auto& broker = *created.value();
   const auto& eff = broker.options();
-  Reloader reloader(config_path, overrides, cfg, broker, notifier);
+  Reloader reloader(config_path, cl, file_cfg, cfg, broker, notifier);
+  const std::vector<std::string> listeners = describe_listeners(cfg, cl, config_path);
   auto counters = [&] {
     auto s = broker.stats();
     reloader.add_counters(s);
@@ -202,6 +137,7 @@ int main(int argc, char** argv) {
         rates.add_rates(s);
         reply["ok"] = true;
         reply["stats"] = s;
+        reply["config"] = {{"file", cl.config_origin}, {"listeners", listeners}};
       } else if (cmd == "connections") {
         reply["ok"] = true;
         reply["connections"] = connections_json(broker.connections());
@@ -212,6 +148,7 @@ int main(int argc, char** argv) {
         nlohmann::json changes = nlohmann::json::array();
         for (const auto& c : outcome.changes) changes.push_back({{"key", c.key}, {"from", c.from}, {"to", c.to}, {"live", c.live}});
         reply["changes"] = changes;
+        reply["overridden"] = outcome.overridden;
       } else if (cmd.starts_with("fault ") || cmd == "fault") {
         // Test builds only (fault/fault.hpp); elsewhere inject() says so.
         auto spec = fault::parse(std::string_view(cmd).substr(5));
@@ -231,9 +168,9 @@ int main(int argc, char** argv) {
   }
   broker.start();
   const std::string where = broker.listeners();
-  spdlog::info("rdmabrokerd {} listening on {} ({}{} workers, {} x {}-byte buffers; config {}; logging to {}{})",
+  spdlog::info("rdmabrokerd {} listening on {} ({}{} workers, {} x {}-byte buffers; config file {}; logging to {}{})",
                RDMABROKER_VERSION, where, broker.rdma_enabled() ? "" : "TCP only, ", eff.workers, eff.pool_buffers,
-               eff.buffer_size, config_path.empty() ? "defaults" : config_path, log_target,
+               eff.buffer_size, cl.config_origin, log_target,
                cfg.metrics_listen.empty() ? "" : "; metrics on http://" + cfg.metrics_listen + "/metrics");
   notifier.ready("listening on " + where);
 
@@ -244,14 +181,21 @@ int main(int argc, char** argv) {
   const int poll_ms = period.count() > 0 ? static_cast<int>(std::min<std::int64_t>(period.count(), 1000)) : 1000;
   std::vector<pollfd> fds;
   while (true) {
+    // [signalfd][admin socket + its clients][metrics socket + its clients]
     fds.assign(1, {sigfd.get(), POLLIN, 0});
     if (admin) admin->add_poll_fds(fds);
-    const int n = ::poll(fds.data(), fds.size(), admin ? admin->timeout_ms(poll_ms) : poll_ms);
+    const std::size_t metrics_at = fds.size();
+    if (metrics) metrics->add_poll_fds(fds);
+    int timeout = admin ? admin->timeout_ms(poll_ms) : poll_ms;
+    if (metrics) timeout = metrics->timeout_ms(timeout);
+    const int n = ::poll(fds.data(), fds.size(), timeout);
     if (period.count() > 0 && broker.workers_healthy(std::chrono::seconds(2))) notifier.watchdog();
     const auto now_stats = broker.stats();
     rates.sample(now_stats, std::chrono::steady_clock::now());
     trimmer.observe(now_stats.at("connections.current"));
-    if (admin) admin->on_poll(fds.data() + 1, fds.size() - 1);  // also drops clients past their deadline
+    // Both also drop clients past their deadline.
+    if (admin) admin->on_poll(fds.data() + 1, metrics_at - 1);
+    if (metrics) metrics->on_poll(fds.data() + metrics_at, fds.size() - metrics_at);
     if (n <= 0) continue;
     if (fds[0].revents != 0) {
       signalfd_siginfo si{};

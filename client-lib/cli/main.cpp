@@ -292,10 +292,15 @@ int run_stat(const std::string& socket, bool json) {
   }
   const auto& s = stats.value()["stats"];
   const auto& c = conns.value()["connections"];
+  const nlohmann::json cfg = stats.value().value("config", nlohmann::json::object());
   if (json) {
-    std::cout << nlohmann::json{{"stats", s}, {"connections", c}}.dump(2) << "\n";
+    std::cout << nlohmann::json{{"config", cfg}, {"stats", s}, {"connections", c}}.dump(2) << "\n";
     return 0;
   }
+  // Where the broker listens and why: the file, a flag or a default (docs/configuration.md, "Precedence").
+  if (cfg.contains("file")) std::cout << "config file: " << cfg["file"].get<std::string>() << "\n";
+  for (const auto& l : cfg.value("listeners", nlohmann::json::array())) std::cout << l.get<std::string>() << "\n";
+  if (!cfg.empty()) std::cout << "\n";
   for (const auto& [k, v] : s.items()) std::cout << k << " " << v << "\n";
   std::cout << "\nrates (last ~5 s): " << s.value("rates.messages_in_per_s", 0) << " msg/s in, "
             << s.value("rates.messages_out_per_s", 0) << " msg/s out, " << s.value("rates.bytes_in_per_s", 0)

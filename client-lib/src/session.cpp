@@ -470,9 +470,12 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
           auth_refusal_ = msg;
         } else if (code == proto::ErrorCode::kPermissionDenied) {
           kind = ErrorKind::kPermissionDenied;
-          // An ERROR about a subscription names it (SPEC.md §3.5): the broker
-          // refused or revoked it, so it ends here too.
-          if (f.header.type == FrameType::kError && f.header.sequence != 0) end_subscription(static_cast<std::uint32_t>(f.header.sequence), msg);
+        }
+        // An ERROR about a subscription names it (SPEC.md §3.5): the broker
+        // refused (permissions, a limit) or revoked it, so it ends here too.
+        if (f.header.type == FrameType::kError && f.header.sequence != 0 &&
+            (code == proto::ErrorCode::kPermissionDenied || code == proto::ErrorCode::kTooManySubscriptions)) {
+          end_subscription(static_cast<std::uint32_t>(f.header.sequence), msg);
         }
         errors.push_back(Error{kind, msg});
         if (f.header.type == FrameType::kClose) {

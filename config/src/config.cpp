@@ -136,7 +136,9 @@ Field listener_field(std::string_view name, bool optional, std::function<std::st
                },
                [=](const Config& c) {
                  auto& cc = const_cast<Config&>(c);
-                 return port(cc) == 0 ? std::string() : host(cc) + ":" + std::to_string(port(cc));
+                 // An empty TCP host follows listen.rdma's: show the address that is listened on.
+                 const std::string& h = host(cc).empty() ? cc.broker.listen_address : host(cc);
+                 return port(cc) == 0 ? std::string() : h + ":" + std::to_string(port(cc));
                }};
 }
 
@@ -340,6 +342,9 @@ const std::vector<Field>& fields() {
       uint_field("limits", "max_payload", true, &B::max_payload, 0, 16u << 20, true),
       uint_field("limits", "max_subscriptions", true, &B::max_subscriptions, 1, 10'000'000),
       uint_field("limits", "max_pending_bytes", true, &B::max_pending_bytes, 4096, 1ull << 40, true),
+      uint_field("limits", "max_subscriptions_total", true, &B::max_subscriptions_total, 1, 100'000'000),
+      uint_field("limits", "max_subscription_memory", true, &B::max_subscription_memory, 64u << 10, 1ull << 40, true),
+      uint_field("limits", "max_pending_bytes_total", true, &B::max_pending_bytes_total, 64u << 10, 1ull << 44, true),
       uint_field("slow_consumer", "write_deadline_ms", true, &B::write_deadline_ms, 10, 3'600'000),
       uint_field("slow_consumer", "producer_stall_ms", true, &B::producer_stall_ms, 0, 60'000),
       uint_field("slow_consumer", "drain_timeout_ms", true, &B::drain_timeout_ms, 100, 60'000),
@@ -463,6 +468,7 @@ Result<Config> parse(std::string_view yaml, const std::string& name) {
     return false;
   };
   auto apply = [&](const Field& f, const YAML::Node& value) {
+    c.file_keys.insert(f.key());
     try {
       if (auto err = f.set(value, c)) problems.add(value.Mark(), f.key(), *err);
     } catch (const YAML::Exception& e) {
@@ -516,6 +522,11 @@ Result<Config> parse(std::string_view yaml, const std::string& name) {
                  "must not exceed multicast.threshold (" + std::to_string(b.multicast.threshold) +
                      "): a subject would leave its group as soon as it joined");
   }
+  if (b.max_pending_bytes_total < b.max_pending_bytes) {
+    problems.add(mark_of("limits", "max_pending_bytes_total"), "limits.max_pending_bytes_total",
+                 "must be at least limits.max_pending_bytes (" + std::to_string(b.max_pending_bytes) +
+                     "): one subscriber may queue that much");
+  }
   if (!c.metrics_listen.empty()) {
     if (auto hp = parse_host_port(c.metrics_listen, "metrics.listen"); !hp) {
       problems.add(mark_of("metrics", "listen"), "metrics.listen", hp.error().message);
@@ -531,6 +542,19 @@ Result<Config> load(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   return parse(text.str(), path);
+}
+
+std::optional<std::string> show(const Config& c, std::string_view key) {
+  for (const auto& f : fields()) {
+    if (f.key() == key) return f.show(c);
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> keys() {
+  std::vector<std::string> out;
+  for (const auto& f : fields()) out.push_back(f.key());
+  return out;
 }
 
 std::vector<Change> diff(const Config& running, const Config& next) {

@@ -276,6 +276,11 @@ StatsSnapshot Broker::stats() const {
     add("limits.refused.connections", static_cast<std::int64_t>(ws.limit_connections.get()));
     add("limits.refused.payload", static_cast<std::int64_t>(ws.limit_payload.get()));
     add("limits.refused.subscriptions", static_cast<std::int64_t>(ws.limit_subscriptions.get()));
+    add("limits.refused.subscriptions_total", static_cast<std::int64_t>(ws.limit_subscriptions_total.get()));
+    add("limits.refused.subscription_memory", static_cast<std::int64_t>(ws.limit_subscription_memory.get()));
+    add("limits.refused.pending_total", static_cast<std::int64_t>(ws.limit_pending_total.get()));
+    add("messages.pending_bytes", ws.pending_bytes.get());
+    add("messages.pending_charge", ws.pending_bytes.get() + kQueuedMessageCharge * ws.pending_messages.get());
     add("auth.ok", static_cast<std::int64_t>(ws.auth_ok.get()));
     add("auth.failed", static_cast<std::int64_t>(ws.auth_failed.get()));
     add("permissions.denied.publish", static_cast<std::int64_t>(ws.denied_publish.get()));
@@ -306,6 +311,7 @@ StatsSnapshot Broker::stats() const {
   }
   // A channel is one entry in the index for all of its members.
   add("subscriptions", static_cast<std::int64_t>(core_.index.size()) - s["multicast.channels"] + s["multicast.members"]);
+  add("subscriptions.memory_bytes", static_cast<std::int64_t>(core_.subscription_budget.bytes()));
   add("connections.by_transport.tcp", s["tcp.connections"]);
   add("connections.by_transport.rdma", s["connections.current"] - s["tcp.connections"]);
   add("pool.buffers", pool_->count());

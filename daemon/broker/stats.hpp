@@ -91,6 +91,7 @@ struct WorkerStats {
   Counter cq_full;                     // connections refused because their CQ had no room for them
   Gauge srq_posted;                    // receives posted on this worker's SRQs
   Gauge pending_messages;              // queued for subscribers, not yet posted
+  Gauge pending_bytes;                 // their frame bytes (limits.max_pending_bytes_total bounds the sum)
   Counter accept_failures;             // connections handed over but never accepted
   Counter no_responders;               // requests (PUBLISH with REQUEST flag) nobody was subscribed to
   Gauge tcp_connections;               // TCP connections open on this worker
@@ -101,6 +102,9 @@ struct WorkerStats {
   Counter limit_connections;           // TCP connections refused at limits.max_connections (RDMA: the listener counts)
   Counter limit_payload;               // PUBLISH frames over limits.max_payload or the buffer size (connection closed)
   Counter limit_subscriptions;         // SUBSCRIBE frames over limits.max_subscriptions (ERROR, connection stays)
+  Counter limit_subscriptions_total;   // ... over limits.max_subscriptions_total (broker-wide)
+  Counter limit_subscription_memory;   // ... over limits.max_subscription_memory (broker-wide)
+  Counter limit_pending_total;         // subscribers cut off above their share of limits.max_pending_bytes_total
   Counter auth_ok;                     // connections authenticated (anonymous included)
   Counter auth_failed;                 // refused credentials, missing CONNECT, or too late
   Counter denied_publish;              // PUBLISH frames refused by permissions (ERROR sent)

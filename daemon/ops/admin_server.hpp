@@ -12,9 +12,12 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "ops/polled_server.hpp"
 #include "rdmabroker/common/fd.hpp"
 #include "rdmabroker/result.hpp"
 
@@ -36,33 +39,18 @@ class AdminServer {
   AdminServer& operator=(const AdminServer&) = delete;
 
   Status open();
-  /// Appends the fds to poll (the listening socket, then each client's).
-  void add_poll_fds(std::vector<pollfd>& fds) const;
-  /// Handles what poll() found ready among the fds add_poll_fds() appended
-  /// (`ready` starts at the first of them), then drops expired clients.
-  void on_poll(const pollfd* ready, std::size_t count);
-  /// Milliseconds until the next client deadline, or `idle` without clients.
-  int timeout_ms(int idle) const;
-  std::size_t clients() const { return clients_.size(); }
+  void add_poll_fds(std::vector<pollfd>& fds) const { server_->add_poll_fds(fds); }
+  void on_poll(const pollfd* ready, std::size_t count) { server_->on_poll(ready, count); }
+  int timeout_ms(int idle) const { return server_->timeout_ms(idle); }
+  std::size_t clients() const { return server_->clients(); }
 
  private:
-  struct Client {
-    UniqueFd fd;
-    std::string in;
-    std::string out;  // the reply, once the command line is complete
-    std::size_t written = 0;
-    std::chrono::steady_clock::time_point deadline;
-  };
-  void accept_clients();
-  /// Reads or writes what it can; false when the client is done (or gone).
-  bool serve(Client& c, short revents);
-  void answer(Client& c, const std::string& command);
+  std::optional<std::string> answer(const std::string& in) const;
   static std::string error_reply(const std::string& message);
 
   std::string path_;
   Handler handler_;
-  UniqueFd listen_;
-  std::vector<Client> clients_;
+  std::unique_ptr<PolledServer> server_;
 };
 
 }  // namespace rdmabroker::daemon

@@ -1,15 +1,23 @@
 #include "ops/metrics.hpp"
 
 #include <prometheus/collectable.h>
-#include <prometheus/exposer.h>
 #include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
 
-#include <exception>
 #include <vector>
+
+#include "rdmabroker/config/config.hpp"
+#include "tcp/tcp_listener.hpp"
 
 namespace rdmabroker::daemon {
 
 namespace {
+
+/// A whole HTTP/1.0-style response; the connection closes after it.
+std::string http_response(int status, const char* reason, const char* type, const std::string& body) {
+  return "HTTP/1.1 " + std::to_string(status) + " " + reason + "\r\nContent-Type: " + type +
+         "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+}
 
 using prometheus::ClientMetric;
 using prometheus::MetricFamily;
@@ -47,6 +55,9 @@ const MetricDef kMetrics[] = {
     {"rdmabroker_messages_pending", kGauge, "Messages queued for subscribers and not yet sent.", "messages.pending"},
     {"rdmabroker_slow_consumers_total", kCounter, "Subscribers disconnected as slow consumers.", "connections.closed.slow_consumer"},
     {"rdmabroker_subscriptions", kGauge, "Active subscriptions.", "subscriptions"},
+    {"rdmabroker_subscription_memory_bytes", kGauge, "Estimated heap held by subscriptions (limits.max_subscription_memory bounds it).", "subscriptions.memory_bytes"},
+    {"rdmabroker_pending_bytes", kGauge, "Frame bytes queued for subscribers, all connections.", "messages.pending_bytes"},
+    {"rdmabroker_pending_charged_bytes", kGauge, "Queued frame bytes plus 128 bytes of bookkeeping per queued message: what limits.max_pending_bytes_total bounds.", "messages.pending_charge"},
     {"rdmabroker_protocol_errors_total", kCounter, "Connections closed for a protocol error.", "protocol_errors"},
     {"rdmabroker_credit_stalls_total", kCounter, "Flushes that had data for an RDMA client but no send credit.", "rdma.credit_stalls"},
     {"rdmabroker_credit_updates_total", kCounter, "Zero-byte SENDs that only returned credits.", "rdma.credit_updates"},
@@ -166,17 +177,45 @@ class BrokerCollectable final : public prometheus::Collectable {
 
 Result<std::unique_ptr<MetricsExporter>> MetricsExporter::start(const std::string& listen, Counters counters,
                                                                Histograms histograms) {
+  auto hp = config::parse_host_port(listen, "metrics.listen");
+  if (!hp) return hp.error();
+  auto fd = listen_tcp(hp->host, hp->port);
+  if (!fd) return Error{ErrorKind::kResource, "metrics.listen " + listen + ": " + fd.error().message};
   std::unique_ptr<MetricsExporter> e(new MetricsExporter());
   e->collectable_ = std::make_shared<BrokerCollectable>(std::move(counters), std::move(histograms));
-  try {
-    e->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
-  } catch (const std::exception& ex) {
-    return Error{ErrorKind::kResource, "metrics.listen " + listen + ": cannot listen (" + ex.what() + ")"};
-  }
-  e->exposer_->RegisterCollectable(e->collectable_);
+  PolledServer::Protocol p;
+  p.name = "metrics";
+  p.max_request = kMaxRequest;
+  p.max_clients = kMaxClients;
+  p.deadline = kRequestDeadline;
+  p.evict_idle_when_full = true;
+  MetricsExporter* self = e.get();
+  p.answer = [self](const std::string& in) { return self->answer(in); };
+  p.too_long = [] { return http_response(431, "Request Header Fields Too Large", "text/plain", "request too large\n"); };
+  p.busy = [] { return http_response(503, "Service Unavailable", "text/plain", "too many connections\n"); };
+  e->server_ = std::make_unique<PolledServer>(std::move(fd.value()), std::move(p));
   return e;
 }
 
-MetricsExporter::~MetricsExporter() { exposer_.reset(); }
+MetricsExporter::~MetricsExporter() = default;
+
+std::string MetricsExporter::scrape() const {
+  return prometheus::TextSerializer().Serialize(collectable_->Collect());
+}
+
+std::optional<std::string> MetricsExporter::answer(const std::string& request) const {
+  const auto end = request.find("\r\n\r\n");
+  if (end == std::string::npos) return std::nullopt;  // the headers are not all here yet
+  // "GET /metrics HTTP/1.1": the method and the path, query ignored.
+  const auto sp1 = request.find(' ');
+  const auto sp2 = sp1 == std::string::npos ? sp1 : request.find(' ', sp1 + 1);
+  if (sp2 == std::string::npos || sp2 > end) return http_response(400, "Bad Request", "text/plain", "bad request\n");
+  const std::string method = request.substr(0, sp1);
+  std::string path = request.substr(sp1 + 1, sp2 - sp1 - 1);
+  path = path.substr(0, path.find('?'));
+  if (path != "/metrics") return http_response(404, "Not Found", "text/plain", "only /metrics is served here\n");
+  if (method != "GET") return http_response(405, "Method Not Allowed", "text/plain", "GET /metrics\n");
+  return http_response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", scrape());
+}
 
 }  // namespace rdmabroker::daemon

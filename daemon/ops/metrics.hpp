@@ -1,22 +1,32 @@
-// Prometheus metrics (prometheus-cpp's pull exposer, GET /metrics). Every
-// metric is declared once, in the table in metrics.cpp, with its type and
-// help; values are read at scrape time from the broker's counters (which the
-// workers keep anyway), so exporting costs the data path nothing. Names use
-// the rdmabroker_ prefix and base units; labels are bounded (reason,
-// transport, outcome), never a subject or a client.
+// Prometheus metrics: GET /metrics on metrics.listen. Every metric is
+// declared once, in the table in metrics.cpp, with its type and help; values
+// are read at scrape time from the broker's counters (which the workers keep
+// anyway), so exporting costs the data path nothing. Names use the
+// rdmabroker_ prefix and base units; labels are bounded (reason, transport,
+// outcome), never a subject or a client.
+//
+// The endpoint is an event-driven HTTP/1.x server on the main thread's poll
+// loop (PolledServer), not a thread per connection: a thread-per-connection
+// server (civetweb, behind prometheus-cpp's Exposer) is blinded by as many
+// idle sockets as it has threads, each held until its request timeout. Here
+// an idle socket costs a descriptor: it is dropped at the request deadline,
+// or earlier when the connection limit is reached and a newcomer needs its
+// place, so a scraper is answered as soon as its request is read.
 #pragma once
 
+#include <poll.h>
+
+#include <chrono>
 #include <functional>
+#include <optional>
+#include <vector>
 #include <map>
 #include <memory>
 #include <string>
 
 #include "broker/stats.hpp"
+#include "ops/polled_server.hpp"
 #include "rdmabroker/result.hpp"
-
-namespace prometheus {
-class Exposer;
-}
 
 namespace rdmabroker::daemon {
 
@@ -25,15 +35,31 @@ class MetricsExporter {
   using Counters = std::function<StatsSnapshot()>;
   using Histograms = std::function<std::map<std::string, HistogramSnapshot>()>;
 
+  /// Connections served at once (an idle one makes room for a newcomer).
+  static constexpr std::size_t kMaxClients = 64;
+  /// From accept to the response written: a request must arrive well within it.
+  static constexpr std::chrono::seconds kRequestDeadline{5};
+  /// Request line and headers; a scraper sends a few hundred bytes.
+  static constexpr std::size_t kMaxRequest = 8192;
+
   /// Listens on "host:port"; the error names the address.
   static Result<std::unique_ptr<MetricsExporter>> start(const std::string& listen, Counters counters,
                                                         Histograms histograms);
   ~MetricsExporter();
 
+  void add_poll_fds(std::vector<pollfd>& fds) const { server_->add_poll_fds(fds); }
+  void on_poll(const pollfd* ready, std::size_t count) { server_->on_poll(ready, count); }
+  int timeout_ms(int idle) const { return server_->timeout_ms(idle); }
+
+  /// The exposition text of every metric (what GET /metrics returns).
+  std::string scrape() const;
+
  private:
   MetricsExporter() = default;
+  std::optional<std::string> answer(const std::string& request) const;
+
   std::shared_ptr<class BrokerCollectable> collectable_;
-  std::unique_ptr<prometheus::Exposer> exposer_;  // after collectable_: stops serving first
+  std::unique_ptr<PolledServer> server_;
 };
 
 }  // namespace rdmabroker::daemon

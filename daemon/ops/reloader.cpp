@@ -2,30 +2,45 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "ops/logging.hpp"
 
 namespace rdmabroker::daemon {
 
-Result<config::Config> read_config(const std::string& path, const Reloader::Overrides& overrides) {
-  auto c = path.empty() ? config::parse("", "(defaults)") : config::load(path);
-  if (!c) return c.error();
-  if (overrides) overrides(c.value());
-  return c;
+Result<config::Config> read_file_config(const std::string& path) {
+  return path.empty() ? config::parse("", "(defaults)") : config::load(path);
 }
 
 Reloader::Outcome Reloader::reload() {
   notifier_.reloading();
   Outcome out;
   const std::string source = path_.empty() ? "the built-in defaults" : path_;
-  auto next = read_config(path_, overrides_);
-  if (!next) {
+  auto next_file = read_file_config(path_);
+  if (!next_file) {
     ++failed_;
-    out.message = "reload failed, running configuration unchanged:\n" + next.error().message;
+    out.message = "reload failed, running configuration unchanged:\n" + next_file.error().message;
     spdlog::error("{}", out.message);
     notifier_.reloaded("running; last reload failed: invalid configuration");
     return out;
   }
-  out.changes = config::diff(running_, next.value());
+  config::Config next = next_file.value();
+  command_line_.apply(next);
+  out.changes = config::diff(running_, next);
+  for (const auto& c : config::diff(file_, next_file.value())) {
+    const bool effective = std::any_of(out.changes.begin(), out.changes.end(), [&](const auto& e) { return e.key == c.key; });
+    if (effective) continue;
+    std::string flags;
+    for (const auto& f : command_line_.flags) {
+      const bool sets = std::any_of(f.keys.begin(), f.keys.end(), [&](const std::string& k) {
+        return k == c.key || k.starts_with(c.key + ":");
+      });
+      if (sets && flags.find(f.name) == std::string::npos) flags += (flags.empty() ? "" : ", ") + f.name;
+    }
+    out.overridden.push_back(c.key + " (" + c.from + " -> " + c.to + ") overridden by " + flags);
+  }
+  std::string masked;
+  for (const auto& o : out.overridden) masked += "; in the file only: " + o;
   std::vector<config::Change> fixed;
   for (const auto& c : out.changes) {
     if (!c.live) fixed.push_back(c);
@@ -39,6 +54,7 @@ Reloader::Outcome Reloader::reload() {
     out.message += fixed.size() == 1 ? " and cannot change while running (restart to apply it)"
                                      : " and cannot change while running (restart to apply them)";
     out.changes = std::move(fixed);
+    out.message += masked;
     spdlog::error("{}", out.message);
     notifier_.reloaded("running; last reload refused");
     return out;
@@ -48,13 +64,15 @@ Reloader::Outcome Reloader::reload() {
   if (out.changes.empty()) {
     out.message = "reloaded " + source + ": no changes";
   } else {
-    apply_log_settings(next->log);
-    broker_.apply_live(next->broker);
+    apply_log_settings(next.log);
+    broker_.apply_live(next.broker);
     out.message = "reloaded " + source + ":";
     for (const auto& c : out.changes) out.message += " " + c.key + " " + c.from + " -> " + c.to + ";";
     out.message.pop_back();
   }
-  running_ = std::move(next.value());
+  out.message += masked;
+  running_ = std::move(next);
+  file_ = std::move(next_file.value());
   spdlog::info("{}", out.message);
   notifier_.reloaded("running; configuration reloaded");
   return out;

@@ -4,6 +4,11 @@
 // errors, or a change that needs a restart, leaves the running config exactly
 // as it was. Every outcome is logged and counted (reloads.ok / refused /
 // failed); connected clients are never dropped.
+//
+// Command-line flags win over the file on every reload too (command_line.hpp):
+// what is compared is the effective configuration before and after, so a
+// flagged setting never shows as changed; a file edit that a flag masks is
+// named in the outcome as overridden, and neither applied nor refused.
 #pragma once
 
 #include <atomic>
@@ -13,6 +18,7 @@
 
 #include "broker/broker.hpp"
 #include "broker/stats.hpp"
+#include "ops/command_line.hpp"
 #include "ops/systemd.hpp"
 #include "rdmabroker/config/config.hpp"
 
@@ -20,12 +26,12 @@ namespace rdmabroker::daemon {
 
 class Reloader {
  public:
-  /// Command-line settings, applied over the file on start and on every reload.
-  using Overrides = std::function<void(config::Config&)>;
-
-  Reloader(std::string path, Overrides overrides, config::Config running, Broker& broker, SystemdNotifier& notifier)
+  /// `file` is what the file said at start, `running` that with the flags applied.
+  Reloader(std::string path, CommandLine command_line, config::Config file, config::Config running, Broker& broker,
+           SystemdNotifier& notifier)
       : path_(std::move(path)),
-        overrides_(std::move(overrides)),
+        command_line_(std::move(command_line)),
+        file_(std::move(file)),
         running_(std::move(running)),
         broker_(broker),
         notifier_(notifier) {}
@@ -34,6 +40,8 @@ class Reloader {
     bool ok = false;
     std::string message;                  // for the log, the admin reply and systemd's STATUS
     std::vector<config::Change> changes;  // applied (ok) or offending (refused)
+    /// Edited in the file but masked by a flag: "key (from -> to) overridden by --flag".
+    std::vector<std::string> overridden;
   };
   Outcome reload();
 
@@ -42,15 +50,15 @@ class Reloader {
 
  private:
   std::string path_;  // empty: no file, defaults and the command line only
-  Overrides overrides_;
-  config::Config running_;
+  CommandLine command_line_;
+  config::Config file_;     // the file's own settings, as last read
+  config::Config running_;  // file_ with the flags applied: what the broker runs
   Broker& broker_;
   SystemdNotifier& notifier_;
   std::atomic<std::uint64_t> ok_{0}, refused_{0}, failed_{0};  // read by the metrics thread
 };
 
-/// Reads the config as the broker does at start: `path`, or the defaults
-/// when `path` is empty, with the command line applied over it.
-Result<config::Config> read_config(const std::string& path, const Reloader::Overrides& overrides);
+/// Reads the file's settings: `path`, or the defaults when `path` is empty.
+Result<config::Config> read_file_config(const std::string& path);
 
 }  // namespace rdmabroker::daemon

@@ -113,14 +113,22 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t b
                          c.peer, opt_.max_subscriptions);
           }
           enqueue(c, make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kTooManySubscriptions),
-                                  "limit of " + std::to_string(opt_.max_subscriptions) + " subscriptions reached"));
+                                  "limit of " + std::to_string(opt_.max_subscriptions) + " subscriptions reached",
+                                  h.arg));
           break;
         }
         if (!c.identity->may_subscribe(f.subject)) {
           deny(c, "subscribe", f.subject, h.arg);
           break;
         }
-        add_subscription(c, f);
+        const std::uint64_t cost = SubscriptionBudget::cost(f.subject, f.reply);
+        if (auto refusal = core_.subscription_budget.take(cost, opt_.max_subscriptions_total,
+                                                           opt_.max_subscription_memory);
+            refusal != SubscriptionBudget::Refusal::kNone) {
+          refuse_subscription_broker_wide(c, h.arg, refusal);
+          break;
+        }
+        add_subscription(c, f, cost);
         break;
       }
       case FrameType::kUnsubscribe: {
@@ -255,11 +263,12 @@ bool Worker::route_to(const Subscriber& s, const proto::Frame& f, const BufferRe
 void Worker::deliver_local(Connection& c, const BufferRef& buf, std::uint32_t sid, const proto::Frame& f) {
   const auto off = static_cast<std::uint32_t>(f.offset);
   const auto len = static_cast<std::uint32_t>(f.header.frame_len());
-  if (c.pending_bytes + len <= opt_.max_pending_bytes && !c.outq.empty() &&
+  if (may_queue(c, len) && !c.outq.empty() &&
       extend_delivery(c.outq.back(), buf, sid, off, len, f.header.payload_len, opt_.buffer_size)) {
     ++c.pending_messages;
     c.pending_bytes += len;
     stats_.pending_messages.add(1);
+    stats_.pending_bytes.add(len);
     touch(c);
     return;
   }
@@ -283,14 +292,44 @@ void Worker::post_remote_batches() {
   if (!channel_batch_.empty()) core_.multicast->publish(std::exchange(channel_batch_, {}));
 }
 
+std::int64_t BrokerCore::pending_charge_total() const {
+  std::int64_t total = 0;
+  for (const Worker* w : workers) {
+    total += w->stats().pending_bytes.get() + kQueuedMessageCharge * w->stats().pending_messages.get();
+  }
+  return total;
+}
+
+std::uint64_t Worker::fair_pending_share() const {
+  return opt_.max_pending_bytes_total / std::max<std::uint32_t>(opt_.max_connections, 1);
+}
+
+bool Worker::may_queue(const Connection& c, std::uint64_t len) const {
+  if (c.pending_bytes + len > opt_.max_pending_bytes) return false;
+  // The broker-wide bound charges each queued message its bookkeeping too
+  // (payloads sit in the registered pool; the heap holds one OutItem per
+  // message at most). Within its share of that bound a subscriber never
+  // needs the total (no cross-worker reads on the common path); above it,
+  // only while the broker's queues together stay within the bound.
+  const std::uint64_t charge = len + kQueuedMessageCharge;
+  if (c.pending_bytes + kQueuedMessageCharge * c.pending_messages + charge <= fair_pending_share()) return true;
+  return core_.pending_charge_total() + static_cast<std::int64_t>(charge) <=
+         static_cast<std::int64_t>(opt_.max_pending_bytes_total);
+}
+
 void Worker::enqueue(Connection& c, OutItem item) {
-  if (item.is_delivery() && c.pending_bytes + item.body_len > opt_.max_pending_bytes) {
-    spdlog::warn("connection {} ({}): slow consumer, {} messages ({} bytes) pending", c.id, c.peer,
-                 c.pending_messages, c.pending_bytes);
+  if (item.is_delivery() && !may_queue(c, item.body_len)) {
+    const bool own = c.pending_bytes + item.body_len > opt_.max_pending_bytes;
+    const std::string why =
+        own ? std::to_string(c.pending_bytes) + " bytes pending, limit " + std::to_string(opt_.max_pending_bytes)
+            : std::to_string(c.pending_bytes) + " bytes pending while the broker's queues hold more than "
+                  "limits.max_pending_bytes_total (" + std::to_string(opt_.max_pending_bytes_total) +
+                  "), above this subscriber's share of it (" + std::to_string(fair_pending_share()) + ")";
+    spdlog::warn("connection {} ({}): slow consumer, {} messages: {}", c.id, c.peer, c.pending_messages, why);
+    if (!own) stats_.limit_pending_total.add();
     stats_.dropped[static_cast<std::size_t>(DropReason::kSlowConsumer)].add(item.messages);  // these
     unqueue(c.slot, item.body_len);
-    close(c, CloseReason::kSlowConsumer, ErrorCode::kSlowConsumer,
-          std::to_string(c.pending_bytes) + " bytes pending, limit " + std::to_string(opt_.max_pending_bytes));
+    close(c, CloseReason::kSlowConsumer, ErrorCode::kSlowConsumer, why);
     return;
   }
   if (!item.is_delivery()) {
@@ -306,6 +345,7 @@ void Worker::enqueue(Connection& c, OutItem item) {
   c.pending_messages += item.messages;
   c.pending_bytes += item.body_len;
   stats_.pending_messages.add(item.messages);
+  stats_.pending_bytes.add(item.body_len);
   c.outq.push_back(std::move(item));
   touch(c);
 }
@@ -366,6 +406,7 @@ std::uint32_t Worker::pack_next(Connection& c, std::uint32_t max_sge, std::uint3
   c.pending_messages -= packed.deliveries;
   c.pending_bytes -= packed.delivery_bytes;
   stats_.pending_messages.add(-static_cast<std::int64_t>(packed.deliveries));
+  stats_.pending_bytes.add(-static_cast<std::int64_t>(packed.delivery_bytes));
   unqueue(c.slot, packed.delivery_bytes);
   return block;
 }
@@ -597,6 +638,7 @@ void Worker::disconnect(Connection& c) {
 
 void Worker::drop_queue(Connection& c, DropReason why) {
   stats_.pending_messages.add(-static_cast<std::int64_t>(c.pending_messages));
+  stats_.pending_bytes.add(-static_cast<std::int64_t>(c.pending_bytes));
   stats_.dropped[static_cast<std::size_t>(why)].add(c.pending_messages);
   unqueue(c.slot, c.pending_bytes);
   c.pending_messages = 0;
@@ -652,7 +694,20 @@ void Worker::remove_subscriptions(Connection& c) {
   c.subscriptions.clear();
 }
 
-void Worker::add_subscription(Connection& c, const proto::Frame& f) {
+void Worker::refuse_subscription_broker_wide(Connection& c, std::uint32_t sid, SubscriptionBudget::Refusal refusal) {
+  const bool by_count = refusal == SubscriptionBudget::Refusal::kCount;
+  (by_count ? stats_.limit_subscriptions_total : stats_.limit_subscription_memory).add();
+  const std::string what =
+      by_count ? "broker-wide limit of " + std::to_string(opt_.max_subscriptions_total) +
+                     " subscriptions reached (limits.max_subscriptions_total)"
+               : "broker-wide subscription memory limit of " + std::to_string(opt_.max_subscription_memory) +
+                     " bytes reached (limits.max_subscription_memory)";
+  // Logged once per connection, like the per-connection limit.
+  if (!std::exchange(c.subscription_limit_logged, true)) spdlog::warn("connection {} from {}: {}", c.id, c.peer, what);
+  enqueue(c, make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kTooManySubscriptions), what, sid));
+}
+
+void Worker::add_subscription(Connection& c, const proto::Frame& f, std::uint64_t cost) {
   const std::uint32_t sid = f.header.arg;
   // An exact subscription (no wildcard, no queue group) to a multicast-backed
   // subject is served by the subject's channel (multicast/engine.hpp).
@@ -665,15 +720,16 @@ void Worker::add_subscription(Connection& c, const proto::Frame& f) {
       std::memcpy(&m.local, local, local->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in));
     }
     const std::uint32_t channel = core_.multicast->subscribe(f.subject, m);
-    c.subscriptions.emplace(sid, Connection::Subscription{std::string(f.subject), {}, channel});
+    c.subscriptions.emplace(sid, Connection::Subscription{std::string(f.subject), {}, channel, cost});
     return;
   }
   // The reply field of a SUBSCRIBE names its queue group (SPEC.md §3.3).
   const Subscriber stored = core_.index.add(f.subject, Subscriber{index_, c.id, sid, c.slot}, f.reply);
-  c.subscriptions.emplace(sid, Connection::Subscription{std::string(f.subject), stored});
+  c.subscriptions.emplace(sid, Connection::Subscription{std::string(f.subject), stored, 0, cost});
 }
 
 void Worker::drop_subscription(Connection& c, const Connection::Subscription& sub, std::uint32_t sid) {
+  core_.subscription_budget.give_back(sub.cost);
   if (sub.channel != 0) {
     core_.multicast->unsubscribe(sub.channel, c.id, sid);
   } else {

@@ -273,6 +273,9 @@ void Worker::handle_commands() {
       opt_.max_payload = r->options.max_payload;
       opt_.max_subscriptions = r->options.max_subscriptions;
       opt_.max_pending_bytes = r->options.max_pending_bytes;
+      opt_.max_subscriptions_total = r->options.max_subscriptions_total;
+      opt_.max_subscription_memory = r->options.max_subscription_memory;
+      opt_.max_pending_bytes_total = r->options.max_pending_bytes_total;
       opt_.write_deadline_ms = r->options.write_deadline_ms;
       opt_.producer_stall_ms = r->options.producer_stall_ms;
       opt_.drain_timeout_ms = r->options.drain_timeout_ms;

@@ -27,6 +27,7 @@
 #include "broker/options.hpp"
 #include "broker/outbound.hpp"
 #include "broker/stats.hpp"
+#include "broker/subscription_budget.hpp"
 #include "broker/subscription_index.hpp"
 #include "fault/fault.hpp"
 #include "multicast/engine.hpp"
@@ -42,6 +43,13 @@ namespace rdmabroker::daemon {
 
 class Worker;
 
+/// Heap a queued delivery may cost besides its frame bytes (its OutItem and
+/// queue slot; the payload itself sits in the registered pool): charged per
+/// message against limits.max_pending_bytes_total, so that the bound holds
+/// for heap too whatever the message size.
+inline constexpr std::int64_t kQueuedMessageCharge = 128;
+static_assert(sizeof(OutItem) + 16 <= kQueuedMessageCharge, "a queued message costs more than it is charged");
+
 /// What every worker shares; owned by the Broker, outlives all workers.
 struct BrokerCore {
   BrokerOptions options;
@@ -50,6 +58,7 @@ struct BrokerCore {
   SubscriptionIndex index;
   std::vector<Worker*> workers;
   std::unique_ptr<ConnectionSlots> slots;  // one per open connection, all workers
+  SubscriptionBudget subscription_budget;  // limits.max_subscriptions_total / max_subscription_memory
   std::atomic<std::uint64_t> next_connection_id{1};  // broker-wide, both transports
   std::shared_ptr<const AuthTable> auth;    // as started; reloads hand workers their successors
   Authenticator* authenticator = nullptr;   // checks passwords and tokens off the workers
@@ -64,6 +73,10 @@ struct BrokerCore {
   /// retransmit window: a gap's repair request waits behind the backlog, and
   /// must be answered before the window has moved past the gap.
   std::uint64_t multicast_backlog = 1024;
+
+  /// What queued deliveries on every worker are charged against
+  /// limits.max_pending_bytes_total: frame bytes + kQueuedMessageCharge per message.
+  std::int64_t pending_charge_total() const;
 
   /// The queue bound that slows publishers for `slot` (a connection's, or the engine's).
   std::uint64_t backlog_bound(std::uint32_t slot, std::uint64_t max_pending_bytes) const {
@@ -273,6 +286,7 @@ struct Connection {
     std::string pattern;
     Subscriber stored;          // as the index holds it (with its queue group id)
     std::uint32_t channel = 0;  // served by this multicast channel instead (not in the index itself)
+    std::uint64_t cost = 0;     // taken from BrokerCore::subscription_budget, given back when it ends
   };
   bool multicast_capable = false;  // RDMA client that offered kConnectMulticast
   std::unordered_map<std::uint32_t, Subscription> subscriptions;  // by sid
@@ -401,7 +415,15 @@ class Worker {
   void deliver_local(Connection& c, const BufferRef& buf, std::uint32_t sid, const proto::Frame& f);
   void post_remote_batches();
   /// Adds a subscription to the index, or to its subject's multicast channel.
-  void add_subscription(Connection& c, const proto::Frame& f);
+  /// `cost` was taken from the broker-wide budget for it (given back by drop_subscription).
+  void add_subscription(Connection& c, const proto::Frame& f, std::uint64_t cost);
+  /// Whether `len` more bytes may queue for `c`: within limits.max_pending_bytes, and above
+  /// fair_pending_share() only while the broker-wide total stays within limits.max_pending_bytes_total.
+  bool may_queue(const Connection& c, std::uint64_t len) const;
+  /// A connection's share of limits.max_pending_bytes_total: total / max_connections.
+  std::uint64_t fair_pending_share() const;
+  /// TOO_MANY_SUBSCRIPTIONS for subscription `sid`: the broker-wide budget is spent.
+  void refuse_subscription_broker_wide(Connection& c, std::uint32_t sid, SubscriptionBudget::Refusal refusal);
   void drop_subscription(Connection& c, const Connection::Subscription& sub, std::uint32_t sid);
   /// MCAST_JOINED and MCAST_REPAIR; false if the connection was closed for it.
   bool on_multicast_frame(Connection& c, const proto::Frame& f);

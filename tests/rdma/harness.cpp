@@ -9,13 +9,20 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "admin_client.hpp"
+#include "rdmabroker/common/fd.hpp"
 
 namespace rdmabroker::test {
 
@@ -178,7 +185,8 @@ BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_
   if (allow_anonymous) args_.push_back("--allow-anonymous");
   // Quiet by default; a test that brings its own config file gets its logging settings.
   if (std::find(extra_args.begin(), extra_args.end(), "--config") == extra_args.end()) {
-    args_.insert(args_.end(), {"--log-level", "warn"});
+    // ... and never a file it did not ask for (an installed /etc/rdmabroker/broker.yaml).
+    args_.insert(args_.end(), {"--log-level", "warn", "--no-config"});
   }
   args_.insert(args_.end(), extra_args.begin(), extra_args.end());
   launch();
@@ -481,6 +489,41 @@ bool RawPeer::wait_disconnected(std::chrono::milliseconds timeout) {
     }
   }
   return false;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+}
+
+std::string http_get(std::uint16_t port, const std::string& path, std::chrono::milliseconds timeout) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  timeval tv{static_cast<time_t>(timeout.count() / 1000), static_cast<suseconds_t>((timeout.count() % 1000) * 1000)};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) return "";
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  if (::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) return "";
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string resp;
+  char buf[8192];
+  ssize_t n;
+  while (std::chrono::steady_clock::now() < deadline && (n = ::read(fd.get(), buf, sizeof buf)) > 0) {
+    resp.append(buf, static_cast<std::size_t>(n));
+  }
+  if (std::chrono::steady_clock::now() >= deadline) return "";
+  const auto body = resp.find("\r\n\r\n");
+  return body == std::string::npos ? "" : resp.substr(body + 4);
+}
+
+std::size_t open_fds(int pid) {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) ++n;
+  return n;
 }
 
 }  // namespace rdmabroker::test

@@ -45,6 +45,14 @@ std::vector<std::byte> make_payload(std::uint64_t seq, std::size_t max_payload);
 /// True if `data` is exactly make_payload(seq, max_payload).
 bool check_payload(std::uint64_t seq, std::size_t max_payload, std::span<const std::byte> data);
 
+/// Replaces the file's contents.
+void write_file(const std::string& path, const std::string& text);
+/// GET http://127.0.0.1:port/path within `timeout`; the body, or "" on failure.
+std::string http_get(std::uint16_t port, const std::string& path,
+                     std::chrono::milliseconds timeout = std::chrono::seconds(10));
+/// Open file descriptors of process `pid`.
+std::size_t open_fds(int pid);
+
 /// Runs a command with `input` on its stdin; returns its exit status and stdout.
 std::pair<int, std::string> run(std::vector<std::string> argv, const std::string& input = {});
 

@@ -32,29 +32,6 @@ namespace {
 using namespace std::chrono_literals;
 
 
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::trunc);
-  out << text;
-}
-
-/// GET http://127.0.0.1:port/path; the body, or "" on failure.
-std::string http_get(std::uint16_t port, const std::string& path) {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(port);
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) return "";
-  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  if (::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) return "";
-  std::string resp;
-  char buf[8192];
-  ssize_t n;
-  while ((n = ::read(fd.get(), buf, sizeof buf)) > 0) resp.append(buf, static_cast<std::size_t>(n));
-  const auto body = resp.find("\r\n\r\n");
-  return body == std::string::npos ? "" : resp.substr(body + 4);
-}
-
 class Ops : public ::testing::TestWithParam<Via> {
  protected:
   void SetUp() override {
@@ -318,12 +295,6 @@ std::string read_reply(int fd, std::chrono::milliseconds timeout) {
     out.append(buf, static_cast<std::size_t>(n));
   }
   return out;
-}
-
-std::size_t open_fds(int pid) {
-  std::size_t n = 0;
-  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) ++n;
-  return n;
 }
 
 TEST_P(Ops, AdminSocketMisuseGetsAnErrorAndHarmsNobody) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "broker/subscription_budget.hpp"
 #include "broker/subscription_index.hpp"
 #include "rdmabroker/proto/wire.hpp"
 
@@ -207,6 +208,24 @@ TEST(SubscriptionIndex, PropertyMatchesBruteForce) {
     ASSERT_EQ(cached, want) << subj << " (cached)";
   }
   EXPECT_GT(cache.hits(), 0u);
+}
+
+TEST(SubscriptionBudget, RefusesPastEitherBoundAndGivesBackExactly) {
+  SubscriptionBudget b;
+  const std::uint64_t c = SubscriptionBudget::cost("orders.eu", "");
+  EXPECT_EQ(c, SubscriptionBudget::kFixedCost + 2 * SubscriptionBudget::kPerToken + 2 * 9);
+  EXPECT_GT(SubscriptionBudget::cost("orders.eu", "workers"), c);  // the group name is held too
+  EXPECT_EQ(b.take(c, 2, 10 * c), SubscriptionBudget::Refusal::kNone);
+  EXPECT_EQ(b.take(c, 2, 10 * c), SubscriptionBudget::Refusal::kNone);
+  EXPECT_EQ(b.take(c, 2, 10 * c), SubscriptionBudget::Refusal::kCount);
+  EXPECT_EQ(b.count(), 2u);
+  EXPECT_EQ(b.take(c, 100, 2 * c + c / 2), SubscriptionBudget::Refusal::kMemory);
+  EXPECT_EQ(b.count(), 2u) << "a refusal by memory takes nothing";
+  EXPECT_EQ(b.bytes(), 2 * c);
+  b.give_back(c);
+  b.give_back(c);
+  EXPECT_EQ(b.count(), 0u);
+  EXPECT_EQ(b.bytes(), 0u);
 }
 
 }  // namespace

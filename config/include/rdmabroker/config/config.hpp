@@ -4,6 +4,7 @@
 // Config at all, so a bad reload can never half-apply.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,6 +32,12 @@ struct Change {
 
 /// What changed from `running` to `next`, in YAML key order.
 std::vector<Change> diff(const Config& running, const Config& next);
+
+/// A setting's value as diff() and the logs print it ("listen.tcp" ->
+/// "0.0.0.0:7471"); empty when no setting has that key.
+std::optional<std::string> show(const Config& c, std::string_view key);
+/// Every setting's key, in YAML order.
+std::vector<std::string> keys();
 
 /// "host:port" -> parts; the error names `what`.
 struct HostPort {

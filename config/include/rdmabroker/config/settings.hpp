@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,10 @@ struct BrokerOptions {
   std::uint32_t producer_stall_ms = 100;    // credits withheld from a publisher feeding a backlogged subscriber
   std::uint32_t max_connections = 1024;
   std::uint32_t max_subscriptions = 10000; // per connection
+  // Broker-wide bounds on what clients can make the broker hold (docs/security.md, "Memory budget").
+  std::uint32_t max_subscriptions_total = 1'000'000;   // subscriptions of all connections together
+  std::uint64_t max_subscription_memory = 256u << 20;  // their estimated heap (SubscriptionBudget::cost)
+  std::uint64_t max_pending_bytes_total = 256u << 20;  // frame bytes (+128 per message) queued for all subscribers
   std::uint32_t send_blocks = 4096;        // registered send blocks per worker (headers/control frames)
   std::uint32_t drain_timeout_ms = 2000;   // how long a closing connection may flush its last frames
   std::string admin_socket = "/run/rdmabroker/admin.sock";  // `rdmabroker stat`/`reload`; empty: none
@@ -104,6 +109,9 @@ struct Config {
   BrokerOptions broker;
   LogSettings log;
   std::string metrics_listen = "127.0.0.1:9464";  // Prometheus pull endpoint; empty: none
+  /// The keys (e.g. "listen.tcp") the file set; the rest are defaults or
+  /// flags. Says where an effective value came from; never compared by diff().
+  std::set<std::string> file_keys;
 };
 
 }  // namespace rdmabroker::daemon

@@ -1,0 +1,214 @@
+#include "ops/command_line.hpp"
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+
+namespace rdmabroker::daemon {
+
+namespace {
+
+using config::Config;
+
+/// One overriding flag: registered with CLI11, and after parsing turned into
+/// a GivenFlag when the operator gave it. Keys name a whole setting
+/// ("limits.max_connections") or one part of it ("listen.rdma:host").
+struct FlagDef {
+  std::string names;  // CLI11 form, e.g. "-a,--listen"
+  std::string help;
+  std::vector<std::string> keys;
+  /// Registers the option; returns what turns its parsed value into a setter.
+  std::function<std::function<std::function<void(Config&)>()>(CLI::App&, const FlagDef&)> add;
+};
+
+template <typename T>
+FlagDef flag(std::string names, std::string help, std::vector<std::string> keys, std::function<void(Config&, const T&)> set,
+             CLI::Validator check = CLI::Validator()) {
+  FlagDef d{std::move(names), std::move(help), std::move(keys), {}};
+  d.add = [set, check](CLI::App& app, const FlagDef& self) {
+    auto value = std::make_shared<T>();
+    CLI::Option* opt = app.add_option(self.names, *value, self.help)->check(check);
+    opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides an earlier one
+    return std::function<std::function<void(Config&)>()>([opt, value, set]() -> std::function<void(Config&)> {
+      if (opt->count() == 0) return {};
+      return [value, set](Config& c) { set(c, *value); };
+    });
+  };
+  return d;
+}
+
+FlagDef switch_flag(std::string names, std::string help, std::vector<std::string> keys, std::function<void(Config&)> set) {
+  FlagDef d{std::move(names), std::move(help), std::move(keys), {}};
+  d.add = [set](CLI::App& app, const FlagDef& self) {
+    CLI::Option* opt = app.add_flag(self.names, self.help);
+    return std::function<std::function<void(Config&)>()>([opt, set]() -> std::function<void(Config&)> {
+      if (opt->count() == 0) return {};
+      return set;
+    });
+  };
+  return d;
+}
+
+/// The flags, in the order they apply: broader before narrower.
+const std::vector<FlagDef>& flag_table() {
+  using u32 = std::uint32_t;
+  using u16 = std::uint16_t;
+  static const std::vector<FlagDef> kFlags = {
+      flag<std::string>("-a,--listen", "Address of every client listener: RDMA and TCP (--tcp-listen narrows TCP)",
+                        {"listen.rdma:host", "listen.tcp:host"},
+                        [](Config& c, const std::string& v) {
+                          c.broker.listen_address = v;
+                          c.broker.tcp_listen_address = v;
+                        }),
+      flag<u16>("-p,--port", "RDMA CM port", {"listen.rdma:port"}, [](Config& c, const u16& v) { c.broker.port = v; }),
+      flag<std::string>("--tcp-listen", "Address of the TCP listener (wins over --listen for TCP)", {"listen.tcp:host"},
+                        [](Config& c, const std::string& v) { c.broker.tcp_listen_address = v; }),
+      flag<u16>("--tcp-port", "TCP port (0: no TCP listener)", {"listen.tcp:port"},
+                [](Config& c, const u16& v) { c.broker.tcp_port = v; }),
+      flag<std::string>(
+          "--rdma", "auto, on or off", {"rdma"},
+          [](Config& c, const std::string& v) {
+            c.broker.rdma = v == "on" ? config::RdmaMode::kOn : v == "off" ? config::RdmaMode::kOff : config::RdmaMode::kAuto;
+          },
+          CLI::IsMember({"auto", "on", "off"})),
+      flag<u32>("-w,--workers", "Worker threads (0: one per core, at most 8)", {"workers"},
+                [](Config& c, const u32& v) { c.broker.workers = v; }),
+      flag<u32>("--buffer-size", "Receive buffer size = largest frame", {"buffers.size"},
+                [](Config& c, const u32& v) { c.broker.buffer_size = v; }),
+      flag<u32>("--pool-buffers", "Buffers in the registered pool", {"buffers.pool"},
+                [](Config& c, const u32& v) { c.broker.pool_buffers = v; }),
+      flag<u32>("--srq-depth", "Receives per SRQ", {"buffers.srq_depth"},
+                [](Config& c, const u32& v) { c.broker.srq_depth = v; }),
+      flag<u32>("--credits", "Receive credits granted to each RDMA client", {"flow.credits"},
+                [](Config& c, const u32& v) { c.broker.credits = v; }),
+      flag<u32>("--max-inflight-sends", "Sends in flight per connection", {"flow.max_inflight_sends"},
+                [](Config& c, const u32& v) { c.broker.max_inflight_sends = v; }),
+      flag<u32>("--busy-poll-us", "Spin on the CQs this long after the last work before sleeping (0: never)",
+                {"flow.busy_poll_us"}, [](Config& c, const u32& v) { c.broker.busy_poll_us = v; }),
+      flag<std::uint64_t>("--max-pending-bytes", "Bytes queued per subscriber before it is a slow consumer",
+                          {"limits.max_pending_bytes"},
+                          [](Config& c, const std::uint64_t& v) { c.broker.max_pending_bytes = v; }),
+      flag<u32>("--write-deadline-ms", "Slow-consumer write deadline", {"slow_consumer.write_deadline_ms"},
+                [](Config& c, const u32& v) { c.broker.write_deadline_ms = v; }),
+      flag<u32>("--producer-stall-ms", "How long publishers wait for a backlogged subscriber",
+                {"slow_consumer.producer_stall_ms"}, [](Config& c, const u32& v) { c.broker.producer_stall_ms = v; }),
+      flag<u32>("--max-connections", "Connection limit", {"limits.max_connections"},
+                [](Config& c, const u32& v) { c.broker.max_connections = v; }),
+      flag<u32>("--max-subscriptions", "Subscriptions per connection", {"limits.max_subscriptions"},
+                [](Config& c, const u32& v) { c.broker.max_subscriptions = v; }),
+      flag<std::string>("--admin-socket", "Unix socket for `rdmabroker stat`/`reload` (\"\": none)", {"admin.socket"},
+                        [](Config& c, const std::string& v) { c.broker.admin_socket = v; }),
+      flag<std::string>("--metrics-listen", "Prometheus endpoint host:port (\"\": none)", {"metrics.listen"},
+                        [](Config& c, const std::string& v) { c.metrics_listen = v; }),
+      switch_flag("--allow-anonymous", "Accept clients without credentials (auth.anonymous: true)", {"auth.anonymous"},
+                  [](Config& c) { c.broker.auth.anonymous = true; }),
+      flag<std::string>("--log-level", "trace, debug, info, warn, error", {"logging.level"},
+                        [](Config& c, const std::string& v) { c.log.level = v; }),
+  };
+  return kFlags;
+}
+
+std::string long_name(const std::string& names) {
+  const auto pos = names.find("--");
+  return pos == std::string::npos ? names : names.substr(pos);
+}
+
+}  // namespace
+
+void CommandLine::apply(Config& c) const {
+  for (const auto& f : flags) f.apply(c);
+}
+
+std::optional<std::string> CommandLine::flag_for(std::string_view key) const {
+  std::optional<std::string> out;
+  for (const auto& f : flags) {
+    for (const auto& k : f.keys) {
+      if (k == key) out = f.name;
+    }
+  }
+  return out;
+}
+
+std::variant<CommandLine, CommandLineExit> parse_command_line(int argc, const char* const* argv) {
+  CLI::App app{"rdmabrokerd: RDMA topic message broker.\n"
+               "Settings come from built-in defaults, then the config file, then these flags: a flag always wins,\n"
+               "on start and on every reload (docs/configuration.md, \"Precedence\")."};
+  app.set_version_flag("--version", std::string("rdmabrokerd ") + RDMABROKER_VERSION);
+  CommandLine cl;
+  bool no_config = false;
+  app.add_option("-c,--config", cl.config_path,
+                 std::string("YAML configuration file (default: ") + config::kDefaultConfigPath + " if it exists)");
+  app.add_flag("--no-config", no_config, "Read no file, not even the default one: built-in defaults and flags only");
+  auto* check = app.add_option("--check-config", cl.check_path,
+                               "Validate a configuration file (default: --config's), print the effective listen "
+                               "addresses and where each came from, and exit")
+                    ->expected(0, 1);
+  std::vector<std::function<std::function<void(Config&)>()>> given;
+  for (const auto& def : flag_table()) given.push_back(def.add(app, def));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::ostringstream out, err;
+    const int code = app.exit(e, out, err);
+    return CommandLineExit{code, out.str() + err.str()};
+  }
+  if (no_config && !cl.config_path.empty()) {
+    return CommandLineExit{2, "rdmabrokerd: --config and --no-config contradict each other\n"};
+  }
+  cl.check_only = check->count() > 0;
+  for (std::size_t i = 0; i < given.size(); ++i) {
+    if (auto set = given[i]()) {
+      cl.flags.push_back(GivenFlag{long_name(flag_table()[i].names), flag_table()[i].keys, std::move(set)});
+    }
+  }
+  if (no_config) {
+    cl.config_origin = "none (--no-config)";
+  } else if (!cl.config_path.empty()) {
+    cl.config_origin = cl.config_path + " (--config)";
+  } else if (std::filesystem::exists(config::kDefaultConfigPath)) {
+    cl.config_path = config::kDefaultConfigPath;
+    cl.config_origin = cl.config_path + " (the default path)";
+  } else {
+    cl.config_origin = std::string("none (no file at the default path ") + config::kDefaultConfigPath + ")";
+  }
+  return cl;
+}
+
+std::vector<std::pair<std::string, std::vector<std::string>>> overriding_flags() {
+  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+  for (const auto& def : flag_table()) out.emplace_back(long_name(def.names), def.keys);
+  return out;
+}
+
+std::vector<std::string> describe_listeners(const Config& effective, const CommandLine& cl, const std::string& path) {
+  const std::string file = "file " + path;
+  auto from_file = [&](const std::string& key) { return !path.empty() && effective.file_keys.contains(key); };
+  // The source of one part ("host" or "port") of a listen.* key.
+  auto part_source = [&](const std::string& key, const std::string& part) -> std::string {
+    if (auto f = cl.flag_for(key + ":" + part)) return *f;
+    if (from_file(key)) return file;
+    return "default";
+  };
+  auto line = [](const std::string& key, const std::string& value, const std::string& source) {
+    return key + " " + (value.empty() ? std::string("off") : value) + " (" + source + ")";
+  };
+  std::vector<std::string> out;
+  const auto& b = effective.broker;
+  const std::string rdma_host = part_source("listen.rdma", "host");
+  out.push_back(line("listen.rdma", *config::show(effective, "listen.rdma"),
+                     b.rdma == config::RdmaMode::kOff
+                         ? "RDMA off: " + std::string(cl.flag_for("rdma") ? "--rdma" : from_file("rdma") ? file : "default")
+                         : "host: " + rdma_host + "; port: " + part_source("listen.rdma", "port")));
+  std::string tcp_host = part_source("listen.tcp", "host");
+  if (tcp_host == "default" && b.tcp_listen_address.empty()) tcp_host = "listen.rdma's host, " + rdma_host;
+  out.push_back(line("listen.tcp", *config::show(effective, "listen.tcp"),
+                     "host: " + tcp_host + "; port: " + part_source("listen.tcp", "port")));
+  for (const char* key : {"metrics.listen", "admin.socket"}) {
+    const auto flag = cl.flag_for(key);
+    out.push_back(line(key, *config::show(effective, key), flag ? *flag : from_file(key) ? file : "default"));
+  }
+  return out;
+}
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,270 @@
+// What an operator relies on: flags win over the config file (on start, in
+// --check-config, in `stat` and across reloads); the metrics endpoint answers
+// while idle or slow sockets hold connections to it; broker-wide bounds on
+// what clients can make the broker hold refuse only the client that hits
+// them. The bounds run over RDMA (in the guest) and TCP; the rest is
+// transport-independent and runs on the host (label tcp).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "harness.hpp"
+#include "rdmabroker/client.hpp"
+#include "rdmabroker/common/fd.hpp"
+
+namespace rdmabroker::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+/// Whether a TCP connect to host:port succeeds.
+bool can_connect(const std::string& host, std::uint16_t port) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  ::inet_pton(AF_INET, host.c_str(), &sa.sin_addr);
+  return ::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+}
+
+UniqueFd tcp_socket_to(std::uint16_t port) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) fd.reset();
+  return fd;
+}
+
+// The reported case: a file that puts TCP on 127.0.0.2 and `--listen
+// 127.0.0.1`: the broker must listen on 127.0.0.1 only, say so, and a reload
+// of an edited file must name only what really changes.
+TEST(Tcp, ListenFlagWinsOverTheConfigFileOnStartAndOnReload) {
+  const std::string path = "/tmp/rdmabroker-precedence-" + std::to_string(getpid()) + ".yaml";
+  write_file(path, "listen:\n  tcp: 127.0.0.2:7471\nrdma: off\n");
+  BrokerProcess broker(next_port(), {"--config", path, "--listen", "127.0.0.1"});
+  ASSERT_TRUE(broker.running());
+  EXPECT_TRUE(can_connect("127.0.0.1", broker.tcp_port()));
+  EXPECT_FALSE(can_connect("127.0.0.2", broker.tcp_port())) << "listening beyond --listen";
+
+  // `rdmabroker stat` says where each address came from.
+  auto [rc, out] = run({RDMABROKER_CLI_PATH, "stat", "--admin-socket", broker.admin_socket()});
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("config file: " + path + " (--config)"), std::string::npos) << out;
+  EXPECT_NE(out.find("listen.tcp 127.0.0.1:" + std::to_string(broker.tcp_port()) + " (host: --listen; port: --tcp-port)"),
+            std::string::npos)
+      << out;
+
+  // So does --check-config, with the same flags.
+  auto check = run({RDMABROKERD_PATH, "--config", path, "--listen", "127.0.0.1", "--check-config"});
+  EXPECT_EQ(check.first, 0) << check.second;
+  EXPECT_NE(check.second.find("listen.tcp 127.0.0.1:7471 (host: --listen; port: file " + path + ")"), std::string::npos)
+      << check.second;
+
+  // The file drops listen.tcp and changes a live key: the flags still win,
+  // so listen.tcp is no change (named as overridden), and the reload applies.
+  write_file(path, "rdma: off\nlogging: {level: debug}\n");
+  auto reload = run({"/bin/sh", "-c", std::string(RDMABROKER_CLI_PATH) + " reload --admin-socket " + broker.admin_socket() + " 2>&1"});
+  EXPECT_EQ(reload.first, 0) << reload.second;
+  EXPECT_NE(reload.second.find("logging.level info -> debug"), std::string::npos) << reload.second;
+  EXPECT_NE(reload.second.find("listen.tcp (127.0.0.2:7471 -> 0.0.0.0:7471) overridden by --listen, --tcp-port"),
+            std::string::npos)
+      << reload.second;
+  EXPECT_EQ(reload.second.find("refused"), std::string::npos) << reload.second;
+  EXPECT_EQ(broker.stats()["reloads.ok"], 1);
+  EXPECT_TRUE(can_connect("127.0.0.1", broker.tcp_port()));
+  EXPECT_FALSE(can_connect("127.0.0.2", broker.tcp_port()));
+  ::unlink(path.c_str());
+}
+
+// Idle sockets and slow requests hold connections to the metrics port; a
+// scrape is answered within 1 s all the same, and every socket is released.
+TEST(Tcp, MetricsAreServedWhileIdleSocketsHoldConnections) {
+  const std::uint16_t metrics_port = next_port();
+  BrokerProcess broker(next_port(), {"--metrics-listen", "127.0.0.1:" + std::to_string(metrics_port)});
+  ASSERT_TRUE(broker.running());
+  ASSERT_FALSE(http_get(metrics_port, "/metrics").empty());
+  const std::size_t baseline_fds = open_fds(broker.pid());
+
+  std::vector<UniqueFd> idle;
+  for (int i = 0; i < 200; ++i) {
+    idle.push_back(tcp_socket_to(metrics_port));
+    ASSERT_TRUE(idle.back());
+    // Every fourth one sends half a request and stops (a slow client).
+    if (i % 4 == 0) {
+      ASSERT_EQ(::send(idle.back().get(), "GET /metr", 9, MSG_NOSIGNAL), 9);
+    }
+  }
+  for (int round = 0; round < 5; ++round) {
+    const std::string body = http_get(metrics_port, "/metrics", 1s);
+    EXPECT_NE(body.find("rdmabroker_build_info"), std::string::npos) << "round " << round << ": no answer within 1 s";
+    // And new idle sockets keep arriving between scrapes.
+    for (int i = 0; i < 20; ++i) idle.push_back(tcp_socket_to(metrics_port));
+  }
+  EXPECT_NE(http_get(metrics_port, "/nothing", 1s).find("only /metrics"), std::string::npos);
+  idle.clear();
+  std::size_t fds = 0;
+  for (int i = 0; i < 200 && (fds = open_fds(broker.pid())) != baseline_fds; ++i) std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(fds, baseline_fds);
+}
+
+class Bounds : public ::testing::TestWithParam<Via> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Via::kRdma) require_rdma();
+  }
+  std::string path_ = "/tmp/rdmabroker-bounds-" + std::to_string(getpid()) + ".yaml";
+};
+
+/// A subscriber whose handler blocks until released: it stops reading.
+struct StuckSubscriber {
+  std::unique_ptr<Client> client;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool released = false;
+  void release() {
+    std::lock_guard l(mu);
+    released = true;
+    cv.notify_all();
+  }
+};
+
+TEST_P(Bounds, BrokerWideSubscriptionLimitsRefuseOnlyTheSubscribeThatHitsThem) {
+  write_file(path_, "logging: {level: warn}\nlimits: {max_subscriptions_total: 6}\n");
+  BrokerProcess broker(next_port(), {"--config", path_, "--max-subscriptions", "1000"});
+  ASSERT_TRUE(broker.running());
+  std::mutex mu;
+  std::vector<Error> errors;
+  ClientOptions opt;
+  opt.on_error = [&](const Error& e) {
+    std::lock_guard l(mu);
+    errors.push_back(e);
+  };
+  auto a = connect_via(broker, GetParam(), opt);
+  auto b = connect_via(broker, GetParam());
+  ASSERT_TRUE(a && b);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(b->subscribe(std::string_view("b." + std::to_string(i))));
+  ASSERT_TRUE(b->flush(10s));
+  std::vector<std::shared_ptr<Subscription>> subs;
+  for (int i = 0; i < 4; ++i) {
+    auto s = a->subscribe(std::string_view("a." + std::to_string(i)));
+    ASSERT_TRUE(s);
+    subs.push_back(std::move(s.value()));
+  }
+  ASSERT_TRUE(a->flush(10s));
+  {
+    std::lock_guard l(mu);
+    ASSERT_EQ(errors.size(), 1u);
+    EXPECT_NE(errors[0].message.find("broker-wide limit of 6 subscriptions"), std::string::npos) << errors[0].message;
+  }
+  // The refused one ended in the client; the others work.
+  auto refused = subs.back()->next(2s);
+  EXPECT_FALSE(refused.ok());
+  auto s = broker.stats();
+  EXPECT_EQ(s["subscriptions"], 6);
+  EXPECT_EQ(s["limits.refused.subscriptions_total"], 1);
+  ASSERT_TRUE(b->publish("a.0", std::string_view("still served")));
+  auto m = subs[0]->next(10s);
+  ASSERT_TRUE(m) << m.error().message;
+  // What was given back can be taken again.
+  ASSERT_TRUE(a->unsubscribe(subs[1]->sid()));
+  ASSERT_TRUE(a->flush(10s));  // the broker has given it back
+  auto again = b->subscribe(std::string_view("b.again"));
+  ASSERT_TRUE(again) << again.error().message;
+  ASSERT_TRUE(b->flush(10s));
+  EXPECT_EQ(broker.stats()["limits.refused.subscriptions_total"], 1);
+
+  // The memory bound, lowered live: of 100 more, only what fits its budget.
+  write_file(path_, "logging: {level: warn}\nlimits: {max_subscriptions_total: 100000, max_subscription_memory: 64KiB}\n");
+  auto [rc, out] = run({RDMABROKER_CLI_PATH, "reload", "--admin-socket", broker.admin_socket()});
+  ASSERT_EQ(rc, 0) << out;
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(b->subscribe(std::string_view("m." + std::to_string(i))));
+  ASSERT_TRUE(b->flush(10s));
+  s = broker.stats();
+  EXPECT_GT(s["limits.refused.subscription_memory"], 0);
+  EXPECT_LE(s["subscriptions.memory_bytes"], 64 * 1024);
+  EXPECT_GT(s["subscriptions.memory_bytes"], 60 * 1024);
+  EXPECT_EQ(s["subscriptions"], 6 + 100 - s["limits.refused.subscription_memory"]);
+  // Connections closing give everything back.
+  a->close();
+  b->close();
+  s = broker.wait_stats([](auto& s) { return s["connections.current"] == 0; }, 10s);
+  EXPECT_EQ(s["subscriptions"], 0);
+  EXPECT_EQ(s["subscriptions.memory_bytes"], 0);
+  ::unlink(path_.c_str());
+}
+
+// Three subscribers stop reading; each stays within its own bound (1 MiB),
+// but together they pass the broker-wide one (1 MiB): the ones above their
+// share of it are cut off as slow consumers (counted), and a healthy
+// subscriber gets every message.
+TEST_P(Bounds, BrokerWideQueueBoundCutsTheLargestHoldersOnly) {
+  write_file(path_, "logging: {level: warn}\nlimits: {max_connections: 5, max_pending_bytes: 1MiB, "
+                    "max_pending_bytes_total: 1MiB}\nslow_consumer: {write_deadline_ms: 120000}\n");
+  BrokerProcess broker(next_port(), {"--config", path_});
+  ASSERT_TRUE(broker.running());
+  std::vector<std::unique_ptr<StuckSubscriber>> stuck;
+  for (int i = 0; i < 3; ++i) {
+    auto st = std::make_unique<StuckSubscriber>();
+    st->client = connect_via(broker, GetParam());
+    ASSERT_TRUE(st->client);
+    StuckSubscriber* raw = st.get();
+    ASSERT_TRUE(st->client->subscribe("q", [raw](const Message&) {
+      std::unique_lock l(raw->mu);
+      raw->cv.wait(l, [raw] { return raw->released; });
+    }));
+    ASSERT_TRUE(st->client->flush(10s));
+    stuck.push_back(std::move(st));
+  }
+  auto healthy = connect_via(broker, GetParam());
+  auto pub = connect_via(broker, GetParam());
+  ASSERT_TRUE(healthy && pub);
+  std::atomic<std::uint64_t> got{0};
+  ASSERT_TRUE(healthy->subscribe("q", [&](const Message&) { got.fetch_add(1); }));
+  ASSERT_TRUE(healthy->flush(10s));
+  ASSERT_TRUE(broker.wait_stats([](auto& s) { return s["subscriptions"] == 4; }, 10s)["subscriptions"] == 4);
+
+  // Publish in rounds that the healthy subscriber keeps up with (it is never
+  // more than a round behind: well within its share), until the three stuck
+  // ones are cut off; their own receive buffers (RDMA credits, socket
+  // buffers) absorb an unknown amount first. At most 40 MB.
+  const std::string payload(1000, 'q');
+  std::uint64_t sent = 0;
+  for (int round = 0; round < 400 && broker.stats()["connections.closed.slow_consumer"] < 3; ++round) {
+    for (int i = 0; i < 100; ++i, ++sent) ASSERT_TRUE(pub->publish("q", payload));
+    ASSERT_TRUE(pub->flush(60s));
+    ASSERT_TRUE(broker.wait_stats([&](auto&) { return got.load() == sent; }, 60s).size() > 0);
+    ASSERT_EQ(got.load(), sent) << "the healthy subscriber fell behind: " << broker.admin("connections");
+  }
+  auto s = broker.wait_stats([](auto& s) { return s["connections.closed.slow_consumer"] == 3; }, 30s);
+  EXPECT_GT(s["limits.refused.pending_total"], 0) << "the broker-wide bound cut nobody";
+  EXPECT_EQ(s["connections.closed.slow_consumer"], 3);
+  EXPECT_EQ(s["connections.current"], 2) << "the healthy subscriber or the publisher was cut: " << broker.admin("connections");
+  EXPECT_LE(s["messages.pending_charge"], 2 * (1 << 20)) << "the bound is the limit plus each connection's share";
+  EXPECT_EQ(got.load(), sent);
+  for (auto& st : stuck) st->release();
+  for (auto& st : stuck) st->client->close();
+  s = broker.wait_stats([](auto& s) { return s["messages.pending_bytes"] == 0 && s["messages.pending"] == 0; }, 30s);
+  EXPECT_EQ(s["messages.pending_bytes"], 0);
+  // Nothing lost silently: every routed copy was delivered or dropped by a stated policy.
+  std::int64_t dropped = 0;
+  for (const auto& [k, v] : s) {
+    if (k.rfind("messages.dropped.", 0) == 0) dropped += v;
+  }
+  EXPECT_EQ(s["messages.delivered"] + dropped, s["messages.routed"]);
+  ::unlink(path_.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Via, Bounds, ::testing::Values(Via::kRdma, Via::kTcp),
+                         [](const auto& info) { return to_string(info.param); });
+
+}  // namespace
+}  // namespace rdmabroker::test
