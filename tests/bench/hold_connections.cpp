@@ -4,8 +4,9 @@
 // allows, so 1,000 RDMA clients fit one process. With HOLD_SUBJECT set, each
 // also subscribes to that subject and counts what it receives; at exit it
 // prints "received MIN MAX" over the clients (tests/bench/soak.sh checks
-// that every one got every message).
-//   [HOLD_SUBJECT=S] hold_connections URL N [BIND]
+// that every one got every message). With HOLD_SUBS=K each holds K
+// subscriptions instead of one (tests/bench/client-state.sh).
+//   [HOLD_SUBJECT=S] [HOLD_SUBS=K] hold_connections URL N [BIND]
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   opt.send_queue_buffers = 1;
   opt.connect_timeout = std::chrono::seconds(30);
   const char* shared = std::getenv("HOLD_SUBJECT");
+  const int subs_per_connection = std::getenv("HOLD_SUBS") != nullptr ? std::atoi(std::getenv("HOLD_SUBS")) : 1;
   std::vector<std::atomic<std::uint64_t>> received(static_cast<std::size_t>(n));
   std::vector<std::unique_ptr<rdmabroker::Client>> clients;
   for (int i = 0; i < n; ++i) {
@@ -37,7 +39,18 @@ int main(int argc, char** argv) {
       std::cerr << "hold_connections: connection " << i << ": " << c.error().message << "\n";
       return 1;
     }
-    if (!c.value()->subscribe(std::string_view("idle." + std::to_string(i))) || !c.value()->flush(std::chrono::seconds(30))) {
+    // One subscription each, or HOLD_SUBS: each a subject of four tokens that
+    // no other shares (no trie node shared: the costliest shape per byte).
+    for (int k = 0; k < subs_per_connection; ++k) {
+      const std::string n = std::to_string(i) + "x" + std::to_string(k);
+      const std::string subject =
+          subs_per_connection == 1 ? "idle." + std::to_string(i) : "a" + n + ".b" + n + ".c" + n + ".d" + n;
+      if (!c.value()->subscribe(std::string_view(subject))) {
+        std::cerr << "hold_connections: subscribe " << i << "/" << k << " failed\n";
+        return 1;
+      }
+    }
+    if (!c.value()->flush(std::chrono::seconds(60))) {
       std::cerr << "hold_connections: subscribe " << i << " failed\n";
       return 1;
     }

@@ -4,17 +4,20 @@
 #   tests/bench/idle-rss.sh tcp [N]     on this host, over loopback TCP
 #   tests/bench/idle-rss.sh rdma [N]    over RDMA (through the Soft-RoCE guest
 #                                       when this host has no RDMA device)
+# With SUBS=K in the environment each connection holds K subscriptions, and
+# the cost is also given per subscription (tests/bench/client-state.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VIA=${1:-tcp}
 N=${2:-1000}
 BIN=${RDMABROKER_BIN:-build/release}
 source tests/bench/suite-lib.sh
-[ "$VIA" = rdma ] && in_guest_unless_rdma tests/bench/idle-rss.sh rdma "$N"
+SUBS=${SUBS:-1}
+[ "$VIA" = rdma ] && in_guest_unless_rdma env SUBS="$SUBS" tests/bench/idle-rss.sh rdma "$N"
 ninja -C "$BIN" hold_connections rdmabrokerd >/dev/null 2>&1 || true
 SOCK=/tmp/idle-rss-$$.sock
 ARGS=(--port 7490 --tcp-port 7491 --admin-socket "$SOCK" --metrics-listen "" --workers 2 --log-level warn
-      --max-connections $((N + 16)))
+      --max-connections $((N + 16)) --max-subscriptions $((SUBS + 16)))
 if [ "$VIA" = tcp ]; then
   ARGS+=(--rdma off)
   URL=tcp://127.0.0.1:7491
@@ -35,14 +38,23 @@ for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 rss() { awk '/^VmRSS/{print $2}' "/proc/$B/status"; }
 sleep 1
 BEFORE=$(rss)
-exec 3> >("$BIN/tests/bench/micro/hold_connections" "$URL" "$N" "${BIND[@]}" > /tmp/idle-rss-$$.out; echo exited >> /tmp/idle-rss-$$.out)
+exec 3> >(HOLD_SUBS=$SUBS "$BIN/tests/bench/micro/hold_connections" "$URL" "$N" "${BIND[@]}" > /tmp/idle-rss-$$.out; echo exited >> /tmp/idle-rss-$$.out)
 for _ in $(seq 1200); do grep -q -e '^held' -e '^exited' /tmp/idle-rss-$$.out 2>/dev/null && break; sleep 0.5; done
 grep -q '^held' /tmp/idle-rss-$$.out || { echo "idle-rss: the holder did not connect" >&2; exit 1; }
 sleep 1
 AFTER=$(rss)
-CONNS=$("$BIN/client-lib/rdmabroker" stat --admin-socket "$SOCK" | awk '$1=="connections.current"{print $2}')
+STAT=$("$BIN/client-lib/rdmabroker" stat --admin-socket "$SOCK")
+CONNS=$(awk '$1=="connections.current"{print $2}' <<<"$STAT")
+NSUBS=$(awk '$1=="subscriptions"{print $2}' <<<"$STAT")
+CHARGED=$(awk '$1=="subscriptions.memory_bytes"{print $2}' <<<"$STAT")
 exec 3>&-
-awk -v v="$VIA" -v n="$CONNS" -v b="$BEFORE" -v a="$AFTER" 'BEGIN {
-  printf "idle-rss: %s, %d idle connections (one subscription each): broker RSS %.1f MiB -> %.1f MiB, %.1f KiB per connection\n",
-    v, n, b / 1024, a / 1024, (a - b) / n }'
+if [ "$SUBS" = 1 ]; then
+  awk -v v="$VIA" -v n="$CONNS" -v b="$BEFORE" -v a="$AFTER" 'BEGIN {
+    printf "idle-rss: %s, %d idle connections (one subscription each): broker RSS %.1f MiB -> %.1f MiB, %.1f KiB per connection\n",
+      v, n, b / 1024, a / 1024, (a - b) / n }'
+else
+  awk -v v="$VIA" -v n="$CONNS" -v s="$NSUBS" -v c="$CHARGED" -v b="$BEFORE" -v a="$AFTER" 'BEGIN {
+    printf "idle-rss: %s, %d connections with %d subscriptions: broker RSS %.1f MiB -> %.1f MiB, %.0f bytes per subscription (charged to limits.max_subscription_memory: %.0f)\n",
+      v, n, s, b / 1024, a / 1024, (a - b) * 1024 / s, c / s }'
+fi
 rm -f /tmp/idle-rss-$$.out
