@@ -227,25 +227,27 @@ Result<Message> Session::request(std::string_view subject, std::span<const std::
 // ---------------------------------------------------------------- subscriptions
 
 Result<std::uint32_t> Session::add_subscription(std::string_view subject, std::string_view group,
-                                                MessageHandler handler) {
+                                                MessageHandler handler, std::shared_ptr<QueueSubscription>* made) {
   if (auto st = check_subject(subject, true); !st) return st.error();
   if (!group.empty() && !proto::valid_subject(group)) {
     return Error{ErrorKind::kInvalidArgument, "invalid queue group name '" + std::string(group) +
                                                   "' (subject characters, no wildcards; see docs/subjects.md)"};
   }
   std::unique_lock lock(mu_);
-  return subscribe_locked(lock, subject, group, std::move(handler));
+  return subscribe_locked(lock, subject, group, std::move(handler), 0, nullptr, made);
 }
 
 Result<std::uint32_t> Session::subscribe_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
                                                 std::string_view group, MessageHandler handler, std::uint32_t sid,
-                                                std::shared_ptr<QueueSubscription> queue) {
+                                                std::shared_ptr<QueueSubscription> queue,
+                                                std::shared_ptr<QueueSubscription>* made) {
   if (sid == 0) sid = next_sid_++;
   next_sid_ = std::max(next_sid_, sid + 1);
   SubscriptionEntry entry{std::string(subject),
                           handler ? std::make_shared<const MessageHandler>(std::move(handler)) : nullptr, nullptr};
   entry.borrowed_queue = queue != nullptr;
   if (!entry.handler) entry.queue = queue ? std::move(queue) : std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit);
+  if (made != nullptr) *made = entry.queue;
   subs_[sid] = std::move(entry);
   proto::FrameHeader h;
   h.type = FrameType::kSubscribe;
@@ -280,12 +282,13 @@ Result<std::uint32_t> Session::queue_subscribe(std::string_view subject, std::st
 }
 
 Result<std::shared_ptr<Subscription>> Session::queue_subscribe(std::string_view subject, std::string_view group) {
-  auto sid = add_subscription(subject, group, nullptr);
+  // The queue is taken as it is registered: the broker's refusal (a
+  // permission, a limit) may arrive and end the subscription before this
+  // call returns, and then the caller's next() says why (kClosed).
+  std::shared_ptr<QueueSubscription> queue;
+  auto sid = add_subscription(subject, group, nullptr, &queue);
   if (!sid) return sid.error();
-  std::lock_guard lock(mu_);
-  auto it = subs_.find(sid.value());
-  if (it == subs_.end()) return Error{ErrorKind::kClosed, "subscription removed while being created"};
-  return std::shared_ptr<Subscription>(it->second.queue);
+  return std::shared_ptr<Subscription>(std::move(queue));
 }
 
 Status Session::unsubscribe(std::uint32_t sid) {

@@ -234,11 +234,16 @@ class Session : public Client {
   std::vector<DeferredFrame> deferred_;  // I/O thread
   Status publish_locked(std::unique_lock<std::mutex>& lock, std::string_view subject, std::string_view reply,
                         std::span<const std::byte> payload, std::uint16_t flags);
-  Result<std::uint32_t> add_subscription(std::string_view subject, std::string_view group, MessageHandler handler);
+  /// `made`: where the queue of a queue subscription (no handler) is stored,
+  /// before its SUBSCRIBE leaves, so that a refusal arriving at once closes
+  /// the queue the caller gets instead of racing it.
+  Result<std::uint32_t> add_subscription(std::string_view subject, std::string_view group, MessageHandler handler,
+                                         std::shared_ptr<QueueSubscription>* made = nullptr);
   /// Registers a subscription (a queue when `handler` is empty) and sends its SUBSCRIBE.
   Result<std::uint32_t> subscribe_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
                                          std::string_view group, MessageHandler handler, std::uint32_t sid = 0,
-                                         std::shared_ptr<QueueSubscription> queue = nullptr);
+                                         std::shared_ptr<QueueSubscription> queue = nullptr,
+                                         std::shared_ptr<QueueSubscription>* made = nullptr);
   Status ensure_inbox_locked(std::unique_lock<std::mutex>& lock);
   /// The broker refused or revoked subscription `sid`: a blocking reader's
   /// next() returns kClosed with `why`, a callback gets nothing more.
