@@ -30,14 +30,16 @@ Reloader::Outcome Reloader::reload() {
   for (const auto& c : config::diff(file_, next_file.value())) {
     const bool effective = std::any_of(out.changes.begin(), out.changes.end(), [&](const auto& e) { return e.key == c.key; });
     if (effective) continue;
-    std::string flags;
+    std::vector<std::string> flags;  // each flag once, however many parts of the key it sets
     for (const auto& f : command_line_.flags) {
       const bool sets = std::any_of(f.keys.begin(), f.keys.end(), [&](const std::string& k) {
         return k == c.key || k.starts_with(c.key + ":");
       });
-      if (sets && flags.find(f.name) == std::string::npos) flags += (flags.empty() ? "" : ", ") + f.name;
+      if (sets && std::find(flags.begin(), flags.end(), f.name) == flags.end()) flags.push_back(f.name);
     }
-    out.overridden.push_back(c.key + " (" + c.from + " -> " + c.to + ") overridden by " + flags);
+    std::string names;
+    for (const auto& f : flags) names += (names.empty() ? "" : ", ") + f;
+    out.overridden.push_back(c.key + " (" + c.from + " -> " + c.to + ") overridden by " + names);
   }
   std::string masked;
   for (const auto& o : out.overridden) masked += "; in the file only: " + o;
