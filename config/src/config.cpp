@@ -551,12 +551,6 @@ std::optional<std::string> show(const Config& c, std::string_view key) {
   return std::nullopt;
 }
 
-std::vector<std::string> keys() {
-  std::vector<std::string> out;
-  for (const auto& f : fields()) out.push_back(f.key());
-  return out;
-}
-
 std::vector<Change> diff(const Config& running, const Config& next) {
   std::vector<Change> out;
   for (const auto& f : fields()) {

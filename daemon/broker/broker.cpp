@@ -280,7 +280,7 @@ StatsSnapshot Broker::stats() const {
     add("limits.refused.subscription_memory", static_cast<std::int64_t>(ws.limit_subscription_memory.get()));
     add("limits.refused.pending_total", static_cast<std::int64_t>(ws.limit_pending_total.get()));
     add("messages.pending_bytes", ws.pending_bytes.get());
-    add("messages.pending_charge", ws.pending_bytes.get() + kQueuedMessageCharge * ws.pending_messages.get());
+    add("messages.pending_charge", queued_charge(ws.pending_bytes.get(), ws.pending_messages.get()));
     add("auth.ok", static_cast<std::int64_t>(ws.auth_ok.get()));
     add("auth.failed", static_cast<std::int64_t>(ws.auth_failed.get()));
     add("permissions.denied.publish", static_cast<std::int64_t>(ws.denied_publish.get()));

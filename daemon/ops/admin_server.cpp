@@ -36,7 +36,7 @@ Status AdminServer::open() {
   p.max_clients = kMaxClients;
   p.deadline = kClientDeadline;
   p.answer = [this](const std::string& in) { return answer(in); };
-  p.too_long = [] { return error_reply("command longer than " + std::to_string(kMaxLine) + " bytes"); };
+  p.too_long = [] { return too_long_reply(); };
   p.busy = [] { return error_reply("too many admin clients at once; try again"); };
   server_ = std::make_unique<PolledServer>(std::move(fd), std::move(p));
   return {};
@@ -45,13 +45,17 @@ Status AdminServer::open() {
 std::optional<std::string> AdminServer::answer(const std::string& in) const {
   const auto nl = in.find('\n');
   if (nl == std::string::npos) return std::nullopt;
-  if (nl > kMaxLine) return error_reply("command longer than " + std::to_string(kMaxLine) + " bytes");
+  if (nl > kMaxLine) return too_long_reply();
   const std::string command = in.substr(0, nl);
   // A command is text: anything else is refused before the handler sees it.
   const bool printable = std::all_of(command.begin(), command.end(), [](char ch) {
     return static_cast<unsigned char>(ch) >= 0x20 && static_cast<unsigned char>(ch) < 0x7f;
   });
   return printable ? handler_(command) + "\n" : error_reply("a command is one line of printable ASCII");
+}
+
+std::string AdminServer::too_long_reply() {
+  return error_reply("command longer than " + std::to_string(kMaxLine) + " bytes");
 }
 
 std::string AdminServer::error_reply(const std::string& message) {

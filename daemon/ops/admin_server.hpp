@@ -47,6 +47,7 @@ class AdminServer {
  private:
   std::optional<std::string> answer(const std::string& in) const;
   static std::string error_reply(const std::string& message);
+  static std::string too_long_reply();
 
   std::string path_;
   Handler handler_;

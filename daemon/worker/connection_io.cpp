@@ -295,7 +295,7 @@ void Worker::post_remote_batches() {
 std::int64_t BrokerCore::pending_charge_total() const {
   std::int64_t total = 0;
   for (const Worker* w : workers) {
-    total += w->stats().pending_bytes.get() + kQueuedMessageCharge * w->stats().pending_messages.get();
+    total += queued_charge(w->stats().pending_bytes.get(), w->stats().pending_messages.get());
   }
   return total;
 }
@@ -304,21 +304,21 @@ std::uint64_t Worker::fair_pending_share() const {
   return opt_.max_pending_bytes_total / std::max<std::uint32_t>(opt_.max_connections, 1);
 }
 
-bool Worker::may_queue(const Connection& c, std::uint64_t len) const {
+bool Worker::may_queue(const Connection& c, std::uint64_t len, std::uint32_t messages) const {
   if (c.pending_bytes + len > opt_.max_pending_bytes) return false;
   // The broker-wide bound charges each queued message its bookkeeping too
   // (payloads sit in the registered pool; the heap holds one OutItem per
   // message at most). Within its share of that bound a subscriber never
   // needs the total (no cross-worker reads on the common path); above it,
   // only while the broker's queues together stay within the bound.
-  const std::uint64_t charge = len + kQueuedMessageCharge;
-  if (c.pending_bytes + kQueuedMessageCharge * c.pending_messages + charge <= fair_pending_share()) return true;
-  return core_.pending_charge_total() + static_cast<std::int64_t>(charge) <=
-         static_cast<std::int64_t>(opt_.max_pending_bytes_total);
+  const std::int64_t charge = queued_charge(static_cast<std::int64_t>(len), messages);
+  const std::int64_t held = queued_charge(static_cast<std::int64_t>(c.pending_bytes), static_cast<std::int64_t>(c.pending_messages));
+  if (held + charge <= static_cast<std::int64_t>(fair_pending_share())) return true;
+  return core_.pending_charge_total() + charge <= static_cast<std::int64_t>(opt_.max_pending_bytes_total);
 }
 
 void Worker::enqueue(Connection& c, OutItem item) {
-  if (item.is_delivery() && !may_queue(c, item.body_len)) {
+  if (item.is_delivery() && !may_queue(c, item.body_len, item.messages)) {
     const bool own = c.pending_bytes + item.body_len > opt_.max_pending_bytes;
     const std::string why =
         own ? std::to_string(c.pending_bytes) + " bytes pending, limit " + std::to_string(opt_.max_pending_bytes)

@@ -49,6 +49,10 @@ class Worker;
 /// for heap too whatever the message size.
 inline constexpr std::int64_t kQueuedMessageCharge = 128;
 static_assert(sizeof(OutItem) + 16 <= kQueuedMessageCharge, "a queued message costs more than it is charged");
+/// What `messages` queued deliveries of `bytes` frame bytes are charged.
+constexpr std::int64_t queued_charge(std::int64_t bytes, std::int64_t messages) {
+  return bytes + kQueuedMessageCharge * messages;
+}
 
 /// What every worker shares; owned by the Broker, outlives all workers.
 struct BrokerCore {
@@ -419,7 +423,7 @@ class Worker {
   void add_subscription(Connection& c, const proto::Frame& f, std::uint64_t cost);
   /// Whether `len` more bytes may queue for `c`: within limits.max_pending_bytes, and above
   /// fair_pending_share() only while the broker-wide total stays within limits.max_pending_bytes_total.
-  bool may_queue(const Connection& c, std::uint64_t len) const;
+  bool may_queue(const Connection& c, std::uint64_t len, std::uint32_t messages = 1) const;
   /// A connection's share of limits.max_pending_bytes_total: total / max_connections.
   std::uint64_t fair_pending_share() const;
   /// TOO_MANY_SUBSCRIPTIONS for subscription `sid`: the broker-wide budget is spent.

@@ -36,8 +36,6 @@ std::vector<Change> diff(const Config& running, const Config& next);
 /// A setting's value as diff() and the logs print it ("listen.tcp" ->
 /// "0.0.0.0:7471"); empty when no setting has that key.
 std::optional<std::string> show(const Config& c, std::string_view key);
-/// Every setting's key, in YAML order.
-std::vector<std::string> keys();
 
 /// "host:port" -> parts; the error names `what`.
 struct HostPort {
