@@ -123,9 +123,11 @@ class BrokerCollectable final : public prometheus::Collectable {
     std::vector<MetricFamily> out;
     for (const auto& def : kMetrics) {
       MetricFamily f{def.name, def.help, def.type, {}};
-      auto value_of = [&](std::int64_t v) {
+      // Captures the type alone: a lambda holding a reference to the
+      // file-local MetricDef would have internal linkage in a unity build.
+      auto value_of = [type = def.type](std::int64_t v) {
         ClientMetric m;
-        if (def.type == kCounter) m.counter.value = static_cast<double>(v);
+        if (type == kCounter) m.counter.value = static_cast<double>(v);
         else m.gauge.value = static_cast<double>(v);
         return m;
       };
