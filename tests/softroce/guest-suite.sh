@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs inside the Soft-RoCE guest: the RDMA-labelled ctest tests of each build
-# tree given, one after the other. Prints the counts and fails if any test
-# failed or if there is no RDMA device to run on.
+# tree given, one tree after the other, RDMABROKER_GUEST_JOBS tests at a time
+# (default 3: a test spends most of its time waiting on the emulated devices,
+# so a third job keeps the two vCPUs busy; tests that share a resource, the
+# multicast groups, hold a ctest RESOURCE_LOCK). Prints the counts and fails if
+# any test failed or if there is no RDMA device to run on.
 set -uo pipefail
 if [ "${RDMABROKER_GUEST:-}" != 1 ] || ! ibv_devices 2>/dev/null | grep -q rxe; then
   echo "guest-suite: no Soft-RoCE device here: run through tests/softroce/run-in-guest.sh" >&2
@@ -15,7 +18,7 @@ for dir in "$@"; do
   log="$dir/Testing/rdma-guest.log"
   mkdir -p "$dir/Testing"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-    ctest --test-dir "$dir" -L rdma --output-on-failure --timeout 900 2>&1 | tee "$log" | grep -E "Test +#|tests passed|FAILED|Failure|ERROR|WARNING: ThreadSanitizer|AddressSanitizer" || true
+    ctest --test-dir "$dir" -L rdma -j "${RDMABROKER_GUEST_JOBS:-3}" --output-on-failure --timeout 900 2>&1 | tee "$log" | grep -E "Test +#|tests passed|FAILED|Failure|ERROR|WARNING: ThreadSanitizer|AddressSanitizer" || true
   p=$(grep -cE "Test +#.*Passed" "$log")
   # ctest marks a failure in its status column ("***Failed", "***Timeout",
   # "***Exception: ...", "***Not Run"), never to be confused with a test name.

@@ -192,7 +192,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 CWD=$(pwd -P)
 [ "$CWD" != / ] || die "run it from a project directory, not /"
-printf 'G_KV=%q\nG_KROOT=%q\nG_CWD=%q\nG_SUBNET=%q\nG_VERBOSE=%q\nG_INIT=%q\n' "$KV" "$(readlink -f "$KROOT")" "$CWD" "$SUBNET" "$VERBOSE" "$INIT" >"$X/config"
+printf 'G_KV=%q\nG_KROOT=%q\nG_CWD=%q\nG_SUBNET=%q\nG_VERBOSE=%q\nG_INIT=%q\nG_CWD_CACHE=%q\n' "$KV" "$(readlink -f "$KROOT")" "$CWD" "$SUBNET" "$VERBOSE" "$INIT" "${RDMABROKER_GUEST_CWD_CACHE:-loose}" >"$X/config"
 {
   for v in PATH LANG LC_ALL CI TERM ${RDMABROKER_GUEST_PASS_ENV:-}; do
     [ -n "${!v+x}" ] && printf 'export %s=%q\n' "$v" "${!v}"
@@ -219,7 +219,7 @@ hostname rdmabroker-guest
 ulimit -l unlimited; ulimit -n 65536
 mkdir -p /lib/modules/$G_KV && mount --bind "$G_KROOT/lib/modules/$G_KV" /lib/modules/$G_KV
 mkdir -p "$G_CWD"
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=mmap cwd "$G_CWD" || fail "cwd mount"
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=${G_CWD_CACHE:-mmap} cwd "$G_CWD" || fail "cwd mount"
 ip link set lo up
 modprobe -a rdma_rxe rdma_ucm ib_uverbs || fail "modprobe rdma_rxe"
 A1=$G_SUBNET.1 A2=$G_SUBNET.2
