@@ -118,11 +118,11 @@ TEST_P(Routing, WildcardsDeliverExactlyTheMatchingSubjects) {
   EXPECT_EQ(star.count() + tail.count() + first.count() + exact.count(), 8u);
 }
 
-// Four members of one queue group share 10,000 messages: each message to
+// Four members of one queue group share 4,000 messages: each message to
 // exactly one member, each member within 10% of an even share; a plain
 // subscriber still gets all of them. A member that leaves gets nothing new.
 TEST_P(Routing, QueueGroupSharesMessagesEvenlyAndExactlyOnce) {
-  constexpr std::uint64_t kMessages = 10'000;
+  constexpr std::uint64_t kMessages = volume(4'000);
   // Declared before the clients: destroyed after them (callbacks use them).
   std::vector<std::unique_ptr<Inbox>> inboxes;
   Inbox all;
@@ -182,7 +182,7 @@ TEST_P(Routing, QueueGroupSharesMessagesEvenlyAndExactlyOnce) {
 // it is counted as dropped, never silently lost: the other members' messages
 // plus the drops account for every message published.
 TEST_P(Routing, QueueGroupMemberKilledMidStreamLosesNothingSilently) {
-  constexpr std::uint64_t kMessages = 20'000;
+  constexpr std::uint64_t kMessages = volume(20'000);
   Inbox survivor;
   auto member = client();
   auto pub = client();
