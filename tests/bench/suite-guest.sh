@@ -26,7 +26,7 @@ SIZES=(64 1024 16384 "$MAX" "$MAX16")
 count_for() {  # messages per flat-out run: about the same bytes per size, within TCG's patience
   local c
   case $1 in 64) c=200000 ;; 1024) c=40000 ;; 16384) c=4000 ;; "$MAX") c=200 ;; *) c=10 ;; esac
-  [ "$QUICK" = 1 ] && c=$((c / 10))
+  [ "$QUICK" = 1 ] && c=$(( c / 50 < 5 ? 5 : c / 50 ))
   echo "$c"
 }
 
@@ -53,7 +53,7 @@ REPEAT=$( [ "$QUICK" = 1 ] && echo 1 || echo 3 )
 raw_round() {
   for s in "${SIZES[@]}"; do
     iters=$(( s > 2000000 ? 20 : s > 16384 ? 500 : 20000 ))
-    [ "$QUICK" = 1 ] && iters=$((iters / 10))
+    [ "$QUICK" = 1 ] && iters=$((iters / 50))
     perftest ib_send_bw "$s" $(( iters < 10 ? 10 : iters ))
     perftest ib_send_lat "$s" $(( iters / 4 < 10 ? 10 : iters / 4 ))
   done
@@ -94,7 +94,7 @@ for s in "${SIZES[@]}"; do
   run_bench rdmabroker rdma size "$s" "$BROKER" "$BIN/client-lib/rdmabroker" bench -s "$URL" -b "$A2" \
     --size "$s" -n "$(count_for "$s")" "${client[@]}"
   run_bench rdmabroker rdma size "$s" "$BROKER" "$BIN/client-lib/rdmabroker" bench -s "$URL" -b "$A2" \
-    --size "$s" -r "$(light_rate "$s")" -d "$( [ "$QUICK" = 1 ] && echo 2 || echo 5 )" "${client[@]}"
+    --size "$s" -r "$(light_rate "$s")" -d "$( [ "$QUICK" = 1 ] && echo 1 || echo 5 )" "${client[@]}"
   stop_broker
 done
 # Light-load latency with the broker's worker spinning on its CQs
@@ -110,7 +110,7 @@ for _ in $(seq "$REPEAT"); do
   relay_round
 done
 start_broker --buffer-size 32768 --pool-buffers 8192
-FAN_COUNT=$( [ "$QUICK" = 1 ] && echo 5000 || echo 50000 )
+FAN_COUNT=$( [ "$QUICK" = 1 ] && echo 1000 || echo 50000 )
 for m in 1 4 16 32; do
   run_bench rdmabroker rdma fanout 64 "$BROKER" "$BIN/client-lib/rdmabroker" bench -s "$URL" -b "$A2" \
     --size 64 -p 1 -m "$m" -n "$FAN_COUNT"
@@ -120,5 +120,5 @@ run_bench rdmabroker rdma 4x4 64 "$BROKER" "$BIN/client-lib/rdmabroker" bench -s
 stop_broker
 
 # ---------------------------------------------------------------- memory
-IDLE=$( [ "$QUICK" = 1 ] && echo 100 || echo 1000 )
+IDLE=$( [ "$QUICK" = 1 ] && echo 50 || echo 1000 )
 record_idle_rss rdma "$(RDMABROKER_BIN=$BIN tests/bench/idle-rss.sh rdma "$IDLE")"

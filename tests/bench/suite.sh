@@ -20,7 +20,8 @@
 #      connection at 1,000;
 #   4. tests/bench/suite_report.py: results.json, results.csv, the tables with
 #      the ratios (relay/raw, rdmabroker/NATS, rdmabroker/Redis) and the plots.
-# --quick: a tenth of the counts, one host run each (checks the machinery).
+# --quick: a fiftieth of the counts, one run each, the shortest durations
+# (checks the machinery, measures nothing).
 # Exit status 1 when a run failed or lost messages (the report says which).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -73,7 +74,7 @@ tcp_bench() {
   run_bench redis tcp "$group" "$size" "$REDIS_PID" "$BIN/tests/bench/drivers/redis_bench" -s "redis://127.0.0.1:$REDIS_PORT" --size "$size" "$@"
 }
 REPEAT=$( [ "$QUICK" = 1 ] && echo 1 || echo 3 )
-DIV=$( [ "$QUICK" = 1 ] && echo 10 || echo 1 )
+DIV=$( [ "$QUICK" = 1 ] && echo 50 || echo 1 )
 LIGHT_TCP=1000
 for _ in $(seq "$REPEAT"); do
   tcp_bench size 64 -n $((1000000 / DIV))
@@ -91,10 +92,12 @@ cleanup
 PIDS=()
 
 echo "=== suite: micro-benchmarks (host)"
-RDMABROKER_BIN=$BIN tests/bench/micro.sh --benchmark_format=json >"$OUT/micro.json"
+MICRO=()
+[ "$QUICK" = 1 ] && MICRO=(--benchmark_min_time=0.01)
+RDMABROKER_BIN=$BIN tests/bench/micro.sh --benchmark_format=json "${MICRO[@]}" >"$OUT/micro.json"
 
 echo "=== suite: memory per idle TCP connection"
-record_idle_rss tcp "$(RDMABROKER_BIN=$BIN tests/bench/idle-rss.sh tcp $( [ "$QUICK" = 1 ] && echo 100 || echo 1000 ))"
+record_idle_rss tcp "$(RDMABROKER_BIN=$BIN tests/bench/idle-rss.sh tcp $( [ "$QUICK" = 1 ] && echo 50 || echo 1000 ))"
 
 echo "=== suite: report"
 CPU=$(awk -F: '/model name/ { sub(/^ +/, "", $2); print $2; exit }' /proc/cpuinfo)
