@@ -15,54 +15,79 @@
 #      to measure anything, but so that the suite, the NATS and Redis drivers
 #      and the report keep working; it fails if a run fails or loses a
 #      message (RDMABROKER_TEST_BENCH=0 skips it).
+# It ends with a table of each stage's seconds.
 # RDMA tests never skip: no guest or no RDMA device is a failure.
 # Set RDMABROKER_TEST_TREES to a subset (e.g. "release") for a quicker run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
-scripts/install-deps.sh
+STAGES=()
+failed=0
+# stage NAME CMD...: runs CMD, records its seconds and result for the table.
+stage() {
+  local name=$1 start rc=0
+  shift
+  start=$(date +%s)
+  "$@" || rc=$?
+  STAGES+=("$(printf '%-44s %6d s  %s' "$name" $(( $(date +%s) - start )) "$([ $rc = 0 ] && echo ok || echo "FAILED ($rc)")")")
+  [ $rc = 0 ] || failed=1
+  return 0
+}
+stage_table() {
+  echo "=== test.sh: stages"
+  printf '%s\n' "${STAGES[@]}"
+  echo "=== test.sh: $(( $(date +%s) - T0 )) s, $([ $failed = 0 ] && echo PASSED || echo FAILED)"
+}
+
+stage "install dependencies" scripts/install-deps.sh
+[ $failed = 0 ] || { stage_table; exit 1; }
 
 TREES=${RDMABROKER_TEST_TREES:-release asan tsan}
+# The sanitizer trees build what the tests run, not the benchmark programs.
 for t in $TREES; do
   case $t in
     release) args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo) ;;
-    asan) args=(-DCMAKE_BUILD_TYPE=Debug -DRDMABROKER_SANITIZE=address -DRDMABROKER_FAULT_INJECTION=ON) ;;
-    tsan) args=(-DCMAKE_BUILD_TYPE=Debug -DRDMABROKER_SANITIZE=thread -DRDMABROKER_FAULT_INJECTION=ON) ;;
+    asan) args=(-DCMAKE_BUILD_TYPE=Debug -DRDMABROKER_SANITIZE=address -DRDMABROKER_FAULT_INJECTION=ON -DRDMABROKER_BENCHMARKS=OFF) ;;
+    tsan) args=(-DCMAKE_BUILD_TYPE=Debug -DRDMABROKER_SANITIZE=thread -DRDMABROKER_FAULT_INJECTION=ON -DRDMABROKER_BENCHMARKS=OFF) ;;
     *) echo "test.sh: unknown tree $t" >&2; exit 2 ;;
   esac
   echo "=== build $t"
-  scripts/build.sh "build/$t" "${args[@]}"
+  stage "build $t" scripts/build.sh "build/$t" "${args[@]}"
 done
+[ $failed = 0 ] || { stage_table; exit 1; }
 
-failed=0
 if [[ " $TREES " == *" release "* ]]; then
   echo "=== package (build/release)"
-  DEB=$(scripts/package.sh build/release | tail -1) || failed=1
+  package() { DEB=$(scripts/package.sh build/release | tail -1); }
+  stage "package (.deb)" package
 fi
 for t in $TREES; do
   echo "=== unit and TCP integration tests ($t, host)"
-  ctest --test-dir "build/$t" -L 'unit|tcp' --output-on-failure || failed=1
+  # Two at a time: every test process takes its own ports and paths.
+  stage "host tests $t (unit, tcp)" ctest --test-dir "build/$t" -L 'unit|tcp' -j 2 --output-on-failure
 done
 
 if [ "${RDMABROKER_FUZZ_SECONDS:-60}" != 0 ]; then
   echo "=== fuzzing (libFuzzer, ASan+UBSan): ${RDMABROKER_FUZZ_SECONDS:-60} s per target"
-  tests/fuzz/run.sh "${RDMABROKER_FUZZ_SECONDS:-60}" || failed=1
+  stage "fuzz (${RDMABROKER_FUZZ_SECONDS:-60} s per target)" tests/fuzz/run.sh "${RDMABROKER_FUZZ_SECONDS:-60}"
 fi
 
 echo "=== RDMA integration tests (Soft-RoCE guest): $TREES"
 dirs=()
 for t in $TREES; do dirs+=("build/$t"); done
-tests/softroce/run-in-guest.sh tests/softroce/guest-suite.sh "${dirs[@]}" || failed=1
+# Memory for three tests at a time, each with a broker's registered pool.
+RDMABROKER_GUEST_MEM=${RDMABROKER_GUEST_MEM:-4096} \
+  stage "guest: rdma tests ($TREES)" tests/softroce/run-in-guest.sh tests/softroce/guest-suite.sh "${dirs[@]}"
 
 if [ -n "${DEB:-}" ]; then
   echo "=== systemd unit (Soft-RoCE guest booted with systemd as PID 1): $DEB"
-  RDMABROKER_GUEST_INIT=systemd tests/softroce/run-in-guest.sh tests/softroce/systemd-suite.sh "$DEB" || failed=1
+  RDMABROKER_GUEST_INIT=systemd stage "guest: systemd unit" tests/softroce/run-in-guest.sh tests/softroce/systemd-suite.sh "$DEB"
 fi
 
 if [[ " $TREES " == *" release "* ]] && [ "${RDMABROKER_TEST_BENCH:-1}" = 1 ]; then
   echo "=== benchmark suite, quick (machinery only; numbers in docs/benchmarks.md come from a full run)"
-  tests/bench/suite.sh --quick || failed=1
+  stage "benchmark suite --quick" tests/bench/suite.sh --quick
 fi
 
-echo "=== test.sh: $(( $(date +%s) - T0 )) s, $([ $failed = 0 ] && echo PASSED || echo FAILED)"
+stage_table
 exit $failed
