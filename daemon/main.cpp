@@ -146,7 +146,8 @@ int main(int argc, char** argv) {
         reply["ok"] = outcome.ok;
         reply[outcome.ok ? "message" : "error"] = outcome.message;
         nlohmann::json changes = nlohmann::json::array();
-        for (const auto& c : outcome.changes) changes.push_back({{"key", c.key}, {"from", c.from}, {"to", c.to}, {"live", c.live}});
+        for (const auto& c : outcome.changes)
+          changes.push_back({{"key", c.key}, {"from", c.from}, {"to", c.to}, {"live", c.live}});
         reply["changes"] = changes;
         reply["overridden"] = outcome.overridden;
       } else if (cmd.starts_with("fault ") || cmd == "fault") {
@@ -168,17 +169,19 @@ int main(int argc, char** argv) {
   }
   broker.start();
   const std::string where = broker.listeners();
-  spdlog::info("rdmabrokerd {} listening on {} ({}{} workers, {} x {}-byte buffers; config file {}; logging to {}{})",
-               RDMABROKER_VERSION, where, broker.rdma_enabled() ? "" : "TCP only, ", eff.workers, eff.pool_buffers,
-               eff.buffer_size, cl.config_origin, log_target,
-               cfg.metrics_listen.empty() ? "" : "; metrics on http://" + cfg.metrics_listen + "/metrics");
+  spdlog::info(
+      "rdmabrokerd {} listening on {} ({}{} workers, {} x {}-byte buffers; config file {}; logging to {}{})",
+      RDMABROKER_VERSION, where, broker.rdma_enabled() ? "" : "TCP only, ", eff.workers, eff.pool_buffers,
+      eff.buffer_size, cl.config_origin, log_target,
+      cfg.metrics_listen.empty() ? "" : "; metrics on http://" + cfg.metrics_listen + "/metrics");
   notifier.ready("listening on " + where);
 
   // The watchdog is fed only while every worker loop is going round (each
   // wakes at least every 200 ms); a stuck worker lets systemd restart us.
   // The loop also wakes about once a second to sample rates for `stat`.
   const auto period = notifier.watchdog_period();
-  const int poll_ms = period.count() > 0 ? static_cast<int>(std::min<std::int64_t>(period.count(), 1000)) : 1000;
+  const int poll_ms =
+      period.count() > 0 ? static_cast<int>(std::min<std::int64_t>(period.count(), 1000)) : 1000;
   std::vector<pollfd> fds;
   while (true) {
     // [signalfd][admin socket + its clients][metrics socket + its clients]

@@ -14,14 +14,16 @@ namespace rdmabroker::cli {
 
 Result<std::string> admin_request(const std::string& socket_path, const std::string& command) {
   sockaddr_un addr{};
-  if (socket_path.size() >= sizeof addr.sun_path) return Error{ErrorKind::kInvalidArgument, "socket path too long"};
+  if (socket_path.size() >= sizeof addr.sun_path)
+    return Error{ErrorKind::kInvalidArgument, "socket path too long"};
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) return Error{ErrorKind::kResource, std::string("socket: ") + std::strerror(errno)};
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     return Error{ErrorKind::kConnectFailed, "cannot reach the broker's admin socket " + socket_path + ": " +
-                                                std::strerror(errno) + " (is rdmabrokerd running with --admin-socket?)"};
+                                                std::strerror(errno) +
+                                                " (is rdmabrokerd running with --admin-socket?)"};
   }
   const std::string line = command + "\n";
   if (::send(fd.get(), line.data(), line.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(line.size())) {

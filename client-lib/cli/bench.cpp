@@ -73,8 +73,11 @@ struct SubscriberState {
 };
 
 nlohmann::json to_json(const LatencyHistogram& h) {
-  return {{"p50_us", h.quantile_us(0.5)},    {"p90_us", h.quantile_us(0.9)}, {"p99_us", h.quantile_us(0.99)},
-          {"p99_9_us", h.quantile_us(0.999)}, {"max_us", h.max_us()}};
+  return {{"p50_us", h.quantile_us(0.5)},
+          {"p90_us", h.quantile_us(0.9)},
+          {"p99_us", h.quantile_us(0.99)},
+          {"p99_9_us", h.quantile_us(0.999)},
+          {"max_us", h.max_us()}};
 }
 
 double per_second(double n, double seconds) { return seconds > 0 ? n / seconds : 0; }
@@ -88,34 +91,42 @@ void print_text(const nlohmann::json& report, bool fixed_rate) {
     const auto error = p["error"].get<std::string>();
     std::printf("publisher %zu: %llu msgs in %.2f s, %.0f msg/s, %.1f MB/s%s%s\n", i,
                 static_cast<unsigned long long>(p["sent"].get<std::uint64_t>()), p["seconds"].get<double>(),
-                p["msgs_per_s"].get<double>(), p["mb_per_s"].get<double>(), error.empty() ? "" : " ERROR ", error.c_str());
+                p["msgs_per_s"].get<double>(), p["mb_per_s"].get<double>(), error.empty() ? "" : " ERROR ",
+                error.c_str());
   }
   for (std::size_t i = 0; i < js.size(); ++i) {
     const auto& s = js[i];
     const auto& l = s["latency"];
     const auto error = s["error"].get<std::string>();
-    std::printf("subscriber %zu: %llu msgs, %.0f msg/s, %.1f MB/s, %llu reordered, latency p50 %.1f us p99 %.1f us max %.1f us%s%s\n",
-                i, static_cast<unsigned long long>(s["received"].get<std::uint64_t>()), s["msgs_per_s"].get<double>(),
-                s["mb_per_s"].get<double>(), static_cast<unsigned long long>(s["reordered"].get<std::uint64_t>()),
-                l["p50_us"].get<double>(), l["p99_us"].get<double>(), l["max_us"].get<double>(),
-                error.empty() ? "" : " ERROR ", error.c_str());
+    std::printf(
+        "subscriber %zu: %llu msgs, %.0f msg/s, %.1f MB/s, %llu reordered, latency p50 %.1f us p99 %.1f us "
+        "max %.1f us%s%s\n",
+        i, static_cast<unsigned long long>(s["received"].get<std::uint64_t>()), s["msgs_per_s"].get<double>(),
+        s["mb_per_s"].get<double>(), static_cast<unsigned long long>(s["reordered"].get<std::uint64_t>()),
+        l["p50_us"].get<double>(), l["p99_us"].get<double>(), l["max_us"].get<double>(),
+        error.empty() ? "" : " ERROR ", error.c_str());
   }
-  std::printf("aggregate: published %llu (%.0f msg/s), received %llu of %llu (%.0f msg/s, %.1f MB/s), lost %llu, "
-              "reordered %llu\n",
-              static_cast<unsigned long long>(a["published"].get<std::uint64_t>()), a["publish_msgs_per_s"].get<double>(),
-              static_cast<unsigned long long>(a["received"].get<std::uint64_t>()),
-              static_cast<unsigned long long>(a["expected"].get<std::uint64_t>()), a["delivery_msgs_per_s"].get<double>(),
-              a["delivery_mb_per_s"].get<double>(), static_cast<unsigned long long>(a["lost"].get<std::uint64_t>()),
-              static_cast<unsigned long long>(a["reordered"].get<std::uint64_t>()));
+  std::printf(
+      "aggregate: published %llu (%.0f msg/s), received %llu of %llu (%.0f msg/s, %.1f MB/s), lost %llu, "
+      "reordered %llu\n",
+      static_cast<unsigned long long>(a["published"].get<std::uint64_t>()),
+      a["publish_msgs_per_s"].get<double>(),
+      static_cast<unsigned long long>(a["received"].get<std::uint64_t>()),
+      static_cast<unsigned long long>(a["expected"].get<std::uint64_t>()),
+      a["delivery_msgs_per_s"].get<double>(), a["delivery_mb_per_s"].get<double>(),
+      static_cast<unsigned long long>(a["lost"].get<std::uint64_t>()),
+      static_cast<unsigned long long>(a["reordered"].get<std::uint64_t>()));
   const auto& l = a["latency"];
-  std::printf("latency: p50 %.1f us, p90 %.1f us, p99 %.1f us, p99.9 %.1f us, max %.1f us%s\n", l["p50_us"].get<double>(),
-              l["p90_us"].get<double>(), l["p99_us"].get<double>(), l["p99_9_us"].get<double>(), l["max_us"].get<double>(),
+  std::printf("latency: p50 %.1f us, p90 %.1f us, p99 %.1f us, p99.9 %.1f us, max %.1f us%s\n",
+              l["p50_us"].get<double>(), l["p90_us"].get<double>(), l["p99_us"].get<double>(),
+              l["p99_9_us"].get<double>(), l["max_us"].get<double>(),
               fixed_rate ? " (from the schedule: coordinated omission corrected)" : "");
   if (fixed_rate) {
     const auto& f = a["latency_from_send"];
-    std::printf("latency from the publish call: p50 %.1f us, p90 %.1f us, p99 %.1f us, p99.9 %.1f us, max %.1f us\n",
-                f["p50_us"].get<double>(), f["p90_us"].get<double>(), f["p99_us"].get<double>(),
-                f["p99_9_us"].get<double>(), f["max_us"].get<double>());
+    std::printf(
+        "latency from the publish call: p50 %.1f us, p90 %.1f us, p99 %.1f us, p99.9 %.1f us, max %.1f us\n",
+        f["p50_us"].get<double>(), f["p90_us"].get<double>(), f["p99_us"].get<double>(),
+        f["p99_9_us"].get<double>(), f["max_us"].get<double>());
   }
 }
 
@@ -129,7 +140,8 @@ void add_bench_options(CLI::App& app, BenchOptions& opt) {
   app.add_option("--size", opt.size, "Payload bytes (at least 24)")->capture_default_str();
   app.add_option("-n,--count", opt.count, "Messages per publisher")->capture_default_str();
   app.add_option("-d,--duration", opt.duration_s, "Seconds per publisher (instead of --count)");
-  app.add_option("-r,--rate", opt.rate, "Messages/s per publisher (0: flat out); latency then counts from the schedule");
+  app.add_option("-r,--rate", opt.rate,
+                 "Messages/s per publisher (0: flat out); latency then counts from the schedule");
   app.add_flag("--json", opt.json, "JSON report");
   app.add_flag("!--quiet", opt.progress, "No progress lines");
 }
@@ -155,7 +167,9 @@ int run_bench(const BenchOptions& opt, const std::string& system, const Connect&
     }
     states.push_back(std::make_unique<SubscriberState>());
     SubscriberState* st = states.back().get();
-    if (auto e = c->subscribe(opt.subject, opt.queue, [st](std::span<const std::byte> p) { st->on_payload(p); }); !e.empty()) {
+    if (auto e =
+            c->subscribe(opt.subject, opt.queue, [st](std::span<const std::byte> p) { st->on_payload(p); });
+        !e.empty()) {
       std::cerr << "bench: subscriber " << i << ": " << e << "\n";
       return 1;
     }
@@ -172,9 +186,11 @@ int run_bench(const BenchOptions& opt, const std::string& system, const Connect&
     pubs.push_back(std::move(c));
   }
   if (!opt.json && opt.progress) {
-    std::cerr << "bench: " << system << ", " << opt.publishers << " publisher(s) -> " << opt.subscribers << " subscriber(s)"
-              << (opt.queue.empty() ? "" : " in queue group " + opt.queue) << ", " << opt.size << " B, "
-              << (opt.duration_s > 0 ? std::to_string(opt.duration_s) + " s" : std::to_string(opt.count) + " msgs")
+    std::cerr << "bench: " << system << ", " << opt.publishers << " publisher(s) -> " << opt.subscribers
+              << " subscriber(s)" << (opt.queue.empty() ? "" : " in queue group " + opt.queue) << ", "
+              << opt.size << " B, "
+              << (opt.duration_s > 0 ? std::to_string(opt.duration_s) + " s"
+                                     : std::to_string(opt.count) + " msgs")
               << " each, " << (opt.rate > 0 ? std::to_string(opt.rate) + " msg/s each" : "flat out") << ", "
               << pubs.front()->describe() << "\n";
   }
@@ -192,8 +208,10 @@ int run_bench(const BenchOptions& opt, const std::string& system, const Connect&
       ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
       std::this_thread::sleep_until(start);
       const auto t0 = Clock::now();
-      const auto end = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt.duration_s));
-      const auto interval = opt.rate > 0 ? std::chrono::duration<double>(1.0 / opt.rate) : std::chrono::duration<double>(0);
+      const auto end =
+          t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt.duration_s));
+      const auto interval =
+          opt.rate > 0 ? std::chrono::duration<double>(1.0 / opt.rate) : std::chrono::duration<double>(0);
       std::uint64_t seq = 0;
       for (;; ++seq) {
         if (opt.duration_s > 0 ? Clock::now() >= end : seq >= opt.count) break;
@@ -201,7 +219,8 @@ int run_bench(const BenchOptions& opt, const std::string& system, const Connect&
         if (opt.rate > 0) {
           // The schedule, not the moment we got round to it: a publisher held
           // up by back-pressure still charges the delay to the messages.
-          const auto due = t0 + std::chrono::duration_cast<Clock::duration>(interval * static_cast<double>(seq));
+          const auto due =
+              t0 + std::chrono::duration_cast<Clock::duration>(interval * static_cast<double>(seq));
           std::this_thread::sleep_until(due);
           s.sent_ns = due.time_since_epoch().count();
           const auto lag = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - due).count();
@@ -237,10 +256,11 @@ int run_bench(const BenchOptions& opt, const std::string& system, const Connect&
       if (Clock::now() - last < 1s) continue;
       const std::uint64_t p = published.load();
       if (!opt.json && opt.progress) {
-        std::fprintf(stderr, "[%2ds] published %llu (%.0f msg/s), received %llu\n", ++tick,
-                     static_cast<unsigned long long>(p),
-                     static_cast<double>(p - last_pub) / std::chrono::duration<double>(Clock::now() - last).count(),
-                     static_cast<unsigned long long>(received_total()));
+        std::fprintf(
+            stderr, "[%2ds] published %llu (%.0f msg/s), received %llu\n", ++tick,
+            static_cast<unsigned long long>(p),
+            static_cast<double>(p - last_pub) / std::chrono::duration<double>(Clock::now() - last).count(),
+            static_cast<unsigned long long>(received_total()));
       }
       last_pub = p;
       last = Clock::now();
@@ -253,7 +273,8 @@ int run_bench(const BenchOptions& opt, const std::string& system, const Connect&
   // Wait for deliveries: all of them, or until nothing arrives for 5 s.
   std::uint64_t total_sent = 0;
   for (const auto& r : results) total_sent += r.sent;
-  const std::uint64_t expected = opt.queue.empty() ? total_sent * opt.subscribers : (opt.subscribers > 0 ? total_sent : 0);
+  const std::uint64_t expected =
+      opt.queue.empty() ? total_sent * opt.subscribers : (opt.subscribers > 0 ? total_sent : 0);
   auto last_change = Clock::now();
   std::uint64_t seen = received_total();
   while (seen < expected && Clock::now() - last_change < 5s) {
@@ -276,17 +297,26 @@ int run_bench(const BenchOptions& opt, const std::string& system, const Connect&
   const double start_ns = static_cast<double>(start.time_since_epoch().count());
   nlohmann::json report;
   report["system"] = system;
-  report["config"] = {{"url", opt.url},       {"subject", opt.subject}, {"queue", opt.queue},
-                      {"publishers", opt.publishers}, {"subscribers", opt.subscribers}, {"size", opt.size},
-                      {"count", opt.count},   {"duration_s", opt.duration_s}, {"rate", opt.rate}};
+  report["config"] = {{"url", opt.url},
+                      {"subject", opt.subject},
+                      {"queue", opt.queue},
+                      {"publishers", opt.publishers},
+                      {"subscribers", opt.subscribers},
+                      {"size", opt.size},
+                      {"count", opt.count},
+                      {"duration_s", opt.duration_s},
+                      {"rate", opt.rate}};
   nlohmann::json jp = nlohmann::json::array();
   double pub_seconds = 0;
   bool failed = false;
   for (const auto& r : results) {
     pub_seconds = std::max(pub_seconds, r.seconds);
     const auto n = static_cast<double>(r.sent);
-    jp.push_back({{"sent", r.sent}, {"seconds", r.seconds}, {"msgs_per_s", per_second(n, r.seconds)},
-                  {"mb_per_s", per_second(n * opt.size, r.seconds) / 1e6}, {"error", r.error}});
+    jp.push_back({{"sent", r.sent},
+                  {"seconds", r.seconds},
+                  {"msgs_per_s", per_second(n, r.seconds)},
+                  {"mb_per_s", per_second(n * opt.size, r.seconds) / 1e6},
+                  {"error", r.error}});
     failed |= !r.error.empty();
   }
   nlohmann::json js = nlohmann::json::array();
@@ -297,9 +327,14 @@ int run_bench(const BenchOptions& opt, const std::string& system, const Connect&
     std::lock_guard l(s->mu);
     const double secs = s->last_ns > 0 ? (static_cast<double>(s->last_ns) - start_ns) / 1e9 : 0;
     const auto n = static_cast<double>(s->received);
-    js.push_back({{"received", s->received}, {"reordered", s->reordered}, {"malformed", s->malformed}, {"seconds", secs},
-                  {"msgs_per_s", per_second(n, secs)}, {"mb_per_s", per_second(n * opt.size, secs) / 1e6},
-                  {"latency", to_json(s->latency)}, {"error", s->error}});
+    js.push_back({{"received", s->received},
+                  {"reordered", s->reordered},
+                  {"malformed", s->malformed},
+                  {"seconds", secs},
+                  {"msgs_per_s", per_second(n, secs)},
+                  {"mb_per_s", per_second(n * opt.size, secs) / 1e6},
+                  {"latency", to_json(s->latency)},
+                  {"error", s->error}});
     received += s->received;
     reordered += s->reordered;
     malformed += s->malformed;
@@ -312,18 +347,19 @@ int run_bench(const BenchOptions& opt, const std::string& system, const Connect&
   const double delivery_s = last_ns > 0 ? (last_ns - start_ns) / 1e9 : 0;
   report["publishers"] = jp;
   report["subscribers"] = js;
-  report["aggregate"] = {{"published", total_sent},
-                         {"publish_msgs_per_s", per_second(static_cast<double>(total_sent), pub_seconds)},
-                         {"expected", expected},
-                         {"received", received},
-                         {"lost", lost},
-                         {"reordered", reordered},
-                         {"malformed", malformed},
-                         {"delivery_seconds", delivery_s},
-                         {"delivery_msgs_per_s", per_second(static_cast<double>(received), delivery_s)},
-                         {"delivery_mb_per_s", per_second(static_cast<double>(received) * opt.size, delivery_s) / 1e6},
-                         {"latency", to_json(all)},
-                         {"latency_from_send", to_json(all_from_send)}};
+  report["aggregate"] = {
+      {"published", total_sent},
+      {"publish_msgs_per_s", per_second(static_cast<double>(total_sent), pub_seconds)},
+      {"expected", expected},
+      {"received", received},
+      {"lost", lost},
+      {"reordered", reordered},
+      {"malformed", malformed},
+      {"delivery_seconds", delivery_s},
+      {"delivery_msgs_per_s", per_second(static_cast<double>(received), delivery_s)},
+      {"delivery_mb_per_s", per_second(static_cast<double>(received) * opt.size, delivery_s) / 1e6},
+      {"latency", to_json(all)},
+      {"latency_from_send", to_json(all_from_send)}};
   if (opt.json) {
     std::cout << report.dump(2) << "\n";
   } else {

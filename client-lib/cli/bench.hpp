@@ -29,13 +29,13 @@ namespace rdmabroker::bench {
 struct BenchOptions {
   std::string url;
   std::string subject = "bench";
-  std::string queue;              // subscribers join this queue group; empty: each gets everything
+  std::string queue;  // subscribers join this queue group; empty: each gets everything
   std::uint32_t publishers = 1;
   std::uint32_t subscribers = 1;
-  std::uint32_t size = 64;        // payload bytes, at least the 24-byte stamp
-  std::uint64_t count = 100000;   // per publisher (when duration is 0)
-  double duration_s = 0;          // per publisher, instead of count
-  double rate = 0;                // messages/s per publisher; 0: flat out
+  std::uint32_t size = 64;       // payload bytes, at least the 24-byte stamp
+  std::uint64_t count = 100000;  // per publisher (when duration is 0)
+  double duration_s = 0;         // per publisher, instead of count
+  double rate = 0;               // messages/s per publisher; 0: flat out
   bool json = false;
   bool progress = true;
 };
@@ -48,7 +48,8 @@ class BenchEndpoint {
   virtual ~BenchEndpoint() = default;
   /// Subscribes (in `queue` when not empty) and returns once the system has
   /// the subscription, so nothing published afterwards is missed.
-  virtual std::string subscribe(const std::string& subject, const std::string& queue, OnPayload on_payload) = 0;
+  virtual std::string subscribe(const std::string& subject, const std::string& queue,
+                                OnPayload on_payload) = 0;
   /// `more`: another publish follows at once (flat out); a client that
   /// buffers may wait for it before writing. False before an idle gap.
   virtual std::string publish(const std::string& subject, std::span<const std::byte> payload, bool more) = 0;

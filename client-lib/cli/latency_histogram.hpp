@@ -27,7 +27,8 @@ class LatencyHistogram {
   /// The value at quantile q (0..1), in microseconds: the middle of its bucket.
   double quantile_us(double q) const {
     if (total_ == 0) return 0;
-    const auto rank = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(q * static_cast<double>(total_) + 0.5));
+    const auto rank =
+        std::max<std::uint64_t>(1, static_cast<std::uint64_t>(q * static_cast<double>(total_) + 0.5));
     std::uint64_t seen = 0;
     for (std::size_t i = 0; i < kBuckets; ++i) {
       seen += counts_[i];

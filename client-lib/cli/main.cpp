@@ -58,10 +58,13 @@ void add_common(CLI::App* cmd, Common& c) {
   cmd->add_option("-s,--server", c.server, "Broker URL (env RDMABROKER_URL)")->default_str(default_server());
   cmd->add_option("-b,--bind", c.bind, "Local address to bind (selects the RDMA device)");
   cmd->add_option("-u,--user", c.user, "User name (env RDMABROKER_USER)")->envname("RDMABROKER_USER");
-  cmd->add_option("--password", c.password, "Password; prefer the environment, which ps does not show (env RDMABROKER_PASSWORD)")
+  cmd->add_option("--password", c.password,
+                  "Password; prefer the environment, which ps does not show (env RDMABROKER_PASSWORD)")
       ->envname("RDMABROKER_PASSWORD");
-  cmd->add_option("--token", c.token, "Token instead of user and password (env RDMABROKER_TOKEN)")->envname("RDMABROKER_TOKEN");
-  cmd->add_flag("--reconnect", c.reconnect, "Reconnect (with backoff) when the connection fails or the broker restarts");
+  cmd->add_option("--token", c.token, "Token instead of user and password (env RDMABROKER_TOKEN)")
+      ->envname("RDMABROKER_TOKEN");
+  cmd->add_flag("--reconnect", c.reconnect,
+                "Reconnect (with backoff) when the connection fails or the broker restarts");
   cmd->add_flag("-v,--verbose", c.verbose, "Say which transport and device are used");
 }
 
@@ -75,7 +78,10 @@ int run_passwd(const std::string& scheme, unsigned long cost) {
     std::cerr << "rdmabroker passwd: read an empty secret from stdin\n";
     return 2;
   }
-  const char* prefix = scheme == "yescrypt" ? "$y$" : scheme == "sha512crypt" ? "$6$" : scheme == "bcrypt" ? "$2b$" : nullptr;
+  const char* prefix = scheme == "yescrypt"      ? "$y$"
+                       : scheme == "sha512crypt" ? "$6$"
+                       : scheme == "bcrypt"      ? "$2b$"
+                                                 : nullptr;
   if (prefix == nullptr) {
     std::cerr << "rdmabroker passwd: unknown scheme '" << scheme << "' (yescrypt, sha512crypt, bcrypt)\n";
     return 2;
@@ -104,7 +110,8 @@ std::unique_ptr<Client> connect_or_die(const Common& c) {
   opt.reconnect = c.reconnect;
   opt.on_connection_event = [](const rdmabroker::ConnectionEvent& e) {
     using K = rdmabroker::ConnectionEvent::Kind;
-    if (e.kind == K::kDisconnected) std::cerr << "rdmabroker: disconnected (" << e.reason.message << "), reconnecting\n";
+    if (e.kind == K::kDisconnected)
+      std::cerr << "rdmabroker: disconnected (" << e.reason.message << "), reconnecting\n";
     if (e.kind == K::kReconnected) {
       std::cerr << "rdmabroker: reconnected after " << e.downtime.count() << " ms (" << e.attempts
                 << " attempts); messages published meanwhile were missed\n";
@@ -154,8 +161,8 @@ class BrokerEndpoint final : public rdmabroker::bench::BenchEndpoint {
     return std::unique_ptr<BenchEndpoint>(new BrokerEndpoint(std::move(c.value())));
   }
   std::string subscribe(const std::string& subject, const std::string& queue, OnPayload on_payload) override {
-    auto sid = client_->queue_subscribe(subject, queue,
-                                        [f = std::move(on_payload)](const rdmabroker::Message& m) { f(m.payload); });
+    auto sid = client_->queue_subscribe(
+        subject, queue, [f = std::move(on_payload)](const rdmabroker::Message& m) { f(m.payload); });
     if (!sid) return sid.error().message;
     return flush(std::chrono::seconds(30));
   }
@@ -181,7 +188,8 @@ class BrokerEndpoint final : public rdmabroker::bench::BenchEndpoint {
   std::unique_ptr<Client> client_;
 };
 
-int run_pub(const Common& common, const std::string& subject, const std::string& message, std::uint64_t count) {
+int run_pub(const Common& common, const std::string& subject, const std::string& message,
+            std::uint64_t count) {
   auto client = connect_or_die(common);
   std::uint64_t sent = 0;
   if (message == "-") {
@@ -203,8 +211,8 @@ int run_pub(const Common& common, const std::string& subject, const std::string&
   return 0;
 }
 
-int run_sub(const Common& common, const std::string& subject, const std::string& queue, std::uint64_t count, bool raw,
-            double timeout_s) {
+int run_sub(const Common& common, const std::string& subject, const std::string& queue, std::uint64_t count,
+            bool raw, double timeout_s) {
   auto [client, sub] = subscribe_or_die(common, subject, queue);
   // Scripts wait for this line to know the subscription is active.
   std::cerr << "subscribed to " << subject << (queue.empty() ? "" : " in queue group " + queue) << "\n";
@@ -232,10 +240,12 @@ int run_sub(const Common& common, const std::string& subject, const std::string&
   return 0;
 }
 
-int run_request(const Common& common, const std::string& subject, const std::string& message, double timeout_s) {
+int run_request(const Common& common, const std::string& subject, const std::string& message,
+                double timeout_s) {
   auto client = connect_or_die(common);
-  auto reply = client->request(subject, message,
-                               std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s)));
+  auto reply = client->request(
+      subject, message,
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s)));
   if (!reply) {
     // Distinct exit codes: scripts tell "nobody serves this" from "too slow".
     const int code = reply.error().kind == rdmabroker::ErrorKind::kNoResponders ? 4
@@ -249,8 +259,8 @@ int run_request(const Common& common, const std::string& subject, const std::str
   return 0;
 }
 
-int run_reply(const Common& common, const std::string& subject, const std::string& queue, const std::string& message,
-              std::uint64_t count) {
+int run_reply(const Common& common, const std::string& subject, const std::string& queue,
+              const std::string& message, std::uint64_t count) {
   auto [client, sub] = subscribe_or_die(common, subject, queue);
   std::cerr << "replying on " << subject << (queue.empty() ? "" : " in queue group " + queue) << "\n";
   std::uint64_t answered = 0;
@@ -276,7 +286,8 @@ rdmabroker::Result<nlohmann::json> admin(const std::string& socket, const std::s
   if (!reply) return reply.error();
   auto doc = nlohmann::json::parse(reply.value(), nullptr, false);
   if (doc.is_discarded() || !doc.is_object()) {
-    return rdmabroker::Error{rdmabroker::ErrorKind::kBrokerError, "bad reply from the broker: " + reply.value()};
+    return rdmabroker::Error{rdmabroker::ErrorKind::kBrokerError,
+                             "bad reply from the broker: " + reply.value()};
   }
   return doc;
 }
@@ -299,7 +310,8 @@ int run_stat(const std::string& socket, bool json) {
   }
   // Where the broker listens and why: the file, a flag or a default (docs/configuration.md, "Precedence").
   if (cfg.contains("file")) std::cout << "config file: " << cfg["file"].get<std::string>() << "\n";
-  for (const auto& l : cfg.value("listeners", nlohmann::json::array())) std::cout << l.get<std::string>() << "\n";
+  for (const auto& l : cfg.value("listeners", nlohmann::json::array()))
+    std::cout << l.get<std::string>() << "\n";
   if (!cfg.empty()) std::cout << "\n";
   for (const auto& [k, v] : s.items()) std::cout << k << " " << v << "\n";
   std::cout << "\nrates (last ~5 s): " << s.value("rates.messages_in_per_s", 0) << " msg/s in, "
@@ -307,8 +319,8 @@ int run_stat(const std::string& socket, bool json) {
             << " B/s in, " << s.value("rates.bytes_out_per_s", 0) << " B/s out\n";
   std::cout << c.size() << " connection(s)\n";
   if (!c.empty()) {
-    std::printf("%-6s %-5s %-22s %-13s %-12s %4s %12s %12s %14s %14s %8s\n", "id", "via", "peer", "state", "user", "subs", "msgs_in",
-                "msgs_out", "bytes_in", "bytes_out", "pending");
+    std::printf("%-6s %-5s %-22s %-13s %-12s %4s %12s %12s %14s %14s %8s\n", "id", "via", "peer", "state",
+                "user", "subs", "msgs_in", "msgs_out", "bytes_in", "bytes_out", "pending");
   }
   for (const auto& x : c) {
     std::printf("%-6llu %-5s %-22s %-13s %-12s %4llu %12llu %12llu %14llu %14llu %8llu\n",
@@ -360,7 +372,8 @@ int main(int argc, char** argv) {
   auto* sub = app.add_subcommand("sub", "Subscribe and print messages");
   sub->add_option("subject", sub_subject, "Subject; * matches one token, > the rest")->required();
   sub->add_option("-q,--queue", sub_queue, "Join this queue group: each message goes to one member");
-  sub->add_option("-n,--count", sub_count, "Exit after this many messages (0: run until interrupted)")->capture_default_str();
+  sub->add_option("-n,--count", sub_count, "Exit after this many messages (0: run until interrupted)")
+      ->capture_default_str();
   sub->add_flag("--raw", sub_raw, "Print only the payload");
   sub->add_option("--timeout", sub_timeout, "Fail (exit 3) if not done after this many seconds");
   add_common(sub, sub_common);
@@ -368,7 +381,8 @@ int main(int argc, char** argv) {
   Common req_common, rep_common;
   std::string req_subject, req_message;
   double req_timeout = 5;
-  auto* req = app.add_subcommand("request", "Send a request and print the first reply (exit 4: no responders, 3: timeout)");
+  auto* req = app.add_subcommand(
+      "request", "Send a request and print the first reply (exit 4: no responders, 3: timeout)");
   req->add_option("subject", req_subject, "Subject")->required();
   req->add_option("message", req_message, "Request text")->required();
   req->add_option("--timeout", req_timeout, "Seconds to wait for a reply")->capture_default_str();
@@ -380,25 +394,33 @@ int main(int argc, char** argv) {
   rep->add_option("subject", rep_subject, "Subject (wildcards allowed)")->required();
   rep->add_option("message", rep_message, "Reply text")->required();
   rep->add_option("-q,--queue", rep_queue, "Join this queue group (responders share the requests)");
-  rep->add_option("-n,--count", rep_count, "Exit after this many replies (0: run until interrupted)")->capture_default_str();
+  rep->add_option("-n,--count", rep_count, "Exit after this many replies (0: run until interrupted)")
+      ->capture_default_str();
   add_common(rep, rep_common);
 
   Common bench_common;
   rdmabroker::bench::BenchOptions bench_opt;
-  auto* bench = app.add_subcommand("bench", "Benchmark: publishers -> subscribers; rates, loss, reordering, latency");
+  auto* bench =
+      app.add_subcommand("bench", "Benchmark: publishers -> subscribers; rates, loss, reordering, latency");
   rdmabroker::bench::add_bench_options(*bench, bench_opt);
   std::uint32_t bench_busy_poll_us = 0;
   ClientOptions bench_client;
-  bench->add_option("--busy-poll-us", bench_busy_poll_us,
-                    "RDMA: each client's I/O thread spins on its CQ this long after a completion (ClientOptions::busy_poll)")
+  bench
+      ->add_option("--busy-poll-us", bench_busy_poll_us,
+                   "RDMA: each client's I/O thread spins on its CQ this long after a completion "
+                   "(ClientOptions::busy_poll)")
       ->capture_default_str();
   // A client holds (recv credits + in-flight + queued sends) buffers of the
   // broker's frame size: with very large frames, fewer of each.
   bench->add_option("--recv-credits", bench_client.recv_credits, "Receive buffers per client (ClientOptions)")
       ->capture_default_str();
-  bench->add_option("--inflight-sends", bench_client.max_inflight_sends, "Sends in flight per client (ClientOptions)")
+  bench
+      ->add_option("--inflight-sends", bench_client.max_inflight_sends,
+                   "Sends in flight per client (ClientOptions)")
       ->capture_default_str();
-  bench->add_option("--send-buffers", bench_client.send_queue_buffers, "Queued send buffers per client (ClientOptions)")
+  bench
+      ->add_option("--send-buffers", bench_client.send_queue_buffers,
+                   "Queued send buffers per client (ClientOptions)")
       ->capture_default_str();
   add_common(bench, bench_common);
 
@@ -409,14 +431,17 @@ int main(int argc, char** argv) {
   stat->add_flag("--json", stat_json, "JSON output");
 
   std::string reload_socket = rdmabroker::cli::kDefaultAdminSocket;
-  auto* reload = app.add_subcommand("reload", "Reload the broker's configuration file (exit 1 if refused or invalid)");
+  auto* reload =
+      app.add_subcommand("reload", "Reload the broker's configuration file (exit 1 if refused or invalid)");
   reload->add_option("--admin-socket", reload_socket, "The broker's admin socket")->capture_default_str();
 
   std::string passwd_scheme = "yescrypt";
   unsigned long passwd_cost = 0;
-  auto* passwd = app.add_subcommand("passwd", "Hash a password or token read from stdin for the broker's auth.users");
+  auto* passwd =
+      app.add_subcommand("passwd", "Hash a password or token read from stdin for the broker's auth.users");
   passwd->add_option("--scheme", passwd_scheme, "yescrypt, sha512crypt or bcrypt")->capture_default_str();
-  passwd->add_option("--cost", passwd_cost, "The scheme's cost parameter (0: its default)")->capture_default_str();
+  passwd->add_option("--cost", passwd_cost, "The scheme's cost parameter (0: its default)")
+      ->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
   if (passwd->parsed()) return run_passwd(passwd_scheme, passwd_cost);

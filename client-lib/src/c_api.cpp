@@ -24,18 +24,30 @@ struct OwnedMessage {
 int code_for(rdmabroker::ErrorKind k) {
   using rdmabroker::ErrorKind;
   switch (k) {
-    case ErrorKind::kInvalidArgument: return RB_ERR_INVALID_ARGUMENT;
-    case ErrorKind::kConnectFailed: return RB_ERR_CONNECT_FAILED;
-    case ErrorKind::kRejected: return RB_ERR_REJECTED;
-    case ErrorKind::kTimeout: return RB_ERR_TIMEOUT;
-    case ErrorKind::kClosed: return RB_ERR_CLOSED;
-    case ErrorKind::kBrokerError: return RB_ERR_BROKER;
-    case ErrorKind::kResource: return RB_ERR_RESOURCE;
-    case ErrorKind::kPayloadTooLarge: return RB_ERR_PAYLOAD_TOO_LARGE;
-    case ErrorKind::kNoResponders: return RB_ERR_NO_RESPONDERS;
-    case ErrorKind::kAuthenticationFailed: return RB_ERR_AUTHENTICATION;
-    case ErrorKind::kPermissionDenied: return RB_ERR_PERMISSION_DENIED;
-    case ErrorKind::kMessagesLost: return RB_ERR_MESSAGES_LOST;
+    case ErrorKind::kInvalidArgument:
+      return RB_ERR_INVALID_ARGUMENT;
+    case ErrorKind::kConnectFailed:
+      return RB_ERR_CONNECT_FAILED;
+    case ErrorKind::kRejected:
+      return RB_ERR_REJECTED;
+    case ErrorKind::kTimeout:
+      return RB_ERR_TIMEOUT;
+    case ErrorKind::kClosed:
+      return RB_ERR_CLOSED;
+    case ErrorKind::kBrokerError:
+      return RB_ERR_BROKER;
+    case ErrorKind::kResource:
+      return RB_ERR_RESOURCE;
+    case ErrorKind::kPayloadTooLarge:
+      return RB_ERR_PAYLOAD_TOO_LARGE;
+    case ErrorKind::kNoResponders:
+      return RB_ERR_NO_RESPONDERS;
+    case ErrorKind::kAuthenticationFailed:
+      return RB_ERR_AUTHENTICATION;
+    case ErrorKind::kPermissionDenied:
+      return RB_ERR_PERMISSION_DENIED;
+    case ErrorKind::kMessagesLost:
+      return RB_ERR_MESSAGES_LOST;
   }
   return RB_ERR_INVALID_ARGUMENT;
 }
@@ -66,10 +78,11 @@ std::span<const std::byte> bytes(const void* data, size_t len) {
 
 int subscribe_cb(rb_client* c, const char* subject, const char* group, rb_message_cb cb, void* user,
                  uint32_t* sid_out) {
-  auto r = c->impl->queue_subscribe(subject, group != nullptr ? group : "", [cb, user](const rdmabroker::Message& m) {
-    rb_message v = view_of(m, nullptr);
-    cb(&v, user);
-  });
+  auto r = c->impl->queue_subscribe(subject, group != nullptr ? group : "",
+                                    [cb, user](const rdmabroker::Message& m) {
+                                      rb_message v = view_of(m, nullptr);
+                                      cb(&v, user);
+                                    });
   if (!r) return fail(r.error());
   if (sid_out != nullptr) *sid_out = r.value();
   return RB_OK;
@@ -97,7 +110,8 @@ int rb_connect(const char* url, const char* bind_address, rb_client** out) {
 }
 
 int rb_publish(rb_client* c, const char* subject, const void* data, size_t len) {
-  if (c == nullptr || subject == nullptr || (data == nullptr && len != 0)) return invalid("rb_publish: bad arguments");
+  if (c == nullptr || subject == nullptr || (data == nullptr && len != 0))
+    return invalid("rb_publish: bad arguments");
   auto st = c->impl->publish(subject, bytes(data, len));
   return st ? RB_OK : fail(st.error());
 }
@@ -110,7 +124,8 @@ int rb_publish_request(rb_client* c, const char* subject, const char* reply, con
   return st ? RB_OK : fail(st.error());
 }
 
-int rb_request(rb_client* c, const char* subject, const void* data, size_t len, int timeout_ms, rb_message** out) {
+int rb_request(rb_client* c, const char* subject, const void* data, size_t len, int timeout_ms,
+               rb_message** out) {
   if (c == nullptr || subject == nullptr || out == nullptr || (data == nullptr && len != 0)) {
     return invalid("rb_request: bad arguments");
   }
@@ -134,7 +149,8 @@ int rb_queue_subscribe(rb_client* c, const char* subject, const char* group, rb_
 }
 
 int rb_subscribe_sync(rb_client* c, const char* subject, rb_subscription** out) {
-  if (c == nullptr || subject == nullptr || out == nullptr) return invalid("rb_subscribe_sync: bad arguments");
+  if (c == nullptr || subject == nullptr || out == nullptr)
+    return invalid("rb_subscribe_sync: bad arguments");
   return subscribe_sync(c, subject, nullptr, out);
 }
 

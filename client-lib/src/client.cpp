@@ -36,8 +36,10 @@ Result<ParsedUrl> parse_url(std::string_view url) {
     host = rest.substr(1, close - 1);
     rest = rest.substr(close + 1);
     if (!rest.empty() && rest.front() != ':') return bad("junk after ]");
-    if (!rest.empty()) rest.remove_prefix(1);
-    else rest = {};
+    if (!rest.empty())
+      rest.remove_prefix(1);
+    else
+      rest = {};
   } else if (const auto colon = rest.rfind(':'); colon != std::string_view::npos) {
     host = rest.substr(0, colon);
     rest = rest.substr(colon + 1);
@@ -49,7 +51,8 @@ Result<ParsedUrl> parse_url(std::string_view url) {
   if (!rest.empty()) {
     unsigned port = 0;
     auto [p, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), port);
-    if (ec != std::errc{} || p != rest.data() + rest.size() || port == 0 || port > 65535) return bad("bad port");
+    if (ec != std::errc{} || p != rest.data() + rest.size() || port == 0 || port > 65535)
+      return bad("bad port");
     out.port = static_cast<std::uint16_t>(port);
   }
   return out;
@@ -67,8 +70,8 @@ Result<std::unique_ptr<Client>> Client::connect(std::string_view url, ClientOpti
   }
   if (parsed->scheme == "rdma") return connect_rdma(*parsed, std::move(options));
   if (parsed->scheme == "tcp") return connect_tcp(*parsed, std::move(options));
-  return Error{ErrorKind::kInvalidArgument, "unsupported scheme '" + parsed->scheme + "' in '" + std::string(url) +
-                                                "' (rdma:// or tcp://)"};
+  return Error{ErrorKind::kInvalidArgument, "unsupported scheme '" + parsed->scheme + "' in '" +
+                                                std::string(url) + "' (rdma:// or tcp://)"};
 }
 
 }  // namespace rdmabroker

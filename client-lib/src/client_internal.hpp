@@ -18,13 +18,15 @@ struct ParsedUrl {
   std::string scheme;  // "rdma" or "tcp"
   std::string host;
   std::uint16_t port = kDefaultPort;  // the scheme's default when the URL has none
-  std::string user;      // from "user:password@" ...
+  std::string user;                   // from "user:password@" ...
   std::string password;
-  std::string token;     // ... or "token@"
+  std::string token;  // ... or "token@"
 };
 
 /// An error of `kind` for a failed system call, with errno's text.
-inline Error sys_error(ErrorKind kind, const std::string& what) { return Error{kind, what + ": " + std::strerror(errno)}; }
+inline Error sys_error(ErrorKind kind, const std::string& what) {
+  return Error{kind, what + ": " + std::strerror(errno)};
+}
 
 /// Parses "scheme://[user:password@|token@]host[:port]"; the error says what is wrong.
 Result<ParsedUrl> parse_url(std::string_view url);

@@ -30,7 +30,6 @@
 namespace rdmabroker {
 namespace {
 
-
 constexpr std::uint64_t kRecvFlag = 1ull << 63;
 /// Multicast receive buffers: the GRH plus the largest datagram (4096-byte MTU).
 constexpr std::uint32_t kUdRecvs = 512;
@@ -69,10 +68,10 @@ class RdmaClient final : public Session {
   struct Group {
     sockaddr_in addr{};
     bool joined = false;
-    std::set<std::uint32_t> sids;                                // subscriptions it serves
+    std::set<std::uint32_t> sids;                                  // subscriptions it serves
     std::vector<std::pair<std::uint32_t, std::uint64_t>> waiting;  // (sid, epoch) to answer once joined
   };
-  std::map<std::uint32_t, Group> groups_;                    // by channel; I/O thread
+  std::map<std::uint32_t, Group> groups_;                      // by channel; I/O thread
   std::unordered_map<std::uint32_t, std::uint32_t> group_of_;  // sid -> channel
 
   const ParsedUrl url_;
@@ -127,13 +126,15 @@ Result<rdma_cm_event_type> RdmaClient::wait_cm_event(rdma_cm_event_type expected
       }
       if (ev->event != expected && ev->event != RDMA_CM_EVENT_REJECTED && ev->status != 0) {
         return Error{ErrorKind::kConnectFailed, std::string(rdma_event_str(ev->event)) + " (status " +
-                                                    std::to_string(ev->status) + ": " + std::strerror(std::abs(ev->status)) + ")"};
+                                                    std::to_string(ev->status) + ": " +
+                                                    std::strerror(std::abs(ev->status)) + ")"};
       }
       return ev->event;
     }
     if (errno != EAGAIN) return sys_error(ErrorKind::kConnectFailed, "rdma_get_cm_event");
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return Error{ErrorKind::kTimeout, "timed out waiting for " + std::string(rdma_event_str(expected))};
+    if (left <= 0)
+      return Error{ErrorKind::kTimeout, "timed out waiting for " + std::string(rdma_event_str(expected))};
     pollfd p{cm_channel_->fd, POLLIN, 0};
     ::poll(&p, 1, static_cast<int>(left));
   }
@@ -159,7 +160,8 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
   if (!cm_channel_) return sys_error(ErrorKind::kResource, "rdma_create_event_channel");
   set_nonblocking(cm_channel_->fd);
   rdma_cm_id* id = nullptr;
-  if (rdma_create_id(cm_channel_.get(), &id, nullptr, RDMA_PS_TCP) != 0) return sys_error(ErrorKind::kResource, "rdma_create_id");
+  if (rdma_create_id(cm_channel_.get(), &id, nullptr, RDMA_PS_TCP) != 0)
+    return sys_error(ErrorKind::kResource, "rdma_create_id");
   id_.reset(id);
 
   addrinfo hints{};
@@ -172,7 +174,8 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
   addrinfo* src = nullptr;
   if (!opt_.bind_address.empty()) {
     if (int rc = getaddrinfo(opt_.bind_address.c_str(), nullptr, &hints, &src); rc != 0) {
-      return Error{ErrorKind::kInvalidArgument, "bad bind address " + opt_.bind_address + ": " + gai_strerror(rc)};
+      return Error{ErrorKind::kInvalidArgument,
+                   "bad bind address " + opt_.bind_address + ": " + gai_strerror(rc)};
     }
   }
   std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> src_owner(src, freeaddrinfo);
@@ -181,14 +184,18 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
   if (rdma_resolve_addr(id, src != nullptr ? src->ai_addr : nullptr, dst->ai_addr, 2000) != 0) {
     return sys_error(ErrorKind::kConnectFailed, "rdma_resolve_addr(" + where + ")");
   }
-  if (auto ev = wait_cm_event(RDMA_CM_EVENT_ADDR_RESOLVED, deadline, nullptr); !ev || *ev != RDMA_CM_EVENT_ADDR_RESOLVED) {
+  if (auto ev = wait_cm_event(RDMA_CM_EVENT_ADDR_RESOLVED, deadline, nullptr);
+      !ev || *ev != RDMA_CM_EVENT_ADDR_RESOLVED) {
     return Error{ErrorKind::kConnectFailed, "resolving " + where + ": " +
                                                 (ev ? std::string(rdma_event_str(*ev)) : ev.error().message) +
                                                 " (is an RDMA device up with a route to it?)"};
   }
-  if (rdma_resolve_route(id, 2000) != 0) return sys_error(ErrorKind::kConnectFailed, "rdma_resolve_route(" + where + ")");
-  if (auto ev = wait_cm_event(RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, nullptr); !ev || *ev != RDMA_CM_EVENT_ROUTE_RESOLVED) {
-    return Error{ErrorKind::kConnectFailed, "route to " + where + ": " + (ev ? std::string(rdma_event_str(*ev)) : ev.error().message)};
+  if (rdma_resolve_route(id, 2000) != 0)
+    return sys_error(ErrorKind::kConnectFailed, "rdma_resolve_route(" + where + ")");
+  if (auto ev = wait_cm_event(RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, nullptr);
+      !ev || *ev != RDMA_CM_EVENT_ROUTE_RESOLVED) {
+    return Error{ErrorKind::kConnectFailed,
+                 "route to " + where + ": " + (ev ? std::string(rdma_event_str(*ev)) : ev.error().message)};
   }
 
   // Resources on the device the route chose.
@@ -222,8 +229,8 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
   recv_mr_ = verbs::register_local(pd_.get(), recv_mem_.get(), recv_bytes);
   if (!recv_mr_) return sys_error(ErrorKind::kResource, "ibv_reg_mr (receive buffers; check ulimit -l)");
   for (std::uint32_t i = 0; i < opt_.recv_credits; ++i) {
-    ibv_sge sge{reinterpret_cast<std::uint64_t>(recv_mem_.get() + std::size_t{i} * recv_buffer_size), recv_buffer_size,
-                recv_mr_->lkey};
+    ibv_sge sge{reinterpret_cast<std::uint64_t>(recv_mem_.get() + std::size_t{i} * recv_buffer_size),
+                recv_buffer_size, recv_mr_->lkey};
     ibv_recv_wr wr{};
     wr.wr_id = kRecvFlag | i;
     wr.sg_list = &sge;
@@ -232,27 +239,30 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
     if (ibv_post_recv(qp_.get(), &wr, &bad) != 0) return sys_error(ErrorKind::kResource, "ibv_post_recv");
   }
 
-  auto pdata = proto::encode(proto::ConnectRequest{recv_buffer_size, opt_.recv_credits,
-                                                   opt_.multicast ? proto::kConnectMulticast : std::uint16_t{0}});
+  auto pdata = proto::encode(proto::ConnectRequest{
+      recv_buffer_size, opt_.recv_credits, opt_.multicast ? proto::kConnectMulticast : std::uint16_t{0}});
   rdma_conn_param param{};
   param.private_data = pdata.data();
   param.private_data_len = static_cast<std::uint8_t>(pdata.size());
   param.retry_count = 7;
   param.rnr_retry_count = 7;  // safety net only: credits keep a receive posted
-  if (rdma_connect(id, &param) != 0) return sys_error(ErrorKind::kConnectFailed, "rdma_connect(" + where + ")");
+  if (rdma_connect(id, &param) != 0)
+    return sys_error(ErrorKind::kConnectFailed, "rdma_connect(" + where + ")");
   std::vector<std::byte> reply;
   auto ev = wait_cm_event(RDMA_CM_EVENT_ESTABLISHED, deadline, &reply);
   if (!ev) return ev.error();
   if (*ev == RDMA_CM_EVENT_REJECTED) {
     if (proto::decode(reply, *reject) == proto::HandshakeStatus::kOk) return rejected(where, *reject);
-    return Error{ErrorKind::kRejected, "connection to " + where + " rejected (no rdmabroker listening there?)"};
+    return Error{ErrorKind::kRejected,
+                 "connection to " + where + " rejected (no rdmabroker listening there?)"};
   }
   if (*ev != RDMA_CM_EVENT_ESTABLISHED) {
     return Error{ErrorKind::kConnectFailed, "connecting to " + where + ": " + rdma_event_str(*ev)};
   }
   proto::ConnectAccept accept;
   if (auto st = proto::decode(reply, accept); st != proto::HandshakeStatus::kOk) {
-    return Error{ErrorKind::kConnectFailed, "bad accept from " + where + ": " + std::string(proto::to_string(st))};
+    return Error{ErrorKind::kConnectFailed,
+                 "bad accept from " + where + ": " + std::string(proto::to_string(st))};
   }
   max_frame_ = accept.max_frame_size;
 
@@ -278,8 +288,8 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
   char local[INET6_ADDRSTRLEN] = "?";
   auto* sa = reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(id));
   inet_ntop(AF_INET, &sa->sin_addr, local, sizeof local);
-  description_ = "rdma " + std::string(ibv_get_device_name(id->verbs->device)) + " " + local + " -> " + where +
-                 " (connection " + std::to_string(accept.connection_id) + ")";
+  description_ = "rdma " + std::string(ibv_get_device_name(id->verbs->device)) + " " + local + " -> " +
+                 where + " (connection " + std::to_string(accept.connection_id) + ")";
   established_ = true;
   return {};
 }
@@ -382,7 +392,8 @@ void RdmaClient::run() {
       }
     }
     // A multicast gap to ask for (or a frame to retry) bounds the sleep.
-    if (const int gap_ms = check_gaps(); gap_ms >= 0) timeout_ms = timeout_ms < 0 ? gap_ms : std::min(timeout_ms, gap_ms);
+    if (const int gap_ms = check_gaps(); gap_ms >= 0)
+      timeout_ms = timeout_ms < 0 ? gap_ms : std::min(timeout_ms, gap_ms);
     epoll_event evs[6];
     const int n = ::epoll_wait(epoll_.get(), evs, 6, timeout_ms);
     bool cm_ready = false;
@@ -423,9 +434,10 @@ void RdmaClient::run() {
       verbs::CmEventPtr owned(ev);
       if (ev->event == RDMA_CM_EVENT_DISCONNECTED || ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL) {
         std::lock_guard lock(mu_);
-        if (!closed_ && !closing_) errors.push_back(Error{ErrorKind::kClosed, "connection to the broker lost"});
-        fail_locked(Error{ErrorKind::kClosed, "connection to the broker lost (" +
-                                                  std::string(rdma_event_str(ev->event)) + ")"});
+        if (!closed_ && !closing_)
+          errors.push_back(Error{ErrorKind::kClosed, "connection to the broker lost"});
+        fail_locked(Error{ErrorKind::kClosed,
+                          "connection to the broker lost (" + std::string(rdma_event_str(ev->event)) + ")"});
       }
     }
     {
@@ -442,7 +454,8 @@ void RdmaClient::on_completion(const ibv_wc& wc, Deliveries& deliveries, std::ve
     if (wc.status != IBV_WC_SUCCESS) {
       std::lock_guard lock(mu_);
       if (!closed_ && wc.status != IBV_WC_WR_FLUSH_ERR) {
-        errors.push_back(Error{ErrorKind::kClosed, std::string("receive failed: ") + ibv_wc_status_str(wc.status)});
+        errors.push_back(
+            Error{ErrorKind::kClosed, std::string("receive failed: ") + ibv_wc_status_str(wc.status)});
       }
       fail_locked(Error{ErrorKind::kClosed, std::string("receive failed: ") + ibv_wc_status_str(wc.status)});
       return;
@@ -476,7 +489,8 @@ void RdmaClient::on_completion(const ibv_wc& wc, Deliveries& deliveries, std::ve
   }
   if (wc.status != IBV_WC_SUCCESS && !closed_) {
     if (wc.status != IBV_WC_WR_FLUSH_ERR) {
-      errors.push_back(Error{ErrorKind::kClosed, std::string("send failed: ") + ibv_wc_status_str(wc.status)});
+      errors.push_back(
+          Error{ErrorKind::kClosed, std::string("send failed: ") + ibv_wc_status_str(wc.status)});
     }
     fail_locked(Error{ErrorKind::kClosed, std::string("send failed: ") + ibv_wc_status_str(wc.status)});
   }
@@ -543,8 +557,8 @@ bool RdmaClient::open_ud(std::string& why) {
 }
 
 void RdmaClient::post_ud_receive(std::uint32_t index) {
-  ibv_sge sge{reinterpret_cast<std::uint64_t>(ud_mem_.get() + std::size_t{index} * kUdBufferSize), kUdBufferSize,
-              ud_mr_->lkey};
+  ibv_sge sge{reinterpret_cast<std::uint64_t>(ud_mem_.get() + std::size_t{index} * kUdBufferSize),
+              kUdBufferSize, ud_mr_->lkey};
   ibv_recv_wr wr{};
   wr.wr_id = index;
   wr.sg_list = &sge;
@@ -628,7 +642,8 @@ void RdmaClient::handle_group_events() {
   rdma_cm_event* raw = nullptr;
   while (rdma_get_cm_event(ud_cm_channel_.get(), &raw) == 0) {
     verbs::CmEventPtr ev(raw);
-    const auto channel = static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(ev->param.ud.private_data));
+    const auto channel =
+        static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(ev->param.ud.private_data));
     auto it = groups_.find(channel);
     if (it == groups_.end()) continue;  // left meanwhile
     Group& g = it->second;
@@ -639,7 +654,8 @@ void RdmaClient::handle_group_events() {
       for (const auto& [sid, epoch] : waiting) join_done(sid, epoch, {});
       continue;
     }
-    const std::string why = std::string(rdma_event_str(ev->event)) + " (status " + std::to_string(ev->status) + ")";
+    const std::string why =
+        std::string(rdma_event_str(ev->event)) + " (status " + std::to_string(ev->status) + ")";
     for (const auto& [sid, epoch] : waiting) {
       join_done(sid, epoch, why);
       group_of_.erase(sid);

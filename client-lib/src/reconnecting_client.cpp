@@ -18,7 +18,8 @@ namespace {
 
 class ReconnectingClient final : public Client {
  public:
-  ReconnectingClient(std::string url, ClientOptions options) : url_(std::move(url)), opt_(std::move(options)) {}
+  ReconnectingClient(std::string url, ClientOptions options)
+      : url_(std::move(url)), opt_(std::move(options)) {}
   ~ReconnectingClient() override { close(); }
 
   Status start() {
@@ -32,7 +33,8 @@ class ReconnectingClient final : public Client {
   Status publish(std::string_view subject, std::span<const std::byte> payload) override {
     return with_session([&](Session& s) { return s.publish(subject, payload); });
   }
-  Status publish_request(std::string_view subject, std::string_view reply, std::span<const std::byte> payload) override {
+  Status publish_request(std::string_view subject, std::string_view reply,
+                         std::span<const std::byte> payload) override {
     return with_session([&](Session& s) { return s.publish_request(subject, reply, payload); });
   }
   Result<Message> request(std::string_view subject, std::span<const std::byte> payload,
@@ -47,13 +49,15 @@ class ReconnectingClient final : public Client {
   Result<std::shared_ptr<Subscription>> subscribe(std::string_view subject) override {
     return queue_subscribe(subject, {});
   }
-  Result<std::uint32_t> queue_subscribe(std::string_view subject, std::string_view group, MessageHandler handler) override {
+  Result<std::uint32_t> queue_subscribe(std::string_view subject, std::string_view group,
+                                        MessageHandler handler) override {
     if (!handler) return Error{ErrorKind::kInvalidArgument, "subscribe needs a handler"};
     auto added = add(subject, group, std::move(handler));
     if (!added) return added.error();
     return added->first;
   }
-  Result<std::shared_ptr<Subscription>> queue_subscribe(std::string_view subject, std::string_view group) override {
+  Result<std::shared_ptr<Subscription>> queue_subscribe(std::string_view subject,
+                                                        std::string_view group) override {
     auto added = add(subject, group, nullptr);
     if (!added) return added.error();
     return std::shared_ptr<Subscription>(added->second);
@@ -63,7 +67,8 @@ class ReconnectingClient final : public Client {
     {
       std::lock_guard lock(mu_);
       auto it = subs_.find(sid);
-      if (it == subs_.end()) return Error{ErrorKind::kInvalidArgument, "no subscription " + std::to_string(sid)};
+      if (it == subs_.end())
+        return Error{ErrorKind::kInvalidArgument, "no subscription " + std::to_string(sid)};
       if (it->second.queue) it->second.queue->close("unsubscribed");
       subs_.erase(it);
       s = current_;
@@ -151,10 +156,11 @@ class ReconnectingClient final : public Client {
   /// first: a reconnect that happens meanwhile restores it too (a second
   /// SUBSCRIBE of the same id on the same session is refused locally).
   Result<std::pair<std::uint32_t, std::shared_ptr<QueueSubscription>>> add(std::string_view subject,
-                                                                         std::string_view group,
-                                                                         MessageHandler handler) {
+                                                                           std::string_view group,
+                                                                           MessageHandler handler) {
     if (!proto::valid_pattern(subject)) {
-      return Error{ErrorKind::kInvalidArgument, "invalid subject '" + std::string(subject) + "' (see docs/subjects.md)"};
+      return Error{ErrorKind::kInvalidArgument,
+                   "invalid subject '" + std::string(subject) + "' (see docs/subjects.md)"};
     }
     if (!group.empty() && !proto::valid_subject(group)) {
       return Error{ErrorKind::kInvalidArgument, "invalid queue group name '" + std::string(group) + "'"};
@@ -177,7 +183,8 @@ class ReconnectingClient final : public Client {
   /// The connected session, waiting up to `timeout` while reconnecting.
   Result<std::shared_ptr<Session>> wait_for_session(std::chrono::milliseconds timeout) {
     std::unique_lock lock(mu_);
-    cv_.wait_for(lock, timeout, [&] { return closed_ || (current_ && current_->close_reason().message.empty()); });
+    cv_.wait_for(lock, timeout,
+                 [&] { return closed_ || (current_ && current_->close_reason().message.empty()); });
     if (closed_) return close_error_;
     if (!current_ || !current_->close_reason().message.empty()) {
       return Error{ErrorKind::kTimeout, "not connected to the broker for " + std::to_string(timeout.count()) +
@@ -192,11 +199,13 @@ class ReconnectingClient final : public Client {
   Status with_session(Op op) {
     const auto deadline = std::chrono::steady_clock::now() + opt_.publish_timeout;
     while (true) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       auto s = wait_for_session(std::max(left, std::chrono::milliseconds(0)));
       if (!s) return s.error();
       Status st = op(*s.value());
-      if (st || st.error().kind != ErrorKind::kClosed || std::chrono::steady_clock::now() >= deadline) return st;
+      if (st || st.error().kind != ErrorKind::kClosed || std::chrono::steady_clock::now() >= deadline)
+        return st;
     }
   }
 
@@ -210,7 +219,8 @@ class ReconnectingClient final : public Client {
   /// does not ask for them again. Before failed->close().
   void forget_ended(const Session& failed) {
     std::lock_guard lock(mu_);
-    std::erase_if(subs_, [&](const auto& kv) { return kv.second.placed && !failed.has_subscription(kv.first); });
+    std::erase_if(subs_,
+                  [&](const auto& kv) { return kv.second.placed && !failed.has_subscription(kv.first); });
   }
 
   void report(const ConnectionEvent& e) {
@@ -267,8 +277,8 @@ class ReconnectingClient final : public Client {
             }
           }
           if (next.value()->flush(opt_.connect_timeout)) {
-            const auto downtime =
-                std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - down_since);
+            const auto downtime = std::chrono::duration_cast<std::chrono::milliseconds>(
+                std::chrono::steady_clock::now() - down_since);
             {
               std::lock_guard lock(mu_);
               if (closed_) {
@@ -279,7 +289,8 @@ class ReconnectingClient final : public Client {
               current_ = next.value();
             }
             cv_.notify_all();
-            report({ConnectionEvent::Kind::kReconnected, failed->close_reason(), attempts, downtime, restored});
+            report(
+                {ConnectionEvent::Kind::kReconnected, failed->close_reason(), attempts, downtime, restored});
             break;
           }
           next.value()->close();
@@ -292,8 +303,9 @@ class ReconnectingClient final : public Client {
           {
             std::lock_guard lock(mu_);
             closed_ = true;
-            close_error_ = Error{ErrorKind::kClosed, "gave up reconnecting after " + std::to_string(attempts) +
-                                                         " attempts: " + outage_.message};
+            close_error_ =
+                Error{ErrorKind::kClosed, "gave up reconnecting after " + std::to_string(attempts) +
+                                              " attempts: " + outage_.message};
             gave_up = close_error_;
             for (auto& [sid, sub] : subs_) {
               if (sub.queue) sub.queue->close(close_error_.message);

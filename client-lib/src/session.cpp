@@ -61,8 +61,10 @@ Status Session::connect_with_retry(const std::function<Status(std::uint32_t, pro
                                    const std::function<void()>& reset) {
   proto::ConnectReject reject{};
   Status st = attempt(opt_.recv_buffer_size, &reject);
-  if (!st && st.error().kind == ErrorKind::kRejected && reject.reason == proto::RejectReason::kBufferTooSmall &&
-      reject.required_buffer_size > opt_.recv_buffer_size && reject.required_buffer_size <= proto::kMaxBufferSize) {
+  if (!st && st.error().kind == ErrorKind::kRejected &&
+      reject.reason == proto::RejectReason::kBufferTooSmall &&
+      reject.required_buffer_size > opt_.recv_buffer_size &&
+      reject.required_buffer_size <= proto::kMaxBufferSize) {
     // The broker told us the size it needs: one more try with that.
     reset();
     st = attempt(reject.required_buffer_size, &reject);
@@ -72,7 +74,8 @@ Status Session::connect_with_retry(const std::function<Status(std::uint32_t, pro
 }
 
 Error Session::rejected(const std::string& where, const proto::ConnectReject& reject) {
-  std::string msg = "broker at " + where + " refused the connection: " + std::string(proto::to_string(reject.reason));
+  std::string msg =
+      "broker at " + where + " refused the connection: " + std::string(proto::to_string(reject.reason));
   if (reject.reason == proto::RejectReason::kBufferTooSmall) {
     msg += " (it needs " + std::to_string(reject.required_buffer_size) + "-byte receive buffers)";
   }
@@ -110,7 +113,8 @@ void Session::release_send_buffer_locked(std::uint32_t buffer) {
 Status Session::append_frame_locked(std::unique_lock<std::mutex>& lock, const proto::FrameHeader& h,
                                     std::string_view subject, std::string_view reply,
                                     std::span<const std::byte> payload, std::uint64_t sequence, bool wait) {
-  const std::size_t len = proto::align_up(proto::kHeaderSize + subject.size() + reply.size() + payload.size());
+  const std::size_t len =
+      proto::align_up(proto::kHeaderSize + subject.size() + reply.size() + payload.size());
   const auto deadline = Clock::now() + opt_.publish_timeout;
   while (true) {
     if (auto st = check_open_locked(); !st) return st;
@@ -127,14 +131,16 @@ Status Session::append_frame_locked(std::unique_lock<std::mutex>& lock, const pr
     if (!wait) return Error{ErrorKind::kTimeout, "no free send buffer"};
     // Every send buffer is full or in flight: wait for one to come back.
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && free_send_.empty()) {
-      return Error{ErrorKind::kTimeout, "send queue full for " + std::to_string(opt_.publish_timeout.count()) +
+      return Error{ErrorKind::kTimeout, "send queue full for " +
+                                            std::to_string(opt_.publish_timeout.count()) +
                                             " ms (the broker is not taking data)"};
     }
   }
   proto::FrameHeader hdr = h;
   hdr.sequence = next_sequence_++;
   if (sequence != 0) hdr.sequence = sequence;
-  proto::encode_frame(std::span<std::byte>(send_buf(open_buf_) + open_len_, len), hdr, subject, reply, payload);
+  proto::encode_frame(std::span<std::byte>(send_buf(open_buf_) + open_len_, len), hdr, subject, reply,
+                      payload);
   open_len_ += static_cast<std::uint32_t>(len);
   transmit_locked();
   return {};
@@ -142,15 +148,15 @@ Status Session::append_frame_locked(std::unique_lock<std::mutex>& lock, const pr
 
 // ---------------------------------------------------------------- publish
 
-Status Session::publish_locked(std::unique_lock<std::mutex>& lock, std::string_view subject, std::string_view reply,
-                               std::span<const std::byte> payload, std::uint16_t flags) {
+Status Session::publish_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
+                               std::string_view reply, std::span<const std::byte> payload,
+                               std::uint16_t flags) {
   if (auto st = check_open_locked(); !st) return st;
   const std::size_t room = max_payload(subject.size());
   if (payload.size() + reply.size() > room) {
-    return Error{ErrorKind::kPayloadTooLarge, "payload of " + std::to_string(payload.size()) +
-                                                  " bytes exceeds the broker's limit of " +
-                                                  std::to_string(room - std::min(room, reply.size())) +
-                                                  " for this subject"};
+    return Error{ErrorKind::kPayloadTooLarge,
+                 "payload of " + std::to_string(payload.size()) + " bytes exceeds the broker's limit of " +
+                     std::to_string(room - std::min(room, reply.size())) + " for this subject"};
   }
   proto::FrameHeader h;
   h.type = FrameType::kPublish;
@@ -216,7 +222,8 @@ Result<Message> Session::request(std::string_view subject, std::span<const std::
   PendingRequest done = std::move(pending_[reply]);
   pending_.erase(reply);
   if (done.done && done.no_responders) {
-    return Error{ErrorKind::kNoResponders, "no responders: nobody subscribes to '" + std::string(subject) + "'"};
+    return Error{ErrorKind::kNoResponders,
+                 "no responders: nobody subscribes to '" + std::string(subject) + "'"};
   }
   if (done.done) return std::move(done.reply);
   if (closed_) return close_error_;
@@ -227,26 +234,31 @@ Result<Message> Session::request(std::string_view subject, std::span<const std::
 // ---------------------------------------------------------------- subscriptions
 
 Result<std::uint32_t> Session::add_subscription(std::string_view subject, std::string_view group,
-                                                MessageHandler handler, std::shared_ptr<QueueSubscription>* made) {
+                                                MessageHandler handler,
+                                                std::shared_ptr<QueueSubscription>* made) {
   if (auto st = check_subject(subject, true); !st) return st.error();
   if (!group.empty() && !proto::valid_subject(group)) {
-    return Error{ErrorKind::kInvalidArgument, "invalid queue group name '" + std::string(group) +
-                                                  "' (subject characters, no wildcards; see docs/subjects.md)"};
+    return Error{ErrorKind::kInvalidArgument,
+                 "invalid queue group name '" + std::string(group) +
+                     "' (subject characters, no wildcards; see docs/subjects.md)"};
   }
   std::unique_lock lock(mu_);
   return subscribe_locked(lock, subject, group, std::move(handler), 0, nullptr, made);
 }
 
 Result<std::uint32_t> Session::subscribe_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
-                                                std::string_view group, MessageHandler handler, std::uint32_t sid,
-                                                std::shared_ptr<QueueSubscription> queue,
+                                                std::string_view group, MessageHandler handler,
+                                                std::uint32_t sid, std::shared_ptr<QueueSubscription> queue,
                                                 std::shared_ptr<QueueSubscription>* made) {
   if (sid == 0) sid = next_sid_++;
   next_sid_ = std::max(next_sid_, sid + 1);
   SubscriptionEntry entry{std::string(subject),
-                          handler ? std::make_shared<const MessageHandler>(std::move(handler)) : nullptr, nullptr};
+                          handler ? std::make_shared<const MessageHandler>(std::move(handler)) : nullptr,
+                          nullptr};
   entry.borrowed_queue = queue != nullptr;
-  if (!entry.handler) entry.queue = queue ? std::move(queue) : std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit);
+  if (!entry.handler)
+    entry.queue =
+        queue ? std::move(queue) : std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit);
   if (made != nullptr) *made = entry.queue;
   subs_[sid] = std::move(entry);
   proto::FrameHeader h;
@@ -260,10 +272,12 @@ Result<std::uint32_t> Session::subscribe_locked(std::unique_lock<std::mutex>& lo
   return sid;
 }
 
-Result<std::uint32_t> Session::restore_subscription(std::uint32_t sid, std::string_view subject, std::string_view group,
-                                                    MessageHandler handler, std::shared_ptr<QueueSubscription> queue) {
+Result<std::uint32_t> Session::restore_subscription(std::uint32_t sid, std::string_view subject,
+                                                    std::string_view group, MessageHandler handler,
+                                                    std::shared_ptr<QueueSubscription> queue) {
   std::unique_lock lock(mu_);
-  if (subs_.contains(sid)) return Error{ErrorKind::kInvalidArgument, "subscription " + std::to_string(sid) + " exists"};
+  if (subs_.contains(sid))
+    return Error{ErrorKind::kInvalidArgument, "subscription " + std::to_string(sid) + " exists"};
   return subscribe_locked(lock, subject, group, std::move(handler), sid, std::move(queue));
 }
 
@@ -281,7 +295,8 @@ Result<std::uint32_t> Session::queue_subscribe(std::string_view subject, std::st
   return add_subscription(subject, group, std::move(handler));
 }
 
-Result<std::shared_ptr<Subscription>> Session::queue_subscribe(std::string_view subject, std::string_view group) {
+Result<std::shared_ptr<Subscription>> Session::queue_subscribe(std::string_view subject,
+                                                               std::string_view group) {
   // The queue is taken as it is registered: the broker's refusal (a
   // permission, a limit) may arrive and end the subscription before this
   // call returns, and then the caller's next() says why (kClosed).
@@ -363,7 +378,8 @@ bool Session::begin_close() {
     h.type = FrameType::kClose;
     if (append_frame_locked(lock, h, {}, {}, {})) {
       // Give what is queued a moment to leave before the disconnect.
-      cv_.wait_for(lock, std::chrono::seconds(2), [&] { return closed_ || (!has_ready_locked() && drained_locked()); });
+      cv_.wait_for(lock, std::chrono::seconds(2),
+                   [&] { return closed_ || (!has_ready_locked() && drained_locked()); });
     }
     fail_locked(Error{ErrorKind::kClosed, "client closed the connection"});
   }
@@ -390,7 +406,8 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
     const auto st = proto::decode_frame(data.subspan(off), recv_buffer_size_, f);
     if (st != proto::DecodeStatus::kOk) {
       std::lock_guard lock(mu_);
-      errors.push_back(Error{ErrorKind::kBrokerError, "undecodable frame from the broker: " + std::string(proto::to_string(st))});
+      errors.push_back(Error{ErrorKind::kBrokerError,
+                             "undecodable frame from the broker: " + std::string(proto::to_string(st))});
       fail_locked(errors.back());
       return;
     }
@@ -416,7 +433,8 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
         });
         if (st != proto::DecodeStatus::kOk) {
           std::lock_guard lock(mu_);
-          errors.push_back(Error{ErrorKind::kBrokerError, "undecodable DELIVER from the broker: " + std::string(proto::to_string(st))});
+          errors.push_back(Error{ErrorKind::kBrokerError, "undecodable DELIVER from the broker: " +
+                                                              std::string(proto::to_string(st))});
           fail_locked(errors.back());
           return;
         }
@@ -465,9 +483,11 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
       case FrameType::kClose: {
         const auto code = static_cast<proto::ErrorCode>(f.header.arg);
         std::string text(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
-        std::string msg = "broker: " + std::string(proto::to_string(code)) + (text.empty() ? "" : ": " + text);
+        std::string msg =
+            "broker: " + std::string(proto::to_string(code)) + (text.empty() ? "" : ": " + text);
         ErrorKind kind = ErrorKind::kBrokerError;
-        if (code == proto::ErrorCode::kAuthenticationFailed || code == proto::ErrorCode::kAuthenticationRequired) {
+        if (code == proto::ErrorCode::kAuthenticationFailed ||
+            code == proto::ErrorCode::kAuthenticationRequired) {
           kind = ErrorKind::kAuthenticationFailed;
           std::lock_guard lock(mu_);
           auth_refusal_ = msg;
@@ -477,13 +497,15 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
         // An ERROR about a subscription names it (SPEC.md §3.5): the broker
         // refused (permissions, a limit) or revoked it, so it ends here too.
         if (f.header.type == FrameType::kError && f.header.sequence != 0 &&
-            (code == proto::ErrorCode::kPermissionDenied || code == proto::ErrorCode::kTooManySubscriptions)) {
+            (code == proto::ErrorCode::kPermissionDenied ||
+             code == proto::ErrorCode::kTooManySubscriptions)) {
           end_subscription(static_cast<std::uint32_t>(f.header.sequence), msg);
         }
         errors.push_back(Error{kind, msg});
         if (f.header.type == FrameType::kClose) {
           std::lock_guard lock(mu_);
-          fail_locked(Error{ErrorKind::kClosed, "broker closed the connection: " + std::string(proto::to_string(code))});
+          fail_locked(Error{ErrorKind::kClosed,
+                            "broker closed the connection: " + std::string(proto::to_string(code))});
         }
         break;
       }
@@ -613,7 +635,8 @@ void Session::deliver_in_order(std::uint32_t /*sid*/, SequencedStream& s, Delive
   s.asked = false;
 }
 
-void Session::on_loss(std::uint32_t sid, std::uint64_t first, std::uint64_t count, std::vector<Error>& errors) {
+void Session::on_loss(std::uint32_t sid, std::uint64_t first, std::uint64_t count,
+                      std::vector<Error>& errors) {
   SequencedStream& s = streams_[sid];
   const std::uint64_t end = first + count;
   if (!s.started || end <= s.next) return;  // already past it (a later repair brought them after all)
@@ -747,7 +770,8 @@ int Session::check_gaps() {
       s.asked_at = now;
     }
     const auto next_check = (s.asked ? s.asked_at + kRepairRetry : s.gap_since + kRepairDelay) - now;
-    const int ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(next_check).count()) + 1;
+    const int ms =
+        static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(next_check).count()) + 1;
     due = due < 0 ? ms : std::min(due, ms);
   }
   if (!deferred_.empty()) due = 1;

@@ -79,14 +79,16 @@ class Session : public Client {
   explicit Session(ClientOptions options) : opt_(std::move(options)) {}
 
   Status publish(std::string_view subject, std::span<const std::byte> payload) override;
-  Status publish_request(std::string_view subject, std::string_view reply, std::span<const std::byte> payload) override;
+  Status publish_request(std::string_view subject, std::string_view reply,
+                         std::span<const std::byte> payload) override;
   Result<Message> request(std::string_view subject, std::span<const std::byte> payload,
                           std::chrono::milliseconds timeout) override;
   Result<std::uint32_t> subscribe(std::string_view subject, MessageHandler handler) override;
   Result<std::shared_ptr<Subscription>> subscribe(std::string_view subject) override;
   Result<std::uint32_t> queue_subscribe(std::string_view subject, std::string_view group,
                                         MessageHandler handler) override;
-  Result<std::shared_ptr<Subscription>> queue_subscribe(std::string_view subject, std::string_view group) override;
+  Result<std::shared_ptr<Subscription>> queue_subscribe(std::string_view subject,
+                                                        std::string_view group) override;
   Status unsubscribe(std::uint32_t sid) override;
   Status flush(std::chrono::milliseconds timeout) override;
   std::size_t max_payload(std::size_t subject_len) const override {
@@ -98,8 +100,9 @@ class Session : public Client {
   /// For ReconnectingClient: subscribes with a given id (the application's,
   /// kept across connections), delivering to `handler` or into `queue`, a
   /// queue that outlives this session (its failure does not close it).
-  Result<std::uint32_t> restore_subscription(std::uint32_t sid, std::string_view subject, std::string_view group,
-                                             MessageHandler handler, std::shared_ptr<QueueSubscription> queue);
+  Result<std::uint32_t> restore_subscription(std::uint32_t sid, std::string_view subject,
+                                             std::string_view group, MessageHandler handler,
+                                             std::shared_ptr<QueueSubscription> queue);
   /// Whether `sid` is still subscribed (not unsubscribed, refused or revoked).
   bool has_subscription(std::uint32_t sid) const {
     std::lock_guard lock(mu_);
@@ -206,7 +209,7 @@ class Session : public Client {
     // erases the entry, at the cost of one reference count per run of
     // messages rather than a copy of the function per message.
     std::shared_ptr<const MessageHandler> handler;  // or
-    std::shared_ptr<QueueSubscription> queue;  // one of the two
+    std::shared_ptr<QueueSubscription> queue;       // one of the two
     bool borrowed_queue = false;  // a ReconnectingClient's: not closed when this session fails
   };
   struct PendingRequest {
@@ -219,12 +222,14 @@ class Session : public Client {
   /// for one if all are taken; `sequence` != 0 is kept as the frame's
   /// sequence; `wait` false: fails at once instead (the I/O thread must not wait
   /// for buffers that only it can free).
-  Status append_frame_locked(std::unique_lock<std::mutex>& lock, const proto::FrameHeader& h, std::string_view subject,
-                             std::string_view reply, std::span<const std::byte> payload, std::uint64_t sequence = 0,
+  Status append_frame_locked(std::unique_lock<std::mutex>& lock, const proto::FrameHeader& h,
+                             std::string_view subject, std::string_view reply,
+                             std::span<const std::byte> payload, std::uint64_t sequence = 0,
                              bool wait = true);
   /// I/O thread: sends a multicast control frame now, or at the next
   /// check_gaps() if every send buffer is taken.
-  void send_from_io(std::uint32_t sid, proto::FrameType type, std::uint64_t sequence, std::vector<std::byte> payload);
+  void send_from_io(std::uint32_t sid, proto::FrameType type, std::uint64_t sequence,
+                    std::vector<std::byte> payload);
   struct DeferredFrame {
     std::uint32_t sid;
     proto::FrameType type;
@@ -237,11 +242,13 @@ class Session : public Client {
   /// `made`: where the queue of a queue subscription (no handler) is stored,
   /// before its SUBSCRIBE leaves, so that a refusal arriving at once closes
   /// the queue the caller gets instead of racing it.
-  Result<std::uint32_t> add_subscription(std::string_view subject, std::string_view group, MessageHandler handler,
+  Result<std::uint32_t> add_subscription(std::string_view subject, std::string_view group,
+                                         MessageHandler handler,
                                          std::shared_ptr<QueueSubscription>* made = nullptr);
   /// Registers a subscription (a queue when `handler` is empty) and sends its SUBSCRIBE.
   Result<std::uint32_t> subscribe_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
-                                         std::string_view group, MessageHandler handler, std::uint32_t sid = 0,
+                                         std::string_view group, MessageHandler handler,
+                                         std::uint32_t sid = 0,
                                          std::shared_ptr<QueueSubscription> queue = nullptr,
                                          std::shared_ptr<QueueSubscription>* made = nullptr);
   Status ensure_inbox_locked(std::unique_lock<std::mutex>& lock);
@@ -254,13 +261,13 @@ class Session : public Client {
   /// channel sequence number; each is delivered once, in order, whichever
   /// path (group or connection) brought it first.
   struct SequencedStream {
-    std::uint32_t channel = 0;       // from MCAST_JOIN (0: not told yet)
+    std::uint32_t channel = 0;  // from MCAST_JOIN (0: not told yet)
     bool started = false;
-    std::uint64_t next = 0;          // the next sequence number to deliver
-    std::uint64_t tail = 0;          // the highest known to exist (a heartbeat or a later message)
+    std::uint64_t next = 0;                  // the next sequence number to deliver
+    std::uint64_t tail = 0;                  // the highest known to exist (a heartbeat or a later message)
     std::map<std::uint64_t, Message> early;  // arrived ahead of `next`
-    Clock::time_point gap_since{};   // when the current gap was first seen
-    Clock::time_point asked_at{};    // when it was last asked for
+    Clock::time_point gap_since{};           // when the current gap was first seen
+    Clock::time_point asked_at{};            // when it was last asked for
     bool asked = false;
   };
   /// A multicast message being reassembled from its fragments.
@@ -270,13 +277,14 @@ class Session : public Client {
     std::uint32_t received = 0;
   };
   /// Hands message `seq` of `sid` over (deliver in order, keep early, drop a duplicate).
-  void on_sequenced(std::uint32_t sid, std::uint64_t seq, Message&& m, Deliveries& deliveries, bool from_group);
+  void on_sequenced(std::uint32_t sid, std::uint64_t seq, Message&& m, Deliveries& deliveries,
+                    bool from_group);
   void deliver_in_order(std::uint32_t sid, SequencedStream& s, Deliveries& deliveries);
   /// MCAST_LOSS: moves past `count` messages from `first`, reports it.
   void on_loss(std::uint32_t sid, std::uint64_t first, std::uint64_t count, std::vector<Error>& errors);
   void send_repair(std::uint32_t sid, std::uint64_t first, std::uint64_t count);
 
-  std::unordered_map<std::uint32_t, SequencedStream> streams_;  // by sid, I/O thread
+  std::unordered_map<std::uint32_t, SequencedStream> streams_;           // by sid, I/O thread
   std::map<std::pair<std::uint32_t, std::uint64_t>, Partial> partials_;  // (channel, seq), I/O thread
   std::atomic<std::uint64_t> messages_received_{0};
   std::atomic<std::uint64_t> multicast_messages_{0};

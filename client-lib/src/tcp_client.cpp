@@ -123,17 +123,21 @@ Status TcpClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRej
   if (!opt_.bind_address.empty()) {
     addrinfo* src = nullptr;
     if (int rc = getaddrinfo(opt_.bind_address.c_str(), nullptr, &hints, &src); rc != 0) {
-      return Error{ErrorKind::kInvalidArgument, "bad bind address " + opt_.bind_address + ": " + gai_strerror(rc)};
+      return Error{ErrorKind::kInvalidArgument,
+                   "bad bind address " + opt_.bind_address + ": " + gai_strerror(rc)};
     }
     std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> src_owner(src, freeaddrinfo);
-    if (::bind(fd_.get(), src->ai_addr, src->ai_addrlen) != 0) return sys_error(ErrorKind::kConnectFailed, "bind(" + opt_.bind_address + ")");
+    if (::bind(fd_.get(), src->ai_addr, src->ai_addrlen) != 0)
+      return sys_error(ErrorKind::kConnectFailed, "bind(" + opt_.bind_address + ")");
   }
   const int one = 1;
-  ::setsockopt(fd_.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // we batch; Nagle would only add delay
+  ::setsockopt(fd_.get(), IPPROTO_TCP, TCP_NODELAY, &one,
+               sizeof one);  // we batch; Nagle would only add delay
   if (::connect(fd_.get(), dst->ai_addr, dst->ai_addrlen) != 0 && errno != EINPROGRESS) {
     return sys_error(ErrorKind::kConnectFailed, "connect(tcp://" + where + ")");
   }
-  if (!wait_fd(POLLOUT, deadline)) return Error{ErrorKind::kTimeout, "connecting to tcp://" + where + ": timed out"};
+  if (!wait_fd(POLLOUT, deadline))
+    return Error{ErrorKind::kTimeout, "connecting to tcp://" + where + ": timed out"};
   int err = 0;
   socklen_t errlen = sizeof err;
   ::getsockopt(fd_.get(), SOL_SOCKET, SO_ERROR, &err, &errlen);
@@ -144,15 +148,19 @@ Status TcpClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRej
 
   // Handshake: 16 bytes out, 24 back (an accept, or a reject padded with zeros).
   const auto request = proto::encode(proto::ConnectRequest{recv_buffer_size, 2});
-  if (::send(fd_.get(), request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
+  if (::send(fd_.get(), request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
     return sys_error(ErrorKind::kConnectFailed, "sending the connect request to " + where);
   }
   std::array<std::byte, proto::kConnectAcceptSize> reply{};
   std::size_t got = 0;
   while (got < reply.size()) {
-    if (!wait_fd(POLLIN, deadline)) return Error{ErrorKind::kTimeout, "tcp://" + where + ": no handshake reply"};
+    if (!wait_fd(POLLIN, deadline))
+      return Error{ErrorKind::kTimeout, "tcp://" + where + ": no handshake reply"};
     const ssize_t n = ::read(fd_.get(), reply.data() + got, reply.size() - got);
-    if (n == 0) return Error{ErrorKind::kConnectFailed, "tcp://" + where + " closed the connection during the handshake"};
+    if (n == 0)
+      return Error{ErrorKind::kConnectFailed,
+                   "tcp://" + where + " closed the connection during the handshake"};
     if (n < 0) {
       if (errno == EAGAIN || errno == EINTR) continue;
       return sys_error(ErrorKind::kConnectFailed, "reading the handshake reply from " + where);
@@ -167,7 +175,8 @@ Status TcpClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRej
   }
   proto::ConnectAccept accept;
   if (auto st = proto::decode(reply, accept); st != proto::HandshakeStatus::kOk) {
-    return Error{ErrorKind::kConnectFailed, "bad accept from tcp://" + where + ": " + std::string(proto::to_string(st))};
+    return Error{ErrorKind::kConnectFailed,
+                 "bad accept from tcp://" + where + ": " + std::string(proto::to_string(st))};
   }
   init_send_buffers(accept.max_frame_size, opt_.max_inflight_sends + opt_.send_queue_buffers);
   rbuf_.assign(std::size_t{recv_buffer_size} * 2, std::byte{0});
@@ -185,8 +194,8 @@ Status TcpClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRej
   sockaddr_storage local{};
   socklen_t len = sizeof local;
   ::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&local), &len);
-  description_ = "tcp " + sockaddr_string(reinterpret_cast<sockaddr*>(&local)) + " -> " + where + " (connection " +
-                 std::to_string(accept.connection_id) + ")";
+  description_ = "tcp " + sockaddr_string(reinterpret_cast<sockaddr*>(&local)) + " -> " + where +
+                 " (connection " + std::to_string(accept.connection_id) + ")";
   std::lock_guard lock(mu_);
   established_ = true;
   return {};
@@ -246,7 +255,8 @@ void TcpClient::write_out() {
         set_want_write_locked(true);  // resumed on EPOLLOUT
         return;
       }
-      fail_locked(Error{ErrorKind::kClosed, std::string("connection to the broker lost (send: ") + std::strerror(err) + ")"});
+      fail_locked(Error{ErrorKind::kClosed,
+                        std::string("connection to the broker lost (send: ") + std::strerror(err) + ")"});
       return;
     }
     current_off_ += static_cast<std::uint32_t>(n);

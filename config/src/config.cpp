@@ -25,7 +25,8 @@ namespace rdmabroker::config {
 
 namespace {
 
-using Setter = std::function<std::optional<std::string>(const YAML::Node&, Config&)>;  // error text or nothing
+using Setter =
+    std::function<std::optional<std::string>(const YAML::Node&, Config&)>;  // error text or nothing
 using Shower = std::function<std::string(const Config&)>;
 
 struct Field {
@@ -34,7 +35,9 @@ struct Field {
   bool live;
   Setter set;
   Shower show;
-  std::string key() const { return section.empty() ? std::string(name) : std::string(section) + "." + std::string(name); }
+  std::string key() const {
+    return section.empty() ? std::string(name) : std::string(section) + "." + std::string(name);
+  }
 };
 
 /// Thrown by a setter of a structured setting (auth.users) to report a
@@ -62,16 +65,20 @@ std::optional<std::string> parse_uint(const YAML::Node& n, std::uint64_t lo, std
   std::uint64_t mult = 1;
   if (ec == std::errc{} && p != end && size) {
     const std::string_view unit(p, static_cast<std::size_t>(end - p));
-    if (unit == "KiB") mult = 1ull << 10;
-    else if (unit == "MiB") mult = 1ull << 20;
-    else if (unit == "GiB") mult = 1ull << 30;
-    else mult = 0;
+    if (unit == "KiB")
+      mult = 1ull << 10;
+    else if (unit == "MiB")
+      mult = 1ull << 20;
+    else if (unit == "GiB")
+      mult = 1ull << 30;
+    else
+      mult = 0;
     p = end;
   }
   const std::string range = std::to_string(lo) + " and " + std::to_string(hi);
   if (ec != std::errc{} || p != end || mult == 0 || v > std::numeric_limits<std::uint64_t>::max() / mult) {
-    return "expected " + std::string(size ? "a size (bytes, or with KiB/MiB/GiB)" : "an integer") + " between " +
-           range + ", got '" + text + "'";
+    return "expected " + std::string(size ? "a size (bytes, or with KiB/MiB/GiB)" : "an integer") +
+           " between " + range + ", got '" + text + "'";
   }
   v *= mult;
   if (v < lo || v > hi) return "must be between " + range + ", got " + std::to_string(v);
@@ -80,8 +87,8 @@ std::optional<std::string> parse_uint(const YAML::Node& n, std::uint64_t lo, std
 }
 
 template <typename T>
-Field uint_field(std::string_view section, std::string_view name, bool live, T BrokerOptions::*member, std::uint64_t lo,
-                 std::uint64_t hi, bool size = false) {
+Field uint_field(std::string_view section, std::string_view name, bool live, T BrokerOptions::*member,
+                 std::uint64_t lo, std::uint64_t hi, bool size = false) {
   return Field{section, name, live,
                [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
                  std::uint64_t v = 0;
@@ -142,7 +149,8 @@ Field listener_field(std::string_view name, bool optional, std::function<std::st
                }};
 }
 
-Field string_field(std::string_view section, std::string_view name, bool live, std::function<std::string&(Config&)> get) {
+Field string_field(std::string_view section, std::string_view name, bool live,
+                   std::function<std::string&(Config&)> get) {
   return Field{section, name, live,
                [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
                  std::string text;
@@ -153,20 +161,23 @@ Field string_field(std::string_view section, std::string_view name, bool live, s
                [=](const Config& c) { return get(const_cast<Config&>(c)); }};
 }
 
-
 // ---------------------------------------------------------------- auth
 
 bool parse_bool(const YAML::Node& n, bool& out) {
   if (!n.IsScalar()) return false;
   const std::string& t = n.Scalar();
-  if (t == "true" || t == "yes" || t == "on") out = true;
-  else if (t == "false" || t == "no" || t == "off") out = false;
-  else return false;
+  if (t == "true" || t == "yes" || t == "on")
+    out = true;
+  else if (t == "false" || t == "no" || t == "off")
+    out = false;
+  else
+    return false;
   return true;
 }
 
 /// Reports an unknown key of a mapping inside a structured setting.
-void only_keys(const YAML::Node& map, const std::string& where, std::initializer_list<std::string_view> known) {
+void only_keys(const YAML::Node& map, const std::string& where,
+               std::initializer_list<std::string_view> known) {
   for (const auto& kv : map) {
     const std::string k = kv.first.Scalar();
     if (std::find(known.begin(), known.end(), k) == known.end()) {
@@ -176,14 +187,16 @@ void only_keys(const YAML::Node& map, const std::string& where, std::initializer
 }
 
 void parse_patterns(const YAML::Node& n, const std::string& where, std::vector<std::string>& out) {
-  if (!n.IsSequence()) throw FieldProblem{n.Mark(), where, "expected a list of subject patterns, e.g. [\"orders.>\"]"};
+  if (!n.IsSequence())
+    throw FieldProblem{n.Mark(), where, "expected a list of subject patterns, e.g. [\"orders.>\"]"};
   out.clear();
   std::size_t i = 0;
   for (const auto& p : n) {
     const std::string at = where + "[" + std::to_string(i++) + "]";
     if (!p.IsScalar() || !proto::valid_pattern(p.Scalar())) {
-      throw FieldProblem{p.Mark(), at, "not a valid subject pattern (docs/subjects.md): '" +
-                                           (p.IsScalar() ? p.Scalar() : std::string("?")) + "'"};
+      throw FieldProblem{p.Mark(), at,
+                         "not a valid subject pattern (docs/subjects.md): '" +
+                             (p.IsScalar() ? p.Scalar() : std::string("?")) + "'"};
     }
     out.push_back(p.Scalar());
   }
@@ -206,9 +219,10 @@ void parse_permissions(const YAML::Node& n, const std::string& where, Permission
 void check_hash(const YAML::Node& n, const std::string& where) {
   if (!n.IsScalar() || n.Scalar().empty() || n.Scalar()[0] != '$' ||
       crypt_checksalt(n.Scalar().c_str()) != CRYPT_SALT_OK) {
-    throw FieldProblem{n.Mark(), where,
-                       "expected a crypt(3) hash such as `rdmabroker passwd` prints ($y$..., $6$..., $2b$...), "
-                       "never the secret itself"};
+    throw FieldProblem{
+        n.Mark(), where,
+        "expected a crypt(3) hash such as `rdmabroker passwd` prints ($y$..., $6$..., $2b$...), "
+        "never the secret itself"};
   }
 }
 
@@ -224,10 +238,12 @@ std::optional<std::string> parse_users(const YAML::Node& n, Config& c) {
     User user;
     const YAML::Node name = u["name"];
     if (!name || !name.IsScalar() || name.Scalar().empty() || name.Scalar().size() > 255) {
-      throw FieldProblem{name ? name.Mark() : u.Mark(), at + ".name", "every user needs a name (1..255 characters)"};
+      throw FieldProblem{name ? name.Mark() : u.Mark(), at + ".name",
+                         "every user needs a name (1..255 characters)"};
     }
     user.name = name.Scalar();
-    if (!names.insert(user.name).second) throw FieldProblem{name.Mark(), at + ".name", "duplicate user '" + user.name + "'"};
+    if (!names.insert(user.name).second)
+      throw FieldProblem{name.Mark(), at + ".name", "duplicate user '" + user.name + "'"};
     const YAML::Node password = u["password"], token = u["token"];
     if (!password == !token) {
       throw FieldProblem{u.Mark(), at, "user '" + user.name + "' needs exactly one of password and token"};
@@ -265,15 +281,15 @@ std::string show_users(const std::vector<User>& users) {
     const std::string& hash = u.password_hash.empty() ? u.token_hash : u.password_hash;
     char fp[9];
     std::snprintf(fp, sizeof fp, "%08x", static_cast<unsigned>(std::hash<std::string>{}(hash)));
-    s += (s.size() > 1 ? ", " : "") + u.name + " (" + (u.password_hash.empty() ? "token " : "password ") + fp + "; " +
-         show_permissions(u.permissions) + ")";
+    s += (s.size() > 1 ? ", " : "") + u.name + " (" + (u.password_hash.empty() ? "token " : "password ") +
+         fp + "; " + show_permissions(u.permissions) + ")";
   }
   return s + "]";
 }
 
 /// An unsigned setting outside BrokerOptions' top level (uint_field's member pointer cannot reach it).
-Field u32_field(std::string_view section, std::string_view name, bool live, std::function<std::uint32_t&(Config&)> get,
-                std::uint64_t lo, std::uint64_t hi) {
+Field u32_field(std::string_view section, std::string_view name, bool live,
+                std::function<std::uint32_t&(Config&)> get, std::uint64_t lo, std::uint64_t hi) {
   return Field{section, name, live,
                [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
                  std::uint64_t v = 0;
@@ -284,7 +300,8 @@ Field u32_field(std::string_view section, std::string_view name, bool live, std:
                [=](const Config& c) { return std::to_string(get(const_cast<Config&>(c))); }};
 }
 
-Field bool_field(std::string_view section, std::string_view name, bool live, std::function<bool&(Config&)> get) {
+Field bool_field(std::string_view section, std::string_view name, bool live,
+                 std::function<bool&(Config&)> get) {
   return Field{section, name, live,
                [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
                  if (!parse_bool(n, get(c))) return "expected true or false";
@@ -310,10 +327,12 @@ std::optional<std::string> check_group_range(const std::string& text) {
 const std::vector<Field>& fields() {
   using B = BrokerOptions;
   static const std::vector<Field> kFields = {
-      listener_field("rdma", false, [](Config& c) -> std::string& { return c.broker.listen_address; },
-                     [](Config& c) -> std::uint16_t& { return c.broker.port; }),
-      listener_field("tcp", true, [](Config& c) -> std::string& { return c.broker.tcp_listen_address; },
-                     [](Config& c) -> std::uint16_t& { return c.broker.tcp_port; }),
+      listener_field(
+          "rdma", false, [](Config& c) -> std::string& { return c.broker.listen_address; },
+          [](Config& c) -> std::uint16_t& { return c.broker.port; }),
+      listener_field(
+          "tcp", true, [](Config& c) -> std::string& { return c.broker.tcp_listen_address; },
+          [](Config& c) -> std::uint16_t& { return c.broker.tcp_port; }),
       enum_field<RdmaMode>("", "rdma", false, [](Config& c) -> RdmaMode& { return c.broker.rdma; },
                            {{"auto", RdmaMode::kAuto}, {"on", RdmaMode::kOn}, {"off", RdmaMode::kOff}}),
       Field{"", "devices", false,
@@ -343,8 +362,10 @@ const std::vector<Field>& fields() {
       uint_field("limits", "max_subscriptions", true, &B::max_subscriptions, 1, 10'000'000),
       uint_field("limits", "max_pending_bytes", true, &B::max_pending_bytes, 4096, 1ull << 40, true),
       uint_field("limits", "max_subscriptions_total", true, &B::max_subscriptions_total, 1, 100'000'000),
-      uint_field("limits", "max_subscription_memory", true, &B::max_subscription_memory, 64u << 10, 1ull << 40, true),
-      uint_field("limits", "max_pending_bytes_total", true, &B::max_pending_bytes_total, 64u << 10, 1ull << 44, true),
+      uint_field("limits", "max_subscription_memory", true, &B::max_subscription_memory, 64u << 10,
+                 1ull << 40, true),
+      uint_field("limits", "max_pending_bytes_total", true, &B::max_pending_bytes_total, 64u << 10,
+                 1ull << 44, true),
       uint_field("slow_consumer", "write_deadline_ms", true, &B::write_deadline_ms, 10, 3'600'000),
       uint_field("slow_consumer", "producer_stall_ms", true, &B::producer_stall_ms, 0, 60'000),
       uint_field("slow_consumer", "drain_timeout_ms", true, &B::drain_timeout_ms, 100, 60'000),
@@ -362,8 +383,10 @@ const std::vector<Field>& fields() {
               return std::nullopt;
             },
             [](const Config& c) { return show_permissions(c.broker.auth.anonymous_permissions); }},
-      Field{"auth", "users", true, parse_users, [](const Config& c) { return show_users(c.broker.auth.users); }},
-      bool_field("multicast", "enabled", false, [](Config& c) -> bool& { return c.broker.multicast.enabled; }),
+      Field{"auth", "users", true, parse_users,
+            [](const Config& c) { return show_users(c.broker.auth.users); }},
+      bool_field("multicast", "enabled", false,
+                 [](Config& c) -> bool& { return c.broker.multicast.enabled; }),
       Field{"multicast", "groups", false,
             [](const YAML::Node& n, Config& c) -> std::optional<std::string> {
               std::string text;
@@ -383,18 +406,30 @@ const std::vector<Field>& fields() {
               for (const auto& p : c.broker.multicast.subjects) s += (s.size() > 1 ? ", " : "") + p;
               return s + "]";
             }},
-      u32_field("multicast", "threshold", true, [](Config& c) -> std::uint32_t& { return c.broker.multicast.threshold; }, 1, 1u << 20),
-      u32_field("multicast", "leave_below", true, [](Config& c) -> std::uint32_t& { return c.broker.multicast.leave_below; }, 1, 1u << 20),
-      u32_field("multicast", "retransmit_window", false, [](Config& c) -> std::uint32_t& { return c.broker.multicast.retransmit_window; }, 16, 1u << 20),
+      u32_field(
+          "multicast", "threshold", true,
+          [](Config& c) -> std::uint32_t& { return c.broker.multicast.threshold; }, 1, 1u << 20),
+      u32_field(
+          "multicast", "leave_below", true,
+          [](Config& c) -> std::uint32_t& { return c.broker.multicast.leave_below; }, 1, 1u << 20),
+      u32_field(
+          "multicast", "retransmit_window", false,
+          [](Config& c) -> std::uint32_t& { return c.broker.multicast.retransmit_window; }, 16, 1u << 20),
       string_field("metrics", "listen", false, [](Config& c) -> std::string& { return c.metrics_listen; }),
       string_field("admin", "socket", false, [](Config& c) -> std::string& { return c.broker.admin_socket; }),
       enum_field<std::string>("logging", "level", true, [](Config& c) -> std::string& { return c.log.level; },
-                              {{"trace", "trace"}, {"debug", "debug"}, {"info", "info"}, {"warn", "warn"},
-                               {"error", "error"}, {"critical", "critical"}, {"off", "off"}}),
+                              {{"trace", "trace"},
+                               {"debug", "debug"},
+                               {"info", "info"},
+                               {"warn", "warn"},
+                               {"error", "error"},
+                               {"critical", "critical"},
+                               {"off", "off"}}),
       enum_field<LogFormat>("logging", "format", true, [](Config& c) -> LogFormat& { return c.log.format; },
                             {{"text", LogFormat::kText}, {"json", LogFormat::kJson}}),
-      enum_field<LogTarget>("logging", "target", false, [](Config& c) -> LogTarget& { return c.log.target; },
-                            {{"auto", LogTarget::kAuto}, {"console", LogTarget::kConsole}, {"journald", LogTarget::kJournald}}),
+      enum_field<LogTarget>(
+          "logging", "target", false, [](Config& c) -> LogTarget& { return c.log.target; },
+          {{"auto", LogTarget::kAuto}, {"console", LogTarget::kConsole}, {"journald", LogTarget::kJournald}}),
   };
   return kFields;
 }
@@ -433,7 +468,9 @@ Result<HostPort> parse_host_port(std::string_view text, std::string_view what) {
   return HostPort{std::string(host), static_cast<std::uint16_t>(v)};
 }
 
-std::string_view to_string(RdmaMode m) { return m == RdmaMode::kAuto ? "auto" : m == RdmaMode::kOn ? "on" : "off"; }
+std::string_view to_string(RdmaMode m) {
+  return m == RdmaMode::kAuto ? "auto" : m == RdmaMode::kOn ? "on" : "off";
+}
 std::string_view to_string(LogFormat f) { return f == LogFormat::kText ? "text" : "json"; }
 std::string_view to_string(LogTarget t) {
   return t == LogTarget::kAuto ? "auto" : t == LogTarget::kConsole ? "console" : "journald";
@@ -505,7 +542,8 @@ Result<Config> parse(std::string_view yaml, const std::string& name) {
     return YAML::Mark::null_mark();
   };
   const auto& b = c.broker;
-  if (b.buffer_size % 64 != 0) problems.add(mark_of("buffers", "size"), "buffers.size", "must be a multiple of 64");
+  if (b.buffer_size % 64 != 0)
+    problems.add(mark_of("buffers", "size"), "buffers.size", "must be a multiple of 64");
   if (b.max_pending_bytes < 4ull * b.buffer_size) {
     problems.add(mark_of("limits", "max_pending_bytes"), "limits.max_pending_bytes",
                  "must be at least 4 buffers (" + std::to_string(4ull * b.buffer_size) + " bytes)");

@@ -51,19 +51,23 @@ bool Identity::may_publish(std::string_view subject) const {
   if (publish_unrestricted) return true;
   const auto& r = permissions.publish;
   const auto matches = [&](const std::string& p) { return proto::pattern_matches(p, subject); };
-  return std::any_of(r.allow.begin(), r.allow.end(), matches) && std::none_of(r.deny.begin(), r.deny.end(), matches);
+  return std::any_of(r.allow.begin(), r.allow.end(), matches) &&
+         std::none_of(r.deny.begin(), r.deny.end(), matches);
 }
 
 bool Identity::may_subscribe(std::string_view pattern) const {
   if (subscribe_unrestricted) return true;
   const auto& r = permissions.subscribe;
-  return std::any_of(r.allow.begin(), r.allow.end(), [&](const std::string& a) { return proto::pattern_covers(a, pattern); }) &&
-         std::none_of(r.deny.begin(), r.deny.end(), [&](const std::string& d) { return proto::patterns_intersect(d, pattern); });
+  return std::any_of(r.allow.begin(), r.allow.end(),
+                     [&](const std::string& a) { return proto::pattern_covers(a, pattern); }) &&
+         std::none_of(r.deny.begin(), r.deny.end(),
+                      [&](const std::string& d) { return proto::patterns_intersect(d, pattern); });
 }
 
 std::shared_ptr<const AuthTable> AuthTable::build(const config::AuthSettings& settings) {
   auto t = std::make_shared<AuthTable>();
-  if (settings.anonymous) t->anonymous_ = make_identity("anonymous", true, "", settings.anonymous_permissions);
+  if (settings.anonymous)
+    t->anonymous_ = make_identity("anonymous", true, "", settings.anonymous_permissions);
   for (const auto& u : settings.users) {
     if (!u.password_hash.empty()) {
       t->by_name_.emplace(u.name, make_identity(u.name, false, u.password_hash, u.permissions));
@@ -74,7 +78,8 @@ std::shared_ptr<const AuthTable> AuthTable::build(const config::AuthSettings& se
   return t;
 }
 
-Result<std::shared_ptr<const Identity>> AuthTable::verify(std::string_view user, std::string_view secret) const {
+Result<std::shared_ptr<const Identity>> AuthTable::verify(std::string_view user,
+                                                          std::string_view secret) const {
   if (user.empty() && secret.empty()) {
     if (anonymous_) return anonymous_;
     return Error{ErrorKind::kRejected, "credentials required (anonymous access is off)"};
@@ -106,7 +111,9 @@ Authenticator::Authenticator(std::shared_ptr<const AuthTable> table, Done done)
 
 Authenticator::~Authenticator() { stop(); }
 
-void Authenticator::start() { thread_ = std::thread([this] { run(); }); }
+void Authenticator::start() {
+  thread_ = std::thread([this] { run(); });
+}
 
 void Authenticator::stop() {
   {

@@ -28,11 +28,11 @@
 namespace rdmabroker::daemon {
 
 struct Identity {
-  std::string name;        // the user's name, or "anonymous"
+  std::string name;  // the user's name, or "anonymous"
   bool anonymous = false;
   std::string credential;  // the hash it authenticated against: a reload that changes it revokes
   config::Permissions permissions;
-  bool publish_unrestricted = false;    // allow covers everything, nothing denied: no check per message
+  bool publish_unrestricted = false;  // allow covers everything, nothing denied: no check per message
   bool subscribe_unrestricted = false;
 
   /// A PUBLISH to `subject`: an allow pattern matches it and no deny pattern does.

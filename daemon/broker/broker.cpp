@@ -14,13 +14,16 @@ Result<std::unique_ptr<Broker>> Broker::create(const BrokerOptions& options) {
   b->core_.options = options;
   auto& opt = b->core_.options;
   if (opt.workers == 0) opt.workers = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
-  if (opt.buffer_size < proto::kMinBufferSize || opt.buffer_size > proto::kMaxBufferSize || opt.buffer_size % 64 != 0) {
+  if (opt.buffer_size < proto::kMinBufferSize || opt.buffer_size > proto::kMaxBufferSize ||
+      opt.buffer_size % 64 != 0) {
     return Error{ErrorKind::kInvalidArgument, "buffer size must be a multiple of 64 between " +
                                                   std::to_string(proto::kMinBufferSize) + " and " +
                                                   std::to_string(proto::kMaxBufferSize)};
   }
-  if (opt.credits < 2 || opt.credits > 0xffff) return Error{ErrorKind::kInvalidArgument, "credits must be 2..65535"};
-  if (opt.max_inflight_sends < 1) return Error{ErrorKind::kInvalidArgument, "max in-flight sends must be >= 1"};
+  if (opt.credits < 2 || opt.credits > 0xffff)
+    return Error{ErrorKind::kInvalidArgument, "credits must be 2..65535"};
+  if (opt.max_inflight_sends < 1)
+    return Error{ErrorKind::kInvalidArgument, "max in-flight sends must be >= 1"};
 
   if (opt.max_connections == 0) return Error{ErrorKind::kInvalidArgument, "max connections must be >= 1"};
   if (opt.max_pending_bytes < 4ull * opt.buffer_size) {
@@ -33,7 +36,8 @@ Result<std::unique_ptr<Broker>> Broker::create(const BrokerOptions& options) {
   warn_if_nobody_can_connect(*b->core_.auth);
   Broker* self = b.get();
   b->authenticator_ = std::make_unique<Authenticator>(
-      b->core_.auth, [self](const Authenticator::Request& r, Result<std::shared_ptr<const Identity>> verdict) {
+      b->core_.auth,
+      [self](const Authenticator::Request& r, Result<std::shared_ptr<const Identity>> verdict) {
         AuthResultCommand cmd{r.connection, nullptr, ""};
         if (verdict) {
           cmd.identity = std::move(verdict.value());
@@ -52,15 +56,17 @@ Result<std::unique_ptr<Broker>> Broker::create(const BrokerOptions& options) {
   bool use_rdma = opt.rdma != RdmaMode::kOff;
   if (use_rdma && DeviceSet::count() == 0) {
     if (opt.rdma == RdmaMode::kOn) {
-      return Error{ErrorKind::kResource,
-                   "no RDMA device found and RDMA is required (--rdma on): load a driver (e.g. rdma_rxe) and check "
-                   "`rdma link`, or use --rdma auto to serve TCP only"};
+      return Error{
+          ErrorKind::kResource,
+          "no RDMA device found and RDMA is required (--rdma on): load a driver (e.g. rdma_rxe) and check "
+          "`rdma link`, or use --rdma auto to serve TCP only"};
     }
     use_rdma = false;
     spdlog::warn("no RDMA device found: serving TCP only");
   }
   if (!use_rdma && opt.tcp_port == 0) {
-    return Error{ErrorKind::kInvalidArgument, "nothing to listen on: RDMA is off (or has no device) and TCP is disabled (--tcp-port 0)"};
+    return Error{ErrorKind::kInvalidArgument,
+                 "nothing to listen on: RDMA is off (or has no device) and TCP is disabled (--tcp-port 0)"};
   }
   if (use_rdma) {
     auto devices = DeviceSet::open(*b->pool_, opt.devices);
@@ -100,8 +106,9 @@ Broker::~Broker() { stop(); }
 
 Status Broker::inject(const fault::Spec& spec) {
   if constexpr (!fault::kEnabled) {
-    return Error{ErrorKind::kInvalidArgument, "fault injection is not built in (a test build has it: "
-                                              "-DRDMABROKER_FAULT_INJECTION=ON)"};
+    return Error{ErrorKind::kInvalidArgument,
+                 "fault injection is not built in (a test build has it: "
+                 "-DRDMABROKER_FAULT_INJECTION=ON)"};
   }
   switch (spec.kind) {
     case fault::Kind::kWcError:
@@ -143,15 +150,17 @@ Status Broker::inject(const fault::Spec& spec) {
 
 void Broker::warn_if_nobody_can_connect(const AuthTable& table) {
   if (table.nobody_can_connect()) {
-    spdlog::warn("auth: no users and anonymous access off: every client will be refused "
-                 "(set auth.anonymous: true, or add auth.users; docs/security.md)");
+    spdlog::warn(
+        "auth: no users and anonymous access off: every client will be refused "
+        "(set auth.anonymous: true, or add auth.users; docs/security.md)");
   }
 }
 
 std::string Broker::listeners() const {
   const auto& opt = core_.options;
   std::string out;
-  if (devices_) out = "rdma://" + opt.listen_address + ":" + std::to_string(opt.port) + " (" + devices_->names() + ")";
+  if (devices_)
+    out = "rdma://" + opt.listen_address + ":" + std::to_string(opt.port) + " (" + devices_->names() + ")";
   if (tcp_listen_) {
     if (!out.empty()) out += ", ";
     out += "tcp://" + opt.tcp_listen_address + ":" + std::to_string(opt.tcp_port);
@@ -201,11 +210,13 @@ std::vector<std::future<T>> Broker::ask_workers(MakeCommand make) const {
 }
 
 std::vector<ConnectionInfo> Broker::connections() const {
-  auto replies = ask_workers<std::vector<ConnectionInfo>>([](auto reply) { return ListConnectionsCommand{std::move(reply)}; });
+  auto replies = ask_workers<std::vector<ConnectionInfo>>(
+      [](auto reply) { return ListConnectionsCommand{std::move(reply)}; });
   std::vector<ConnectionInfo> all;
   const auto deadline = std::chrono::steady_clock::now() + kWorkerAnswerTimeout;
   for (auto& r : replies) {
-    if (r.wait_until(deadline) != std::future_status::ready) continue;  // a stuck worker: the watchdog's business
+    if (r.wait_until(deadline) != std::future_status::ready)
+      continue;  // a stuck worker: the watchdog's business
     auto part = r.get();
     all.insert(all.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
   }
@@ -228,7 +239,8 @@ void Broker::apply_live(const BrokerOptions& next) {
 bool Broker::workers_healthy(std::chrono::milliseconds limit) const {
   const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
   const auto max_age = std::chrono::duration_cast<std::chrono::steady_clock::duration>(limit).count();
-  return std::all_of(workers_.begin(), workers_.end(), [&](const auto& w) { return now - w->heartbeat() <= max_age; });
+  return std::all_of(workers_.begin(), workers_.end(),
+                     [&](const auto& w) { return now - w->heartbeat() <= max_age; });
 }
 
 StatsSnapshot Broker::stats() const {
@@ -287,7 +299,8 @@ StatsSnapshot Broker::stats() const {
     add("permissions.denied.subscribe", static_cast<std::int64_t>(ws.denied_subscribe.get()));
     add("permissions.revoked", static_cast<std::int64_t>(ws.subscriptions_revoked.get()));
   }
-  add("connections.rejected", static_cast<std::int64_t>(listener_ ? listener_->rejected() : 0) + s["tcp.rejected"]);
+  add("connections.rejected",
+      static_cast<std::int64_t>(listener_ ? listener_->rejected() : 0) + s["tcp.rejected"]);
   add("limits.refused.connections", static_cast<std::int64_t>(listener_ ? listener_->over_limit() : 0));
   {
     static const MulticastStats kOff;  // multicast off: every series is there, at 0
@@ -310,7 +323,8 @@ StatsSnapshot Broker::stats() const {
     add("multicast.no_channel", static_cast<std::int64_t>(m.no_channel.get()));
   }
   // A channel is one entry in the index for all of its members.
-  add("subscriptions", static_cast<std::int64_t>(core_.index.size()) - s["multicast.channels"] + s["multicast.members"]);
+  add("subscriptions",
+      static_cast<std::int64_t>(core_.index.size()) - s["multicast.channels"] + s["multicast.members"]);
   add("subscriptions.memory_bytes", static_cast<std::int64_t>(core_.subscription_budget.bytes()));
   add("connections.by_transport.tcp", s["tcp.connections"]);
   add("connections.by_transport.rdma", s["connections.current"] - s["tcp.connections"]);

@@ -59,12 +59,13 @@ class Broker {
   static constexpr std::chrono::seconds kWorkerAnswerTimeout{2};
 
   BrokerCore core_;
-  std::unique_ptr<BufferPool> pool_;   // declaration order = creation order
+  std::unique_ptr<BufferPool> pool_;    // declaration order = creation order
   std::unique_ptr<DeviceSet> devices_;  // null: TCP only
   UniqueFd tcp_listen_;                 // -1: no TCP; outlives the workers that watch it
   std::vector<std::unique_ptr<Worker>> workers_;
-  std::unique_ptr<MulticastEngine> multicast_;  // null: multicast off; stopped after the workers, before them destroyed
-  std::unique_ptr<Listener> listener_;  // the RDMA CM listener; null: TCP only
+  std::unique_ptr<MulticastEngine>
+      multicast_;  // null: multicast off; stopped after the workers, before them destroyed
+  std::unique_ptr<Listener> listener_;            // the RDMA CM listener; null: TCP only
   std::unique_ptr<Authenticator> authenticator_;  // after workers_: destroyed (joined) before them
   bool stopped_ = false;
 };

@@ -8,34 +8,46 @@
 namespace rdmabroker::daemon {
 
 enum class CloseReason : unsigned char {
-  kClientClose,         // the client sent CLOSE (orderly)
-  kPeerDisconnected,    // the transport ended without CLOSE: crash, kill, network loss
-  kProtocolError,       // malformed or illegal frame; the client got an ERROR first
-  kSlowConsumer,        // outbound queue bound exceeded
-  kWorkCompletionError, // a send or receive completed in error
-  kQpFatal,             // asynchronous QP error event
+  kClientClose,          // the client sent CLOSE (orderly)
+  kPeerDisconnected,     // the transport ended without CLOSE: crash, kill, network loss
+  kProtocolError,        // malformed or illegal frame; the client got an ERROR first
+  kSlowConsumer,         // outbound queue bound exceeded
+  kWorkCompletionError,  // a send or receive completed in error
+  kQpFatal,              // asynchronous QP error event
   kBrokerShutdown,
   kDeviceRemoved,
-  kConnectFailed,       // the handshake never completed (REJECTED/UNREACHABLE/timeout)
-  kAuthFailed,          // credentials refused, missing, or not presented in time
-  kAuthRevoked,         // a reload removed the user or changed its credential
+  kConnectFailed,  // the handshake never completed (REJECTED/UNREACHABLE/timeout)
+  kAuthFailed,     // credentials refused, missing, or not presented in time
+  kAuthRevoked,    // a reload removed the user or changed its credential
   kCount,
 };
 
 constexpr std::string_view to_string(CloseReason r) {
   switch (r) {
-    case CloseReason::kClientClose: return "client_close";
-    case CloseReason::kPeerDisconnected: return "peer_disconnected";
-    case CloseReason::kProtocolError: return "protocol_error";
-    case CloseReason::kSlowConsumer: return "slow_consumer";
-    case CloseReason::kWorkCompletionError: return "wc_error";
-    case CloseReason::kQpFatal: return "qp_fatal";
-    case CloseReason::kBrokerShutdown: return "shutdown";
-    case CloseReason::kDeviceRemoved: return "device_removed";
-    case CloseReason::kConnectFailed: return "connect_failed";
-    case CloseReason::kAuthFailed: return "auth_failed";
-    case CloseReason::kAuthRevoked: return "auth_revoked";
-    case CloseReason::kCount: break;
+    case CloseReason::kClientClose:
+      return "client_close";
+    case CloseReason::kPeerDisconnected:
+      return "peer_disconnected";
+    case CloseReason::kProtocolError:
+      return "protocol_error";
+    case CloseReason::kSlowConsumer:
+      return "slow_consumer";
+    case CloseReason::kWorkCompletionError:
+      return "wc_error";
+    case CloseReason::kQpFatal:
+      return "qp_fatal";
+    case CloseReason::kBrokerShutdown:
+      return "shutdown";
+    case CloseReason::kDeviceRemoved:
+      return "device_removed";
+    case CloseReason::kConnectFailed:
+      return "connect_failed";
+    case CloseReason::kAuthFailed:
+      return "auth_failed";
+    case CloseReason::kAuthRevoked:
+      return "auth_revoked";
+    case CloseReason::kCount:
+      break;
   }
   return "unknown";
 }
@@ -52,9 +64,12 @@ enum class DropReason : unsigned char {
 
 constexpr std::string_view to_string(DropReason r) {
   switch (r) {
-    case DropReason::kSlowConsumer: return "slow_consumer";
-    case DropReason::kSubscriberClosed: return "subscriber_closed";
-    case DropReason::kCount: break;
+    case DropReason::kSlowConsumer:
+      return "slow_consumer";
+    case DropReason::kSubscriberClosed:
+      return "subscriber_closed";
+    case DropReason::kCount:
+      break;
   }
   return "unknown";
 }

@@ -46,7 +46,9 @@ class ConnectionSlots {
     std::lock_guard lock(mutex_);
     return in_use_;
   }
-  void add_queued(std::uint32_t slot, std::int64_t n) { queued_[slot].fetch_add(n, std::memory_order_relaxed); }
+  void add_queued(std::uint32_t slot, std::int64_t n) {
+    queued_[slot].fetch_add(n, std::memory_order_relaxed);
+  }
   std::int64_t queued(std::uint32_t slot) const { return queued_[slot].load(std::memory_order_relaxed); }
 
  private:

@@ -13,7 +13,8 @@
 namespace rdmabroker::daemon {
 
 inline std::optional<proto::RejectReason> check_connect_request(std::span<const std::byte> data,
-                                                                std::uint32_t buffer_size, proto::ConnectRequest& out) {
+                                                                std::uint32_t buffer_size,
+                                                                proto::ConnectRequest& out) {
   switch (proto::decode(data, out)) {
     case proto::HandshakeStatus::kOk:
       break;

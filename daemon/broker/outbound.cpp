@@ -40,8 +40,9 @@ OutItem make_delivery(BufferRef buf, std::uint32_t sid, std::uint32_t offset, st
   return item;
 }
 
-OutItem make_sequenced_delivery(BufferRef buf, std::uint32_t sid, std::uint64_t sequence, std::uint32_t offset,
-                                std::uint32_t len, std::uint32_t payload_len, std::int64_t received_at) {
+OutItem make_sequenced_delivery(BufferRef buf, std::uint32_t sid, std::uint64_t sequence,
+                                std::uint32_t offset, std::uint32_t len, std::uint32_t payload_len,
+                                std::int64_t received_at) {
   OutItem item = make_delivery(std::move(buf), sid, offset, len, payload_len, received_at);
   item.header.flags = proto::kFlagSequenced;
   item.header.sequence = sequence;
@@ -50,7 +51,8 @@ OutItem make_sequenced_delivery(BufferRef buf, std::uint32_t sid, std::uint64_t 
 }
 
 bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, std::uint32_t offset,
-                     std::uint32_t len, std::uint32_t payload_len, std::uint32_t max_frame, std::uint64_t sequence) {
+                     std::uint32_t len, std::uint32_t payload_len, std::uint32_t max_frame,
+                     std::uint64_t sequence) {
   // A sequenced run takes only the next message of its channel; a plain one only plain messages.
   const bool sequenced = (tail.header.flags & proto::kFlagSequenced) != 0;
   if (sequenced ? sequence != tail.header.sequence + tail.messages : sequence != 0) return false;
@@ -112,13 +114,14 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
       // The body is ERROR/CLOSE text, or NO_RESPONDERS' subject.
       const bool text_is_subject = item.header.type == proto::FrameType::kNoResponders;
       const auto text = std::as_bytes(std::span<const char>(item.text.data(), item.text.size()));
-      proto::encode_frame(std::span<std::byte>(dst, in_block), item.header, text_is_subject ? item.text : "", {},
-                          text_is_subject ? std::span<const std::byte>{} : text);
+      proto::encode_frame(std::span<std::byte>(dst, in_block), item.header, text_is_subject ? item.text : "",
+                          {}, text_is_subject ? std::span<const std::byte>{} : text);
       add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(dst), static_cast<std::uint32_t>(in_block),
                 block_lkey);
     }
     if (item.is_delivery()) {
-      if (item.received_at != 0 && (out.oldest_received_at == 0 || item.received_at < out.oldest_received_at)) {
+      if (item.received_at != 0 &&
+          (out.oldest_received_at == 0 || item.received_at < out.oldest_received_at)) {
         out.oldest_received_at = item.received_at;
       }
       out.deliveries += item.messages;

@@ -29,17 +29,20 @@ inline constexpr std::uint32_t kSendBlockSize = 1024;
 inline constexpr std::size_t kMaxControlText = 200;
 
 struct OutItem {
-  proto::FrameHeader header;  // sequence is assigned when packed, unless fixed_sequence
+  proto::FrameHeader header;    // sequence is assigned when packed, unless fixed_sequence
   bool fixed_sequence = false;  // header.sequence means something (ERROR's sid, a channel sequence): kept
-  BufferRef body;             // deliveries: the received buffer holding the PUBLISH frames
+  BufferRef body;               // deliveries: the received buffer holding the PUBLISH frames
   std::uint32_t body_offset = 0;
-  std::uint32_t body_len = 0;  // padded bytes after the header
-  std::uint32_t messages = 0;  // deliveries: PUBLISH frames in the run
-  std::int64_t received_at = 0;  // deliveries: when the run's first frame reached the broker (steady ns)
+  std::uint32_t body_len = 0;       // padded bytes after the header
+  std::uint32_t messages = 0;       // deliveries: PUBLISH frames in the run
+  std::int64_t received_at = 0;     // deliveries: when the run's first frame reached the broker (steady ns)
   std::uint64_t payload_bytes = 0;  // deliveries: their payload bytes
-  std::string text;            // control frames: their body (ERROR text, NO_RESPONDERS subject), copied into the send block
+  std::string
+      text;  // control frames: their body (ERROR text, NO_RESPONDERS subject), copied into the send block
 
-  std::size_t wire_len() const { return proto::kHeaderSize + (body ? body_len : proto::align_up(text.size())); }
+  std::size_t wire_len() const {
+    return proto::kHeaderSize + (body ? body_len : proto::align_up(text.size()));
+  }
   bool is_delivery() const { return header.type == proto::FrameType::kDeliver; }
 };
 
@@ -65,8 +68,9 @@ bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, std
                      std::uint32_t len, std::uint32_t payload_len, std::uint32_t max_frame,
                      std::uint64_t sequence = 0);
 /// A sequenced DELIVER (SPEC.md §7) of one channel message to subscription `sid`.
-OutItem make_sequenced_delivery(BufferRef buf, std::uint32_t sid, std::uint64_t sequence, std::uint32_t offset,
-                                std::uint32_t len, std::uint32_t payload_len, std::int64_t received_at = 0);
+OutItem make_sequenced_delivery(BufferRef buf, std::uint32_t sid, std::uint64_t sequence,
+                                std::uint32_t offset, std::uint32_t len, std::uint32_t payload_len,
+                                std::int64_t received_at = 0);
 
 struct PackLimits {
   std::uint32_t max_bytes = 0;  // the peer's receive buffer size

@@ -17,7 +17,9 @@ namespace rdmabroker::daemon {
 /// A monotonically increasing count with a single writer.
 class Counter {
  public:
-  void add(std::uint64_t n = 1) { v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  void add(std::uint64_t n = 1) {
+    v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
   std::uint64_t get() const { return v_.load(std::memory_order_relaxed); }
 
  private:
@@ -61,55 +63,55 @@ class Histogram {
 inline constexpr std::array<double, 7> kCompletionsPerPollBounds = {1, 2, 4, 8, 16, 24, 32};
 /// Seconds from a message's arrival at the broker to the completed send that
 /// carried it to a subscriber (the first message of each send).
-inline constexpr std::array<double, 14> kRelayLatencyBounds = {10e-6,  25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3,
-                                                               2.5e-3, 5e-3,  10e-3, 25e-3,  50e-3,  100e-3, 1.0};
+inline constexpr std::array<double, 14> kRelayLatencyBounds = {
+    10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 1.0};
 
 struct WorkerStats {
   Histogram<kCompletionsPerPollBounds.size()> completions_per_poll{kCompletionsPerPollBounds};
   Histogram<kRelayLatencyBounds.size()> relay_latency{kRelayLatencyBounds};
-  Counter connections_accepted;        // handshakes completed on this worker
+  Counter connections_accepted;                               // handshakes completed on this worker
   std::array<Counter, kCloseReasonCount> connections_closed;  // by CloseReason
-  Gauge connections_current;           // open on this worker, any state
-  Counter messages_in;                 // PUBLISH frames accepted
-  Counter bytes_in;                    // their payload bytes
-  Counter messages_no_subscribers;     // PUBLISH with nobody subscribed (not a drop)
-  Counter routed;                      // deliveries queued for subscribers (fan-out count)
-  Counter deliveries;                  // DELIVER frames whose SEND completed successfully
-  Counter bytes_out;                   // their payload bytes
+  Gauge connections_current;                                  // open on this worker, any state
+  Counter messages_in;                                        // PUBLISH frames accepted
+  Counter bytes_in;                                           // their payload bytes
+  Counter messages_no_subscribers;                            // PUBLISH with nobody subscribed (not a drop)
+  Counter routed;                                 // deliveries queued for subscribers (fan-out count)
+  Counter deliveries;                             // DELIVER frames whose SEND completed successfully
+  Counter bytes_out;                              // their payload bytes
   std::array<Counter, kDropReasonCount> dropped;  // accepted, not delivered, by DropReason
-  Counter protocol_errors;             // ERROR frames sent for bad input
-  Counter sends_posted;                // SEND work requests posted
-  Counter frames_sent;                 // frames in those SENDs (frames/sends = batching)
-  Counter credit_updates;              // zero-byte SENDs that only return credits
-  Counter credit_stalls;               // flushes that had data but no send credit
-  Counter producer_stalls;             // publishers slowed because a subscriber was backlogged
-  Counter receives;                    // receive completions
-  Counter orphan_receives;             // receives for a QP that was already gone
-  Counter wc_errors;                   // completions with an error status other than flush
-  Counter srq_refills;                 // SRQ refills at the low watermark
-  Counter pool_exhausted;              // times a worker found the buffer pool empty (once per shortage)
-  Counter cq_full;                     // connections refused because their CQ had no room for them
-  Gauge srq_posted;                    // receives posted on this worker's SRQs
-  Gauge pending_messages;              // queued for subscribers, not yet posted
-  Gauge pending_bytes;                 // their frame bytes (limits.max_pending_bytes_total bounds the sum)
-  Counter accept_failures;             // connections handed over but never accepted
-  Counter no_responders;               // requests (PUBLISH with REQUEST flag) nobody was subscribed to
-  Gauge tcp_connections;               // TCP connections open on this worker
-  Counter tcp_rejected;                // TCP handshakes refused (reject sent, or timed out)
-  Counter tcp_reads;                   // read() calls that returned data
-  Counter tcp_writes;                  // sendmsg() calls that wrote data
-  Counter tcp_write_blocked;           // writes that hit a full socket buffer (EAGAIN)
-  Counter limit_connections;           // TCP connections refused at limits.max_connections (RDMA: the listener counts)
-  Counter limit_payload;               // PUBLISH frames over limits.max_payload or the buffer size (connection closed)
-  Counter limit_subscriptions;         // SUBSCRIBE frames over limits.max_subscriptions (ERROR, connection stays)
-  Counter limit_subscriptions_total;   // ... over limits.max_subscriptions_total (broker-wide)
-  Counter limit_subscription_memory;   // ... over limits.max_subscription_memory (broker-wide)
-  Counter limit_pending_total;         // subscribers cut off above their share of limits.max_pending_bytes_total
-  Counter auth_ok;                     // connections authenticated (anonymous included)
-  Counter auth_failed;                 // refused credentials, missing CONNECT, or too late
-  Counter denied_publish;              // PUBLISH frames refused by permissions (ERROR sent)
-  Counter denied_subscribe;            // SUBSCRIBE frames refused by permissions (ERROR sent)
-  Counter subscriptions_revoked;       // subscriptions removed because a reload took the permission away
+  Counter protocol_errors;                        // ERROR frames sent for bad input
+  Counter sends_posted;                           // SEND work requests posted
+  Counter frames_sent;                            // frames in those SENDs (frames/sends = batching)
+  Counter credit_updates;                         // zero-byte SENDs that only return credits
+  Counter credit_stalls;                          // flushes that had data but no send credit
+  Counter producer_stalls;                        // publishers slowed because a subscriber was backlogged
+  Counter receives;                               // receive completions
+  Counter orphan_receives;                        // receives for a QP that was already gone
+  Counter wc_errors;                              // completions with an error status other than flush
+  Counter srq_refills;                            // SRQ refills at the low watermark
+  Counter pool_exhausted;     // times a worker found the buffer pool empty (once per shortage)
+  Counter cq_full;            // connections refused because their CQ had no room for them
+  Gauge srq_posted;           // receives posted on this worker's SRQs
+  Gauge pending_messages;     // queued for subscribers, not yet posted
+  Gauge pending_bytes;        // their frame bytes (limits.max_pending_bytes_total bounds the sum)
+  Counter accept_failures;    // connections handed over but never accepted
+  Counter no_responders;      // requests (PUBLISH with REQUEST flag) nobody was subscribed to
+  Gauge tcp_connections;      // TCP connections open on this worker
+  Counter tcp_rejected;       // TCP handshakes refused (reject sent, or timed out)
+  Counter tcp_reads;          // read() calls that returned data
+  Counter tcp_writes;         // sendmsg() calls that wrote data
+  Counter tcp_write_blocked;  // writes that hit a full socket buffer (EAGAIN)
+  Counter limit_connections;  // TCP connections refused at limits.max_connections (RDMA: the listener counts)
+  Counter limit_payload;      // PUBLISH frames over limits.max_payload or the buffer size (connection closed)
+  Counter limit_subscriptions;  // SUBSCRIBE frames over limits.max_subscriptions (ERROR, connection stays)
+  Counter limit_subscriptions_total;  // ... over limits.max_subscriptions_total (broker-wide)
+  Counter limit_subscription_memory;  // ... over limits.max_subscription_memory (broker-wide)
+  Counter limit_pending_total;    // subscribers cut off above their share of limits.max_pending_bytes_total
+  Counter auth_ok;                // connections authenticated (anonymous included)
+  Counter auth_failed;            // refused credentials, missing CONNECT, or too late
+  Counter denied_publish;         // PUBLISH frames refused by permissions (ERROR sent)
+  Counter denied_subscribe;       // SUBSCRIBE frames refused by permissions (ERROR sent)
+  Counter subscriptions_revoked;  // subscriptions removed because a reload took the permission away
 };
 
 /// Sum of all workers plus broker-wide gauges; flattened to name -> value.

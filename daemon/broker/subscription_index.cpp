@@ -11,8 +11,8 @@ struct SubscriptionIndex::Node {
     std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
   std::unordered_map<std::string, std::unique_ptr<Node>, Hash, std::equal_to<>> literal;
-  std::unique_ptr<Node> star;  // '*': exactly one token
-  std::unique_ptr<Node> tail;  // '>': one or more tokens, always a leaf
+  std::unique_ptr<Node> star;           // '*': exactly one token
+  std::unique_ptr<Node> tail;           // '>': one or more tokens, always a leaf
   std::vector<Subscriber> subscribers;  // patterns that end here
 
   bool empty() const { return literal.empty() && !star && !tail && subscribers.empty(); }
@@ -44,7 +44,8 @@ void collect(const Node& node, const std::vector<std::string_view>& tokens, std:
     return;
   }
   if (node.tail) out.insert(out.end(), node.tail->subscribers.begin(), node.tail->subscribers.end());
-  if (auto it = node.literal.find(tokens[i]); it != node.literal.end()) collect(*it->second, tokens, i + 1, out);
+  if (auto it = node.literal.find(tokens[i]); it != node.literal.end())
+    collect(*it->second, tokens, i + 1, out);
   if (node.star) collect(*node.star, tokens, i + 1, out);
 }
 
@@ -148,11 +149,13 @@ void SubscriptionIndex::match(std::string_view subject, Match& out, std::uint32_
   match(subject, out.plain);
   // Move group members out of `plain`, gathered per group id; stable, so
   // member order (and with it the round robin) follows subscription order.
-  auto grouped = std::stable_partition(out.plain.begin(), out.plain.end(), [](const Subscriber& s) { return s.group == 0; });
+  auto grouped = std::stable_partition(out.plain.begin(), out.plain.end(),
+                                       [](const Subscriber& s) { return s.group == 0; });
   if (grouped == out.plain.end()) return;
   std::vector<Subscriber> members(grouped, out.plain.end());
   out.plain.erase(grouped, out.plain.end());
-  std::stable_sort(members.begin(), members.end(), [](const Subscriber& a, const Subscriber& b) { return a.group < b.group; });
+  std::stable_sort(members.begin(), members.end(),
+                   [](const Subscriber& a, const Subscriber& b) { return a.group < b.group; });
   for (std::size_t i = 0; i < members.size(); ++i) {
     if (i == 0 || members[i].group != members[i - 1].group) {
       out.groups.emplace_back();

@@ -18,11 +18,11 @@
 namespace rdmabroker::daemon {
 
 struct Subscriber {
-  std::uint32_t worker = 0;        // index of the worker that owns the connection
-  std::uint64_t connection = 0;    // broker-wide connection id
-  std::uint32_t sid = 0;           // the client's subscription id
-  std::uint32_t slot = 0;          // the connection's ConnectionSlots slot
-  std::uint32_t group = 0;         // queue group id (SubscriptionIndex::add), 0: none
+  std::uint32_t worker = 0;      // index of the worker that owns the connection
+  std::uint64_t connection = 0;  // broker-wide connection id
+  std::uint32_t sid = 0;         // the client's subscription id
+  std::uint32_t slot = 0;        // the connection's ConnectionSlots slot
+  std::uint32_t group = 0;       // queue group id (SubscriptionIndex::add), 0: none
   bool operator==(const Subscriber&) const = default;
 };
 

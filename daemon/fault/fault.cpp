@@ -27,8 +27,9 @@ bool number(std::string_view s, T& out) {
 
 Error usage(const std::string& why) {
   return Error{ErrorKind::kInvalidArgument,
-               why + " (usage: fault wc-error CONN | qp-error CONN | cm-duplicate N | cm-delay MS N | "
-                     "pool-exhaust | pool-release | mcast-drop N | mcast-join-fail N)"};
+               why +
+                   " (usage: fault wc-error CONN | qp-error CONN | cm-duplicate N | cm-delay MS N | "
+                   "pool-exhaust | pool-release | mcast-drop N | mcast-join-fail N)"};
 }
 
 }  // namespace
@@ -41,13 +42,15 @@ Result<Spec> parse(std::string_view args) {
   auto want = [&](std::size_t n) { return w.size() == n + 1; };
   if (name == "wc-error" || name == "qp-error") {
     spec.kind = name == "wc-error" ? Kind::kWcError : Kind::kQpError;
-    if (!want(1) || !number(w[1], spec.connection)) return usage(std::string(name) + " needs a connection id");
+    if (!want(1) || !number(w[1], spec.connection))
+      return usage(std::string(name) + " needs a connection id");
   } else if (name == "cm-duplicate") {
     spec.kind = Kind::kCmDuplicate;
     if (!want(1) || !number(w[1], spec.count) || spec.count == 0) return usage("cm-duplicate needs a count");
   } else if (name == "mcast-drop" || name == "mcast-join-fail") {
     spec.kind = name == "mcast-drop" ? Kind::kMcastDrop : Kind::kMcastJoinFail;
-    if (!want(1) || !number(w[1], spec.count) || spec.count == 0) return usage(std::string(name) + " needs a count");
+    if (!want(1) || !number(w[1], spec.count) || spec.count == 0)
+      return usage(std::string(name) + " needs a count");
   } else if (name == "cm-delay") {
     spec.kind = Kind::kCmDelay;
     if (!want(2) || !number(w[1], spec.delay_ms) || !number(w[2], spec.count) || spec.count == 0) {

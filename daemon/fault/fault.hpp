@@ -34,7 +34,16 @@ namespace rdmabroker::daemon::fault {
 
 inline constexpr bool kEnabled = RDMABROKER_FAULT_INJECTION != 0;
 
-enum class Kind : std::uint8_t { kWcError, kQpError, kCmDuplicate, kCmDelay, kPoolExhaust, kPoolRelease, kMcastDrop, kMcastJoinFail };
+enum class Kind : std::uint8_t {
+  kWcError,
+  kQpError,
+  kCmDuplicate,
+  kCmDelay,
+  kPoolExhaust,
+  kPoolRelease,
+  kMcastDrop,
+  kMcastJoinFail
+};
 
 struct Spec {
   Kind kind = Kind::kWcError;

@@ -53,7 +53,8 @@ Result<std::unique_ptr<MulticastEngine>> MulticastEngine::create(BrokerCore& cor
   e->group_count_ = bits >= 32 ? 1 : (1u << (32 - bits)) - 1;  // the range's first address is not used
   e->group_base_ = (ntohl(base.s_addr) & ~((bits >= 32 ? 0u : (1u << (32 - bits))) - 1)) + 1;
   e->cm_channel_.reset(rdma_create_event_channel());
-  if (!e->cm_channel_) return Error{ErrorKind::kResource, std::string("rdma_create_event_channel: ") + std::strerror(errno)};
+  if (!e->cm_channel_)
+    return Error{ErrorKind::kResource, std::string("rdma_create_event_channel: ") + std::strerror(errno)};
   const int flags = fcntl(e->cm_channel_->fd, F_GETFL);
   fcntl(e->cm_channel_->fd, F_SETFL, flags | O_NONBLOCK);
   e->epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
@@ -125,13 +126,17 @@ void MulticastEngine::unsubscribe(std::uint32_t channel, std::uint64_t connectio
   commands_.post(RemoveMember{channel, connection, sid});
 }
 
-void MulticastEngine::publish(std::vector<ChannelPublish>&& batch) { publishes_.post(PublishBatch{std::move(batch)}); }
+void MulticastEngine::publish(std::vector<ChannelPublish>&& batch) {
+  publishes_.post(PublishBatch{std::move(batch)});
+}
 
-void MulticastEngine::joined(std::uint64_t connection, std::uint32_t sid, std::uint64_t epoch, std::string error) {
+void MulticastEngine::joined(std::uint64_t connection, std::uint32_t sid, std::uint64_t epoch,
+                             std::string error) {
   commands_.post(Joined{connection, sid, epoch, std::move(error)});
 }
 
-void MulticastEngine::repair(std::uint64_t connection, std::uint32_t sid, std::uint64_t first, std::uint64_t count) {
+void MulticastEngine::repair(std::uint64_t connection, std::uint32_t sid, std::uint64_t first,
+                             std::uint64_t count) {
   commands_.post(Repair{connection, sid, first, count});
 }
 
@@ -250,7 +255,8 @@ void MulticastEngine::handle(Reload& c) {
 void MulticastEngine::handle(Joined& c) {
   Channel* ch = nullptr;
   Member* m = find_member(c.connection, c.sid, &ch);
-  if (m == nullptr || m->mode != MemberMode::kJoining || m->join_epoch != c.epoch) return;  // stale: a later (un)join overtook it
+  if (m == nullptr || m->mode != MemberMode::kJoining || m->join_epoch != c.epoch)
+    return;  // stale: a later (un)join overtook it
   if (c.error.empty()) {
     m->mode = MemberMode::kJoined;
     stats_.members_joined.add(1);
@@ -260,9 +266,10 @@ void MulticastEngine::handle(Joined& c) {
   }
   m->mode = MemberMode::kFallback;
   stats_.client_join_failures.add();
-  spdlog::warn("multicast: connection {} could not join the group of {} for subscription {}: {}; it gets unicast "
-               "delivery",
-               c.connection, ch->subject, c.sid, c.error);
+  spdlog::warn(
+      "multicast: connection {} could not join the group of {} for subscription {}: {}; it gets unicast "
+      "delivery",
+      c.connection, ch->subject, c.sid, c.error);
   update(*ch);  // one fewer member that can join: maybe below leave_below
 }
 
@@ -270,11 +277,12 @@ void MulticastEngine::handle(Repair& c) {
   Channel* ch = nullptr;
   Member* m = find_member(c.connection, c.sid, &ch);
   if (m == nullptr || c.count == 0 || c.first >= ch->next_sequence) return;
-  const std::uint64_t end = std::min({c.first + std::min(c.count, proto::kMaxRepairCount), ch->next_sequence});
+  const std::uint64_t end =
+      std::min({c.first + std::min(c.count, proto::kMaxRepairCount), ch->next_sequence});
   stats_.repairs_requested.add(end - c.first);
-  spdlog::debug("multicast: connection {} subscription {} asks for {}..{} of {} (window {}..{})", c.connection, c.sid,
-                c.first, end - 1, ch->subject, ch->window.empty() ? 0 : ch->window.front().sequence,
-                ch->next_sequence - 1);
+  spdlog::debug("multicast: connection {} subscription {} asks for {}..{} of {} (window {}..{})",
+                c.connection, c.sid, c.first, end - 1, ch->subject,
+                ch->window.empty() ? 0 : ch->window.front().sequence, ch->next_sequence - 1);
   const std::uint64_t oldest = ch->window.empty() ? ch->next_sequence : ch->window.front().sequence;
   std::uint64_t from = c.first;
   if (from < oldest) {
@@ -283,9 +291,10 @@ void MulticastEngine::handle(Repair& c) {
     // Counted once per message, however often the client asks (its retry can cross the answer).
     if (from + lost > m->lost_until) stats_.losses.add(from + lost - std::max(from, m->lost_until));
     m->lost_until = std::max(m->lost_until, from + lost);
-    spdlog::warn("multicast: connection {} subscription {} ({}): messages {}..{} are beyond the retransmit window, "
-                 "reported lost",
-                 c.connection, c.sid, ch->subject, from, from + lost - 1);
+    spdlog::warn(
+        "multicast: connection {} subscription {} ({}): messages {}..{} are beyond the retransmit window, "
+        "reported lost",
+        c.connection, c.sid, ch->subject, from, from + lost - 1);
     auto bytes = proto::encode_count(lost);
     OutItem loss = make_control(proto::FrameType::kMcastLoss, c.sid,
                                 std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
@@ -383,9 +392,10 @@ void MulticastEngine::unicast(const Member& m, const WindowEntry& e, bool repair
     return;
   }
   const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
-  batch.push_back({m.info.connection, m.info.slot,
-                   seq != 0 ? make_sequenced_delivery(e.buf.clone(), m.info.sid, seq, e.offset, e.len, e.payload_len, now)
-                            : make_delivery(e.buf.clone(), m.info.sid, e.offset, e.len, e.payload_len, now)});
+  batch.push_back(
+      {m.info.connection, m.info.slot,
+       seq != 0 ? make_sequenced_delivery(e.buf.clone(), m.info.sid, seq, e.offset, e.len, e.payload_len, now)
+                : make_delivery(e.buf.clone(), m.info.sid, e.offset, e.len, e.payload_len, now)});
 }
 
 void MulticastEngine::post_to_workers() { core_.post_deliveries(remote_); }
@@ -413,8 +423,8 @@ void MulticastEngine::update(Channel& ch) {
   }
   if (!ch.grouped) {
     if (groups_in_use_.size() >= group_count_) {
-      spdlog::warn("multicast: no free address in multicast.groups ({}) for {}: it stays unicast", settings_.groups,
-                   ch.subject);
+      spdlog::warn("multicast: no free address in multicast.groups ({}) for {}: it stays unicast",
+                   settings_.groups, ch.subject);
       return;
     }
     while (groups_in_use_.contains(next_group_ % group_count_)) ++next_group_;
@@ -425,7 +435,8 @@ void MulticastEngine::update(Channel& ch) {
     ch.group.sin_addr.s_addr = htonl(group_base_ + ch.group_index);
     ch.grouped = true;
     stats_.groups.add(1);
-    spdlog::info("multicast: {} moves to group {} ({} members can join)", ch.subject, address_text(ch.group), can_join);
+    spdlog::info("multicast: {} moves to group {} ({} members can join)", ch.subject, address_text(ch.group),
+                 can_join);
   }
   // Join on every device a member is on; tell members on joined devices to join too.
   for (Member& m : ch.members) {
@@ -599,8 +610,8 @@ void MulticastEngine::handle_cm_events() {
       }
       spdlog::warn("multicast: ibv_create_ah for {}: {}", address_text(ch->group), std::strerror(errno));
     } else {
-      spdlog::warn("multicast: joining {} for {} failed: {} (status {})", address_text(ch->group), ch->subject,
-                   rdma_event_str(ev->event), ev->status);
+      spdlog::warn("multicast: joining {} for {} failed: {} (status {})", address_text(ch->group),
+                   ch->subject, rdma_event_str(ev->event), ev->status);
     }
     stats_.join_failures.add();
     spdlog::warn("multicast: {} stays unicast", ch->subject);
@@ -618,9 +629,10 @@ void MulticastEngine::send_datagrams(Channel& ch, std::span<const WindowEntry> e
   bool sent = false;
   for (auto& [device, dg] : ch.devices) {
     if (!dg.joined) continue;
-    const bool has_member = std::any_of(ch.members.begin(), ch.members.end(), [&, d = device](const Member& m) {
-      return m.info.device == d && (m.mode == MemberMode::kJoined || m.mode == MemberMode::kJoining);
-    });
+    const bool has_member =
+        std::any_of(ch.members.begin(), ch.members.end(), [&, d = device](const Member& m) {
+          return m.info.device == d && (m.mode == MemberMode::kJoined || m.mode == MemberMode::kJoining);
+        });
     if (!has_member) continue;
     Endpoint& ep = *endpoints_.at(device);
     if (ep.broken) continue;
@@ -648,8 +660,8 @@ void MulticastEngine::send_datagrams(Channel& ch, std::span<const WindowEntry> e
       const std::uint64_t first = entries.empty() ? ch.next_sequence - 1 : entries[0].sequence;
       proto::encode(slot, proto::DatagramHeader{ch.id, first, total, fragmented ? offset : 0,
                                                 static_cast<std::uint32_t>(entries.size())});
-      ibv_sge sge{reinterpret_cast<std::uint64_t>(slot), static_cast<std::uint32_t>(proto::kDatagramHeaderSize + n),
-                  ep.slots_mr->lkey};
+      ibv_sge sge{reinterpret_cast<std::uint64_t>(slot),
+                  static_cast<std::uint32_t>(proto::kDatagramHeaderSize + n), ep.slots_mr->lkey};
       ibv_send_wr wr{};
       wr.opcode = IBV_WR_SEND;
       wr.sg_list = &sge;
@@ -661,8 +673,8 @@ void MulticastEngine::send_datagrams(Channel& ch, std::span<const WindowEntry> e
       ibv_send_wr* bad = nullptr;
       if (ibv_post_send(ep.qp.get(), &wr, &bad) != 0) {
         stats_.send_errors.add();
-        spdlog::error("multicast: ibv_post_send on the UD QP failed: {}; {} goes unicast", std::strerror(errno),
-                      ch.subject);
+        spdlog::error("multicast: ibv_post_send on the UD QP failed: {}; {} goes unicast",
+                      std::strerror(errno), ch.subject);
         ep.broken = true;
         break;
       }

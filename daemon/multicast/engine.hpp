@@ -62,9 +62,9 @@ struct ChannelMember {
   std::uint32_t worker = 0;
   std::uint32_t slot = 0;
   std::uint32_t sid = 0;
-  bool can_join = false;          // an RDMA client that offered multicast (kConnectMulticast)
-  std::uint32_t device = 0;       // the broker device its RC connection is on (can_join only)
-  sockaddr_storage local{};       // the broker's address on that connection: binds the device's UD endpoint
+  bool can_join = false;     // an RDMA client that offered multicast (kConnectMulticast)
+  std::uint32_t device = 0;  // the broker device its RC connection is on (can_join only)
+  sockaddr_storage local{};  // the broker's address on that connection: binds the device's UD endpoint
 };
 
 /// A routed PUBLISH frame for a channel (zero-copy: a reference to the receive buffer).
@@ -79,22 +79,22 @@ struct ChannelPublish {
 
 /// Counters and gauges of the engine (its thread is the only writer).
 struct MulticastStats {
-  Gauge channels;            // subjects served by a channel
-  Gauge groups;              // channels sending to a multicast group
-  Gauge members;             // subscriptions served by channels
-  Gauge members_joined;      // ... of which receive from the group
-  Counter messages;          // channel messages sequenced
-  Counter group_messages;    // ... sent to a group (once per device)
-  Counter datagrams;         // UD datagrams sent (fragments and heartbeats)
-  Counter unicast_copies;    // channel messages sent over RC to members that have not joined
-  Counter repairs_requested; // messages clients asked to have resent
-  Counter repairs_served;    // ... resent over RC from the window
-  Counter losses;            // ... no longer in the window: reported to the client as lost
-  Counter joins;             // groups joined by the broker (per device)
-  Counter join_failures;     // broker joins that failed (the subject stays unicast)
+  Gauge channels;                // subjects served by a channel
+  Gauge groups;                  // channels sending to a multicast group
+  Gauge members;                 // subscriptions served by channels
+  Gauge members_joined;          // ... of which receive from the group
+  Counter messages;              // channel messages sequenced
+  Counter group_messages;        // ... sent to a group (once per device)
+  Counter datagrams;             // UD datagrams sent (fragments and heartbeats)
+  Counter unicast_copies;        // channel messages sent over RC to members that have not joined
+  Counter repairs_requested;     // messages clients asked to have resent
+  Counter repairs_served;        // ... resent over RC from the window
+  Counter losses;                // ... no longer in the window: reported to the client as lost
+  Counter joins;                 // groups joined by the broker (per device)
+  Counter join_failures;         // broker joins that failed (the subject stays unicast)
   Counter client_join_failures;  // subscriptions whose client could not join (served by unicast)
-  Counter send_errors;       // UD send completions with an error
-  Counter no_channel;        // channel messages whose channel had just gone (subscribers closed)
+  Counter send_errors;           // UD send completions with an error
+  Counter no_channel;            // channel messages whose channel had just gone (subscribers closed)
 };
 
 class MulticastEngine {
@@ -175,12 +175,12 @@ class MulticastEngine {
     std::unique_ptr<std::byte[]> slots;
     verbs::MrPtr slots_mr;
     verbs::CmQp qp;
-    std::uint32_t mtu = 0;          // path MTU: the largest datagram
+    std::uint32_t mtu = 0;  // path MTU: the largest datagram
     std::uint32_t max_inline = 0;
     std::uint32_t slot_count = 0;
     std::uint32_t next_slot = 0;
-    std::uint32_t in_flight = 0;    // sends posted, not completed (all signaled, FIFO)
-    bool broken = false;            // a send failed: no more groups on this device
+    std::uint32_t in_flight = 0;  // sends posted, not completed (all signaled, FIFO)
+    bool broken = false;          // a send failed: no more groups on this device
   };
   enum class MemberMode : std::uint8_t {
     kUnicast,   // gets every message over RC
@@ -221,7 +221,7 @@ class MulticastEngine {
     std::uint32_t group_index = 0;   // offset in multicast.groups
     sockaddr_in group{};
     std::map<std::uint32_t, DeviceGroup> devices;  // by device index
-    std::vector<WindowEntry> packed;  // consecutive messages for the next datagram
+    std::vector<WindowEntry> packed;               // consecutive messages for the next datagram
     std::uint32_t packed_bytes = 0;
   };
 
@@ -283,9 +283,11 @@ class MulticastEngine {
   std::uint32_t next_group_ = 0;
   std::set<std::uint32_t> groups_in_use_;
   verbs::EventChannelPtr cm_channel_;
-  std::map<std::uint32_t, std::unique_ptr<Endpoint>> endpoints_;  // by device; before channels_: destroyed after
-  std::unordered_map<std::uint32_t, Channel> channels_;           // AHs go before the endpoints' QPs
-  std::unordered_map<std::uint64_t, std::pair<std::uint32_t, std::uint32_t>> joins_;  // token -> (channel, device)
+  std::map<std::uint32_t, std::unique_ptr<Endpoint>>
+      endpoints_;                                        // by device; before channels_: destroyed after
+  std::unordered_map<std::uint32_t, Channel> channels_;  // AHs go before the endpoints' QPs
+  std::unordered_map<std::uint64_t, std::pair<std::uint32_t, std::uint32_t>>
+      joins_;  // token -> (channel, device)
   std::uint64_t next_token_ = 1;
   std::size_t window_entries_ = 0;  // across channels: bounded so that windows cannot drain the pool
   std::size_t window_limit_ = 0;

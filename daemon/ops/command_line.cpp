@@ -23,8 +23,8 @@ struct FlagDef {
 };
 
 template <typename T>
-FlagDef flag(std::string names, std::string help, std::vector<std::string> keys, std::function<void(Config&, const T&)> set,
-             CLI::Validator check = CLI::Validator()) {
+FlagDef flag(std::string names, std::string help, std::vector<std::string> keys,
+             std::function<void(Config&, const T&)> set, CLI::Validator check = CLI::Validator()) {
   FlagDef d{std::move(names), std::move(help), std::move(keys), {}};
   d.add = [set, check](CLI::App& app, const FlagDef& self) {
     auto value = std::make_shared<T>();
@@ -38,7 +38,8 @@ FlagDef flag(std::string names, std::string help, std::vector<std::string> keys,
   return d;
 }
 
-FlagDef switch_flag(std::string names, std::string help, std::vector<std::string> keys, std::function<void(Config&)> set) {
+FlagDef switch_flag(std::string names, std::string help, std::vector<std::string> keys,
+                    std::function<void(Config&)> set) {
   FlagDef d{std::move(names), std::move(help), std::move(keys), {}};
   d.add = [set](CLI::App& app, const FlagDef& self) {
     CLI::Option* opt = app.add_flag(self.names, self.help);
@@ -55,21 +56,26 @@ const std::vector<FlagDef>& flag_table() {
   using u32 = std::uint32_t;
   using u16 = std::uint16_t;
   static const std::vector<FlagDef> kFlags = {
-      flag<std::string>("-a,--listen", "Address of every client listener: RDMA and TCP (--tcp-listen narrows TCP)",
+      flag<std::string>("-a,--listen",
+                        "Address of every client listener: RDMA and TCP (--tcp-listen narrows TCP)",
                         {"listen.rdma:host", "listen.tcp:host"},
                         [](Config& c, const std::string& v) {
                           c.broker.listen_address = v;
                           c.broker.tcp_listen_address = v;
                         }),
-      flag<u16>("-p,--port", "RDMA CM port", {"listen.rdma:port"}, [](Config& c, const u16& v) { c.broker.port = v; }),
-      flag<std::string>("--tcp-listen", "Address of the TCP listener (wins over --listen for TCP)", {"listen.tcp:host"},
+      flag<u16>("-p,--port", "RDMA CM port", {"listen.rdma:port"},
+                [](Config& c, const u16& v) { c.broker.port = v; }),
+      flag<std::string>("--tcp-listen", "Address of the TCP listener (wins over --listen for TCP)",
+                        {"listen.tcp:host"},
                         [](Config& c, const std::string& v) { c.broker.tcp_listen_address = v; }),
       flag<u16>("--tcp-port", "TCP port (0: no TCP listener)", {"listen.tcp:port"},
                 [](Config& c, const u16& v) { c.broker.tcp_port = v; }),
       flag<std::string>(
           "--rdma", "auto, on or off", {"rdma"},
           [](Config& c, const std::string& v) {
-            c.broker.rdma = v == "on" ? config::RdmaMode::kOn : v == "off" ? config::RdmaMode::kOff : config::RdmaMode::kAuto;
+            c.broker.rdma = v == "on"    ? config::RdmaMode::kOn
+                            : v == "off" ? config::RdmaMode::kOff
+                                         : config::RdmaMode::kAuto;
           },
           CLI::IsMember({"auto", "on", "off"})),
       flag<u32>("-w,--workers", "Worker threads (0: one per core, at most 8)", {"workers"},
@@ -92,17 +98,18 @@ const std::vector<FlagDef>& flag_table() {
       flag<u32>("--write-deadline-ms", "Slow-consumer write deadline", {"slow_consumer.write_deadline_ms"},
                 [](Config& c, const u32& v) { c.broker.write_deadline_ms = v; }),
       flag<u32>("--producer-stall-ms", "How long publishers wait for a backlogged subscriber",
-                {"slow_consumer.producer_stall_ms"}, [](Config& c, const u32& v) { c.broker.producer_stall_ms = v; }),
+                {"slow_consumer.producer_stall_ms"},
+                [](Config& c, const u32& v) { c.broker.producer_stall_ms = v; }),
       flag<u32>("--max-connections", "Connection limit", {"limits.max_connections"},
                 [](Config& c, const u32& v) { c.broker.max_connections = v; }),
       flag<u32>("--max-subscriptions", "Subscriptions per connection", {"limits.max_subscriptions"},
                 [](Config& c, const u32& v) { c.broker.max_subscriptions = v; }),
-      flag<std::string>("--admin-socket", "Unix socket for `rdmabroker stat`/`reload` (\"\": none)", {"admin.socket"},
-                        [](Config& c, const std::string& v) { c.broker.admin_socket = v; }),
+      flag<std::string>("--admin-socket", "Unix socket for `rdmabroker stat`/`reload` (\"\": none)",
+                        {"admin.socket"}, [](Config& c, const std::string& v) { c.broker.admin_socket = v; }),
       flag<std::string>("--metrics-listen", "Prometheus endpoint host:port (\"\": none)", {"metrics.listen"},
                         [](Config& c, const std::string& v) { c.metrics_listen = v; }),
-      switch_flag("--allow-anonymous", "Accept clients without credentials (auth.anonymous: true)", {"auth.anonymous"},
-                  [](Config& c) { c.broker.auth.anonymous = true; }),
+      switch_flag("--allow-anonymous", "Accept clients without credentials (auth.anonymous: true)",
+                  {"auth.anonymous"}, [](Config& c) { c.broker.auth.anonymous = true; }),
       flag<std::string>("--log-level", "trace, debug, info, warn, error", {"logging.level"},
                         [](Config& c, const std::string& v) { c.log.level = v; }),
   };
@@ -131,19 +138,23 @@ std::optional<std::string> CommandLine::flag_for(std::string_view key) const {
 }
 
 std::variant<CommandLine, CommandLineExit> parse_command_line(int argc, const char* const* argv) {
-  CLI::App app{"rdmabrokerd: RDMA topic message broker.\n"
-               "Settings come from built-in defaults, then the config file, then these flags: a flag always wins,\n"
-               "on start and on every reload (docs/configuration.md, \"Precedence\")."};
+  CLI::App app{
+      "rdmabrokerd: RDMA topic message broker.\n"
+      "Settings come from built-in defaults, then the config file, then these flags: a flag always wins,\n"
+      "on start and on every reload (docs/configuration.md, \"Precedence\")."};
   app.set_version_flag("--version", std::string("rdmabrokerd ") + RDMABROKER_VERSION);
   CommandLine cl;
   bool no_config = false;
-  app.add_option("-c,--config", cl.config_path,
-                 std::string("YAML configuration file (default: ") + config::kDefaultConfigPath + " if it exists)");
-  app.add_flag("--no-config", no_config, "Read no file, not even the default one: built-in defaults and flags only");
-  auto* check = app.add_option("--check-config", cl.check_path,
-                               "Validate a configuration file (default: --config's), print the effective listen "
-                               "addresses and where each came from, and exit")
-                    ->expected(0, 1);
+  app.add_option(
+      "-c,--config", cl.config_path,
+      std::string("YAML configuration file (default: ") + config::kDefaultConfigPath + " if it exists)");
+  app.add_flag("--no-config", no_config,
+               "Read no file, not even the default one: built-in defaults and flags only");
+  auto* check =
+      app.add_option("--check-config", cl.check_path,
+                     "Validate a configuration file (default: --config's), print the effective listen "
+                     "addresses and where each came from, and exit")
+          ->expected(0, 1);
   std::vector<std::function<std::function<void(Config&)>()>> given;
   for (const auto& def : flag_table()) given.push_back(def.add(app, def));
   try {
@@ -181,7 +192,8 @@ std::vector<std::pair<std::string, std::vector<std::string>>> overriding_flags()
   return out;
 }
 
-std::vector<std::string> describe_listeners(const Config& effective, const CommandLine& cl, const std::string& path) {
+std::vector<std::string> describe_listeners(const Config& effective, const CommandLine& cl,
+                                            const std::string& path) {
   const std::string file = "file " + path;
   auto from_file = [&](const std::string& key) { return !path.empty() && effective.file_keys.contains(key); };
   // The source of one part ("host" or "port") of a listen.* key.
@@ -198,7 +210,9 @@ std::vector<std::string> describe_listeners(const Config& effective, const Comma
   const std::string rdma_host = part_source("listen.rdma", "host");
   out.push_back(line("listen.rdma", *config::show(effective, "listen.rdma"),
                      b.rdma == config::RdmaMode::kOff
-                         ? "RDMA off: " + std::string(cl.flag_for("rdma") ? "--rdma" : from_file("rdma") ? file : "default")
+                         ? "RDMA off: " + std::string(cl.flag_for("rdma") ? "--rdma"
+                                                      : from_file("rdma") ? file
+                                                                          : "default")
                          : "host: " + rdma_host + "; port: " + part_source("listen.rdma", "port")));
   std::string tcp_host = part_source("listen.tcp", "host");
   if (tcp_host == "default" && b.tcp_listen_address.empty()) tcp_host = "listen.rdma's host, " + rdma_host;

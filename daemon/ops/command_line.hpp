@@ -31,8 +31,8 @@ struct CommandLine {
   std::string config_path;
   /// Why config_path is what it is, for the start-up log line.
   std::string config_origin;
-  bool check_only = false;    // --check-config
-  std::string check_path;     // its argument (empty: config_path)
+  bool check_only = false;  // --check-config
+  std::string check_path;   // its argument (empty: config_path)
   /// Flags that override the file, in the order they are applied: a flag
   /// that claims a broader setting (--listen) before a narrower one (--tcp-listen).
   std::vector<GivenFlag> flags;

@@ -31,7 +31,9 @@ class JsonEscapedMessage final : public spdlog::custom_flag_formatter {
       }
     }
   }
-  std::unique_ptr<custom_flag_formatter> clone() const override { return std::make_unique<JsonEscapedMessage>(); }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<JsonEscapedMessage>();
+  }
 };
 
 bool g_journald = false;
@@ -58,7 +60,8 @@ std::string setup_logging(const config::LogSettings& settings) {
                (settings.target == config::LogTarget::kAuto && started_by_systemd());
   std::shared_ptr<spdlog::logger> logger;
   if (g_journald) {
-    logger = std::make_shared<spdlog::logger>("rdmabrokerd", std::make_shared<spdlog::sinks::systemd_sink_mt>("rdmabrokerd"));
+    logger = std::make_shared<spdlog::logger>(
+        "rdmabrokerd", std::make_shared<spdlog::sinks::systemd_sink_mt>("rdmabrokerd"));
   } else {
     logger = spdlog::stdout_color_mt("rdmabrokerd");
   }

@@ -10,14 +10,16 @@ namespace rdmabroker::daemon {
 
 void PolledServer::add_poll_fds(std::vector<pollfd>& fds) const {
   fds.push_back({listen_.get(), POLLIN, 0});
-  for (const auto& c : clients_) fds.push_back({c.fd.get(), static_cast<short>(c.out.empty() ? POLLIN : POLLOUT), 0});
+  for (const auto& c : clients_)
+    fds.push_back({c.fd.get(), static_cast<short>(c.out.empty() ? POLLIN : POLLOUT), 0});
 }
 
 int PolledServer::timeout_ms(int idle) const {
   if (clients_.empty()) return idle;
   auto next = clients_.front().deadline;
   for (const auto& c : clients_) next = std::min(next, c.deadline);
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next - std::chrono::steady_clock::now());
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(next - std::chrono::steady_clock::now());
   return static_cast<int>(std::clamp<std::int64_t>(left.count() + 1, 0, idle));
 }
 
@@ -48,7 +50,8 @@ void PolledServer::accept_clients() {
       // The oldest client still without a whole request makes room: an idle
       // socket is the cheapest thing to give up, and a real request arrives
       // right after its connect.
-      auto idle = std::find_if(clients_.begin(), clients_.end(), [](const Client& x) { return x.out.empty(); });
+      auto idle =
+          std::find_if(clients_.begin(), clients_.end(), [](const Client& x) { return x.out.empty(); });
       if (idle != clients_.end()) {
         spdlog::debug("{}: {} clients connected; the oldest idle one dropped for a newcomer", protocol_.name,
                       clients_.size());
@@ -83,9 +86,10 @@ bool PolledServer::serve(Client& c, short revents) {
     return false;
   }
   while (c.written < c.out.size()) {
-    const ssize_t n = ::send(c.fd.get(), c.out.data() + c.written, c.out.size() - c.written, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n =
+        ::send(c.fd.get(), c.out.data() + c.written, c.out.size() - c.written, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;  // POLLOUT next
-    if (n <= 0) return false;  // the client left without its reply
+    if (n <= 0) return false;                                       // the client left without its reply
     c.written += static_cast<std::size_t>(n);
   }
   return false;  // answered: close

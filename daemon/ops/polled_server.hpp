@@ -22,9 +22,9 @@ namespace rdmabroker::daemon {
 class PolledServer {
  public:
   struct Protocol {
-    std::string name;                   // for logs: "admin", "metrics"
-    std::size_t max_request = 4096;     // bytes of a request; more gets too_long's reply
-    std::size_t max_clients = 32;       // served at once
+    std::string name;                          // for logs: "admin", "metrics"
+    std::size_t max_request = 4096;            // bytes of a request; more gets too_long's reply
+    std::size_t max_clients = 32;              // served at once
     std::chrono::milliseconds deadline{5000};  // from accept to the reply written
     /// When max_clients are connected: drop the oldest client that has not
     /// sent a whole request yet, so that idle sockets cannot lock out a
@@ -36,7 +36,8 @@ class PolledServer {
     std::function<std::string()> busy;      // reply to a client over max_clients
   };
 
-  PolledServer(UniqueFd listening, Protocol protocol) : listen_(std::move(listening)), protocol_(std::move(protocol)) {}
+  PolledServer(UniqueFd listening, Protocol protocol)
+      : listen_(std::move(listening)), protocol_(std::move(protocol)) {}
   PolledServer(const PolledServer&) = delete;
   PolledServer& operator=(const PolledServer&) = delete;
 

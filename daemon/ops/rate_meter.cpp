@@ -11,7 +11,8 @@ std::int64_t get(const StatsSnapshot& s, const char* key) {
 
 void RateMeter::sample(const StatsSnapshot& s, Clock::time_point now) {
   if (!window_.empty() && now - window_.back().at < std::chrono::milliseconds(900)) return;
-  window_.push_back(Sample{now, get(s, "messages.in"), get(s, "messages.delivered"), get(s, "bytes.in"), get(s, "bytes.out")});
+  window_.push_back(Sample{now, get(s, "messages.in"), get(s, "messages.delivered"), get(s, "bytes.in"),
+                           get(s, "bytes.out")});
   while (window_.size() > kSamples) window_.pop_front();
 }
 

@@ -28,7 +28,8 @@ Reloader::Outcome Reloader::reload() {
   command_line_.apply(next);
   out.changes = config::diff(running_, next);
   for (const auto& c : config::diff(file_, next_file.value())) {
-    const bool effective = std::any_of(out.changes.begin(), out.changes.end(), [&](const auto& e) { return e.key == c.key; });
+    const bool effective =
+        std::any_of(out.changes.begin(), out.changes.end(), [&](const auto& e) { return e.key == c.key; });
     if (effective) continue;
     std::vector<std::string> flags;  // each flag once, however many parts of the key it sets
     for (const auto& f : command_line_.flags) {
@@ -51,7 +52,8 @@ Reloader::Outcome Reloader::reload() {
     ++refused_;
     out.message = "reload refused, running configuration unchanged: ";
     for (std::size_t i = 0; i < fixed.size(); ++i) {
-      out.message += (i ? "; " : "") + fixed[i].key + " changed (" + fixed[i].from + " -> " + fixed[i].to + ")";
+      out.message +=
+          (i ? "; " : "") + fixed[i].key + " changed (" + fixed[i].from + " -> " + fixed[i].to + ")";
     }
     out.message += fixed.size() == 1 ? " and cannot change while running (restart to apply it)"
                                      : " and cannot change while running (restart to apply them)";

@@ -27,8 +27,8 @@ namespace rdmabroker::daemon {
 class Reloader {
  public:
   /// `file` is what the file said at start, `running` that with the flags applied.
-  Reloader(std::string path, CommandLine command_line, config::Config file, config::Config running, Broker& broker,
-           SystemdNotifier& notifier)
+  Reloader(std::string path, CommandLine command_line, config::Config file, config::Config running,
+           Broker& broker, SystemdNotifier& notifier)
       : path_(std::move(path)),
         command_line_(std::move(command_line)),
         file_(std::move(file)),

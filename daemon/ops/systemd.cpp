@@ -24,7 +24,8 @@ void SystemdNotifier::reloading() {
   // systemd matches RELOADING=1 to the reload it started by this timestamp.
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  const auto usec = static_cast<unsigned long long>(ts.tv_sec) * 1000000ull + static_cast<unsigned long long>(ts.tv_nsec) / 1000;
+  const auto usec = static_cast<unsigned long long>(ts.tv_sec) * 1000000ull +
+                    static_cast<unsigned long long>(ts.tv_nsec) / 1000;
   notify("RELOADING=1\nMONOTONIC_USEC=" + std::to_string(usec));
 }
 

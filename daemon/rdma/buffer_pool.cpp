@@ -12,14 +12,15 @@ namespace rdmabroker::daemon {
 
 Result<std::unique_ptr<BufferPool>> BufferPool::create(std::uint32_t count, std::uint32_t buffer_size) {
   if (count == 0 || buffer_size == 0 || buffer_size % 64 != 0) {
-    return Error{ErrorKind::kInvalidArgument, "buffer pool: count must be > 0 and buffer size a multiple of 64"};
+    return Error{ErrorKind::kInvalidArgument,
+                 "buffer pool: count must be > 0 and buffer size a multiple of 64"};
   }
   const std::size_t bytes = std::size_t{count} * buffer_size;
   // mmap gives page alignment and lazily committed zero pages.
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
-    return Error{ErrorKind::kResource, "buffer pool: mmap of " + std::to_string(bytes) + " bytes failed: " +
-                                           std::strerror(errno)};
+    return Error{ErrorKind::kResource,
+                 "buffer pool: mmap of " + std::to_string(bytes) + " bytes failed: " + std::strerror(errno)};
   }
   return std::unique_ptr<BufferPool>(new BufferPool(static_cast<std::byte*>(p), count, buffer_size));
 }

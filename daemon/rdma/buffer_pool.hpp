@@ -42,9 +42,7 @@ class BufferPool {
   /// as if every buffer were in use.
   void set_exhausted(bool on) { exhausted_.store(on, std::memory_order_relaxed); }
   /// True when acquire() would hand out nothing.
-  bool exhausted() const {
-    return in_use() >= count_ || exhausted_.load(std::memory_order_relaxed);
-  }
+  bool exhausted() const { return in_use() >= count_ || exhausted_.load(std::memory_order_relaxed); }
 
  private:
   BufferPool(std::byte* base, std::uint32_t count, std::uint32_t buffer_size);

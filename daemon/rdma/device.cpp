@@ -6,13 +6,15 @@
 
 namespace rdmabroker::daemon {
 
-Result<std::unique_ptr<DeviceSet>> DeviceSet::open(const BufferPool& pool, const std::vector<std::string>& only) {
+Result<std::unique_ptr<DeviceSet>> DeviceSet::open(const BufferPool& pool,
+                                                   const std::vector<std::string>& only) {
   auto set = std::make_unique<DeviceSet>();
   int n = 0;
   set->list_.reset(rdma_get_devices(&n));
   if (!set->list_ || n == 0) {
-    return Error{ErrorKind::kResource,
-                 "no RDMA device found (rdma_get_devices): load a driver (e.g. rdma_rxe) and check `rdma link`"};
+    return Error{
+        ErrorKind::kResource,
+        "no RDMA device found (rdma_get_devices): load a driver (e.g. rdma_rxe) and check `rdma link`"};
   }
   std::vector<std::string> missing = only;
   for (int i = 0; i < n; ++i) {
@@ -30,20 +32,23 @@ Result<std::unique_ptr<DeviceSet>> DeviceSet::open(const BufferPool& pool, const
       return Error{ErrorKind::kResource, "ibv_query_device(" + dev->name + "): " + std::strerror(errno)};
     }
     dev->pd.reset(ibv_alloc_pd(dev->context));
-    if (!dev->pd) return Error{ErrorKind::kResource, "ibv_alloc_pd(" + dev->name + "): " + std::strerror(errno)};
+    if (!dev->pd)
+      return Error{ErrorKind::kResource, "ibv_alloc_pd(" + dev->name + "): " + std::strerror(errno)};
     auto region = pool.region();
     dev->pool_mr = verbs::register_local(dev->pd.get(), region.data(), region.size());
     if (!dev->pool_mr) {
-      return Error{ErrorKind::kResource, "ibv_reg_mr of the " + std::to_string(region.size()) +
-                                             "-byte buffer pool on " + dev->name + ": " + std::strerror(errno) +
-                                             (errno == ENOMEM ? " (raise the memlock limit: ulimit -l / LimitMEMLOCK)" : "")};
+      return Error{ErrorKind::kResource,
+                   "ibv_reg_mr of the " + std::to_string(region.size()) + "-byte buffer pool on " +
+                       dev->name + ": " + std::strerror(errno) +
+                       (errno == ENOMEM ? " (raise the memlock limit: ulimit -l / LimitMEMLOCK)" : "")};
     }
     set->devices_.push_back(std::move(dev));
   }
   if (!missing.empty()) {
     std::string names;
     for (const auto& m : missing) names += (names.empty() ? "" : ", ") + m;
-    return Error{ErrorKind::kInvalidArgument, "devices: no RDMA device named " + names + " (`rdma link` lists them)"};
+    return Error{ErrorKind::kInvalidArgument,
+                 "devices: no RDMA device named " + names + " (`rdma link` lists them)"};
   }
   return set;
 }

@@ -27,7 +27,8 @@ class DeviceSet {
   /// Opens the RDMA devices rdma_cm knows (only those named in `only`, when
   /// it is not empty) and registers `pool` on each. Fails if there is none,
   /// or if a named device does not exist.
-  static Result<std::unique_ptr<DeviceSet>> open(const BufferPool& pool, const std::vector<std::string>& only = {});
+  static Result<std::unique_ptr<DeviceSet>> open(const BufferPool& pool,
+                                                 const std::vector<std::string>& only = {});
   /// RDMA devices present (0 on a host without an RDMA stack); opens nothing.
   static int count();
 

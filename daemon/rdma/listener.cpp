@@ -31,7 +31,8 @@ Status Listener::listen() {
   const auto& opt = core_.options;
   const std::string where = opt.listen_address + ":" + std::to_string(opt.port);
   auto fail = [&](const char* what) {
-    return Error{ErrorKind::kResource, std::string(what) + " for rdma://" + where + ": " + std::strerror(errno)};
+    return Error{ErrorKind::kResource,
+                 std::string(what) + " for rdma://" + where + ": " + std::strerror(errno)};
   };
   channel_.reset(rdma_create_event_channel());
   if (!channel_) return fail("rdma_create_event_channel");
@@ -52,8 +53,9 @@ Status Listener::listen() {
   freeaddrinfo(res);
   if (rc != 0) {
     if (errno == ENODEV || errno == EADDRNOTAVAIL) {
-      return Error{ErrorKind::kResource, "rdma_bind_addr for rdma://" + where + ": " + std::strerror(errno) +
-                                             " (no RDMA device has this address: check `rdma link` and `ip addr`)"};
+      return Error{ErrorKind::kResource,
+                   "rdma_bind_addr for rdma://" + where + ": " + std::strerror(errno) +
+                       " (no RDMA device has this address: check `rdma link` and `ip addr`)"};
     }
     return fail("rdma_bind_addr");
   }
@@ -161,7 +163,8 @@ void Listener::on_async_event(Device& dev) {
       case IBV_EVENT_QP_ACCESS_ERR: {
         // qp_context holds the connection id (set at QP creation); the QP
         // cannot be destroyed before this event is acked, so reading it is safe.
-        const auto conn_id = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ev.element.qp->qp_context));
+        const auto conn_id =
+            static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ev.element.qp->qp_context));
         core_.rdma_owner(conn_id).post(
             QpFatalCommand{conn_id, std::string(ibv_event_type_str(ev.event_type)) + " on " + dev.name});
         break;
@@ -173,9 +176,12 @@ void Listener::on_async_event(Device& dev) {
         // A QP on an SRQ went to the error state. Every close causes this
         // (rdma_disconnect); for a connection still open it is the only news
         // of a QP that failed while idle.
-        const auto conn_id = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ev.element.qp->qp_context));
+        const auto conn_id =
+            static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ev.element.qp->qp_context));
         core_.rdma_owner(conn_id).post(QpFatalCommand{
-            conn_id, std::string(ibv_event_type_str(ev.event_type)) + " on " + dev.name + " (the QP is in error)", true});
+            conn_id,
+            std::string(ibv_event_type_str(ev.event_type)) + " on " + dev.name + " (the QP is in error)",
+            true});
         break;
       }
       case IBV_EVENT_SRQ_LIMIT_REACHED:

@@ -130,7 +130,8 @@ void Worker::on_handshake_readable(int fd) {
   conn->peer_buffer_size = req.recv_buffer_size;
   conn->inflight.resize(2);  // one send being written (+1 keeps the ring's full/empty test simple)
   const auto accept = proto::encode(proto::ConnectAccept{opt_.buffer_size, 0, conn->id});
-  if (!write_all_now(fd, accept)) return drop(std::string("sending the accept: ") + std::strerror(errno), std::nullopt);
+  if (!write_all_now(fd, accept))
+    return drop(std::string("sending the accept: ") + std::strerror(errno), std::nullopt);
   conn->tcp.fd = std::move(h.fd);
   handshakes_.erase(it);
   Connection& c = *conn;
@@ -248,7 +249,8 @@ void Worker::read_tcp(Connection& c) {
     // Route every whole frame; an invalid one is handed over too, so that
     // process_frames() answers it with its ERROR.
     const std::uint32_t whole =
-        t.rstart + static_cast<std::uint32_t>(proto::whole_frames({t.rbuf.data() + t.rstart, t.rlen - t.rstart}, opt_.buffer_size));
+        t.rstart + static_cast<std::uint32_t>(
+                       proto::whole_frames({t.rbuf.data() + t.rstart, t.rlen - t.rstart}, opt_.buffer_size));
     if (whole > t.rstart) {
       process_frames(c, t.rbuf, t.rstart, whole);
       t.rstart = whole;
@@ -266,7 +268,7 @@ void Worker::read_tcp(Connection& c) {
       t.rstart = 0;
       t.rbuf = std::move(fresh);
     }
-    if (c.stalled) return;  // route_publish() paused us
+    if (c.stalled) return;                             // route_publish() paused us
     if (static_cast<std::uint32_t>(n) < room) return;  // drained the socket
   }
 }

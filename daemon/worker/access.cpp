@@ -46,8 +46,9 @@ bool Worker::before_authentication(Connection& c, const proto::Frame& f) {
   stats_.auth_failed.add();
   close(c, CloseReason::kAuthFailed, ErrorCode::kAuthenticationRequired,
         std::string(proto::to_string(f.header.type)) +
-            (c.auth == AuthPhase::kAwaitingConnect ? " before CONNECT: a connection's first frame must be CONNECT"
-                                                   : " while the credentials are being checked"));
+            (c.auth == AuthPhase::kAwaitingConnect
+                 ? " before CONNECT: a connection's first frame must be CONNECT"
+                 : " while the credentials are being checked"));
   return false;
 }
 
@@ -83,7 +84,8 @@ void Worker::check_auth_deadlines() {
 bool Worker::may_publish(Connection& c, std::string_view subject) {
   if (c.identity->publish_unrestricted) return true;
   if (auto it = c.publish_verdicts.find(subject); it != c.publish_verdicts.end()) return it->second;
-  if (c.publish_verdicts.size() >= 1024) c.publish_verdicts.clear();  // bounded: a client may use any number of subjects
+  if (c.publish_verdicts.size() >= 1024)
+    c.publish_verdicts.clear();  // bounded: a client may use any number of subjects
   const bool ok = c.identity->may_publish(subject);
   c.publish_verdicts.emplace(std::string(subject), ok);
   return ok;
@@ -94,8 +96,8 @@ void Worker::deny(Connection& c, std::string_view operation, std::string_view su
   // A client that keeps publishing where it may not would flood the log: the
   // first ten denials of a connection are logged, then every thousandth.
   if (++c.denials <= 10 || c.denials % 1000 == 0) {
-    spdlog::warn("connection {} from {}: {} to '{}' denied for user '{}' ({} denials)", c.id, c.peer, operation,
-                 subject, c.identity->name, c.denials);
+    spdlog::warn("connection {} from {}: {} to '{}' denied for user '{}' ({} denials)", c.id, c.peer,
+                 operation, subject, c.identity->name, c.denials);
   }
   enqueue(c, make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kPermissionDenied),
                           std::string(operation) + " to '" + std::string(subject) + "' denied for user '" +
@@ -130,8 +132,9 @@ void Worker::apply_auth(std::shared_ptr<const AuthTable> table) {
       drop_subscription(*c, it->second, it->first);
       it = c->subscriptions.erase(it);
       stats_.subscriptions_revoked.add();
-      spdlog::warn("connection {} from {}: subscription {} to '{}' of user '{}' revoked by a configuration reload",
-                   c->id, c->peer, sid, pattern, c->identity->name);
+      spdlog::warn(
+          "connection {} from {}: subscription {} to '{}' of user '{}' revoked by a configuration reload",
+          c->id, c->peer, sid, pattern, c->identity->name);
       enqueue(*c, make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kPermissionDenied),
                                "subscription to '" + pattern + "' revoked: user '" + c->identity->name +
                                    "' may no longer subscribe to it",

@@ -101,7 +101,8 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t b
         break;
       case FrameType::kSubscribe: {
         if (c.subscriptions.contains(h.arg)) {
-          enqueue(c, make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kDuplicateSubscription),
+          enqueue(c, make_control(FrameType::kError,
+                                  static_cast<std::uint32_t>(ErrorCode::kDuplicateSubscription),
                                   "subscription id " + std::to_string(h.arg) + " is already in use"));
           break;
         }
@@ -109,12 +110,14 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t b
           stats_.limit_subscriptions.add();
           // Logged once per connection: a client looping over subscribe must not flood the log.
           if (!std::exchange(c.subscription_limit_logged, true)) {
-            spdlog::warn("connection {} from {}: limit of {} subscriptions reached (limits.max_subscriptions)", c.id,
-                         c.peer, opt_.max_subscriptions);
+            spdlog::warn(
+                "connection {} from {}: limit of {} subscriptions reached (limits.max_subscriptions)", c.id,
+                c.peer, opt_.max_subscriptions);
           }
-          enqueue(c, make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kTooManySubscriptions),
-                                  "limit of " + std::to_string(opt_.max_subscriptions) + " subscriptions reached",
-                                  h.arg));
+          enqueue(
+              c, make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kTooManySubscriptions),
+                              "limit of " + std::to_string(opt_.max_subscriptions) + " subscriptions reached",
+                              h.arg));
           break;
         }
         if (!c.identity->may_subscribe(f.subject)) {
@@ -123,7 +126,7 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t b
         }
         const std::uint64_t cost = SubscriptionBudget::cost(f.subject, f.reply);
         if (auto refusal = core_.subscription_budget.take(cost, opt_.max_subscriptions_total,
-                                                           opt_.max_subscription_memory);
+                                                          opt_.max_subscription_memory);
             refusal != SubscriptionBudget::Refusal::kNone) {
           refuse_subscription_broker_wide(c, h.arg, refusal);
           break;
@@ -134,8 +137,9 @@ void Worker::process_frames(Connection& c, const BufferRef& buf, std::uint32_t b
       case FrameType::kUnsubscribe: {
         auto it = c.subscriptions.find(h.arg);
         if (it == c.subscriptions.end()) {
-          enqueue(c, make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kUnknownSubscription),
-                                  "no subscription with id " + std::to_string(h.arg)));
+          enqueue(c,
+                  make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kUnknownSubscription),
+                               "no subscription with id " + std::to_string(h.arg)));
           break;
         }
         drop_subscription(c, it->second, it->first);
@@ -206,7 +210,8 @@ void Worker::route_publish(Connection& publisher, const proto::Frame& f, const B
     // One member per message, round robin (docs/subjects.md); a member that
     // this worker already knows to be closing is passed over.
     const Subscriber* chosen = &match.pick(g);
-    for (std::size_t tries = 1; tries < match.groups[g].size() && !is_live(*chosen); ++tries) chosen = &match.pick(g);
+    for (std::size_t tries = 1; tries < match.groups[g].size() && !is_live(*chosen); ++tries)
+      chosen = &match.pick(g);
     deliver(*chosen);
   }
   if (backlogged != nullptr && !publisher.stalled) {
@@ -236,8 +241,8 @@ bool Worker::route_to(const Subscriber& s, const proto::Frame& f, const BufferRe
   if (s.worker == kChannelWorker) {
     // A multicast channel: its engine sequences the message and fans it out.
     core_.slots->add_queued(s.slot, 1);  // the engine's backlog (in messages), until it has handled it
-    channel_batch_.push_back({static_cast<std::uint32_t>(s.connection), buf.clone(), off, len, f.header.payload_len,
-                              now_.time_since_epoch().count()});
+    channel_batch_.push_back({static_cast<std::uint32_t>(s.connection), buf.clone(), off, len,
+                              f.header.payload_len, now_.time_since_epoch().count()});
     return true;
   }
   if (s.worker == index_) {
@@ -254,8 +259,9 @@ bool Worker::route_to(const Subscriber& s, const proto::Frame& f, const BufferRe
   auto& batch = remote_[s.worker];
   if (batch.empty() || batch.back().connection != s.connection ||
       !extend_delivery(batch.back().item, buf, s.sid, off, len, f.header.payload_len, opt_.buffer_size)) {
-    batch.push_back({s.connection, s.slot,
-                     make_delivery(buf.clone(), s.sid, off, len, f.header.payload_len, now_.time_since_epoch().count())});
+    batch.push_back(
+        {s.connection, s.slot,
+         make_delivery(buf.clone(), s.sid, off, len, f.header.payload_len, now_.time_since_epoch().count())});
   }
   return true;
 }
@@ -272,7 +278,8 @@ void Worker::deliver_local(Connection& c, const BufferRef& buf, std::uint32_t si
     touch(c);
     return;
   }
-  enqueue(c, make_delivery(buf.clone(), sid, off, len, f.header.payload_len, now_.time_since_epoch().count()));
+  enqueue(c,
+          make_delivery(buf.clone(), sid, off, len, f.header.payload_len, now_.time_since_epoch().count()));
 }
 
 void BrokerCore::post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker) const {
@@ -312,7 +319,8 @@ bool Worker::may_queue(const Connection& c, std::uint64_t len, std::uint32_t mes
   // needs the total (no cross-worker reads on the common path); above it,
   // only while the broker's queues together stay within the bound.
   const std::int64_t charge = queued_charge(static_cast<std::int64_t>(len), messages);
-  const std::int64_t held = queued_charge(static_cast<std::int64_t>(c.pending_bytes), static_cast<std::int64_t>(c.pending_messages));
+  const std::int64_t held = queued_charge(static_cast<std::int64_t>(c.pending_bytes),
+                                          static_cast<std::int64_t>(c.pending_messages));
   if (held + charge <= static_cast<std::int64_t>(fair_pending_share())) return true;
   return core_.pending_charge_total() + charge <= static_cast<std::int64_t>(opt_.max_pending_bytes_total);
 }
@@ -320,11 +328,14 @@ bool Worker::may_queue(const Connection& c, std::uint64_t len, std::uint32_t mes
 void Worker::enqueue(Connection& c, OutItem item) {
   if (item.is_delivery() && !may_queue(c, item.body_len, item.messages)) {
     const bool own = c.pending_bytes + item.body_len > opt_.max_pending_bytes;
-    const std::string why =
-        own ? std::to_string(c.pending_bytes) + " bytes pending, limit " + std::to_string(opt_.max_pending_bytes)
-            : std::to_string(c.pending_bytes) + " bytes pending while the broker's queues hold more than "
-                  "limits.max_pending_bytes_total (" + std::to_string(opt_.max_pending_bytes_total) +
-                  "), above this subscriber's share of it (" + std::to_string(fair_pending_share()) + ")";
+    const std::string why = own ? std::to_string(c.pending_bytes) + " bytes pending, limit " +
+                                      std::to_string(opt_.max_pending_bytes)
+                                : std::to_string(c.pending_bytes) +
+                                      " bytes pending while the broker's queues hold more than "
+                                      "limits.max_pending_bytes_total (" +
+                                      std::to_string(opt_.max_pending_bytes_total) +
+                                      "), above this subscriber's share of it (" +
+                                      std::to_string(fair_pending_share()) + ")";
     spdlog::warn("connection {} ({}): slow consumer, {} messages: {}", c.id, c.peer, c.pending_messages, why);
     if (!own) stats_.limit_pending_total.add();
     stats_.dropped[static_cast<std::size_t>(DropReason::kSlowConsumer)].add(item.messages);  // these
@@ -389,12 +400,12 @@ void Worker::flush(Connection& c) {
 }
 
 std::uint32_t Worker::pack_next(Connection& c, std::uint32_t max_sge, std::uint32_t block_lkey,
-                                std::uint32_t body_lkey, ibv_sge* sge, std::array<BufferRef, kMaxFramesPerSend>& refs,
-                                PackedSend& packed) {
+                                std::uint32_t body_lkey, ibv_sge* sge,
+                                std::array<BufferRef, kMaxFramesPerSend>& refs, PackedSend& packed) {
   if (free_blocks_.empty()) return kNoBlock;  // retried when a send completes
   const std::uint32_t block = free_blocks_.back();
-  packed = pack_send(c.outq, PackLimits{c.peer_buffer_size, max_sge}, block_span(block), block_lkey, body_lkey,
-                     c.next_sequence, sge, refs.data());
+  packed = pack_send(c.outq, PackLimits{c.peer_buffer_size, max_sge}, block_span(block), block_lkey,
+                     body_lkey, c.next_sequence, sge, refs.data());
   if (packed.frames == 0) {
     // Cannot happen: the handshake guarantees every frame fits a peer buffer.
     spdlog::error("connection {}: a {}-byte frame does not fit one send", c.id, c.outq.front().wire_len());
@@ -411,9 +422,10 @@ std::uint32_t Worker::pack_next(Connection& c, std::uint32_t max_sge, std::uint3
   return block;
 }
 
-InflightSend& Worker::record_send(Connection& c, std::uint32_t block, std::array<BufferRef, kMaxFramesPerSend>* refs,
-                                  const PackedSend& packed) {
-  const std::uint32_t slot = (c.inflight_head + c.inflight_count) % static_cast<std::uint32_t>(c.inflight.size());
+InflightSend& Worker::record_send(Connection& c, std::uint32_t block,
+                                  std::array<BufferRef, kMaxFramesPerSend>* refs, const PackedSend& packed) {
+  const std::uint32_t slot =
+      (c.inflight_head + c.inflight_count) % static_cast<std::uint32_t>(c.inflight.size());
   InflightSend& rec = c.inflight[slot];
   rec.block = block;
   rec.frames = packed.frames;
@@ -457,8 +469,10 @@ void Worker::flush_rdma(Connection& c) {
 }
 
 void Worker::stage_send(Connection& c, std::uint32_t block, const ibv_sge* sge, std::uint32_t num_sge,
-                        std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs, const PackedSend& packed) {
-  const std::uint32_t slot = (c.inflight_head + c.inflight_count) % static_cast<std::uint32_t>(c.inflight.size());
+                        std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs,
+                        const PackedSend& packed) {
+  const std::uint32_t slot =
+      (c.inflight_head + c.inflight_count) % static_cast<std::uint32_t>(c.inflight.size());
   record_send(c, block, refs, packed);
   StagedSend& st = staged_.emplace_back();
   std::copy_n(sge, num_sge, st.sge.begin());
@@ -498,8 +512,9 @@ void Worker::post_staged(Connection& c) {
     // Never posted: undo their records, newest first (they are the ring's tail).
     for (std::size_t i = staged_.size(); i-- > posted;) {
       --c.inflight_count;
-      release_send(c, c.inflight[(c.inflight_head + c.inflight_count) % static_cast<std::uint32_t>(c.inflight.size())],
-                   false);
+      release_send(
+          c, c.inflight[(c.inflight_head + c.inflight_count) % static_cast<std::uint32_t>(c.inflight.size())],
+          false);
     }
     spdlog::warn("connection {} ({}): ibv_post_send: {}", c.id, c.peer, std::strerror(err));
     stats_.wc_errors.add();
@@ -589,7 +604,8 @@ void Worker::close(Connection& c, CloseReason reason, ErrorCode code, std::strin
   }
   c.reason = reason;
   remove_subscriptions(c);
-  const bool can_tell = c.state == ConnState::kEstablished && !c.peer_disconnected && code != ErrorCode::kNone;
+  const bool can_tell =
+      c.state == ConnState::kEstablished && !c.peer_disconnected && code != ErrorCode::kNone;
   if (!can_tell) {
     disconnect(c);
     return;
@@ -678,7 +694,8 @@ void Worker::destroy(Connection& c) {
   stats_.connections_closed[static_cast<std::size_t>(c.reason)].add();
   stats_.connections_current.add(-1);
   core_.slots->release(c.slot);
-  spdlog::info("connection {} ({}, {}) closed: {}", c.id, to_string(c.transport), c.peer, to_string(c.reason));
+  spdlog::info("connection {} ({}, {}) closed: {}", c.id, to_string(c.transport), c.peer,
+               to_string(c.reason));
   if (c.touched) {
     std::erase(touched_, &c);
     c.touched = false;
@@ -694,17 +711,20 @@ void Worker::remove_subscriptions(Connection& c) {
   c.subscriptions.clear();
 }
 
-void Worker::refuse_subscription_broker_wide(Connection& c, std::uint32_t sid, SubscriptionBudget::Refusal refusal) {
+void Worker::refuse_subscription_broker_wide(Connection& c, std::uint32_t sid,
+                                             SubscriptionBudget::Refusal refusal) {
   const bool by_count = refusal == SubscriptionBudget::Refusal::kCount;
   (by_count ? stats_.limit_subscriptions_total : stats_.limit_subscription_memory).add();
-  const std::string what =
-      by_count ? "broker-wide limit of " + std::to_string(opt_.max_subscriptions_total) +
-                     " subscriptions reached (limits.max_subscriptions_total)"
-               : "broker-wide subscription memory limit of " + std::to_string(opt_.max_subscription_memory) +
-                     " bytes reached (limits.max_subscription_memory)";
+  const std::string what = by_count ? "broker-wide limit of " + std::to_string(opt_.max_subscriptions_total) +
+                                          " subscriptions reached (limits.max_subscriptions_total)"
+                                    : "broker-wide subscription memory limit of " +
+                                          std::to_string(opt_.max_subscription_memory) +
+                                          " bytes reached (limits.max_subscription_memory)";
   // Logged once per connection, like the per-connection limit.
-  if (!std::exchange(c.subscription_limit_logged, true)) spdlog::warn("connection {} from {}: {}", c.id, c.peer, what);
-  enqueue(c, make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kTooManySubscriptions), what, sid));
+  if (!std::exchange(c.subscription_limit_logged, true))
+    spdlog::warn("connection {} from {}: {}", c.id, c.peer, what);
+  enqueue(c, make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kTooManySubscriptions),
+                          what, sid));
 }
 
 void Worker::add_subscription(Connection& c, const proto::Frame& f, std::uint64_t cost) {
@@ -740,8 +760,9 @@ void Worker::drop_subscription(Connection& c, const Connection::Subscription& su
 bool Worker::on_multicast_frame(Connection& c, const proto::Frame& f) {
   if (core_.multicast == nullptr || !c.multicast_capable) {
     close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
-          std::string(proto::to_string(f.header.type)) + " without multicast (the broker has it off, or the client "
-                                                         "did not offer it when connecting)");
+          std::string(proto::to_string(f.header.type)) +
+              " without multicast (the broker has it off, or the client "
+              "did not offer it when connecting)");
     return false;
   }
   const auto it = c.subscriptions.find(f.header.arg);

@@ -24,12 +24,14 @@ void Worker::on_fault(FaultCommand& f) {
   Status result;
   Connection* c = find(f.spec.connection);
   if (c == nullptr) {
-    result = Error{ErrorKind::kInvalidArgument, "no connection " + std::to_string(f.spec.connection) + " on this broker"};
+    result = Error{ErrorKind::kInvalidArgument,
+                   "no connection " + std::to_string(f.spec.connection) + " on this broker"};
   } else if (c->transport != Transport::kRdma) {
-    result = Error{ErrorKind::kInvalidArgument, "connection " + std::to_string(c->id) + " is not an RDMA connection"};
+    result = Error{ErrorKind::kInvalidArgument,
+                   "connection " + std::to_string(c->id) + " is not an RDMA connection"};
   } else if (c->state != ConnState::kEstablished) {
-    result = Error{ErrorKind::kInvalidArgument, "connection " + std::to_string(c->id) + " is " +
-                                                    std::string(to_string(c->state))};
+    result = Error{ErrorKind::kInvalidArgument,
+                   "connection " + std::to_string(c->id) + " is " + std::string(to_string(c->state))};
   } else if (f.spec.kind == fault::Kind::kWcError) {
     if (!c->fail_next_wc) {
       c->fail_next_wc = true;

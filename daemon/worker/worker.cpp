@@ -57,9 +57,11 @@ Status Worker::init(int tcp_listen_fd) {
   }
   tcp_listen_fd_ = tcp_listen_fd;
   // EPOLLEXCLUSIVE: one worker is woken per incoming connection.
-  if (tcp_listen_fd_ >= 0 && !watch(tcp_listen_fd_, kTagTcpListen, EPOLLEXCLUSIVE)) return sys_error("epoll_ctl");
+  if (tcp_listen_fd_ >= 0 && !watch(tcp_listen_fd_, kTagTcpListen, EPOLLEXCLUSIVE))
+    return sys_error("epoll_ctl");
 
-  const std::uint32_t per_worker_conns = opt_.max_connections / static_cast<std::uint32_t>(core_.workers.size()) + 1;
+  const std::uint32_t per_worker_conns =
+      opt_.max_connections / static_cast<std::uint32_t>(core_.workers.size()) + 1;
   static const std::vector<std::unique_ptr<Device>> kNoDevices;
   for (const auto& dev : core_.devices != nullptr ? core_.devices->devices() : kNoDevices) {
     auto port = std::make_unique<DevicePort>();
@@ -84,7 +86,8 @@ Status Worker::init(int tcp_listen_fd) {
     port->cq_capacity = static_cast<std::uint32_t>(port->cq->cqe);
     if (port->cq_capacity < port->srq_depth + window) {
       if (port->cq_capacity < 2 * window) {
-        return Error{ErrorKind::kResource, "the CQ on " + dev->name + " has " + std::to_string(port->cq_capacity) +
+        return Error{ErrorKind::kResource, "the CQ on " + dev->name + " has " +
+                                               std::to_string(port->cq_capacity) +
                                                " entries: too few for a receive queue and one connection"};
       }
       spdlog::warn("worker {}: {} has a CQ of {} entries: receive queue cut from {} to {}", index_, dev->name,
@@ -97,8 +100,8 @@ Status Worker::init(int tcp_listen_fd) {
     srq_attr.attr.max_sge = 1;
     port->srq.reset(ibv_create_srq(dev->pd.get(), &srq_attr));
     if (!port->srq) return sys_error("ibv_create_srq(" + dev->name + ")");
-    port->send_blocks_mr =
-        verbs::register_local(dev->pd.get(), send_blocks_.get(), std::size_t{opt_.send_blocks} * kSendBlockSize);
+    port->send_blocks_mr = verbs::register_local(dev->pd.get(), send_blocks_.get(),
+                                                 std::size_t{opt_.send_blocks} * kSendBlockSize);
     if (!port->send_blocks_mr) return sys_error("ibv_reg_mr of the send blocks on " + dev->name);
     port->posted_flag.assign(core_.pool->count(), 0);
     if (!watch(port->channel->fd, ports_.size())) return sys_error("epoll_ctl");
@@ -292,9 +295,8 @@ void Worker::handle_commands() {
       for (const auto& [id, c] : connections_) {
         out.push_back(ConnectionInfo{c->id, std::string(to_string(c->transport)), c->peer,
                                      std::string(to_string(c->state)), c->identity ? c->identity->name : "",
-                                     index_, c->subscriptions.size(),
-                                     c->messages_in, c->messages_out, c->bytes_in, c->bytes_out,
-                                     c->pending_messages, c->pending_bytes});
+                                     index_, c->subscriptions.size(), c->messages_in, c->messages_out,
+                                     c->bytes_in, c->bytes_out, c->pending_messages, c->pending_bytes});
       }
       l->reply->set_value(std::move(out));
     } else if (std::holds_alternative<ShutdownCommand>(cmd)) {
@@ -335,12 +337,14 @@ void Worker::handle_accept(AcceptCommand& cmd) {
   if (port == nullptr) return fail(proto::RejectReason::kNoResources, "unknown device");
   if (stopping_) return fail(proto::RejectReason::kShuttingDown, "shutting down");
   const std::uint32_t grant = std::min(opt_.credits, port->credit_budget());
-  if (grant < 2) return fail(proto::RejectReason::kNoResources, "no receive credits left on " + port->device->name);
+  if (grant < 2)
+    return fail(proto::RejectReason::kNoResources, "no receive credits left on " + port->device->name);
   const std::uint32_t window = opt_.max_inflight_sends + 1;
   if (port->cq_reserved + window > port->cq_capacity) {
     stats_.cq_full.add();
-    return fail(proto::RejectReason::kNoResources, "the completion queue on " + port->device->name + " is full (" +
-                                                       std::to_string(port->cq_capacity) + " entries)");
+    return fail(proto::RejectReason::kNoResources, "the completion queue on " + port->device->name +
+                                                       " is full (" + std::to_string(port->cq_capacity) +
+                                                       " entries)");
   }
 
   ibv_qp_init_attr attr{};
@@ -381,7 +385,8 @@ void Worker::handle_accept(AcceptCommand& cmd) {
   param.private_data_len = static_cast<std::uint8_t>(data.size());
   param.rnr_retry_count = 7;  // a safety net only: credits mean a receive is always posted
   if (rdma_accept(id.get(), &param) != 0) {
-    spdlog::warn("connection {} from {}: rdma_accept: {}", cmd.connection_id, conn->peer, std::strerror(errno));
+    spdlog::warn("connection {} from {}: rdma_accept: {}", cmd.connection_id, conn->peer,
+                 std::strerror(errno));
     stats_.accept_failures.add();
     port->outstanding -= conn->credits.forfeit();
     conn->qp.reset();
@@ -406,8 +411,10 @@ void Worker::handle_cm_events() {
     rdma_ack_cm_event(raw);
     if constexpr (fault::kEnabled) {
       if (fault::Shared::take(core_.faults.cm_delays)) {
-        const auto delay = std::chrono::milliseconds(core_.faults.cm_delay_ms.load(std::memory_order_relaxed));
-        spdlog::info("fault: {} of connection {} held back {} ms", rdma_event_str(type), conn_id, delay.count());
+        const auto delay =
+            std::chrono::milliseconds(core_.faults.cm_delay_ms.load(std::memory_order_relaxed));
+        spdlog::info("fault: {} of connection {} held back {} ms", rdma_event_str(type), conn_id,
+                     delay.count());
         delayed_cm_.push_back({now_ + delay, type, status, conn_id});
         continue;
       }
@@ -465,8 +472,8 @@ void Worker::check_write_deadlines() {
     }
   }
   for (Connection* c : stuck) {
-    spdlog::warn("connection {} ({}): slow consumer, accepted nothing for {} ms with {} bytes queued", c->id, c->peer,
-                 opt_.write_deadline_ms, c->pending_bytes);
+    spdlog::warn("connection {} ({}): slow consumer, accepted nothing for {} ms with {} bytes queued", c->id,
+                 c->peer, opt_.write_deadline_ms, c->pending_bytes);
     close(*c, CloseReason::kSlowConsumer, proto::ErrorCode::kSlowConsumer,
           "accepted nothing for " + std::to_string(opt_.write_deadline_ms) + " ms");
   }
@@ -480,8 +487,8 @@ void Worker::establish(Connection& c) {
   c.auth_deadline = now_ + kAuthTimeout;
   unauthenticated_.push_back(c.id);
   if (c.transport == Transport::kRdma) {
-    spdlog::info("connection {} from {} established on {} (worker {}, qp {})", c.id, c.peer, c.port->device->name,
-                 index_, c.qp_num);
+    spdlog::info("connection {} from {} established on {} (worker {}, qp {})", c.id, c.peer,
+                 c.port->device->name, index_, c.qp_num);
   } else {
     spdlog::info("connection {} from {} established over tcp (worker {})", c.id, c.peer, index_);
   }
@@ -495,8 +502,11 @@ void Worker::note_pool_starved(bool starved) {
     // Receives are not reposted and credits not returned until buffers come
     // back: publishers slow down, nothing is lost. Once per shortage.
     stats_.pool_exhausted.add();
-    spdlog::warn("worker {}: the buffer pool is empty ({} buffers, all in use): receives wait for buffers to come back "
-                 "(raise buffers.count if this recurs)", index_, core_.pool->count());
+    spdlog::warn(
+        "worker {}: the buffer pool is empty ({} buffers, all in use): receives wait for buffers to come "
+        "back "
+        "(raise buffers.count if this recurs)",
+        index_, core_.pool->count());
   } else {
     spdlog::info("worker {}: buffers available again", index_);
   }
@@ -520,7 +530,8 @@ void Worker::refill_srqs() {
     std::vector<ibv_sge> sges(got);
     const std::uint32_t lkey = port->device->pool_mr->lkey;
     for (std::size_t i = 0; i < got; ++i) {
-      sges[i] = ibv_sge{reinterpret_cast<std::uint64_t>(core_.pool->data(idx[i])), core_.pool->buffer_size(), lkey};
+      sges[i] =
+          ibv_sge{reinterpret_cast<std::uint64_t>(core_.pool->data(idx[i])), core_.pool->buffer_size(), lkey};
       wrs[i].wr_id = kRecvFlag | idx[i];
       wrs[i].sg_list = &sges[i];
       wrs[i].num_sge = 1;
@@ -530,7 +541,8 @@ void Worker::refill_srqs() {
     std::size_t posted = got;
     if (ibv_post_srq_recv(port->srq.get(), wrs.data(), &bad) != 0) {
       posted = static_cast<std::size_t>(bad - wrs.data());
-      spdlog::error("worker {}: ibv_post_srq_recv on {} failed after {} of {}", index_, port->device->name, posted, got);
+      spdlog::error("worker {}: ibv_post_srq_recv on {} failed after {} of {}", index_, port->device->name,
+                    posted, got);
       for (std::size_t i = posted; i < got; ++i) core_.pool->release(idx[i]);
     }
     for (std::size_t i = 0; i < posted; ++i) port->posted_flag[idx[i]] = 1;
@@ -556,7 +568,8 @@ void Worker::check_deadlines() {
     std::erase_if(stalled_, [&](std::uint64_t id) {
       Connection* c = find(id);
       if (c == nullptr) return true;
-      const auto low = static_cast<std::int64_t>(core_.backlog_bound(c->stall_slot, opt_.max_pending_bytes) / 2);
+      const auto low =
+          static_cast<std::int64_t>(core_.backlog_bound(c->stall_slot, opt_.max_pending_bytes) / 2);
       const std::int64_t queued = core_.slots->queued(c->stall_slot);
       if (queued < c->stall_queued) {  // progress: keep waiting
         c->stall_queued = queued;

@@ -64,10 +64,10 @@ struct BrokerCore {
   std::unique_ptr<ConnectionSlots> slots;  // one per open connection, all workers
   SubscriptionBudget subscription_budget;  // limits.max_subscriptions_total / max_subscription_memory
   std::atomic<std::uint64_t> next_connection_id{1};  // broker-wide, both transports
-  std::shared_ptr<const AuthTable> auth;    // as started; reloads hand workers their successors
-  Authenticator* authenticator = nullptr;   // checks passwords and tokens off the workers
-  fault::Shared faults;                     // test builds: faults any worker may pick up
-  MulticastEngine* multicast = nullptr;     // null: multicast off (or no RDMA device)
+  std::shared_ptr<const AuthTable> auth;             // as started; reloads hand workers their successors
+  Authenticator* authenticator = nullptr;            // checks passwords and tokens off the workers
+  fault::Shared faults;                              // test builds: faults any worker may pick up
+  MulticastEngine* multicast = nullptr;              // null: multicast off (or no RDMA device)
   /// The slot whose count is the multicast engine's backlog: messages
   /// workers routed to channels that the engine has not handled yet
   /// (messages, not bytes: each costs the engine at least one datagram).
@@ -136,7 +136,7 @@ struct AuthResultCommand {
 /// `live` keys) into its own copy; the others cannot have changed.
 struct ReloadCommand {
   BrokerOptions options;
-  std::shared_ptr<const AuthTable> auth;         // users and permissions now
+  std::shared_ptr<const AuthTable> auth;        // users and permissions now
   std::shared_ptr<std::promise<void>> applied;  // set once the worker uses them
 };
 /// One connection as `rdmabroker stat` shows it.
@@ -174,7 +174,7 @@ enum class Transport : std::uint8_t { kRdma, kTcp };
 constexpr std::string_view to_string(Transport t) { return t == Transport::kRdma ? "rdma" : "tcp"; }
 
 enum class ConnState {
-  kAccepting,      // RDMA: QP created, rdma_accept sent, waiting for ESTABLISHED
+  kAccepting,  // RDMA: QP created, rdma_accept sent, waiting for ESTABLISHED
   kEstablished,
   kDraining,       // closing: flushing its last frames (an ERROR or CLOSE)
   kDisconnecting,  // rdma_disconnect done: waiting for flushes and DISCONNECTED
@@ -182,10 +182,14 @@ enum class ConnState {
 
 constexpr std::string_view to_string(ConnState s) {
   switch (s) {
-    case ConnState::kAccepting: return "accepting";
-    case ConnState::kEstablished: return "established";
-    case ConnState::kDraining: return "draining";
-    case ConnState::kDisconnecting: return "disconnecting";
+    case ConnState::kAccepting:
+      return "accepting";
+    case ConnState::kEstablished:
+      return "established";
+    case ConnState::kDraining:
+      return "draining";
+    case ConnState::kDisconnecting:
+      return "disconnecting";
   }
   return "unknown";
 }
@@ -211,9 +215,9 @@ struct DevicePort;
 struct InflightSend {
   std::uint32_t block = 0;  // send block index, or kNoBlock for a credit update
   std::uint32_t frames = 0;
-  std::int64_t oldest_received_at = 0;   // for the relay latency histogram
-  std::uint32_t deliveries = 0;          // DELIVER frames among them
-  std::uint64_t delivered_payload = 0;   // their payload bytes
+  std::int64_t oldest_received_at = 0;  // for the relay latency histogram
+  std::uint32_t deliveries = 0;         // DELIVER frames among them
+  std::uint64_t delivered_payload = 0;  // their payload bytes
   std::array<BufferRef, kMaxFramesPerSend> refs;
 };
 
@@ -222,11 +226,11 @@ struct InflightSend {
 /// with an RDMA receive; what is written is one packed send at a time.
 struct TcpState {
   UniqueFd fd;
-  BufferRef rbuf;             // frames [rstart, rlen) not yet processed
+  BufferRef rbuf;  // frames [rstart, rlen) not yet processed
   std::uint32_t rstart = 0;
   std::uint32_t rlen = 0;
-  bool reading = true;        // EPOLLIN wanted (false while stalled or short of buffers)
-  bool writing = false;       // EPOLLOUT wanted (a write hit EAGAIN)
+  bool reading = true;                   // EPOLLIN wanted (false while stalled or short of buffers)
+  bool writing = false;                  // EPOLLOUT wanted (a write hit EAGAIN)
   std::array<iovec, kMaxSendSge> iov{};  // the in-flight send's remaining pieces
   std::uint32_t iov_next = 0;
   std::uint32_t iov_count = 0;
@@ -234,15 +238,15 @@ struct TcpState {
 
 struct Connection {
   std::uint64_t id = 0;
-  std::uint32_t slot = 0;          // in BrokerCore::slots
+  std::uint32_t slot = 0;  // in BrokerCore::slots
   Transport transport = Transport::kRdma;
-  DevicePort* port = nullptr;      // RDMA only
+  DevicePort* port = nullptr;  // RDMA only
   std::string peer;
   verbs::CmIdPtr cm_id;  // declared first: destroyed after the QP
   verbs::CmQp qp;
   std::uint32_t qp_num = 0;
-  std::uint32_t max_inline = 0;    // RDMA: bytes a SEND may carry inline (the QP's cap)
-  TcpState tcp;                    // TCP only
+  std::uint32_t max_inline = 0;  // RDMA: bytes a SEND may carry inline (the QP's cap)
+  TcpState tcp;                  // TCP only
   ConnState state = ConnState::kAccepting;
   CloseReason reason = CloseReason::kCount;
   bool close_received = false;     // the client sent CLOSE
@@ -260,26 +264,27 @@ struct Connection {
   std::int64_t stall_queued = 0;  // the subscriber's queue when last seen shrinking
   std::chrono::steady_clock::time_point stalled_until{};
   std::uint32_t peer_buffer_size = 0;  // largest SEND the client can receive
-  CreditWindow credits;            // RDMA only: TCP's own window does this job
+  CreditWindow credits;                // RDMA only: TCP's own window does this job
   std::deque<OutItem> outq;
   std::uint32_t pending_messages = 0;  // messages in outq (deliveries, not control frames)
   std::uint64_t pending_bytes = 0;     // their PUBLISH frames' bytes: bounded by max_pending_bytes
   std::uint32_t queued_replies = 0;    // control frames in outq: bounded by kMaxQueuedReplies
   std::chrono::steady_clock::time_point last_progress{};  // last send completion, or when the queue filled
-  std::vector<InflightSend> inflight;  // ring (TCP: at most one, being written)
+  std::vector<InflightSend> inflight;                     // ring (TCP: at most one, being written)
   std::uint32_t inflight_head = 0;
   std::uint32_t inflight_count = 0;
   std::uint64_t next_sequence = 1;
   AuthPhase auth = AuthPhase::kAwaitingConnect;
   std::chrono::steady_clock::time_point auth_deadline{};  // CONNECT and its verdict must come before
-  std::uint32_t deferred_pongs = 0;           // PINGs that arrived while verifying
-  std::shared_ptr<const Identity> identity;  // set once authenticated
+  std::uint32_t deferred_pongs = 0;                       // PINGs that arrived while verifying
+  std::shared_ptr<const Identity> identity;               // set once authenticated
   /// Recent publish verdicts by subject, for users whose publish permissions
   /// are restricted (cleared when full and on reload).
   std::unordered_map<std::string, bool, StringHash, std::equal_to<>> publish_verdicts;
-  bool fail_next_wc = false;       // test builds: fault wc-error armed on this connection
+  bool fail_next_wc = false;  // test builds: fault wc-error armed on this connection
   std::uint64_t denials = 0;
-  bool subscription_limit_logged = false;  // operations refused by permissions (their log lines are thinned out)
+  bool subscription_limit_logged =
+      false;  // operations refused by permissions (their log lines are thinned out)
   // Traffic of this connection (for `rdmabroker stat`): PUBLISH frames in,
   // deliveries sent out, and their payload bytes.
   std::uint64_t messages_in = 0;
@@ -301,9 +306,9 @@ struct DevicePort {
   Device* device = nullptr;
   verbs::CompChannelPtr channel;  // members in creation order; reverse is a valid teardown
   verbs::CqPtr cq;
-  verbs::CqEventAcker acker;      // acks before the CQ is destroyed
+  verbs::CqEventAcker acker;  // acks before the CQ is destroyed
   verbs::SrqPtr srq;
-  verbs::MrPtr send_blocks_mr;    // the worker's send blocks registered on this device
+  verbs::MrPtr send_blocks_mr;  // the worker's send blocks registered on this device
   std::uint32_t max_sge = 1;
   std::uint32_t srq_depth = 0;
   /// CQ entries, and those spoken for: the SRQ's receives plus a send window
@@ -412,7 +417,9 @@ class Worker {
   bool is_live(const Subscriber& s);
   void enqueue(Connection& c, OutItem item);
   /// Messages for `slot` left the broker's queues (sent or dropped).
-  void unqueue(std::uint32_t slot, std::uint64_t bytes) { core_.slots->add_queued(slot, -static_cast<std::int64_t>(bytes)); }
+  void unqueue(std::uint32_t slot, std::uint64_t bytes) {
+    core_.slots->add_queued(slot, -static_cast<std::int64_t>(bytes));
+  }
   /// Cuts off subscribers that have queued data and accepted nothing for write_deadline_ms.
   void check_write_deadlines();
   /// Queues one routed PUBLISH frame for `c`, extending its last DELIVER run if possible.
@@ -438,14 +445,16 @@ class Worker {
   void flush_rdma(Connection& c);
   /// Packs the front of c's queue into a send block: the shared part of both
   /// transports' flush. Returns the block, or kNoBlock (nothing fits/no block).
-  std::uint32_t pack_next(Connection& c, std::uint32_t max_sge, std::uint32_t block_lkey, std::uint32_t body_lkey,
-                          ibv_sge* sge, std::array<BufferRef, kMaxFramesPerSend>& refs, PackedSend& packed);
+  std::uint32_t pack_next(Connection& c, std::uint32_t max_sge, std::uint32_t block_lkey,
+                          std::uint32_t body_lkey, ibv_sge* sge,
+                          std::array<BufferRef, kMaxFramesPerSend>& refs, PackedSend& packed);
   /// Records a send on c's in-flight ring (what it references, for retire_send).
-  InflightSend& record_send(Connection& c, std::uint32_t block, std::array<BufferRef, kMaxFramesPerSend>* refs,
-                            const PackedSend& packed);
+  InflightSend& record_send(Connection& c, std::uint32_t block,
+                            std::array<BufferRef, kMaxFramesPerSend>* refs, const PackedSend& packed);
   /// Records a send and adds its WR to staged_; post_staged() posts them all.
-  void stage_send(Connection& c, std::uint32_t block, const ibv_sge* sge, std::uint32_t num_sge, std::uint32_t imm,
-                  std::array<BufferRef, kMaxFramesPerSend>* refs, const PackedSend& packed);
+  void stage_send(Connection& c, std::uint32_t block, const ibv_sge* sge, std::uint32_t num_sge,
+                  std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs,
+                  const PackedSend& packed);
   /// Posts c's staged sends as one chain, the last one signaled; on failure
   /// undoes what was not posted and closes the connection.
   void post_staged(Connection& c);
@@ -498,14 +507,14 @@ class Worker {
 
   const std::uint32_t index_;
   BrokerCore& core_;
-  BrokerOptions opt_;  // this worker's copy: reloads update the live settings
-  std::shared_ptr<const AuthTable> auth_;  // this worker's version of the users
+  BrokerOptions opt_;                           // this worker's copy: reloads update the live settings
+  std::shared_ptr<const AuthTable> auth_;       // this worker's version of the users
   std::vector<std::uint64_t> unauthenticated_;  // connections with an authentication deadline
   std::atomic<std::int64_t> heartbeat_{0};
   WorkerStats stats_;
 
   // Send blocks: registered memory for frame headers and control frames.
-  std::unique_ptr<std::byte[]> send_blocks_;  // before ports_: MRs go first
+  std::unique_ptr<std::byte[]> send_blocks_;           // before ports_: MRs go first
   std::chrono::steady_clock::time_point last_work_{};  // the last loop turn that found completions
   std::vector<std::uint32_t> free_blocks_;
   /// One connection's sends being chained by flush_rdma() (reused; reserved
@@ -532,19 +541,19 @@ class Worker {
     std::chrono::steady_clock::time_point deadline{};
   };
   std::unordered_map<int, Handshake> handshakes_;  // by fd
-  std::vector<std::uint64_t> buffer_waiters_;     // TCP connections that found the pool empty
+  std::vector<std::uint64_t> buffer_waiters_;      // TCP connections that found the pool empty
   std::unordered_map<std::uint64_t, std::unique_ptr<Connection>> connections_;  // last: destroyed first
 
   std::vector<Connection*> touched_;
-  std::vector<std::uint64_t> closing_;  // draining or disconnecting: deadlines to check
-  std::vector<std::uint64_t> reap_;     // to destroy at the end of the loop turn
-  std::vector<std::uint64_t> stalled_;  // publishers whose credits are withheld for a while
+  std::vector<std::uint64_t> closing_;           // draining or disconnecting: deadlines to check
+  std::vector<std::uint64_t> reap_;              // to destroy at the end of the loop turn
+  std::vector<std::uint64_t> stalled_;           // publishers whose credits are withheld for a while
   std::chrono::steady_clock::time_point now_{};  // refreshed once per loop turn
   std::chrono::steady_clock::time_point next_write_check_{};
   std::chrono::steady_clock::time_point next_socket_check_{};  // busy loop: when to look at sockets
-  std::vector<std::vector<RemoteDelivery>> remote_;  // per target worker
-  std::vector<ChannelPublish> channel_batch_;        // for the multicast engine, posted after remote_
-  MatchCache match_cache_;  // this worker's recent subject -> subscribers results
+  std::vector<std::vector<RemoteDelivery>> remote_;            // per target worker
+  std::vector<ChannelPublish> channel_batch_;  // for the multicast engine, posted after remote_
+  MatchCache match_cache_;                     // this worker's recent subject -> subscribers results
   std::vector<Command> command_scratch_;
   bool stopping_ = false;
   bool pool_starved_ = false;          // the last refill found the pool empty

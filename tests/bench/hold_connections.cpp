@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
   opt.send_queue_buffers = 1;
   opt.connect_timeout = std::chrono::seconds(30);
   const char* shared = std::getenv("HOLD_SUBJECT");
-  const int subs_per_connection = std::getenv("HOLD_SUBS") != nullptr ? std::atoi(std::getenv("HOLD_SUBS")) : 1;
+  const int subs_per_connection =
+      std::getenv("HOLD_SUBS") != nullptr ? std::atoi(std::getenv("HOLD_SUBS")) : 1;
   std::vector<std::atomic<std::uint64_t>> received(static_cast<std::size_t>(n));
   std::vector<std::unique_ptr<rdmabroker::Client>> clients;
   for (int i = 0; i < n; ++i) {

@@ -20,13 +20,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (req_status == proto::HandshakeStatus::kOk) {
     proto::ConnectRequest again;
     FUZZ_CHECK(proto::decode(proto::encode(req), again) == proto::HandshakeStatus::kOk);
-    FUZZ_CHECK(again.recv_buffer_size == req.recv_buffer_size && again.initial_credits == req.initial_credits);
+    FUZZ_CHECK(again.recv_buffer_size == req.recv_buffer_size &&
+               again.initial_credits == req.initial_credits);
   }
   for (std::uint32_t broker_buffer : {proto::kMinBufferSize, 16384u, proto::kMaxBufferSize}) {
     proto::ConnectRequest admitted;
     const auto refusal = rdmabroker::daemon::check_connect_request(b, broker_buffer, admitted);
     // Admitted only if it decodes and the client's buffers hold the broker's frames.
-    FUZZ_CHECK(refusal.has_value() == (req_status != proto::HandshakeStatus::kOk || req.recv_buffer_size < broker_buffer));
+    FUZZ_CHECK(refusal.has_value() ==
+               (req_status != proto::HandshakeStatus::kOk || req.recv_buffer_size < broker_buffer));
     if (refusal) FUZZ_CHECK(!proto::to_string(*refusal).empty());
   }
 

@@ -13,8 +13,8 @@
 #include "rdmabroker/proto/wire.hpp"
 
 namespace proto = rdmabroker::proto;
-using rdmabroker::daemon::SubscriptionIndex;
 using rdmabroker::daemon::Subscriber;
+using rdmabroker::daemon::SubscriptionIndex;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::string_view text(reinterpret_cast<const char*>(data), size);

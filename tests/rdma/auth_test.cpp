@@ -66,8 +66,9 @@ class Auth : public ::testing::TestWithParam<Via> {
   /// alice (password): publishes to orders.> except orders.secret, subscribes
   /// to orders.> except orders.secret.>; bob (password) and ingest (token):
   /// everything.
-  std::string base_config(const std::string& alice_subscribe = "{allow: [\"orders.>\"], deny: [\"orders.secret.>\"]}",
-                          bool with_bob = true) {
+  std::string base_config(
+      const std::string& alice_subscribe = "{allow: [\"orders.>\"], deny: [\"orders.secret.>\"]}",
+      bool with_bob = true) {
     std::string y = "logging: {level: info}\nauth:\n  anonymous: false\n  users:\n";
     y += "    - name: alice\n      password: '" + alice_hash_ + "'\n";
     y += "      publish: {allow: [\"orders.>\"], deny: [orders.secret]}\n";
@@ -81,7 +82,8 @@ class Auth : public ::testing::TestWithParam<Via> {
     out << text;
   }
   std::pair<int, std::string> reload(const BrokerProcess& b) {
-    return run({"/bin/sh", "-c", std::string(RDMABROKER_CLI_PATH) + " reload --admin-socket " + b.admin_socket() + " 2>&1"});
+    return run({"/bin/sh", "-c",
+                std::string(RDMABROKER_CLI_PATH) + " reload --admin-socket " + b.admin_socket() + " 2>&1"});
   }
 
   const std::string path_ = "/tmp/rdmabroker-auth-" + std::to_string(getpid()) + ".yaml";
@@ -188,7 +190,8 @@ TEST_P(Auth, PermissionsAllowAndDenyPublishAndSubscribe) {
   const auto e = errors.get();
   ASSERT_EQ(e.size(), 3u);
   EXPECT_EQ(e[0].kind, ErrorKind::kPermissionDenied);
-  EXPECT_NE(e[1].message.find("publish to 'orders.secret' denied for user 'alice'"), std::string::npos) << e[1].message;
+  EXPECT_NE(e[1].message.find("publish to 'orders.secret' denied for user 'alice'"), std::string::npos)
+      << e[1].message;
   EXPECT_NE(e[2].message.find("publish to 'billing.x' denied"), std::string::npos) << e[2].message;
   EXPECT_TRUE(alice->close_reason().message.empty()) << alice->close_reason().message;
   auto s = broker.stats();
@@ -222,7 +225,8 @@ TEST_P(Auth, ReloadRevokesSubscriptionsAndUsersOfConnectedClients) {
   // The revoked subscription ends; the other keeps receiving.
   auto end = us.value()->next(10s);
   ASSERT_FALSE(end);
-  EXPECT_NE(end.error().message.find("subscription to 'orders.us' revoked"), std::string::npos) << end.error().message;
+  EXPECT_NE(end.error().message.find("subscription to 'orders.us' revoked"), std::string::npos)
+      << end.error().message;
   ASSERT_TRUE(ingest->publish("orders.us", std::string_view("after")));
   ASSERT_TRUE(ingest->publish("orders.eu", std::string_view("after")));
   ASSERT_TRUE(ingest->flush(10s));

@@ -21,13 +21,13 @@ static void on_request(const rb_message* m, void* user) {
   if (m->reply[0] != '\0') rb_publish((rb_client*)user, m->reply, "pong", 4);
 }
 
-#define CHECK(call)                                                          \
-  do {                                                                       \
-    int rc_ = (call);                                                        \
-    if (rc_ != RB_OK) {                                                      \
+#define CHECK(call)                                                         \
+  do {                                                                      \
+    int rc_ = (call);                                                       \
+    if (rc_ != RB_OK) {                                                     \
       fprintf(stderr, "%s failed (%d): %s\n", #call, rc_, rb_last_error()); \
-      return 1;                                                              \
-    }                                                                        \
+      return 1;                                                             \
+    }                                                                       \
   } while (0)
 
 int main(int argc, char** argv) {
@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
     nanosleep(&ts, NULL);
   }
   /* Errors come back as codes with a message. */
-  if (rb_publish(c, "bad..subject", "x", 1) != RB_ERR_INVALID_ARGUMENT || strstr(rb_last_error(), "invalid subject") == NULL) {
+  if (rb_publish(c, "bad..subject", "x", 1) != RB_ERR_INVALID_ARGUMENT ||
+      strstr(rb_last_error(), "invalid subject") == NULL) {
     fprintf(stderr, "expected an invalid-subject error, got: %s\n", rb_last_error());
     return 1;
   }

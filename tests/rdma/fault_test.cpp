@@ -51,7 +51,8 @@ struct SeqSink {
   std::string describe() {
     std::lock_guard l(mu);
     return std::to_string(got.size()) + " messages" +
-           (got.empty() ? "" : ", first " + std::to_string(got.front()) + ", last " + std::to_string(got.back()));
+           (got.empty() ? ""
+                        : ", first " + std::to_string(got.front()) + ", last " + std::to_string(got.back()));
   }
 };
 
@@ -85,8 +86,8 @@ bool armed(const BrokerProcess& broker, const std::string& fault) {
 
 struct QpFault {
   const char* name;
-  const char* fault;         // the admin command, without the connection id
-  bool victim_publishes;     // the failing completion is a receive of the victim's publish
+  const char* fault;      // the admin command, without the connection id
+  bool victim_publishes;  // the failing completion is a receive of the victim's publish
 };
 
 void PrintTo(const QpFault& f, std::ostream* os) { *os << f.name; }
@@ -137,9 +138,11 @@ TEST_P(QpFaults, OnlyTheFaultedClientIsAffectedAndItReconnects) {
   ASSERT_TRUE(victim->flush(10s));
   const std::size_t victim_before = victim_got.size();
   constexpr std::uint64_t kSecond = 300;
-  for (std::uint64_t i = kFirst; i < kFirst + kSecond; ++i) ASSERT_TRUE(publisher->publish("fault.feed", numbered(i)));
+  for (std::uint64_t i = kFirst; i < kFirst + kSecond; ++i)
+    ASSERT_TRUE(publisher->publish("fault.feed", numbered(i)));
   ASSERT_TRUE(publisher->flush(30s));
-  EXPECT_TRUE(wait_until([&] { return victim_got.size() >= victim_before + kSecond; }, 60s)) << victim_got.describe();
+  EXPECT_TRUE(wait_until([&] { return victim_got.size() >= victim_before + kSecond; }, 60s))
+      << victim_got.describe();
   EXPECT_TRUE(victim_got.exactly(kFirst, kFirst + kSecond, victim_before)) << victim_got.describe();
   EXPECT_TRUE(wait_until([&] { return bystander_got.size() >= kFirst + kSecond; }, 60s));
   EXPECT_TRUE(bystander_got.exactly(0, kFirst + kSecond)) << bystander_got.describe();
@@ -336,7 +339,8 @@ TEST_F(Faults, AFullCompletionQueueRefusesNewConnectionsNotOldOnes) {
   const auto admitted = clients.size();
   clients.back()->close();
   clients.pop_back();
-  broker.wait_stats([&](auto& s) { return s["connections.current"] == static_cast<std::int64_t>(admitted - 1); }, 30s);
+  broker.wait_stats(
+      [&](auto& s) { return s["connections.current"] == static_cast<std::int64_t>(admitted - 1); }, 30s);
   auto again = try_connect_via(broker, Via::kRdma);
   EXPECT_TRUE(again.ok()) << again.error().message;
   if (again) {

@@ -100,7 +100,8 @@ std::pair<int, std::string> run(std::vector<std::string> argv, const std::string
   }
   close(in[0]);
   close(out[1]);
-  if (!input.empty()) [[maybe_unused]] auto n = write(in[1], input.data(), input.size());
+  if (!input.empty()) [[maybe_unused]]
+    auto n = write(in[1], input.data(), input.size());
   close(in[1]);
   std::string text;
   char buf[4096];
@@ -177,13 +178,26 @@ bool ConnectionEvents::saw(ConnectionEvent::Kind kind) {
 // ---------------------------------------------------------------- broker
 
 BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_args, bool allow_anonymous)
-    : port_(port), tcp_port_(next_port()), admin_socket_("/tmp/rdmabroker-test-" + std::to_string(getpid()) + "-" + std::to_string(port) + ".sock") {
-  args_ = {RDMABROKERD_PATH, "--listen", "0.0.0.0", "--port", std::to_string(port),
-           "--tcp-port", std::to_string(tcp_port_), "--metrics-listen", "",
-           "--admin-socket", admin_socket_};
+    : port_(port),
+      tcp_port_(next_port()),
+      admin_socket_("/tmp/rdmabroker-test-" + std::to_string(getpid()) + "-" + std::to_string(port) +
+                    ".sock") {
+  args_ = {RDMABROKERD_PATH,
+           "--listen",
+           "0.0.0.0",
+           "--port",
+           std::to_string(port),
+           "--tcp-port",
+           std::to_string(tcp_port_),
+           "--metrics-listen",
+           "",
+           "--admin-socket",
+           admin_socket_};
   // Most tests are not about authentication: their clients connect anonymously.
   if (allow_anonymous) args_.push_back("--allow-anonymous");
-  auto given = [&](const char* flag) { return std::find(extra_args.begin(), extra_args.end(), flag) != extra_args.end(); };
+  auto given = [&](const char* flag) {
+    return std::find(extra_args.begin(), extra_args.end(), flag) != extra_args.end();
+  };
   // Quiet by default; a test that brings its own config file gets its logging settings.
   if (!given("--config")) {
     // ... and never a file it did not ask for (an installed /etc/rdmabroker/broker.yaml).
@@ -301,7 +315,8 @@ std::vector<std::byte> frame(proto::FrameType type, std::uint32_t arg, std::stri
   proto::FrameHeader h;
   h.type = type;
   h.arg = arg;
-  proto::encode_frame(buf, h, subject, {}, std::as_bytes(std::span<const char>(payload.data(), payload.size())));
+  proto::encode_frame(buf, h, subject, {},
+                      std::as_bytes(std::span<const char>(payload.data(), payload.size())));
   return buf;
 }
 
@@ -310,7 +325,8 @@ std::vector<proto::Frame> frames(const std::vector<std::byte>& bytes) {
   std::size_t off = 0;
   while (off < bytes.size()) {
     proto::Frame f;
-    if (proto::decode_frame(std::span(bytes).subspan(off), bytes.size(), f) != proto::DecodeStatus::kOk) break;
+    if (proto::decode_frame(std::span(bytes).subspan(off), bytes.size(), f) != proto::DecodeStatus::kOk)
+      break;
     out.push_back(f);
     off += f.header.frame_len();
   }
@@ -344,14 +360,16 @@ Result<rdma_cm_event_type> wait_event(rdma_event_channel* ch, std::chrono::milli
 }
 }  // namespace
 
-Result<RawPeer::ConnectResult> RawPeer::connect(const std::string& host, std::uint16_t port, const std::string& bind,
+Result<RawPeer::ConnectResult> RawPeer::connect(const std::string& host, std::uint16_t port,
+                                                const std::string& bind,
                                                 std::span<const std::byte> private_data,
                                                 std::uint32_t recv_buffer_size, std::uint32_t recv_count) {
   recv_size_ = recv_buffer_size;
   recv_count_ = recv_count;
   channel_.reset(rdma_create_event_channel());
   rdma_cm_id* id = nullptr;
-  if (rdma_create_id(channel_.get(), &id, nullptr, RDMA_PS_TCP) != 0) return Error{ErrorKind::kResource, "rdma_create_id"};
+  if (rdma_create_id(channel_.get(), &id, nullptr, RDMA_PS_TCP) != 0)
+    return Error{ErrorKind::kResource, "rdma_create_id"};
   id_.reset(id);
   addrinfo hints{};
   hints.ai_family = AF_INET;
@@ -385,7 +403,8 @@ Result<RawPeer::ConnectResult> RawPeer::connect(const std::string& host, std::ui
   mem_.assign(std::size_t{recv_count} * recv_buffer_size + kMaxRawSend, std::byte{0});
   mr_.reset(ibv_reg_mr(pd_.get(), mem_.data(), mem_.size(), IBV_ACCESS_LOCAL_WRITE));
   for (std::uint32_t i = 0; i < receives_posted.value_or(recv_count); ++i) {
-    ibv_sge sge{reinterpret_cast<std::uint64_t>(mem_.data() + std::size_t{i} * recv_size_), recv_size_, mr_->lkey};
+    ibv_sge sge{reinterpret_cast<std::uint64_t>(mem_.data() + std::size_t{i} * recv_size_), recv_size_,
+                mr_->lkey};
     ibv_recv_wr wr{};
     wr.wr_id = i;
     wr.sg_list = &sge;
@@ -411,7 +430,8 @@ Result<RawPeer::ConnectResult> RawPeer::connect(const std::string& host, std::ui
   return r;
 }
 
-Status RawPeer::connect_ok(const std::string& host, std::uint16_t port, const std::string& bind, std::uint32_t recv_count) {
+Status RawPeer::connect_ok(const std::string& host, std::uint16_t port, const std::string& bind,
+                           std::uint32_t recv_count) {
   auto req = proto::encode(proto::ConnectRequest{16384, recv_count});
   auto r = connect(host, port, bind, req, 16384, recv_count);
   if (!r) return r.error();
@@ -505,7 +525,8 @@ void write_file(const std::string& path, const std::string& text) {
 
 std::string http_get(std::uint16_t port, const std::string& path, std::chrono::milliseconds timeout) {
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  timeval tv{static_cast<time_t>(timeout.count() / 1000), static_cast<suseconds_t>((timeout.count() % 1000) * 1000)};
+  timeval tv{static_cast<time_t>(timeout.count() / 1000),
+             static_cast<suseconds_t>((timeout.count() % 1000) * 1000)};
   ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   sockaddr_in sa{};
@@ -529,7 +550,9 @@ std::string http_get(std::uint16_t port, const std::string& path, std::chrono::m
 
 std::size_t open_fds(int pid) {
   std::size_t n = 0;
-  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) ++n;
+  for ([[maybe_unused]] const auto& e :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd"))
+    ++n;
   return n;
 }
 

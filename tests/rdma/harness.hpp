@@ -62,14 +62,17 @@ class BrokerProcess {
   /// extra flags; waits until its admin socket answers. Where there is no RDMA
   /// device the broker serves TCP only.
   /// `allow_anonymous`: passes --allow-anonymous (tests of authentication turn it off).
-  explicit BrokerProcess(std::uint16_t port, std::vector<std::string> extra_args = {}, bool allow_anonymous = true);
+  explicit BrokerProcess(std::uint16_t port, std::vector<std::string> extra_args = {},
+                         bool allow_anonymous = true);
   ~BrokerProcess();
   BrokerProcess(const BrokerProcess&) = delete;
   BrokerProcess& operator=(const BrokerProcess&) = delete;
 
   bool running() const { return pid_ > 0; }
   std::string url(const std::string& host) const { return "rdma://" + host + ":" + std::to_string(port_); }
-  std::string tcp_url(const std::string& host) const { return "tcp://" + host + ":" + std::to_string(tcp_port_); }
+  std::string tcp_url(const std::string& host) const {
+    return "tcp://" + host + ":" + std::to_string(tcp_port_);
+  }
   std::uint16_t port() const { return port_; }
   std::uint16_t tcp_port() const { return tcp_port_; }
   const std::string& admin_socket() const { return admin_socket_; }
@@ -151,11 +154,12 @@ class RawPeer {
     std::vector<std::byte> private_data;
   };
   Result<ConnectResult> connect(const std::string& host, std::uint16_t port, const std::string& bind,
-                                std::span<const std::byte> private_data, std::uint32_t recv_buffer_size = 16384,
-                                std::uint32_t recv_count = 16);
+                                std::span<const std::byte> private_data,
+                                std::uint32_t recv_buffer_size = 16384, std::uint32_t recv_count = 16);
   /// Connects with a valid handshake and sends an anonymous CONNECT; fails
   /// the result if not accepted.
-  Status connect_ok(const std::string& host, std::uint16_t port, const std::string& bind, std::uint32_t recv_count = 16);
+  Status connect_ok(const std::string& host, std::uint16_t port, const std::string& bind,
+                    std::uint32_t recv_count = 16);
   /// Posts one SEND_WITH_IMM with these bytes and waits for its completion.
   Status send(std::span<const std::byte> bytes, std::uint32_t imm = 0);
   /// Waits for one receive; returns its bytes (frames) or an error on timeout/disconnect.

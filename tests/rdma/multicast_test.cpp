@@ -40,10 +40,11 @@ class McastConfig {
   std::string path_;
 };
 
-std::string mcast_yaml(const std::string& subjects, std::uint32_t threshold = 1, std::uint32_t leave_below = 1,
-                       std::uint32_t window = 4096) {
-  return "multicast:\n  enabled: true\n  subjects: " + subjects + "\n  threshold: " + std::to_string(threshold) +
-         "\n  leave_below: " + std::to_string(leave_below) + "\n  retransmit_window: " + std::to_string(window) + "\n";
+std::string mcast_yaml(const std::string& subjects, std::uint32_t threshold = 1,
+                       std::uint32_t leave_below = 1, std::uint32_t window = 4096) {
+  return "multicast:\n  enabled: true\n  subjects: " + subjects +
+         "\n  threshold: " + std::to_string(threshold) + "\n  leave_below: " + std::to_string(leave_below) +
+         "\n  retransmit_window: " + std::to_string(window) + "\n";
 }
 
 /// A client on `addr`'s device (the broker listens on both).
@@ -106,7 +107,8 @@ struct Received {
   std::string describe() {
     std::lock_guard l(mu);
     std::string s = std::to_string(seqs.size()) + " messages";
-    if (!seqs.empty()) s += ", first " + std::to_string(seqs.front()) + ", last " + std::to_string(seqs.back());
+    if (!seqs.empty())
+      s += ", first " + std::to_string(seqs.front()) + ", last " + std::to_string(seqs.back());
     for (std::size_t i = 1; i < seqs.size(); ++i) {
       if (seqs[i] != seqs[i - 1] + 1) {
         s += ", first break after " + std::to_string(seqs[i - 1]) + ": " + std::to_string(seqs[i]);
@@ -118,8 +120,8 @@ struct Received {
 };
 
 /// Publishes make_payload(0..n-1) to `subject`; returns how many were published.
-std::uint64_t publish_stream(Client& pub, const std::string& subject, std::uint64_t n, std::size_t max_payload,
-                             const std::function<void(std::uint64_t)>& before = {}) {
+std::uint64_t publish_stream(Client& pub, const std::string& subject, std::uint64_t n,
+                             std::size_t max_payload, const std::function<void(std::uint64_t)>& before = {}) {
   std::uint64_t i = 0;
   for (; i < n; ++i) {
     if (before) before(i);
@@ -161,7 +163,8 @@ TEST_F(Multicast, EightSubscribersOnTwoDevicesGetEveryMessageOnceInOrder) {
   // Larger than any path MTU: the biggest messages are fragmented (13
   // fragments on rxe's 1024-byte MTU; 4 in sanitizer trees, where every
   // datagram costs the emulated devices and the instrumented clients more).
-  const std::size_t max_payload = std::min<std::size_t>(pub->max_payload(7), RDMABROKER_SANITIZED ? 4000 : 12000);
+  const std::size_t max_payload =
+      std::min<std::size_t>(pub->max_payload(7), RDMABROKER_SANITIZED ? 4000 : 12000);
   constexpr int kSubs = 8;
   // Declared before the clients: destroyed after them (their I/O threads write here).
   std::vector<std::unique_ptr<Received>> got;
@@ -191,7 +194,8 @@ TEST_F(Multicast, EightSubscribersOnTwoDevicesGetEveryMessageOnceInOrder) {
   const std::uint64_t n = RDMABROKER_SANITIZED ? 5'000 : 50'000;
   ASSERT_EQ(publish_stream(*pub, "mc.feed", n, max_payload), n);
   for (int i = 0; i < kSubs; ++i) {
-    EXPECT_TRUE(wait_until([&] { return got[i]->size() >= n; }, 300s)) << "subscriber " << i << ": " << got[i]->describe();
+    EXPECT_TRUE(wait_until([&] { return got[i]->size() >= n; }, 300s))
+        << "subscriber " << i << ": " << got[i]->describe();
   }
   EXPECT_TRUE(wait_until([&] { return tcp_got.size() >= n; }, 120s)) << tcp_got.describe();
   std::this_thread::sleep_for(300ms);  // a duplicate would show now
@@ -200,7 +204,8 @@ TEST_F(Multicast, EightSubscribersOnTwoDevicesGetEveryMessageOnceInOrder) {
     EXPECT_EQ(got[i]->corrupt.load(), 0u);
     EXPECT_EQ(got[i]->lost_reported.load(), 0u);
     const ClientStats cs = subs[i]->stats();
-    EXPECT_GT(cs.multicast_messages, n / 2) << "subscriber " << i << " got most messages over RC, not the group";
+    EXPECT_GT(cs.multicast_messages, n / 2)
+        << "subscriber " << i << " got most messages over RC, not the group";
     EXPECT_EQ(cs.messages_lost, 0u);
     EXPECT_EQ(cs.multicast_groups, 1u);
   }
@@ -235,7 +240,9 @@ TEST_F(Multicast, DroppedDatagramsAreRepairedOverTheConnection) {
     ASSERT_TRUE(subs.back() && subs.back()->subscribe("mc.repair", got.back()->handler()));
     ASSERT_TRUE(subs.back()->flush(10s));
   }
-  ASSERT_EQ(broker.wait_stats([](auto& s) { return s["multicast.members_joined"] == 4; }, 30s)["multicast.members_joined"], 4);
+  ASSERT_EQ(broker.wait_stats([](auto& s) { return s["multicast.members_joined"] == 4; },
+                              30s)["multicast.members_joined"],
+            4);
   const std::uint64_t n = volume(8'000);
   std::uint64_t dropped = 0;
   // Drops in bursts along the stream, the last one at its very end (only a
@@ -256,7 +263,8 @@ TEST_F(Multicast, DroppedDatagramsAreRepairedOverTheConnection) {
     EXPECT_GT(subs[i]->stats().repairs_requested, 0u);
   }
   auto s = broker.stats();
-  EXPECT_GE(s["multicast.repairs_served"], static_cast<std::int64_t>(dropped)) << "each subscriber repairs each drop";
+  EXPECT_GE(s["multicast.repairs_served"], static_cast<std::int64_t>(dropped))
+      << "each subscriber repairs each drop";
   EXPECT_EQ(s["multicast.losses"], 0);
   for (auto& c : subs) c->close();
   pub->close();
@@ -275,12 +283,15 @@ TEST_F(Multicast, ALossBeyondTheWindowIsReportedNeverSilent) {
   o.on_error = got.on_error();
   auto sub = connect_on(broker, guest_addr1(), o);
   ASSERT_TRUE(sub && sub->subscribe("mc.loss", got.handler()) && sub->flush(10s));
-  ASSERT_EQ(broker.wait_stats([](auto& s) { return s["multicast.members_joined"] == 1; }, 30s)["multicast.members_joined"], 1);
+  ASSERT_EQ(broker.wait_stats([](auto& s) { return s["multicast.members_joined"] == 1; },
+                              30s)["multicast.members_joined"],
+            1);
   const std::uint64_t n = 2'000;
   ASSERT_EQ(publish_stream(*pub, "mc.loss", n, max_payload,
                            [&](std::uint64_t i) {
                              if (i == 500) {
-                               EXPECT_NE(broker.admin("fault mcast-drop 300").find("\"ok\":true"), std::string::npos);
+                               EXPECT_NE(broker.admin("fault mcast-drop 300").find("\"ok\":true"),
+                                         std::string::npos);
                              }
                            }),
             n);
@@ -299,7 +310,8 @@ TEST_F(Multicast, ALossBeyondTheWindowIsReportedNeverSilent) {
     // 16-message window may still serve a slice of it while it slides), and
     // all of it was reported lost.
     std::lock_guard l(got.mu);
-    for (std::size_t i = 1; i < got.seqs.size(); ++i) ASSERT_LT(got.seqs[i - 1], got.seqs[i]) << "out of order";
+    for (std::size_t i = 1; i < got.seqs.size(); ++i)
+      ASSERT_LT(got.seqs[i - 1], got.seqs[i]) << "out of order";
     std::vector<std::uint64_t> missing;
     std::size_t j = 0;
     for (std::uint64_t seq = 0; seq < n; ++seq) {
@@ -329,7 +341,9 @@ TEST_F(Multicast, ABrokerThatCannotJoinKeepsTheSubjectUnicast) {
   got.max_payload = 3000;
   auto sub = connect_on(broker, guest_addr1());
   ASSERT_TRUE(pub && sub && sub->subscribe("mc.nojoin", got.handler()) && sub->flush(10s));
-  ASSERT_EQ(broker.wait_stats([](auto& s) { return s["multicast.join_failures"] == 1; }, 30s)["multicast.join_failures"], 1);
+  ASSERT_EQ(broker.wait_stats([](auto& s) { return s["multicast.join_failures"] == 1; },
+                              30s)["multicast.join_failures"],
+            1);
   const std::uint64_t n = 1'000;
   ASSERT_EQ(publish_stream(*pub, "mc.nojoin", n, got.max_payload), n);
   ASSERT_TRUE(wait_until([&] { return got.size() >= n; }, 60s)) << got.describe();
@@ -359,7 +373,8 @@ TEST_F(Multicast, ASubscriberThatCannotJoinGetsUnicastTheOthersMulticast) {
   ASSERT_TRUE(failing->subscribe("mc.mixed", failing_got.handler()) && failing->flush(10s));
   ASSERT_TRUE(joined->subscribe("mc.mixed", joined_got.handler()) && joined->flush(10s));
   auto s = broker.wait_stats(
-      [](auto& s) { return s["multicast.client_join_failures"] == 1 && s["multicast.members_joined"] == 1; }, 30s);
+      [](auto& s) { return s["multicast.client_join_failures"] == 1 && s["multicast.members_joined"] == 1; },
+      30s);
   ASSERT_EQ(s["multicast.client_join_failures"], 1);
   ASSERT_EQ(s["multicast.members_joined"], 1);
   EXPECT_EQ(failing->stats().join_failures, 1u);
@@ -477,7 +492,9 @@ TEST_F(Multicast, AReloadThatDropsTheSubjectLeavesTheGroupAndLosesNothing) {
   got.max_payload = 3000;
   auto sub = connect_on(broker, guest_addr1());
   ASSERT_TRUE(pub && sub && sub->subscribe("mc.reload", got.handler()) && sub->flush(10s));
-  ASSERT_EQ(broker.wait_stats([](auto& s) { return s["multicast.members_joined"] == 1; }, 30s)["multicast.members_joined"], 1);
+  ASSERT_EQ(broker.wait_stats([](auto& s) { return s["multicast.members_joined"] == 1; },
+                              30s)["multicast.members_joined"],
+            1);
   auto reload = [&] { return run({RDMABROKER_CLI_PATH, "reload", "--admin-socket", broker.admin_socket()}); };
 
   // A restart-only key is refused, naming it; the group stays.
@@ -566,11 +583,13 @@ TEST_F(Multicast, JoinLeaveCyclesLeaveNoGroupOrResourceBehind) {
     ASSERT_TRUE(wait_until([&] { return sub->stats().multicast_groups == 0; }, 30s)) << "cycle " << i;
   }
   ASSERT_TRUE(sub->flush(10s) && pub->flush(10s));
-  auto s = broker.wait_stats([](auto& s) { return s["multicast.channels"] == 0 && s["multicast.groups"] == 0; }, 30s);
+  auto s = broker.wait_stats(
+      [](auto& s) { return s["multicast.channels"] == 0 && s["multicast.groups"] == 0; }, 30s);
   EXPECT_EQ(s["multicast.channels"], 0);
   EXPECT_EQ(s["multicast.groups"], 0);
   EXPECT_EQ(s["multicast.members"], 0);
-  EXPECT_EQ(s["multicast.joins"] - joins_before, cycles) << "one broker join per cycle (its member is on one device)";
+  EXPECT_EQ(s["multicast.joins"] - joins_before, cycles)
+      << "one broker join per cycle (its member is on one device)";
   EXPECT_EQ(rdma_resources(), before) << "verbs objects left behind by join/leave cycles";
   sub->close();
   pub->close();

@@ -59,24 +59,29 @@ TEST(Tcp, ListenFlagWinsOverTheConfigFileOnStartAndOnReload) {
   auto [rc, out] = run({RDMABROKER_CLI_PATH, "stat", "--admin-socket", broker.admin_socket()});
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("config file: " + path + " (--config)"), std::string::npos) << out;
-  EXPECT_NE(out.find("listen.tcp 127.0.0.1:" + std::to_string(broker.tcp_port()) + " (host: --listen; port: --tcp-port)"),
+  EXPECT_NE(out.find("listen.tcp 127.0.0.1:" + std::to_string(broker.tcp_port()) +
+                     " (host: --listen; port: --tcp-port)"),
             std::string::npos)
       << out;
 
   // So does --check-config, with the same flags.
   auto check = run({RDMABROKERD_PATH, "--config", path, "--listen", "127.0.0.1", "--check-config"});
   EXPECT_EQ(check.first, 0) << check.second;
-  EXPECT_NE(check.second.find("listen.tcp 127.0.0.1:7471 (host: --listen; port: file " + path + ")"), std::string::npos)
+  EXPECT_NE(check.second.find("listen.tcp 127.0.0.1:7471 (host: --listen; port: file " + path + ")"),
+            std::string::npos)
       << check.second;
 
   // The file drops listen.tcp and changes a live key: the flags still win,
   // so listen.tcp is no change (named as overridden), and the reload applies.
   write_file(path, "rdma: off\nlogging: {level: debug}\n");
-  auto reload = run({"/bin/sh", "-c", std::string(RDMABROKER_CLI_PATH) + " reload --admin-socket " + broker.admin_socket() + " 2>&1"});
+  auto reload =
+      run({"/bin/sh", "-c",
+           std::string(RDMABROKER_CLI_PATH) + " reload --admin-socket " + broker.admin_socket() + " 2>&1"});
   EXPECT_EQ(reload.first, 0) << reload.second;
   EXPECT_NE(reload.second.find("logging.level info -> debug"), std::string::npos) << reload.second;
-  EXPECT_NE(reload.second.find("listen.tcp (127.0.0.2:7471 -> 0.0.0.0:7471) overridden by --listen, --tcp-port"),
-            std::string::npos)
+  EXPECT_NE(
+      reload.second.find("listen.tcp (127.0.0.2:7471 -> 0.0.0.0:7471) overridden by --listen, --tcp-port"),
+      std::string::npos)
       << reload.second;
   EXPECT_EQ(reload.second.find("refused"), std::string::npos) << reload.second;
   EXPECT_EQ(broker.stats()["reloads.ok"], 1);
@@ -105,14 +110,16 @@ TEST(Tcp, MetricsAreServedWhileIdleSocketsHoldConnections) {
   }
   for (int round = 0; round < 5; ++round) {
     const std::string body = http_get(metrics_port, "/metrics", 1s);
-    EXPECT_NE(body.find("rdmabroker_build_info"), std::string::npos) << "round " << round << ": no answer within 1 s";
+    EXPECT_NE(body.find("rdmabroker_build_info"), std::string::npos)
+        << "round " << round << ": no answer within 1 s";
     // And new idle sockets keep arriving between scrapes.
     for (int i = 0; i < 20; ++i) idle.push_back(tcp_socket_to(metrics_port));
   }
   EXPECT_NE(http_get(metrics_port, "/nothing", 1s).find("only /metrics"), std::string::npos);
   idle.clear();
   std::size_t fds = 0;
-  for (int i = 0; i < 200 && (fds = open_fds(broker.pid())) != baseline_fds; ++i) std::this_thread::sleep_for(50ms);
+  for (int i = 0; i < 200 && (fds = open_fds(broker.pid())) != baseline_fds; ++i)
+    std::this_thread::sleep_for(50ms);
   EXPECT_EQ(fds, baseline_fds);
 }
 
@@ -163,7 +170,8 @@ TEST_P(Bounds, BrokerWideSubscriptionLimitsRefuseOnlyTheSubscribeThatHitsThem) {
   {
     std::lock_guard l(mu);
     ASSERT_EQ(errors.size(), 1u);
-    EXPECT_NE(errors[0].message.find("broker-wide limit of 6 subscriptions"), std::string::npos) << errors[0].message;
+    EXPECT_NE(errors[0].message.find("broker-wide limit of 6 subscriptions"), std::string::npos)
+        << errors[0].message;
   }
   // The refused one ended in the client; the others work.
   auto refused = subs.back()->next(2s);
@@ -183,7 +191,9 @@ TEST_P(Bounds, BrokerWideSubscriptionLimitsRefuseOnlyTheSubscribeThatHitsThem) {
   EXPECT_EQ(broker.stats()["limits.refused.subscriptions_total"], 1);
 
   // The memory bound, lowered live: of 100 more, only what fits its budget.
-  write_file(path_, "logging: {level: warn}\nlimits: {max_subscriptions_total: 100000, max_subscription_memory: 64KiB}\n");
+  write_file(
+      path_,
+      "logging: {level: warn}\nlimits: {max_subscriptions_total: 100000, max_subscription_memory: 64KiB}\n");
   auto [rc, out] = run({RDMABROKER_CLI_PATH, "reload", "--admin-socket", broker.admin_socket()});
   ASSERT_EQ(rc, 0) << out;
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(b->subscribe(std::string_view("m." + std::to_string(i))));
@@ -207,8 +217,9 @@ TEST_P(Bounds, BrokerWideSubscriptionLimitsRefuseOnlyTheSubscribeThatHitsThem) {
 // share of it are cut off as slow consumers (counted), and a healthy
 // subscriber gets every message.
 TEST_P(Bounds, BrokerWideQueueBoundCutsTheLargestHoldersOnly) {
-  write_file(path_, "logging: {level: warn}\nlimits: {max_connections: 5, max_pending_bytes: 1MiB, "
-                    "max_pending_bytes_total: 1MiB}\nslow_consumer: {write_deadline_ms: 120000}\n");
+  write_file(path_,
+             "logging: {level: warn}\nlimits: {max_connections: 5, max_pending_bytes: 1MiB, "
+             "max_pending_bytes_total: 1MiB}\nslow_consumer: {write_deadline_ms: 120000}\n");
   BrokerProcess broker(next_port(), {"--config", path_});
   ASSERT_TRUE(broker.running());
   std::vector<std::unique_ptr<StuckSubscriber>> stuck;
@@ -247,12 +258,15 @@ TEST_P(Bounds, BrokerWideQueueBoundCutsTheLargestHoldersOnly) {
   auto s = broker.wait_stats([](auto& s) { return s["connections.closed.slow_consumer"] == 3; }, 30s);
   EXPECT_GT(s["limits.refused.pending_total"], 0) << "the broker-wide bound cut nobody";
   EXPECT_EQ(s["connections.closed.slow_consumer"], 3);
-  EXPECT_EQ(s["connections.current"], 2) << "the healthy subscriber or the publisher was cut: " << broker.admin("connections");
-  EXPECT_LE(s["messages.pending_charge"], 2 * (1 << 20)) << "the bound is the limit plus each connection's share";
+  EXPECT_EQ(s["connections.current"], 2)
+      << "the healthy subscriber or the publisher was cut: " << broker.admin("connections");
+  EXPECT_LE(s["messages.pending_charge"], 2 * (1 << 20))
+      << "the bound is the limit plus each connection's share";
   EXPECT_EQ(got.load(), sent);
   for (auto& st : stuck) st->release();
   for (auto& st : stuck) st->client->close();
-  s = broker.wait_stats([](auto& s) { return s["messages.pending_bytes"] == 0 && s["messages.pending"] == 0; }, 30s);
+  s = broker.wait_stats(
+      [](auto& s) { return s["messages.pending_bytes"] == 0 && s["messages.pending"] == 0; }, 30s);
   EXPECT_EQ(s["messages.pending_bytes"], 0);
   // Nothing lost silently: every routed copy was delivered or dropped by a stated policy.
   std::int64_t dropped = 0;

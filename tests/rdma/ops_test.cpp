@@ -31,7 +31,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-
 class Ops : public ::testing::TestWithParam<Via> {
  protected:
   void SetUp() override {
@@ -85,7 +84,8 @@ TEST_P(Ops, ReloadAppliesLiveSettingsRefusesTheRestAndKeepsClients) {
   EXPECT_EQ(bad.first, 1);
 
   // 3. A change that needs a restart: refused, naming it.
-  write_file(config_path_, "logging: {level: debug}\nlimits: {max_subscriptions: 2}\nbuffers: {size: 8KiB}\n");
+  write_file(config_path_,
+             "logging: {level: debug}\nlimits: {max_subscriptions: 2}\nbuffers: {size: 8KiB}\n");
   auto fixed = reload();
   EXPECT_EQ(fixed.first, 1);
 
@@ -120,7 +120,8 @@ TEST_P(Ops, LimitsAreEnforcedWithAClearErrorAndCounted) {
   auto third = try_connect_via(broker, GetParam());
   ASSERT_FALSE(third.ok());
   EXPECT_EQ(third.error().kind, ErrorKind::kRejected);
-  EXPECT_NE(third.error().message.find("connection limit reached"), std::string::npos) << third.error().message;
+  EXPECT_NE(third.error().message.find("connection limit reached"), std::string::npos)
+      << third.error().message;
 
   ASSERT_TRUE(a->subscribe(std::string_view("lim.1")));
   ASSERT_TRUE(a->subscribe(std::string_view("lim.2")));
@@ -149,15 +150,20 @@ TEST_P(Ops, InvalidReloadExplainsWhereAndWhy) {
   BrokerProcess broker(next_port(), {"--config", config_path_});
   ASSERT_TRUE(broker.running());
   write_file(config_path_, "workers: 2\nlimits:\n  max_subscriptions: lots\n");
-  auto [rc, out] = run({"/bin/sh", "-c",
-                        std::string(RDMABROKER_CLI_PATH) + " reload --admin-socket " + broker.admin_socket() + " 2>&1"});
+  auto [rc, out] =
+      run({"/bin/sh", "-c",
+           std::string(RDMABROKER_CLI_PATH) + " reload --admin-socket " + broker.admin_socket() + " 2>&1"});
   EXPECT_EQ(rc, 1);
-  EXPECT_NE(out.find(config_path_ + ":3:22: limits.max_subscriptions: expected an integer"), std::string::npos) << out;
+  EXPECT_NE(out.find(config_path_ + ":3:22: limits.max_subscriptions: expected an integer"),
+            std::string::npos)
+      << out;
   write_file(config_path_, "workers: 3\n");
-  auto refused = run({"/bin/sh", "-c",
-                      std::string(RDMABROKER_CLI_PATH) + " reload --admin-socket " + broker.admin_socket() + " 2>&1"});
+  auto refused =
+      run({"/bin/sh", "-c",
+           std::string(RDMABROKER_CLI_PATH) + " reload --admin-socket " + broker.admin_socket() + " 2>&1"});
   EXPECT_EQ(refused.first, 1);
-  EXPECT_NE(refused.second.find("workers changed (2 -> 3) and cannot change while running"), std::string::npos)
+  EXPECT_NE(refused.second.find("workers changed (2 -> 3) and cannot change while running"),
+            std::string::npos)
       << refused.second;
   ::unlink(config_path_.c_str());
 }
@@ -174,7 +180,8 @@ TEST_P(Ops, MetricsPassPromtoolOnALiveScrape) {
   ASSERT_TRUE(sub_client->flush(10s));
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(pub->publish("m.x", std::string_view("hello")));
   ASSERT_TRUE(pub->flush(10s));
-  ASSERT_TRUE(broker.wait_stats([](auto& s) { return s["messages.delivered"] == 100; }, 10s)["messages.delivered"] == 100);
+  ASSERT_TRUE(broker.wait_stats([](auto& s) { return s["messages.delivered"] == 100; },
+                                10s)["messages.delivered"] == 100);
 
   const std::string body = http_get(metrics_port, "/metrics");
   ASSERT_FALSE(body.empty());
@@ -189,20 +196,24 @@ TEST_P(Ops, MetricsPassPromtoolOnALiveScrape) {
   EXPECT_NE(body.find("rdmabroker_subscriptions 1"), std::string::npos);
   EXPECT_NE(body.find("rdmabroker_messages_dropped_total{reason=\"slow_consumer\"} 0"), std::string::npos);
   EXPECT_NE(body.find("rdmabroker_relay_latency_seconds_count"), std::string::npos);
-  EXPECT_EQ(body.find("rdmabroker_relay_latency_seconds_count 0"), std::string::npos) << "no latency observed";
+  EXPECT_EQ(body.find("rdmabroker_relay_latency_seconds_count 0"), std::string::npos)
+      << "no latency observed";
   EXPECT_NE(body.find("rdmabroker_build_info{version=\""), std::string::npos);
   if (GetParam() == Via::kRdma) {
-    EXPECT_EQ(body.find("rdmabroker_completions_per_poll_count 0"), std::string::npos) << "no completion observed";
+    EXPECT_EQ(body.find("rdmabroker_completions_per_poll_count 0"), std::string::npos)
+        << "no completion observed";
   }
   // No subject or client id ever becomes a label.
   EXPECT_EQ(body.find("m.x"), std::string::npos);
   // Every metric the shipped dashboard and alerts use is one the broker serves.
-  for (const char* file : {"deploy/grafana/rdmabroker-dashboard.json", "deploy/prometheus/rdmabroker-alerts.yml"}) {
+  for (const char* file :
+       {"deploy/grafana/rdmabroker-dashboard.json", "deploy/prometheus/rdmabroker-alerts.yml"}) {
     std::ifstream in(std::string(RDMABROKER_SOURCE_DIR) + "/" + file);
     ASSERT_TRUE(in) << file;
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     std::smatch m;
-    for (auto it = text.cbegin(); std::regex_search(it, text.cend(), m, std::regex("rdmabroker_[a-z_]+")); it = m.suffix().first) {
+    for (auto it = text.cbegin(); std::regex_search(it, text.cend(), m, std::regex("rdmabroker_[a-z_]+"));
+         it = m.suffix().first) {
       std::string name = std::regex_replace(m.str(), std::regex("_(bucket|sum|count)$"), "");
       EXPECT_NE(body.find("# TYPE " + name + " "), std::string::npos) << file << " uses " << m.str();
     }
@@ -267,7 +278,8 @@ TEST_P(Ops, StatListsConnectionsWithTheirTransport) {
     std::this_thread::sleep_for(2ms);
   }
   ASSERT_TRUE(a->flush(10s));
-  auto busy = nlohmann::json::parse(run({RDMABROKER_CLI_PATH, "stat", "--json", "--admin-socket", broker.admin_socket()}).second);
+  auto busy = nlohmann::json::parse(
+      run({RDMABROKER_CLI_PATH, "stat", "--json", "--admin-socket", broker.admin_socket()}).second);
   EXPECT_GT(busy["stats"]["rates.messages_in_per_s"].get<std::int64_t>(), 10) << busy["stats"].dump();
   EXPECT_GT(busy["stats"]["rates.bytes_in_per_s"].get<std::int64_t>(), 40);
 }
@@ -351,7 +363,8 @@ TEST_P(Ops, AdminSocketMisuseGetsAnErrorAndHarmsNobody) {
   EXPECT_EQ(read_reply(idle.front().get(), 15s), "");  // EOF, not a reply
   idle.clear();
   std::size_t fds = 0;
-  for (int i = 0; i < 100 && (fds = open_fds(broker.pid())) != baseline_fds; ++i) std::this_thread::sleep_for(100ms);
+  for (int i = 0; i < 100 && (fds = open_fds(broker.pid())) != baseline_fds; ++i)
+    std::this_thread::sleep_for(100ms);
   EXPECT_EQ(fds, baseline_fds);
   EXPECT_NE(broker.admin("stats").find("\"ok\":true"), std::string::npos);
 }

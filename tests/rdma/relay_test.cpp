@@ -32,7 +32,8 @@ class StreamChecker {
     if (seq != want) {
       record("message " + std::to_string(want) + ": got sequence " + std::to_string(seq));
     } else if (!check_payload(seq, max_payload_, m.payload)) {
-      record("message " + std::to_string(seq) + ": payload differs (" + std::to_string(m.payload.size()) + " bytes)");
+      record("message " + std::to_string(seq) + ": payload differs (" + std::to_string(m.payload.size()) +
+             " bytes)");
     }
     received_.fetch_add(1);
   }
@@ -128,8 +129,8 @@ TEST_F(Relay, FanOutAcrossDevicesInOrderByteExact) {
   }
   ASSERT_TRUE(pub->flush(60s).ok());
   for (auto& s : subs) {
-    EXPECT_TRUE(s.check->wait_for(kMessages, 180s, s.client.get())) << s.client->transport_description() << " got "
-                                                     << s.check->received();
+    EXPECT_TRUE(s.check->wait_for(kMessages, 180s, s.client.get()))
+        << s.client->transport_description() << " got " << s.check->received();
     EXPECT_EQ(s.check->first_error(), "") << s.client->transport_description();
     EXPECT_EQ(s.check->received(), kMessages);
   }
@@ -177,7 +178,8 @@ TEST_F(Relay, BusyPollingRelaysEverythingAndStaysResponsive) {
   // Counted when the broker reaps the send's completion, which may come after
   // the subscriber already has the message.
   const auto delivered = static_cast<std::int64_t>(seq);
-  EXPECT_EQ(broker.wait_stats([&](auto& s) { return s["messages.delivered"] == delivered; }, 10s)["messages.delivered"],
+  EXPECT_EQ(broker.wait_stats([&](auto& s) { return s["messages.delivered"] == delivered; },
+                              10s)["messages.delivered"],
             delivered);
   // Asked while the worker spins after the last message.
   auto [rc, out] = run({RDMABROKER_CLI_PATH, "stat", "--json", "--admin-socket", broker.admin_socket()});
@@ -198,8 +200,8 @@ TEST_F(Relay, KilledSubscriberDoesNotDisturbOthers) {
     const std::string url = broker.url(a1);
     int devnull = open("/dev/null", O_WRONLY);
     dup2(devnull, 1);
-    execl(RDMABROKER_CLI_PATH, "rdmabroker", "sub", subject.c_str(), "--raw", "-s", url.c_str(), "-b", a2.c_str(),
-          static_cast<char*>(nullptr));
+    execl(RDMABROKER_CLI_PATH, "rdmabroker", "sub", subject.c_str(), "--raw", "-s", url.c_str(), "-b",
+          a2.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
   auto s1 = connect(broker, a1, "");
@@ -301,7 +303,8 @@ TEST_F(Relay, FramesBeforeConnectAreRefused) {
   auto fs = frames(reply.value());
   ASSERT_FALSE(fs.empty());
   EXPECT_EQ(fs[0].header.type, FrameType::kError);
-  EXPECT_EQ(static_cast<ErrorCode>(fs[0].header.arg), ErrorCode::kAuthenticationRequired) << payload_str(fs[0]);
+  EXPECT_EQ(static_cast<ErrorCode>(fs[0].header.arg), ErrorCode::kAuthenticationRequired)
+      << payload_str(fs[0]);
   EXPECT_TRUE(peer.wait_disconnected(10s));
   auto s = broker.wait_stats([](auto& s) { return s["connections.closed.auth_failed"] == 1; }, 10s);
   EXPECT_EQ(s["connections.closed.auth_failed"], 1);
@@ -324,7 +327,8 @@ TEST_F(Relay, WrongFramesGetTheirErrorCodes) {
   std::vector<Case> cases;
   cases.push_back({too_large, ErrorCode::kPayloadTooLarge, true});
   auto inner = frame(FrameType::kPublish, 0, "a", "x");
-  cases.push_back({frame(FrameType::kDeliver, 1, "", std::string_view(reinterpret_cast<const char*>(inner.data()), inner.size())),
+  cases.push_back({frame(FrameType::kDeliver, 1, "",
+                         std::string_view(reinterpret_cast<const char*>(inner.data()), inner.size())),
                    ErrorCode::kProtocolViolation, true});
   cases.push_back({frame(FrameType::kPublish, 0, "a..b", "x"), ErrorCode::kInvalidSubject, true});
   cases.push_back({frame(FrameType::kUnsubscribe, 99, ""), ErrorCode::kUnknownSubscription, false});
@@ -419,8 +423,8 @@ TEST_F(Relay, KilledPublisherIsCleanedUp) {
   const pid_t victim = fork();
   if (victim == 0) {
     const std::string url = broker.url(a1);
-    execl(RDMABROKER_CLI_PATH, "rdmabroker", "pub", "vanishing", "payload-of-a-publisher-that-dies", "-n", "10000000",
-          "-s", url.c_str(), "-b", a2.c_str(), static_cast<char*>(nullptr));
+    execl(RDMABROKER_CLI_PATH, "rdmabroker", "pub", "vanishing", "payload-of-a-publisher-that-dies", "-n",
+          "10000000", "-s", url.c_str(), "-b", a2.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
   // Kill it mid-stream, once messages are flowing.
@@ -449,7 +453,8 @@ TEST_F(Relay, KilledPublisherIsCleanedUp) {
   ASSERT_TRUE(pub->publish("vanishing", "after").ok());
   ASSERT_TRUE(pub->flush(10s).ok());
   const auto deadline3 = std::chrono::steady_clock::now() + 10s;
-  while (got.load() == before && std::chrono::steady_clock::now() < deadline3) std::this_thread::sleep_for(10ms);
+  while (got.load() == before && std::chrono::steady_clock::now() < deadline3)
+    std::this_thread::sleep_for(10ms);
   EXPECT_EQ(got.load(), before + 1);
 }
 
@@ -465,8 +470,8 @@ TEST_F(Relay, WildcardSubscriptionsReceiveMatchingSubjects) {
   auto tail = sub->subscribe(std::string_view("orders.>"));
   ASSERT_TRUE(star.ok() && tail.ok());
   ASSERT_TRUE(sub->flush(10s).ok());
-  for (const char* subject : {"orders.eu.created", "orders.us.created", "orders.eu.deleted", "orders.eu.created.late",
-                              "orders", "invoices.eu.created"}) {
+  for (const char* subject : {"orders.eu.created", "orders.us.created", "orders.eu.deleted",
+                              "orders.eu.created.late", "orders", "invoices.eu.created"}) {
     ASSERT_TRUE(pub->publish(subject, subject).ok()) << subject;
   }
   ASSERT_TRUE(pub->flush(10s).ok());
@@ -480,7 +485,7 @@ TEST_F(Relay, WildcardSubscriptionsReceiveMatchingSubjects) {
   };
   EXPECT_EQ(drain(star.value()), (std::vector<std::string>{"orders.eu.created", "orders.us.created"}));
   EXPECT_EQ(drain(tail.value()), (std::vector<std::string>{"orders.eu.created", "orders.us.created",
-                                                            "orders.eu.deleted", "orders.eu.created.late"}));
+                                                           "orders.eu.deleted", "orders.eu.created.late"}));
   auto bad = pub->publish("orders.*", "x");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().kind, ErrorKind::kInvalidArgument);
@@ -490,7 +495,8 @@ TEST_F(Relay, WildcardSubscriptionsReceiveMatchingSubjects) {
 TEST_F(Relay, BadHandshakesAreRejectedWithTheirReason) {
   BrokerProcess broker(next_port());
   ASSERT_TRUE(broker.running());
-  auto reason_of = [&](std::span<const std::byte> pdata, std::uint32_t bufsize) -> std::optional<proto::RejectReason> {
+  auto reason_of = [&](std::span<const std::byte> pdata,
+                       std::uint32_t bufsize) -> std::optional<proto::RejectReason> {
     RawPeer p;
     auto r = p.connect(a1, broker.port(), "", pdata, bufsize);
     if (!r.ok() || r->accepted) return std::nullopt;
@@ -503,7 +509,8 @@ TEST_F(Relay, BadHandshakesAreRejectedWithTheirReason) {
   auto v2 = proto::encode(proto::ConnectRequest{16384, 16});
   v2[4] = std::byte{2};
   EXPECT_EQ(reason_of(v2, 16384), proto::RejectReason::kUnsupportedVersion);
-  EXPECT_EQ(reason_of(proto::encode(proto::ConnectRequest{4096, 16}), 4096), proto::RejectReason::kBufferTooSmall);
+  EXPECT_EQ(reason_of(proto::encode(proto::ConnectRequest{4096, 16}), 4096),
+            proto::RejectReason::kBufferTooSmall);
   EXPECT_EQ(broker.stats()["connections.rejected"], 3);
 
   // librdmabroker asked for small buffers retries with the size the broker names.
@@ -579,7 +586,8 @@ TEST_F(Relay, SigtermWithClientsConnectedExitsZero) {
   auto next = q.value()->next(10s);
   ASSERT_FALSE(next.ok());
   EXPECT_EQ(next.error().kind, ErrorKind::kClosed);
-  EXPECT_NE(sub->close_reason().message.find("shutting down"), std::string::npos) << sub->close_reason().message;
+  EXPECT_NE(sub->close_reason().message.find("shutting down"), std::string::npos)
+      << sub->close_reason().message;
   EXPECT_FALSE(pub->publish("bye", "after").ok());
 }
 
@@ -603,11 +611,12 @@ TEST_F(Relay, CliPublishesAndSubscribes) {
   ASSERT_TRUE(broker.running());
   std::pair<int, std::string> sub_result;
   std::thread sub([&] {
-    sub_result = run({RDMABROKER_CLI_PATH, "sub", "cli.test", "--count", "3", "--raw", "--timeout", "60", "-s",
-                      broker.url(a1), "-b", a2});
+    sub_result = run({RDMABROKER_CLI_PATH, "sub", "cli.test", "--count", "3", "--raw", "--timeout", "60",
+                      "-s", broker.url(a1), "-b", a2});
   });
   broker.wait_stats([](auto& s) { return s["subscriptions"] == 1; }, 20s);
-  auto [prc, pout] = run({RDMABROKER_CLI_PATH, "pub", "cli.test", "-", "-s", broker.url(a1)}, "one\ntwo\nthree\n");
+  auto [prc, pout] =
+      run({RDMABROKER_CLI_PATH, "pub", "cli.test", "-", "-s", broker.url(a1)}, "one\ntwo\nthree\n");
   EXPECT_EQ(prc, 0);
   sub.join();
   EXPECT_EQ(sub_result.first, 0);

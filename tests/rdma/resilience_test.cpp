@@ -79,16 +79,19 @@ TEST_P(Resilience, ClientsReconnectAfterABrokerRestartUnderLoad) {
   EXPECT_EQ(broker.restart(SIGTERM), 0);
   ASSERT_TRUE(broker.running());
   ASSERT_TRUE(wait_until([&] { return sub_events.reconnected > 0 && pub_events.reconnected > 0; }, 60s));
-  ASSERT_TRUE(wait_until([&] { return first_after_recovery > 0 && published > first_after_recovery + 2000; }, 60s));
+  ASSERT_TRUE(
+      wait_until([&] { return first_after_recovery > 0 && published > first_after_recovery + 2000; }, 60s));
   stop = true;
   publisher.join();
   EXPECT_TRUE(failures.empty()) << failures.front().message;
   ASSERT_TRUE(pub->flush(30s));
   const std::uint64_t last = published - 1;
-  ASSERT_TRUE(wait_until([&] {
-    std::lock_guard l(mu);
-    return !got.empty() && got.back() == last;
-  }, 30s));
+  ASSERT_TRUE(wait_until(
+      [&] {
+        std::lock_guard l(mu);
+        return !got.empty() && got.back() == last;
+      },
+      30s));
 
   // In order, no duplicates; the only gap is around the restart; every
   // message published after both clients were back arrived.
@@ -179,7 +182,8 @@ TEST_P(Resilience, ASubscriptionTheBrokerRefusedStaysEndedAcrossReconnects) {
   const std::string path = "/tmp/rdmabroker-resilience-" + std::to_string(getpid()) + ".yaml";
   {
     std::ofstream out(path, std::ios::trunc);
-    out << "auth:\n  anonymous: true\n  anonymous_permissions:\n    subscribe: {allow: [\">\"], deny: [\"secret.>\"]}\n";
+    out << "auth:\n  anonymous: true\n  anonymous_permissions:\n    subscribe: {allow: [\">\"], deny: "
+           "[\"secret.>\"]}\n";
   }
   BrokerProcess broker(next_port(), {"--config", path});
   ASSERT_TRUE(broker.running());

@@ -29,7 +29,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-
 /// Everything one subscription received, safe to read from the test thread.
 /// Declare it before the clients that feed it: they must be closed (their
 /// I/O threads joined) before it is destroyed.
@@ -102,8 +101,10 @@ TEST_P(Routing, WildcardsDeliverExactlyTheMatchingSubjects) {
     ASSERT_TRUE(pub->publish(s, std::string_view("x")));
   }
   ASSERT_TRUE(pub->flush(10s));
-  ASSERT_TRUE(eventually([&] { return star.count() == 2 && tail.count() == 3 && first.count() == 2 && exact.count() == 1; }))
-      << star.count() << " " << tail.count() << " " << first.count() << " " << exact.count();
+  ASSERT_TRUE(eventually([&] {
+    return star.count() == 2 && tail.count() == 3 && first.count() == 2 && exact.count() == 1;
+  })) << star.count()
+      << " " << tail.count() << " " << first.count() << " " << exact.count();
   EXPECT_EQ(star.subjects(), (std::multiset<std::string>{"orders.eu", "orders.us"}));
   EXPECT_EQ(tail.subjects(), (std::multiset<std::string>{"orders.eu", "orders.us", "orders.eu.paris"}));
   EXPECT_EQ(first.subjects(), (std::multiset<std::string>{"orders.eu", "billing.eu"}));
@@ -157,7 +158,8 @@ TEST_P(Routing, QueueGroupSharesMessagesEvenlyAndExactlyOnce) {
     const std::size_t n = inboxes[i]->count();
     EXPECT_GE(n, kMessages / 4 * 9 / 10) << "member " << i;
     EXPECT_LE(n, kMessages / 4 * 11 / 10) << "member " << i;
-    for (const auto& m : inboxes[i]->messages()) EXPECT_TRUE(seen.insert(seq_of(m)).second) << "duplicate " << seq_of(m);
+    for (const auto& m : inboxes[i]->messages())
+      EXPECT_TRUE(seen.insert(seq_of(m)).second) << "duplicate " << seq_of(m);
   }
   EXPECT_EQ(seen.size(), kMessages);
   EXPECT_EQ(all.count(), kMessages);
@@ -166,9 +168,11 @@ TEST_P(Routing, QueueGroupSharesMessagesEvenlyAndExactlyOnce) {
   ASSERT_TRUE(members[0]->unsubscribe(sids[0]));
   ASSERT_TRUE(members[0]->flush(10s));
   const std::size_t before = inboxes[0]->count();
-  for (std::uint64_t seq = kMessages; seq < kMessages + 300; ++seq) ASSERT_TRUE(pub->publish("jobs.build", seq_bytes(seq)));
+  for (std::uint64_t seq = kMessages; seq < kMessages + 300; ++seq)
+    ASSERT_TRUE(pub->publish("jobs.build", seq_bytes(seq)));
   ASSERT_TRUE(pub->flush(30s));
-  ASSERT_TRUE(eventually([&] { return members_total() >= kMessages + 300 - 0 && all.count() >= kMessages + 300; }, 30s))
+  ASSERT_TRUE(eventually(
+      [&] { return members_total() >= kMessages + 300 - 0 && all.count() >= kMessages + 300; }, 30s))
       << members_total();
   EXPECT_EQ(inboxes[0]->count(), before);
   for (int i = 1; i < 4; ++i) EXPECT_GT(inboxes[i]->count(), 0u);
@@ -215,7 +219,8 @@ TEST_P(Routing, QueueGroupMemberKilledMidStreamLosesNothingSilently) {
   ASSERT_EQ(gone["connections.current"], 2);
   // What follows goes to the survivor alone, all of it.
   constexpr std::uint64_t kAfter = 1000;
-  for (std::uint64_t seq = kMessages; seq < kMessages + kAfter; ++seq) ASSERT_TRUE(pub->publish("work", seq_bytes(seq)));
+  for (std::uint64_t seq = kMessages; seq < kMessages + kAfter; ++seq)
+    ASSERT_TRUE(pub->publish("work", seq_bytes(seq)));
   ASSERT_TRUE(pub->flush(30s));
   std::set<std::uint64_t> got;
   ASSERT_TRUE(eventually([&] {
@@ -223,7 +228,8 @@ TEST_P(Routing, QueueGroupMemberKilledMidStreamLosesNothingSilently) {
     for (const auto& m : survivor.messages()) got.insert(seq_of(m));
     return got.size() == survivor.count() && got.lower_bound(kMessages) != got.end() &&
            std::distance(got.lower_bound(kMessages), got.end()) == static_cast<long>(kAfter);
-  })) << survivor.count() << " received, " << got.size() << " distinct";
+  })) << survivor.count()
+      << " received, " << got.size() << " distinct";
   // Each message was routed to exactly one member, and each routed copy was
   // delivered or dropped by a stated (counted) reason.
   auto s = broker_.wait_stats([](auto& s) { return s["messages.pending"] == 0; }, 30s);
@@ -287,7 +293,8 @@ TEST_P(Routing, RequestTimesOutWhenNobodyAnswers) {
   ASSERT_TRUE(silent->publish(heard.messages()[0].reply, "too late"));
   ASSERT_TRUE(silent->flush(10s));
   Client* s = silent.get();
-  ASSERT_TRUE(silent->subscribe("svc.fast", [s](const Message& m) { ASSERT_TRUE(s->publish(m.reply, "quick")); }));
+  ASSERT_TRUE(
+      silent->subscribe("svc.fast", [s](const Message& m) { ASSERT_TRUE(s->publish(m.reply, "quick")); }));
   ASSERT_TRUE(silent->flush(10s));
   auto ok = requester->request("svc.fast", "now", 10s);
   ASSERT_TRUE(ok) << ok.error().message;
@@ -313,8 +320,12 @@ TEST_P(Routing, CliRequestReplyAndQueueGroups) {
   EXPECT_EQ(responder.first, 0);
 
   std::pair<int, std::string> a, b;
-  std::thread ta([&] { a = run(cli({"sub", "jobs.*", "--queue", "w", "--count", "2", "--raw", "--timeout", "60"})); });
-  std::thread tb([&] { b = run(cli({"sub", "jobs.*", "--queue", "w", "--count", "2", "--raw", "--timeout", "60"})); });
+  std::thread ta([&] {
+    a = run(cli({"sub", "jobs.*", "--queue", "w", "--count", "2", "--raw", "--timeout", "60"}));
+  });
+  std::thread tb([&] {
+    b = run(cli({"sub", "jobs.*", "--queue", "w", "--count", "2", "--raw", "--timeout", "60"}));
+  });
   ASSERT_EQ(broker_.wait_stats([](auto& s) { return s["subscriptions"] == 2; }, 30s)["subscriptions"], 2);
   EXPECT_EQ(run(cli({"pub", "jobs.build", "-"}), "1\n2\n3\n4\n").first, 0);
   ta.join();
@@ -349,12 +360,14 @@ TEST_P(Routing, CliBenchCountsEveryMessage) {
   EXPECT_EQ(fan["aggregate"]["lost"], 0);
   EXPECT_EQ(fan["aggregate"]["reordered"], 0);
   EXPECT_GT(fan["aggregate"]["latency"]["p50_us"].get<double>(), 0);
-  EXPECT_GE(fan["aggregate"]["latency"]["max_us"].get<double>(), fan["aggregate"]["latency"]["p99_us"].get<double>());
+  EXPECT_GE(fan["aggregate"]["latency"]["max_us"].get<double>(),
+            fan["aggregate"]["latency"]["p99_us"].get<double>());
   auto queue = bench({"b.queue", "-p", "1", "-m", "3", "-q", "workers", "-n", "3000", "--rate", "3000"});
   ASSERT_FALSE(queue.is_discarded());
   EXPECT_EQ(queue["aggregate"]["expected"], 3000);
   EXPECT_EQ(queue["aggregate"]["received"], 3000);
-  for (const auto& s : queue["subscribers"]) EXPECT_EQ(s["received"], 1000);  // round robin from one publisher
+  for (const auto& s : queue["subscribers"])
+    EXPECT_EQ(s["received"], 1000);  // round robin from one publisher
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Routing, ::testing::Values(Via::kRdma, Via::kTcp),
@@ -380,7 +393,8 @@ TEST(Mixed, RdmaAndTcpClientsSeeEachOthersMessages) {
   ASSERT_TRUE(rdma_sub->flush(10s));
   ASSERT_TRUE(tcp_sub->flush(10s));
   std::thread a([&] {
-    for (std::uint64_t seq = 0; seq < kEach; ++seq) ASSERT_TRUE(rdma_pub->publish("mix.rdma", seq_bytes(seq)));
+    for (std::uint64_t seq = 0; seq < kEach; ++seq)
+      ASSERT_TRUE(rdma_pub->publish("mix.rdma", seq_bytes(seq)));
     ASSERT_TRUE(rdma_pub->flush(30s));
   });
   std::thread b([&] {

@@ -36,7 +36,8 @@ class RawTcp {
     EXPECT_EQ(::connect(fd_.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0) << std::strerror(errno);
   }
   void send(std::span<const std::byte> bytes) {
-    ASSERT_EQ(::send(fd_.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    ASSERT_EQ(::send(fd_.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
   }
   /// Reads exactly n bytes (or fewer at EOF/timeout).
   std::vector<std::byte> read(std::size_t n, std::chrono::milliseconds timeout = 10s) {
@@ -76,7 +77,8 @@ class RawTcp {
       proto::Frame f;
       if (proto::decode_frame(whole, 1 << 24, f) != proto::DecodeStatus::kOk) return std::nullopt;
       if (f.header.type == type) {
-        return std::pair{f.header, std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size())};
+        return std::pair{f.header,
+                         std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size())};
       }
     }
   }
@@ -238,13 +240,14 @@ TEST(Tcp, PeerVanishingMidFrameIsCleanedUp) {
     raw.send(frame(FrameType::kSubscribe, 1, "gone.>"));
     auto half = frame(FrameType::kPublish, 0, "gone.soon", std::string(3000, 'z'));
     raw.send(std::span(half).first(half.size() / 2));
-    ASSERT_TRUE(broker.wait_stats([](auto& s) { return s["subscriptions"] == 1; }, 10s)["subscriptions"] == 1);
+    ASSERT_TRUE(broker.wait_stats([](auto& s) { return s["subscriptions"] == 1; }, 10s)["subscriptions"] ==
+                1);
     raw.close();
   }
   auto s = broker.wait_stats([](auto& s) { return s["connections.closed.peer_disconnected"] == 1; }, 10s);
   EXPECT_EQ(s["connections.closed.peer_disconnected"], 1);
   EXPECT_EQ(s["subscriptions"], 0);
-  EXPECT_EQ(s["messages.in"], 0);  // half a frame is not a message
+  EXPECT_EQ(s["messages.in"], 0);                       // half a frame is not a message
   EXPECT_EQ(s["pool.in_use"], base.at("pool.in_use"));  // its read buffer went back
   expect_relay_works(broker, "after.vanish");
 }
@@ -326,8 +329,9 @@ TEST(Tcp, BrokerWithoutRdmaServesTcpOnlyAndSaysSo) {
   const std::string port = std::to_string(next_port());
   const std::string tcp_port = std::to_string(next_port());
   auto check_tcp_only = [&](std::vector<std::string> extra) {
-    std::vector<std::string> args = {RDMABROKERD_PATH, "--port", port, "--tcp-port", tcp_port, "--log-level", "info", "--allow-anonymous",
-                                     "--admin-socket", "", "--metrics-listen", ""};
+    std::vector<std::string> args = {
+        RDMABROKERD_PATH,    "--port",         port, "--tcp-port",       tcp_port, "--log-level", "info",
+        "--allow-anonymous", "--admin-socket", "",   "--metrics-listen", ""};
     args.insert(args.end(), extra.begin(), extra.end());
     // The broker runs until SIGTERM; a client proves it serves TCP meanwhile.
     std::pair<int, std::string> result;
@@ -336,8 +340,10 @@ TEST(Tcp, BrokerWithoutRdmaServesTcpOnlyAndSaysSo) {
     std::unique_ptr<Client> c;
     for (int i = 0; i < 100 && !c; ++i) {
       auto r = Client::connect("tcp://127.0.0.1:" + tcp_port, opt);
-      if (r) c = std::move(r.value());
-      else std::this_thread::sleep_for(50ms);
+      if (r)
+        c = std::move(r.value());
+      else
+        std::this_thread::sleep_for(50ms);
     }
     EXPECT_TRUE(c && c->flush(10s));
     if (c) c->close();
@@ -355,13 +361,14 @@ TEST(Tcp, BrokerWithoutRdmaServesTcpOnlyAndSaysSo) {
   if (devices == 0) {
     const auto automatic = check_tcp_only({});
     EXPECT_NE(automatic.find("no RDMA device found: serving TCP only"), std::string::npos) << automatic;
-    auto [rc, out] = run({RDMABROKERD_PATH, "--rdma", "on", "--port", port, "--tcp-port", tcp_port, "--admin-socket", "",
-                          "--metrics-listen", ""});
+    auto [rc, out] = run({RDMABROKERD_PATH, "--rdma", "on", "--port", port, "--tcp-port", tcp_port,
+                          "--admin-socket", "", "--metrics-listen", ""});
     EXPECT_EQ(rc, 1);
     EXPECT_NE(out.find("RDMA is required"), std::string::npos) << out;
   }
   // Neither transport: a clear refusal.
-  auto [rc, out] = run({RDMABROKERD_PATH, "--rdma", "off", "--tcp-port", "0", "--admin-socket", "", "--metrics-listen", ""});
+  auto [rc, out] = run(
+      {RDMABROKERD_PATH, "--rdma", "off", "--tcp-port", "0", "--admin-socket", "", "--metrics-listen", ""});
   EXPECT_EQ(rc, 1);
   EXPECT_NE(out.find("nothing to listen on"), std::string::npos) << out;
 }

@@ -51,10 +51,10 @@ TEST(Auth, SubscribeNeedsACoveringAllowAndMeetsNoDeny) {
   const auto id = AuthTable::build(s)->verify("alice", "pw").value();
   const Identity& a = *id;
   EXPECT_TRUE(a.may_subscribe("orders.eu"));
-  EXPECT_TRUE(a.may_subscribe("orders.*"));        // two tokens: never a secret one
-  EXPECT_FALSE(a.may_subscribe("orders.>"));       // would include orders.secret.x
-  EXPECT_FALSE(a.may_subscribe("orders.*.x"));     // meets orders.secret.x
-  EXPECT_FALSE(a.may_subscribe(">"));              // not covered by orders.>
+  EXPECT_TRUE(a.may_subscribe("orders.*"));     // two tokens: never a secret one
+  EXPECT_FALSE(a.may_subscribe("orders.>"));    // would include orders.secret.x
+  EXPECT_FALSE(a.may_subscribe("orders.*.x"));  // meets orders.secret.x
+  EXPECT_FALSE(a.may_subscribe(">"));           // not covered by orders.>
   EXPECT_FALSE(a.may_subscribe("orders.secret.a"));
 }
 

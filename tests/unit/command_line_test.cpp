@@ -34,8 +34,10 @@ struct Case {
   std::map<std::string, std::string> expect;  // key -> shown value with the flag
 };
 const std::map<std::string, Case> kCases = {
-    {"--listen", {"listen: {rdma: 10.0.0.1:7000, tcp: 10.0.0.2:7001}\n", "127.0.0.1",
-                  {{"listen.rdma", "127.0.0.1:7000"}, {"listen.tcp", "127.0.0.1:7001"}}}},
+    {"--listen",
+     {"listen: {rdma: 10.0.0.1:7000, tcp: 10.0.0.2:7001}\n",
+      "127.0.0.1",
+      {{"listen.rdma", "127.0.0.1:7000"}, {"listen.tcp", "127.0.0.1:7001"}}}},
     {"--port", {"listen: {rdma: 10.0.0.1:7000}\n", "7100", {{"listen.rdma", "10.0.0.1:7100"}}}},
     {"--tcp-listen", {"listen: {tcp: 10.0.0.2:7001}\n", "127.0.0.3", {{"listen.tcp", "127.0.0.3:7001"}}}},
     {"--tcp-port", {"listen: {tcp: 10.0.0.2:7001}\n", "7200", {{"listen.tcp", "10.0.0.2:7200"}}}},
@@ -47,13 +49,18 @@ const std::map<std::string, Case> kCases = {
     {"--credits", {"flow: {credits: 16}\n", "8", {{"flow.credits", "8"}}}},
     {"--max-inflight-sends", {"flow: {max_inflight_sends: 4}\n", "2", {{"flow.max_inflight_sends", "2"}}}},
     {"--busy-poll-us", {"flow: {busy_poll_us: 10}\n", "50", {{"flow.busy_poll_us", "50"}}}},
-    {"--max-pending-bytes", {"limits: {max_pending_bytes: 16MiB}\n", "1048576", {{"limits.max_pending_bytes", "1048576"}}}},
-    {"--write-deadline-ms", {"slow_consumer: {write_deadline_ms: 500}\n", "700", {{"slow_consumer.write_deadline_ms", "700"}}}},
-    {"--producer-stall-ms", {"slow_consumer: {producer_stall_ms: 20}\n", "30", {{"slow_consumer.producer_stall_ms", "30"}}}},
+    {"--max-pending-bytes",
+     {"limits: {max_pending_bytes: 16MiB}\n", "1048576", {{"limits.max_pending_bytes", "1048576"}}}},
+    {"--write-deadline-ms",
+     {"slow_consumer: {write_deadline_ms: 500}\n", "700", {{"slow_consumer.write_deadline_ms", "700"}}}},
+    {"--producer-stall-ms",
+     {"slow_consumer: {producer_stall_ms: 20}\n", "30", {{"slow_consumer.producer_stall_ms", "30"}}}},
     {"--max-connections", {"limits: {max_connections: 100}\n", "50", {{"limits.max_connections", "50"}}}},
-    {"--max-subscriptions", {"limits: {max_subscriptions: 50}\n", "60", {{"limits.max_subscriptions", "60"}}}},
+    {"--max-subscriptions",
+     {"limits: {max_subscriptions: 50}\n", "60", {{"limits.max_subscriptions", "60"}}}},
     {"--admin-socket", {"admin: {socket: /run/a.sock}\n", "/tmp/b.sock", {{"admin.socket", "/tmp/b.sock"}}}},
-    {"--metrics-listen", {"metrics: {listen: \"0.0.0.0:9500\"}\n", "127.0.0.1:9600", {{"metrics.listen", "127.0.0.1:9600"}}}},
+    {"--metrics-listen",
+     {"metrics: {listen: \"0.0.0.0:9500\"}\n", "127.0.0.1:9600", {{"metrics.listen", "127.0.0.1:9600"}}}},
     {"--allow-anonymous", {"auth: {anonymous: false}\n", "", {{"auth.anonymous", "true"}}}},
     {"--log-level", {"logging: {level: debug}\n", "error", {{"logging.level", "error"}}}},
 };
@@ -84,7 +91,8 @@ TEST(CommandLine, EveryFlagWinsOverTheFileForEveryKeyItClaims) {
     for (const auto& [key, shown] : k.expect) {
       EXPECT_TRUE(claimed.contains(key)) << flag << " does not declare " << key;
       EXPECT_EQ(*config::show(from_file, key), shown) << key;
-      EXPECT_EQ(cl.flag_for(key).value_or(cl.flag_for(key + ":host").value_or(cl.flag_for(key + ":port").value_or(""))),
+      EXPECT_EQ(cl.flag_for(key).value_or(
+                    cl.flag_for(key + ":host").value_or(cl.flag_for(key + ":port").value_or(""))),
                 flag);
     }
   }

@@ -83,22 +83,27 @@ TEST(Config, TcpCanBeTurnedOff) {
 
 TEST(Config, UnknownKeysNameFileLineColumnAndKey) {
   EXPECT_EQ(errors_of("workers: 2\nwrokers: 3\n"), "broker.yaml:2:1: wrokers: unknown key");
-  EXPECT_EQ(errors_of("limits:\n  max_subscriptons: 5\n"), "broker.yaml:2:3: limits.max_subscriptons: unknown key");
+  EXPECT_EQ(errors_of("limits:\n  max_subscriptons: 5\n"),
+            "broker.yaml:2:3: limits.max_subscriptons: unknown key");
 }
 
 TEST(Config, WrongTypesAndValuesSayWhatIsExpected) {
   EXPECT_EQ(errors_of("workers: many\n"),
             "broker.yaml:1:10: workers: expected an integer between 0 and 64, got 'many'");
   EXPECT_EQ(errors_of("workers: 65\n"), "broker.yaml:1:10: workers: must be between 0 and 64, got 65");
-  EXPECT_EQ(errors_of("limits:\n  max_pending_bytes: 3 lots\n"),
-            "broker.yaml:2:22: limits.max_pending_bytes: expected a size (bytes, or with KiB/MiB/GiB) between 4096 "
-            "and 1099511627776, got '3 lots'");
+  EXPECT_EQ(
+      errors_of("limits:\n  max_pending_bytes: 3 lots\n"),
+      "broker.yaml:2:22: limits.max_pending_bytes: expected a size (bytes, or with KiB/MiB/GiB) between 4096 "
+      "and 1099511627776, got '3 lots'");
   EXPECT_EQ(errors_of("rdma: maybe\n"), "broker.yaml:1:7: rdma: expected one of auto, on, off, got 'maybe'");
   EXPECT_EQ(errors_of("logging: {level: loud}\n"),
-            "broker.yaml:1:18: logging.level: expected one of trace, debug, info, warn, error, critical, off, got 'loud'");
+            "broker.yaml:1:18: logging.level: expected one of trace, debug, info, warn, error, critical, "
+            "off, got 'loud'");
   EXPECT_EQ(errors_of("listen: {rdma: 10.0.0.1}\n"),
-            "broker.yaml:1:16: listen.rdma: address '10.0.0.1': no port (expected host:port, e.g. 0.0.0.0:7470 or [::]:7470)");
-  EXPECT_EQ(errors_of("buffers: 4096\n"), "broker.yaml:1:10: buffers: expected a mapping (a section of settings)");
+            "broker.yaml:1:16: listen.rdma: address '10.0.0.1': no port (expected host:port, e.g. "
+            "0.0.0.0:7470 or [::]:7470)");
+  EXPECT_EQ(errors_of("buffers: 4096\n"),
+            "broker.yaml:1:10: buffers: expected a mapping (a section of settings)");
   EXPECT_EQ(errors_of("devices: mlx5_0\n"),
             "broker.yaml:1:10: devices: expected a list of RDMA device names, e.g. [mlx5_0] (empty: all)");
   EXPECT_EQ(errors_of("- a\n- b\n"), "broker.yaml:1:1: expected a mapping of settings at the top level");
@@ -112,11 +117,14 @@ TEST(Config, EveryProblemIsReportedNotJustTheFirst) {
 }
 
 TEST(Config, RulesAcrossSettings) {
-  EXPECT_NE(errors_of("buffers: {size: 1100}\n").find("buffers.size: must be a multiple of 64"), std::string::npos);
-  EXPECT_NE(errors_of("buffers: {size: 64KiB}\nlimits: {max_pending_bytes: 128KiB}\n")
-                .find("broker.yaml:2:29: limits.max_pending_bytes: must be at least 4 buffers (262144 bytes)"),
+  EXPECT_NE(errors_of("buffers: {size: 1100}\n").find("buffers.size: must be a multiple of 64"),
             std::string::npos);
-  EXPECT_NE(errors_of("limits: {max_payload: 1MiB}\n").find("limits.max_payload: cannot exceed what buffers.size allows"),
+  EXPECT_NE(
+      errors_of("buffers: {size: 64KiB}\nlimits: {max_pending_bytes: 128KiB}\n")
+          .find("broker.yaml:2:29: limits.max_pending_bytes: must be at least 4 buffers (262144 bytes)"),
+      std::string::npos);
+  EXPECT_NE(errors_of("limits: {max_payload: 1MiB}\n")
+                .find("limits.max_payload: cannot exceed what buffers.size allows"),
             std::string::npos);
   EXPECT_NE(errors_of("rdma: off\nlisten: {tcp: \"\"}\n").find("rdma: RDMA is off and listen.tcp is empty"),
             std::string::npos);
@@ -162,7 +170,9 @@ TEST(Config, DiffSaysWhatChangedAndWhetherItMayChangeLive) {
 
 // ---------------------------------------------------------------- auth
 
-constexpr const char* kHash = "$6$rounds=1000$fnhyAvh8lJCQuE45$XMCSqNzrnurY8jX7KFED7igC0gRZaiMHdqP5qrrAuI.RVWcDhtbeqKhwKeu265AN3c5WjQag5PSCv8SzQyt7O1";
+constexpr const char* kHash =
+    "$6$rounds=1000$fnhyAvh8lJCQuE45$XMCSqNzrnurY8jX7KFED7igC0gRZaiMHdqP5qrrAuI."
+    "RVWcDhtbeqKhwKeu265AN3c5WjQag5PSCv8SzQyt7O1";
 
 TEST(ConfigAuth, AnonymousIsOffUnlessTheConfigSaysSo) {
   auto c = parse("", "broker.yaml");
@@ -182,12 +192,15 @@ auth:
     subscribe: {allow: ["public.>"]}
   users:
     - name: alice
-      password: ")") + kHash + R"("
+      password: ")") +
+                     kHash + R"("
       publish: {allow: ["orders.>"], deny: [orders.secret]}
       subscribe: {deny: ["orders.secret.>"]}
     - name: ingest
-      token: ")" + kHash + R"("
-)", "broker.yaml");
+      token: ")" + kHash +
+                     R"("
+)",
+                 "broker.yaml");
   ASSERT_TRUE(c) << c.error().message;
   const auto& a = c->broker.auth;
   ASSERT_EQ(a.users.size(), 2u);
@@ -195,7 +208,8 @@ auth:
   EXPECT_EQ(a.users[0].password_hash, kHash);
   EXPECT_EQ(a.users[0].permissions.publish.allow, std::vector<std::string>{"orders.>"});
   EXPECT_EQ(a.users[0].permissions.publish.deny, std::vector<std::string>{"orders.secret"});
-  EXPECT_EQ(a.users[0].permissions.subscribe.allow, std::vector<std::string>{">"});  // the default: everything
+  EXPECT_EQ(a.users[0].permissions.subscribe.allow,
+            std::vector<std::string>{">"});  // the default: everything
   EXPECT_EQ(a.users[1].token_hash, kHash);
   EXPECT_TRUE(a.users[1].password_hash.empty());
   EXPECT_EQ(a.anonymous_permissions.subscribe.allow, std::vector<std::string>{"public.>"});
@@ -210,21 +224,24 @@ TEST(ConfigAuth, MistakesNameTheElementThatHasThem) {
                       "'\n      publish: {allow: [ok, 'a..b']}\n")
                 .find("broker.yaml:5:29: auth.users[0].publish.allow[1]: not a valid subject pattern"),
             std::string::npos);
-  EXPECT_NE(errors_of(std::string("auth:\n  users:\n    - {name: bob, password: '") + kHash + "', token: '" + kHash + "'}\n")
+  EXPECT_NE(errors_of(std::string("auth:\n  users:\n    - {name: bob, password: '") + kHash + "', token: '" +
+                      kHash + "'}\n")
                 .find("auth.users[0]: user 'bob' needs exactly one of password and token"),
             std::string::npos);
-  EXPECT_NE(errors_of(std::string("auth:\n  users:\n    - {name: bob, password: '") + kHash + "'}\n    - {name: bob, token: '" +
-                      kHash + "'}\n")
+  EXPECT_NE(errors_of(std::string("auth:\n  users:\n    - {name: bob, password: '") + kHash +
+                      "'}\n    - {name: bob, token: '" + kHash + "'}\n")
                 .find("auth.users[1].name: duplicate user 'bob'"),
             std::string::npos);
   EXPECT_NE(errors_of(std::string("auth:\n  users:\n    - {name: bob, pasword: '") + kHash + "'}\n")
                 .find("auth.users[0].pasword: unknown key"),
             std::string::npos);
-  EXPECT_NE(errors_of("auth: {anonymous: maybe}\n").find("auth.anonymous: expected true or false"), std::string::npos);
+  EXPECT_NE(errors_of("auth: {anonymous: maybe}\n").find("auth.anonymous: expected true or false"),
+            std::string::npos);
 }
 
 TEST(ConfigAuth, PermissionChangesAreLiveAndShowInTheDiff) {
-  auto before = parse(std::string("auth:\n  users:\n    - {name: bob, password: '") + kHash + "'}\n", "broker.yaml");
+  auto before =
+      parse(std::string("auth:\n  users:\n    - {name: bob, password: '") + kHash + "'}\n", "broker.yaml");
   auto after = parse(std::string("auth:\n  users:\n    - {name: bob, password: '") + kHash +
                          "', subscribe: {allow: [a.>]}}\n",
                      "broker.yaml");
@@ -252,7 +269,8 @@ multicast:
   threshold: 8
   leave_below: 4
   retransmit_window: 1024
-)", "broker.yaml");
+)",
+                 "broker.yaml");
   ASSERT_TRUE(c) << c.error().message;
   const auto& m = c->broker.multicast;
   EXPECT_TRUE(m.enabled);
@@ -264,30 +282,38 @@ multicast:
 }
 
 TEST(ConfigMulticast, MistakesNameTheKey) {
-  EXPECT_NE(errors_of("multicast: {groups: 10.0.0.0/8}").find("multicast.groups: '10.0.0.0/8' is not in the multicast range"),
+  EXPECT_NE(errors_of("multicast: {groups: 10.0.0.0/8}")
+                .find("multicast.groups: '10.0.0.0/8' is not in the multicast range"),
             std::string::npos);
-  EXPECT_NE(errors_of("multicast: {groups: 239.1.2.3}").find("multicast.groups: expected an IPv4 multicast range"),
+  EXPECT_NE(
+      errors_of("multicast: {groups: 239.1.2.3}").find("multicast.groups: expected an IPv4 multicast range"),
+      std::string::npos);
+  EXPECT_NE(errors_of("multicast:\n  subjects: [\"a..b\"]")
+                .find("broker.yaml:2:14: multicast.subjects[0]: not a valid subject pattern"),
             std::string::npos);
-  EXPECT_NE(errors_of("multicast:\n  subjects: [\"a..b\"]").find("broker.yaml:2:14: multicast.subjects[0]: not a valid subject pattern"),
+  EXPECT_NE(errors_of("multicast: {threshold: 2, leave_below: 3}")
+                .find("multicast.leave_below: must not exceed multicast.threshold (2)"),
             std::string::npos);
-  EXPECT_NE(errors_of("multicast: {threshold: 2, leave_below: 3}").find("multicast.leave_below: must not exceed multicast.threshold (2)"),
+  EXPECT_NE(
+      errors_of("multicast: {retransmit_window: 4}").find("multicast.retransmit_window: must be between 16"),
+      std::string::npos);
+  EXPECT_NE(errors_of("multicast: {enabled: maybe}").find("multicast.enabled: expected true or false"),
             std::string::npos);
-  EXPECT_NE(errors_of("multicast: {retransmit_window: 4}").find("multicast.retransmit_window: must be between 16"),
-            std::string::npos);
-  EXPECT_NE(errors_of("multicast: {enabled: maybe}").find("multicast.enabled: expected true or false"), std::string::npos);
   EXPECT_NE(errors_of("multicast: {ttl: 3}").find("multicast.ttl: unknown key"), std::string::npos);
 }
 
 TEST(ConfigMulticast, SubjectsAndThresholdsChangeLiveTheRestNeedsARestart) {
   auto a = parse("multicast: {enabled: true, subjects: [\"a.>\"]}", "a.yaml");
-  auto b = parse("multicast: {enabled: true, subjects: [\"b.>\"], threshold: 4, leave_below: 2, groups: 239.9.0.0/16}", "b.yaml");
+  auto b = parse(
+      "multicast: {enabled: true, subjects: [\"b.>\"], threshold: 4, leave_below: 2, groups: 239.9.0.0/16}",
+      "b.yaml");
   ASSERT_TRUE(a && b);
   std::map<std::string, bool> live;
   for (const auto& ch : diff(*a, *b)) live[ch.key] = ch.live;
   EXPECT_EQ(live, (std::map<std::string, bool>{{"multicast.subjects", true},
-                                                {"multicast.threshold", true},
-                                                {"multicast.leave_below", true},
-                                                {"multicast.groups", false}}));
+                                               {"multicast.threshold", true},
+                                               {"multicast.leave_below", true},
+                                               {"multicast.groups", false}}));
 }
 
 TEST(Config, ShippedConfigsAreValid) {

@@ -34,8 +34,8 @@ TEST(Credits, ReturnAtHalfWindowOrWhenPeerIsAtItsReserve) {
   EXPECT_TRUE(w.on_receive());
   EXPECT_FALSE(w.should_return());  // 1 owed, peer holds 7
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(w.on_receive());
-  EXPECT_TRUE(w.should_return());   // 4 owed = half the window
-  EXPECT_EQ(w.take_owed(3), 3u);    // budget-limited
+  EXPECT_TRUE(w.should_return());  // 4 owed = half the window
+  EXPECT_EQ(w.take_owed(3), 3u);   // budget-limited
   EXPECT_EQ(w.owed(), 1u);
   EXPECT_EQ(w.outstanding(), 7u);
   CreditWindow small(100);
@@ -71,7 +71,8 @@ TEST(Credits, TwoPeersNeverOverrunAndNeverDeadlock) {
       x.cw.add_send_credits(window);
     }
     std::uint64_t delivered[2] = {0, 0};
-    for (int step = 0; step < 200000 && (p[0].to_send + p[1].to_send + p[0].inbox.size() + p[1].inbox.size()) > 0; ++step) {
+    for (int step = 0;
+         step < 200000 && (p[0].to_send + p[1].to_send + p[0].inbox.size() + p[1].inbox.size()) > 0; ++step) {
       const int i = static_cast<int>(rng() % 2);
       Peer& me = p[i];
       Peer& peer = p[1 - i];

@@ -31,8 +31,9 @@ TEST(FaultSpec, ParsesEveryFault) {
 }
 
 TEST(FaultSpec, RefusesAnythingElseSayingWhy) {
-  for (const char* bad : {"", "bogus", "wc-error", "wc-error x", "wc-error 1 2", "qp-error -1", "cm-duplicate 0",
-                          "cm-delay 10", "cm-delay ten 1", "pool-exhaust now", "pool-release 1"}) {
+  for (const char* bad :
+       {"", "bogus", "wc-error", "wc-error x", "wc-error 1 2", "qp-error -1", "cm-duplicate 0", "cm-delay 10",
+        "cm-delay ten 1", "pool-exhaust now", "pool-release 1"}) {
     auto r = parse(bad);
     ASSERT_FALSE(r) << "'" << bad << "' was accepted";
     EXPECT_EQ(r.error().kind, ErrorKind::kInvalidArgument);

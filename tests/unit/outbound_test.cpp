@@ -24,9 +24,11 @@ class OutboundTest : public ::testing::Test {
     EXPECT_EQ(pool_->acquire(&idx, 1), 1u);
     BufferRef buf(pool_.get(), idx);
     const std::size_t n = publish_at(buf, 0, subject, payload);
-    return make_delivery(std::move(buf), sid, 0, static_cast<std::uint32_t>(n), static_cast<std::uint32_t>(payload.size()));
+    return make_delivery(std::move(buf), sid, 0, static_cast<std::uint32_t>(n),
+                         static_cast<std::uint32_t>(payload.size()));
   }
-  static std::size_t publish_at(const BufferRef& buf, std::size_t off, const std::string& subject, const std::string& payload) {
+  static std::size_t publish_at(const BufferRef& buf, std::size_t off, const std::string& subject,
+                                const std::string& payload) {
     proto::FrameHeader h;
     h.type = proto::FrameType::kPublish;
     return proto::encode_frame({buf.data() + off, 4096 - off}, h, subject, {},
@@ -35,9 +37,11 @@ class OutboundTest : public ::testing::Test {
   /// The messages inside a DELIVER frame.
   static std::vector<std::string> inner_payloads(const proto::Frame& deliver) {
     std::vector<std::string> out;
-    EXPECT_EQ(proto::for_each_delivered(deliver, [&](const proto::Frame& f) {
-                out.emplace_back(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
-              }),
+    EXPECT_EQ(proto::for_each_delivered(deliver,
+                                        [&](const proto::Frame& f) {
+                                          out.emplace_back(reinterpret_cast<const char*>(f.payload.data()),
+                                                           f.payload.size());
+                                        }),
               proto::DecodeStatus::kOk);
     return out;
   }

@@ -34,9 +34,12 @@ std::string random_pattern(std::mt19937& rng) {
   for (int i = 0; i < len; ++i) {
     if (i) p += '.';
     const auto r = rng() % 8;
-    if (i == len - 1 && r == 0) p += '>';
-    else if (r < 3) p += '*';
-    else p += (r % 2 ? "a" : "b");
+    if (i == len - 1 && r == 0)
+      p += '>';
+    else if (r < 3)
+      p += '*';
+    else
+      p += (r % 2 ? "a" : "b");
   }
   return p;
 }

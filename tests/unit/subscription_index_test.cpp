@@ -156,9 +156,12 @@ TEST(SubscriptionIndex, PropertyMatchesBruteForce) {
     for (int i = 0; i < len; ++i) {
       if (i > 0) s += ".";
       const auto r = rng() % 10;
-      if (r == 0 && i == len - 1) s += ">";
-      else if (r < 3) s += "*";
-      else s += token();
+      if (r == 0 && i == len - 1)
+        s += ">";
+      else if (r < 3)
+        s += "*";
+      else
+        s += token();
     }
     return s;
   };

@@ -26,7 +26,8 @@ TEST(Url, Parses) {
 }
 
 TEST(Url, CarriesCredentials) {
-  auto u = parse_url("rdma://alice:s3cr@t:x@10.0.0.1:9000");  // the last '@' ends them; ':' may be in the password
+  auto u =
+      parse_url("rdma://alice:s3cr@t:x@10.0.0.1:9000");  // the last '@' ends them; ':' may be in the password
   ASSERT_TRUE(u.ok()) << u.error().message;
   EXPECT_EQ(u->user, "alice");
   EXPECT_EQ(u->password, "s3cr@t:x");
@@ -42,7 +43,8 @@ TEST(Url, CarriesCredentials) {
 }
 
 TEST(Url, RejectsWithAReason) {
-  for (const char* bad : {"10.0.0.1:9000", "rdma://", "rdma://:7", "rdma://h:0", "rdma://h:70000", "rdma://h:x"}) {
+  for (const char* bad :
+       {"10.0.0.1:9000", "rdma://", "rdma://:7", "rdma://h:0", "rdma://h:70000", "rdma://h:x"}) {
     auto u = parse_url(bad);
     ASSERT_FALSE(u.ok()) << bad;
     EXPECT_EQ(u.error().kind, ErrorKind::kInvalidArgument);

@@ -11,10 +11,12 @@
 namespace rdmabroker::proto {
 namespace {
 
-std::span<const std::byte> bytes(std::string_view s) { return std::as_bytes(std::span<const char>(s.data(), s.size())); }
+std::span<const std::byte> bytes(std::string_view s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
 
-std::vector<std::byte> encode(FrameType type, std::uint32_t arg, std::string_view subject, std::string_view payload,
-                              std::string_view reply = {}) {
+std::vector<std::byte> encode(FrameType type, std::uint32_t arg, std::string_view subject,
+                              std::string_view payload, std::string_view reply = {}) {
   std::vector<std::byte> buf(4096);
   FrameHeader h;
   h.type = type;
@@ -43,13 +45,16 @@ TEST(Wire, PublishRoundTrip) {
 }
 
 TEST(Wire, EveryTypeRoundTrips) {
-  struct Case { FrameType type; std::string subject, payload; std::uint32_t arg; };
+  struct Case {
+    FrameType type;
+    std::string subject, payload;
+    std::uint32_t arg;
+  };
   const std::vector<Case> cases = {
       {FrameType::kSubscribe, "a.b", "", 7},   {FrameType::kUnsubscribe, "", "", 7},
-      {FrameType::kPublish, "a", "", 0},
-      {FrameType::kCredit, "", "", 12},        {FrameType::kPing, "", "", 0},
-      {FrameType::kPong, "", "", 0},           {FrameType::kError, "", "bad thing", 4},
-      {FrameType::kClose, "", "", 10},
+      {FrameType::kPublish, "a", "", 0},       {FrameType::kCredit, "", "", 12},
+      {FrameType::kPing, "", "", 0},           {FrameType::kPong, "", "", 0},
+      {FrameType::kError, "", "bad thing", 4}, {FrameType::kClose, "", "", 10},
   };
   for (const auto& c : cases) {
     auto buf = encode(c.type, c.arg, c.subject, c.payload);
@@ -72,7 +77,8 @@ TEST(Wire, DeliverCarriesWholePublishFrames) {
   ASSERT_EQ(decode(d, f), DecodeStatus::kOk);
   EXPECT_EQ(f.header.arg, 9u);
   std::vector<std::string> subjects;
-  EXPECT_EQ(for_each_delivered(f, [&](const Frame& m) { subjects.emplace_back(m.subject); }), DecodeStatus::kOk);
+  EXPECT_EQ(for_each_delivered(f, [&](const Frame& m) { subjects.emplace_back(m.subject); }),
+            DecodeStatus::kOk);
   EXPECT_EQ(subjects, (std::vector<std::string>{"x", "y.z"}));
   // A DELIVER with a subject, an empty or unaligned body is malformed.
   EXPECT_EQ(decode(encode(FrameType::kDeliver, 9, "a", inner), f), DecodeStatus::kBadLength);
@@ -80,7 +86,8 @@ TEST(Wire, DeliverCarriesWholePublishFrames) {
   EXPECT_EQ(decode(encode(FrameType::kDeliver, 9, "", inner.substr(0, 33)), f), DecodeStatus::kBadLength);
   // Inside, only PUBLISH frames.
   auto ping = encode(FrameType::kPing, 0, "", "");
-  auto bad = encode(FrameType::kDeliver, 9, "", std::string(reinterpret_cast<const char*>(ping.data()), ping.size()));
+  auto bad = encode(FrameType::kDeliver, 9, "",
+                    std::string(reinterpret_cast<const char*>(ping.data()), ping.size()));
   ASSERT_EQ(decode(bad, f), DecodeStatus::kOk);
   EXPECT_EQ(for_each_delivered(f, [](const Frame&) {}), DecodeStatus::kBadType);
 }
@@ -221,7 +228,8 @@ TEST(Wire, OversizedFramesAreTooLargeNotOverflow) {
 }
 
 TEST(Wire, SubjectSyntax) {
-  for (std::string_view ok : {"a", "a.b", "orders.eu-west.1", "A_B.c$d"}) EXPECT_TRUE(valid_subject(ok)) << ok;
+  for (std::string_view ok : {"a", "a.b", "orders.eu-west.1", "A_B.c$d"})
+    EXPECT_TRUE(valid_subject(ok)) << ok;
   for (std::string_view bad : {"", ".a", "a.", "a..b", "a b", "a\tb", "a.*", "a.>", "caf\xc3\xa9"}) {
     EXPECT_FALSE(valid_subject(bad)) << bad;
   }
@@ -237,7 +245,8 @@ TEST(Wire, WildcardsOnlyAsWholeTokensAndOnlyInSubscriptions) {
     EXPECT_TRUE(valid_pattern(ok)) << ok;
     EXPECT_FALSE(valid_subject(ok)) << ok;
   }
-  for (std::string_view bad : {"a.>.b", "a*", "*a.b", "a.b>", ">.a", "a..*", ""}) EXPECT_FALSE(valid_pattern(bad)) << bad;
+  for (std::string_view bad : {"a.>.b", "a*", "*a.b", "a.b>", ">.a", "a..*", ""})
+    EXPECT_FALSE(valid_pattern(bad)) << bad;
   Frame f;
   EXPECT_EQ(decode(encode(FrameType::kSubscribe, 1, "orders.*.>", ""), f), DecodeStatus::kOk);
   EXPECT_EQ(decode(encode(FrameType::kPublish, 0, "orders.*", "x"), f), DecodeStatus::kBadSubject);
@@ -386,8 +395,10 @@ TEST(Handshake, RejectsBadInputAcceptsPadding) {
   bad = req;
   bad[4] = std::byte{9};
   EXPECT_EQ(decode(std::span<const std::byte>(bad), r), HandshakeStatus::kBadVersion);
-  EXPECT_EQ(decode(std::span<const std::byte>(encode(ConnectRequest{100, 64})), r), HandshakeStatus::kBadValue);
-  EXPECT_EQ(decode(std::span<const std::byte>(encode(ConnectRequest{16384, 1})), r), HandshakeStatus::kBadValue);
+  EXPECT_EQ(decode(std::span<const std::byte>(encode(ConnectRequest{100, 64})), r),
+            HandshakeStatus::kBadValue);
+  EXPECT_EQ(decode(std::span<const std::byte>(encode(ConnectRequest{16384, 1})), r),
+            HandshakeStatus::kBadValue);
 }
 
 }  // namespace

@@ -25,9 +25,9 @@ namespace rdmabroker {
 
 /// A message delivered to a subscription (owns its bytes).
 struct Message {
-  std::uint32_t sid = 0;        // the subscription it was delivered to
+  std::uint32_t sid = 0;  // the subscription it was delivered to
   std::string subject;
-  std::string reply;            // where the publisher wants an answer; empty: none
+  std::string reply;  // where the publisher wants an answer; empty: none
   std::vector<std::byte> payload;
   std::string_view data() const { return {reinterpret_cast<const char*>(payload.data()), payload.size()}; }
 };
@@ -111,11 +111,11 @@ struct ClientStats {
   std::uint64_t messages_received = 0;   // messages handed to subscriptions
   std::uint64_t multicast_messages = 0;  // ... of which came from a multicast group
   std::uint64_t multicast_groups = 0;    // groups joined now
-  std::uint64_t join_failures = 0;       // group joins that failed (the broker then sends over the connection)
-  std::uint64_t repairs_requested = 0;   // multicast messages asked to be resent (gaps)
-  std::uint64_t duplicates = 0;          // copies dropped: a message that came both from the group and the connection
-  std::uint64_t messages_lost = 0;       // gone beyond the broker's retransmit window; each loss is also an
-                                         // on_error with ErrorKind::kMessagesLost
+  std::uint64_t join_failures = 0;      // group joins that failed (the broker then sends over the connection)
+  std::uint64_t repairs_requested = 0;  // multicast messages asked to be resent (gaps)
+  std::uint64_t duplicates = 0;  // copies dropped: a message that came both from the group and the connection
+  std::uint64_t messages_lost = 0;  // gone beyond the broker's retransmit window; each loss is also an
+                                    // on_error with ErrorKind::kMessagesLost
 };
 
 /// A subscription read with next(); created by Client::subscribe(subject).
@@ -151,7 +151,9 @@ class Client {
   /// broker has it: use flush()). Fails with kPayloadTooLarge, kInvalidArgument
   /// (bad subject), kClosed, or kTimeout when the send queue stays full.
   virtual Status publish(std::string_view subject, std::span<const std::byte> payload) = 0;
-  Status publish(std::string_view subject, std::string_view payload) { return publish(subject, as_payload(payload)); }
+  Status publish(std::string_view subject, std::string_view payload) {
+    return publish(subject, as_payload(payload));
+  }
   /// Publishes with a reply subject, for a responder to answer to.
   virtual Status publish_request(std::string_view subject, std::string_view reply,
                                  std::span<const std::byte> payload) = 0;
@@ -161,7 +163,8 @@ class Client {
   /// within `timeout`.
   virtual Result<Message> request(std::string_view subject, std::span<const std::byte> payload,
                                   std::chrono::milliseconds timeout) = 0;
-  Result<Message> request(std::string_view subject, std::string_view payload, std::chrono::milliseconds timeout) {
+  Result<Message> request(std::string_view subject, std::string_view payload,
+                          std::chrono::milliseconds timeout) {
     return request(subject, as_payload(payload), timeout);
   }
   /// Subscribes with a callback (run on the client's I/O thread). Wildcards
@@ -173,7 +176,8 @@ class Client {
   /// of the group (across all connections), not to every member.
   virtual Result<std::uint32_t> queue_subscribe(std::string_view subject, std::string_view group,
                                                 MessageHandler handler) = 0;
-  virtual Result<std::shared_ptr<Subscription>> queue_subscribe(std::string_view subject, std::string_view group) = 0;
+  virtual Result<std::shared_ptr<Subscription>> queue_subscribe(std::string_view subject,
+                                                                std::string_view group) = 0;
   virtual Status unsubscribe(std::uint32_t sid) = 0;
   /// Round trip to the broker: when it returns ok, everything sent before was
   /// processed by the broker (subscriptions are active, publishes routed), and

@@ -21,10 +21,10 @@ typedef enum {
   RB_ERR_BROKER = -6,
   RB_ERR_RESOURCE = -7,
   RB_ERR_PAYLOAD_TOO_LARGE = -8,
-  RB_ERR_NO_RESPONDERS = -9, /* rb_request: nobody subscribes to the subject */
-  RB_ERR_AUTHENTICATION = -10, /* rb_connect: the broker refused the credentials */
+  RB_ERR_NO_RESPONDERS = -9,      /* rb_request: nobody subscribes to the subject */
+  RB_ERR_AUTHENTICATION = -10,    /* rb_connect: the broker refused the credentials */
   RB_ERR_PERMISSION_DENIED = -11, /* the user may not publish or subscribe to that subject */
-  RB_ERR_MESSAGES_LOST = -12 /* multicast: messages beyond the broker's retransmit window */
+  RB_ERR_MESSAGES_LOST = -12      /* multicast: messages beyond the broker's retransmit window */
 } rb_status;
 
 typedef struct rb_client rb_client;
@@ -53,7 +53,8 @@ int rb_publish_request(rb_client* c, const char* subject, const char* reply, con
 /* Sends a request and waits up to timeout_ms for the first reply (free it with
  * rb_message_free). RB_ERR_NO_RESPONDERS: nobody subscribes; RB_ERR_TIMEOUT:
  * nobody answered in time. */
-int rb_request(rb_client* c, const char* subject, const void* data, size_t len, int timeout_ms, rb_message** out);
+int rb_request(rb_client* c, const char* subject, const void* data, size_t len, int timeout_ms,
+               rb_message** out);
 int rb_subscribe(rb_client* c, const char* subject, rb_message_cb cb, void* user, uint32_t* sid_out);
 /* Joins queue group `group`: each message goes to one member of the group. */
 int rb_queue_subscribe(rb_client* c, const char* subject, const char* group, rb_message_cb cb, void* user,

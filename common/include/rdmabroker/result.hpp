@@ -11,15 +11,15 @@
 namespace rdmabroker {
 
 enum class ErrorKind {
-  kInvalidArgument,   // the caller passed something unusable (bad URL, subject, size)
-  kConnectFailed,     // address/route resolution or the connection attempt failed
-  kRejected,          // the broker refused the connection (reason in the message)
+  kInvalidArgument,  // the caller passed something unusable (bad URL, subject, size)
+  kConnectFailed,    // address/route resolution or the connection attempt failed
+  kRejected,         // the broker refused the connection (reason in the message)
   kTimeout,
-  kClosed,            // the connection is closed (by the caller, the broker or a failure)
-  kBrokerError,       // the broker answered with an ERROR frame
-  kResource,          // a verbs or system resource could not be created
+  kClosed,       // the connection is closed (by the caller, the broker or a failure)
+  kBrokerError,  // the broker answered with an ERROR frame
+  kResource,     // a verbs or system resource could not be created
   kPayloadTooLarge,
-  kNoResponders,      // a request found nobody subscribed to its subject
+  kNoResponders,          // a request found nobody subscribed to its subject
   kAuthenticationFailed,  // the broker refused the credentials (or their absence)
   kPermissionDenied,      // the user may not publish or subscribe to that subject
   kMessagesLost,          // multicast: messages the broker could no longer resend (on_error only)
@@ -38,12 +38,24 @@ class [[nodiscard]] Result {
 
   bool ok() const { return v_.index() == 0; }
   explicit operator bool() const { return ok(); }
-  T& value() & { assert(ok()); return std::get<0>(v_); }
-  T&& value() && { assert(ok()); return std::get<0>(std::move(v_)); }
-  const T& value() const& { assert(ok()); return std::get<0>(v_); }
+  T& value() & {
+    assert(ok());
+    return std::get<0>(v_);
+  }
+  T&& value() && {
+    assert(ok());
+    return std::get<0>(std::move(v_));
+  }
+  const T& value() const& {
+    assert(ok());
+    return std::get<0>(v_);
+  }
   T* operator->() { return &value(); }
   T& operator*() & { return value(); }
-  const Error& error() const { assert(!ok()); return std::get<1>(v_); }
+  const Error& error() const {
+    assert(!ok());
+    return std::get<1>(v_);
+  }
 
  private:
   std::variant<T, Error> v_;
@@ -56,7 +68,10 @@ class [[nodiscard]] Status {
   Status(Error error) : error_(std::move(error)), failed_(true) {}  // NOLINT(google-explicit-constructor)
   bool ok() const { return !failed_; }
   explicit operator bool() const { return ok(); }
-  const Error& error() const { assert(failed_); return error_; }
+  const Error& error() const {
+    assert(failed_);
+    return error_;
+  }
 
  private:
   Error error_{ErrorKind::kInvalidArgument, {}};

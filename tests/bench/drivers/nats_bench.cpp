@@ -20,7 +20,8 @@ using rdmabroker::bench::BenchEndpoint;
 std::string error_text(natsStatus s) {
   natsStatus ignored;
   const char* last = nats_GetLastError(&ignored);
-  return std::string(natsStatus_GetText(s)) + (last != nullptr && *last != '\0' ? std::string(": ") + last : "");
+  return std::string(natsStatus_GetText(s)) +
+         (last != nullptr && *last != '\0' ? std::string(": ") + last : "");
 }
 
 class NatsEndpoint final : public BenchEndpoint {
@@ -44,15 +45,17 @@ class NatsEndpoint final : public BenchEndpoint {
 
   std::string subscribe(const std::string& subject, const std::string& queue, OnPayload on_payload) override {
     on_payload_ = std::move(on_payload);
-    natsStatus s = queue.empty() ? natsConnection_Subscribe(&sub_, nc_, subject.c_str(), &NatsEndpoint::on_message, this)
-                                 : natsConnection_QueueSubscribe(&sub_, nc_, subject.c_str(), queue.c_str(),
-                                                                 &NatsEndpoint::on_message, this);
+    natsStatus s =
+        queue.empty() ? natsConnection_Subscribe(&sub_, nc_, subject.c_str(), &NatsEndpoint::on_message, this)
+                      : natsConnection_QueueSubscribe(&sub_, nc_, subject.c_str(), queue.c_str(),
+                                                      &NatsEndpoint::on_message, this);
     if (s == NATS_OK) s = natsSubscription_SetPendingLimits(sub_, -1, -1);
     if (s != NATS_OK) return error_text(s);
     return flush(std::chrono::seconds(30));
   }
   std::string publish(const std::string& subject, std::span<const std::byte> payload, bool) override {
-    const natsStatus s = natsConnection_Publish(nc_, subject.c_str(), payload.data(), static_cast<int>(payload.size()));
+    const natsStatus s =
+        natsConnection_Publish(nc_, subject.c_str(), payload.data(), static_cast<int>(payload.size()));
     return s == NATS_OK ? std::string() : error_text(s);
   }
   std::string flush(std::chrono::milliseconds timeout) override {
@@ -98,9 +101,12 @@ class NatsEndpoint final : public BenchEndpoint {
 
 int main(int argc, char** argv) {
   if (const natsStatus s = nats_Open(-1); s != NATS_OK) return 1;
-  const int rc = rdmabroker::bench::driver_main(argc, argv, "nats", "nats://127.0.0.1:4222", [](const rdmabroker::bench::BenchOptions& opt) {
-    return [url = opt.url, asap = opt.rate > 0](std::string& error) { return NatsEndpoint::connect(url, asap, error); };
-  });
+  const int rc = rdmabroker::bench::driver_main(
+      argc, argv, "nats", "nats://127.0.0.1:4222", [](const rdmabroker::bench::BenchOptions& opt) {
+        return [url = opt.url, asap = opt.rate > 0](std::string& error) {
+          return NatsEndpoint::connect(url, asap, error);
+        };
+      });
   nats_Close();
   return rc;
 }

@@ -55,7 +55,8 @@ class RedisEndpoint final : public BenchEndpoint {
           return;
         }
         ReplyPtr m(static_cast<redisReply*>(raw));
-        if (m->type == REDIS_REPLY_ARRAY && m->elements == 3 && std::string_view(m->element[0]->str) == "message") {
+        if (m->type == REDIS_REPLY_ARRAY && m->elements == 3 &&
+            std::string_view(m->element[0]->str) == "message") {
           f(std::span(reinterpret_cast<const std::byte*>(m->element[2]->str), m->element[2]->len));
         }
       }
@@ -63,8 +64,8 @@ class RedisEndpoint final : public BenchEndpoint {
     return {};
   }
   std::string publish(const std::string& subject, std::span<const std::byte> payload, bool more) override {
-    if (redisAppendCommand(ctx_, "PUBLISH %b %b", subject.data(), subject.size(), payload.data(), payload.size()) !=
-        REDIS_OK) {
+    if (redisAppendCommand(ctx_, "PUBLISH %b %b", subject.data(), subject.size(), payload.data(),
+                           payload.size()) != REDIS_OK) {
       return ctx_->errstr;
     }
     ++unanswered_;
@@ -121,14 +122,15 @@ class RedisEndpoint final : public BenchEndpoint {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return rdmabroker::bench::driver_main(argc, argv, "redis", "redis://127.0.0.1:6379", [](const rdmabroker::bench::BenchOptions& opt) {
-    // redis://host[:port]
-    std::string rest = opt.url.starts_with("redis://") ? opt.url.substr(8) : opt.url;
-    int port = 6379;
-    if (const auto colon = rest.rfind(':'); colon != std::string::npos) {
-      port = std::stoi(rest.substr(colon + 1));
-      rest.resize(colon);
-    }
-    return [host = rest, port](std::string& error) { return RedisEndpoint::connect(host, port, error); };
-  });
+  return rdmabroker::bench::driver_main(
+      argc, argv, "redis", "redis://127.0.0.1:6379", [](const rdmabroker::bench::BenchOptions& opt) {
+        // redis://host[:port]
+        std::string rest = opt.url.starts_with("redis://") ? opt.url.substr(8) : opt.url;
+        int port = 6379;
+        if (const auto colon = rest.rfind(':'); colon != std::string::npos) {
+          port = std::stoi(rest.substr(colon + 1));
+          rest.resize(colon);
+        }
+        return [host = rest, port](std::string& error) { return RedisEndpoint::connect(host, port, error); };
+      });
 }

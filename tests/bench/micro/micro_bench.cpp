@@ -86,7 +86,8 @@ void BM_MatchCached(benchmark::State& state) {
     benchmark::DoNotOptimize(&m);
   }
   state.SetItemsProcessed(state.iterations());
-  state.counters["hit_ratio"] = static_cast<double>(cache.hits()) / static_cast<double>(cache.hits() + cache.misses());
+  state.counters["hit_ratio"] =
+      static_cast<double>(cache.hits()) / static_cast<double>(cache.hits() + cache.misses());
 }
 BENCHMARK(BM_MatchCached);
 

@@ -47,7 +47,9 @@ class CreditWindow {
     return true;
   }
   /// Whether owed credits should go back now even without data to carry them.
-  bool should_return() const { return owed_ > 0 && (owed_ >= std::max<std::uint32_t>(1, window_ / 2) || outstanding_ <= kReserve); }
+  bool should_return() const {
+    return owed_ > 0 && (owed_ >= std::max<std::uint32_t>(1, window_ / 2) || outstanding_ <= kReserve);
+  }
   /// Takes up to `limit` owed credits for the next SEND's immediate data.
   std::uint32_t take_owed(std::uint32_t limit) {
     const std::uint32_t n = std::min({owed_, limit, std::uint32_t{0xffff}});

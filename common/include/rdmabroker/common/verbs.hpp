@@ -16,15 +16,33 @@ namespace rdmabroker::verbs {
 /// QP is created without); what it granted is in the QP's init attributes.
 inline constexpr std::uint32_t kInlineWanted = 256;
 
-struct PdDeleter { void operator()(ibv_pd* p) const noexcept { ibv_dealloc_pd(p); } };
-struct CqDeleter { void operator()(ibv_cq* p) const noexcept { ibv_destroy_cq(p); } };
-struct CompChannelDeleter { void operator()(ibv_comp_channel* p) const noexcept { ibv_destroy_comp_channel(p); } };
-struct SrqDeleter { void operator()(ibv_srq* p) const noexcept { ibv_destroy_srq(p); } };
-struct MrDeleter { void operator()(ibv_mr* p) const noexcept { ibv_dereg_mr(p); } };
-struct AhDeleter { void operator()(ibv_ah* p) const noexcept { ibv_destroy_ah(p); } };
-struct EventChannelDeleter { void operator()(rdma_event_channel* p) const noexcept { rdma_destroy_event_channel(p); } };
-struct CmIdDeleter { void operator()(rdma_cm_id* p) const noexcept { rdma_destroy_id(p); } };
-struct DeviceListDeleter { void operator()(ibv_context** p) const noexcept { rdma_free_devices(p); } };
+struct PdDeleter {
+  void operator()(ibv_pd* p) const noexcept { ibv_dealloc_pd(p); }
+};
+struct CqDeleter {
+  void operator()(ibv_cq* p) const noexcept { ibv_destroy_cq(p); }
+};
+struct CompChannelDeleter {
+  void operator()(ibv_comp_channel* p) const noexcept { ibv_destroy_comp_channel(p); }
+};
+struct SrqDeleter {
+  void operator()(ibv_srq* p) const noexcept { ibv_destroy_srq(p); }
+};
+struct MrDeleter {
+  void operator()(ibv_mr* p) const noexcept { ibv_dereg_mr(p); }
+};
+struct AhDeleter {
+  void operator()(ibv_ah* p) const noexcept { ibv_destroy_ah(p); }
+};
+struct EventChannelDeleter {
+  void operator()(rdma_event_channel* p) const noexcept { rdma_destroy_event_channel(p); }
+};
+struct CmIdDeleter {
+  void operator()(rdma_cm_id* p) const noexcept { rdma_destroy_id(p); }
+};
+struct DeviceListDeleter {
+  void operator()(ibv_context** p) const noexcept { rdma_free_devices(p); }
+};
 
 using PdPtr = std::unique_ptr<ibv_pd, PdDeleter>;
 using CqPtr = std::unique_ptr<ibv_cq, CqDeleter>;
@@ -76,7 +94,9 @@ class CmQp {
 };
 
 /// An rdma_cm event that is acknowledged when this owner goes away.
-struct CmEventDeleter { void operator()(rdma_cm_event* e) const noexcept { rdma_ack_cm_event(e); } };
+struct CmEventDeleter {
+  void operator()(rdma_cm_event* e) const noexcept { rdma_ack_cm_event(e); }
+};
 using CmEventPtr = std::unique_ptr<rdma_cm_event, CmEventDeleter>;
 
 /// Acknowledges CQ events in batches (ibv_ack_cq_events takes a mutex; per-event

@@ -42,7 +42,7 @@ struct User {
 };
 
 struct AuthSettings {
-  bool anonymous = false;            // clients without credentials are accepted (only when the config says so)
+  bool anonymous = false;  // clients without credentials are accepted (only when the config says so)
   Permissions anonymous_permissions;  // what they may do
   std::vector<User> users;
   bool operator==(const AuthSettings&) const = default;
@@ -55,42 +55,45 @@ struct AuthSettings {
 /// fewer than `leave_below` remain (hysteresis).
 struct MulticastSettings {
   bool enabled = false;
-  std::string groups = "239.77.0.0/16";   // IPv4 multicast range group addresses are taken from
-  std::vector<std::string> subjects;      // patterns of multicast-backed subjects (live)
-  std::uint32_t threshold = 1;            // multicast-capable subscribers at which a subject joins a group (live)
-  std::uint32_t leave_below = 1;          // ... and below which it leaves it again (live, <= threshold)
-  std::uint32_t retransmit_window = 4096; // messages per subject kept for gap repair
+  std::string groups = "239.77.0.0/16";  // IPv4 multicast range group addresses are taken from
+  std::vector<std::string> subjects;     // patterns of multicast-backed subjects (live)
+  std::uint32_t threshold = 1;    // multicast-capable subscribers at which a subject joins a group (live)
+  std::uint32_t leave_below = 1;  // ... and below which it leaves it again (live, <= threshold)
+  std::uint32_t retransmit_window = 4096;  // messages per subject kept for gap repair
   bool operator==(const MulticastSettings&) const = default;
 };
 
 struct BrokerOptions {
   std::string listen_address = "0.0.0.0";
-  std::uint16_t port = 7470;               // RDMA CM port
+  std::uint16_t port = 7470;  // RDMA CM port
   RdmaMode rdma = RdmaMode::kAuto;
-  std::string tcp_listen_address;          // empty: listen_address
-  std::uint16_t tcp_port = 7471;           // 0: no TCP listener
-  std::uint32_t workers = 0;               // 0: one per core, at most 8
-  std::uint32_t buffer_size = 16384;       // receive buffer = largest frame, bytes
-  std::uint32_t pool_buffers = 8192;       // buffers in the shared pool
-  std::uint32_t srq_depth = 1024;          // receives per SRQ (one SRQ per worker and device)
-  std::uint32_t credits = 32;              // receive credits granted to each client
-  std::uint32_t max_inflight_sends = 8;    // SENDs in flight per connection before batching
-  std::uint32_t busy_poll_us = 0;          // a worker spins on its CQs this long after its last work before sleeping
-  std::uint64_t max_pending_bytes = 64u << 20;  // queued frame bytes per subscriber before it is a slow consumer
-  std::uint32_t write_deadline_ms = 2000;  // a subscriber with queued data and no send progress this long is a slow consumer
-  std::uint32_t producer_stall_ms = 100;    // credits withheld from a publisher feeding a backlogged subscriber
+  std::string tcp_listen_address;        // empty: listen_address
+  std::uint16_t tcp_port = 7471;         // 0: no TCP listener
+  std::uint32_t workers = 0;             // 0: one per core, at most 8
+  std::uint32_t buffer_size = 16384;     // receive buffer = largest frame, bytes
+  std::uint32_t pool_buffers = 8192;     // buffers in the shared pool
+  std::uint32_t srq_depth = 1024;        // receives per SRQ (one SRQ per worker and device)
+  std::uint32_t credits = 32;            // receive credits granted to each client
+  std::uint32_t max_inflight_sends = 8;  // SENDs in flight per connection before batching
+  std::uint32_t busy_poll_us = 0;  // a worker spins on its CQs this long after its last work before sleeping
+  std::uint64_t max_pending_bytes = 64u
+                                    << 20;  // queued frame bytes per subscriber before it is a slow consumer
+  std::uint32_t write_deadline_ms =
+      2000;  // a subscriber with queued data and no send progress this long is a slow consumer
+  std::uint32_t producer_stall_ms = 100;  // credits withheld from a publisher feeding a backlogged subscriber
   std::uint32_t max_connections = 1024;
-  std::uint32_t max_subscriptions = 10000; // per connection
+  std::uint32_t max_subscriptions = 10000;  // per connection
   // Broker-wide bounds on what clients can make the broker hold (docs/security.md, "Memory budget").
   std::uint32_t max_subscriptions_total = 1'000'000;   // subscriptions of all connections together
   std::uint64_t max_subscription_memory = 256u << 20;  // their estimated heap (SubscriptionBudget::cost)
-  std::uint64_t max_pending_bytes_total = 256u << 20;  // frame bytes (+128 per message) queued for all subscribers
-  std::uint32_t send_blocks = 4096;        // registered send blocks per worker (headers/control frames)
-  std::uint32_t drain_timeout_ms = 2000;   // how long a closing connection may flush its last frames
+  std::uint64_t max_pending_bytes_total = 256u
+                                          << 20;  // frame bytes (+128 per message) queued for all subscribers
+  std::uint32_t send_blocks = 4096;       // registered send blocks per worker (headers/control frames)
+  std::uint32_t drain_timeout_ms = 2000;  // how long a closing connection may flush its last frames
   std::string admin_socket = "/run/rdmabroker/admin.sock";  // `rdmabroker stat`/`reload`; empty: none
-  std::vector<std::string> devices;        // RDMA devices to use (e.g. rxe0); empty: all
-  std::uint32_t max_payload = 0;           // largest payload accepted; 0: what the buffer size allows
-  AuthSettings auth;                       // who may connect and what they may do (live)
+  std::vector<std::string> devices;                         // RDMA devices to use (e.g. rxe0); empty: all
+  std::uint32_t max_payload = 0;  // largest payload accepted; 0: what the buffer size allows
+  AuthSettings auth;              // who may connect and what they may do (live)
   MulticastSettings multicast;
 };
 
@@ -114,4 +117,4 @@ struct Config {
   std::set<std::string> file_keys;
 };
 
-}  // namespace rdmabroker::daemon
+}  // namespace rdmabroker::config

@@ -16,9 +16,9 @@ namespace rdmabroker::proto {
 /// MCAST_JOIN payload (24 bytes): which channel serves the subscription and
 /// the group to join for it.
 struct McastJoin {
-  std::uint32_t channel = 0;              // broker-wide id of the subject's multicast channel
-  std::uint32_t qkey = 0;                 // the group's Q_Key (rdma_cm's for the UDP port space)
-  std::array<std::uint8_t, 16> group{};   // group address, IPv6 form (IPv4 groups as ::ffff:a.b.c.d)
+  std::uint32_t channel = 0;             // broker-wide id of the subject's multicast channel
+  std::uint32_t qkey = 0;                // the group's Q_Key (rdma_cm's for the UDP port space)
+  std::array<std::uint8_t, 16> group{};  // group address, IPv6 form (IPv4 groups as ::ffff:a.b.c.d)
 };
 
 inline std::array<std::byte, kMcastJoinLen> encode(const McastJoin& j) {
@@ -97,7 +97,8 @@ inline std::optional<DatagramHeader> decode_datagram(std::span<const std::byte> 
   const std::uint64_t chunk = b.size() - kDatagramHeaderSize;
   if (h.sequence == 0) return std::nullopt;
   if (h.total_len == 0) return chunk == 0 && h.offset == 0 && h.count == 0 ? std::optional(h) : std::nullopt;
-  if (h.total_len > max_message || chunk == 0 || h.count == 0 || std::uint64_t{h.offset} + chunk > h.total_len) {
+  if (h.total_len > max_message || chunk == 0 || h.count == 0 ||
+      std::uint64_t{h.offset} + chunk > h.total_len) {
     return std::nullopt;
   }
   // Several messages only whole, in one datagram.

@@ -46,7 +46,7 @@ enum class FrameType : std::uint8_t {
   kMcastJoined = 13,  // C -> B: outcome of joining for subscription `arg`: empty payload ok, else why not
   kMcastRepair = 14,  // C -> B: resend subscription `arg`'s messages from `sequence` (payload: u64 count)
   kMcastLoss = 15,    // B -> C: subscription `arg` lost messages from `sequence` (payload: u64 count)
-  kMcastLeave = 16,   // B -> C: subscription `arg`'s channel left its group: all further messages come over RC
+  kMcastLeave = 16,  // B -> C: subscription `arg`'s channel left its group: all further messages come over RC
 };
 inline constexpr std::uint8_t kMaxFrameType = 16;
 /// Longest CONNECT payload (user name plus password, or a token).
@@ -87,43 +87,74 @@ enum class ErrorCode : std::uint32_t {
 
 constexpr std::string_view to_string(FrameType t) {
   switch (t) {
-    case FrameType::kSubscribe: return "SUBSCRIBE";
-    case FrameType::kUnsubscribe: return "UNSUBSCRIBE";
-    case FrameType::kPublish: return "PUBLISH";
-    case FrameType::kDeliver: return "DELIVER";
-    case FrameType::kCredit: return "CREDIT";
-    case FrameType::kPing: return "PING";
-    case FrameType::kPong: return "PONG";
-    case FrameType::kError: return "ERROR";
-    case FrameType::kClose: return "CLOSE";
-    case FrameType::kNoResponders: return "NO_RESPONDERS";
-    case FrameType::kConnect: return "CONNECT";
-    case FrameType::kMcastJoin: return "MCAST_JOIN";
-    case FrameType::kMcastJoined: return "MCAST_JOINED";
-    case FrameType::kMcastRepair: return "MCAST_REPAIR";
-    case FrameType::kMcastLoss: return "MCAST_LOSS";
-    case FrameType::kMcastLeave: return "MCAST_LEAVE";
+    case FrameType::kSubscribe:
+      return "SUBSCRIBE";
+    case FrameType::kUnsubscribe:
+      return "UNSUBSCRIBE";
+    case FrameType::kPublish:
+      return "PUBLISH";
+    case FrameType::kDeliver:
+      return "DELIVER";
+    case FrameType::kCredit:
+      return "CREDIT";
+    case FrameType::kPing:
+      return "PING";
+    case FrameType::kPong:
+      return "PONG";
+    case FrameType::kError:
+      return "ERROR";
+    case FrameType::kClose:
+      return "CLOSE";
+    case FrameType::kNoResponders:
+      return "NO_RESPONDERS";
+    case FrameType::kConnect:
+      return "CONNECT";
+    case FrameType::kMcastJoin:
+      return "MCAST_JOIN";
+    case FrameType::kMcastJoined:
+      return "MCAST_JOINED";
+    case FrameType::kMcastRepair:
+      return "MCAST_REPAIR";
+    case FrameType::kMcastLoss:
+      return "MCAST_LOSS";
+    case FrameType::kMcastLeave:
+      return "MCAST_LEAVE";
   }
   return "UNKNOWN";
 }
 
 constexpr std::string_view to_string(ErrorCode c) {
   switch (c) {
-    case ErrorCode::kNone: return "none";
-    case ErrorCode::kMalformedFrame: return "malformed frame";
-    case ErrorCode::kUnsupportedVersion: return "unsupported protocol version";
-    case ErrorCode::kPayloadTooLarge: return "payload too large";
-    case ErrorCode::kInvalidSubject: return "invalid subject";
-    case ErrorCode::kUnknownSubscription: return "unknown subscription id";
-    case ErrorCode::kDuplicateSubscription: return "subscription id already in use";
-    case ErrorCode::kProtocolViolation: return "protocol violation";
-    case ErrorCode::kTooManySubscriptions: return "too many subscriptions";
-    case ErrorCode::kSlowConsumer: return "slow consumer";
-    case ErrorCode::kServerShutdown: return "server shutting down";
-    case ErrorCode::kInternalError: return "internal error";
-    case ErrorCode::kAuthenticationRequired: return "authentication required";
-    case ErrorCode::kAuthenticationFailed: return "authentication failed";
-    case ErrorCode::kPermissionDenied: return "permission denied";
+    case ErrorCode::kNone:
+      return "none";
+    case ErrorCode::kMalformedFrame:
+      return "malformed frame";
+    case ErrorCode::kUnsupportedVersion:
+      return "unsupported protocol version";
+    case ErrorCode::kPayloadTooLarge:
+      return "payload too large";
+    case ErrorCode::kInvalidSubject:
+      return "invalid subject";
+    case ErrorCode::kUnknownSubscription:
+      return "unknown subscription id";
+    case ErrorCode::kDuplicateSubscription:
+      return "subscription id already in use";
+    case ErrorCode::kProtocolViolation:
+      return "protocol violation";
+    case ErrorCode::kTooManySubscriptions:
+      return "too many subscriptions";
+    case ErrorCode::kSlowConsumer:
+      return "slow consumer";
+    case ErrorCode::kServerShutdown:
+      return "server shutting down";
+    case ErrorCode::kInternalError:
+      return "internal error";
+    case ErrorCode::kAuthenticationRequired:
+      return "authentication required";
+    case ErrorCode::kAuthenticationFailed:
+      return "authentication failed";
+    case ErrorCode::kPermissionDenied:
+      return "permission denied";
   }
   return "unknown error";
 }
@@ -187,7 +218,7 @@ struct Frame {
 
 enum class DecodeStatus {
   kOk,
-  kNeedMore,     // the buffer ends inside a frame (stream transports read on)
+  kNeedMore,  // the buffer ends inside a frame (stream transports read on)
   kBadMagic,
   kBadVersion,
   kBadType,
@@ -199,15 +230,24 @@ enum class DecodeStatus {
 
 constexpr std::string_view to_string(DecodeStatus s) {
   switch (s) {
-    case DecodeStatus::kOk: return "ok";
-    case DecodeStatus::kNeedMore: return "truncated frame";
-    case DecodeStatus::kBadMagic: return "bad frame magic";
-    case DecodeStatus::kBadVersion: return "unsupported frame version";
-    case DecodeStatus::kBadType: return "unknown frame type";
-    case DecodeStatus::kBadReserved: return "reserved field not zero";
-    case DecodeStatus::kBadLength: return "frame lengths invalid for its type";
-    case DecodeStatus::kTooLarge: return "frame larger than the receive buffer size";
-    case DecodeStatus::kBadSubject: return "invalid subject";
+    case DecodeStatus::kOk:
+      return "ok";
+    case DecodeStatus::kNeedMore:
+      return "truncated frame";
+    case DecodeStatus::kBadMagic:
+      return "bad frame magic";
+    case DecodeStatus::kBadVersion:
+      return "unsupported frame version";
+    case DecodeStatus::kBadType:
+      return "unknown frame type";
+    case DecodeStatus::kBadReserved:
+      return "reserved field not zero";
+    case DecodeStatus::kBadLength:
+      return "frame lengths invalid for its type";
+    case DecodeStatus::kTooLarge:
+      return "frame larger than the receive buffer size";
+    case DecodeStatus::kBadSubject:
+      return "invalid subject";
   }
   return "unknown";
 }
@@ -215,10 +255,14 @@ constexpr std::string_view to_string(DecodeStatus s) {
 /// Maps a decode failure to the ERROR code the peer receives.
 constexpr ErrorCode error_for(DecodeStatus s) {
   switch (s) {
-    case DecodeStatus::kBadVersion: return ErrorCode::kUnsupportedVersion;
-    case DecodeStatus::kBadSubject: return ErrorCode::kInvalidSubject;
-    case DecodeStatus::kTooLarge: return ErrorCode::kPayloadTooLarge;
-    default: return ErrorCode::kMalformedFrame;
+    case DecodeStatus::kBadVersion:
+      return ErrorCode::kUnsupportedVersion;
+    case DecodeStatus::kBadSubject:
+      return ErrorCode::kInvalidSubject;
+    case DecodeStatus::kTooLarge:
+      return ErrorCode::kPayloadTooLarge;
+    default:
+      return ErrorCode::kMalformedFrame;
   }
 }
 
@@ -230,7 +274,8 @@ inline bool check_subject(std::string_view s, bool patterns) {
   std::size_t start = 0;
   while (true) {
     const std::size_t dot = s.find('.', start);
-    const std::string_view tok = s.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
+    const std::string_view tok =
+        s.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
     if (tok.empty()) return false;
     const bool last = dot == std::string_view::npos;
     if (patterns && (tok == "*" || (tok == ">" && last))) {
@@ -275,12 +320,13 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   h.sequence = load<std::uint64_t>(p + 24);
   // REQUEST belongs to PUBLISH frames with a reply subject, SEQUENCED to DELIVER.
   const std::uint16_t allowed_flags = h.type == FrameType::kPublish && h.reply_len != 0 ? kFlagRequest
-                                      : h.type == FrameType::kDeliver                  ? kFlagSequenced
-                                                                                       : 0;
+                                      : h.type == FrameType::kDeliver                   ? kFlagSequenced
+                                                                                        : 0;
   if ((h.flags & ~allowed_flags) != 0) return DecodeStatus::kBadReserved;
   if (h.subject_len > kMaxSubjectLen || h.reply_len > kMaxSubjectLen) return DecodeStatus::kBadLength;
   // 64-bit arithmetic: payload_len is attacker-controlled and may be near 2^32.
-  const std::uint64_t total = align_up(std::uint64_t{kHeaderSize} + h.subject_len + h.reply_len + h.payload_len);
+  const std::uint64_t total =
+      align_up(std::uint64_t{kHeaderSize} + h.subject_len + h.reply_len + h.payload_len);
   if (total > max_frame) return DecodeStatus::kTooLarge;
 
   // Which parts each type carries (SPEC.md, "Frame types").
@@ -294,7 +340,8 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
       break;
     case FrameType::kDeliver:
       // A run of whole PUBLISH frames for one subscription (SPEC.md, DELIVER).
-      if (has_subject || h.reply_len != 0 || h.payload_len < kHeaderSize || h.payload_len % kFrameAlign != 0) {
+      if (has_subject || h.reply_len != 0 || h.payload_len < kHeaderSize ||
+          h.payload_len % kFrameAlign != 0) {
         return DecodeStatus::kBadLength;
       }
       break;
@@ -317,7 +364,8 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
       if (has_subject || h.reply_len != 0 || h.payload_len != kMcastJoinLen) return DecodeStatus::kBadLength;
       break;
     case FrameType::kMcastJoined:
-      if (has_subject || h.reply_len != 0 || h.payload_len > kMaxMcastReasonLen) return DecodeStatus::kBadLength;
+      if (has_subject || h.reply_len != 0 || h.payload_len > kMaxMcastReasonLen)
+        return DecodeStatus::kBadLength;
       break;
     case FrameType::kMcastRepair:
     case FrameType::kMcastLoss:
@@ -337,7 +385,8 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   out.subject = std::string_view(body, h.subject_len);
   out.reply = std::string_view(body + h.subject_len, h.reply_len);
   out.payload = buf.subspan(kHeaderSize + h.subject_len + h.reply_len, h.payload_len);
-  if (has_subject && !(h.type == FrameType::kSubscribe ? valid_pattern(out.subject) : valid_subject(out.subject))) {
+  if (has_subject &&
+      !(h.type == FrameType::kSubscribe ? valid_pattern(out.subject) : valid_subject(out.subject))) {
     return DecodeStatus::kBadSubject;
   }
   // A SUBSCRIBE's "reply" field is its queue group name (SPEC.md); both follow the subject rules.
@@ -448,12 +497,18 @@ enum class RejectReason : std::uint16_t {
 
 constexpr std::string_view to_string(RejectReason r) {
   switch (r) {
-    case RejectReason::kBadMagic: return "not an rdmabroker handshake";
-    case RejectReason::kUnsupportedVersion: return "unsupported protocol version";
-    case RejectReason::kBufferTooSmall: return "receive buffers smaller than the broker's frame size";
-    case RejectReason::kTooManyConnections: return "connection limit reached";
-    case RejectReason::kNoResources: return "broker out of resources";
-    case RejectReason::kShuttingDown: return "broker shutting down";
+    case RejectReason::kBadMagic:
+      return "not an rdmabroker handshake";
+    case RejectReason::kUnsupportedVersion:
+      return "unsupported protocol version";
+    case RejectReason::kBufferTooSmall:
+      return "receive buffers smaller than the broker's frame size";
+    case RejectReason::kTooManyConnections:
+      return "connection limit reached";
+    case RejectReason::kNoResources:
+      return "broker out of resources";
+    case RejectReason::kShuttingDown:
+      return "broker shutting down";
   }
   return "unknown reason";
 }
@@ -502,11 +557,16 @@ enum class HandshakeStatus { kOk, kTooShort, kBadMagic, kBadVersion, kBadValue }
 
 constexpr std::string_view to_string(HandshakeStatus s) {
   switch (s) {
-    case HandshakeStatus::kOk: return "ok";
-    case HandshakeStatus::kTooShort: return "handshake block too short";
-    case HandshakeStatus::kBadMagic: return "bad handshake magic";
-    case HandshakeStatus::kBadVersion: return "unsupported handshake version";
-    case HandshakeStatus::kBadValue: return "handshake value out of range";
+    case HandshakeStatus::kOk:
+      return "ok";
+    case HandshakeStatus::kTooShort:
+      return "handshake block too short";
+    case HandshakeStatus::kBadMagic:
+      return "bad handshake magic";
+    case HandshakeStatus::kBadVersion:
+      return "unsupported handshake version";
+    case HandshakeStatus::kBadValue:
+      return "handshake value out of range";
   }
   return "unknown";
 }
@@ -525,7 +585,8 @@ inline HandshakeStatus decode(std::span<const std::byte> b, ConnectRequest& out)
   out.flags = load<std::uint16_t>(b.data() + 6);
   out.recv_buffer_size = load<std::uint32_t>(b.data() + 8);
   out.initial_credits = load<std::uint32_t>(b.data() + 12);
-  if (out.recv_buffer_size < kMinBufferSize || out.recv_buffer_size > kMaxBufferSize) return HandshakeStatus::kBadValue;
+  if (out.recv_buffer_size < kMinBufferSize || out.recv_buffer_size > kMaxBufferSize)
+    return HandshakeStatus::kBadValue;
   if (out.initial_credits < 2 || out.initial_credits > 65535) return HandshakeStatus::kBadValue;
   return HandshakeStatus::kOk;
 }
@@ -534,7 +595,8 @@ inline HandshakeStatus decode(std::span<const std::byte> b, ConnectAccept& out) 
   out.max_frame_size = load<std::uint32_t>(b.data() + 8);
   out.initial_credits = load<std::uint32_t>(b.data() + 12);
   out.connection_id = load<std::uint64_t>(b.data() + 16);
-  if (out.max_frame_size < kMinBufferSize || out.max_frame_size > kMaxBufferSize) return HandshakeStatus::kBadValue;
+  if (out.max_frame_size < kMinBufferSize || out.max_frame_size > kMaxBufferSize)
+    return HandshakeStatus::kBadValue;
   return HandshakeStatus::kOk;
 }
 inline HandshakeStatus decode(std::span<const std::byte> b, ConnectReject& out) {
