@@ -6,7 +6,7 @@ set -euo pipefail
 
 PACKAGES=(
   # build
-  build-essential cmake pkg-config ninja-build ccache
+  build-essential cmake pkg-config ninja-build ccache clang-format
   libibverbs-dev librdmacm-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libyaml-cpp-dev prometheus-cpp-dev libsystemd-dev
   # tests

@@ -3,11 +3,16 @@
 #   - memory is registered only through verbs::register_local (local access
 #     only), never with remote read/write/atomic rights and never through a
 #     memory window: no peer can reach broker or client memory with an rkey
-#     (docs/security.md, "RDMA memory").
+#     (docs/security.md, "RDMA memory");
+#   - every C and C++ source is laid out by .clang-format (Google's style,
+#     110 columns): `clang-format -i FILE` fixes one.
+#   tests/lint.sh [memory|format]   (no argument: both)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+RULE=${1:-all}
 fail=0
 SRC=(daemon client-lib common proto config)
+if [ "$RULE" != format ]; then
 hits=$(grep -rn --include='*.cpp' --include='*.hpp' --include='*.h' --include='*.c' 'ibv_reg_mr(' "${SRC[@]}" |
   grep -v '^common/include/rdmabroker/common/verbs.hpp:' || true)
 if [ -n "$hits" ]; then
@@ -17,6 +22,15 @@ hits=$(grep -rnE --include='*.cpp' --include='*.hpp' --include='*.h' --include='
   'IBV_ACCESS_REMOTE_|IBV_ACCESS_MW_BIND|ibv_alloc_mw|ibv_bind_mw|ibv_reg_dmabuf_mr|ibv_reg_mr_iova' "${SRC[@]}" || true)
 if [ -n "$hits" ]; then
   echo "lint: remote access to registered memory:"; echo "$hits"; fail=1
+fi
+fi
+if [ "$RULE" != memory ]; then
+mapfile -t sources < <(find "${SRC[@]}" tests -name '*.cpp' -o -name '*.hpp' -o -name '*.h' -o -name '*.c')
+if ! out=$(clang-format --dry-run --Werror "${sources[@]}" 2>&1); then
+  echo "lint: not formatted by .clang-format (clang-format -i FILE):"
+  echo "$out" | grep -oE '^[^:]+\.(cpp|hpp|h|c):' | sort -u
+  fail=1
+fi
 fi
 [ $fail = 0 ] && echo "lint: ok"
 exit $fail
