@@ -205,8 +205,17 @@ BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_
     // A 32 MiB pool, not the default 128 MiB: registering memory is most of a
     // broker's start-up in the emulated guest (1.8 s of 3.5 under ASan), and
     // every test starts one. Tests about the pool or the SRQs set their own.
-    if (!given("--pool-buffers") && !given("--srq-depth")) {
+    // Not for slow-consumer tests (--max-pending-bytes): queued messages hold
+    // pool buffers, and a small pool would stall publishers before the bound.
+    if (!given("--pool-buffers") && !given("--srq-depth") && !given("--max-pending-bytes")) {
       args_.insert(args_.end(), {"--pool-buffers", "2048", "--srq-depth", "256"});
+    }
+    // The 2 s default write deadline is a policy for real subscribers; a
+    // client under TSan in the emulated guest, three tests at a time, can
+    // stall that long and be cut off. Tests of the slow-consumer policy set
+    // their own bounds.
+    if (!given("--write-deadline-ms") && !given("--max-pending-bytes")) {
+      args_.insert(args_.end(), {"--write-deadline-ms", "30000"});
     }
   }
   args_.insert(args_.end(), extra_args.begin(), extra_args.end());
