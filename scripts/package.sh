@@ -7,12 +7,25 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-build/release}
 [ -f "$DIR/CMakeCache.txt" ] || scripts/build.sh "$DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+fail=0
+# `cmake --install --prefix DIR` with the default install paths puts every
+# file inside DIR, the configuration too (DIR/etc/rdmabroker/broker.yaml).
+cmake -S . -B "$DIR" -DCMAKE_INSTALL_PREFIX=/usr/local -DCMAKE_INSTALL_SYSCONFDIR=etc -DCMAKE_INSTALL_LIBDIR=lib >/dev/null
+ninja -C "$DIR" >/dev/null
+prefix=$(mktemp -d)
+cmake --install "$DIR" --prefix "$prefix" >/dev/null
+outside=$(grep -v "^$prefix/" "$DIR/install_manifest.txt" || true)
+[ -z "$outside" ] || { echo "package.sh: an install into $prefix wrote outside it: $outside" >&2; fail=1; }
+[ -f "$prefix/etc/rdmabroker/broker.yaml" ] || { echo "package.sh: no etc/rdmabroker/broker.yaml under the prefix" >&2; fail=1; }
+rm -rf "$prefix"
+# A package's paths: prefix /usr (the library in the multiarch directory) and
+# the configuration in /etc. Only install paths change: nothing recompiles.
+cmake -S . -B "$DIR" -DCMAKE_INSTALL_PREFIX=/usr -DCMAKE_INSTALL_SYSCONFDIR=/etc -DCMAKE_INSTALL_LIBDIR=lib/"$(gcc -print-multiarch)" >/dev/null
 ninja -C "$DIR" >/dev/null
 (cd "$DIR" && cpack -G DEB >/dev/null)
 DEB=$(ls -t "$DIR"/rdmabroker_*.deb | head -1)
 contents=$(dpkg-deb -c "$DEB" | awk '{print $6}')
-fail=0
-for f in ./usr/sbin/rdmabrokerd ./usr/bin/rdmabroker ./usr/lib/librdmabroker.so.0 ./etc/rdmabroker/broker.yaml \
+for f in ./usr/sbin/rdmabrokerd ./usr/bin/rdmabroker "./usr/lib/$(gcc -print-multiarch)/librdmabroker.so.0" ./etc/rdmabroker/broker.yaml \
          ./usr/lib/systemd/system/rdmabrokerd.service ./usr/lib/sysusers.d/rdmabroker.conf \
          ./usr/lib/tmpfiles.d/rdmabroker.conf ./usr/share/doc/rdmabroker/operations.md; do
   grep -qx -- "$f" <<<"$contents" || { echo "package.sh: $DEB lacks $f" >&2; fail=1; }
