@@ -194,7 +194,8 @@ class ReconnectingClient final : public Client {
   }
 
   /// Runs `op` on the session; if it fails because that session just
-  /// failed, waits for the next one within publish_timeout and tries again.
+  /// failed (with whatever error closed it), waits for the next one within
+  /// publish_timeout and tries again.
   template <typename Op>
   Status with_session(Op op) {
     const auto deadline = std::chrono::steady_clock::now() + opt_.publish_timeout;
@@ -204,8 +205,11 @@ class ReconnectingClient final : public Client {
       auto s = wait_for_session(std::max(left, std::chrono::milliseconds(0)));
       if (!s) return s.error();
       Status st = op(*s.value());
-      if (st || st.error().kind != ErrorKind::kClosed || std::chrono::steady_clock::now() >= deadline)
-        return st;
+      if (st || std::chrono::steady_clock::now() >= deadline) return st;
+      // A session that failed answers with the error that closed it (a reset,
+      // the broker's shutdown...), not always kClosed: whatever the error, if
+      // that session has closed, the next one gets the operation.
+      if (st.error().kind != ErrorKind::kClosed && s.value()->close_reason().message.empty()) return st;
     }
   }
 

@@ -59,7 +59,7 @@ TEST_P(Resilience, ClientsReconnectAfterABrokerRestartUnderLoad) {
   std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> published{0};
   std::atomic<std::uint64_t> first_after_recovery{0};  // first seq published once both clients were back
-  std::vector<Error> failures;
+  std::vector<Error> failures;  // written by the publisher thread, read once it is joined
   std::thread publisher([&] {
     for (std::uint64_t seq = 0; !stop; ++seq) {
       if (first_after_recovery == 0 && sub_events.reconnected > 0 && pub_events.reconnected > 0) {
@@ -74,15 +74,31 @@ TEST_P(Resilience, ClientsReconnectAfterABrokerRestartUnderLoad) {
       if (seq % 64 == 0) std::this_thread::sleep_for(1ms);  // a steady load, not a flood
     }
   });
-  ASSERT_TRUE(wait_until([&] { return received() >= 2000; }, 60s)) << received();
+  // However this test ends, the publisher thread is stopped and joined first.
+  auto stop_publisher = [&] {
+    stop = true;
+    if (publisher.joinable()) publisher.join();
+  };
+  struct Joiner {
+    std::function<void()> f;
+    ~Joiner() { f(); }
+  } joiner{stop_publisher};
+  auto failure_text = [&] {
+    stop_publisher();
+    return failures.empty() ? std::string("no publish failed")
+                            : "a publish failed: " + failures.front().message;
+  };
+  ASSERT_TRUE(wait_until([&] { return received() >= 2000; }, 60s)) << received() << "; " << failure_text();
 
   EXPECT_EQ(broker.restart(SIGTERM), 0);
   ASSERT_TRUE(broker.running());
-  ASSERT_TRUE(wait_until([&] { return sub_events.reconnected > 0 && pub_events.reconnected > 0; }, 60s));
+  ASSERT_TRUE(wait_until([&] { return sub_events.reconnected > 0 && pub_events.reconnected > 0; }, 60s))
+      << failure_text();
   ASSERT_TRUE(
-      wait_until([&] { return first_after_recovery > 0 && published > first_after_recovery + 2000; }, 60s));
-  stop = true;
-  publisher.join();
+      wait_until([&] { return first_after_recovery > 0 && published > first_after_recovery + 2000; }, 60s))
+      << "published " << published << ", first after recovery " << first_after_recovery << "; "
+      << failure_text();
+  stop_publisher();
   EXPECT_TRUE(failures.empty()) << failures.front().message;
   ASSERT_TRUE(pub->flush(30s));
   const std::uint64_t last = published - 1;
