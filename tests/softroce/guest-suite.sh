@@ -7,6 +7,7 @@
 # an emulated CPU busy; three at a time took 801 s where one at a time had
 # taken 751 s, and stretched single tests up to six times). Prints the counts
 # and fails if any test failed or if there is no RDMA device to run on.
+# RDMABROKER_GUEST_FILTER, a ctest -R pattern, runs only the tests it matches.
 set -uo pipefail
 if [ "${RDMABROKER_GUEST:-}" != 1 ] || ! ibv_devices 2>/dev/null | grep -q rxe; then
   echo "guest-suite: no Soft-RoCE device here: run through tests/softroce/run-in-guest.sh" >&2
@@ -22,7 +23,8 @@ for dir in "$@"; do
   jobs=${RDMABROKER_GUEST_JOBS:-3}
   grep -q '^RDMABROKER_SANITIZE:STRING=thread$' "$dir/CMakeCache.txt" && jobs=${RDMABROKER_GUEST_JOBS_TSAN:-1}
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-    ctest --test-dir "$dir" -L rdma -j "$jobs" --output-on-failure --timeout 900 2>&1 | tee "$log" | grep -E "Test +#|tests passed|FAILED|Failure|ERROR|WARNING: ThreadSanitizer|AddressSanitizer" || true
+    ctest --test-dir "$dir" -L rdma -j "$jobs" --output-on-failure --timeout 900 \
+    ${RDMABROKER_GUEST_FILTER:+-R "$RDMABROKER_GUEST_FILTER"} 2>&1 | tee "$log" | grep -E "Test +#|tests passed|FAILED|Failure|ERROR|WARNING: ThreadSanitizer|AddressSanitizer" || true
   p=$(grep -cE "Test +#.*Passed" "$log")
   # ctest marks a failure in its status column ("***Failed", "***Timeout",
   # "***Exception: ...", "***Not Run"), never to be confused with a test name.
