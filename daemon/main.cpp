@@ -106,17 +106,22 @@ int main(int argc, char** argv) {
   const auto& eff = broker.options();
   Reloader reloader(config_path, cl, file_cfg, cfg, broker, notifier);
   const std::vector<std::string> listeners = describe_listeners(cfg, cl, config_path);
+  // Every statistic: the broker's and the reloader's.
+  auto visit_stats = [&](StatsVisitor& v) {
+    broker.visit_stats(v);
+    reloader.visit_stats(v);
+  };
   auto counters = [&] {
-    auto s = broker.stats();
-    reloader.add_counters(s);
-    return s;
+    StatsSnapshotter s;
+    visit_stats(s);
+    return std::move(s.snapshot);
   };
   RateMeter rates;  // main thread only
   MemoryTrimmer trimmer;
 
   std::unique_ptr<MetricsExporter> metrics;
   if (!cfg.metrics_listen.empty()) {
-    auto m = MetricsExporter::start(cfg.metrics_listen, counters, [&] { return broker.histograms(); });
+    auto m = MetricsExporter::start(cfg.metrics_listen, visit_stats);
     if (!m) {
       spdlog::critical("cannot start: {}", m.error().message);
       return 1;

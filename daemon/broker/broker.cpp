@@ -189,15 +189,6 @@ void Broker::stop() {
   tcp_listen_.reset();
 }
 
-std::map<std::string, HistogramSnapshot> Broker::histograms() const {
-  std::map<std::string, HistogramSnapshot> out;
-  for (const auto& w : workers_) {
-    out["completions_per_poll"].add(w->stats().completions_per_poll);
-    out["relay_latency_seconds"].add(w->stats().relay_latency);
-  }
-  return out;
-}
-
 template <typename T, typename MakeCommand>
 std::vector<std::future<T>> Broker::ask_workers(MakeCommand make) const {
   std::vector<std::future<T>> answers;
@@ -243,95 +234,31 @@ bool Broker::workers_healthy(std::chrono::milliseconds limit) const {
                      [&](const auto& w) { return now - w->heartbeat() <= max_age; });
 }
 
-StatsSnapshot Broker::stats() const {
-  StatsSnapshot s;
-  auto add = [&](const std::string& k, std::int64_t v) { s[k] += v; };
-  for (const auto& w : workers_) {
-    const WorkerStats& ws = w->stats();
-    add("connections.accepted", static_cast<std::int64_t>(ws.connections_accepted.get()));
-    add("connections.current", ws.connections_current.get());
-    for (std::size_t r = 0; r < kCloseReasonCount; ++r) {
-      add("connections.closed." + std::string(to_string(static_cast<CloseReason>(r))),
-          static_cast<std::int64_t>(ws.connections_closed[r].get()));
-    }
-    add("connections.accept_failures", static_cast<std::int64_t>(ws.accept_failures.get()));
-    add("messages.in", static_cast<std::int64_t>(ws.messages_in.get()));
-    add("bytes.in", static_cast<std::int64_t>(ws.bytes_in.get()));
-    add("messages.no_subscribers", static_cast<std::int64_t>(ws.messages_no_subscribers.get()));
-    add("messages.routed", static_cast<std::int64_t>(ws.routed.get()));
-    add("messages.delivered", static_cast<std::int64_t>(ws.deliveries.get()));
-    add("bytes.out", static_cast<std::int64_t>(ws.bytes_out.get()));
-    for (std::size_t r = 0; r < kDropReasonCount; ++r) {
-      add("messages.dropped." + std::string(to_string(static_cast<DropReason>(r))),
-          static_cast<std::int64_t>(ws.dropped[r].get()));
-    }
-    add("messages.pending", ws.pending_messages.get());
-    add("protocol_errors", static_cast<std::int64_t>(ws.protocol_errors.get()));
-    add("rdma.sends_posted", static_cast<std::int64_t>(ws.sends_posted.get()));
-    add("rdma.frames_sent", static_cast<std::int64_t>(ws.frames_sent.get()));
-    add("rdma.credit_updates", static_cast<std::int64_t>(ws.credit_updates.get()));
-    add("rdma.credit_stalls", static_cast<std::int64_t>(ws.credit_stalls.get()));
-    add("producer_stalls", static_cast<std::int64_t>(ws.producer_stalls.get()));
-    add("rdma.receives", static_cast<std::int64_t>(ws.receives.get()));
-    add("rdma.orphan_receives", static_cast<std::int64_t>(ws.orphan_receives.get()));
-    add("rdma.wc_errors", static_cast<std::int64_t>(ws.wc_errors.get()));
-    add("rdma.srq_refills", static_cast<std::int64_t>(ws.srq_refills.get()));
-    add("rdma.srq_posted", ws.srq_posted.get());
-    add("pool.exhausted", static_cast<std::int64_t>(ws.pool_exhausted.get()));
-    add("rdma.cq_full", static_cast<std::int64_t>(ws.cq_full.get()));
-    add("messages.no_responders", static_cast<std::int64_t>(ws.no_responders.get()));
-    add("tcp.connections", ws.tcp_connections.get());
-    add("tcp.rejected", static_cast<std::int64_t>(ws.tcp_rejected.get()));
-    add("tcp.reads", static_cast<std::int64_t>(ws.tcp_reads.get()));
-    add("tcp.writes", static_cast<std::int64_t>(ws.tcp_writes.get()));
-    add("tcp.write_blocked", static_cast<std::int64_t>(ws.tcp_write_blocked.get()));
-    add("limits.refused.connections", static_cast<std::int64_t>(ws.limit_connections.get()));
-    add("limits.refused.payload", static_cast<std::int64_t>(ws.limit_payload.get()));
-    add("limits.refused.subscriptions", static_cast<std::int64_t>(ws.limit_subscriptions.get()));
-    add("limits.refused.subscriptions_total", static_cast<std::int64_t>(ws.limit_subscriptions_total.get()));
-    add("limits.refused.subscription_memory", static_cast<std::int64_t>(ws.limit_subscription_memory.get()));
-    add("limits.refused.pending_total", static_cast<std::int64_t>(ws.limit_pending_total.get()));
-    add("messages.pending_bytes", ws.pending_bytes.get());
-    add("messages.pending_charge", queued_charge(ws.pending_bytes.get(), ws.pending_messages.get()));
-    add("auth.ok", static_cast<std::int64_t>(ws.auth_ok.get()));
-    add("auth.failed", static_cast<std::int64_t>(ws.auth_failed.get()));
-    add("permissions.denied.publish", static_cast<std::int64_t>(ws.denied_publish.get()));
-    add("permissions.denied.subscribe", static_cast<std::int64_t>(ws.denied_subscribe.get()));
-    add("permissions.revoked", static_cast<std::int64_t>(ws.subscriptions_revoked.get()));
-  }
-  add("connections.rejected",
-      static_cast<std::int64_t>(listener_ ? listener_->rejected() : 0) + s["tcp.rejected"]);
-  add("limits.refused.connections", static_cast<std::int64_t>(listener_ ? listener_->over_limit() : 0));
-  {
-    static const MulticastStats kOff;  // multicast off: every series is there, at 0
-    const MulticastStats& m = multicast_ ? multicast_->stats() : kOff;
-    add("multicast.channels", m.channels.get());
-    add("multicast.groups", m.groups.get());
-    add("multicast.members", m.members.get());
-    add("multicast.members_joined", m.members_joined.get());
-    add("multicast.messages", static_cast<std::int64_t>(m.messages.get()));
-    add("multicast.group_messages", static_cast<std::int64_t>(m.group_messages.get()));
-    add("multicast.datagrams", static_cast<std::int64_t>(m.datagrams.get()));
-    add("multicast.unicast_copies", static_cast<std::int64_t>(m.unicast_copies.get()));
-    add("multicast.repairs_requested", static_cast<std::int64_t>(m.repairs_requested.get()));
-    add("multicast.repairs_served", static_cast<std::int64_t>(m.repairs_served.get()));
-    add("multicast.losses", static_cast<std::int64_t>(m.losses.get()));
-    add("multicast.joins", static_cast<std::int64_t>(m.joins.get()));
-    add("multicast.join_failures", static_cast<std::int64_t>(m.join_failures.get()));
-    add("multicast.client_join_failures", static_cast<std::int64_t>(m.client_join_failures.get()));
-    add("multicast.send_errors", static_cast<std::int64_t>(m.send_errors.get()));
-    add("multicast.no_channel", static_cast<std::int64_t>(m.no_channel.get()));
-  }
+void Broker::visit_stats(StatsVisitor& v) const {
+  for (const auto& w : workers_) w->stats().visit(v);
+  // The RDMA listener's refusals join the workers' TCP ones under the same keys.
+  v.counter(kConnectionsRejected.series("connections.rejected"), listener_ ? listener_->rejected() : 0);
+  v.counter(kLimitRefusals.series("limits.refused.connections", "connections"),
+            listener_ ? listener_->over_limit() : 0);
+  static const MulticastStats kOff;  // multicast off: every series is there, at 0
+  const MulticastStats& m = multicast_ ? multicast_->stats() : kOff;
+  m.visit(v);
   // A channel is one entry in the index for all of its members.
-  add("subscriptions",
-      static_cast<std::int64_t>(core_.index.size()) - s["multicast.channels"] + s["multicast.members"]);
-  add("subscriptions.memory_bytes", static_cast<std::int64_t>(core_.subscription_budget.bytes()));
-  add("connections.by_transport.tcp", s["tcp.connections"]);
-  add("connections.by_transport.rdma", s["connections.current"] - s["tcp.connections"]);
-  add("pool.buffers", pool_->count());
-  add("pool.in_use", pool_->in_use());
-  add("workers", static_cast<std::int64_t>(workers_.size()));
-  return s;
+  v.gauge({"subscriptions", "rdmabroker_subscriptions", "Active subscriptions."},
+          static_cast<std::int64_t>(core_.index.size()) - m.channels.get() + m.members.get());
+  v.gauge({"subscriptions.memory_bytes", "rdmabroker_subscription_memory_bytes",
+           "Estimated heap held by subscriptions (limits.max_subscription_memory bounds it)."},
+          static_cast<std::int64_t>(core_.subscription_budget.bytes()));
+  v.gauge({"pool.buffers", "rdmabroker_pool_buffers", "Buffers in the registered pool."}, pool_->count());
+  v.gauge({"pool.in_use", "rdmabroker_pool_buffers_in_use", "Pool buffers posted, queued or being sent."},
+          pool_->in_use());
+  v.gauge({"workers", "rdmabroker_workers", "Worker threads."}, static_cast<std::int64_t>(workers_.size()));
+}
+
+StatsSnapshot Broker::stats() const {
+  StatsSnapshotter s;
+  visit_stats(s);
+  return std::move(s.snapshot);
 }
 
 }  // namespace rdmabroker::daemon

@@ -30,9 +30,11 @@ class Broker {
   /// the workers to drain, joins all threads. Idempotent.
   void stop();
 
+  /// Declares every statistic of the broker to `v`: each worker's, the
+  /// listener's, the multicast engine's and the broker-wide gauges.
+  void visit_stats(StatsVisitor& v) const;
+  /// The sum of them by key.
   StatsSnapshot stats() const;
-  /// "completions_per_poll", "relay_latency_seconds": summed over workers.
-  std::map<std::string, HistogramSnapshot> histograms() const;
   /// Every open connection, asked of each worker (waits up to 2 s for them).
   std::vector<ConnectionInfo> connections() const;
   /// Hands the live settings of a reload to every worker (config::diff says

@@ -1,6 +1,13 @@
 // Broker counters. Each worker owns one WorkerStats and is its only writer
-// (relaxed atomics so the admin thread can read without locks); a snapshot sums
-// them. Declared here, in one place, with their meaning.
+// (relaxed atomics so the admin thread can read without locks).
+//
+// Every statistic is declared once, by the component that keeps it, in its
+// visit() (WorkerStats::visit here, MulticastStats::visit, Broker::visit_stats,
+// Reloader::visit_stats): its key in the snapshot (the admin socket's `stats`,
+// `rdmabroker stat --json`) and, when exported, its Prometheus family, help
+// and label. The snapshot (StatsSnapshotter) and the exporter (ops/metrics.cpp)
+// are two visitors of the same declarations, so renaming a counter renames
+// it everywhere, and no string joins them.
 #pragma once
 
 #include <array>
@@ -8,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "broker/close_reason.hpp"
@@ -66,7 +74,96 @@ inline constexpr std::array<double, 7> kCompletionsPerPollBounds = {1, 2, 4, 8, 
 inline constexpr std::array<double, 14> kRelayLatencyBounds = {
     10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 1.0};
 
+/// A histogram summed over workers: counts per bucket (the last one above
+/// every bound), not cumulative.
+struct HistogramSnapshot {
+  std::vector<double> bounds;
+  std::vector<std::uint64_t> counts;
+  double sum = 0;
+  template <std::size_t N>
+  void add(const Histogram<N>& h) {
+    if (bounds.empty()) {
+      bounds.assign(h.bounds().begin(), h.bounds().end());
+      counts.assign(N + 1, 0);
+    }
+    for (std::size_t i = 0; i <= N; ++i) counts[i] += h.count(i);
+    sum += h.sum();
+  }
+  /// Adds another snapshot with the same bounds (false, unchanged, if they differ).
+  bool merge(const HistogramSnapshot& o) {
+    if (bounds.empty()) {
+      *this = o;
+      return true;
+    }
+    if (o.bounds != bounds) return false;
+    for (std::size_t i = 0; i < counts.size(); ++i) counts[i] += o.counts[i];
+    sum += o.sum;
+    return true;
+  }
+};
+
+/// One statistic as declared by the component that keeps it.
+struct StatInfo {
+  /// Its name in the snapshot, e.g. "messages.in"; empty: exported only (a
+  /// second series of a value that the snapshot already has under another key).
+  std::string key;
+  /// Its Prometheus family, e.g. "rdmabroker_messages_received_total"; empty:
+  /// in the snapshot only. Series of one family share its help, kind and label.
+  std::string_view metric = {};
+  std::string_view help = {};
+  /// The family's label name ("reason") and this series' value of it.
+  std::string_view label = {};
+  std::string label_value = {};
+};
+
+/// A Prometheus family whose series more than one component declares.
+struct StatFamily {
+  std::string_view metric;
+  std::string_view help;
+  std::string_view label = {};
+  /// One series of the family: snapshot key `key`, label value `label_value`.
+  StatInfo series(std::string key, std::string label_value = {}) const {
+    return {std::move(key), metric, help, label, std::move(label_value)};
+  }
+};
+/// Refused handshakes: the workers count TCP's, the RDMA listener its own.
+inline constexpr StatFamily kConnectionsRejected{"rdmabroker_connections_rejected_total",
+                                                 "Connection attempts refused in the handshake."};
+/// Refusals by limit: the workers count most, the RDMA listener RDMA's connections.
+inline constexpr StatFamily kLimitRefusals{"rdmabroker_limit_refusals_total",
+                                           "Operations refused by a configured limit, by limit.", "limit"};
+
+/// What the snapshot and the exporter implement: called once per statistic
+/// per component (per worker for WorkerStats: a visitor sums equal keys).
+class StatsVisitor {
+ public:
+  virtual ~StatsVisitor() = default;
+  virtual void counter(const StatInfo& info, std::uint64_t value) = 0;
+  virtual void gauge(const StatInfo& info, std::int64_t value) = 0;
+  virtual void histogram(const StatInfo& info, const HistogramSnapshot& value) = 0;
+};
+
+/// Sum of every component's statistics: name -> value.
+using StatsSnapshot = std::map<std::string, std::int64_t>;
+
+/// The snapshot as a visitor: sums counters and gauges by key; histograms and
+/// exported-only series (no key) are not in it.
+class StatsSnapshotter final : public StatsVisitor {
+ public:
+  void counter(const StatInfo& info, std::uint64_t value) override {
+    if (!info.key.empty()) snapshot[info.key] += static_cast<std::int64_t>(value);
+  }
+  void gauge(const StatInfo& info, std::int64_t value) override {
+    if (!info.key.empty()) snapshot[info.key] += value;
+  }
+  void histogram(const StatInfo&, const HistogramSnapshot&) override {}
+  StatsSnapshot snapshot;
+};
+
 struct WorkerStats {
+  /// Declares every statistic below to `v` (stats.cpp).
+  void visit(StatsVisitor& v) const;
+
   Histogram<kCompletionsPerPollBounds.size()> completions_per_poll{kCompletionsPerPollBounds};
   Histogram<kRelayLatencyBounds.size()> relay_latency{kRelayLatencyBounds};
   Counter connections_accepted;                               // handshakes completed on this worker
@@ -112,26 +209,6 @@ struct WorkerStats {
   Counter denied_publish;         // PUBLISH frames refused by permissions (ERROR sent)
   Counter denied_subscribe;       // SUBSCRIBE frames refused by permissions (ERROR sent)
   Counter subscriptions_revoked;  // subscriptions removed because a reload took the permission away
-};
-
-/// Sum of all workers plus broker-wide gauges; flattened to name -> value.
-using StatsSnapshot = std::map<std::string, std::int64_t>;
-
-/// A histogram summed over workers: counts per bucket (the last one above
-/// every bound), not cumulative.
-struct HistogramSnapshot {
-  std::vector<double> bounds;
-  std::vector<std::uint64_t> counts;
-  double sum = 0;
-  template <std::size_t N>
-  void add(const Histogram<N>& h) {
-    if (bounds.empty()) {
-      bounds.assign(h.bounds().begin(), h.bounds().end());
-      counts.assign(N + 1, 0);
-    }
-    for (std::size_t i = 0; i <= N; ++i) counts[i] += h.count(i);
-    sum += h.sum();
-  }
 };
 
 }  // namespace rdmabroker::daemon

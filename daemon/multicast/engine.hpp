@@ -79,6 +79,9 @@ struct ChannelPublish {
 
 /// Counters and gauges of the engine (its thread is the only writer).
 struct MulticastStats {
+  /// Declares every statistic below to `v` (multicast_stats.cpp).
+  void visit(StatsVisitor& v) const;
+
   Gauge channels;                // subjects served by a channel
   Gauge groups;                  // channels sending to a multicast group
   Gauge members;                 // subscriptions served by channels

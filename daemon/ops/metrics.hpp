@@ -1,7 +1,7 @@
 // Prometheus metrics: GET /metrics on metrics.listen. Every metric is
-// declared once, in the table in metrics.cpp, with its type and help; values
-// are read at scrape time from the broker's counters (which the workers keep
-// anyway), so exporting costs the data path nothing. Names use the
+// declared once, where its counter is kept (broker/stats.hpp says how), with
+// its type and help; values are read at scrape time from the counters the
+// workers keep anyway, so exporting costs the data path nothing. Names use the
 // rdmabroker_ prefix and base units; labels are bounded (reason, transport,
 // outcome), never a subject or a client.
 //
@@ -24,6 +24,8 @@
 #include <memory>
 #include <string>
 
+#include <prometheus/metric_family.h>
+
 #include "broker/stats.hpp"
 #include "ops/polled_server.hpp"
 #include "rdmabroker/result.hpp"
@@ -32,8 +34,8 @@ namespace rdmabroker::daemon {
 
 class MetricsExporter {
  public:
-  using Counters = std::function<StatsSnapshot()>;
-  using Histograms = std::function<std::map<std::string, HistogramSnapshot>()>;
+  /// Declares every statistic to the visitor it is given (at each scrape).
+  using Visit = std::function<void(StatsVisitor&)>;
 
   /// Connections served at once (an idle one makes room for a newcomer).
   static constexpr std::size_t kMaxClients = 64;
@@ -43,8 +45,7 @@ class MetricsExporter {
   static constexpr std::size_t kMaxRequest = 8192;
 
   /// Listens on "host:port"; the error names the address.
-  static Result<std::unique_ptr<MetricsExporter>> start(const std::string& listen, Counters counters,
-                                                        Histograms histograms);
+  static Result<std::unique_ptr<MetricsExporter>> start(const std::string& listen, Visit visit);
   ~MetricsExporter();
 
   void add_poll_fds(std::vector<pollfd>& fds) const { server_->add_poll_fds(fds); }
@@ -61,5 +62,13 @@ class MetricsExporter {
   std::shared_ptr<class BrokerCollectable> collectable_;
   std::unique_ptr<PolledServer> server_;
 };
+
+/// The families a scrape exports, and every contradiction between the
+/// declarations of one family (kind, help, label): none in a correct build.
+struct MetricFamilies {
+  std::vector<prometheus::MetricFamily> families;
+  std::vector<std::string> errors;
+};
+MetricFamilies collect_metric_families(const MetricsExporter::Visit& visit);
 
 }  // namespace rdmabroker::daemon

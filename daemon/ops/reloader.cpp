@@ -82,10 +82,15 @@ Reloader::Outcome Reloader::reload() {
   return out;
 }
 
-void Reloader::add_counters(StatsSnapshot& s) const {
-  s["reloads.ok"] = static_cast<std::int64_t>(ok_.load());
-  s["reloads.refused"] = static_cast<std::int64_t>(refused_.load());
-  s["reloads.failed"] = static_cast<std::int64_t>(failed_.load());
+void Reloader::visit_stats(StatsVisitor& v) const {
+  const auto outcome = [&v](std::string_view name, const std::atomic<std::uint64_t>& n) {
+    v.counter({"reloads." + std::string(name), "rdmabroker_reloads_total",
+               "Configuration reloads, by outcome.", "outcome", std::string(name)},
+              n.load());
+  };
+  outcome("ok", ok_);
+  outcome("refused", refused_);
+  outcome("failed", failed_);
 }
 
 }  // namespace rdmabroker::daemon

@@ -46,7 +46,8 @@ class Reloader {
   Outcome reload();
 
   const config::Config& running() const { return running_; }
-  void add_counters(StatsSnapshot& s) const;
+  /// Declares the reload counters (reloads.ok / refused / failed) to `v`.
+  void visit_stats(StatsVisitor& v) const;
 
  private:
   std::string path_;  // empty: no file, defaults and the command line only
