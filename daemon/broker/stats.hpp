@@ -141,6 +141,14 @@ class StatsVisitor {
   virtual void counter(const StatInfo& info, std::uint64_t value) = 0;
   virtual void gauge(const StatInfo& info, std::int64_t value) = 0;
   virtual void histogram(const StatInfo& info, const HistogramSnapshot& value) = 0;
+
+  /// Shorthands for a statistic without a label (no metric: the snapshot only).
+  void count(std::string key, const Counter& c, std::string_view metric = {}, std::string_view help = {}) {
+    counter({std::move(key), metric, help}, c.get());
+  }
+  void level(std::string key, std::int64_t value, std::string_view metric = {}, std::string_view help = {}) {
+    gauge({std::move(key), metric, help}, value);
+  }
 };
 
 /// Sum of every component's statistics: name -> value.

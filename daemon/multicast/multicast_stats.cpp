@@ -6,44 +6,38 @@
 namespace rdmabroker::daemon {
 
 void MulticastStats::visit(StatsVisitor& v) const {
-  const auto level = [&v](std::string key, const Gauge& g, std::string_view metric, std::string_view help) {
-    v.gauge({std::move(key), metric, help}, g.get());
-  };
-  const auto count = [&v](std::string key, const Counter& c, std::string_view metric = {},
-                          std::string_view help = {}) {
-    v.counter({std::move(key), metric, help}, c.get());
-  };
-  level("multicast.channels", channels, "rdmabroker_multicast_channels",
-        "Subjects served by a multicast channel (sequenced, repairable).");
-  level("multicast.groups", groups, "rdmabroker_multicast_groups", "Channels sending to a multicast group.");
-  level("multicast.members", members, "rdmabroker_multicast_members",
-        "Subscriptions served by multicast channels.");
-  level("multicast.members_joined", members_joined, "rdmabroker_multicast_members_joined",
-        "Channel subscriptions receiving from their group.");
-  count("multicast.messages", messages, "rdmabroker_multicast_messages_total",
-        "Messages sequenced by multicast channels.");
-  count("multicast.group_messages", group_messages, "rdmabroker_multicast_group_messages_total",
-        "Channel messages sent to a multicast group.");
-  count("multicast.datagrams", datagrams, "rdmabroker_multicast_datagrams_total",
-        "UD datagrams sent to multicast groups (fragments and heartbeats).");
-  count("multicast.unicast_copies", unicast_copies, "rdmabroker_multicast_unicast_copies_total",
-        "Channel messages sent over RC to members not in the group.");
-  count("multicast.repairs_requested", repairs_requested, "rdmabroker_multicast_repairs_requested_total",
-        "Multicast messages clients asked to have resent.");
-  count("multicast.repairs_served", repairs_served, "rdmabroker_multicast_repairs_served_total",
-        "Multicast messages resent over RC from the retransmit window.");
-  count("multicast.losses", losses, "rdmabroker_multicast_unrecoverable_losses_total",
-        "Multicast messages beyond the retransmit window, reported lost to the client.");
-  count("multicast.joins", joins, "rdmabroker_multicast_joins_total",
-        "Multicast groups joined by the broker (per device).");
-  count("multicast.join_failures", join_failures, "rdmabroker_multicast_join_failures_total",
-        "Group joins by the broker that failed (the subject stays unicast).");
-  count("multicast.client_join_failures", client_join_failures,
-        "rdmabroker_multicast_client_join_failures_total",
-        "Subscriptions whose client could not join (served over RC).");
-  count("multicast.send_errors", send_errors, "rdmabroker_multicast_send_errors_total",
-        "Multicast UD sends that failed.");
-  count("multicast.no_channel", no_channel);
+  v.level("multicast.channels", channels.get(), "rdmabroker_multicast_channels",
+          "Subjects served by a multicast channel (sequenced, repairable).");
+  v.level("multicast.groups", groups.get(), "rdmabroker_multicast_groups",
+          "Channels sending to a multicast group.");
+  v.level("multicast.members", members.get(), "rdmabroker_multicast_members",
+          "Subscriptions served by multicast channels.");
+  v.level("multicast.members_joined", members_joined.get(), "rdmabroker_multicast_members_joined",
+          "Channel subscriptions receiving from their group.");
+  v.count("multicast.messages", messages, "rdmabroker_multicast_messages_total",
+          "Messages sequenced by multicast channels.");
+  v.count("multicast.group_messages", group_messages, "rdmabroker_multicast_group_messages_total",
+          "Channel messages sent to a multicast group.");
+  v.count("multicast.datagrams", datagrams, "rdmabroker_multicast_datagrams_total",
+          "UD datagrams sent to multicast groups (fragments and heartbeats).");
+  v.count("multicast.unicast_copies", unicast_copies, "rdmabroker_multicast_unicast_copies_total",
+          "Channel messages sent over RC to members not in the group.");
+  v.count("multicast.repairs_requested", repairs_requested, "rdmabroker_multicast_repairs_requested_total",
+          "Multicast messages clients asked to have resent.");
+  v.count("multicast.repairs_served", repairs_served, "rdmabroker_multicast_repairs_served_total",
+          "Multicast messages resent over RC from the retransmit window.");
+  v.count("multicast.losses", losses, "rdmabroker_multicast_unrecoverable_losses_total",
+          "Multicast messages beyond the retransmit window, reported lost to the client.");
+  v.count("multicast.joins", joins, "rdmabroker_multicast_joins_total",
+          "Multicast groups joined by the broker (per device).");
+  v.count("multicast.join_failures", join_failures, "rdmabroker_multicast_join_failures_total",
+          "Group joins by the broker that failed (the subject stays unicast).");
+  v.count("multicast.client_join_failures", client_join_failures,
+          "rdmabroker_multicast_client_join_failures_total",
+          "Subscriptions whose client could not join (served over RC).");
+  v.count("multicast.send_errors", send_errors, "rdmabroker_multicast_send_errors_total",
+          "Multicast UD sends that failed.");
+  v.count("multicast.no_channel", no_channel);
 }
 
 }  // namespace rdmabroker::daemon

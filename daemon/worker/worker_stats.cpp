@@ -22,14 +22,6 @@ constexpr std::string_view kDeniedHelp = "Publishes and subscriptions refused by
 }  // namespace
 
 void WorkerStats::visit(StatsVisitor& v) const {
-  const auto count = [&v](std::string key, const Counter& c, std::string_view metric = {},
-                          std::string_view help = {}) {
-    v.counter({std::move(key), metric, help}, c.get());
-  };
-  const auto level = [&v](std::string key, std::int64_t value, std::string_view metric = {},
-                          std::string_view help = {}) {
-    v.gauge({std::move(key), metric, help}, value);
-  };
   // A series of a labelled family: key = prefix + label value.
   const auto labelled = [&v](std::string_view prefix, std::string_view value, const Counter& c,
                              std::string_view metric, std::string_view help, std::string_view label) {
@@ -43,9 +35,9 @@ void WorkerStats::visit(StatsVisitor& v) const {
   };
 
   // Connections.
-  count("connections.accepted", connections_accepted, "rdmabroker_connections_accepted_total",
-        "Connections that completed their handshake.");
-  level("connections.current", connections_current.get());
+  v.count("connections.accepted", connections_accepted, "rdmabroker_connections_accepted_total",
+          "Connections that completed their handshake.");
+  v.level("connections.current", connections_current.get());
   const std::int64_t tcp = tcp_connections.get();
   v.gauge({"connections.by_transport.tcp", "rdmabroker_connections", "Open client connections, by transport.",
            "transport", "tcp"},
@@ -59,60 +51,62 @@ void WorkerStats::visit(StatsVisitor& v) const {
   }
   v.counter({"", "rdmabroker_slow_consumers_total", "Subscribers disconnected as slow consumers."},
             connections_closed[static_cast<std::size_t>(CloseReason::kSlowConsumer)].get());
-  count("connections.accept_failures", accept_failures);
+  v.count("connections.accept_failures", accept_failures);
   // The listener adds its own refusals to the same key (Broker::visit_stats).
   v.counter(kConnectionsRejected.series("connections.rejected"), tcp_rejected.get());
 
   // Messages.
-  count("messages.in", messages_in, "rdmabroker_messages_received_total",
-        "PUBLISH frames accepted from clients.");
-  count("bytes.in", bytes_in, "rdmabroker_received_bytes_total", "Payload bytes of accepted PUBLISH frames.");
-  count("messages.no_subscribers", messages_no_subscribers, "rdmabroker_messages_no_subscribers_total",
-        "Messages published to a subject nobody subscribes to.");
-  count("messages.no_responders", no_responders, "rdmabroker_requests_no_responders_total",
-        "Requests answered with NO_RESPONDERS.");
-  count("messages.routed", routed, "rdmabroker_messages_routed_total",
-        "Copies of messages queued for subscribers (fan-out).");
-  count("messages.delivered", deliveries, "rdmabroker_messages_delivered_total",
-        "Messages sent to subscribers (send completed).");
-  count("bytes.out", bytes_out, "rdmabroker_delivered_bytes_total", "Payload bytes of delivered messages.");
+  v.count("messages.in", messages_in, "rdmabroker_messages_received_total",
+          "PUBLISH frames accepted from clients.");
+  v.count("bytes.in", bytes_in, "rdmabroker_received_bytes_total",
+          "Payload bytes of accepted PUBLISH frames.");
+  v.count("messages.no_subscribers", messages_no_subscribers, "rdmabroker_messages_no_subscribers_total",
+          "Messages published to a subject nobody subscribes to.");
+  v.count("messages.no_responders", no_responders, "rdmabroker_requests_no_responders_total",
+          "Requests answered with NO_RESPONDERS.");
+  v.count("messages.routed", routed, "rdmabroker_messages_routed_total",
+          "Copies of messages queued for subscribers (fan-out).");
+  v.count("messages.delivered", deliveries, "rdmabroker_messages_delivered_total",
+          "Messages sent to subscribers (send completed).");
+  v.count("bytes.out", bytes_out, "rdmabroker_delivered_bytes_total", "Payload bytes of delivered messages.");
   for (std::size_t r = 0; r < kDropReasonCount; ++r) {
     labelled("messages.dropped.", to_string(static_cast<DropReason>(r)), dropped[r], kDropped, kDroppedHelp,
              "reason");
   }
-  level("messages.pending", pending_messages.get(), "rdmabroker_messages_pending",
-        "Messages queued for subscribers and not yet sent.");
-  level("messages.pending_bytes", pending_bytes.get(), "rdmabroker_pending_bytes",
-        "Frame bytes queued for subscribers, all connections.");
-  level("messages.pending_charge", queued_charge(pending_bytes.get(), pending_messages.get()),
-        "rdmabroker_pending_charged_bytes",
-        "Queued frame bytes plus 128 bytes of bookkeeping per queued message: what "
-        "limits.max_pending_bytes_total bounds.");
-  count("protocol_errors", protocol_errors, "rdmabroker_protocol_errors_total",
-        "Connections closed for a protocol error.");
-  count("producer_stalls", producer_stalls, "rdmabroker_producer_stalls_total",
-        "Publishers slowed because a subscriber they feed was backlogged.");
+  v.level("messages.pending", pending_messages.get(), "rdmabroker_messages_pending",
+          "Messages queued for subscribers and not yet sent.");
+  v.level("messages.pending_bytes", pending_bytes.get(), "rdmabroker_pending_bytes",
+          "Frame bytes queued for subscribers, all connections.");
+  v.level("messages.pending_charge", queued_charge(pending_bytes.get(), pending_messages.get()),
+          "rdmabroker_pending_charged_bytes",
+          "Queued frame bytes plus 128 bytes of bookkeeping per queued message: what "
+          "limits.max_pending_bytes_total bounds.");
+  v.count("protocol_errors", protocol_errors, "rdmabroker_protocol_errors_total",
+          "Connections closed for a protocol error.");
+  v.count("producer_stalls", producer_stalls, "rdmabroker_producer_stalls_total",
+          "Publishers slowed because a subscriber they feed was backlogged.");
 
   // RDMA.
-  count("rdma.sends_posted", sends_posted, "rdmabroker_rdma_sends_total", "RDMA SEND work requests posted.");
-  count("rdma.frames_sent", frames_sent);
-  count("rdma.credit_updates", credit_updates, "rdmabroker_credit_updates_total",
-        "Zero-byte SENDs that only returned credits.");
-  count("rdma.credit_stalls", credit_stalls, "rdmabroker_credit_stalls_total",
-        "Flushes that had data for an RDMA client but no send credit.");
-  count("rdma.receives", receives, "rdmabroker_rdma_receives_total", "RDMA receive completions.");
-  count("rdma.orphan_receives", orphan_receives, "rdmabroker_rdma_orphan_receives_total",
-        "Receives for a QP that was already gone.");
-  count("rdma.wc_errors", wc_errors, "rdmabroker_rdma_work_completion_errors_total",
-        "Work completions with an error status (other than flush).");
-  count("rdma.srq_refills", srq_refills, "rdmabroker_srq_refills_total",
-        "Shared receive queue refills at the low watermark.");
-  level("rdma.srq_posted", srq_posted.get(), "rdmabroker_srq_posted_receives",
-        "Receives posted on the shared receive queues.");
-  count("rdma.cq_full", cq_full, "rdmabroker_cq_full_refusals_total",
-        "RDMA connections refused because their completion queue had no room.");
-  count("pool.exhausted", pool_exhausted, "rdmabroker_pool_exhausted_total",
-        "Times a worker found the buffer pool empty (once per shortage).");
+  v.count("rdma.sends_posted", sends_posted, "rdmabroker_rdma_sends_total",
+          "RDMA SEND work requests posted.");
+  v.count("rdma.frames_sent", frames_sent);
+  v.count("rdma.credit_updates", credit_updates, "rdmabroker_credit_updates_total",
+          "Zero-byte SENDs that only returned credits.");
+  v.count("rdma.credit_stalls", credit_stalls, "rdmabroker_credit_stalls_total",
+          "Flushes that had data for an RDMA client but no send credit.");
+  v.count("rdma.receives", receives, "rdmabroker_rdma_receives_total", "RDMA receive completions.");
+  v.count("rdma.orphan_receives", orphan_receives, "rdmabroker_rdma_orphan_receives_total",
+          "Receives for a QP that was already gone.");
+  v.count("rdma.wc_errors", wc_errors, "rdmabroker_rdma_work_completion_errors_total",
+          "Work completions with an error status (other than flush).");
+  v.count("rdma.srq_refills", srq_refills, "rdmabroker_srq_refills_total",
+          "Shared receive queue refills at the low watermark.");
+  v.level("rdma.srq_posted", srq_posted.get(), "rdmabroker_srq_posted_receives",
+          "Receives posted on the shared receive queues.");
+  v.count("rdma.cq_full", cq_full, "rdmabroker_cq_full_refusals_total",
+          "RDMA connections refused because their completion queue had no room.");
+  v.count("pool.exhausted", pool_exhausted, "rdmabroker_pool_exhausted_total",
+          "Times a worker found the buffer pool empty (once per shortage).");
   histogram("completions_per_poll", completions_per_poll, "rdmabroker_completions_per_poll",
             "Work completions returned by one ibv_poll_cq call that found any.");
   histogram("relay_latency_seconds", relay_latency, "rdmabroker_relay_latency_seconds",
@@ -120,14 +114,14 @@ void WorkerStats::visit(StatsVisitor& v) const {
             "subscriber.");
 
   // TCP.
-  level("tcp.connections", tcp);
-  count("tcp.rejected", tcp_rejected);
-  count("tcp.reads", tcp_reads, "rdmabroker_tcp_reads_total",
-        "read() calls on TCP connections that returned data.");
-  count("tcp.writes", tcp_writes, "rdmabroker_tcp_writes_total",
-        "sendmsg() calls on TCP connections that wrote data.");
-  count("tcp.write_blocked", tcp_write_blocked, "rdmabroker_tcp_write_blocked_total",
-        "TCP writes that found the socket buffer full.");
+  v.level("tcp.connections", tcp);
+  v.count("tcp.rejected", tcp_rejected);
+  v.count("tcp.reads", tcp_reads, "rdmabroker_tcp_reads_total",
+          "read() calls on TCP connections that returned data.");
+  v.count("tcp.writes", tcp_writes, "rdmabroker_tcp_writes_total",
+          "sendmsg() calls on TCP connections that wrote data.");
+  v.count("tcp.write_blocked", tcp_write_blocked, "rdmabroker_tcp_write_blocked_total",
+          "TCP writes that found the socket buffer full.");
 
   // Limits, authentication, permissions.
   const auto limit = [&](std::string_view name, const Counter& c) {
@@ -143,8 +137,8 @@ void WorkerStats::visit(StatsVisitor& v) const {
   labelled("auth.", "failed", auth_failed, kAuth, kAuthHelp, "outcome");
   labelled("permissions.denied.", "publish", denied_publish, kDenied, kDeniedHelp, "operation");
   labelled("permissions.denied.", "subscribe", denied_subscribe, kDenied, kDeniedHelp, "operation");
-  count("permissions.revoked", subscriptions_revoked, "rdmabroker_subscriptions_revoked_total",
-        "Subscriptions removed because a reload took the permission away.");
+  v.count("permissions.revoked", subscriptions_revoked, "rdmabroker_subscriptions_revoked_total",
+          "Subscriptions removed because a reload took the permission away.");
 }
 
 }  // namespace rdmabroker::daemon
