@@ -16,6 +16,13 @@ in_guest_unless_rdma() {
   exec tests/softroce/run-in-guest.sh env RDMABROKER_BIN="$BIN" "$@"
 }
 
+# Prefixes each line with the seconds since the script started (where the
+# suite's time goes).
+elapsed() {
+  local line
+  while IFS= read -r line; do printf '[%4d s] %s\n' "$SECONDS" "$line"; done
+}
+
 cpu_ticks() {  # utime + stime of PID, in clock ticks
   awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0
 }
@@ -34,8 +41,7 @@ run_bench() {
   c1=$(cpu_ticks "$server")
   $REPORT record-bench --system "$system" --transport "$transport" --group "$group" --size "$size" \
     --server-cpu-s "$(awk -v a="$c0" -v b="$c1" -v t="$(getconf CLK_TCK)" 'BEGIN { print (b - a) / t }')" \
-    --exit-status "$rc" --stderr /tmp/bench-run.err </tmp/bench-run.json >"$file"
-  $REPORT summary "$file"
+    --exit-status "$rc" --stderr /tmp/bench-run.err --out "$file" </tmp/bench-run.json | elapsed
 }
 
 # record_perftest TOOL SIZE OUTPUT_FILE: the client side's report of
@@ -43,14 +49,12 @@ run_bench() {
 record_perftest() {
   SEQ_NO=$((SEQ_NO + 1))
   local file="$OUT/$(printf %03d $SEQ_NO)-raw-$1-$2.json"
-  $REPORT record-perftest --tool "$1" --size "$2" <"$3" >"$file"
-  $REPORT summary "$file"
+  $REPORT record-perftest --tool "$1" --size "$2" --out "$file" <"$3" | elapsed
 }
 
 # record_idle_rss TRANSPORT "idle-rss: ..." (the line tests/bench/idle-rss.sh prints)
 record_idle_rss() {
   SEQ_NO=$((SEQ_NO + 1))
   local file="$OUT/$(printf %03d $SEQ_NO)-idle-rss-$1.json"
-  echo "$2" | $REPORT record-idle --transport "$1" >"$file"
-  $REPORT summary "$file"
+  echo "$2" | $REPORT record-idle --transport "$1" --out "$file" | elapsed
 }
