@@ -10,7 +10,7 @@
 #include "broker/options.hpp"
 #include "broker/stats.hpp"
 #include "fault/fault.hpp"
-#include "rdma/buffer_pool.hpp"
+#include "broker/buffer_pool.hpp"
 #include "rdma/device.hpp"
 #include "multicast/engine.hpp"
 #include "rdma/listener.hpp"

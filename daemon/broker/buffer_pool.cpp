@@ -1,4 +1,4 @@
-#include "rdma/buffer_pool.hpp"
+#include "broker/buffer_pool.hpp"
 
 #include <sys/mman.h>
 

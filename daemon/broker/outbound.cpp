@@ -71,19 +71,19 @@ namespace {
 
 /// Appends [addr, addr+len) to the SGE list, merging with the previous entry
 /// when contiguous in the same registration.
-void add_range(ibv_sge* sge, std::uint32_t& n, std::uint64_t addr, std::uint32_t len, std::uint32_t lkey) {
+void add_range(Segment* sge, std::uint32_t& n, std::uint64_t addr, std::uint32_t len, std::uint32_t lkey) {
   if (n > 0 && sge[n - 1].lkey == lkey && sge[n - 1].addr + sge[n - 1].length == addr) {
     sge[n - 1].length += len;
     return;
   }
-  sge[n++] = ibv_sge{addr, len, lkey};
+  sge[n++] = Segment{addr, len, lkey};
 }
 
 }  // namespace
 
 PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::span<std::byte> block,
                      std::uint32_t block_lkey, std::uint32_t body_lkey, std::uint64_t& next_sequence,
-                     ibv_sge* sge, BufferRef* refs) {
+                     Segment* sge, BufferRef* refs) {
   PackedSend out;
   std::size_t block_used = 0;
   const std::uint32_t max_sge = std::min(limits.max_sge, kMaxSendSge);

@@ -7,15 +7,13 @@
 // small messages into one packet train (SPEC.md, "Batching").
 #pragma once
 
-#include <infiniband/verbs.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <span>
 #include <string>
 
-#include "rdma/buffer_pool.hpp"
+#include "broker/buffer_pool.hpp"
 #include "rdmabroker/proto/wire.hpp"
 
 namespace rdmabroker::daemon {
@@ -46,7 +44,6 @@ struct OutItem {
   bool is_delivery() const { return header.type == proto::FrameType::kDeliver; }
 };
 
-/// A control frame (ERROR, CLOSE, PONG) whose body, if any, is text.
 /// A control frame (ERROR, CLOSE, PONG, ...). An ERROR about one subscription
 /// carries its id in the sequence field (SPEC.md §3.5): the client ends it.
 OutItem make_control(proto::FrameType type, std::uint32_t arg, std::string text = {}, std::uint32_t sid = 0);
@@ -71,6 +68,15 @@ bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, std
 OutItem make_sequenced_delivery(BufferRef buf, std::uint32_t sid, std::uint64_t sequence,
                                 std::uint32_t offset, std::uint32_t len, std::uint32_t payload_len,
                                 std::int64_t received_at = 0);
+
+/// One piece of a packed send: [addr, addr+length) in memory registered with
+/// `lkey` (0 where nothing is registered: TCP). Laid out as ibv_sge, so that
+/// the RDMA link posts the list as it is (rdma/rdma_link.cpp checks it).
+struct Segment {
+  std::uint64_t addr = 0;
+  std::uint32_t length = 0;
+  std::uint32_t lkey = 0;
+};
 
 struct PackLimits {
   std::uint32_t max_bytes = 0;  // the peer's receive buffer size
@@ -97,6 +103,6 @@ struct PackedSend {
 /// whose buffers are smaller than the broker's frames).
 PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::span<std::byte> block,
                      std::uint32_t block_lkey, std::uint32_t body_lkey, std::uint64_t& next_sequence,
-                     ibv_sge* sge, BufferRef* refs);
+                     Segment* sge, BufferRef* refs);
 
 }  // namespace rdmabroker::daemon

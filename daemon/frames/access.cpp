@@ -3,85 +3,75 @@
 // PUBLISH and SUBSCRIBE, and what a reload changes for connected clients.
 #include <spdlog/spdlog.h>
 
-#include "worker/worker.hpp"
+#include "frames/frame_handler.hpp"
+#include "router/interest.hpp"
 
 namespace rdmabroker::daemon {
 
 using proto::ErrorCode;
 using proto::FrameType;
 
-bool Worker::before_authentication(Connection& c, const proto::Frame& f) {
+bool FrameHandler::before_authentication(Connection& c, const proto::Frame& f) {
   switch (f.header.type) {
     case FrameType::kConnect: {
-      if (c.auth != AuthPhase::kAwaitingConnect) break;
+      if (c.state != ConnState::kAwaitingConnect) break;
       const auto* p = reinterpret_cast<const char*>(f.payload.data());
       const std::string_view user(p, f.header.arg);
       const std::string_view secret(p + f.header.arg, f.payload.size() - f.header.arg);
-      c.auth = AuthPhase::kVerifying;
+      c.state = ConnState::kVerifying;
       if (user.empty() && secret.empty()) {
         // No credentials: nothing slow to check, decided here.
-        auto anonymous = auth_->verify({}, {});
+        auto anonymous = ctx_.auth->verify({}, {});
         AuthResultCommand verdict{c.id, anonymous ? anonymous.value() : nullptr,
                                   anonymous ? std::string() : anonymous.error().message};
         on_auth_result(verdict);
       } else {
-        core_.authenticator->submit({index_, c.id, std::string(user), std::string(secret)});
+        ctx_.core.authenticator->submit({ctx_.index, c.id, std::string(user), std::string(secret)});
       }
-      return c.state == ConnState::kEstablished;
+      return c.is_up();
     }
     case FrameType::kPing:
-      if (c.auth != AuthPhase::kVerifying) break;
+      if (c.state != ConnState::kVerifying) break;
       ++c.deferred_pongs;  // answered after the verdict: a client's PONG means "authenticated"
       return true;
     case FrameType::kCredit:
-      if (c.transport == Transport::kRdma) c.credits.add_send_credits(f.header.arg);
+      c.link->add_send_credits(f.header.arg);
       return true;
     case FrameType::kClose:
       c.close_received = true;
-      close(c, CloseReason::kClientClose);
+      connections_.close(c, CloseReason::kClientClose);
       return false;
     default:
       break;
   }
-  stats_.auth_failed.add();
-  close(c, CloseReason::kAuthFailed, ErrorCode::kAuthenticationRequired,
-        std::string(proto::to_string(f.header.type)) +
-            (c.auth == AuthPhase::kAwaitingConnect
-                 ? " before CONNECT: a connection's first frame must be CONNECT"
-                 : " while the credentials are being checked"));
+  ctx_.stats.auth_failed.add();
+  connections_.close(c, CloseReason::kAuthFailed, ErrorCode::kAuthenticationRequired,
+                     std::string(proto::to_string(f.header.type)) +
+                         (c.state == ConnState::kAwaitingConnect
+                              ? " before CONNECT: a connection's first frame must be CONNECT"
+                              : " while the credentials are being checked"));
   return false;
 }
 
-void Worker::on_auth_result(AuthResultCommand& r) {
-  Connection* c = find(r.connection_id);
-  if (c == nullptr || c->state != ConnState::kEstablished || c->auth != AuthPhase::kVerifying) return;
+void FrameHandler::on_auth_result(AuthResultCommand& r) {
+  Connection* c = connections_.find(r.connection_id);
+  if (c == nullptr || c->state != ConnState::kVerifying) return;
   if (!r.identity) {
-    stats_.auth_failed.add();
+    ctx_.stats.auth_failed.add();
     spdlog::warn("connection {} from {}: authentication failed: {}", c->id, c->peer, r.error);
-    close(*c, CloseReason::kAuthFailed, ErrorCode::kAuthenticationFailed, r.error);
+    connections_.close(*c, CloseReason::kAuthFailed, ErrorCode::kAuthenticationFailed, r.error);
     return;
   }
   c->identity = std::move(r.identity);
-  c->auth = AuthPhase::kDone;
-  stats_.auth_ok.add();
+  c->state = ConnState::kOpen;
+  ctx_.stats.auth_ok.add();
   spdlog::log(c->identity->anonymous ? spdlog::level::debug : spdlog::level::info,
               "connection {} from {} authenticated as {}", c->id, c->peer, c->identity->name);
-  for (; c->deferred_pongs > 0; --c->deferred_pongs) enqueue(*c, make_control(FrameType::kPong, 0));
+  for (; c->deferred_pongs > 0; --c->deferred_pongs)
+    connections_.enqueue(*c, make_control(FrameType::kPong, 0));
 }
 
-void Worker::check_auth_deadlines() {
-  std::erase_if(unauthenticated_, [&](std::uint64_t id) {
-    Connection* c = find(id);
-    if (c == nullptr || c->state != ConnState::kEstablished || c->auth == AuthPhase::kDone) return true;
-    if (now_ < c->auth_deadline) return false;
-    stats_.auth_failed.add();
-    close(*c, CloseReason::kAuthFailed, ErrorCode::kAuthenticationRequired,
-          "not authenticated within " + std::to_string(kAuthTimeout.count()) + " s of connecting");
-    return true;
-  });
-}
-
-bool Worker::may_publish(Connection& c, std::string_view subject) {
+bool FrameHandler::may_publish(Connection& c, std::string_view subject) {
   if (c.identity->publish_unrestricted) return true;
   if (auto it = c.publish_verdicts.find(subject); it != c.publish_verdicts.end()) return it->second;
   if (c.publish_verdicts.size() >= 1024)
@@ -91,33 +81,34 @@ bool Worker::may_publish(Connection& c, std::string_view subject) {
   return ok;
 }
 
-void Worker::deny(Connection& c, std::string_view operation, std::string_view subject, std::uint32_t sid) {
-  (operation == "publish" ? stats_.denied_publish : stats_.denied_subscribe).add();
+void FrameHandler::deny(Connection& c, std::string_view operation, std::string_view subject,
+                        std::uint32_t sid) {
+  (operation == "publish" ? ctx_.stats.denied_publish : ctx_.stats.denied_subscribe).add();
   // A client that keeps publishing where it may not would flood the log: the
   // first ten denials of a connection are logged, then every thousandth.
   if (++c.denials <= 10 || c.denials % 1000 == 0) {
     spdlog::warn("connection {} from {}: {} to '{}' denied for user '{}' ({} denials)", c.id, c.peer,
                  operation, subject, c.identity->name, c.denials);
   }
-  enqueue(c, make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kPermissionDenied),
-                          std::string(operation) + " to '" + std::string(subject) + "' denied for user '" +
-                              c.identity->name + "'",
-                          sid));
+  reply_error(c, ErrorCode::kPermissionDenied,
+              std::string(operation) + " to '" + std::string(subject) + "' denied for user '" +
+                  c.identity->name + "'",
+              sid);
 }
 
-void Worker::apply_auth(std::shared_ptr<const AuthTable> table) {
-  auth_ = std::move(table);
+void FrameHandler::apply_auth(std::shared_ptr<const AuthTable> table) {
+  ctx_.auth = std::move(table);
   std::vector<Connection*> affected;
-  for (auto& [id, c] : connections_) {
-    if (c->state == ConnState::kEstablished && c->auth == AuthPhase::kDone) affected.push_back(c.get());
-  }
+  connections_.for_each([&](Connection& c) {
+    if (c.state == ConnState::kOpen) affected.push_back(&c);
+  });
   for (Connection* c : affected) {
-    auto renewed = auth_->renew(*c->identity);
+    auto renewed = ctx_.auth->renew(*c->identity);
     if (!renewed) {
       spdlog::warn("connection {} from {}: access of '{}' revoked by a configuration reload", c->id, c->peer,
                    c->identity->name);
-      close(*c, CloseReason::kAuthRevoked, ErrorCode::kAuthenticationFailed,
-            "access of '" + c->identity->name + "' revoked by a configuration reload");
+      connections_.close(*c, CloseReason::kAuthRevoked, ErrorCode::kAuthenticationFailed,
+                         "access of '" + c->identity->name + "' revoked by a configuration reload");
       continue;
     }
     c->identity = std::move(renewed);
@@ -129,18 +120,34 @@ void Worker::apply_auth(std::shared_ptr<const AuthTable> table) {
       }
       const std::uint32_t sid = it->first;
       const std::string pattern = it->second.pattern;
-      drop_subscription(*c, it->second, it->first);
+      drop_subscription(ctx_, *c, it->second, it->first);
       it = c->subscriptions.erase(it);
-      stats_.subscriptions_revoked.add();
+      ctx_.stats.subscriptions_revoked.add();
       spdlog::warn(
           "connection {} from {}: subscription {} to '{}' of user '{}' revoked by a configuration reload",
           c->id, c->peer, sid, pattern, c->identity->name);
-      enqueue(*c, make_control(FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kPermissionDenied),
-                               "subscription to '" + pattern + "' revoked: user '" + c->identity->name +
-                                   "' may no longer subscribe to it",
-                               sid));
+      reply_error(*c, ErrorCode::kPermissionDenied,
+                  "subscription to '" + pattern + "' revoked: user '" + c->identity->name +
+                      "' may no longer subscribe to it",
+                  sid);
     }
   }
+}
+
+void FrameHandler::refuse_subscription_broker_wide(Connection& c, std::uint32_t sid,
+                                                   SubscriptionBudget::Refusal refusal) {
+  const auto& opt = ctx_.options;
+  const bool by_count = refusal == SubscriptionBudget::Refusal::kCount;
+  (by_count ? ctx_.stats.limit_subscriptions_total : ctx_.stats.limit_subscription_memory).add();
+  const std::string what = by_count ? "broker-wide limit of " + std::to_string(opt.max_subscriptions_total) +
+                                          " subscriptions reached (limits.max_subscriptions_total)"
+                                    : "broker-wide subscription memory limit of " +
+                                          std::to_string(opt.max_subscription_memory) +
+                                          " bytes reached (limits.max_subscription_memory)";
+  // Logged once per connection, like the per-connection limit.
+  if (!std::exchange(c.subscription_limit_logged, true))
+    spdlog::warn("connection {} from {}: {}", c.id, c.peer, what);
+  reply_error(c, ErrorCode::kTooManySubscriptions, what, sid);
 }
 
 }  // namespace rdmabroker::daemon

@@ -42,7 +42,7 @@
 #include "broker/outbound.hpp"
 #include "broker/stats.hpp"
 #include "broker/subscription_index.hpp"
-#include "rdma/buffer_pool.hpp"
+#include "broker/buffer_pool.hpp"
 #include "rdmabroker/common/fd.hpp"
 #include "rdmabroker/common/verbs.hpp"
 #include "rdmabroker/result.hpp"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "rdma/buffer_pool.hpp"
+#include "broker/buffer_pool.hpp"
 #include "rdmabroker/common/verbs.hpp"
 #include "rdmabroker/result.hpp"
 

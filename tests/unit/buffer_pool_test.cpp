@@ -5,7 +5,7 @@
 #include <thread>
 #include <vector>
 
-#include "rdma/buffer_pool.hpp"
+#include "broker/buffer_pool.hpp"
 
 namespace rdmabroker::daemon {
 namespace {

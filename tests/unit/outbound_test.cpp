@@ -47,7 +47,7 @@ class OutboundTest : public ::testing::Test {
   }
 
   /// What the NIC would put on the wire.
-  static std::vector<std::byte> gather(const ibv_sge* sge, std::uint32_t n) {
+  static std::vector<std::byte> gather(const Segment* sge, std::uint32_t n) {
     std::vector<std::byte> out;
     for (std::uint32_t i = 0; i < n; ++i) {
       EXPECT_TRUE(sge[i].lkey == kBlockKey || sge[i].lkey == kBodyKey);
@@ -60,7 +60,7 @@ class OutboundTest : public ::testing::Test {
   std::unique_ptr<BufferPool> pool_;
   std::vector<std::byte> block_ = std::vector<std::byte>(kSendBlockSize);
   std::uint64_t seq_ = 1;
-  ibv_sge sge_[kMaxSendSge];
+  Segment sge_[kMaxSendSge];
   BufferRef refs_[kMaxFramesPerSend];
 };
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "broker/subscription_index.hpp"
-#include "rdma/buffer_pool.hpp"
+#include "broker/buffer_pool.hpp"
 #include "rdmabroker/proto/wire.hpp"
 #include "worker/command_queue.hpp"
 

@@ -1,0 +1,87 @@
+// What every worker shares, owned by the Server and outliving all workers:
+// the options as started, the pool, the subscription index, the connection
+// slots and the broker-wide budgets. Workers reach each other only through
+// post_deliveries() (their command queues).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "broker/auth.hpp"
+#include "broker/buffer_pool.hpp"
+#include "broker/connection_slots.hpp"
+#include "broker/options.hpp"
+#include "broker/outbound.hpp"
+#include "broker/subscription_budget.hpp"
+#include "broker/subscription_index.hpp"
+#include "fault/fault.hpp"
+
+namespace rdmabroker::daemon {
+
+class Worker;
+class MulticastEngine;
+class DeviceSet;
+
+/// Heap a queued delivery may cost besides its frame bytes (its OutItem and
+/// queue slot; the payload itself sits in the registered pool): charged per
+/// message against limits.max_pending_bytes_total, so that the bound holds
+/// for heap too whatever the message size.
+inline constexpr std::int64_t kQueuedMessageCharge = 128;
+static_assert(sizeof(OutItem) + 16 <= kQueuedMessageCharge, "a queued message costs more than it is charged");
+/// What `messages` queued deliveries of `bytes` frame bytes are charged.
+constexpr std::int64_t queued_charge(std::int64_t bytes, std::int64_t messages) {
+  return bytes + kQueuedMessageCharge * messages;
+}
+
+/// Deliveries routed on one worker (or the multicast engine) to another worker's connection.
+struct RemoteDelivery {
+  std::uint64_t connection = 0;
+  std::uint32_t slot = 0;
+  OutItem item;
+};
+
+struct BrokerCore {
+  BrokerOptions options;
+  BufferPool* pool = nullptr;
+  DeviceSet* devices = nullptr;  // null: RDMA off
+  SubscriptionIndex index;
+  std::vector<Worker*> workers;
+  std::unique_ptr<ConnectionSlots> slots;  // one per open connection, all workers
+  SubscriptionBudget subscription_budget;  // limits.max_subscriptions_total / max_subscription_memory
+  std::atomic<std::uint64_t> next_connection_id{1};  // broker-wide, both transports
+  std::shared_ptr<const AuthTable> auth;             // as started; reloads hand workers their successors
+  Authenticator* authenticator = nullptr;            // checks passwords and tokens off the workers
+  fault::Shared faults;                              // test builds: faults any worker may pick up
+  MulticastEngine* multicast = nullptr;              // null: multicast off (or no RDMA device)
+  /// The slot whose count is the multicast engine's backlog: messages
+  /// workers routed to channels that the engine has not handled yet
+  /// (messages, not bytes: each costs the engine at least one datagram).
+  std::uint32_t multicast_slot = 0;
+  /// The backlog's bound: publishers feeding channels are slowed above three
+  /// quarters of it, as for a backlogged subscriber. A quarter of the
+  /// retransmit window: a gap's repair request waits behind the backlog, and
+  /// must be answered before the window has moved past the gap.
+  std::uint64_t multicast_backlog = 1024;
+
+  /// What queued deliveries on every worker are charged against
+  /// limits.max_pending_bytes_total: frame bytes + kQueuedMessageCharge per message.
+  std::int64_t pending_charge_total() const;
+
+  /// The queue bound that slows publishers for `slot` (a connection's, or the engine's).
+  std::uint64_t backlog_bound(std::uint32_t slot, std::uint64_t max_pending_bytes) const {
+    return multicast != nullptr && slot == multicast_slot ? multicast_backlog : max_pending_bytes;
+  }
+
+  /// Posts each worker its deliveries (one DeliverCommand per worker with
+  /// any) and leaves `per_worker` empty: how workers and the multicast engine
+  /// hand messages to connections they do not own.
+  void post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker) const;
+
+  /// The worker that owns RDMA connection `id`: the listener spreads them
+  /// round-robin by id (a TCP connection stays with the worker that accepted it).
+  Worker& rdma_owner(std::uint64_t id) const { return *workers[id % workers.size()]; }
+};
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,217 @@
+// One client connection as every layer above the transport sees it: its state
+// machine, what waits to be sent (the out-queue), what was handed to the
+// transport and not yet completed (the in-flight ring), the publisher stall,
+// authentication and subscriptions. The transport itself is the connection's
+// Link (rdma/rdma_link.hpp, tcp/tcp_link.hpp, or a test's fake): the only
+// code that knows whether bytes travel as SENDs on a QP or over a socket.
+//
+// Owned by one worker (Connections), touched only on its thread.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "broker/auth.hpp"
+#include "broker/buffer_pool.hpp"
+#include "broker/close_reason.hpp"
+#include "broker/outbound.hpp"
+#include "broker/subscription_index.hpp"
+
+struct sockaddr;
+
+namespace rdmabroker::daemon {
+
+struct Connection;
+
+enum class Transport : std::uint8_t { kRdma, kTcp };
+
+constexpr std::string_view to_string(Transport t) { return t == Transport::kRdma ? "rdma" : "tcp"; }
+
+/// A connection's life, one state at a time (SPEC.md §2):
+///
+///   accepting -> awaiting_connect -> verifying -> open
+///        \______________\_______________\__________\__> draining -> disconnecting -> (destroyed)
+///
+/// `accepting` is RDMA's wait for ESTABLISHED (TCP's 16-byte handshake is done
+/// by its acceptor before a Connection exists). Until `open` the first frame
+/// must be CONNECT, and only PING, CREDIT and CLOSE may follow it while the
+/// authenticator decides (`verifying`). Any state may close: `draining` sends
+/// the last frames (an ERROR or CLOSE saying why), `disconnecting` waits for
+/// the transport's end (DISCONNECTED, or the peer's FIN) and for in-flight
+/// sends, both bounded by flow.drain_timeout_ms.
+enum class ConnState : std::uint8_t {
+  kAccepting,
+  kAwaitingConnect,
+  kVerifying,
+  kOpen,
+  kDraining,
+  kDisconnecting,
+};
+
+constexpr std::string_view to_string(ConnState s) {
+  switch (s) {
+    case ConnState::kAccepting:
+      return "accepting";
+    case ConnState::kAwaitingConnect:
+      return "awaiting_connect";
+    case ConnState::kVerifying:
+      return "verifying";
+    case ConnState::kOpen:
+      return "established";
+    case ConnState::kDraining:
+      return "draining";
+    case ConnState::kDisconnecting:
+      return "disconnecting";
+  }
+  return "unknown";
+}
+
+/// The transport under one connection. Every call comes from the owning
+/// worker's thread.
+class Link {
+ public:
+  virtual ~Link() = default;
+  virtual Transport transport() const = 0;
+  /// Hands the front of c's out-queue to the transport, as much as it takes
+  /// now (credits, send window, socket buffer); the rest waits for the next flush.
+  virtual void flush(Connection& c) = 0;
+  /// Publisher flow control while a subscriber it feeds is backlogged: RDMA
+  /// withholds the publisher's credits, TCP stops reading its socket.
+  virtual void pause(Connection& c) = 0;
+  virtual void resume(Connection& c) = 0;
+  /// The peer's CREDIT frame (RDMA; TCP's window does this job and ignores it).
+  virtual void add_send_credits(std::uint32_t n) = 0;
+  /// Ends the transport after the last frame went out (RDMA: the QP to the
+  /// error state; TCP: FIN). The connection then waits for the peer's end.
+  virtual void disconnect(Connection& c) = 0;
+  /// Called once, just before the connection is destroyed: gives back what
+  /// the link took from shared resources (CQ entries, SRQ credits, counts).
+  virtual void release(Connection& c) = 0;
+  /// Where the connection lives, for its log lines ("on rxe0, qp 17").
+  virtual std::string where() const = 0;
+  /// The address a multicast member receives on and its device index, for
+  /// a client that may join groups (RDMA only), or null.
+  virtual const sockaddr* multicast_address(std::uint32_t& device) const {
+    (void)device;
+    return nullptr;
+  }
+};
+
+/// One send handed to the transport and not yet completed, with what it references.
+struct InflightSend {
+  std::uint32_t block = 0;  // send block index, or SendBlocks::kNone (a credit update)
+  std::uint32_t frames = 0;
+  std::int64_t oldest_received_at = 0;  // for the relay latency histogram
+  std::uint32_t deliveries = 0;         // DELIVER frames among them
+  std::uint64_t delivered_payload = 0;  // their payload bytes
+  std::array<BufferRef, kMaxFramesPerSend> refs;
+};
+
+/// Lets a map keyed by std::string be searched with a string_view.
+struct StringHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
+struct Connection {
+  Connection(std::uint64_t id, std::uint32_t slot, std::string peer, std::unique_ptr<Link> link,
+             std::uint32_t peer_buffer_size, std::uint32_t send_window, ConnState initial);
+
+  /// The transport is up and the connection is not closing (frames are taken from it).
+  bool is_up() const {
+    return state == ConnState::kAwaitingConnect || state == ConnState::kVerifying ||
+           state == ConnState::kOpen;
+  }
+  bool is_closing() const { return state == ConnState::kDraining || state == ConnState::kDisconnecting; }
+  Transport transport() const { return link->transport(); }
+
+  // ------------------------------------------------------------ identity
+  const std::uint64_t id;
+  const std::uint32_t slot;  // in BrokerCore::slots
+  const std::string peer;
+  std::unique_ptr<Link> link;
+  const std::uint32_t peer_buffer_size;  // largest frame train the client can receive
+
+  // ------------------------------------------------------------ state
+  ConnState state;
+  CloseReason reason = CloseReason::kCount;
+  bool close_received = false;     // the client sent CLOSE
+  bool peer_disconnected = false;  // the transport's end (DISCONNECTED, FIN, connect error) was seen
+  bool touched = false;            // on the worker's flush list
+  bool reaping = false;            // queued for destruction at the end of the loop turn
+  std::chrono::steady_clock::time_point deadline{};  // draining/disconnecting: when to give up waiting
+
+  // ------------------------------------------------------------ publisher stall
+  /// A stalled publisher fed a subscriber (slot stall_slot) whose queue is
+  /// above the stall watermark: its link is paused until that queue drains
+  /// below half the bound, or until the queue makes no progress for
+  /// producer_stall_ms (stalled_until): a subscriber that stopped reading
+  /// must not hold the publisher; it overflows and is cut off instead.
+  bool stalled = false;
+  std::uint32_t stall_slot = 0;
+  std::int64_t stall_queued = 0;  // the subscriber's queue when last seen shrinking
+  std::chrono::steady_clock::time_point stalled_until{};
+
+  // ------------------------------------------------------------ out-queue and in-flight ring
+  std::deque<OutItem> outq;
+  std::uint32_t pending_messages = 0;  // messages in outq (deliveries, not control frames)
+  std::uint64_t pending_bytes = 0;     // their PUBLISH frames' bytes: bounded by max_pending_bytes
+  std::uint32_t queued_replies = 0;    // control frames in outq: bounded by kMaxQueuedReplies
+  std::chrono::steady_clock::time_point last_progress{};  // last send completion, or when the queue filled
+  std::vector<InflightSend> inflight;                     // ring of send_window + 1 records
+  std::uint32_t inflight_head = 0;
+  std::uint32_t inflight_count = 0;
+  std::uint64_t next_sequence = 1;
+  /// Room for another send on the in-flight ring.
+  bool can_send() const { return inflight_count + 1 < inflight.size(); }
+  /// The ring slot the next recorded send takes.
+  std::uint32_t inflight_tail() const {
+    return (inflight_head + inflight_count) % static_cast<std::uint32_t>(inflight.size());
+  }
+
+  // ------------------------------------------------------------ authentication and permissions
+  std::chrono::steady_clock::time_point auth_deadline{};  // CONNECT and its verdict must come before
+  std::uint32_t deferred_pongs = 0;                       // PINGs that arrived while verifying
+  std::shared_ptr<const Identity> identity;               // set once authenticated
+  /// Recent publish verdicts by subject, for users whose publish permissions
+  /// are restricted (cleared when full and on reload).
+  std::unordered_map<std::string, bool, StringHash, std::equal_to<>> publish_verdicts;
+  std::uint64_t denials = 0;               // operations refused by permissions (their log lines thin out)
+  bool subscription_limit_logged = false;  // the subscription limit is logged once per connection
+
+  // ------------------------------------------------------------ subscriptions
+  struct Subscription {
+    std::string pattern;
+    Subscriber stored;          // as the index holds it (with its queue group id)
+    std::uint32_t channel = 0;  // served by this multicast channel instead (not in the index itself)
+    std::uint64_t cost = 0;     // taken from BrokerCore::subscription_budget, given back when it ends
+  };
+  bool multicast_capable = false;  // RDMA client that offered kConnectMulticast
+  std::unordered_map<std::uint32_t, Subscription> subscriptions;  // by sid
+
+  // ------------------------------------------------------------ traffic (rdmabroker stat)
+  std::uint64_t messages_in = 0;  // PUBLISH frames accepted
+  std::uint64_t bytes_in = 0;     // their payload bytes
+  std::uint64_t messages_out = 0;
+  std::uint64_t bytes_out = 0;
+};
+
+inline Connection::Connection(std::uint64_t id_, std::uint32_t slot_, std::string peer_,
+                              std::unique_ptr<Link> link_, std::uint32_t peer_buffer_size_,
+                              std::uint32_t send_window, ConnState initial)
+    : id(id_),
+      slot(slot_),
+      peer(std::move(peer_)),
+      link(std::move(link_)),
+      peer_buffer_size(peer_buffer_size_),
+      state(initial),
+      inflight(send_window + 1) {}
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,438 @@
+#include "connection/connections.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "router/interest.hpp"
+
+namespace rdmabroker::daemon {
+
+using proto::ErrorCode;
+using proto::FrameType;
+
+Connections::~Connections() {
+  // Links first destroy their transports (QP before cm_id, or the socket).
+  table_.clear();
+}
+
+// ---------------------------------------------------------------- the table
+
+Connection& Connections::add(std::unique_ptr<Connection> c) {
+  ctx_.assert_on_loop();
+  Connection& ref = *c;
+  ctx_.stats.connections_current.add(1);
+  table_.emplace(ref.id, std::move(c));
+  return ref;
+}
+
+Connection* Connections::find(std::uint64_t id) {
+  auto it = table_.find(id);
+  return it == table_.end() ? nullptr : it->second.get();
+}
+
+Connection* Connections::find_up(std::uint64_t id) {
+  Connection* c = find(id);
+  return c != nullptr && c->is_up() ? c : nullptr;
+}
+
+std::vector<const Connection*> Connections::snapshot() const {
+  std::vector<const Connection*> all;
+  all.reserve(table_.size());
+  for (const auto& [id, c] : table_) all.push_back(c.get());
+  return all;
+}
+
+// ---------------------------------------------------------------- state machine
+
+void Connections::establish(Connection& c) {
+  ctx_.assert_on_loop();
+  if (c.state != ConnState::kAccepting) return;
+  c.state = ConnState::kAwaitingConnect;
+  c.last_progress = ctx_.now;
+  ctx_.stats.connections_accepted.add();
+  c.auth_deadline = ctx_.now + kAuthTimeout;
+  unauthenticated_.push_back(c.id);
+  spdlog::info("connection {} from {} established {} (worker {})", c.id, c.peer, c.link->where(), ctx_.index);
+  touch(c);  // its initial credits may already allow sends
+}
+
+void Connections::close(Connection& c, CloseReason reason, ErrorCode code, std::string message) {
+  ctx_.assert_on_loop();
+  if (c.is_closing()) {
+    if (c.state == ConnState::kDraining && c.peer_disconnected) disconnect(c);
+    return;
+  }
+  c.reason = reason;
+  drop_all_subscriptions(ctx_, c);
+  const bool can_tell = c.is_up() && !c.peer_disconnected && code != ErrorCode::kNone;
+  if (!can_tell) {
+    disconnect(c);
+    return;
+  }
+  // Shutdown flushes what is queued, then sends CLOSE; any other reason drops
+  // the queue (counted) and sends ERROR, or CLOSE for a slow consumer. Either
+  // way the client learns why before the disconnect.
+  if (reason == CloseReason::kProtocolError) {
+    ctx_.stats.protocol_errors.add();
+    spdlog::warn("connection {} ({}): protocol error: {}", c.id, c.peer, message);
+  }
+  if (reason != CloseReason::kBrokerShutdown) drop_queue(c, drop_reason_for(reason));
+  const bool is_close = reason == CloseReason::kBrokerShutdown || reason == CloseReason::kSlowConsumer;
+  const FrameType type = is_close ? FrameType::kClose : FrameType::kError;
+  c.outq.push_back(make_control(type, static_cast<std::uint32_t>(code), std::move(message)));
+  c.state = ConnState::kDraining;
+  c.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ctx_.options.drain_timeout_ms);
+  closing_.push_back(c.id);
+  touch(c);
+}
+
+void Connections::peer_gone(Connection& c, CloseReason reason) {
+  c.peer_disconnected = true;
+  close(c, reason);
+  try_finish(c);
+}
+
+void Connections::disconnect(Connection& c) {
+  if (c.state == ConnState::kDisconnecting) return;
+  if (c.reason == CloseReason::kCount) c.reason = CloseReason::kPeerDisconnected;
+  drop_all_subscriptions(ctx_, c);
+  drop_queue(c, drop_reason_for(c.reason));
+  c.state = ConnState::kDisconnecting;
+  c.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ctx_.options.drain_timeout_ms);
+  closing_.push_back(c.id);
+  c.link->disconnect(c);
+  try_finish(c);
+}
+
+void Connections::drop_queue(Connection& c, DropReason why) {
+  ctx_.stats.pending_messages.add(-static_cast<std::int64_t>(c.pending_messages));
+  ctx_.stats.pending_bytes.add(-static_cast<std::int64_t>(c.pending_bytes));
+  ctx_.stats.dropped[static_cast<std::size_t>(why)].add(c.pending_messages);
+  unqueue(c.slot, c.pending_bytes);
+  c.pending_messages = 0;
+  c.pending_bytes = 0;
+  c.queued_replies = 0;
+  c.outq.clear();
+}
+
+void Connections::try_finish(Connection& c) {
+  if (c.state != ConnState::kDisconnecting || c.reaping) return;
+  const bool drained = c.inflight_count == 0 && c.peer_disconnected;
+  if (!drained && std::chrono::steady_clock::now() < c.deadline) return;
+  // Destroyed at the end of the loop turn, never under a caller that still
+  // holds a reference to it.
+  c.reaping = true;
+  reap_.push_back(c.id);
+}
+
+void Connections::reap() {
+  for (std::uint64_t id : reap_) {
+    if (Connection* c = find(id)) destroy(*c);
+  }
+  reap_.clear();
+}
+
+void Connections::destroy(Connection& c) {
+  // Release what in-flight sends still hold (only after a deadline forced us).
+  while (c.inflight_count > 0) retire_send(c, false);
+  c.link->release(c);
+  ctx_.stats.connections_closed[static_cast<std::size_t>(c.reason)].add();
+  ctx_.stats.connections_current.add(-1);
+  ctx_.core.slots->release(c.slot);
+  spdlog::info("connection {} ({}, {}) closed: {}", c.id, to_string(c.transport()), c.peer,
+               to_string(c.reason));
+  if (c.touched) std::erase(touched_, &c);
+  table_.erase(c.id);  // the link destroys its transport (QP before cm_id; or the socket)
+}
+
+void Connections::close_all_for_shutdown() {
+  for (const Connection* cc : snapshot()) {
+    auto& c = const_cast<Connection&>(*cc);
+    if (c.is_up()) {
+      close(c, CloseReason::kBrokerShutdown, ErrorCode::kServerShutdown, "broker shutting down");
+    } else {
+      close(c, CloseReason::kBrokerShutdown);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- out-queue
+
+std::uint64_t Connections::fair_pending_share() const {
+  return ctx_.options.max_pending_bytes_total / std::max<std::uint32_t>(ctx_.options.max_connections, 1);
+}
+
+bool Connections::may_queue(const Connection& c, std::uint64_t len, std::uint32_t messages) const {
+  if (c.pending_bytes + len > ctx_.options.max_pending_bytes) return false;
+  // The broker-wide bound charges each queued message its bookkeeping too
+  // (payloads sit in the registered pool; the heap holds one OutItem per
+  // message at most). Within its share of that bound a subscriber never
+  // needs the total (no cross-worker reads on the common path); above it,
+  // only while the broker's queues together stay within the bound.
+  const std::int64_t charge = queued_charge(static_cast<std::int64_t>(len), messages);
+  const std::int64_t held = queued_charge(static_cast<std::int64_t>(c.pending_bytes),
+                                          static_cast<std::int64_t>(c.pending_messages));
+  if (held + charge <= static_cast<std::int64_t>(fair_pending_share())) return true;
+  return ctx_.core.pending_charge_total() + charge <=
+         static_cast<std::int64_t>(ctx_.options.max_pending_bytes_total);
+}
+
+void Connections::enqueue(Connection& c, OutItem item) {
+  ctx_.assert_on_loop();
+  const auto& opt = ctx_.options;
+  if (item.is_delivery() && !may_queue(c, item.body_len, item.messages)) {
+    const bool own = c.pending_bytes + item.body_len > opt.max_pending_bytes;
+    const std::string why = own ? std::to_string(c.pending_bytes) + " bytes pending, limit " +
+                                      std::to_string(opt.max_pending_bytes)
+                                : std::to_string(c.pending_bytes) +
+                                      " bytes pending while the broker's queues hold more than "
+                                      "limits.max_pending_bytes_total (" +
+                                      std::to_string(opt.max_pending_bytes_total) +
+                                      "), above this subscriber's share of it (" +
+                                      std::to_string(fair_pending_share()) + ")";
+    spdlog::warn("connection {} ({}): slow consumer, {} messages: {}", c.id, c.peer, c.pending_messages, why);
+    if (!own) ctx_.stats.limit_pending_total.add();
+    ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kSlowConsumer)].add(item.messages);  // these
+    unqueue(c.slot, item.body_len);
+    close(c, CloseReason::kSlowConsumer, ErrorCode::kSlowConsumer, why);
+    return;
+  }
+  if (!item.is_delivery()) {
+    if (c.queued_replies >= kMaxQueuedReplies) {
+      spdlog::warn("connection {} ({}): slow consumer, {} replies unread", c.id, c.peer, c.queued_replies);
+      close(c, CloseReason::kSlowConsumer, ErrorCode::kSlowConsumer,
+            std::to_string(c.queued_replies) + " replies unread");
+      return;
+    }
+    ++c.queued_replies;
+  }
+  if (c.pending_bytes == 0) c.last_progress = ctx_.now;  // the write deadline counts from here
+  c.pending_messages += item.messages;
+  c.pending_bytes += item.body_len;
+  ctx_.stats.pending_messages.add(item.messages);
+  ctx_.stats.pending_bytes.add(item.body_len);
+  c.outq.push_back(std::move(item));
+  touch(c);
+}
+
+void Connections::deliver(Connection& c, const BufferRef& buf, std::uint32_t sid, std::uint32_t off,
+                          std::uint32_t len, std::uint32_t payload_len) {
+  if (may_queue(c, len) && !c.outq.empty() &&
+      extend_delivery(c.outq.back(), buf, sid, off, len, payload_len, ctx_.options.buffer_size)) {
+    ++c.pending_messages;
+    c.pending_bytes += len;
+    ctx_.stats.pending_messages.add(1);
+    ctx_.stats.pending_bytes.add(len);
+    touch(c);
+    return;
+  }
+  enqueue(c, make_delivery(buf.clone(), sid, off, len, payload_len, ctx_.now.time_since_epoch().count()));
+}
+
+void Connections::touch(Connection& c) {
+  if (!c.touched) {
+    c.touched = true;
+    touched_.push_back(&c);
+  }
+}
+
+void Connections::flush_touched() {
+  ctx_.assert_on_loop();
+  // flush() may close a connection, but never destroys one: pointers stay valid.
+  for (std::size_t i = 0; i < touched_.size(); ++i) {
+    Connection* c = touched_[i];
+    c->touched = false;
+    flush(*c);
+  }
+  touched_.clear();
+}
+
+void Connections::flush(Connection& c) {
+  if (c.is_up() || c.state == ConnState::kDraining) c.link->flush(c);
+  if (c.state == ConnState::kDraining && c.outq.empty() && c.inflight_count == 0) disconnect(c);
+}
+
+// ---------------------------------------------------------------- sending
+
+std::uint32_t Connections::pack_next(Connection& c, std::uint32_t max_sge, std::uint32_t block_lkey,
+                                     std::uint32_t body_lkey, Segment* sge,
+                                     std::array<BufferRef, kMaxFramesPerSend>& refs, PackedSend& packed) {
+  const std::uint32_t block = blocks_.peek();
+  if (block == SendBlocks::kNone) return block;  // flushed again when a block comes back
+  packed = pack_send(c.outq, PackLimits{c.peer_buffer_size, max_sge}, blocks_.block(block), block_lkey,
+                     body_lkey, c.next_sequence, sge, refs.data());
+  if (packed.frames == 0) {
+    // Cannot happen: the handshake guarantees every frame fits a peer buffer.
+    spdlog::error("connection {}: a {}-byte frame does not fit one send", c.id, c.outq.front().wire_len());
+    close(c, CloseReason::kProtocolError);
+    return SendBlocks::kNone;
+  }
+  blocks_.take();
+  c.queued_replies -= std::min(c.queued_replies, packed.replies);  // close()'s own frame is not counted
+  c.pending_messages -= packed.deliveries;
+  c.pending_bytes -= packed.delivery_bytes;
+  ctx_.stats.pending_messages.add(-static_cast<std::int64_t>(packed.deliveries));
+  ctx_.stats.pending_bytes.add(-static_cast<std::int64_t>(packed.delivery_bytes));
+  unqueue(c.slot, packed.delivery_bytes);
+  return block;
+}
+
+void Connections::record_send(Connection& c, std::uint32_t block,
+                              std::array<BufferRef, kMaxFramesPerSend>* refs, const PackedSend& packed) {
+  InflightSend& rec = c.inflight[c.inflight_tail()];
+  rec.block = block;
+  rec.frames = packed.frames;
+  rec.deliveries = packed.deliveries;
+  rec.delivered_payload = packed.delivered_payload;
+  rec.oldest_received_at = packed.oldest_received_at;
+  if (refs != nullptr) {
+    for (std::uint32_t i = 0; i < packed.frames; ++i) rec.refs[i] = std::move((*refs)[i]);
+  }
+  ++c.inflight_count;
+}
+
+void Connections::retire_send(Connection& c, bool success) {
+  release_send(c, c.inflight[c.inflight_head], success);
+  c.inflight_head = (c.inflight_head + 1) % static_cast<std::uint32_t>(c.inflight.size());
+  --c.inflight_count;
+}
+
+void Connections::unrecord_send(Connection& c) {
+  --c.inflight_count;
+  release_send(c, c.inflight[c.inflight_tail()], false);
+}
+
+void Connections::release_send(Connection& c, InflightSend& rec, bool success) {
+  for (std::uint32_t i = 0; i < rec.frames; ++i) rec.refs[i].reset();
+  bool wake = false;
+  if (rec.block != SendBlocks::kNone) wake = blocks_.give_back(rec.block);
+  auto& stats = ctx_.stats;
+  if (success) {
+    stats.deliveries.add(rec.deliveries);
+    stats.bytes_out.add(rec.delivered_payload);
+    c.messages_out += rec.deliveries;
+    c.bytes_out += rec.delivered_payload;
+    if (rec.oldest_received_at != 0) {
+      const auto age = std::chrono::steady_clock::now().time_since_epoch().count() - rec.oldest_received_at;
+      stats.relay_latency.observe(static_cast<double>(age) * 1e-9);
+    }
+  } else {
+    // Handed to the transport but never completed: the subscriber did not get them.
+    stats.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add(rec.deliveries);
+  }
+  rec = InflightSend{};
+  if (wake) {
+    // Connections that found no free send block wait for this one.
+    for (auto& [id, other] : table_) {
+      if (!other->outq.empty()) touch(*other);
+    }
+  }
+}
+
+void Connections::on_sent(Connection& c) {
+  c.last_progress = ctx_.now;
+  touch(c);
+}
+
+// ---------------------------------------------------------------- flow control
+
+void Connections::stall(Connection& publisher, std::uint32_t slot) {
+  if (publisher.stalled) return;
+  // Slow this publisher down rather than let a subscriber that is merely
+  // behind overflow its queue. Bounded in time: a subscriber that stopped
+  // reading overflows its bound or misses its write deadline and is cut off.
+  ctx_.stats.producer_stalls.add();
+  publisher.stalled = true;
+  publisher.stall_slot = slot;
+  publisher.stall_queued = ctx_.core.slots->queued(slot);
+  publisher.stalled_until = ctx_.now + std::chrono::milliseconds(ctx_.options.producer_stall_ms);
+  stalled_.push_back(publisher.id);
+  publisher.link->pause(publisher);
+}
+
+// ---------------------------------------------------------------- deadlines
+
+void Connections::check_deadlines() {
+  ctx_.assert_on_loop();
+  // Refresh the loop's clock: links compare stalls with it.
+  ctx_.now = std::chrono::steady_clock::now();
+  if (!stalled_.empty()) check_stalls();
+  if (!unauthenticated_.empty()) check_auth_deadlines();
+  if (!closing_.empty()) check_closing();
+  check_write_deadlines();
+}
+
+void Connections::check_stalls() {
+  // A stall ends when the subscriber it waits for has drained to half its
+  // bound, or when that queue stopped shrinking for producer_stall_ms; the
+  // publisher's link then resumes (owed credits go back).
+  const auto now = ctx_.now;
+  const auto patience = std::chrono::milliseconds(ctx_.options.producer_stall_ms);
+  std::erase_if(stalled_, [&](std::uint64_t id) {
+    Connection* c = find(id);
+    if (c == nullptr) return true;
+    const auto low =
+        static_cast<std::int64_t>(ctx_.core.backlog_bound(c->stall_slot, ctx_.options.max_pending_bytes) / 2);
+    const std::int64_t queued = ctx_.core.slots->queued(c->stall_slot);
+    if (queued < c->stall_queued) {  // progress: keep waiting
+      c->stall_queued = queued;
+      c->stalled_until = now + patience;
+    }
+    if (now < c->stalled_until && queued > low) return false;
+    c->stalled = false;
+    c->link->resume(*c);
+    touch(*c);
+    return true;
+  });
+  flush_touched();
+}
+
+void Connections::check_auth_deadlines() {
+  std::erase_if(unauthenticated_, [&](std::uint64_t id) {
+    Connection* c = find(id);
+    if (c == nullptr || (c->state != ConnState::kAwaitingConnect && c->state != ConnState::kVerifying))
+      return true;
+    if (ctx_.now < c->auth_deadline) return false;
+    ctx_.stats.auth_failed.add();
+    close(*c, CloseReason::kAuthFailed, ErrorCode::kAuthenticationRequired,
+          "not authenticated within " + std::to_string(kAuthTimeout.count()) + " s of connecting");
+    return true;
+  });
+}
+
+void Connections::check_closing() {
+  std::vector<std::uint64_t> ids;
+  ids.swap(closing_);
+  for (std::uint64_t id : ids) {
+    Connection* c = find(id);
+    if (c == nullptr || c->reaping) continue;
+    if (ctx_.now >= c->deadline) {
+      if (c->state == ConnState::kDraining) {
+        disconnect(*c);  // re-registers it in closing_
+        continue;
+      }
+      try_finish(*c);
+    }
+    if (!c->reaping && c->is_closing()) closing_.push_back(id);
+  }
+  // disconnect() above may have appended duplicates; they are harmless.
+}
+
+void Connections::check_write_deadlines() {
+  if (ctx_.now < next_write_check_) return;
+  next_write_check_ = ctx_.now + std::chrono::milliseconds(100);
+  const auto limit = std::chrono::milliseconds(ctx_.options.write_deadline_ms);
+  std::vector<Connection*> stuck;
+  for (auto& [id, c] : table_) {
+    if (c->is_up() && c->pending_bytes > 0 && ctx_.now - c->last_progress > limit) stuck.push_back(c.get());
+  }
+  for (Connection* c : stuck) {
+    spdlog::warn("connection {} ({}): slow consumer, accepted nothing for {} ms with {} bytes queued", c->id,
+                 c->peer, ctx_.options.write_deadline_ms, c->pending_bytes);
+    close(*c, CloseReason::kSlowConsumer, ErrorCode::kSlowConsumer,
+          "accepted nothing for " + std::to_string(ctx_.options.write_deadline_ms) + " ms");
+  }
+}
+
+}  // namespace rdmabroker::daemon

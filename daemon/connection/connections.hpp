@@ -1,0 +1,143 @@
+// A worker's connections: the table that owns them, their out-queues and
+// their bounds, the flush of touched connections through their links, the
+// accounting of sends the links complete, the deadlines (authentication,
+// write, publisher stall, drain) and the single close path every connection
+// takes however it ends. Transport-neutral: what differs between RDMA and
+// TCP is behind Connection::link.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "broker/send_blocks.hpp"
+#include "connection/connection.hpp"
+#include "connection/worker_context.hpp"
+#include "rdmabroker/proto/wire.hpp"
+
+namespace rdmabroker::daemon {
+
+class Connections {
+ public:
+  /// From establishment to an accepted CONNECT (the verdict included).
+  static constexpr std::chrono::seconds kAuthTimeout{10};
+  /// Replies (PONG, ERROR, NO_RESPONDERS) a connection may have queued and
+  /// unsent. max_pending_bytes bounds deliveries only; without this a client
+  /// that keeps asking (PINGs, denied publishes, requests nobody serves) and
+  /// never reads would grow its queue without limit. Beyond it the client is
+  /// cut off as a slow consumer.
+  static constexpr std::uint32_t kMaxQueuedReplies = 1024;
+
+  Connections(WorkerContext& ctx, SendBlocks& blocks) : ctx_(ctx), blocks_(blocks) {}
+  ~Connections();
+  Connections(const Connections&) = delete;
+  Connections& operator=(const Connections&) = delete;
+
+  // ------------------------------------------------------------ the table
+  /// Takes ownership of a new connection (counted as current).
+  Connection& add(std::unique_ptr<Connection> c);
+  Connection* find(std::uint64_t id);
+  /// The connection if it is up (transport established, not closing), else null.
+  Connection* find_up(std::uint64_t id);
+  bool empty() const { return table_.empty(); }
+  /// Calls f(Connection&) for each; f must not add or destroy connections (closing is fine).
+  template <typename F>
+  void for_each(F&& f) {
+    for (const Connection* c : snapshot()) f(const_cast<Connection&>(*c));
+  }
+
+  // ------------------------------------------------------------ state machine
+  /// accepting -> awaiting_connect: the transport is up (RDMA: on the CM event
+  /// or the first receive, whichever the worker sees first; TCP: after its
+  /// handshake). Starts the authentication deadline.
+  void establish(Connection& c);
+  /// The single way a connection ends. `code` != kNone tells the client why
+  /// (ERROR, or CLOSE for shutdown and slow consumers) before the disconnect.
+  void close(Connection& c, CloseReason reason, proto::ErrorCode code = proto::ErrorCode::kNone,
+             std::string message = {});
+  /// The transport ended under the connection (DISCONNECTED, FIN, an error).
+  void peer_gone(Connection& c, CloseReason reason);
+  /// A disconnecting connection is done once the peer is gone and nothing is
+  /// in flight, or at its deadline: then it is destroyed at the end of the turn.
+  void try_finish(Connection& c);
+  /// Destroys the connections that finished closing (end of a loop turn).
+  void reap();
+  /// Closes every connection for a shutdown: open ones are told so.
+  void close_all_for_shutdown();
+
+  // ------------------------------------------------------------ out-queue
+  /// Queues a frame for `c` within its bounds; a subscriber over them is cut
+  /// off as a slow consumer (the item counted as dropped).
+  void enqueue(Connection& c, OutItem item);
+  /// Queues one routed PUBLISH frame at [off, off+len) of `buf` for
+  /// subscription `sid`, extending c's last DELIVER run where possible.
+  void deliver(Connection& c, const BufferRef& buf, std::uint32_t sid, std::uint32_t off, std::uint32_t len,
+               std::uint32_t payload_len);
+  /// Marks `c` for the flush at the end of the loop turn.
+  void touch(Connection& c);
+  /// Flushes every touched connection through its link.
+  void flush_touched();
+
+  // ------------------------------------------------------------ sending (the links)
+  /// Packs the front of c's queue into a send block: what both transports'
+  /// flush share. Returns the block, or SendBlocks::kNone (no block free, or
+  /// nothing fits).
+  std::uint32_t pack_next(Connection& c, std::uint32_t max_sge, std::uint32_t block_lkey,
+                          std::uint32_t body_lkey, Segment* sge,
+                          std::array<BufferRef, kMaxFramesPerSend>& refs, PackedSend& packed);
+  /// Records a send at the tail of c's in-flight ring (what it references).
+  void record_send(Connection& c, std::uint32_t block, std::array<BufferRef, kMaxFramesPerSend>* refs,
+                   const PackedSend& packed);
+  /// Retires the oldest in-flight send; its deliveries count as delivered or dropped.
+  void retire_send(Connection& c, bool success);
+  /// Undoes the newest in-flight send, never handed to the transport.
+  void unrecord_send(Connection& c);
+  /// A send completed and the connection may send more: records progress,
+  /// and wakes connections that waited for a send block.
+  void on_sent(Connection& c);
+
+  // ------------------------------------------------------------ flow control
+  /// Slows `publisher` (its link paused) because the subscriber in `slot` is backlogged.
+  void stall(Connection& publisher, std::uint32_t slot);
+
+  // ------------------------------------------------------------ deadlines
+  /// Stalls, authentication, drains and write deadlines; once per loop turn.
+  void check_deadlines();
+  /// True while a stall or a closing connection needs the loop to look again soon.
+  bool needs_prompt_check() const { return !stalled_.empty(); }
+
+ private:
+  void flush(Connection& c);
+  void disconnect(Connection& c);
+  void drop_queue(Connection& c, DropReason why);
+  void destroy(Connection& c);
+  void release_send(Connection& c, InflightSend& rec, bool success);
+  /// Whether `len` more bytes may queue for `c`: within limits.max_pending_bytes, and above
+  /// fair_pending_share() only while the broker-wide total stays within limits.max_pending_bytes_total.
+  bool may_queue(const Connection& c, std::uint64_t len, std::uint32_t messages = 1) const;
+  /// A connection's share of limits.max_pending_bytes_total: total / max_connections.
+  std::uint64_t fair_pending_share() const;
+  /// Messages for `slot` left the broker's queues (sent or dropped).
+  void unqueue(std::uint32_t slot, std::uint64_t bytes) {
+    ctx_.core.slots->add_queued(slot, -static_cast<std::int64_t>(bytes));
+  }
+  void check_stalls();
+  void check_auth_deadlines();
+  void check_closing();
+  void check_write_deadlines();
+  std::vector<const Connection*> snapshot() const;
+
+  WorkerContext& ctx_;
+  SendBlocks& blocks_;
+  std::unordered_map<std::uint64_t, std::unique_ptr<Connection>> table_;
+  std::vector<Connection*> touched_;
+  std::vector<std::uint64_t> unauthenticated_;  // connections with an authentication deadline
+  std::vector<std::uint64_t> closing_;          // draining or disconnecting: deadlines to check
+  std::vector<std::uint64_t> reap_;             // to destroy at the end of the loop turn
+  std::vector<std::uint64_t> stalled_;          // publishers whose links are paused for a while
+  std::chrono::steady_clock::time_point next_write_check_{};
+};
+
+}  // namespace rdmabroker::daemon

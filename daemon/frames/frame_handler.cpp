@@ -1,0 +1,170 @@
+#include "frames/frame_handler.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "multicast/engine.hpp"
+#include "rdmabroker/proto/multicast.hpp"
+#include "router/interest.hpp"
+
+namespace rdmabroker::daemon {
+
+using proto::ErrorCode;
+using proto::FrameType;
+
+void FrameHandler::process(Connection& c, const BufferRef& buf, std::uint32_t begin, std::uint32_t end) {
+  ctx_.assert_on_loop();
+  std::span<const std::byte> data(buf.data(), end);
+  std::size_t off = begin;
+  while (off < end && c.is_up()) {
+    proto::Frame f;
+    const auto st = proto::decode_frame(data.subspan(off), ctx_.options.buffer_size, f);
+    if (st != proto::DecodeStatus::kOk) {
+      if (st == proto::DecodeStatus::kTooLarge) ctx_.stats.limit_payload.add();
+      connections_.close(c, CloseReason::kProtocolError, proto::error_for(st),
+                         "frame at byte " + std::to_string(off - begin) + " of " +
+                             std::to_string(end - begin) +
+                             " received bytes: " + std::string(proto::to_string(st)));
+      return;
+    }
+    f.offset = off;
+    const bool going_on = c.state == ConnState::kOpen ? on_frame(c, f, buf) : before_authentication(c, f);
+    if (!going_on) return;
+    off += f.header.frame_len();
+  }
+}
+
+bool FrameHandler::on_frame(Connection& c, const proto::Frame& f, const BufferRef& buf) {
+  switch (f.header.type) {
+    case FrameType::kPublish:
+      return on_publish(c, f, buf);
+    case FrameType::kSubscribe:
+      on_subscribe(c, f);
+      return true;
+    case FrameType::kUnsubscribe:
+      on_unsubscribe(c, f);
+      return true;
+    case FrameType::kMcastJoined:
+    case FrameType::kMcastRepair:
+      return on_multicast(c, f);
+    case FrameType::kPing:
+      connections_.enqueue(c, make_control(FrameType::kPong, 0));
+      return true;
+    case FrameType::kCredit:
+      c.link->add_send_credits(f.header.arg);
+      return true;
+    case FrameType::kClose:
+      c.close_received = true;
+      connections_.close(c, CloseReason::kClientClose);
+      return false;
+    case FrameType::kConnect:
+      connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation, "CONNECT sent twice");
+      return false;
+    case FrameType::kDeliver:
+    case FrameType::kPong:
+    case FrameType::kError:
+    case FrameType::kNoResponders:
+    case FrameType::kMcastJoin:
+    case FrameType::kMcastLoss:
+    case FrameType::kMcastLeave:
+      break;
+  }
+  connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
+                     std::string(proto::to_string(f.header.type)) + " is sent by the broker, never to it");
+  return false;
+}
+
+bool FrameHandler::on_publish(Connection& c, const proto::Frame& f, const BufferRef& buf) {
+  const auto& h = f.header;
+  const auto& opt = ctx_.options;
+  if (h.frame_len() > proto::max_publish_frame(opt.buffer_size)) {
+    ctx_.stats.limit_payload.add();
+    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kPayloadTooLarge,
+                       "PUBLISH of " + std::to_string(h.frame_len()) + " bytes exceeds the limit of " +
+                           std::to_string(proto::max_publish_frame(opt.buffer_size)));
+    return false;
+  }
+  if (opt.max_payload != 0 && h.payload_len > opt.max_payload) {
+    ctx_.stats.limit_payload.add();
+    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kPayloadTooLarge,
+                       "payload of " + std::to_string(h.payload_len) + " bytes exceeds limits.max_payload (" +
+                           std::to_string(opt.max_payload) + ")");
+    return false;
+  }
+  if (!may_publish(c, f.subject)) {
+    deny(c, "publish", f.subject, 0);  // refused, not accepted: nothing was lost
+    return true;
+  }
+  ctx_.stats.messages_in.add();
+  ctx_.stats.bytes_in.add(h.payload_len);
+  ++c.messages_in;
+  c.bytes_in += h.payload_len;
+  router_.route_publish(c, f, buf);
+  return true;
+}
+
+void FrameHandler::on_subscribe(Connection& c, const proto::Frame& f) {
+  const std::uint32_t sid = f.header.arg;
+  const auto& opt = ctx_.options;
+  if (c.subscriptions.contains(sid)) {
+    return reply_error(c, ErrorCode::kDuplicateSubscription,
+                       "subscription id " + std::to_string(sid) + " is already in use");
+  }
+  if (c.subscriptions.size() >= opt.max_subscriptions) {
+    ctx_.stats.limit_subscriptions.add();
+    // Logged once per connection: a client looping over subscribe must not flood the log.
+    if (!std::exchange(c.subscription_limit_logged, true)) {
+      spdlog::warn("connection {} from {}: limit of {} subscriptions reached (limits.max_subscriptions)",
+                   c.id, c.peer, opt.max_subscriptions);
+    }
+    return reply_error(c, ErrorCode::kTooManySubscriptions,
+                       "limit of " + std::to_string(opt.max_subscriptions) + " subscriptions reached", sid);
+  }
+  if (!c.identity->may_subscribe(f.subject)) return deny(c, "subscribe", f.subject, sid);
+  const std::uint64_t cost = SubscriptionBudget::cost(f.subject, f.reply);
+  if (auto refusal =
+          ctx_.core.subscription_budget.take(cost, opt.max_subscriptions_total, opt.max_subscription_memory);
+      refusal != SubscriptionBudget::Refusal::kNone) {
+    return refuse_subscription_broker_wide(c, sid, refusal);
+  }
+  add_subscription(ctx_, c, f, cost);
+}
+
+void FrameHandler::on_unsubscribe(Connection& c, const proto::Frame& f) {
+  auto it = c.subscriptions.find(f.header.arg);
+  if (it == c.subscriptions.end()) {
+    return reply_error(c, ErrorCode::kUnknownSubscription,
+                       "no subscription with id " + std::to_string(f.header.arg));
+  }
+  drop_subscription(ctx_, c, it->second, it->first);
+  c.subscriptions.erase(it);
+}
+
+bool FrameHandler::on_multicast(Connection& c, const proto::Frame& f) {
+  MulticastEngine* engine = ctx_.core.multicast;
+  if (engine == nullptr || !c.multicast_capable) {
+    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
+                       std::string(proto::to_string(f.header.type)) +
+                           " without multicast (the broker has it off, or the client "
+                           "did not offer it when connecting)");
+    return false;
+  }
+  const auto it = c.subscriptions.find(f.header.arg);
+  if (it == c.subscriptions.end() || it->second.channel == 0) {
+    // Crossed with an UNSUBSCRIBE, or a subject moved off multicast by a reload: nothing to do.
+    return true;
+  }
+  if (f.header.type == FrameType::kMcastJoined) {
+    engine->joined(c.id, f.header.arg, f.header.sequence,
+                   std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size()));
+  } else {
+    engine->repair(c.id, f.header.arg, f.header.sequence, proto::decode_count(f.payload));
+  }
+  return true;
+}
+
+void FrameHandler::reply_error(Connection& c, ErrorCode code, std::string text, std::uint32_t sid) {
+  connections_.enqueue(
+      c, make_control(FrameType::kError, static_cast<std::uint32_t>(code), std::move(text), sid));
+}
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,67 @@
+// What a worker does with each frame a client sends: one handler per frame
+// type, each gated by the connection's state (SPEC.md §2.4: CONNECT first)
+// and its user's permissions (docs/security.md). Frames arrive whole, in
+// order, from either link (an RDMA receive, or a TCP read's complete prefix).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "broker/subscription_budget.hpp"
+#include "connection/connections.hpp"
+#include "connection/worker_context.hpp"
+#include "rdmabroker/proto/wire.hpp"
+#include "router/router.hpp"
+
+namespace rdmabroker::daemon {
+
+/// The authenticator's verdict on a connection's CONNECT.
+struct AuthResultCommand {
+  std::uint64_t connection_id = 0;
+  std::shared_ptr<const Identity> identity;  // null: refused
+  std::string error;                         // why, as the client is told
+};
+
+class FrameHandler {
+ public:
+  FrameHandler(WorkerContext& ctx, Connections& connections, Router& router)
+      : ctx_(ctx), connections_(connections), router_(router) {}
+
+  /// Handles the whole frames in [begin, end) of `buf` until the connection
+  /// stops being up; an invalid frame closes it with the reason.
+  void process(Connection& c, const BufferRef& buf, std::uint32_t begin, std::uint32_t end);
+
+  /// The authenticator's verdict (frames/access.cpp).
+  void on_auth_result(AuthResultCommand& r);
+  /// Reload: renews every identity from the new table; revokes subscriptions
+  /// and connections that lost their permission.
+  void apply_auth(std::shared_ptr<const AuthTable> table);
+
+ private:
+  /// Handles frame `f` of an open connection; false once the connection closed.
+  bool on_frame(Connection& c, const proto::Frame& f, const BufferRef& buf);
+  bool on_publish(Connection& c, const proto::Frame& f, const BufferRef& buf);
+  void on_subscribe(Connection& c, const proto::Frame& f);
+  void on_unsubscribe(Connection& c, const proto::Frame& f);
+  /// MCAST_JOINED and MCAST_REPAIR; false if the connection was closed for it.
+  bool on_multicast(Connection& c, const proto::Frame& f);
+
+  // frames/access.cpp
+  /// A frame of a connection that is not authenticated yet; false if it closed.
+  bool before_authentication(Connection& c, const proto::Frame& f);
+  bool may_publish(Connection& c, std::string_view subject);
+  /// ERROR(PERMISSION_DENIED) to the client, a log line, a count.
+  void deny(Connection& c, std::string_view operation, std::string_view subject, std::uint32_t sid);
+  /// TOO_MANY_SUBSCRIPTIONS for subscription `sid`: the broker-wide budget is spent.
+  void refuse_subscription_broker_wide(Connection& c, std::uint32_t sid, SubscriptionBudget::Refusal refusal);
+  /// ERROR `code` about subscription `sid` (0: about none), the connection stays.
+  void reply_error(Connection& c, proto::ErrorCode code, std::string text, std::uint32_t sid = 0);
+
+  WorkerContext& ctx_;
+  Connections& connections_;
+  Router& router_;
+};
+
+}  // namespace rdmabroker::daemon

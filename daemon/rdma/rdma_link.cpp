@@ -1,0 +1,226 @@
+#include "rdma/rdma_link.hpp"
+
+#include <arpa/inet.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+
+namespace rdmabroker::daemon {
+
+// pack_send()'s segments are posted as they are.
+static_assert(sizeof(Segment) == sizeof(ibv_sge) && offsetof(Segment, addr) == offsetof(ibv_sge, addr) &&
+              offsetof(Segment, length) == offsetof(ibv_sge, length) &&
+              offsetof(Segment, lkey) == offsetof(ibv_sge, lkey));
+
+namespace {
+
+void reject(rdma_cm_id* id, proto::RejectReason reason, std::uint32_t buffer_size) {
+  auto data = proto::encode(proto::ConnectReject{reason, buffer_size});
+  rdma_reject(id, data.data(), static_cast<std::uint8_t>(data.size()));
+}
+
+}  // namespace
+
+RdmaLink::RdmaLink(RdmaPort& port, WorkerContext& ctx, Connections& connections, verbs::CmIdPtr id,
+                   std::uint32_t max_inline)
+    : port_(port),
+      ctx_(ctx),
+      connections_(connections),
+      cm_id_(std::move(id)),
+      qp_(cm_id_.get()),
+      qp_num_(cm_id_->qp->qp_num),
+      max_inline_(max_inline) {}
+
+// QP before cm_id: the members' reverse order.
+RdmaLink::~RdmaLink() = default;
+
+std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port, WorkerContext& ctx,
+                                             Connections& connections, bool stopping) {
+  verbs::CmIdPtr id(cmd.id);
+  const auto& opt = ctx.options;
+  auto fail = [&](proto::RejectReason reason, const std::string& why) -> std::unique_ptr<Connection> {
+    spdlog::warn("connection {} from {} refused: {}", cmd.connection_id, cmd.peer, why);
+    ctx.stats.accept_failures.add();
+    reject(id.get(), reason, opt.buffer_size);
+    ctx.core.slots->release(cmd.slot);
+    return nullptr;
+  };
+  if (stopping) return fail(proto::RejectReason::kShuttingDown, "shutting down");
+  const std::uint32_t grant = std::min(opt.credits, port.credit_budget());
+  if (grant < 2)
+    return fail(proto::RejectReason::kNoResources, "no receive credits left on " + port.device.name);
+  const std::uint32_t window = opt.max_inflight_sends + 1;
+  if (!port.cq_has_room(window)) {
+    ctx.stats.cq_full.add();
+    return fail(proto::RejectReason::kNoResources, "the completion queue on " + port.device.name +
+                                                       " is full (" + std::to_string(port.cq_capacity) +
+                                                       " entries)");
+  }
+
+  ibv_qp_init_attr attr{};
+  attr.qp_context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(cmd.connection_id));
+  attr.send_cq = port.cq();
+  attr.recv_cq = port.cq();
+  attr.srq = port.srq();
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = window;  // the send window + a credit update
+  attr.cap.max_send_sge = port.max_sge;
+  attr.cap.max_inline_data = verbs::kInlineWanted;
+  if (rdma_create_qp(id.get(), port.device.pd.get(), &attr) != 0) {
+    // A device that cannot inline (or not that much) still gets the QP.
+    attr.cap.max_inline_data = 0;
+    if (rdma_create_qp(id.get(), port.device.pd.get(), &attr) != 0) {
+      return fail(proto::RejectReason::kNoResources, std::string("rdma_create_qp: ") + std::strerror(errno));
+    }
+  }
+  rdma_cm_id* raw = id.get();
+  std::unique_ptr<RdmaLink> link(
+      new RdmaLink(port, ctx, connections, std::move(id), attr.cap.max_inline_data));
+  link->credits = CreditWindow(grant);
+  link->credits.grant_initial(grant);
+  link->credits.add_send_credits(cmd.request.initial_credits);
+  RdmaLink& l = *link;
+  auto conn = std::make_unique<Connection>(cmd.connection_id, cmd.slot, std::move(cmd.peer), std::move(link),
+                                           cmd.request.recv_buffer_size, opt.max_inflight_sends,
+                                           ConnState::kAccepting);
+  conn->multicast_capable = (cmd.request.flags & proto::kConnectMulticast) != 0;
+  port.outstanding += grant;
+
+  auto data = proto::encode(proto::ConnectAccept{opt.buffer_size, grant, cmd.connection_id});
+  rdma_conn_param param{};
+  param.private_data = data.data();
+  param.private_data_len = static_cast<std::uint8_t>(data.size());
+  param.rnr_retry_count = 7;  // a safety net only: credits mean a receive is always posted
+  if (rdma_accept(raw, &param) != 0) {
+    spdlog::warn("connection {} from {}: rdma_accept: {}", conn->id, conn->peer, std::strerror(errno));
+    ctx.stats.accept_failures.add();
+    port.outstanding -= l.credits.forfeit();
+    ctx.core.slots->release(cmd.slot);
+    return nullptr;  // QP, then cm_id, destroyed with the link
+  }
+  port.cq_reserved += window;
+  port.by_qp[l.qp_num_] = conn.get();
+  return conn;
+}
+
+void RdmaLink::release(Connection& c) {
+  port_.outstanding -= std::min(port_.outstanding, credits.forfeit());
+  port_.cq_reserved -= static_cast<std::uint32_t>(c.inflight.size());  // its send window (accept)
+  port_.by_qp.erase(qp_num_);
+  if (fail_next_wc) --port_.wc_faults_armed;
+}
+
+void RdmaLink::disconnect(Connection& c) {
+  if (!c.peer_disconnected) rdma_disconnect(cm_id_.get());
+}
+
+std::string RdmaLink::where() const {
+  return "on " + port_.device.name + " (qp " + std::to_string(qp_num_) + ")";
+}
+
+const sockaddr* RdmaLink::multicast_address(std::uint32_t& device) const {
+  device = port_.device.index;
+  return rdma_get_local_addr(cm_id_.get());
+}
+
+bool RdmaLink::force_error() {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  return ibv_modify_qp(qp_.get(), &attr, IBV_QP_STATE) == 0;
+}
+
+std::uint32_t RdmaLink::take_credits_to_return(const Connection& c) {
+  if (c.stalled) return 0;  // a stalled publisher waits for its credits
+  // A credit returned claims one posted receive of the port's SRQ.
+  const std::uint32_t n = credits.take_owed(port_.credit_budget());
+  port_.outstanding += n;
+  return n;
+}
+
+void RdmaLink::flush(Connection& c) {
+  auto& staged = port_.staged;
+  staged.clear();
+  while (c.can_send()) {
+    const bool has_data = !c.outq.empty();
+    if (!has_data || !credits.can_send_data()) {
+      if (has_data) ctx_.stats.credit_stalls.add();
+      // Nothing to carry credits, or no credit for data: owed credits go
+      // back alone if the client needs them, on the reserved last credit if
+      // need be (SPEC.md §5: without this both sides can wait forever).
+      if (credits.should_return() && credits.can_send_credit_update() && port_.credit_budget() > 0) {
+        const std::uint32_t imm = take_credits_to_return(c);
+        if (imm > 0) {
+          stage_send(c, SendBlocks::kNone, nullptr, 0, imm, nullptr, PackedSend{});
+          ctx_.stats.credit_updates.add();
+        }
+      }
+      break;
+    }
+    Segment sge[kMaxSendSge];
+    std::array<BufferRef, kMaxFramesPerSend> refs;
+    PackedSend packed;
+    const std::uint32_t block = connections_.pack_next(c, port_.max_sge, port_.send_blocks_lkey(),
+                                                       port_.device.pool_mr->lkey, sge, refs, packed);
+    if (block == SendBlocks::kNone) break;
+    stage_send(c, block, sge, packed.num_sge, take_credits_to_return(c), &refs, packed);
+  }
+  post_staged(c);
+}
+
+void RdmaLink::stage_send(Connection& c, std::uint32_t block, const Segment* sge, std::uint32_t num_sge,
+                          std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs,
+                          const PackedSend& packed) {
+  const std::uint32_t slot = c.inflight_tail();
+  connections_.record_send(c, block, refs, packed);
+  auto& st = port_.staged.emplace_back();
+  std::memcpy(st.sge.data(), sge, sizeof(ibv_sge) * num_sge);
+  st.wr = ibv_send_wr{};
+  st.wr.wr_id = slot;
+  st.wr.opcode = IBV_WR_SEND_WITH_IMM;
+  st.wr.imm_data = htonl(imm);
+  st.wr.sg_list = st.sge.data();
+  st.wr.num_sge = static_cast<int>(num_sge);
+  // Small sends (a lone message at light load, control frames) go inline:
+  // the device copies them at post time instead of reading them by DMA
+  // afterwards, one round trip over the bus less. The buffers stay
+  // referenced until the completion all the same (one rule for every send).
+  std::uint32_t bytes = 0;
+  for (std::uint32_t i = 0; i < num_sge; ++i) bytes += sge[i].length;
+  if (bytes > 0 && bytes <= max_inline_) st.wr.send_flags = IBV_SEND_INLINE;
+  st.frames = packed.frames;
+  credits.consume_send();
+}
+
+void RdmaLink::post_staged(Connection& c) {
+  auto& staged = port_.staged;
+  if (staged.empty()) return;
+  // One ibv_post_send for the whole chain (on Soft-RoCE each post is a system
+  // call) and one completion for it: only the last WR is signaled, and its
+  // completion retires every send before it (an RC send queue completes in
+  // order), so a batch of N sends costs one CQE instead of N.
+  for (std::size_t i = 0; i + 1 < staged.size(); ++i) staged[i].wr.next = &staged[i + 1].wr;
+  staged.back().wr.send_flags |= IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  const int rc = ibv_post_send(qp_.get(), &staged.front().wr, &bad);
+  std::size_t posted = staged.size();
+  if (rc != 0) {
+    const int err = errno;
+    posted = 0;  // bad: the first WR not posted
+    while (posted < staged.size() && &staged[posted].wr != bad) ++posted;
+    // Never posted: undo their records, newest first (they are the ring's tail).
+    for (std::size_t i = staged.size(); i-- > posted;) connections_.unrecord_send(c);
+    spdlog::warn("connection {} ({}): ibv_post_send: {}", c.id, c.peer, std::strerror(err));
+    ctx_.stats.wc_errors.add();
+  }
+  for (std::size_t i = 0; i < posted; ++i) {
+    ctx_.stats.sends_posted.add();
+    ctx_.stats.frames_sent.add(staged[i].frames);
+  }
+  staged.clear();
+  if (rc != 0) connections_.close(c, CloseReason::kWorkCompletionError);
+}
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,80 @@
+// A connection's RDMA transport: its cm_id and RC QP on a worker's port (the
+// port's CQ and SRQ), the credit window both ways (SPEC.md §5), and the flush
+// that chains a connection's sends into one ibv_post_send with only the last
+// one signaled.
+#pragma once
+
+#include <rdma/rdma_cma.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "connection/connection.hpp"
+#include "connection/connections.hpp"
+#include "rdma/rdma_port.hpp"
+#include "rdmabroker/common/credits.hpp"
+#include "rdmabroker/common/verbs.hpp"
+#include "rdmabroker/proto/wire.hpp"
+
+namespace rdmabroker::daemon {
+
+/// A connect request the listener validated; the owning worker creates the
+/// QP and accepts. Ownership of the cm_id moves with the command.
+struct AcceptCommand {
+  rdma_cm_id* id = nullptr;
+  proto::ConnectRequest request;
+  std::uint64_t connection_id = 0;
+  std::uint32_t slot = 0;
+  std::string peer;
+};
+
+class RdmaLink final : public Link {
+ public:
+  /// Creates the QP for `cmd` on `port` and accepts the connection; on any
+  /// failure rejects it (logged, counted, slot released) and returns null.
+  static std::unique_ptr<Connection> accept(AcceptCommand& cmd, RdmaPort& port, WorkerContext& ctx,
+                                            Connections& connections, bool stopping);
+  ~RdmaLink() override;
+
+  Transport transport() const override { return Transport::kRdma; }
+  void flush(Connection& c) override;
+  /// A stalled publisher's credits are withheld (take_credits_to_return).
+  void pause(Connection&) override {}
+  void resume(Connection&) override {}
+  void add_send_credits(std::uint32_t n) override { credits.add_send_credits(n); }
+  /// Moves the QP to the error state: posted sends complete as flushed.
+  void disconnect(Connection& c) override;
+  void release(Connection& c) override;
+  std::string where() const override;
+  const sockaddr* multicast_address(std::uint32_t& device) const override;
+
+  /// Test builds (fault qp-error, wc-error): the QP to the error state.
+  bool force_error();
+  RdmaPort& port() const { return port_; }
+
+  CreditWindow credits;
+  bool fail_next_wc = false;  // test builds: fault wc-error armed on this link
+
+ private:
+  RdmaLink(RdmaPort& port, WorkerContext& ctx, Connections& connections, verbs::CmIdPtr id,
+           std::uint32_t max_inline);
+  /// Credits owed to the client that may go back now (none while stalled).
+  std::uint32_t take_credits_to_return(const Connection& c);
+  void stage_send(Connection& c, std::uint32_t block, const Segment* sge, std::uint32_t num_sge,
+                  std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs,
+                  const PackedSend& packed);
+  /// Posts the staged sends as one chain, the last one signaled; on failure
+  /// undoes what was not posted and closes the connection.
+  void post_staged(Connection& c);
+
+  RdmaPort& port_;
+  WorkerContext& ctx_;
+  Connections& connections_;
+  verbs::CmIdPtr cm_id_;  // declared before the QP: destroyed after it
+  verbs::CmQp qp_;
+  std::uint32_t qp_num_ = 0;
+  std::uint32_t max_inline_ = 0;  // bytes a SEND may carry inline (the QP's cap)
+};
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,232 @@
+#include "rdma/rdma_port.hpp"
+
+#include <arpa/inet.h>
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "frames/frame_handler.hpp"
+#include "rdma/rdma_link.hpp"
+
+namespace rdmabroker::daemon {
+
+Result<std::unique_ptr<RdmaPort>> RdmaPort::create(Device& dev, WorkerContext& ctx, const SendBlocks& blocks,
+                                                   std::uint32_t max_connections) {
+  auto sys_error = [](const std::string& what) {
+    return Error{ErrorKind::kResource, what + ": " + std::strerror(errno)};
+  };
+  const auto& opt = ctx.options;
+  std::unique_ptr<RdmaPort> port(new RdmaPort(dev, ctx));
+  const auto& attr = dev.attr;
+  port->srq_depth_ = std::min<std::uint32_t>(opt.srq_depth, static_cast<std::uint32_t>(attr.max_srq_wr));
+  port->max_sge = std::min<std::uint32_t>(kMaxSendSge, static_cast<std::uint32_t>(attr.max_sge));
+  // Every signaled send and every receive needs a CQ slot: size for the SRQ
+  // plus a full send window on every connection this worker may hold.
+  const std::uint32_t window = opt.max_inflight_sends + 1;
+  const std::uint64_t want = std::uint64_t{port->srq_depth_} + std::uint64_t{max_connections} * window;
+  int cqe = static_cast<int>(std::min<std::uint64_t>(want, static_cast<std::uint64_t>(attr.max_cqe)));
+  if (const std::uint32_t forced = fault::cq_entries_override(); forced > 0) cqe = static_cast<int>(forced);
+  port->channel_.reset(ibv_create_comp_channel(dev.context));
+  if (!port->channel_) return sys_error("ibv_create_comp_channel(" + dev.name + ")");
+  if (!set_nonblocking(port->channel_->fd)) return sys_error("O_NONBLOCK on the completion channel");
+  port->cq_.reset(ibv_create_cq(dev.context, cqe, nullptr, port->channel_.get(), 0));
+  if (!port->cq_) return sys_error("ibv_create_cq(" + dev.name + ", " + std::to_string(cqe) + ")");
+  port->acker_.attach(port->cq_.get());
+  // The device may round the size up; what it granted is the budget. The
+  // SRQ must fit with at least one connection's window beside it.
+  port->cq_capacity = static_cast<std::uint32_t>(port->cq_->cqe);
+  if (port->cq_capacity < port->srq_depth_ + window) {
+    if (port->cq_capacity < 2 * window) {
+      return Error{ErrorKind::kResource, "the CQ on " + dev.name + " has " +
+                                             std::to_string(port->cq_capacity) +
+                                             " entries: too few for a receive queue and one connection"};
+    }
+    spdlog::warn("worker {}: {} has a CQ of {} entries: receive queue cut from {} to {}", ctx.index, dev.name,
+                 port->cq_capacity, port->srq_depth_, port->cq_capacity - window);
+    port->srq_depth_ = port->cq_capacity - window;
+  }
+  port->cq_reserved = port->srq_depth_;
+  ibv_srq_init_attr srq_attr{};
+  srq_attr.attr.max_wr = port->srq_depth_;
+  srq_attr.attr.max_sge = 1;
+  port->srq_.reset(ibv_create_srq(dev.pd.get(), &srq_attr));
+  if (!port->srq_) return sys_error("ibv_create_srq(" + dev.name + ")");
+  const auto region = blocks.region();
+  port->send_blocks_mr_ = verbs::register_local(dev.pd.get(), region.data(), region.size());
+  if (!port->send_blocks_mr_) return sys_error("ibv_reg_mr of the send blocks on " + dev.name);
+  port->posted_flag_.assign(ctx.core.pool->count(), 0);
+  port->staged.reserve(window);
+  return port;
+}
+
+RdmaPort::~RdmaPort() {
+  srq_.reset();
+  for (std::uint32_t i = 0; i < posted_flag_.size(); ++i) {
+    if (posted_flag_[i] != 0) ctx_.core.pool->release(i);
+  }
+}
+
+void RdmaPort::arm() {
+  if (armed_) return;
+  ibv_req_notify_cq(cq_.get(), 0);
+  armed_ = true;
+}
+
+void RdmaPort::take_channel_events() {
+  ibv_cq* cq = nullptr;
+  void* cq_context = nullptr;
+  while (ibv_get_cq_event(channel_.get(), &cq, &cq_context) == 0) {
+    acker_.add();
+    armed_ = false;
+  }
+}
+
+bool RdmaPort::poll(Connections& connections, FrameHandler& frames) {
+  ibv_wc wcs[32];
+  bool any = false;
+  int n;
+  while ((n = ibv_poll_cq(cq_.get(), 32, wcs)) > 0) {
+    any = true;
+    ctx_.stats.completions_per_poll.observe(n);
+    for (int i = 0; i < n; ++i) {
+      if constexpr (fault::kEnabled) {
+        if (wc_faults_armed > 0) inject_wc_fault(wcs[i]);
+      }
+      if ((wcs[i].wr_id & kRecvFlag) != 0) {
+        on_receive(connections, frames, wcs[i]);
+      } else {
+        on_send_complete(connections, wcs[i]);
+      }
+    }
+    if (n < 32) break;
+  }
+  if (n < 0) spdlog::error("worker {}: ibv_poll_cq on {} failed", ctx_.index, device.name);
+  return any;
+}
+
+RdmaLink* RdmaPort::link_of(std::uint32_t qp_num, Connection** c) {
+  auto it = by_qp.find(qp_num);
+  if (it == by_qp.end()) return nullptr;
+  *c = it->second;
+  return static_cast<RdmaLink*>(it->second->link.get());
+}
+
+void RdmaPort::on_receive(Connections& connections, FrameHandler& frames, const ibv_wc& wc) {
+  const auto index = static_cast<std::uint32_t>(wc.wr_id & ~kRecvFlag);
+  BufferRef buf(ctx_.core.pool, index);  // adopts the reference the SRQ held
+  posted_flag_[index] = 0;
+  --posted_;
+  ctx_.stats.srq_posted.add(-1);
+  ctx_.stats.receives.add();
+  Connection* c = nullptr;
+  RdmaLink* link = link_of(wc.qp_num, &c);
+  if (link == nullptr) {
+    ctx_.stats.orphan_receives.add();
+    return;
+  }
+  if (wc.status != IBV_WC_SUCCESS) {
+    if (wc.status != IBV_WC_WR_FLUSH_ERR) {
+      ctx_.stats.wc_errors.add();
+      spdlog::warn("connection {} ({}): receive failed: {}", c->id, c->peer, ibv_wc_status_str(wc.status));
+    }
+    connections.close(*c, CloseReason::kWorkCompletionError);
+    return;
+  }
+  if (!link->credits.on_receive()) {
+    connections.close(*c, CloseReason::kProtocolError, proto::ErrorCode::kProtocolViolation,
+                      "SEND without a credit");
+    return;
+  }
+  --outstanding;
+  if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) link->credits.add_send_credits(ntohl(wc.imm_data));
+  // The client may send as soon as it sees ESTABLISHED; its data can reach our
+  // CQ before our own ESTABLISHED event reaches the CM channel.
+  connections.establish(*c);
+  connections.touch(*c);
+  if (c->is_up()) frames.process(*c, buf, 0, wc.byte_len);
+}
+
+void RdmaPort::on_send_complete(Connections& connections, const ibv_wc& wc) {
+  Connection* c = nullptr;
+  if (link_of(wc.qp_num, &c) == nullptr) return;  // destroyed after its deadline; refs were released then
+  if (c->inflight_count == 0) return;
+  // Only the last send of each posted chain is signaled (RdmaLink::post_staged):
+  // this completion stands for every send from the ring's head up to its slot.
+  const auto size = static_cast<std::uint32_t>(c->inflight.size());
+  std::uint32_t covered = (static_cast<std::uint32_t>(wc.wr_id) + size - c->inflight_head) % size + 1;
+  covered = std::min(covered, c->inflight_count);
+  // A send that failed by itself leaves those before it delivered; a flushed
+  // one (the QP went to error) says nothing of unsignaled ones before it, and
+  // they are counted as dropped, never as delivered.
+  const bool before_ok = wc.status != IBV_WC_WR_FLUSH_ERR;
+  for (std::uint32_t i = 1; i < covered; ++i) connections.retire_send(*c, before_ok);
+  connections.retire_send(*c, wc.status == IBV_WC_SUCCESS);
+  if (wc.status != IBV_WC_SUCCESS) {
+    if (wc.status != IBV_WC_WR_FLUSH_ERR) {
+      ctx_.stats.wc_errors.add();
+      spdlog::warn("connection {} ({}): send failed: {}", c->id, c->peer, ibv_wc_status_str(wc.status));
+    }
+    connections.close(*c, CloseReason::kWorkCompletionError);
+    connections.try_finish(*c);
+    return;
+  }
+  if (c->state == ConnState::kDisconnecting) {
+    connections.try_finish(*c);
+    return;
+  }
+  connections.on_sent(*c);
+}
+
+void RdmaPort::refill(Connections& connections) {
+  // Low watermark at three quarters: refills come in batches, not per receive.
+  if (posted_ >= srq_depth_ - srq_depth_ / 4) return;
+  const std::uint32_t want = srq_depth_ - posted_;
+  std::vector<std::uint32_t> idx(want);
+  const std::size_t got = ctx_.core.pool->acquire(idx.data(), want);
+  ctx_.note_pool_starved(got == 0);
+  if (got == 0) return;  // pool empty: retried on the next loop turn
+  std::vector<ibv_recv_wr> wrs(got);
+  std::vector<ibv_sge> sges(got);
+  const std::uint32_t lkey = device.pool_mr->lkey;
+  for (std::size_t i = 0; i < got; ++i) {
+    sges[i] = ibv_sge{reinterpret_cast<std::uint64_t>(ctx_.core.pool->data(idx[i])),
+                      ctx_.core.pool->buffer_size(), lkey};
+    wrs[i].wr_id = kRecvFlag | idx[i];
+    wrs[i].sg_list = &sges[i];
+    wrs[i].num_sge = 1;
+    wrs[i].next = i + 1 < got ? &wrs[i + 1] : nullptr;
+  }
+  ibv_recv_wr* bad = nullptr;
+  std::size_t posted = got;
+  if (ibv_post_srq_recv(srq_.get(), wrs.data(), &bad) != 0) {
+    posted = static_cast<std::size_t>(bad - wrs.data());
+    spdlog::error("worker {}: ibv_post_srq_recv on {} failed after {} of {}", ctx_.index, device.name, posted,
+                  got);
+    for (std::size_t i = posted; i < got; ++i) ctx_.core.pool->release(idx[i]);
+  }
+  for (std::size_t i = 0; i < posted; ++i) posted_flag_[idx[i]] = 1;
+  posted_ += static_cast<std::uint32_t>(posted);
+  ctx_.stats.srq_posted.add(static_cast<std::int64_t>(posted));
+  ctx_.stats.srq_refills.add();
+  // Credits that waited for budget can go back now.
+  for (auto& [qp, c] : by_qp) {
+    if (static_cast<RdmaLink&>(*c->link).credits.owed() > 0) connections.touch(*c);
+  }
+}
+
+void RdmaPort::inject_wc_fault(ibv_wc& wc) {
+  Connection* c = nullptr;
+  RdmaLink* link = link_of(wc.qp_num, &c);
+  if (link == nullptr || !link->fail_next_wc) return;
+  link->fail_next_wc = false;
+  --wc_faults_armed;
+  // A failed work request leaves its QP in the error state; everything still
+  // posted then completes as flushed. The completion itself reads as a
+  // device error of its direction.
+  wc.status = (wc.wr_id & kRecvFlag) != 0 ? IBV_WC_LOC_PROT_ERR : IBV_WC_REM_ACCESS_ERR;
+  link->force_error();
+  spdlog::warn("fault: a completion of connection {} reported as {}", c->id, ibv_wc_status_str(wc.status));
+}
+
+}  // namespace rdmabroker::daemon

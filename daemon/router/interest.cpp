@@ -1,0 +1,51 @@
+#include "router/interest.hpp"
+
+#include <sys/socket.h>
+
+#include <cstring>
+
+#include "multicast/engine.hpp"
+
+namespace rdmabroker::daemon {
+
+void add_subscription(WorkerContext& ctx, Connection& c, const proto::Frame& f, std::uint64_t cost) {
+  BrokerCore& core = ctx.core;
+  const std::uint32_t sid = f.header.arg;
+  // An exact subscription (no wildcard, no queue group) to a multicast-backed
+  // subject is served by the subject's channel (multicast/engine.hpp).
+  if (core.multicast != nullptr && f.reply.empty() && proto::valid_subject(f.subject) &&
+      MulticastEngine::eligible(ctx.options.multicast, f.subject)) {
+    ChannelMember m{c.id, ctx.index, c.slot, sid, c.multicast_capable};
+    if (c.multicast_capable) {
+      if (const sockaddr* local = c.link->multicast_address(m.device)) {
+        std::memcpy(&m.local, local,
+                    local->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in));
+      } else {
+        m.can_join = false;
+      }
+    }
+    const std::uint32_t channel = core.multicast->subscribe(f.subject, m);
+    c.subscriptions.emplace(sid, Connection::Subscription{std::string(f.subject), {}, channel, cost});
+    return;
+  }
+  // The reply field of a SUBSCRIBE names its queue group (SPEC.md §3.3).
+  const Subscriber stored = core.index.add(f.subject, Subscriber{ctx.index, c.id, sid, c.slot}, f.reply);
+  c.subscriptions.emplace(sid, Connection::Subscription{std::string(f.subject), stored, 0, cost});
+}
+
+void drop_subscription(WorkerContext& ctx, Connection& c, const Connection::Subscription& sub,
+                       std::uint32_t sid) {
+  ctx.core.subscription_budget.give_back(sub.cost);
+  if (sub.channel != 0) {
+    ctx.core.multicast->unsubscribe(sub.channel, c.id, sid);
+  } else {
+    ctx.core.index.remove(sub.pattern, sub.stored);
+  }
+}
+
+void drop_all_subscriptions(WorkerContext& ctx, Connection& c) {
+  for (const auto& [sid, sub] : c.subscriptions) drop_subscription(ctx, c, sub, sid);
+  c.subscriptions.clear();
+}
+
+}  // namespace rdmabroker::daemon

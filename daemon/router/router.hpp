@@ -1,0 +1,52 @@
+// Routing and fan-out on one worker, with no transport in sight: a PUBLISH
+// is matched against the subscription index (through this worker's match
+// cache) and queued for each subscriber: on this worker's own connections
+// directly (Connections::deliver), for another worker's in a batch posted to
+// it at the end of the loop turn, for a multicast channel in a batch for the
+// engine. Queue groups get one member per message, round robin. A request
+// nobody serves is answered NO_RESPONDERS; a publisher feeding a backlogged
+// subscriber is stalled (Connections::stall).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "connection/connections.hpp"
+#include "connection/worker_context.hpp"
+#include "multicast/engine.hpp"
+#include "rdmabroker/proto/wire.hpp"
+
+namespace rdmabroker::daemon {
+
+class Router {
+ public:
+  Router(WorkerContext& ctx, Connections& connections) : ctx_(ctx), connections_(connections) {}
+
+  /// How many workers there are (known once all exist): one batch each.
+  void set_worker_count(std::size_t n) { remote_.resize(n); }
+
+  /// Routes PUBLISH frame `f` of `publisher`, received in `buf`. The frame
+  /// was size-checked (proto::max_publish_frame), so every DELIVER built
+  /// from it fits a subscriber's buffer.
+  void route_publish(Connection& publisher, const proto::Frame& f, const BufferRef& buf);
+
+  /// Hands the batches for other workers and the multicast engine over
+  /// (once per loop turn, before the flush).
+  void post_batches();
+  /// What route_publish() batched for worker `w` (tests).
+  const std::vector<RemoteDelivery>& batch_for(std::uint32_t w) const { return remote_[w]; }
+
+ private:
+  /// Queues one frame for `s`, locally or through its worker; false if it went nowhere (counted).
+  bool route_to(const Subscriber& s, const proto::Frame& f, const BufferRef& buf);
+  /// False only for a subscriber of this worker that is gone or closing.
+  bool is_live(const Subscriber& s);
+
+  WorkerContext& ctx_;
+  Connections& connections_;
+  MatchCache match_cache_;                           // this worker's recent subject -> subscribers results
+  std::vector<std::vector<RemoteDelivery>> remote_;  // per target worker
+  std::vector<ChannelPublish> channel_batch_;        // for the multicast engine, posted after remote_
+};
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,126 @@
+// What other threads ask of a worker: one handler per command, in the order
+// they were posted, at the top of each loop turn.
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "worker/worker.hpp"
+
+namespace rdmabroker::daemon {
+
+void Worker::handle_commands() {
+  commands_.drain(command_scratch_);
+  for (auto& cmd : command_scratch_) std::visit([this](auto& c) { on_command(c); }, cmd);
+  command_scratch_.clear();
+}
+
+void Worker::on_command(AcceptCommand& cmd) {
+  RdmaPort* port = nullptr;
+  for (auto& p : ports_) {
+    if (p->device.context == cmd.id->verbs) port = p.get();
+  }
+  if (port == nullptr) {
+    spdlog::warn("connection {} from {} refused: unknown device", cmd.connection_id, cmd.peer);
+    ctx_.stats.accept_failures.add();
+    auto data =
+        proto::encode(proto::ConnectReject{proto::RejectReason::kNoResources, ctx_.options.buffer_size});
+    rdma_reject(cmd.id, data.data(), static_cast<std::uint8_t>(data.size()));
+    rdma_destroy_id(cmd.id);
+    ctx_.core.slots->release(cmd.slot);
+    return;
+  }
+  if (auto conn = RdmaLink::accept(cmd, *port, ctx_, connections_, stopping_))
+    connections_.add(std::move(conn));
+}
+
+void Worker::on_command(DeliverCommand& cmd) {
+  for (auto& d : cmd.items) {
+    Connection* c = connections_.find_up(d.connection);
+    if (c == nullptr) {
+      ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add(d.item.messages);
+      ctx_.core.slots->add_queued(d.slot, -static_cast<std::int64_t>(d.item.body_len));
+      continue;
+    }
+    connections_.enqueue(*c, std::move(d.item));
+  }
+}
+
+void Worker::on_command(QpFatalCommand& cmd) {
+  Connection* c = connections_.find(cmd.connection_id);
+  if (c != nullptr && (!cmd.only_if_open || c->is_up())) {
+    spdlog::warn("connection {} ({}): {}", c->id, c->peer, cmd.event);
+    connections_.close(*c, CloseReason::kQpFatal);
+  }
+}
+
+void Worker::on_command(ReloadCommand& cmd) {
+  // Only what config::diff() marks live can differ here.
+  auto& opt = ctx_.options;
+  const auto& next = cmd.options;
+  opt.max_payload = next.max_payload;
+  opt.max_subscriptions = next.max_subscriptions;
+  opt.max_pending_bytes = next.max_pending_bytes;
+  opt.max_subscriptions_total = next.max_subscriptions_total;
+  opt.max_subscription_memory = next.max_subscription_memory;
+  opt.max_pending_bytes_total = next.max_pending_bytes_total;
+  opt.write_deadline_ms = next.write_deadline_ms;
+  opt.producer_stall_ms = next.producer_stall_ms;
+  opt.drain_timeout_ms = next.drain_timeout_ms;
+  opt.busy_poll_us = next.busy_poll_us;
+  opt.multicast = next.multicast;  // its restart-only keys cannot have changed
+  if (cmd.auth) frames_.apply_auth(cmd.auth);
+  if (cmd.applied) cmd.applied->set_value();
+}
+
+void Worker::on_command(ListConnectionsCommand& cmd) {
+  std::vector<ConnectionInfo> out;
+  connections_.for_each([&](Connection& c) {
+    out.push_back(ConnectionInfo{c.id, std::string(to_string(c.transport())), c.peer,
+                                 std::string(to_string(c.state)), c.identity ? c.identity->name : "",
+                                 ctx_.index, c.subscriptions.size(), c.messages_in, c.messages_out,
+                                 c.bytes_in, c.bytes_out, c.pending_messages, c.pending_bytes});
+  });
+  cmd.reply->set_value(std::move(out));
+}
+
+void Worker::on_command(ShutdownCommand&) {
+  stopping_ = true;
+  if (tcp_) {
+    tcp_->stop_listening();
+    tcp_->check_handshake_deadlines(true);  // refuses those still in their handshake
+  }
+  connections_.close_all_for_shutdown();
+}
+
+void Worker::on_command(FaultCommand& f) {
+  Status result;
+  Connection* c = connections_.find(f.spec.connection);
+  if (c == nullptr) {
+    result = Error{ErrorKind::kInvalidArgument,
+                   "no connection " + std::to_string(f.spec.connection) + " on this broker"};
+  } else if (c->transport() != Transport::kRdma) {
+    result = Error{ErrorKind::kInvalidArgument,
+                   "connection " + std::to_string(c->id) + " is not an RDMA connection"};
+  } else if (!c->is_up()) {
+    result = Error{ErrorKind::kInvalidArgument,
+                   "connection " + std::to_string(c->id) + " is " + std::string(to_string(c->state))};
+  } else if (auto& link = static_cast<RdmaLink&>(*c->link); f.spec.kind == fault::Kind::kWcError) {
+    if (!link.fail_next_wc) {
+      link.fail_next_wc = true;
+      ++link.port().wc_faults_armed;
+    }
+    spdlog::warn("fault: the next completion of connection {} will fail", c->id);
+  } else if (f.spec.kind == fault::Kind::kQpError) {
+    if (!link.force_error()) {
+      result = Error{ErrorKind::kResource, std::string("ibv_modify_qp(ERR): ") + std::strerror(errno)};
+    } else {
+      spdlog::warn("fault: connection {}'s QP forced into the error state", c->id);
+    }
+  } else {
+    result = Error{ErrorKind::kInvalidArgument, "not a fault of a connection"};
+  }
+  f.reply->set_value(std::move(result));
+}
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,322 @@
+// The transport-neutral core of a worker (frames -> router -> connections'
+// queues -> flush) driven without verbs or sockets: each connection's link is
+// a FakeLink that decodes and records what would have been sent.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "broker/core.hpp"
+#include "broker/send_blocks.hpp"
+#include "connection/connections.hpp"
+#include "connection/worker_context.hpp"
+#include "frames/frame_handler.hpp"
+#include "router/router.hpp"
+
+namespace rdmabroker::daemon {
+namespace {
+
+using proto::FrameType;
+
+/// One frame as the client would have received it; a DELIVER is unpacked
+/// into one Received per message it carries.
+struct Received {
+  FrameType type{};
+  std::uint32_t arg = 0;  // sid for DELIVER, code for ERROR
+  std::string subject;
+  std::string payload;
+};
+
+class FakeLink final : public Link {
+ public:
+  explicit FakeLink(Connections& connections) : connections_(connections) {}
+
+  Transport transport() const override { return Transport::kTcp; }
+  void flush(Connection& c) override {
+    while (c.can_send() && !c.outq.empty()) {
+      Segment sge[kMaxSendSge];
+      std::array<BufferRef, kMaxFramesPerSend> refs;
+      PackedSend packed;
+      const std::uint32_t block = connections_.pack_next(c, kMaxSendSge, 0, 0, sge, refs, packed);
+      if (block == SendBlocks::kNone) return;
+      std::vector<std::byte> bytes;
+      for (std::uint32_t i = 0; i < packed.num_sge; ++i) {
+        const auto* p = reinterpret_cast<const std::byte*>(sge[i].addr);
+        bytes.insert(bytes.end(), p, p + sge[i].length);
+      }
+      decode(bytes);
+      connections_.record_send(c, block, &refs, packed);
+      // A stuck client accepts nothing: its sends never complete.
+      if (!stuck) connections_.retire_send(c, true);
+    }
+  }
+  void pause(Connection&) override { paused = true; }
+  void resume(Connection&) override { paused = false; }
+  void add_send_credits(std::uint32_t) override {}
+  void disconnect(Connection&) override { disconnected = true; }
+  void release(Connection&) override {}
+  std::string where() const override { return "in a unit test"; }
+
+  std::vector<Received> sent;
+  bool stuck = false;
+  bool paused = false;
+  bool disconnected = false;
+
+ private:
+  void decode(const std::vector<std::byte>& bytes) {
+    std::size_t off = 0;
+    while (off < bytes.size()) {
+      proto::Frame f;
+      ASSERT_EQ(proto::decode_frame(std::span(bytes).subspan(off), 1 << 20, f), proto::DecodeStatus::kOk);
+      if (f.header.type == FrameType::kDeliver) {
+        ASSERT_EQ(
+            proto::for_each_delivered(f,
+                                      [&](const proto::Frame& inner) {
+                                        sent.push_back({FrameType::kDeliver, f.header.arg,
+                                                        std::string(inner.subject), as_text(inner.payload)});
+                                      }),
+            proto::DecodeStatus::kOk);
+      } else {
+        sent.push_back({f.header.type, f.header.arg, std::string(f.subject), as_text(f.payload)});
+      }
+      off += f.header.frame_len();
+    }
+  }
+  static std::string as_text(std::span<const std::byte> p) {
+    return std::string(reinterpret_cast<const char*>(p.data()), p.size());
+  }
+
+  Connections& connections_;
+};
+
+class RouterTest : public ::testing::Test {
+ protected:
+  RouterTest() {
+    core_.options.buffer_size = 4096;
+    core_.options.max_connections = 16;
+    pool_ = std::move(BufferPool::create(256, core_.options.buffer_size).value());
+    core_.pool = pool_.get();
+    core_.slots = std::make_unique<ConnectionSlots>(core_.options.max_connections);
+    config::AuthSettings auth;
+    auth.anonymous = true;
+    core_.auth = AuthTable::build(auth);
+    ctx_ = std::make_unique<WorkerContext>(0, core_);
+    blocks_ = std::make_unique<SendBlocks>(64);
+    connections_ = std::make_unique<Connections>(*ctx_, *blocks_);
+    router_ = std::make_unique<Router>(*ctx_, *connections_);
+    router_->set_worker_count(2);  // worker 1 is someone else: its deliveries are batched
+    frames_ = std::make_unique<FrameHandler>(*ctx_, *connections_, *router_);
+  }
+  ~RouterTest() override {
+    frames_.reset();
+    router_.reset();
+    connections_.reset();
+  }
+
+  /// An authenticated client whose link is a FakeLink.
+  struct Client {
+    Connection* c;
+    FakeLink* link;
+  };
+  Client connect() {
+    auto link = std::make_unique<FakeLink>(*connections_);
+    FakeLink* l = link.get();
+    const std::uint64_t id = next_id_++;
+    auto conn =
+        std::make_unique<Connection>(id, *core_.slots->acquire(), "peer-" + std::to_string(id),
+                                     std::move(link), core_.options.buffer_size, 4, ConnState::kAccepting);
+    Connection& c = connections_->add(std::move(conn));
+    connections_->establish(c);
+    send(c, frame(FrameType::kConnect, "", "", "", 0));
+    EXPECT_EQ(c.state, ConnState::kOpen);
+    return {&c, l};
+  }
+
+  static std::vector<std::byte> frame(FrameType type, std::string_view subject, std::string_view reply,
+                                      std::string_view payload, std::uint32_t arg, std::uint16_t flags = 0) {
+    proto::FrameHeader h;
+    h.type = type;
+    h.arg = arg;
+    h.flags = flags;
+    h.payload_len = static_cast<std::uint32_t>(payload.size());
+    std::vector<std::byte> out(
+        proto::align_up(proto::kHeaderSize + subject.size() + reply.size() + payload.size()));
+    proto::encode_frame(out, h, subject, reply, std::as_bytes(std::span(payload.data(), payload.size())));
+    return out;
+  }
+  /// Hands `bytes` (whole frames) to the frame handler as one receive, then
+  /// ends the loop turn: batches posted, touched connections flushed.
+  void send(Connection& c, const std::vector<std::byte>& bytes) {
+    std::uint32_t index = 0;
+    ASSERT_EQ(pool_->acquire(&index, 1), 1u);
+    BufferRef buf(pool_.get(), index);
+    std::memcpy(buf.data(), bytes.data(), bytes.size());
+    frames_->process(c, buf, 0, static_cast<std::uint32_t>(bytes.size()));
+    connections_->flush_touched();
+  }
+  void subscribe(Client& s, std::string_view pattern, std::uint32_t sid, std::string_view group = {}) {
+    send(*s.c, frame(FrameType::kSubscribe, pattern, group, "", sid));
+  }
+  void publish(Client& p, std::string_view subject, std::string_view payload) {
+    send(*p.c, frame(FrameType::kPublish, subject, "", payload, 0));
+  }
+  static std::vector<std::string> payloads(const FakeLink& l, std::uint32_t sid) {
+    std::vector<std::string> out;
+    for (const auto& r : l.sent) {
+      if (r.type == FrameType::kDeliver && r.arg == sid) out.push_back(r.payload);
+    }
+    return out;
+  }
+
+  BrokerCore core_;
+  std::unique_ptr<BufferPool> pool_;
+  std::unique_ptr<WorkerContext> ctx_;
+  std::unique_ptr<SendBlocks> blocks_;
+  std::unique_ptr<Connections> connections_;
+  std::unique_ptr<Router> router_;
+  std::unique_ptr<FrameHandler> frames_;
+  std::uint64_t next_id_ = 1;
+};
+
+TEST_F(RouterTest, FansOutToEverySubscriptionThatMatches) {
+  Client exact = connect(), star = connect(), tail = connect(), other = connect(), pub = connect();
+  subscribe(exact, "orders.eu", 1);
+  subscribe(star, "orders.*", 2);
+  subscribe(tail, "orders.>", 3);
+  subscribe(other, "trades.eu", 4);
+  publish(pub, "orders.eu", "m1");
+  EXPECT_EQ(payloads(*exact.link, 1), std::vector<std::string>{"m1"});
+  EXPECT_EQ(payloads(*star.link, 2), std::vector<std::string>{"m1"});
+  EXPECT_EQ(payloads(*tail.link, 3), std::vector<std::string>{"m1"});
+  EXPECT_TRUE(other.link->sent.empty());
+  EXPECT_TRUE(pub.link->sent.empty());
+  EXPECT_EQ(ctx_->stats.routed.get(), 3u);
+  EXPECT_EQ(ctx_->stats.deliveries.get(), 3u);
+  EXPECT_EQ(exact.link->sent.front().subject, "orders.eu");
+}
+
+TEST_F(RouterTest, AQueueGroupGetsEachMessageOnceRoundRobin) {
+  Client plain = connect(), pub = connect();
+  std::vector<Client> members;
+  for (std::uint32_t i = 0; i < 4; ++i) {
+    members.push_back(connect());
+    subscribe(members.back(), "jobs", 10 + i, "workers");
+  }
+  subscribe(plain, "jobs", 1);
+  for (int m = 0; m < 8; ++m) publish(pub, "jobs", "j" + std::to_string(m));
+  EXPECT_EQ(payloads(*plain.link, 1).size(), 8u);
+  std::map<std::string, int> seen;
+  for (std::uint32_t i = 0; i < 4; ++i) {
+    const auto got = payloads(*members[i].link, 10 + i);
+    EXPECT_EQ(got.size(), 2u) << "member " << i;  // round robin: each member gets its turn
+    for (const auto& p : got) ++seen[p];
+  }
+  EXPECT_EQ(seen.size(), 8u);  // every message went to exactly one member
+  for (const auto& [p, n] : seen) EXPECT_EQ(n, 1) << p;
+}
+
+TEST_F(RouterTest, ARequestNobodyServesIsAnsweredNoResponders) {
+  Client req = connect(), pub = connect();
+  send(*req.c, frame(FrameType::kPublish, "svc.echo", "_INBOX.7", "ping", 0, proto::kFlagRequest));
+  ASSERT_EQ(req.link->sent.size(), 1u);
+  EXPECT_EQ(req.link->sent[0].type, FrameType::kNoResponders);
+  EXPECT_EQ(req.link->sent[0].subject, "_INBOX.7");
+  EXPECT_EQ(ctx_->stats.no_responders.get(), 1u);
+  // A plain publish to nobody is counted, not answered.
+  publish(pub, "svc.echo", "x");
+  EXPECT_TRUE(pub.link->sent.empty());
+  EXPECT_EQ(ctx_->stats.messages_no_subscribers.get(), 2u);
+}
+
+TEST_F(RouterTest, EachPublishersMessagesArriveInTheOrderItSentThem) {
+  Client sub = connect(), a = connect(), b = connect();
+  subscribe(sub, "ticks", 1);
+  for (int i = 0; i < 50; ++i) {
+    // Interleaved, and several frames per receive: batching must not reorder.
+    send(*a.c, frame(FrameType::kPublish, "ticks", "", "a" + std::to_string(i), 0));
+    auto two = frame(FrameType::kPublish, "ticks", "", "b" + std::to_string(2 * i), 0);
+    auto next = frame(FrameType::kPublish, "ticks", "", "b" + std::to_string(2 * i + 1), 0);
+    two.insert(two.end(), next.begin(), next.end());
+    send(*b.c, two);
+  }
+  int next_a = 0, next_b = 0;
+  for (const auto& p : payloads(*sub.link, 1)) {
+    if (p[0] == 'a') {
+      EXPECT_EQ(p, "a" + std::to_string(next_a++));
+    } else {
+      EXPECT_EQ(p, "b" + std::to_string(next_b++));
+    }
+  }
+  EXPECT_EQ(next_a, 50);
+  EXPECT_EQ(next_b, 100);
+}
+
+TEST_F(RouterTest, ABackloggedSubscriberStallsItsPublisherThenIsCutOff) {
+  ctx_->options.max_pending_bytes = 16 * 1024;
+  Client sub = connect(), bystander = connect(), pub = connect();
+  sub.link->stuck = true;  // takes its first sends and never completes them
+  subscribe(sub, "feed", 1);
+  subscribe(bystander, "feed", 2);
+  const std::string payload(1000, 'x');
+  int published = 0;
+  while (!pub.link->paused && published < 100) {
+    publish(pub, "feed", payload);
+    ++published;
+  }
+  // Paused at three quarters of the bound: before the subscriber overflows.
+  ASSERT_TRUE(pub.link->paused);
+  EXPECT_TRUE(pub.c->stalled);
+  EXPECT_EQ(ctx_->stats.producer_stalls.get(), 1u);
+  EXPECT_TRUE(sub.c->is_up());
+  // A publisher that goes on regardless overflows the bound: the subscriber
+  // is cut off (its queued messages counted as dropped), nobody else is.
+  for (int i = 0; i < 10 && sub.c->is_up(); ++i) publish(pub, "feed", payload);
+  EXPECT_EQ(sub.c->reason, CloseReason::kSlowConsumer);
+  EXPECT_FALSE(sub.c->is_up());
+  EXPECT_GT(ctx_->stats.dropped[static_cast<std::size_t>(DropReason::kSlowConsumer)].get(), 0u);
+  EXPECT_TRUE(pub.c->is_up());
+  EXPECT_TRUE(bystander.c->is_up());
+  EXPECT_EQ(payloads(*bystander.link, 2).size(), static_cast<std::size_t>(ctx_->stats.messages_in.get()));
+}
+
+TEST_F(RouterTest, AnotherWorkersSubscriberIsReachedThroughItsBatch) {
+  Client pub = connect();
+  // A subscription of a connection that worker 1 owns.
+  core_.index.add("remote.subject", Subscriber{1, 999, 5, 7}, "");
+  // Two messages in one receive: consecutive in one buffer, they share one DELIVER.
+  auto two = frame(FrameType::kPublish, "remote.subject", "", "r1", 0);
+  auto next = frame(FrameType::kPublish, "remote.subject", "", "r2", 0);
+  two.insert(two.end(), next.begin(), next.end());
+  send(*pub.c, two);
+  const auto& batch = router_->batch_for(1);
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_EQ(batch[0].connection, 999u);
+  EXPECT_EQ(batch[0].item.messages, 2u);
+  EXPECT_EQ(core_.slots->queued(7), static_cast<std::int64_t>(batch[0].item.body_len));
+  core_.slots->add_queued(7, -static_cast<std::int64_t>(batch[0].item.body_len));
+}
+
+TEST_F(RouterTest, FramesBeforeConnectAndFramesOnlyTheBrokerSendsCloseTheConnection) {
+  auto link = std::make_unique<FakeLink>(*connections_);
+  FakeLink& l = *link;
+  Connection& c =
+      connections_->add(std::make_unique<Connection>(50, *core_.slots->acquire(), "early", std::move(link),
+                                                     core_.options.buffer_size, 4, ConnState::kAccepting));
+  connections_->establish(c);
+  send(c, frame(FrameType::kPublish, "a", "", "too early", 0));
+  EXPECT_EQ(c.reason, CloseReason::kAuthFailed);
+  ASSERT_FALSE(l.sent.empty());
+  EXPECT_EQ(l.sent.back().type, FrameType::kError);
+  EXPECT_EQ(l.sent.back().arg, static_cast<std::uint32_t>(proto::ErrorCode::kAuthenticationRequired));
+
+  Client open = connect();
+  send(*open.c, frame(FrameType::kPong, "", "", "", 0));
+  EXPECT_EQ(open.c->reason, CloseReason::kProtocolError);
+  EXPECT_EQ(open.link->sent.back().arg, static_cast<std::uint32_t>(proto::ErrorCode::kProtocolViolation));
+}
+
+}  // namespace
+}  // namespace rdmabroker::daemon
