@@ -31,6 +31,7 @@ Result<std::unique_ptr<Broker>> Broker::create(const BrokerOptions& options) {
   }
   // One reserved slot: the multicast engine's backlog (BrokerCore::multicast_slot).
   b->core_.slots = std::make_unique<ConnectionSlots>(opt.max_connections, 1);
+  b->core_.admission = std::make_unique<Admission>(*b->core_.slots, opt.buffer_size);
   b->core_.multicast_slot = opt.max_connections;
   b->core_.auth = AuthTable::build(opt.auth);
   warn_if_nobody_can_connect(*b->core_.auth);
@@ -236,10 +237,7 @@ bool Broker::workers_healthy(std::chrono::milliseconds limit) const {
 
 void Broker::visit_stats(StatsVisitor& v) const {
   for (const auto& w : workers_) w->stats().visit(v);
-  // The RDMA listener's refusals join the workers' TCP ones under the same keys.
-  v.counter(kConnectionsRejected.series("connections.rejected"), listener_ ? listener_->rejected() : 0);
-  v.counter(kLimitRefusals.series("limits.refused.connections", "connections"),
-            listener_ ? listener_->over_limit() : 0);
+  core_.admission->visit(v);
   static const MulticastStats kOff;  // multicast off: every series is there, at 0
   const MulticastStats& m = multicast_ ? multicast_->stats() : kOff;
   m.visit(v);

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "broker/admission.hpp"
 #include "broker/auth.hpp"
 #include "broker/buffer_pool.hpp"
 #include "broker/connection_slots.hpp"
@@ -49,6 +50,7 @@ struct BrokerCore {
   SubscriptionIndex index;
   std::vector<Worker*> workers;
   std::unique_ptr<ConnectionSlots> slots;  // one per open connection, all workers
+  std::unique_ptr<Admission> admission;    // connect requests and slots, both transports
   SubscriptionBudget subscription_budget;  // limits.max_subscriptions_total / max_subscription_memory
   std::atomic<std::uint64_t> next_connection_id{1};  // broker-wide, both transports
   std::shared_ptr<const AuthTable> auth;             // as started; reloads hand workers their successors

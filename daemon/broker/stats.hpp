@@ -126,10 +126,7 @@ struct StatFamily {
     return {std::move(key), metric, help, label, std::move(label_value)};
   }
 };
-/// Refused handshakes: the workers count TCP's, the RDMA listener its own.
-inline constexpr StatFamily kConnectionsRejected{"rdmabroker_connections_rejected_total",
-                                                 "Connection attempts refused in the handshake."};
-/// Refusals by limit: the workers count most, the RDMA listener RDMA's connections.
+/// Refusals by limit: the workers count most, Admission the connection limit.
 inline constexpr StatFamily kLimitRefusals{"rdmabroker_limit_refusals_total",
                                            "Operations refused by a configured limit, by limit.", "limit"};
 
@@ -202,11 +199,9 @@ struct WorkerStats {
   Counter accept_failures;    // connections handed over but never accepted
   Counter no_responders;      // requests (PUBLISH with REQUEST flag) nobody was subscribed to
   Gauge tcp_connections;      // TCP connections open on this worker
-  Counter tcp_rejected;       // TCP handshakes refused (reject sent, or timed out)
   Counter tcp_reads;          // read() calls that returned data
   Counter tcp_writes;         // sendmsg() calls that wrote data
   Counter tcp_write_blocked;  // writes that hit a full socket buffer (EAGAIN)
-  Counter limit_connections;  // TCP connections refused at limits.max_connections (RDMA: the listener counts)
   Counter limit_payload;      // PUBLISH frames over limits.max_payload or the buffer size (connection closed)
   Counter limit_subscriptions;  // SUBSCRIBE frames over limits.max_subscriptions (ERROR, connection stays)
   Counter limit_subscriptions_total;  // ... over limits.max_subscriptions_total (broker-wide)

@@ -1,7 +1,5 @@
 #include "rdma/listener.hpp"
 
-#include "broker/handshake.hpp"
-
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
@@ -119,11 +117,7 @@ void Listener::run() {
 }
 
 void Listener::reject(rdma_cm_id* id, proto::RejectReason reason, const std::string& peer) {
-  spdlog::log(refusal_log_level(reason), "connection from {} rejected: {}", peer, proto::to_string(reason));
-  // Counted before the peer can see the reject: whoever reads the counter
-  // after being refused must find its refusal in it.
-  rejected_.fetch_add(1, std::memory_order_relaxed);
-  if (reason == proto::RejectReason::kTooManyConnections) over_limit_.fetch_add(1, std::memory_order_relaxed);
+  core_.admission->refuse(Admission::Via::kRdma, peer, proto::to_string(reason), reason);
   auto data = proto::encode(proto::ConnectReject{reason, core_.options.buffer_size});
   rdma_reject(id, data.data(), static_cast<std::uint8_t>(data.size()));
   rdma_destroy_id(id);
@@ -135,23 +129,23 @@ void Listener::on_connect_request(rdma_cm_event* ev) {
   std::span<const std::byte> pdata(static_cast<const std::byte*>(ev->param.conn.private_data),
                                    ev->param.conn.private_data_len);
   proto::ConnectRequest req;
-  const auto refuse = check_connect_request(pdata, core_.options.buffer_size, req);
+  const auto refuse = core_.admission->check(pdata, req);
   // Ack before anything else: the private data is copied, and rdma_migrate_id
   // waits until every event of the id is acked.
   rdma_ack_cm_event(ev);
   if (refuse) return reject(id, *refuse, peer);
-  const auto slot = core_.slots->acquire();
-  if (!slot) return reject(id, proto::RejectReason::kTooManyConnections, peer);
+  proto::RejectReason why{};
+  const auto slot = core_.admission->reserve(false, why);
+  if (!slot) return reject(id, why, peer);
   const std::uint64_t conn_id = core_.next_connection_id.fetch_add(1);
   Worker& worker = core_.rdma_owner(conn_id);
   id->context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(conn_id));
-  AcceptCommand cmd{id, req, conn_id, *slot, peer};
   if (rdma_migrate_id(id, worker.cm_channel()) != 0) {
     spdlog::error("connection {} from {}: rdma_migrate_id: {}", conn_id, peer, std::strerror(errno));
-    core_.slots->release(*slot);
+    core_.admission->release(*slot);
     return reject(id, proto::RejectReason::kNoResources, peer);
   }
-  worker.post(std::move(cmd));
+  worker.post(AcceptCommand{verbs::CmIdPtr(id), req, conn_id, *slot, peer});
 }
 
 void Listener::on_async_event(Device& dev) {

@@ -30,11 +30,6 @@ class Listener {
   /// Stops accepting: further connect requests are refused, the thread exits.
   void stop();
 
-  /// Connections refused before reaching a worker, by reason.
-  std::uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
-  /// Of those, refused because limits.max_connections was reached.
-  std::uint64_t over_limit() const { return over_limit_.load(std::memory_order_relaxed); }
-
  private:
   void run();
   void on_connect_request(rdma_cm_event* ev);
@@ -45,8 +40,6 @@ class Listener {
   verbs::EventChannelPtr channel_;
   verbs::CmIdPtr listen_id_;  // after channel_: destroyed first
   UniqueFd stop_fd_;
-  std::atomic<std::uint64_t> rejected_{0};
-  std::atomic<std::uint64_t> over_limit_{0};
   std::thread thread_;
 };
 

@@ -39,7 +39,7 @@ RdmaLink::~RdmaLink() = default;
 
 std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port, WorkerContext& ctx,
                                              Connections& connections, bool stopping) {
-  verbs::CmIdPtr id(cmd.id);
+  verbs::CmIdPtr id = std::move(cmd.id);
   const auto& opt = ctx.options;
   auto fail = [&](proto::RejectReason reason, const std::string& why) -> std::unique_ptr<Connection> {
     spdlog::warn("connection {} from {} refused: {}", cmd.connection_id, cmd.peer, why);

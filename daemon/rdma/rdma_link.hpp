@@ -20,9 +20,10 @@
 namespace rdmabroker::daemon {
 
 /// A connect request the listener validated; the owning worker creates the
-/// QP and accepts. Ownership of the cm_id moves with the command.
+/// QP and accepts. The cm_id is the command's until then (destroyed with a
+/// command that is never handled).
 struct AcceptCommand {
-  rdma_cm_id* id = nullptr;
+  verbs::CmIdPtr id;
   proto::ConnectRequest request;
   std::uint64_t connection_id = 0;
   std::uint32_t slot = 0;

@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <cstring>
 
-#include "broker/handshake.hpp"
 #include "tcp/tcp_listener.hpp"
 #include "frames/frame_handler.hpp"
 #include "tcp/tcp_link.hpp"
@@ -53,26 +52,22 @@ void TcpTransport::accept(bool stopping) {
     const std::string peer = tcp_peer_address(fd.get());
     const int one = 1;
     ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // batching is ours, not Nagle's
+    Admission& admission = *ctx_.core.admission;
     auto refuse = [&](proto::RejectReason reason) {
-      spdlog::warn("tcp connection from {} rejected: {}", peer, proto::to_string(reason));
-      ctx_.stats.tcp_rejected.add();
+      admission.refuse(Admission::Via::kTcp, peer, proto::to_string(reason), reason);
       send_reject(fd.get(), reason, ctx_.options.buffer_size);
     };
-    if (stopping) {
-      refuse(proto::RejectReason::kShuttingDown);
-      continue;
-    }
-    const auto slot = ctx_.core.slots->acquire();
+    proto::RejectReason why{};
+    const auto slot = admission.reserve(stopping, why);
     if (!slot) {
-      ctx_.stats.limit_connections.add();
-      refuse(proto::RejectReason::kTooManyConnections);
+      refuse(why);
       continue;
     }
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.u64 = kTagHandshake | static_cast<std::uint32_t>(fd.get());
     if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd.get(), &ev) != 0) {
-      ctx_.core.slots->release(*slot);
+      admission.release(*slot);
       refuse(proto::RejectReason::kNoResources);
       continue;
     }
@@ -91,11 +86,11 @@ void TcpTransport::on_handshake_readable(int fd, bool stopping) {
   auto it = handshakes_.find(fd);
   if (it == handshakes_.end()) return;
   Handshake& h = it->second;
+  Admission& admission = *ctx_.core.admission;
   auto drop = [&](const std::string& why, std::optional<proto::RejectReason> reason) {
-    spdlog::log(refusal_log_level(reason), "tcp connection from {} refused: {}", h.peer, why);
-    ctx_.stats.tcp_rejected.add();
+    admission.refuse(Admission::Via::kTcp, h.peer, why, reason);
     if (reason) send_reject(fd, *reason, ctx_.options.buffer_size);
-    ctx_.core.slots->release(h.slot);
+    admission.release(h.slot);
     handshakes_.erase(it);  // closes the socket, which leaves the epoll set
   };
   const ssize_t n = ::read(fd, h.bytes.data() + h.got, h.bytes.size() - h.got);
@@ -108,7 +103,7 @@ void TcpTransport::on_handshake_readable(int fd, bool stopping) {
   if (h.got < h.bytes.size()) return;
 
   proto::ConnectRequest req;
-  if (auto refuse = check_connect_request(h.bytes, ctx_.options.buffer_size, req)) {
+  if (auto refuse = admission.check(h.bytes, req)) {
     return drop(std::string(proto::to_string(*refuse)), *refuse);
   }
   if (stopping) return drop("shutting down", proto::RejectReason::kShuttingDown);
@@ -134,10 +129,10 @@ void TcpTransport::check_handshake_deadlines(bool stopping) {
       continue;
     }
     const auto why = stopping ? "shutting down" : "no connect request within 5 s";
-    spdlog::warn("tcp connection from {} refused: {}", it->second.peer, why);
-    ctx_.stats.tcp_rejected.add();
-    if (stopping) send_reject(it->first, proto::RejectReason::kShuttingDown, ctx_.options.buffer_size);
-    ctx_.core.slots->release(it->second.slot);
+    const auto reason = stopping ? std::optional(proto::RejectReason::kShuttingDown) : std::nullopt;
+    ctx_.core.admission->refuse(Admission::Via::kTcp, it->second.peer, why, reason);
+    if (reason) send_reject(it->first, *reason, ctx_.options.buffer_size);
+    ctx_.core.admission->release(it->second.slot);
     it = handshakes_.erase(it);
   }
 }

@@ -25,8 +25,7 @@ void Worker::on_command(AcceptCommand& cmd) {
     ctx_.stats.accept_failures.add();
     auto data =
         proto::encode(proto::ConnectReject{proto::RejectReason::kNoResources, ctx_.options.buffer_size});
-    rdma_reject(cmd.id, data.data(), static_cast<std::uint8_t>(data.size()));
-    rdma_destroy_id(cmd.id);
+    rdma_reject(cmd.id.get(), data.data(), static_cast<std::uint8_t>(data.size()));
     ctx_.core.slots->release(cmd.slot);
     return;
   }

@@ -52,8 +52,6 @@ void WorkerStats::visit(StatsVisitor& v) const {
   v.counter({"", "rdmabroker_slow_consumers_total", "Subscribers disconnected as slow consumers."},
             connections_closed[static_cast<std::size_t>(CloseReason::kSlowConsumer)].get());
   v.count("connections.accept_failures", accept_failures);
-  // The listener adds its own refusals to the same key (Broker::visit_stats).
-  v.counter(kConnectionsRejected.series("connections.rejected"), tcp_rejected.get());
 
   // Messages.
   v.count("messages.in", messages_in, "rdmabroker_messages_received_total",
@@ -115,7 +113,6 @@ void WorkerStats::visit(StatsVisitor& v) const {
 
   // TCP.
   v.level("tcp.connections", tcp);
-  v.count("tcp.rejected", tcp_rejected);
   v.count("tcp.reads", tcp_reads, "rdmabroker_tcp_reads_total",
           "read() calls on TCP connections that returned data.");
   v.count("tcp.writes", tcp_writes, "rdmabroker_tcp_writes_total",
@@ -127,7 +124,6 @@ void WorkerStats::visit(StatsVisitor& v) const {
   const auto limit = [&](std::string_view name, const Counter& c) {
     v.counter(kLimitRefusals.series("limits.refused." + std::string(name), std::string(name)), c.get());
   };
-  limit("connections", limit_connections);  // the listener adds RDMA's (Broker::visit_stats)
   limit("payload", limit_payload);
   limit("subscriptions", limit_subscriptions);
   limit("subscriptions_total", limit_subscriptions_total);

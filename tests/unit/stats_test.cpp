@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "broker/admission.hpp"
 #include "broker/stats.hpp"
 #include "multicast/engine.hpp"
 #include "ops/metrics.hpp"
@@ -22,7 +23,19 @@ std::size_t index_of(CloseReason r) { return static_cast<std::size_t>(r); }
 struct Components {
   WorkerStats a, b;
   MulticastStats multicast;
+  ConnectionSlots slots{1};
+  Admission admission{slots, 4096};
   Components() {
+    // Refusals of both transports land in one set of counters.
+    admission.refuse(Admission::Via::kTcp, "peer", "bad magic", proto::RejectReason::kBadMagic);
+    admission.refuse(Admission::Via::kTcp, "peer", "closed during the handshake", std::nullopt);
+    admission.refuse(Admission::Via::kRdma, "peer", "bad magic", proto::RejectReason::kBadMagic);
+    proto::RejectReason why{};
+    EXPECT_TRUE(admission.reserve(false, why));
+    EXPECT_FALSE(admission.reserve(false, why));  // over the limit of one
+    EXPECT_EQ(why, proto::RejectReason::kTooManyConnections);
+    EXPECT_FALSE(admission.reserve(true, why));  // shutting down: refused, not over a limit
+    EXPECT_EQ(why, proto::RejectReason::kShuttingDown);
     a.messages_in.add(3);
     b.messages_in.add(4);
     a.connections_closed[index_of(CloseReason::kSlowConsumer)].add(1);
@@ -30,7 +43,6 @@ struct Components {
     a.connections_current.set(5);
     a.tcp_connections.set(2);
     b.connections_current.set(1);
-    a.tcp_rejected.add(2);
     b.limit_payload.add(1);
     a.pending_bytes.set(1000);
     a.pending_messages.set(2);
@@ -43,6 +55,7 @@ struct Components {
     a.visit(v);
     b.visit(v);
     multicast.visit(v);
+    admission.visit(v);
   }
 };
 
@@ -63,7 +76,8 @@ TEST(Stats, TheSnapshotSumsWorkersByKey) {
   EXPECT_EQ(s.snapshot["connections.by_transport.tcp"], 2);
   EXPECT_EQ(s.snapshot["connections.by_transport.rdma"], 4);
   EXPECT_EQ(s.snapshot["tcp.rejected"], 2);
-  EXPECT_EQ(s.snapshot["connections.rejected"], 2);
+  EXPECT_EQ(s.snapshot["connections.rejected"], 3);
+  EXPECT_EQ(s.snapshot["limits.refused.connections"], 1);
   EXPECT_EQ(s.snapshot["limits.refused.payload"], 1);
   EXPECT_EQ(s.snapshot["messages.pending_charge"], queued_charge(1000, 2));
   EXPECT_EQ(s.snapshot["multicast.repairs_served"], 9);
