@@ -13,7 +13,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "broker/broker.hpp"
+#include "server.hpp"
 #include "fault/fault.hpp"
 #include "ops/admin_server.hpp"
 #include "ops/command_line.hpp"
@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   rdmabroker::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC));
 
   SystemdNotifier notifier;
-  auto created = Broker::create(cfg.broker);
+  auto created = Server::create(cfg.broker);
   if (!created) {
     spdlog::critical("cannot start: {}", created.error().message);
     notifier.status("failed: " + created.error().message);

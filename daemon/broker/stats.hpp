@@ -2,7 +2,7 @@
 // (relaxed atomics so the admin thread can read without locks).
 //
 // Every statistic is declared once, by the component that keeps it, in its
-// visit() (WorkerStats::visit here, MulticastStats::visit, Broker::visit_stats,
+// visit() (WorkerStats::visit here, MulticastStats::visit, Server::visit_stats,
 // Reloader::visit_stats): its key in the snapshot (the admin socket's `stats`,
 // `rdmabroker stat --json`) and, when exported, its Prometheus family, help
 // and label. The snapshot (StatsSnapshotter) and the exporter (ops/metrics.cpp)

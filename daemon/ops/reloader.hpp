@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "broker/broker.hpp"
+#include "server.hpp"
 #include "broker/stats.hpp"
 #include "ops/command_line.hpp"
 #include "ops/systemd.hpp"
@@ -28,7 +28,7 @@ class Reloader {
  public:
   /// `file` is what the file said at start, `running` that with the flags applied.
   Reloader(std::string path, CommandLine command_line, config::Config file, config::Config running,
-           Broker& broker, SystemdNotifier& notifier)
+           Server& broker, SystemdNotifier& notifier)
       : path_(std::move(path)),
         command_line_(std::move(command_line)),
         file_(std::move(file)),
@@ -54,7 +54,7 @@ class Reloader {
   CommandLine command_line_;
   config::Config file_;     // the file's own settings, as last read
   config::Config running_;  // file_ with the flags applied: what the broker runs
-  Broker& broker_;
+  Server& broker_;
   SystemdNotifier& notifier_;
   std::atomic<std::uint64_t> ok_{0}, refused_{0}, failed_{0};  // read by the metrics thread
 };

@@ -1,5 +1,5 @@
-// One broker instance: the buffer pool, the devices, the workers and the
-// listener, created in that order and torn down in reverse.
+// The composition root: one broker instance, its buffer pool, devices, workers,
+// multicast engine and listeners, created in that order and torn down in reverse.
 #pragma once
 
 #include <chrono>
@@ -19,11 +19,11 @@
 
 namespace rdmabroker::daemon {
 
-class Broker {
+class Server {
  public:
   /// Opens devices, registers memory, creates workers and the listening id.
-  static Result<std::unique_ptr<Broker>> create(const BrokerOptions& options);
-  ~Broker();
+  static Result<std::unique_ptr<Server>> create(const BrokerOptions& options);
+  ~Server();
 
   void start();
   /// Stops accepting, closes every client (they receive CLOSE), waits for
@@ -52,7 +52,7 @@ class Broker {
 
  private:
   static void warn_if_nobody_can_connect(const AuthTable& table);
-  Broker() = default;
+  Server() = default;
   /// Posts make(promise) to every worker; each answers through its promise.
   template <typename T, typename MakeCommand>
   std::vector<std::future<T>> ask_workers(MakeCommand make) const;

@@ -1,4 +1,4 @@
-#include "broker/broker.hpp"
+#include "server.hpp"
 
 #include "tcp/tcp_listener.hpp"
 
@@ -9,8 +9,8 @@
 
 namespace rdmabroker::daemon {
 
-Result<std::unique_ptr<Broker>> Broker::create(const BrokerOptions& options) {
-  std::unique_ptr<Broker> b(new Broker());
+Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
+  std::unique_ptr<Server> b(new Server());
   b->core_.options = options;
   auto& opt = b->core_.options;
   if (opt.workers == 0) opt.workers = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
@@ -35,7 +35,7 @@ Result<std::unique_ptr<Broker>> Broker::create(const BrokerOptions& options) {
   b->core_.multicast_slot = opt.max_connections;
   b->core_.auth = AuthTable::build(opt.auth);
   warn_if_nobody_can_connect(*b->core_.auth);
-  Broker* self = b.get();
+  Server* self = b.get();
   b->authenticator_ = std::make_unique<Authenticator>(
       b->core_.auth,
       [self](const Authenticator::Request& r, Result<std::shared_ptr<const Identity>> verdict) {
@@ -103,9 +103,9 @@ Result<std::unique_ptr<Broker>> Broker::create(const BrokerOptions& options) {
   return b;
 }
 
-Broker::~Broker() { stop(); }
+Server::~Server() { stop(); }
 
-Status Broker::inject(const fault::Spec& spec) {
+Status Server::inject(const fault::Spec& spec) {
   if constexpr (!fault::kEnabled) {
     return Error{ErrorKind::kInvalidArgument,
                  "fault injection is not built in (a test build has it: "
@@ -149,7 +149,7 @@ Status Broker::inject(const fault::Spec& spec) {
   return {};
 }
 
-void Broker::warn_if_nobody_can_connect(const AuthTable& table) {
+void Server::warn_if_nobody_can_connect(const AuthTable& table) {
   if (table.nobody_can_connect()) {
     spdlog::warn(
         "auth: no users and anonymous access off: every client will be refused "
@@ -157,7 +157,7 @@ void Broker::warn_if_nobody_can_connect(const AuthTable& table) {
   }
 }
 
-std::string Broker::listeners() const {
+std::string Server::listeners() const {
   const auto& opt = core_.options;
   std::string out;
   if (devices_)
@@ -169,14 +169,14 @@ std::string Broker::listeners() const {
   return out;
 }
 
-void Broker::start() {
+void Server::start() {
   authenticator_->start();
   if (multicast_) multicast_->start();
   for (auto& w : workers_) w->start();
   if (listener_) listener_->start();
 }
 
-void Broker::stop() {
+void Server::stop() {
   if (stopped_) return;
   stopped_ = true;
   if (listener_) listener_->stop();
@@ -191,7 +191,7 @@ void Broker::stop() {
 }
 
 template <typename T, typename MakeCommand>
-std::vector<std::future<T>> Broker::ask_workers(MakeCommand make) const {
+std::vector<std::future<T>> Server::ask_workers(MakeCommand make) const {
   std::vector<std::future<T>> answers;
   for (const auto& w : workers_) {
     auto promise = std::make_shared<std::promise<T>>();
@@ -201,7 +201,7 @@ std::vector<std::future<T>> Broker::ask_workers(MakeCommand make) const {
   return answers;
 }
 
-std::vector<ConnectionInfo> Broker::connections() const {
+std::vector<ConnectionInfo> Server::connections() const {
   auto replies = ask_workers<std::vector<ConnectionInfo>>(
       [](auto reply) { return ListConnectionsCommand{std::move(reply)}; });
   std::vector<ConnectionInfo> all;
@@ -216,7 +216,7 @@ std::vector<ConnectionInfo> Broker::connections() const {
   return all;
 }
 
-void Broker::apply_live(const BrokerOptions& next) {
+void Server::apply_live(const BrokerOptions& next) {
   // Wait (bounded) until every worker uses them: a reload that returned has
   // taken effect for every frame that arrives afterwards.
   auto auth = AuthTable::build(next.auth);
@@ -228,14 +228,14 @@ void Broker::apply_live(const BrokerOptions& next) {
   if (multicast_) multicast_->reload(next.multicast);
 }
 
-bool Broker::workers_healthy(std::chrono::milliseconds limit) const {
+bool Server::workers_healthy(std::chrono::milliseconds limit) const {
   const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
   const auto max_age = std::chrono::duration_cast<std::chrono::steady_clock::duration>(limit).count();
   return std::all_of(workers_.begin(), workers_.end(),
                      [&](const auto& w) { return now - w->heartbeat() <= max_age; });
 }
 
-void Broker::visit_stats(StatsVisitor& v) const {
+void Server::visit_stats(StatsVisitor& v) const {
   for (const auto& w : workers_) w->stats().visit(v);
   core_.admission->visit(v);
   static const MulticastStats kOff;  // multicast off: every series is there, at 0
@@ -253,7 +253,7 @@ void Broker::visit_stats(StatsVisitor& v) const {
   v.gauge({"workers", "rdmabroker_workers", "Worker threads."}, static_cast<std::int64_t>(workers_.size()));
 }
 
-StatsSnapshot Broker::stats() const {
+StatsSnapshot Server::stats() const {
   StatsSnapshotter s;
   visit_stats(s);
   return std::move(s.snapshot);
