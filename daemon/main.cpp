@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
     }
     config::Config effective = file.value();
     cl.apply(effective);
+    if (auto valid = config::validate(effective); !valid) {
+      std::cerr << "with the command-line flags: " << valid.error().message << "\n";
+      return 1;
+    }
     std::cout << (path.empty() ? std::string("(defaults)") : path) << ": ok\n";
     for (const auto& l : describe_listeners(effective, cl, path)) std::cout << l << "\n";
     return 0;
@@ -96,7 +100,14 @@ int main(int argc, char** argv) {
   rdmabroker::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC));
 
   SystemdNotifier notifier;
-  auto created = Server::create(cfg.broker);
+  // The file was checked as it was read; the flags applied over it must
+  // keep the rules that tie settings together too.
+  rdmabroker::Result<std::unique_ptr<Server>> created = rdmabroker::Error{};
+  if (auto valid = config::validate(cfg); !valid) {
+    created = rdmabroker::Error{valid.error().kind, "with the command-line flags: " + valid.error().message};
+  } else {
+    created = Server::create(cfg.broker);
+  }
   if (!created) {
     spdlog::critical("cannot start: {}", created.error().message);
     notifier.status("failed: " + created.error().message);

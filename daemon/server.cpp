@@ -13,22 +13,10 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
   std::unique_ptr<Server> b(new Server());
   b->core_.options = options;
   auto& opt = b->core_.options;
+  // The options were validated by the config library (config::parse, and
+  // config::validate once the flags were applied): ranges and the rules
+  // that tie settings together are checked there, once.
   if (opt.workers == 0) opt.workers = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
-  if (opt.buffer_size < proto::kMinBufferSize || opt.buffer_size > proto::kMaxBufferSize ||
-      opt.buffer_size % 64 != 0) {
-    return Error{ErrorKind::kInvalidArgument, "buffer size must be a multiple of 64 between " +
-                                                  std::to_string(proto::kMinBufferSize) + " and " +
-                                                  std::to_string(proto::kMaxBufferSize)};
-  }
-  if (opt.credits < 2 || opt.credits > 0xffff)
-    return Error{ErrorKind::kInvalidArgument, "credits must be 2..65535"};
-  if (opt.max_inflight_sends < 1)
-    return Error{ErrorKind::kInvalidArgument, "max in-flight sends must be >= 1"};
-
-  if (opt.max_connections == 0) return Error{ErrorKind::kInvalidArgument, "max connections must be >= 1"};
-  if (opt.max_pending_bytes < 4ull * opt.buffer_size) {
-    return Error{ErrorKind::kInvalidArgument, "max pending bytes must be at least 4 buffers"};
-  }
   // One reserved slot: the multicast engine's backlog (BrokerCore::multicast_slot).
   b->core_.slots = std::make_unique<ConnectionSlots>(opt.max_connections, 1);
   b->core_.admission = std::make_unique<Admission>(*b->core_.slots, opt.buffer_size);

@@ -28,6 +28,7 @@ namespace {
 using Setter =
     std::function<std::optional<std::string>(const YAML::Node&, Config&)>;  // error text or nothing
 using Shower = std::function<std::string(const Config&)>;
+using Copier = std::function<void(const Config& from, Config& to)>;
 
 struct Field {
   std::string_view section;  // "" for a top-level key
@@ -35,6 +36,7 @@ struct Field {
   bool live;
   Setter set;
   Shower show;
+  Copier copy;  // what copy_live() takes of a live field (every live field has one: unit-tested)
   std::string key() const {
     return section.empty() ? std::string(name) : std::string(section) + "." + std::string(name);
   }
@@ -89,20 +91,25 @@ std::optional<std::string> parse_uint(const YAML::Node& n, std::uint64_t lo, std
 template <typename T>
 Field uint_field(std::string_view section, std::string_view name, bool live, T BrokerOptions::*member,
                  std::uint64_t lo, std::uint64_t hi, bool size = false) {
-  return Field{section, name, live,
+  return Field{section,
+               name,
+               live,
                [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
                  std::uint64_t v = 0;
                  if (auto e = parse_uint(n, lo, hi, size, v)) return e;
                  c.broker.*member = static_cast<T>(v);
                  return std::nullopt;
                },
-               [=](const Config& c) { return std::to_string(c.broker.*member); }};
+               [=](const Config& c) { return std::to_string(c.broker.*member); },
+               [=](const Config& from, Config& to) { to.broker.*member = from.broker.*member; }};
 }
 
 template <typename E>
 Field enum_field(std::string_view section, std::string_view name, bool live, std::function<E&(Config&)> get,
                  std::vector<std::pair<std::string_view, E>> values) {
-  return Field{section, name, live,
+  return Field{section,
+               name,
+               live,
                [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
                  std::string text;
                  if (auto e = scalar_text(n, text)) return e;
@@ -121,7 +128,8 @@ Field enum_field(std::string_view section, std::string_view name, bool live, std
                    if (get(const_cast<Config&>(c)) == v) return std::string(k);
                  }
                  return std::string("?");
-               }};
+               },
+               [=](const Config& from, Config& to) { get(to) = get(const_cast<Config&>(from)); }};
 }
 
 /// "host:port", or (when `optional`) "" to turn the listener off.
@@ -151,14 +159,17 @@ Field listener_field(std::string_view name, bool optional, std::function<std::st
 
 Field string_field(std::string_view section, std::string_view name, bool live,
                    std::function<std::string&(Config&)> get) {
-  return Field{section, name, live,
+  return Field{section,
+               name,
+               live,
                [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
                  std::string text;
                  if (auto e = scalar_text(n, text)) return e;
                  get(c) = text;
                  return std::nullopt;
                },
-               [=](const Config& c) { return get(const_cast<Config&>(c)); }};
+               [=](const Config& c) { return get(const_cast<Config&>(c)); },
+               [=](const Config& from, Config& to) { get(to) = get(const_cast<Config&>(from)); }};
 }
 
 // ---------------------------------------------------------------- auth
@@ -290,24 +301,30 @@ std::string show_users(const std::vector<User>& users) {
 /// An unsigned setting outside BrokerOptions' top level (uint_field's member pointer cannot reach it).
 Field u32_field(std::string_view section, std::string_view name, bool live,
                 std::function<std::uint32_t&(Config&)> get, std::uint64_t lo, std::uint64_t hi) {
-  return Field{section, name, live,
+  return Field{section,
+               name,
+               live,
                [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
                  std::uint64_t v = 0;
                  if (auto e = parse_uint(n, lo, hi, false, v)) return e;
                  get(c) = static_cast<std::uint32_t>(v);
                  return std::nullopt;
                },
-               [=](const Config& c) { return std::to_string(get(const_cast<Config&>(c))); }};
+               [=](const Config& c) { return std::to_string(get(const_cast<Config&>(c))); },
+               [=](const Config& from, Config& to) { get(to) = get(const_cast<Config&>(from)); }};
 }
 
 Field bool_field(std::string_view section, std::string_view name, bool live,
                  std::function<bool&(Config&)> get) {
-  return Field{section, name, live,
+  return Field{section,
+               name,
+               live,
                [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
                  if (!parse_bool(n, get(c))) return "expected true or false";
                  return std::nullopt;
                },
-               [=](const Config& c) { return std::string(get(const_cast<Config&>(c)) ? "true" : "false"); }};
+               [=](const Config& c) { return std::string(get(const_cast<Config&>(c)) ? "true" : "false"); },
+               [=](const Config& from, Config& to) { get(to) = get(const_cast<Config&>(from)); }};
 }
 
 /// "239.77.0.0/16": an IPv4 multicast range (224.0.0.0/4) with room for groups.
@@ -374,7 +391,8 @@ const std::vector<Field>& fields() {
               if (!parse_bool(n, c.broker.auth.anonymous)) return "expected true or false";
               return std::nullopt;
             },
-            [](const Config& c) { return std::string(c.broker.auth.anonymous ? "true" : "false"); }},
+            [](const Config& c) { return std::string(c.broker.auth.anonymous ? "true" : "false"); },
+            [](const Config& from, Config& to) { to.broker.auth.anonymous = from.broker.auth.anonymous; }},
       Field{"auth", "anonymous_permissions", true,
             [](const YAML::Node& n, Config& c) -> std::optional<std::string> {
               if (!n.IsMap()) return "expected a mapping with publish and/or subscribe rules";
@@ -382,9 +400,13 @@ const std::vector<Field>& fields() {
               parse_permissions(n, "", c.broker.auth.anonymous_permissions);
               return std::nullopt;
             },
-            [](const Config& c) { return show_permissions(c.broker.auth.anonymous_permissions); }},
+            [](const Config& c) { return show_permissions(c.broker.auth.anonymous_permissions); },
+            [](const Config& from, Config& to) {
+              to.broker.auth.anonymous_permissions = from.broker.auth.anonymous_permissions;
+            }},
       Field{"auth", "users", true, parse_users,
-            [](const Config& c) { return show_users(c.broker.auth.users); }},
+            [](const Config& c) { return show_users(c.broker.auth.users); },
+            [](const Config& from, Config& to) { to.broker.auth.users = from.broker.auth.users; }},
       bool_field("multicast", "enabled", false,
                  [](Config& c) -> bool& { return c.broker.multicast.enabled; }),
       Field{"multicast", "groups", false,
@@ -405,6 +427,9 @@ const std::vector<Field>& fields() {
               std::string s = "[";
               for (const auto& p : c.broker.multicast.subjects) s += (s.size() > 1 ? ", " : "") + p;
               return s + "]";
+            },
+            [](const Config& from, Config& to) {
+              to.broker.multicast.subjects = from.broker.multicast.subjects;
             }},
       u32_field(
           "multicast", "threshold", true,
@@ -476,6 +501,39 @@ std::string_view to_string(LogTarget t) {
   return t == LogTarget::kAuto ? "auto" : t == LogTarget::kConsole ? "console" : "journald";
 }
 
+/// The rules that tie settings together: each broken one is reported with
+/// the key that breaks it. parse() and validate() (flags applied) share them.
+void check_rules(const Config& c, const std::function<void(std::string_view, const std::string&)>& report) {
+  const auto& b = c.broker;
+  if (b.buffer_size % 64 != 0) report("buffers.size", "must be a multiple of 64");
+  if (b.max_pending_bytes < 4ull * b.buffer_size) {
+    report("limits.max_pending_bytes",
+           "must be at least 4 buffers (" + std::to_string(4ull * b.buffer_size) + " bytes)");
+  }
+  if (b.max_payload > b.buffer_size - 64) {
+    report("limits.max_payload",
+           "cannot exceed what buffers.size allows (" + std::to_string(b.buffer_size - 64) + " bytes)");
+  }
+  if (b.rdma == RdmaMode::kOff && b.tcp_port == 0) {
+    report("rdma", "RDMA is off and listen.tcp is empty: nothing to listen on");
+  }
+  if (b.multicast.leave_below > b.multicast.threshold) {
+    report("multicast.leave_below", "must not exceed multicast.threshold (" +
+                                        std::to_string(b.multicast.threshold) +
+                                        "): a subject would leave its group as soon as it joined");
+  }
+  if (b.max_pending_bytes_total < b.max_pending_bytes) {
+    report("limits.max_pending_bytes_total", "must be at least limits.max_pending_bytes (" +
+                                                 std::to_string(b.max_pending_bytes) +
+                                                 "): one subscriber may queue that much");
+  }
+  if (!c.metrics_listen.empty()) {
+    if (auto hp = parse_host_port(c.metrics_listen, "metrics.listen"); !hp) {
+      report("metrics.listen", hp.error().message);
+    }
+  }
+}
+
 Result<Config> parse(std::string_view yaml, const std::string& name) {
   Problems problems(name);
   YAML::Node root;
@@ -536,40 +594,17 @@ Result<Config> parse(std::string_view yaml, const std::string& name) {
     }
   }
   // Rules that tie settings together, reported at the key that breaks them.
-  auto mark_of = [&](std::string_view section, std::string_view key) {
-    const YAML::Node s = section.empty() ? root : root[std::string(section)];
-    if (s && s.IsMap() && s[std::string(key)]) return s[std::string(key)].Mark();
+  auto mark_of = [&](std::string_view key) {
+    const auto dot = key.find('.');
+    const std::string section(dot == std::string_view::npos ? "" : key.substr(0, dot));
+    const std::string name(dot == std::string_view::npos ? key : key.substr(dot + 1));
+    const YAML::Node s = section.empty() ? root : root[section];
+    if (s && s.IsMap() && s[name]) return s[name].Mark();
     return YAML::Mark::null_mark();
   };
-  const auto& b = c.broker;
-  if (b.buffer_size % 64 != 0)
-    problems.add(mark_of("buffers", "size"), "buffers.size", "must be a multiple of 64");
-  if (b.max_pending_bytes < 4ull * b.buffer_size) {
-    problems.add(mark_of("limits", "max_pending_bytes"), "limits.max_pending_bytes",
-                 "must be at least 4 buffers (" + std::to_string(4ull * b.buffer_size) + " bytes)");
-  }
-  if (b.max_payload > b.buffer_size - 64) {
-    problems.add(mark_of("limits", "max_payload"), "limits.max_payload",
-                 "cannot exceed what buffers.size allows (" + std::to_string(b.buffer_size - 64) + " bytes)");
-  }
-  if (b.rdma == RdmaMode::kOff && b.tcp_port == 0) {
-    problems.add(mark_of("", "rdma"), "rdma", "RDMA is off and listen.tcp is empty: nothing to listen on");
-  }
-  if (b.multicast.leave_below > b.multicast.threshold) {
-    problems.add(mark_of("multicast", "leave_below"), "multicast.leave_below",
-                 "must not exceed multicast.threshold (" + std::to_string(b.multicast.threshold) +
-                     "): a subject would leave its group as soon as it joined");
-  }
-  if (b.max_pending_bytes_total < b.max_pending_bytes) {
-    problems.add(mark_of("limits", "max_pending_bytes_total"), "limits.max_pending_bytes_total",
-                 "must be at least limits.max_pending_bytes (" + std::to_string(b.max_pending_bytes) +
-                     "): one subscriber may queue that much");
-  }
-  if (!c.metrics_listen.empty()) {
-    if (auto hp = parse_host_port(c.metrics_listen, "metrics.listen"); !hp) {
-      problems.add(mark_of("metrics", "listen"), "metrics.listen", hp.error().message);
-    }
-  }
+  check_rules(c, [&](std::string_view key, const std::string& message) {
+    problems.add(mark_of(key), std::string(key), message);
+  });
   if (!problems.empty()) return problems.error();
   return c;
 }
@@ -587,6 +622,49 @@ std::optional<std::string> show(const Config& c, std::string_view key) {
     if (f.key() == key) return f.show(c);
   }
   return std::nullopt;
+}
+
+Status validate(const Config& c) {
+  std::string problems;
+  check_rules(c, [&](std::string_view key, const std::string& message) {
+    problems += (problems.empty() ? "" : "\n") + std::string(key) + ": " + message;
+  });
+  if (!problems.empty()) return Error{ErrorKind::kInvalidArgument, problems};
+  return {};
+}
+
+std::optional<std::string> set(Config& c, std::string_view key, const std::string& value) {
+  for (const auto& f : fields()) {
+    if (f.key() != key) continue;
+    try {
+      return f.set(YAML::Node(value), c);
+    } catch (const FieldProblem& p) {
+      return p.message;
+    }
+  }
+  return "no setting " + std::string(key);
+}
+
+void copy_live(const Config& next, Config& running) {
+  for (const auto& f : fields()) {
+    if (f.live) f.copy(next, running);
+  }
+}
+
+void copy_live(const BrokerOptions& next, BrokerOptions& running) {
+  Config from, to;
+  from.broker = next;
+  to.broker = std::move(running);
+  copy_live(from, to);
+  running = std::move(to.broker);
+}
+
+std::vector<std::string> live_keys_without_copy() {
+  std::vector<std::string> out;
+  for (const auto& f : fields()) {
+    if (f.live && !f.copy) out.push_back(f.key());
+  }
+  return out;
 }
 
 std::vector<Change> diff(const Config& running, const Config& next) {

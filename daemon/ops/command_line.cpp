@@ -51,9 +51,31 @@ FlagDef switch_flag(std::string names, std::string help, std::vector<std::string
   return d;
 }
 
+/// A flag for one setting: its value is read as the setting's YAML value
+/// would be (config::set: the same forms, ranges and messages as the file).
+FlagDef key_flag(std::string names, std::string help, std::string key) {
+  FlagDef d{std::move(names), std::move(help), {key}, {}};
+  d.add = [key](CLI::App& app, const FlagDef& self) {
+    auto value = std::make_shared<std::string>();
+    CLI::Option* opt = app.add_option(self.names, *value, self.help);
+    opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides an earlier one
+    // Checked as it is parsed, so that a bad value stops the broker at once.
+    opt->check(CLI::Validator(
+        [key](std::string& v) {
+          Config scratch;
+          return config::set(scratch, key, v).value_or("");
+        },
+        "", key));
+    return std::function<std::function<void(Config&)>()>([opt, value, key]() -> std::function<void(Config&)> {
+      if (opt->count() == 0) return {};
+      return [value, key](Config& c) { config::set(c, key, *value); };
+    });
+  };
+  return d;
+}
+
 /// The flags, in the order they apply: broader before narrower.
 const std::vector<FlagDef>& flag_table() {
-  using u32 = std::uint32_t;
   using u16 = std::uint16_t;
   static const std::vector<FlagDef> kFlags = {
       flag<std::string>("-a,--listen",
@@ -70,48 +92,27 @@ const std::vector<FlagDef>& flag_table() {
                         [](Config& c, const std::string& v) { c.broker.tcp_listen_address = v; }),
       flag<u16>("--tcp-port", "TCP port (0: no TCP listener)", {"listen.tcp:port"},
                 [](Config& c, const u16& v) { c.broker.tcp_port = v; }),
-      flag<std::string>(
-          "--rdma", "auto, on or off", {"rdma"},
-          [](Config& c, const std::string& v) {
-            c.broker.rdma = v == "on"    ? config::RdmaMode::kOn
-                            : v == "off" ? config::RdmaMode::kOff
-                                         : config::RdmaMode::kAuto;
-          },
-          CLI::IsMember({"auto", "on", "off"})),
-      flag<u32>("-w,--workers", "Worker threads (0: one per core, at most 8)", {"workers"},
-                [](Config& c, const u32& v) { c.broker.workers = v; }),
-      flag<u32>("--buffer-size", "Receive buffer size = largest frame", {"buffers.size"},
-                [](Config& c, const u32& v) { c.broker.buffer_size = v; }),
-      flag<u32>("--pool-buffers", "Buffers in the registered pool", {"buffers.pool"},
-                [](Config& c, const u32& v) { c.broker.pool_buffers = v; }),
-      flag<u32>("--srq-depth", "Receives per SRQ", {"buffers.srq_depth"},
-                [](Config& c, const u32& v) { c.broker.srq_depth = v; }),
-      flag<u32>("--credits", "Receive credits granted to each RDMA client", {"flow.credits"},
-                [](Config& c, const u32& v) { c.broker.credits = v; }),
-      flag<u32>("--max-inflight-sends", "Sends in flight per connection", {"flow.max_inflight_sends"},
-                [](Config& c, const u32& v) { c.broker.max_inflight_sends = v; }),
-      flag<u32>("--busy-poll-us", "Spin on the CQs this long after the last work before sleeping (0: never)",
-                {"flow.busy_poll_us"}, [](Config& c, const u32& v) { c.broker.busy_poll_us = v; }),
-      flag<std::uint64_t>("--max-pending-bytes", "Bytes queued per subscriber before it is a slow consumer",
-                          {"limits.max_pending_bytes"},
-                          [](Config& c, const std::uint64_t& v) { c.broker.max_pending_bytes = v; }),
-      flag<u32>("--write-deadline-ms", "Slow-consumer write deadline", {"slow_consumer.write_deadline_ms"},
-                [](Config& c, const u32& v) { c.broker.write_deadline_ms = v; }),
-      flag<u32>("--producer-stall-ms", "How long publishers wait for a backlogged subscriber",
-                {"slow_consumer.producer_stall_ms"},
-                [](Config& c, const u32& v) { c.broker.producer_stall_ms = v; }),
-      flag<u32>("--max-connections", "Connection limit", {"limits.max_connections"},
-                [](Config& c, const u32& v) { c.broker.max_connections = v; }),
-      flag<u32>("--max-subscriptions", "Subscriptions per connection", {"limits.max_subscriptions"},
-                [](Config& c, const u32& v) { c.broker.max_subscriptions = v; }),
-      flag<std::string>("--admin-socket", "Unix socket for `rdmabroker stat`/`reload` (\"\": none)",
-                        {"admin.socket"}, [](Config& c, const std::string& v) { c.broker.admin_socket = v; }),
-      flag<std::string>("--metrics-listen", "Prometheus endpoint host:port (\"\": none)", {"metrics.listen"},
-                        [](Config& c, const std::string& v) { c.metrics_listen = v; }),
+      key_flag("--rdma", "auto, on or off", "rdma"),
+      key_flag("-w,--workers", "Worker threads (0: one per core, at most 8)", "workers"),
+      key_flag("--buffer-size", "Receive buffer size = largest frame", "buffers.size"),
+      key_flag("--pool-buffers", "Buffers in the registered pool", "buffers.pool"),
+      key_flag("--srq-depth", "Receives per SRQ", "buffers.srq_depth"),
+      key_flag("--credits", "Receive credits granted to each RDMA client", "flow.credits"),
+      key_flag("--max-inflight-sends", "Sends in flight per connection", "flow.max_inflight_sends"),
+      key_flag("--busy-poll-us", "Spin on the CQs this long after the last work before sleeping (0: never)",
+               "flow.busy_poll_us"),
+      key_flag("--max-pending-bytes", "Bytes queued per subscriber before it is a slow consumer",
+               "limits.max_pending_bytes"),
+      key_flag("--write-deadline-ms", "Slow-consumer write deadline", "slow_consumer.write_deadline_ms"),
+      key_flag("--producer-stall-ms", "How long publishers wait for a backlogged subscriber",
+               "slow_consumer.producer_stall_ms"),
+      key_flag("--max-connections", "Connection limit", "limits.max_connections"),
+      key_flag("--max-subscriptions", "Subscriptions per connection", "limits.max_subscriptions"),
+      key_flag("--admin-socket", "Unix socket for `rdmabroker stat`/`reload` (\"\": none)", "admin.socket"),
+      key_flag("--metrics-listen", "Prometheus endpoint host:port (\"\": none)", "metrics.listen"),
       switch_flag("--allow-anonymous", "Accept clients without credentials (auth.anonymous: true)",
                   {"auth.anonymous"}, [](Config& c) { c.broker.auth.anonymous = true; }),
-      flag<std::string>("--log-level", "trace, debug, info, warn, error", {"logging.level"},
-                        [](Config& c, const std::string& v) { c.log.level = v; }),
+      key_flag("--log-level", "trace, debug, info, warn, error", "logging.level"),
   };
   return kFlags;
 }

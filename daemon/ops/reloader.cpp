@@ -26,6 +26,14 @@ Reloader::Outcome Reloader::reload() {
   }
   config::Config next = next_file.value();
   command_line_.apply(next);
+  if (auto valid = config::validate(next); !valid) {
+    ++failed_;
+    out.message = "reload failed, running configuration unchanged: with the command-line flags: " +
+                  valid.error().message;
+    spdlog::error("{}", out.message);
+    notifier_.reloaded("running; last reload failed: invalid configuration");
+    return out;
+  }
   out.changes = config::diff(running_, next);
   for (const auto& c : config::diff(file_, next_file.value())) {
     const bool effective =

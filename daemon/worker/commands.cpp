@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "rdmabroker/config/config.hpp"
 #include "worker/worker.hpp"
 
 namespace rdmabroker::daemon {
@@ -54,20 +55,8 @@ void Worker::on_command(QpFatalCommand& cmd) {
 }
 
 void Worker::on_command(ReloadCommand& cmd) {
-  // Only what config::diff() marks live can differ here.
-  auto& opt = ctx_.options;
-  const auto& next = cmd.options;
-  opt.max_payload = next.max_payload;
-  opt.max_subscriptions = next.max_subscriptions;
-  opt.max_pending_bytes = next.max_pending_bytes;
-  opt.max_subscriptions_total = next.max_subscriptions_total;
-  opt.max_subscription_memory = next.max_subscription_memory;
-  opt.max_pending_bytes_total = next.max_pending_bytes_total;
-  opt.write_deadline_ms = next.write_deadline_ms;
-  opt.producer_stall_ms = next.producer_stall_ms;
-  opt.drain_timeout_ms = next.drain_timeout_ms;
-  opt.busy_poll_us = next.busy_poll_us;
-  opt.multicast = next.multicast;  // its restart-only keys cannot have changed
+  // The settings config::diff() marks live, taken from the field table.
+  config::copy_live(cmd.options, ctx_.options);
   if (cmd.auth) frames_.apply_auth(cmd.auth);
   if (cmd.applied) cmd.applied->set_value();
 }

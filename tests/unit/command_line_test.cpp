@@ -152,5 +152,32 @@ TEST(CommandLine, BadFlagsExitWithUsage) {
   EXPECT_NE(std::get<CommandLineExit>(r).code, 0);
 }
 
+// A flag's value is read as the file's would be: the same forms, the same
+// ranges, the same message naming the setting; a bad one stops the broker.
+TEST(CommandLine, FlagValuesAreCheckedLikeTheFile) {
+  auto exit_text = [](std::vector<const char*> argv) {
+    argv.insert(argv.begin(), "rdmabrokerd");
+    auto r = parse_command_line(static_cast<int>(argv.size()), argv.data());
+    if (!std::holds_alternative<CommandLineExit>(r)) return std::string("accepted");
+    EXPECT_NE(std::get<CommandLineExit>(r).code, 0);  // CLI11's code for a value it refused
+    return std::get<CommandLineExit>(r).text;
+  };
+  EXPECT_NE(exit_text({"--credits", "1"}).find("must be between 2 and 65535, got 1"), std::string::npos);
+  EXPECT_NE(exit_text({"--buffer-size", "lots"}).find("expected a size"), std::string::npos);
+  EXPECT_NE(exit_text({"--log-level", "loud"}).find("expected one of trace"), std::string::npos);
+  // Sizes take the file's units.
+  config::Config c = file("");
+  parse({"--max-pending-bytes", "2MiB"}).apply(c);
+  EXPECT_EQ(c.broker.max_pending_bytes, 2u << 20);
+  // What ties settings together is checked once the flags are applied.
+  config::Config both = file("buffers: {size: 64KiB}\n");
+  parse({"--max-pending-bytes", "64KiB"}).apply(both);
+  const auto valid = config::validate(both);
+  ASSERT_FALSE(valid);
+  EXPECT_NE(valid.error().message.find("limits.max_pending_bytes: must be at least 4 buffers"),
+            std::string::npos)
+      << valid.error().message;
+}
+
 }  // namespace
 }  // namespace rdmabroker::daemon

@@ -2,6 +2,8 @@
 // each reported with file, line, column and key; diff() for reload.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <fstream>
 #include <map>
 
@@ -173,6 +175,60 @@ TEST(Config, DiffSaysWhatChangedAndWhetherItMayChangeLive) {
 constexpr const char* kHash =
     "$6$rounds=1000$fnhyAvh8lJCQuE45$XMCSqNzrnurY8jX7KFED7igC0gRZaiMHdqP5qrrAuI."
     "RVWcDhtbeqKhwKeu265AN3c5WjQag5PSCv8SzQyt7O1";
+
+// What a reload hands the workers: every live setting of the new file, and
+// none of the others (they cannot change without a restart).
+TEST(Config, CopyLiveTakesTheLiveSettingsAndNothingElse) {
+  EXPECT_TRUE(live_keys_without_copy().empty()) << live_keys_without_copy().front();
+  auto running = parse("", "a.yaml");
+  auto next = parse(R"(
+listen: {rdma: 10.0.0.1:7000, tcp: "10.0.0.1:7001"}
+rdma: on
+devices: [mlx5_0]
+workers: 4
+buffers: {size: 8KiB, pool: 4096, srq_depth: 512}
+flow: {credits: 16, max_inflight_sends: 4, busy_poll_us: 50}
+limits:
+  max_connections: 100
+  max_payload: 4000
+  max_subscriptions: 50
+  max_pending_bytes: 16MiB
+  max_subscriptions_total: 1000
+  max_subscription_memory: 1MiB
+  max_pending_bytes_total: 64MiB
+slow_consumer: {write_deadline_ms: 500, producer_stall_ms: 20, drain_timeout_ms: 1000}
+auth:
+  anonymous: true
+  anonymous_permissions: {publish: {allow: ["a.>"]}}
+multicast: {enabled: true, groups: 239.1.0.0/16, subjects: ["md.>"], threshold: 3, leave_below: 2,
+            retransmit_window: 64}
+metrics: {listen: "0.0.0.0:9500"}
+admin: {socket: /run/x.sock}
+logging: {level: debug, format: json, target: console}
+)",
+                    "b.yaml");
+  ASSERT_TRUE(running && next) << (running ? next.error().message : running.error().message);
+  const auto changed = diff(*running, *next);
+  Config copied = *running;
+  copy_live(*next, copied);
+  std::set<std::string> live_changed, left;
+  for (const auto& c : changed) {
+    if (c.live) live_changed.insert(c.key);
+  }
+  EXPECT_GE(live_changed.size(), 14u);  // the file above changes (almost) every live key
+  for (const auto& c : diff(*running, copied)) {
+    EXPECT_TRUE(c.live) << c.key << " changed without a restart";
+    left.insert(c.key);
+  }
+  EXPECT_EQ(left, live_changed);  // and every live change was taken
+  // The workers' copy (BrokerOptions only) takes the same.
+  BrokerOptions options = running->broker;
+  copy_live(next->broker, options);
+  EXPECT_EQ(options.max_pending_bytes_total, next->broker.max_pending_bytes_total);
+  EXPECT_EQ(options.multicast.subjects, next->broker.multicast.subjects);
+  EXPECT_EQ(options.buffer_size, running->broker.buffer_size);
+  EXPECT_EQ(options.multicast.enabled, running->broker.multicast.enabled);
+}
 
 TEST(ConfigAuth, AnonymousIsOffUnlessTheConfigSaysSo) {
   auto c = parse("", "broker.yaml");

@@ -22,6 +22,14 @@ Result<Config> parse(std::string_view yaml, const std::string& name);
 /// missing default file is acceptable is the caller's decision.
 Result<Config> load(const std::string& path);
 
+/// The rules that tie settings together (also checked by parse()): for a
+/// config that command-line flags changed after it was read.
+Status validate(const Config& c);
+
+/// Sets one setting from text, as its YAML value would ("8KiB", "on"):
+/// nothing, or what is wrong with the value (its range, its form).
+std::optional<std::string> set(Config& c, std::string_view key, const std::string& value);
+
 /// One setting that differs between two configs.
 struct Change {
   std::string key;   // dotted YAML path, e.g. "limits.max_subscriptions"
@@ -32,6 +40,13 @@ struct Change {
 
 /// What changed from `running` to `next`, in YAML key order.
 std::vector<Change> diff(const Config& running, const Config& next);
+
+/// Takes the live settings (Change::live) of `next` into `running`, and
+/// nothing else: what a reload applies to a running broker.
+void copy_live(const Config& next, Config& running);
+void copy_live(const BrokerOptions& next, BrokerOptions& running);
+/// Live settings that copy_live() would pass over (a unit test keeps it empty).
+std::vector<std::string> live_keys_without_copy();
 
 /// A setting's value as diff() and the logs print it ("listen.tcp" ->
 /// "0.0.0.0:7471"); empty when no setting has that key.
