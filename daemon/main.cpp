@@ -50,6 +50,157 @@ nlohmann::json connections_json(const std::vector<ConnectionInfo>& conns) {
   return list;
 }
 
+/// --check-config: the file alone is what is checked; the effective
+/// listeners (flags applied) are printed so that an operator sees what would
+/// be opened.
+int check_config(const CommandLine& cl) {
+  const std::string path = !cl.check_path.empty() ? cl.check_path : cl.config_path;
+  auto file = read_file_config(path);
+  if (!file) {
+    std::cerr << file.error().message << "\n";
+    return 1;
+  }
+  config::Config effective = file.value();
+  cl.apply(effective);
+  if (auto valid = config::validate(effective); !valid) {
+    std::cerr << "with the command-line flags: " << valid.error().message << "\n";
+    return 1;
+  }
+  std::cout << (path.empty() ? std::string("(defaults)") : path) << ": ok\n";
+  for (const auto& l : describe_listeners(effective, cl, path)) std::cout << l << "\n";
+  return 0;
+}
+
+/// The main thread once the broker runs: signals, the admin socket, the
+/// metrics endpoint (both PolledServers on its poll loop), rate sampling for
+/// `stat`, memory trimming and the systemd watchdog.
+class MainThread {
+ public:
+  MainThread(Server& broker, Reloader& reloader, const CommandLine& cl, std::vector<std::string> listeners)
+      : broker_(broker), reloader_(reloader), cl_(cl), listeners_(std::move(listeners)) {}
+
+  /// Opens the metrics endpoint and the admin socket (as configured).
+  rdmabroker::Status open(const std::string& metrics_listen, const std::string& admin_socket) {
+    if (!metrics_listen.empty()) {
+      auto m = MetricsExporter::start(metrics_listen, [this](StatsVisitor& v) { visit_stats(v); });
+      if (!m) return m.error();
+      metrics_ = std::move(m.value());
+    }
+    if (admin_socket.empty()) return {};
+    // The socket's directory (e.g. /run/rdmabroker) is created if missing;
+    // under systemd, RuntimeDirectory= provides it.
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(admin_socket).parent_path(), ec);
+    admin_ =
+        std::make_unique<AdminServer>(admin_socket, [this](const std::string& cmd) { return on_admin(cmd); });
+    if (auto st = admin_->open(); !st) {
+      return rdmabroker::Error{st.error().kind,
+                               st.error().message + " (set admin.socket, or --admin-socket)"};
+    }
+    return {};
+  }
+
+  /// Runs until SIGTERM or SIGINT (SIGHUP reloads).
+  void run(int sigfd, SystemdNotifier& notifier) {
+    // The watchdog is fed only while every worker loop is going round (each
+    // wakes at least every 200 ms); a stuck worker lets systemd restart us.
+    // The loop also wakes about once a second to sample rates for `stat`.
+    const auto period = notifier.watchdog_period();
+    const int poll_ms =
+        period.count() > 0 ? static_cast<int>(std::min<std::int64_t>(period.count(), 1000)) : 1000;
+    std::vector<pollfd> fds;
+    while (true) {
+      // [signalfd][admin socket + its clients][metrics socket + its clients]
+      fds.assign(1, {sigfd, POLLIN, 0});
+      if (admin_) admin_->add_poll_fds(fds);
+      const std::size_t metrics_at = fds.size();
+      if (metrics_) metrics_->add_poll_fds(fds);
+      int timeout = admin_ ? admin_->timeout_ms(poll_ms) : poll_ms;
+      if (metrics_) timeout = metrics_->timeout_ms(timeout);
+      const int n = ::poll(fds.data(), fds.size(), timeout);
+      if (period.count() > 0 && broker_.workers_healthy(std::chrono::seconds(2))) notifier.watchdog();
+      const auto now_stats = broker_.stats();
+      rates_.sample(now_stats, std::chrono::steady_clock::now());
+      trimmer_.observe(now_stats.at("connections.current"));
+      // Both also drop clients past their deadline.
+      if (admin_) admin_->on_poll(fds.data() + 1, metrics_at - 1);
+      if (metrics_) metrics_->on_poll(fds.data() + metrics_at, fds.size() - metrics_at);
+      if (n <= 0 || fds[0].revents == 0) continue;
+      signalfd_siginfo si{};
+      if (::read(sigfd, &si, sizeof si) != sizeof si) continue;
+      if (si.ssi_signo == SIGHUP) {
+        reloader_.reload();
+        continue;
+      }
+      spdlog::info("{}: shutting down", strsignal(static_cast<int>(si.ssi_signo)));
+      return;
+    }
+  }
+
+ private:
+  /// Every statistic: the broker's and the reloader's.
+  void visit_stats(StatsVisitor& v) const {
+    broker_.visit_stats(v);
+    reloader_.visit_stats(v);
+  }
+
+  std::string on_admin(const std::string& cmd) {
+    nlohmann::json reply;
+    if (cmd == "stats") {
+      StatsSnapshotter s;
+      visit_stats(s);
+      rates_.add_rates(s.snapshot);
+      reply["ok"] = true;
+      reply["stats"] = s.snapshot;
+      reply["config"] = {{"file", cl_.config_origin}, {"listeners", listeners_}};
+    } else if (cmd == "connections") {
+      reply["ok"] = true;
+      reply["connections"] = connections_json(broker_.connections());
+    } else if (cmd == "reload") {
+      const auto outcome = reloader_.reload();
+      reply["ok"] = outcome.ok;
+      reply[outcome.ok ? "message" : "error"] = outcome.message;
+      nlohmann::json changes = nlohmann::json::array();
+      for (const auto& c : outcome.changes)
+        changes.push_back({{"key", c.key}, {"from", c.from}, {"to", c.to}, {"live", c.live}});
+      reply["changes"] = changes;
+      reply["overridden"] = outcome.overridden;
+    } else if (cmd.starts_with("fault ") || cmd == "fault") {
+      // Test builds only (fault/fault.hpp); elsewhere inject() says so.
+      auto spec = fault::parse(std::string_view(cmd).substr(5));
+      rdmabroker::Status st = spec ? broker_.inject(spec.value()) : rdmabroker::Status(spec.error());
+      reply["ok"] = st.ok();
+      if (!st) reply["error"] = st.error().message;
+    } else {
+      reply["ok"] = false;
+      reply["error"] = "unknown command '" + cmd + "' (known: stats, connections, reload)";
+    }
+    return reply.dump();
+  }
+
+  Server& broker_;
+  Reloader& reloader_;
+  const CommandLine& cl_;
+  const std::vector<std::string> listeners_;
+  RateMeter rates_;  // main thread only
+  MemoryTrimmer trimmer_;
+  std::unique_ptr<MetricsExporter> metrics_;
+  std::unique_ptr<AdminServer> admin_;
+};
+
+/// Blocks the signals before any thread starts, so that only the returned
+/// signalfd sees them.
+rdmabroker::UniqueFd block_signals() {
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &mask, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  return rdmabroker::UniqueFd(signalfd(-1, &mask, SFD_CLOEXEC));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -59,25 +210,7 @@ int main(int argc, char** argv) {
     return exit->code;
   }
   const CommandLine& cl = std::get<CommandLine>(parsed);
-  if (cl.check_only) {
-    // The file alone is what is checked; the effective listeners (flags
-    // applied) are printed so that an operator sees what would be opened.
-    const std::string path = !cl.check_path.empty() ? cl.check_path : cl.config_path;
-    auto file = read_file_config(path);
-    if (!file) {
-      std::cerr << file.error().message << "\n";
-      return 1;
-    }
-    config::Config effective = file.value();
-    cl.apply(effective);
-    if (auto valid = config::validate(effective); !valid) {
-      std::cerr << "with the command-line flags: " << valid.error().message << "\n";
-      return 1;
-    }
-    std::cout << (path.empty() ? std::string("(defaults)") : path) << ": ok\n";
-    for (const auto& l : describe_listeners(effective, cl, path)) std::cout << l << "\n";
-    return 0;
-  }
+  if (cl.check_only) return check_config(cl);
   const std::string config_path = cl.config_path;
   auto loaded = read_file_config(config_path);
   if (!loaded) {
@@ -88,101 +221,25 @@ int main(int argc, char** argv) {
   cl.apply(loaded.value());
   config::Config cfg = std::move(loaded.value());
   const std::string log_target = setup_logging(cfg.log);
-
-  // Block the signals before any thread starts, so that only signalfd sees them.
-  sigset_t mask;
-  sigemptyset(&mask);
-  sigaddset(&mask, SIGTERM);
-  sigaddset(&mask, SIGINT);
-  sigaddset(&mask, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &mask, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-  rdmabroker::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC));
+  rdmabroker::UniqueFd sigfd = block_signals();
 
   SystemdNotifier notifier;
+  auto fail = [&](const std::string& why) {
+    spdlog::critical("cannot start: {}", why);
+    notifier.status("failed: " + why);
+    return 1;
+  };
   // The file was checked as it was read; the flags applied over it must
   // keep the rules that tie settings together too.
-  rdmabroker::Result<std::unique_ptr<Server>> created = rdmabroker::Error{};
-  if (auto valid = config::validate(cfg); !valid) {
-    created = rdmabroker::Error{valid.error().kind, "with the command-line flags: " + valid.error().message};
-  } else {
-    created = Server::create(cfg.broker);
-  }
-  if (!created) {
-    spdlog::critical("cannot start: {}", created.error().message);
-    notifier.status("failed: " + created.error().message);
-    return 1;
-  }
+  if (auto valid = config::validate(cfg); !valid)
+    return fail("with the command-line flags: " + valid.error().message);
+  auto created = Server::create(cfg.broker);
+  if (!created) return fail(created.error().message);
   auto& broker = *created.value();
   const auto& eff = broker.options();
   Reloader reloader(config_path, cl, file_cfg, cfg, broker, notifier);
-  const std::vector<std::string> listeners = describe_listeners(cfg, cl, config_path);
-  // Every statistic: the broker's and the reloader's.
-  auto visit_stats = [&](StatsVisitor& v) {
-    broker.visit_stats(v);
-    reloader.visit_stats(v);
-  };
-  auto counters = [&] {
-    StatsSnapshotter s;
-    visit_stats(s);
-    return std::move(s.snapshot);
-  };
-  RateMeter rates;  // main thread only
-  MemoryTrimmer trimmer;
-
-  std::unique_ptr<MetricsExporter> metrics;
-  if (!cfg.metrics_listen.empty()) {
-    auto m = MetricsExporter::start(cfg.metrics_listen, visit_stats);
-    if (!m) {
-      spdlog::critical("cannot start: {}", m.error().message);
-      return 1;
-    }
-    metrics = std::move(m.value());
-  }
-
-  std::unique_ptr<AdminServer> admin;
-  if (!eff.admin_socket.empty()) {
-    // The socket's directory (e.g. /run/rdmabroker) is created if missing;
-    // under systemd, RuntimeDirectory= provides it.
-    std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(eff.admin_socket).parent_path(), ec);
-    admin = std::make_unique<AdminServer>(eff.admin_socket, [&](const std::string& cmd) {
-      nlohmann::json reply;
-      if (cmd == "stats") {
-        auto s = counters();
-        rates.add_rates(s);
-        reply["ok"] = true;
-        reply["stats"] = s;
-        reply["config"] = {{"file", cl.config_origin}, {"listeners", listeners}};
-      } else if (cmd == "connections") {
-        reply["ok"] = true;
-        reply["connections"] = connections_json(broker.connections());
-      } else if (cmd == "reload") {
-        const auto outcome = reloader.reload();
-        reply["ok"] = outcome.ok;
-        reply[outcome.ok ? "message" : "error"] = outcome.message;
-        nlohmann::json changes = nlohmann::json::array();
-        for (const auto& c : outcome.changes)
-          changes.push_back({{"key", c.key}, {"from", c.from}, {"to", c.to}, {"live", c.live}});
-        reply["changes"] = changes;
-        reply["overridden"] = outcome.overridden;
-      } else if (cmd.starts_with("fault ") || cmd == "fault") {
-        // Test builds only (fault/fault.hpp); elsewhere inject() says so.
-        auto spec = fault::parse(std::string_view(cmd).substr(5));
-        rdmabroker::Status st = spec ? broker.inject(spec.value()) : rdmabroker::Status(spec.error());
-        reply["ok"] = st.ok();
-        if (!st) reply["error"] = st.error().message;
-      } else {
-        reply["ok"] = false;
-        reply["error"] = "unknown command '" + cmd + "' (known: stats, connections, reload)";
-      }
-      return reply.dump();
-    });
-    if (auto st = admin->open(); !st) {
-      spdlog::critical("cannot start: {} (set admin.socket, or --admin-socket)", st.error().message);
-      return 1;
-    }
-  }
+  MainThread main_thread(broker, reloader, cl, describe_listeners(cfg, cl, config_path));
+  if (auto st = main_thread.open(cfg.metrics_listen, eff.admin_socket); !st) return fail(st.error().message);
   broker.start();
   const std::string where = broker.listeners();
   spdlog::info(
@@ -191,42 +248,7 @@ int main(int argc, char** argv) {
       eff.buffer_size, cl.config_origin, log_target,
       cfg.metrics_listen.empty() ? "" : "; metrics on http://" + cfg.metrics_listen + "/metrics");
   notifier.ready("listening on " + where);
-
-  // The watchdog is fed only while every worker loop is going round (each
-  // wakes at least every 200 ms); a stuck worker lets systemd restart us.
-  // The loop also wakes about once a second to sample rates for `stat`.
-  const auto period = notifier.watchdog_period();
-  const int poll_ms =
-      period.count() > 0 ? static_cast<int>(std::min<std::int64_t>(period.count(), 1000)) : 1000;
-  std::vector<pollfd> fds;
-  while (true) {
-    // [signalfd][admin socket + its clients][metrics socket + its clients]
-    fds.assign(1, {sigfd.get(), POLLIN, 0});
-    if (admin) admin->add_poll_fds(fds);
-    const std::size_t metrics_at = fds.size();
-    if (metrics) metrics->add_poll_fds(fds);
-    int timeout = admin ? admin->timeout_ms(poll_ms) : poll_ms;
-    if (metrics) timeout = metrics->timeout_ms(timeout);
-    const int n = ::poll(fds.data(), fds.size(), timeout);
-    if (period.count() > 0 && broker.workers_healthy(std::chrono::seconds(2))) notifier.watchdog();
-    const auto now_stats = broker.stats();
-    rates.sample(now_stats, std::chrono::steady_clock::now());
-    trimmer.observe(now_stats.at("connections.current"));
-    // Both also drop clients past their deadline.
-    if (admin) admin->on_poll(fds.data() + 1, metrics_at - 1);
-    if (metrics) metrics->on_poll(fds.data() + metrics_at, fds.size() - metrics_at);
-    if (n <= 0) continue;
-    if (fds[0].revents != 0) {
-      signalfd_siginfo si{};
-      if (::read(sigfd.get(), &si, sizeof si) != sizeof si) continue;
-      if (si.ssi_signo == SIGHUP) {
-        reloader.reload();
-        continue;
-      }
-      spdlog::info("{}: shutting down", strsignal(static_cast<int>(si.ssi_signo)));
-      break;
-    }
-  }
+  main_thread.run(sigfd.get(), notifier);
   notifier.stopping();
   broker.stop();
   const auto s = broker.stats();

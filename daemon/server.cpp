@@ -42,6 +42,33 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
   b->core_.pool = b->pool_.get();
   if (opt.tcp_listen_address.empty()) opt.tcp_listen_address = opt.listen_address;
 
+  auto use_rdma = b->open_transports();
+  if (!use_rdma) return use_rdma.error();
+
+  for (std::uint32_t i = 0; i < opt.workers; ++i) {
+    b->workers_.push_back(std::make_unique<Worker>(i, b->core_));
+    b->core_.workers.push_back(b->workers_.back().get());
+  }
+  for (auto& w : b->workers_) {
+    if (auto st = w->init(b->tcp_listen_.get()); !st) return st.error();
+  }
+  if (opt.multicast.enabled && !*use_rdma) {
+    spdlog::warn("multicast.enabled: no RDMA device, so no multicast: every subject is served by unicast");
+  } else if (opt.multicast.enabled) {
+    auto engine = MulticastEngine::create(b->core_);
+    if (!engine) return engine.error();
+    b->multicast_ = std::move(engine.value());
+    b->core_.multicast = b->multicast_.get();
+  }
+  if (*use_rdma) {
+    b->listener_ = std::make_unique<Listener>(b->core_);
+    if (auto st = b->listener_->listen(); !st) return st.error();
+  }
+  return b;
+}
+
+Result<bool> Server::open_transports() {
+  const auto& opt = core_.options;
   bool use_rdma = opt.rdma != RdmaMode::kOff;
   if (use_rdma && DeviceSet::count() == 0) {
     if (opt.rdma == RdmaMode::kOn) {
@@ -58,37 +85,18 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
                  "nothing to listen on: RDMA is off (or has no device) and TCP is disabled (--tcp-port 0)"};
   }
   if (use_rdma) {
-    auto devices = DeviceSet::open(*b->pool_, opt.devices);
+    auto devices = DeviceSet::open(*pool_, opt.devices);
     if (!devices) return devices.error();
-    b->devices_ = std::move(devices.value());
-    b->core_.devices = b->devices_.get();
+    devices_ = std::move(devices.value());
+    core_.devices = devices_.get();
   }
   if (opt.tcp_port != 0) {
     auto fd = listen_tcp(opt.tcp_listen_address, opt.tcp_port);
     if (!fd) return fd.error();
-    b->tcp_listen_ = std::move(fd.value());
+    tcp_listen_ = std::move(fd.value());
   }
 
-  for (std::uint32_t i = 0; i < opt.workers; ++i) {
-    b->workers_.push_back(std::make_unique<Worker>(i, b->core_));
-    b->core_.workers.push_back(b->workers_.back().get());
-  }
-  for (auto& w : b->workers_) {
-    if (auto st = w->init(b->tcp_listen_.get()); !st) return st.error();
-  }
-  if (opt.multicast.enabled && !use_rdma) {
-    spdlog::warn("multicast.enabled: no RDMA device, so no multicast: every subject is served by unicast");
-  } else if (opt.multicast.enabled) {
-    auto engine = MulticastEngine::create(b->core_);
-    if (!engine) return engine.error();
-    b->multicast_ = std::move(engine.value());
-    b->core_.multicast = b->multicast_.get();
-  }
-  if (use_rdma) {
-    b->listener_ = std::make_unique<Listener>(b->core_);
-    if (auto st = b->listener_->listen(); !st) return st.error();
-  }
-  return b;
+  return use_rdma;
 }
 
 Server::~Server() { stop(); }

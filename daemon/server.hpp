@@ -52,6 +52,9 @@ class Server {
 
  private:
   static void warn_if_nobody_can_connect(const AuthTable& table);
+  /// Opens the RDMA devices (as rdma: auto/on/off and what is present say)
+  /// and the TCP listening socket; true when RDMA is served.
+  Result<bool> open_transports();
   Server() = default;
   /// Posts make(promise) to every worker; each answers through its promise.
   template <typename T, typename MakeCommand>
