@@ -70,8 +70,8 @@ OutItem make_sequenced_delivery(BufferRef buf, std::uint32_t sid, std::uint64_t 
                                 std::int64_t received_at = 0);
 
 /// One piece of a packed send: [addr, addr+length) in memory registered with
-/// `lkey` (0 where nothing is registered: TCP). Laid out as ibv_sge, so that
-/// the RDMA link posts the list as it is (rdma/rdma_link.cpp checks it).
+/// `lkey` (0 where nothing is registered: TCP). The RDMA link posts it as an
+/// ibv_sge, the TCP link writes it as an iovec.
 struct Segment {
   std::uint64_t addr = 0;
   std::uint32_t length = 0;

@@ -34,13 +34,6 @@ bool FrameHandler::before_authentication(Connection& c, const proto::Frame& f) {
       if (c.state != ConnState::kVerifying) break;
       ++c.deferred_pongs;  // answered after the verdict: a client's PONG means "authenticated"
       return true;
-    case FrameType::kCredit:
-      c.link->add_send_credits(f.header.arg);
-      return true;
-    case FrameType::kClose:
-      c.close_received = true;
-      connections_.close(c, CloseReason::kClientClose);
-      return false;
     default:
       break;
   }

@@ -27,7 +27,16 @@ void FrameHandler::process(Connection& c, const BufferRef& buf, std::uint32_t be
       return;
     }
     f.offset = off;
-    const bool going_on = c.state == ConnState::kOpen ? on_frame(c, f, buf) : before_authentication(c, f);
+    bool going_on = true;
+    if (f.header.type == FrameType::kCredit) {
+      c.link->add_send_credits(f.header.arg);  // in every state (SPEC.md §5)
+    } else if (f.header.type == FrameType::kClose) {
+      c.close_received = true;
+      connections_.close(c, CloseReason::kClientClose);
+      going_on = false;
+    } else {
+      going_on = c.state == ConnState::kOpen ? on_frame(c, f, buf) : before_authentication(c, f);
+    }
     if (!going_on) return;
     off += f.header.frame_len();
   }
@@ -50,12 +59,8 @@ bool FrameHandler::on_frame(Connection& c, const proto::Frame& f, const BufferRe
       connections_.enqueue(c, make_control(FrameType::kPong, 0));
       return true;
     case FrameType::kCredit:
-      c.link->add_send_credits(f.header.arg);
-      return true;
     case FrameType::kClose:
-      c.close_received = true;
-      connections_.close(c, CloseReason::kClientClose);
-      return false;
+      return true;  // process() takes them, in every state
     case FrameType::kConnect:
       connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation, "CONNECT sent twice");
       return false;

@@ -10,11 +10,6 @@
 
 namespace rdmabroker::daemon {
 
-// pack_send()'s segments are posted as they are.
-static_assert(sizeof(Segment) == sizeof(ibv_sge) && offsetof(Segment, addr) == offsetof(ibv_sge, addr) &&
-              offsetof(Segment, length) == offsetof(ibv_sge, length) &&
-              offsetof(Segment, lkey) == offsetof(ibv_sge, lkey));
-
 namespace {
 
 void reject(rdma_cm_id* id, proto::RejectReason reason, std::uint32_t buffer_size) {
@@ -176,7 +171,7 @@ void RdmaLink::stage_send(Connection& c, std::uint32_t block, const Segment* sge
   const std::uint32_t slot = c.inflight_tail();
   connections_.record_send(c, block, refs, packed);
   auto& st = port_.staged.emplace_back();
-  std::memcpy(st.sge.data(), sge, sizeof(ibv_sge) * num_sge);
+  for (std::uint32_t i = 0; i < num_sge; ++i) st.sge[i] = ibv_sge{sge[i].addr, sge[i].length, sge[i].lkey};
   st.wr = ibv_send_wr{};
   st.wr.wr_id = slot;
   st.wr.opcode = IBV_WR_SEND_WITH_IMM;
