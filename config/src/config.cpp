@@ -88,8 +88,9 @@ std::optional<std::string> parse_uint(const YAML::Node& n, std::uint64_t lo, std
   return std::nullopt;
 }
 
+/// An unsigned setting reached through `get` (sizes with `size`).
 template <typename T>
-Field uint_field(std::string_view section, std::string_view name, bool live, T BrokerOptions::*member,
+Field uint_field(std::string_view section, std::string_view name, bool live, std::function<T&(Config&)> get,
                  std::uint64_t lo, std::uint64_t hi, bool size = false) {
   return Field{section,
                name,
@@ -97,11 +98,19 @@ Field uint_field(std::string_view section, std::string_view name, bool live, T B
                [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
                  std::uint64_t v = 0;
                  if (auto e = parse_uint(n, lo, hi, size, v)) return e;
-                 c.broker.*member = static_cast<T>(v);
+                 get(c) = static_cast<T>(v);
                  return std::nullopt;
                },
-               [=](const Config& c) { return std::to_string(c.broker.*member); },
-               [=](const Config& from, Config& to) { to.broker.*member = from.broker.*member; }};
+               [=](const Config& c) { return std::to_string(get(const_cast<Config&>(c))); },
+               [=](const Config& from, Config& to) { get(to) = get(const_cast<Config&>(from)); }};
+}
+
+/// An unsigned member of BrokerOptions.
+template <typename T>
+Field uint_field(std::string_view section, std::string_view name, bool live, T BrokerOptions::*member,
+                 std::uint64_t lo, std::uint64_t hi, bool size = false) {
+  return uint_field<T>(
+      section, name, live, [member](Config& c) -> T& { return c.broker.*member; }, lo, hi, size);
 }
 
 template <typename E>
@@ -298,22 +307,6 @@ std::string show_users(const std::vector<User>& users) {
   return s + "]";
 }
 
-/// An unsigned setting outside BrokerOptions' top level (uint_field's member pointer cannot reach it).
-Field u32_field(std::string_view section, std::string_view name, bool live,
-                std::function<std::uint32_t&(Config&)> get, std::uint64_t lo, std::uint64_t hi) {
-  return Field{section,
-               name,
-               live,
-               [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
-                 std::uint64_t v = 0;
-                 if (auto e = parse_uint(n, lo, hi, false, v)) return e;
-                 get(c) = static_cast<std::uint32_t>(v);
-                 return std::nullopt;
-               },
-               [=](const Config& c) { return std::to_string(get(const_cast<Config&>(c))); },
-               [=](const Config& from, Config& to) { get(to) = get(const_cast<Config&>(from)); }};
-}
-
 Field bool_field(std::string_view section, std::string_view name, bool live,
                  std::function<bool&(Config&)> get) {
   return Field{section,
@@ -431,13 +424,13 @@ const std::vector<Field>& fields() {
             [](const Config& from, Config& to) {
               to.broker.multicast.subjects = from.broker.multicast.subjects;
             }},
-      u32_field(
+      uint_field<std::uint32_t>(
           "multicast", "threshold", true,
           [](Config& c) -> std::uint32_t& { return c.broker.multicast.threshold; }, 1, 1u << 20),
-      u32_field(
+      uint_field<std::uint32_t>(
           "multicast", "leave_below", true,
           [](Config& c) -> std::uint32_t& { return c.broker.multicast.leave_below; }, 1, 1u << 20),
-      u32_field(
+      uint_field<std::uint32_t>(
           "multicast", "retransmit_window", false,
           [](Config& c) -> std::uint32_t& { return c.broker.multicast.retransmit_window; }, 16, 1u << 20),
       string_field("metrics", "listen", false, [](Config& c) -> std::string& { return c.metrics_listen; }),
