@@ -229,14 +229,10 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
   recv_mr_ = verbs::register_local(pd_.get(), recv_mem_.get(), recv_bytes);
   if (!recv_mr_) return sys_error(ErrorKind::kResource, "ibv_reg_mr (receive buffers; check ulimit -l)");
   for (std::uint32_t i = 0; i < opt_.recv_credits; ++i) {
-    ibv_sge sge{reinterpret_cast<std::uint64_t>(recv_mem_.get() + std::size_t{i} * recv_buffer_size),
-                recv_buffer_size, recv_mr_->lkey};
-    ibv_recv_wr wr{};
-    wr.wr_id = kRecvFlag | i;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    if (ibv_post_recv(qp_.get(), &wr, &bad) != 0) return sys_error(ErrorKind::kResource, "ibv_post_recv");
+    if (!verbs::post_receive(qp_.get(), recv_mem_.get() + std::size_t{i} * recv_buffer_size, recv_buffer_size,
+                             recv_mr_->lkey, kRecvFlag | i)) {
+      return sys_error(ErrorKind::kResource, "ibv_post_recv");
+    }
   }
 
   auto pdata = proto::encode(proto::ConnectRequest{
@@ -463,15 +459,9 @@ void RdmaClient::on_completion(const ibv_wc& wc, Deliveries& deliveries, std::ve
     std::byte* buf = recv_mem_.get() + std::size_t{idx} * recv_buffer_size_;
     on_frames({buf, wc.byte_len}, deliveries, errors);
     // Repost at once: the frames were copied out.
-    ibv_sge sge{reinterpret_cast<std::uint64_t>(buf), recv_buffer_size_, recv_mr_->lkey};
-    ibv_recv_wr wr{};
-    wr.wr_id = wc.wr_id;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
     std::lock_guard lock(mu_);
     if (closed_) return;
-    if (ibv_post_recv(qp_.get(), &wr, &bad) != 0) {
+    if (!verbs::post_receive(qp_.get(), buf, recv_buffer_size_, recv_mr_->lkey, wc.wr_id)) {
       fail_locked(sys_error(ErrorKind::kClosed, "ibv_post_recv"));
       return;
     }
@@ -557,14 +547,9 @@ bool RdmaClient::open_ud(std::string& why) {
 }
 
 void RdmaClient::post_ud_receive(std::uint32_t index) {
-  ibv_sge sge{reinterpret_cast<std::uint64_t>(ud_mem_.get() + std::size_t{index} * kUdBufferSize),
-              kUdBufferSize, ud_mr_->lkey};
-  ibv_recv_wr wr{};
-  wr.wr_id = index;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  ibv_recv_wr* bad = nullptr;
-  ibv_post_recv(ud_qp_.get(), &wr, &bad);  // fails only once the QP is in error: then nothing arrives anyway
+  // Fails only once the QP is in error: then nothing arrives anyway.
+  verbs::post_receive(ud_qp_.get(), ud_mem_.get() + std::size_t{index} * kUdBufferSize, kUdBufferSize,
+                      ud_mr_->lkey, index);
 }
 
 void RdmaClient::teardown_ud() {

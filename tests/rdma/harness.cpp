@@ -412,14 +412,7 @@ Result<RawPeer::ConnectResult> RawPeer::connect(const std::string& host, std::ui
   mem_.assign(std::size_t{recv_count} * recv_buffer_size + kMaxRawSend, std::byte{0});
   mr_.reset(ibv_reg_mr(pd_.get(), mem_.data(), mem_.size(), IBV_ACCESS_LOCAL_WRITE));
   for (std::uint32_t i = 0; i < receives_posted.value_or(recv_count); ++i) {
-    ibv_sge sge{reinterpret_cast<std::uint64_t>(mem_.data() + std::size_t{i} * recv_size_), recv_size_,
-                mr_->lkey};
-    ibv_recv_wr wr{};
-    wr.wr_id = i;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    ibv_post_recv(qp_.get(), &wr, &bad);
+    verbs::post_receive(qp_.get(), mem_.data() + std::size_t{i} * recv_size_, recv_size_, mr_->lkey, i);
   }
   rdma_conn_param param{};
   param.private_data = private_data.data();
@@ -499,13 +492,7 @@ Result<std::vector<std::byte>> RawPeer::receive(std::chrono::milliseconds timeou
       std::byte* p = mem_.data() + wc.wr_id * recv_size_;
       std::vector<std::byte> out(p, p + wc.byte_len);
       if (repost) {
-        ibv_sge sge{reinterpret_cast<std::uint64_t>(p), recv_size_, mr_->lkey};
-        ibv_recv_wr wr{};
-        wr.wr_id = wc.wr_id;
-        wr.sg_list = &sge;
-        wr.num_sge = 1;
-        ibv_recv_wr* bad = nullptr;
-        ibv_post_recv(qp_.get(), &wr, &bad);
+        verbs::post_receive(qp_.get(), p, recv_size_, mr_->lkey, wc.wr_id);
       }
       if (wc.byte_len == 0) continue;  // a pure credit update
       return out;

@@ -57,6 +57,18 @@ using MrPtr = std::unique_ptr<ibv_mr, MrDeleter>;
 inline MrPtr register_local(ibv_pd* pd, void* addr, std::size_t length) {
   return MrPtr(ibv_reg_mr(pd, addr, length, IBV_ACCESS_LOCAL_WRITE));
 }
+/// Posts one receive of [addr, addr+length) in memory registered with `lkey`;
+/// false (errno set) if the QP refused it.
+inline bool post_receive(ibv_qp* qp, void* addr, std::uint32_t length, std::uint32_t lkey,
+                         std::uint64_t wr_id) {
+  ibv_sge sge{reinterpret_cast<std::uint64_t>(addr), length, lkey};
+  ibv_recv_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  return ibv_post_recv(qp, &wr, &bad) == 0;
+}
 using AhPtr = std::unique_ptr<ibv_ah, AhDeleter>;
 using EventChannelPtr = std::unique_ptr<rdma_event_channel, EventChannelDeleter>;
 using CmIdPtr = std::unique_ptr<rdma_cm_id, CmIdDeleter>;
