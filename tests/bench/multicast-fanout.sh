@@ -21,27 +21,19 @@ CLI="$BIN/client-lib/rdmabroker"
 SOCK=/tmp/mcast-bench.sock
 URL=rdma://$A1:7492
 
-start_broker() {  # MODE: unicast | multicast
+start_mode() {  # MODE: unicast | multicast
   local enabled=false
   [ "$1" = multicast ] && enabled=true
   printf 'multicast:\n  enabled: %s\n  subjects: ["bench"]\n' "$enabled" >/tmp/mcast-bench.yaml
-  "$BIN/daemon/rdmabrokerd" --config /tmp/mcast-bench.yaml --port 7492 --tcp-port 0 --admin-socket "$SOCK" \
-    --metrics-listen "" --workers 2 --allow-anonymous --log-level warn --buffer-size 32768 --pool-buffers 8192 &
-  BROKER=$!
-  for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
+  start_broker --config /tmp/mcast-bench.yaml --port 7492 --buffer-size 32768 --pool-buffers 8192
 }
-stop_broker() {
-  kill "$BROKER" 2>/dev/null && wait "$BROKER" 2>/dev/null || true
-  rm -f "$SOCK"
-}
-trap stop_broker EXIT
 stat_of() { "$CLI" stat --json --admin-socket "$SOCK" | python3 -c "import json,sys; print(json.load(sys.stdin)['stats'].get('$1', 0))"; }
 
 echo "| subscribers | mode | delivered msg/s | broker CPU µs / delivered msg | datagrams | group messages | RC copies | repairs served | publisher stalls |"
 echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
 for m in 1 4 16 32; do
   for mode in unicast multicast; do
-    start_broker "$mode"
+    start_mode "$mode"
     # Subscribers alternate between the two devices' addresses.
     c0=$(cpu_ticks "$BROKER")
     "$CLI" bench -s "$URL" -b "$A2" --size "$SIZE" -p 1 -m "$m" -n "$COUNT" --json --quiet >/tmp/mcast-bench.json

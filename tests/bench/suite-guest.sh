@@ -64,17 +64,6 @@ raw_round() {
 
 # ---------------------------------------------------------------- rdmabroker
 SOCK=/tmp/bench-suite.sock
-start_broker() {
-  "$BIN/daemon/rdmabrokerd" --port 7490 --tcp-port 0 --admin-socket "$SOCK" --metrics-listen "" --workers 2 --allow-anonymous \
-    --log-level warn "$@" &
-  BROKER=$!
-  for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
-}
-stop_broker() {
-  kill "$BROKER" 2>/dev/null && wait "$BROKER" 2>/dev/null || true
-  rm -f "$SOCK"
-}
-trap stop_broker EXIT
 URL=rdma://$A1:7490
 # Subscribers and publishers bind rxe1's address: every message crosses
 # rxe1 -> veth -> rxe0 -> broker -> rxe0 -> veth -> rxe1, like the raw test.
@@ -83,13 +72,13 @@ for s in "${SIZES[@]}"; do
   local client=()
   if [ "$s" = "$MAX16" ]; then
     printf 'devices: [rxe0]\n' >/tmp/bench-one-device.yaml
-    start_broker --config /tmp/bench-one-device.yaml --workers 1 --buffer-size 16777216 --pool-buffers 24 \
+    start_broker --port 7490 --config /tmp/bench-one-device.yaml --workers 1 --buffer-size 16777216 --pool-buffers 24 \
       --srq-depth 16 --credits 2
     client=(--recv-credits 2 --inflight-sends 1 --send-buffers 1)
   elif [ "$s" = "$MAX" ]; then
-    start_broker --buffer-size 1048576 --pool-buffers 128 --srq-depth 16 --credits 8
+    start_broker --port 7490 --buffer-size 1048576 --pool-buffers 128 --srq-depth 16 --credits 8
   else
-    start_broker --buffer-size 32768 --pool-buffers 8192
+    start_broker --port 7490 --buffer-size 32768 --pool-buffers 8192
   fi
   run_bench rdmabroker rdma size "$s" "$BROKER" "$BIN/client-lib/rdmabroker" bench -s "$URL" -b "$A2" \
     --size "$s" -n "$(count_for "$s")" "${client[@]}"
@@ -100,7 +89,7 @@ done
 # Light-load latency with the broker's worker spinning on its CQs
 # (flow.busy_poll_us) instead of sleeping on completion events: one worker,
 # since two spinning workers would take both of the guest's vCPUs.
-start_broker --buffer-size 32768 --pool-buffers 8192 --busy-poll-us 20000 --workers 1
+start_broker --port 7490 --buffer-size 32768 --pool-buffers 8192 --busy-poll-us 20000 --workers 1
 run_bench rdmabroker rdma busy-poll 64 "$BROKER" "$BIN/client-lib/rdmabroker" bench -s "$URL" -b "$A2" \
   --size 64 -r "$(light_rate 64)" -d "$( [ "$QUICK" = 1 ] && echo 1 || echo 5 )"
 stop_broker
@@ -109,7 +98,7 @@ for _ in $(seq "$REPEAT"); do
   raw_round
   relay_round
 done
-start_broker --buffer-size 32768 --pool-buffers 8192
+start_broker --port 7490 --buffer-size 32768 --pool-buffers 8192
 FAN_COUNT=$( [ "$QUICK" = 1 ] && echo 1000 || echo 50000 )
 for m in 1 4 16 32; do
   run_bench rdmabroker rdma fanout 64 "$BROKER" "$BIN/client-lib/rdmabroker" bench -s "$URL" -b "$A2" \

@@ -23,6 +23,22 @@ elapsed() {
   while IFS= read -r line; do printf '[%4d s] %s\n' "$SECONDS" "$line"; done
 }
 
+# start_broker ARGS...: rdmabrokerd from $BIN with the benchmarks' common
+# flags (TCP off, no metrics, two workers, anonymous clients, warnings only)
+# and ARGS (later flags win); its admin socket is $SOCK. Waits for the socket;
+# BROKER is its pid. stop_broker ends it (also on exit).
+start_broker() {
+  "$BIN/daemon/rdmabrokerd" --tcp-port 0 --admin-socket "$SOCK" --metrics-listen "" --workers 2 \
+    --allow-anonymous --log-level warn "$@" &
+  BROKER=$!
+  for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
+  trap stop_broker EXIT
+}
+stop_broker() {
+  kill "$BROKER" 2>/dev/null && wait "$BROKER" 2>/dev/null || true
+  rm -f "$SOCK"
+}
+
 cpu_ticks() {  # utime + stime of PID, in clock ticks
   awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0
 }
