@@ -146,6 +146,262 @@ void add_bench_options(CLI::App& app, BenchOptions& opt) {
   app.add_flag("!--quiet", opt.progress, "No progress lines");
 }
 
+namespace {
+
+/// One benchmark: its connections, publisher threads and results.
+class BenchRun {
+ public:
+  BenchRun(const BenchOptions& opt, std::string system, const Connect& connect)
+      : opt_(opt), system_(std::move(system)), connect_(connect), results_(opt.publishers) {}
+
+  int run() {
+    if (!connect_all()) return 1;
+    if (!opt_.json && opt_.progress) {
+      std::cerr << "bench: " << system_ << ", " << opt_.publishers << " publisher(s) -> " << opt_.subscribers
+                << " subscriber(s)" << (opt_.queue.empty() ? "" : " in queue group " + opt_.queue) << ", "
+                << opt_.size << " B, "
+                << (opt_.duration_s > 0 ? std::to_string(opt_.duration_s) + " s"
+                                        : std::to_string(opt_.count) + " msgs")
+                << " each, " << (opt_.rate > 0 ? std::to_string(opt_.rate) + " msg/s each" : "flat out")
+                << ", " << pubs_.front()->describe() << "\n";
+    }
+    run_publishers();
+    const std::uint64_t expected = wait_for_deliveries();
+    close_all();
+    return report(expected);
+  }
+
+ private:
+  /// Subscribers first, each on its own connection, active before anyone publishes.
+  bool connect_all() {
+    for (std::uint32_t i = 0; i < opt_.subscribers; ++i) {
+      std::string error;
+      auto c = connect_(error);
+      if (!c) {
+        std::cerr << "bench: subscriber " << i << ": " << error << "\n";
+        return false;
+      }
+      states_.push_back(std::make_unique<SubscriberState>());
+      SubscriberState* st = states_.back().get();
+      if (auto e = c->subscribe(opt_.subject, opt_.queue,
+                                [st](std::span<const std::byte> p) { st->on_payload(p); });
+          !e.empty()) {
+        std::cerr << "bench: subscriber " << i << ": " << e << "\n";
+        return false;
+      }
+      subs_.push_back(std::move(c));
+    }
+    for (std::uint32_t i = 0; i < opt_.publishers; ++i) {
+      std::string error;
+      auto c = connect_(error);
+      if (!c) {
+        std::cerr << "bench: publisher " << i << ": " << error << "\n";
+        return false;
+      }
+      pubs_.push_back(std::move(c));
+    }
+    return true;
+  }
+
+  /// Publisher p's thread: its messages, on schedule at a fixed rate.
+  void publish(std::uint32_t p) {
+    std::vector<std::byte> payload(opt_.size, std::byte{0x5a});
+    BenchEndpoint& c = *pubs_[p];
+    // Wake on schedule: the default 50 us timer slack would be charged to
+    // every message as latency at a fixed rate.
+    ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+    std::this_thread::sleep_until(start_);
+    const auto t0 = Clock::now();
+    const auto end =
+        t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt_.duration_s));
+    const auto interval =
+        opt_.rate > 0 ? std::chrono::duration<double>(1.0 / opt_.rate) : std::chrono::duration<double>(0);
+    std::uint64_t seq = 0;
+    for (;; ++seq) {
+      if (opt_.duration_s > 0 ? Clock::now() >= end : seq >= opt_.count) break;
+      Stamp s{p, 0, seq, 0};
+      if (opt_.rate > 0) {
+        // The schedule, not the moment we got round to it: a publisher held
+        // up by back-pressure still charges the delay to the messages.
+        const auto due =
+            t0 + std::chrono::duration_cast<Clock::duration>(interval * static_cast<double>(seq));
+        std::this_thread::sleep_until(due);
+        s.sent_ns = due.time_since_epoch().count();
+        const auto lag = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - due).count();
+        s.lag_us = static_cast<std::uint32_t>(std::clamp<std::int64_t>(lag, 0, UINT32_MAX));
+      } else {
+        s.sent_ns = now_ns();
+      }
+      std::memcpy(payload.data(), &s, sizeof s);
+      if (auto e = c.publish(opt_.subject, payload, opt_.rate <= 0); !e.empty()) {
+        results_[p].error = e;
+        break;
+      }
+      published_.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (auto e = c.flush(60s); !e.empty() && results_[p].error.empty()) results_[p].error = e;
+    results_[p].sent = seq;
+    results_[p].seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
+  /// Every publisher on its thread, all starting together; progress once a
+  /// second while they publish.
+  void run_publishers() {
+    start_ = Clock::now() + 50ms;
+    std::vector<std::thread> threads;
+    for (std::uint32_t p = 0; p < opt_.publishers; ++p) threads.emplace_back([this, p] { publish(p); });
+    std::atomic<bool> publishing{true};
+    std::thread progress([&] {
+      auto last = Clock::now();
+      std::uint64_t last_pub = 0;
+      int tick = 0;
+      while (publishing.load()) {
+        std::this_thread::sleep_for(100ms);
+        if (Clock::now() - last < 1s) continue;
+        const std::uint64_t p = published_.load();
+        if (!opt_.json && opt_.progress) {
+          std::fprintf(
+              stderr, "[%2ds] published %llu (%.0f msg/s), received %llu\n", ++tick,
+              static_cast<unsigned long long>(p),
+              static_cast<double>(p - last_pub) / std::chrono::duration<double>(Clock::now() - last).count(),
+              static_cast<unsigned long long>(received_total()));
+        }
+        last_pub = p;
+        last = Clock::now();
+      }
+    });
+    for (auto& t : threads) t.join();
+    publishing = false;
+    progress.join();
+  }
+
+  std::uint64_t received_total() const {
+    std::uint64_t n = 0;
+    for (const auto& s : states_) n += s->count.load(std::memory_order_relaxed);
+    return n;
+  }
+
+  /// Waits for deliveries: all of them, or until nothing arrives for 5 s.
+  /// Returns how many were expected.
+  std::uint64_t wait_for_deliveries() const {
+    std::uint64_t total_sent = 0;
+    for (const auto& r : results_) total_sent += r.sent;
+    const std::uint64_t expected =
+        opt_.queue.empty() ? total_sent * opt_.subscribers : (opt_.subscribers > 0 ? total_sent : 0);
+    auto last_change = Clock::now();
+    std::uint64_t seen = received_total();
+    while (seen < expected && Clock::now() - last_change < 5s) {
+      std::this_thread::sleep_for(10ms);
+      if (const auto n = received_total(); n != seen) {
+        seen = n;
+        last_change = Clock::now();
+      }
+    }
+    return expected;
+  }
+
+  void close_all() {
+    for (std::size_t i = 0; i < subs_.size(); ++i) {
+      auto why = subs_[i]->close();
+      std::lock_guard l(states_[i]->mu);
+      if (states_[i]->error.empty()) states_[i]->error = why;
+    }
+    for (std::size_t i = 0; i < pubs_.size(); ++i) {
+      if (auto why = pubs_[i]->close(); !why.empty() && results_[i].error.empty()) results_[i].error = why;
+    }
+  }
+
+  /// Prints the report (text or JSON); the exit status: 1 if anything failed or was lost.
+  int report(std::uint64_t expected) {
+    const double start_ns = static_cast<double>(start_.time_since_epoch().count());
+    nlohmann::json report;
+    report["system"] = system_;
+    report["config"] = {{"url", opt_.url},
+                        {"subject", opt_.subject},
+                        {"queue", opt_.queue},
+                        {"publishers", opt_.publishers},
+                        {"subscribers", opt_.subscribers},
+                        {"size", opt_.size},
+                        {"count", opt_.count},
+                        {"duration_s", opt_.duration_s},
+                        {"rate", opt_.rate}};
+    nlohmann::json jp = nlohmann::json::array();
+    double pub_seconds = 0;
+    std::uint64_t total_sent = 0;
+    bool failed = false;
+    for (const auto& r : results_) {
+      pub_seconds = std::max(pub_seconds, r.seconds);
+      total_sent += r.sent;
+      const auto n = static_cast<double>(r.sent);
+      jp.push_back({{"sent", r.sent},
+                    {"seconds", r.seconds},
+                    {"msgs_per_s", per_second(n, r.seconds)},
+                    {"mb_per_s", per_second(n * opt_.size, r.seconds) / 1e6},
+                    {"error", r.error}});
+      failed |= !r.error.empty();
+    }
+    nlohmann::json js = nlohmann::json::array();
+    LatencyHistogram all, all_from_send;
+    std::uint64_t received = 0, reordered = 0, malformed = 0;
+    double last_ns = 0;
+    for (auto& s : states_) {
+      std::lock_guard l(s->mu);
+      const double secs = s->last_ns > 0 ? (static_cast<double>(s->last_ns) - start_ns) / 1e9 : 0;
+      const auto n = static_cast<double>(s->received);
+      js.push_back({{"received", s->received},
+                    {"reordered", s->reordered},
+                    {"malformed", s->malformed},
+                    {"seconds", secs},
+                    {"msgs_per_s", per_second(n, secs)},
+                    {"mb_per_s", per_second(n * opt_.size, secs) / 1e6},
+                    {"latency", to_json(s->latency)},
+                    {"error", s->error}});
+      received += s->received;
+      reordered += s->reordered;
+      malformed += s->malformed;
+      last_ns = std::max(last_ns, static_cast<double>(s->last_ns));
+      all.merge(s->latency);
+      all_from_send.merge(s->latency_from_send);
+      failed |= !s->error.empty();
+    }
+    const std::uint64_t lost = expected > received ? expected - received : 0;
+    const double delivery_s = last_ns > 0 ? (last_ns - start_ns) / 1e9 : 0;
+    report["publishers"] = jp;
+    report["subscribers"] = js;
+    report["aggregate"] = {
+        {"published", total_sent},
+        {"publish_msgs_per_s", per_second(static_cast<double>(total_sent), pub_seconds)},
+        {"expected", expected},
+        {"received", received},
+        {"lost", lost},
+        {"reordered", reordered},
+        {"malformed", malformed},
+        {"delivery_seconds", delivery_s},
+        {"delivery_msgs_per_s", per_second(static_cast<double>(received), delivery_s)},
+        {"delivery_mb_per_s", per_second(static_cast<double>(received) * opt_.size, delivery_s) / 1e6},
+        {"latency", to_json(all)},
+        {"latency_from_send", to_json(all_from_send)}};
+    if (opt_.json) {
+      std::cout << report.dump(2) << "\n";
+    } else {
+      print_text(report, opt_.rate > 0);
+    }
+    return failed || lost > 0 || malformed > 0 ? 1 : 0;
+  }
+
+  const BenchOptions& opt_;
+  const std::string system_;
+  const Connect& connect_;
+  std::vector<std::unique_ptr<SubscriberState>> states_;
+  std::vector<std::unique_ptr<BenchEndpoint>> subs_;
+  std::vector<std::unique_ptr<BenchEndpoint>> pubs_;
+  std::vector<PublisherResult> results_;
+  std::atomic<std::uint64_t> published_{0};
+  Clock::time_point start_{};  // when every publisher starts
+};
+
+}  // namespace
+
 int run_bench(const BenchOptions& opt, const std::string& system, const Connect& connect) {
   if (opt.size < sizeof(Stamp)) {
     std::cerr << "bench: --size must be at least " << sizeof(Stamp) << " bytes (the stamp)\n";
@@ -155,217 +411,7 @@ int run_bench(const BenchOptions& opt, const std::string& system, const Connect&
     std::cerr << "bench: at least one publisher\n";
     return 2;
   }
-  // Subscribers first, each on its own connection, active before anyone publishes.
-  std::vector<std::unique_ptr<SubscriberState>> states;
-  std::vector<std::unique_ptr<BenchEndpoint>> subs;
-  for (std::uint32_t i = 0; i < opt.subscribers; ++i) {
-    std::string error;
-    auto c = connect(error);
-    if (!c) {
-      std::cerr << "bench: subscriber " << i << ": " << error << "\n";
-      return 1;
-    }
-    states.push_back(std::make_unique<SubscriberState>());
-    SubscriberState* st = states.back().get();
-    if (auto e =
-            c->subscribe(opt.subject, opt.queue, [st](std::span<const std::byte> p) { st->on_payload(p); });
-        !e.empty()) {
-      std::cerr << "bench: subscriber " << i << ": " << e << "\n";
-      return 1;
-    }
-    subs.push_back(std::move(c));
-  }
-  std::vector<std::unique_ptr<BenchEndpoint>> pubs;
-  for (std::uint32_t i = 0; i < opt.publishers; ++i) {
-    std::string error;
-    auto c = connect(error);
-    if (!c) {
-      std::cerr << "bench: publisher " << i << ": " << error << "\n";
-      return 1;
-    }
-    pubs.push_back(std::move(c));
-  }
-  if (!opt.json && opt.progress) {
-    std::cerr << "bench: " << system << ", " << opt.publishers << " publisher(s) -> " << opt.subscribers
-              << " subscriber(s)" << (opt.queue.empty() ? "" : " in queue group " + opt.queue) << ", "
-              << opt.size << " B, "
-              << (opt.duration_s > 0 ? std::to_string(opt.duration_s) + " s"
-                                     : std::to_string(opt.count) + " msgs")
-              << " each, " << (opt.rate > 0 ? std::to_string(opt.rate) + " msg/s each" : "flat out") << ", "
-              << pubs.front()->describe() << "\n";
-  }
-
-  std::atomic<std::uint64_t> published{0};
-  std::vector<PublisherResult> results(opt.publishers);
-  std::vector<std::thread> threads;
-  const auto start = Clock::now() + 50ms;  // everyone starts together
-  for (std::uint32_t p = 0; p < opt.publishers; ++p) {
-    threads.emplace_back([&, p] {
-      std::vector<std::byte> payload(opt.size, std::byte{0x5a});
-      BenchEndpoint& c = *pubs[p];
-      // Wake on schedule: the default 50 us timer slack would be charged to
-      // every message as latency at a fixed rate.
-      ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
-      std::this_thread::sleep_until(start);
-      const auto t0 = Clock::now();
-      const auto end =
-          t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt.duration_s));
-      const auto interval =
-          opt.rate > 0 ? std::chrono::duration<double>(1.0 / opt.rate) : std::chrono::duration<double>(0);
-      std::uint64_t seq = 0;
-      for (;; ++seq) {
-        if (opt.duration_s > 0 ? Clock::now() >= end : seq >= opt.count) break;
-        Stamp s{p, 0, seq, 0};
-        if (opt.rate > 0) {
-          // The schedule, not the moment we got round to it: a publisher held
-          // up by back-pressure still charges the delay to the messages.
-          const auto due =
-              t0 + std::chrono::duration_cast<Clock::duration>(interval * static_cast<double>(seq));
-          std::this_thread::sleep_until(due);
-          s.sent_ns = due.time_since_epoch().count();
-          const auto lag = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - due).count();
-          s.lag_us = static_cast<std::uint32_t>(std::clamp<std::int64_t>(lag, 0, UINT32_MAX));
-        } else {
-          s.sent_ns = now_ns();
-        }
-        std::memcpy(payload.data(), &s, sizeof s);
-        if (auto e = c.publish(opt.subject, payload, opt.rate <= 0); !e.empty()) {
-          results[p].error = e;
-          break;
-        }
-        published.fetch_add(1, std::memory_order_relaxed);
-      }
-      if (auto e = c.flush(60s); !e.empty() && results[p].error.empty()) results[p].error = e;
-      results[p].sent = seq;
-      results[p].seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    });
-  }
-  auto received_total = [&] {
-    std::uint64_t n = 0;
-    for (auto& s : states) n += s->count.load(std::memory_order_relaxed);
-    return n;
-  };
-  // Progress once a second while publishing.
-  std::atomic<bool> publishing{true};
-  std::thread progress([&] {
-    auto last = Clock::now();
-    std::uint64_t last_pub = 0;
-    int tick = 0;
-    while (publishing.load()) {
-      std::this_thread::sleep_for(100ms);
-      if (Clock::now() - last < 1s) continue;
-      const std::uint64_t p = published.load();
-      if (!opt.json && opt.progress) {
-        std::fprintf(
-            stderr, "[%2ds] published %llu (%.0f msg/s), received %llu\n", ++tick,
-            static_cast<unsigned long long>(p),
-            static_cast<double>(p - last_pub) / std::chrono::duration<double>(Clock::now() - last).count(),
-            static_cast<unsigned long long>(received_total()));
-      }
-      last_pub = p;
-      last = Clock::now();
-    }
-  });
-  for (auto& t : threads) t.join();
-  publishing = false;
-  progress.join();
-
-  // Wait for deliveries: all of them, or until nothing arrives for 5 s.
-  std::uint64_t total_sent = 0;
-  for (const auto& r : results) total_sent += r.sent;
-  const std::uint64_t expected =
-      opt.queue.empty() ? total_sent * opt.subscribers : (opt.subscribers > 0 ? total_sent : 0);
-  auto last_change = Clock::now();
-  std::uint64_t seen = received_total();
-  while (seen < expected && Clock::now() - last_change < 5s) {
-    std::this_thread::sleep_for(10ms);
-    if (const auto n = received_total(); n != seen) {
-      seen = n;
-      last_change = Clock::now();
-    }
-  }
-  for (std::size_t i = 0; i < subs.size(); ++i) {
-    auto why = subs[i]->close();
-    std::lock_guard l(states[i]->mu);
-    if (states[i]->error.empty()) states[i]->error = why;
-  }
-  for (std::size_t i = 0; i < pubs.size(); ++i) {
-    if (auto why = pubs[i]->close(); !why.empty() && results[i].error.empty()) results[i].error = why;
-  }
-
-  // Report.
-  const double start_ns = static_cast<double>(start.time_since_epoch().count());
-  nlohmann::json report;
-  report["system"] = system;
-  report["config"] = {{"url", opt.url},
-                      {"subject", opt.subject},
-                      {"queue", opt.queue},
-                      {"publishers", opt.publishers},
-                      {"subscribers", opt.subscribers},
-                      {"size", opt.size},
-                      {"count", opt.count},
-                      {"duration_s", opt.duration_s},
-                      {"rate", opt.rate}};
-  nlohmann::json jp = nlohmann::json::array();
-  double pub_seconds = 0;
-  bool failed = false;
-  for (const auto& r : results) {
-    pub_seconds = std::max(pub_seconds, r.seconds);
-    const auto n = static_cast<double>(r.sent);
-    jp.push_back({{"sent", r.sent},
-                  {"seconds", r.seconds},
-                  {"msgs_per_s", per_second(n, r.seconds)},
-                  {"mb_per_s", per_second(n * opt.size, r.seconds) / 1e6},
-                  {"error", r.error}});
-    failed |= !r.error.empty();
-  }
-  nlohmann::json js = nlohmann::json::array();
-  LatencyHistogram all, all_from_send;
-  std::uint64_t received = 0, reordered = 0, malformed = 0;
-  double last_ns = 0;
-  for (auto& s : states) {
-    std::lock_guard l(s->mu);
-    const double secs = s->last_ns > 0 ? (static_cast<double>(s->last_ns) - start_ns) / 1e9 : 0;
-    const auto n = static_cast<double>(s->received);
-    js.push_back({{"received", s->received},
-                  {"reordered", s->reordered},
-                  {"malformed", s->malformed},
-                  {"seconds", secs},
-                  {"msgs_per_s", per_second(n, secs)},
-                  {"mb_per_s", per_second(n * opt.size, secs) / 1e6},
-                  {"latency", to_json(s->latency)},
-                  {"error", s->error}});
-    received += s->received;
-    reordered += s->reordered;
-    malformed += s->malformed;
-    last_ns = std::max(last_ns, static_cast<double>(s->last_ns));
-    all.merge(s->latency);
-    all_from_send.merge(s->latency_from_send);
-    failed |= !s->error.empty();
-  }
-  const std::uint64_t lost = expected > received ? expected - received : 0;
-  const double delivery_s = last_ns > 0 ? (last_ns - start_ns) / 1e9 : 0;
-  report["publishers"] = jp;
-  report["subscribers"] = js;
-  report["aggregate"] = {
-      {"published", total_sent},
-      {"publish_msgs_per_s", per_second(static_cast<double>(total_sent), pub_seconds)},
-      {"expected", expected},
-      {"received", received},
-      {"lost", lost},
-      {"reordered", reordered},
-      {"malformed", malformed},
-      {"delivery_seconds", delivery_s},
-      {"delivery_msgs_per_s", per_second(static_cast<double>(received), delivery_s)},
-      {"delivery_mb_per_s", per_second(static_cast<double>(received) * opt.size, delivery_s) / 1e6},
-      {"latency", to_json(all)},
-      {"latency_from_send", to_json(all_from_send)}};
-  if (opt.json) {
-    std::cout << report.dump(2) << "\n";
-  } else {
-    print_text(report, opt.rate > 0);
-  }
-  return failed || lost > 0 || malformed > 0 ? 1 : 0;
+  return BenchRun(opt, system, connect).run();
 }
 
 int driver_main(int argc, char** argv, const std::string& system, const std::string& default_url,
