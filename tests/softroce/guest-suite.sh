@@ -7,13 +7,18 @@
 # an emulated CPU busy; three at a time took 801 s where one at a time had
 # taken 751 s, and stretched single tests up to six times). Prints the counts
 # and fails if any test failed or if there is no RDMA device to run on.
-# RDMABROKER_GUEST_FILTER, a ctest -R pattern, runs only the tests it matches.
+# RDMABROKER_GUEST_FILTER, a ctest -R pattern, runs only the tests it matches;
+# RDMABROKER_GUEST_RUNS (default 1) runs the whole set that many times in a row
+# in one boot (the flake loop: docs/testing.md).
 set -uo pipefail
 if [ "${RDMABROKER_GUEST:-}" != 1 ] || ! ibv_devices 2>/dev/null | grep -q rxe; then
   echo "guest-suite: no Soft-RoCE device here: run through tests/softroce/run-in-guest.sh" >&2
   exit 1
 fi
 passed=0 failed=0
+runs=${RDMABROKER_GUEST_RUNS:-1}
+for run in $(seq "$runs"); do
+[ "$runs" = 1 ] || echo "--- run $run of $runs"
 for dir in "$@"; do
   echo "--- rdma tests: $dir"
   start=$(date +%s)
@@ -32,6 +37,7 @@ for dir in "$@"; do
   if [ "$p" = 0 ] && [ "$f" = 0 ]; then f=1; echo "guest-suite: no test ran in $dir" >&2; fi
   passed=$((passed + p)) failed=$((failed + f))
   echo "--- $dir: $p passed, $f failed in $(( $(date +%s) - start )) s, $jobs at a time"
+done
 done
 echo "rdma: $passed passed, $failed failed"
 [ "$failed" = 0 ]

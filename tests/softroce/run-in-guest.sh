@@ -18,7 +18,7 @@
 #     loops back inside the device that owns the destination.
 #   - exports RDMABROKER_GUEST=1, RDMABROKER_GUEST_ADDR1/ADDR2 and
 #     RDMABROKER_GUEST_DEVICES to CMD, plus PATH, LANG, CI, TERM, the guest
-#     suite's settings (RDMABROKER_GUEST_FILTER, _JOBS, _JOBS_TSAN) and the
+#     suite's settings (RDMABROKER_GUEST_FILTER, _JOBS, _JOBS_TSAN, _RUNS) and the
 #     names in RDMABROKER_GUEST_PASS_ENV.
 #
 # Settings (environment):
@@ -195,7 +195,7 @@ CWD=$(pwd -P)
 [ "$CWD" != / ] || die "run it from a project directory, not /"
 printf 'G_KV=%q\nG_KROOT=%q\nG_CWD=%q\nG_SUBNET=%q\nG_VERBOSE=%q\nG_INIT=%q\nG_CWD_CACHE=%q\n' "$KV" "$(readlink -f "$KROOT")" "$CWD" "$SUBNET" "$VERBOSE" "$INIT" "${RDMABROKER_GUEST_CWD_CACHE:-loose}" >"$X/config"
 {
-  for v in PATH LANG LC_ALL CI TERM RDMABROKER_GUEST_FILTER RDMABROKER_GUEST_JOBS RDMABROKER_GUEST_JOBS_TSAN ${RDMABROKER_GUEST_PASS_ENV:-}; do
+  for v in PATH LANG LC_ALL CI TERM RDMABROKER_GUEST_FILTER RDMABROKER_GUEST_JOBS RDMABROKER_GUEST_JOBS_TSAN RDMABROKER_GUEST_RUNS ${RDMABROKER_GUEST_PASS_ENV:-}; do
     [ -n "${!v+x}" ] && printf 'export %s=%q\n' "$v" "${!v}"
   done
   printf 'cd -- %q || exit 126\n' "$CWD"
