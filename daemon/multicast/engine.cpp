@@ -528,59 +528,28 @@ MulticastEngine::Endpoint* MulticastEngine::endpoint_for(const ChannelMember& m,
   }
   auto ep = std::make_unique<Endpoint>();
   ep->device = m.device;
-  rdma_cm_id* id = nullptr;
-  if (rdma_create_id(cm_channel_.get(), &id, nullptr, RDMA_PS_UDP) != 0) {
-    why = std::string("rdma_create_id: ") + std::strerror(errno);
-    return nullptr;
-  }
-  ep->id.reset(id);
-  sockaddr_storage local = m.local;
-  reinterpret_cast<sockaddr_in*>(&local)->sin_port = 0;
-  if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&local)) != 0) {
-    why = std::string("rdma_bind_addr: ") + std::strerror(errno);
-    return nullptr;
-  }
-  Device* dev = core_.devices != nullptr ? core_.devices->find(id->verbs) : nullptr;
-  if (dev == nullptr) {
-    why = "the connection's address is on no device the broker uses";
-    return nullptr;
-  }
+  Device* dev = nullptr;
+  verbs::UdEndpointSpec spec;
+  spec.cm_channel = cm_channel_.get();
+  spec.local = reinterpret_cast<const sockaddr*>(&m.local);
+  spec.pd_for = [&](ibv_context* context, std::string& reason) -> ibv_pd* {
+    dev = core_.devices != nullptr ? core_.devices->find(context) : nullptr;
+    if (dev == nullptr) reason = "the connection's address is on no device the broker uses";
+    return dev != nullptr ? dev->pd.get() : nullptr;
+  };
+  spec.slots = kSlots;
+  spec.slot_size = kSlotSize;
+  spec.max_send_wr = kSlots;
+  spec.max_recv_wr = 1;  // the broker only sends: its own datagrams looped back are dropped
+  spec.inline_sends = true;
+  if (!verbs::open_ud_endpoint(spec, *ep, why)) return nullptr;
   ibv_port_attr pa{};
-  if (ibv_query_port(id->verbs, id->port_num, &pa) != 0) {
+  if (ibv_query_port(ep->id->verbs, ep->id->port_num, &pa) != 0) {
     why = std::string("ibv_query_port: ") + std::strerror(errno);
     return nullptr;
   }
   ep->mtu = std::min(mtu_bytes(pa.active_mtu), kSlotSize);
-  ep->cq.reset(ibv_create_cq(id->verbs, static_cast<int>(kSlots), nullptr, nullptr, 0));
-  if (!ep->cq) {
-    why = std::string("ibv_create_cq: ") + std::strerror(errno);
-    return nullptr;
-  }
   ep->slot_count = kSlots;
-  ep->slots.reset(new std::byte[std::size_t{kSlots} * kSlotSize]);
-  ep->slots_mr = verbs::register_local(dev->pd.get(), ep->slots.get(), std::size_t{kSlots} * kSlotSize);
-  if (!ep->slots_mr) {
-    why = std::string("ibv_reg_mr: ") + std::strerror(errno);
-    return nullptr;
-  }
-  ibv_qp_init_attr attr{};
-  attr.qp_type = IBV_QPT_UD;
-  attr.send_cq = ep->cq.get();
-  attr.recv_cq = ep->cq.get();
-  attr.cap.max_send_wr = kSlots;
-  attr.cap.max_recv_wr = 1;  // the broker only sends: its own datagrams looped back are dropped
-  attr.cap.max_send_sge = 1;
-  attr.cap.max_recv_sge = 1;
-  attr.cap.max_inline_data = verbs::kInlineWanted;
-  if (rdma_create_qp(id, dev->pd.get(), &attr) != 0) {
-    attr.cap.max_inline_data = 0;
-    if (rdma_create_qp(id, dev->pd.get(), &attr) != 0) {
-      why = std::string("rdma_create_qp (UD): ") + std::strerror(errno);
-      return nullptr;
-    }
-  }
-  ep->qp = verbs::CmQp(id);
-  ep->max_inline = attr.cap.max_inline_data;
   spdlog::info("multicast: UD endpoint on {} (path MTU {} bytes)", dev->name, ep->mtu);
   return endpoints_.emplace(m.device, std::move(ep)).first->second.get();
 }
@@ -645,7 +614,7 @@ void MulticastEngine::send_datagrams(Channel& ch, std::span<const WindowEntry> e
         poll_sends(ep);
         if (ep.in_flight == ep.slot_count) std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
-      std::byte* slot = ep.slots.get() + std::size_t{ep.next_slot} * kSlotSize;
+      std::byte* slot = ep.slot(ep.next_slot);
       ep.next_slot = (ep.next_slot + 1) % ep.slot_count;
       std::uint32_t n = 0;
       if (fragmented) {
@@ -661,7 +630,7 @@ void MulticastEngine::send_datagrams(Channel& ch, std::span<const WindowEntry> e
       proto::encode(slot, proto::DatagramHeader{ch.id, first, total, fragmented ? offset : 0,
                                                 static_cast<std::uint32_t>(entries.size())});
       ibv_sge sge{reinterpret_cast<std::uint64_t>(slot),
-                  static_cast<std::uint32_t>(proto::kDatagramHeaderSize + n), ep.slots_mr->lkey};
+                  static_cast<std::uint32_t>(proto::kDatagramHeaderSize + n), ep.mr->lkey};
       ibv_send_wr wr{};
       wr.opcode = IBV_WR_SEND;
       wr.sg_list = &sge;

@@ -44,6 +44,7 @@
 #include "broker/subscription_index.hpp"
 #include "broker/buffer_pool.hpp"
 #include "rdmabroker/common/fd.hpp"
+#include "rdmabroker/common/ud_endpoint.hpp"
 #include "rdmabroker/common/verbs.hpp"
 #include "rdmabroker/result.hpp"
 #include "worker/command_queue.hpp"
@@ -171,15 +172,10 @@ class MulticastEngine {
   /// that device (groups are joined on it), a UD QP and its CQ, and staging
   /// slots (registered) that datagrams are written into. Members in creation
   /// order; destruction in reverse is a valid teardown (QP, MR, CQ, id).
-  struct Endpoint {
+  /// A device's UD endpoint (id, CQ, staging slots, QP) and its send state.
+  struct Endpoint : verbs::UdEndpoint {
     std::uint32_t device = 0;
-    verbs::CmIdPtr id;
-    verbs::CqPtr cq;
-    std::unique_ptr<std::byte[]> slots;
-    verbs::MrPtr slots_mr;
-    verbs::CmQp qp;
     std::uint32_t mtu = 0;  // path MTU: the largest datagram
-    std::uint32_t max_inline = 0;
     std::uint32_t slot_count = 0;
     std::uint32_t next_slot = 0;
     std::uint32_t in_flight = 0;  // sends posted, not completed (all signaled, FIFO)
