@@ -24,6 +24,7 @@
 #include "client_internal.hpp"
 #include "rdmabroker/common/credits.hpp"
 #include "rdmabroker/common/fd.hpp"
+#include "rdmabroker/common/ud_endpoint.hpp"
 #include "rdmabroker/common/verbs.hpp"
 #include "session.hpp"
 
@@ -35,16 +36,25 @@ constexpr std::uint64_t kRecvFlag = 1ull << 63;
 constexpr std::uint32_t kUdRecvs = 512;
 constexpr std::uint32_t kUdBufferSize = proto::kGrhSize + 4096;
 
-class RdmaClient final : public Session {
+class RdmaTransport final : public Transport {
  public:
-  RdmaClient(ParsedUrl url, ClientOptions options) : Session(std::move(options)), url_(std::move(url)) {}
-  ~RdmaClient() override { close(); }
+  RdmaTransport(Session& session, ParsedUrl url) : Transport(session), url_(std::move(url)) {}
+  ~RdmaTransport() override { close(); }
 
-  Status connect();
+  Status connect() override;
   void close() override;
 
  private:
+  /// One attempt: resolve, create the QP and buffers, exchange the
+  /// handshake, start the session's side (reject: the broker's refusal).
   Status connect_once(std::uint32_t recv_buffer_size, proto::ConnectReject* reject);
+  Status resolve(const std::string& where, Clock::time_point deadline);
+  /// PD, CQ, QP and the posted receive buffers on the device the route chose.
+  Status create_resources(std::uint32_t recv_buffer_size);
+  Result<proto::ConnectAccept> exchange_handshake(std::uint32_t recv_buffer_size, const std::string& where,
+                                                  Clock::time_point deadline, proto::ConnectReject* reject);
+  /// Send buffers, credits, the I/O thread's epoll set, the description.
+  Status start_session(const proto::ConnectAccept& accept, const std::string& where);
   Result<rdma_cm_event_type> wait_cm_event(rdma_cm_event_type expected, Clock::time_point deadline,
                                            std::vector<std::byte>* private_data);
   void teardown_resources();
@@ -89,14 +99,8 @@ class RdmaClient final : public Session {
   verbs::MrPtr recv_mr_;
   verbs::MrPtr send_mr_;  // registers Session's send buffers
   // UD endpoint (created on the first MCAST_JOIN), in creation order.
-  verbs::EventChannelPtr ud_cm_channel_;
-  verbs::CmIdPtr ud_id_;
-  verbs::CompChannelPtr ud_comp_channel_;
-  verbs::CqPtr ud_cq_;
-  verbs::CqEventAcker ud_acker_;
-  std::unique_ptr<std::byte[]> ud_mem_;
-  verbs::MrPtr ud_mr_;
-  verbs::CmQp ud_qp_;
+  verbs::EventChannelPtr ud_cm_channel_;   // outlives the endpoint's id
+  std::unique_ptr<verbs::UdEndpoint> ud_;  // receive slots of kUdBufferSize
   bool ud_failed_ = false;
   /// Test builds: RDMABROKER_TEST_FAIL_MCAST_JOIN set when connecting makes
   /// every join fail, as on a fabric that refuses it (read once, on the
@@ -114,8 +118,9 @@ class RdmaClient final : public Session {
 
 // ---------------------------------------------------------------- connect
 
-Result<rdma_cm_event_type> RdmaClient::wait_cm_event(rdma_cm_event_type expected, Clock::time_point deadline,
-                                                     std::vector<std::byte>* private_data) {
+Result<rdma_cm_event_type> RdmaTransport::wait_cm_event(rdma_cm_event_type expected,
+                                                        Clock::time_point deadline,
+                                                        std::vector<std::byte>* private_data) {
   while (true) {
     rdma_cm_event* ev = nullptr;
     if (rdma_get_cm_event(cm_channel_.get(), &ev) == 0) {
@@ -140,22 +145,22 @@ Result<rdma_cm_event_type> RdmaClient::wait_cm_event(rdma_cm_event_type expected
   }
 }
 
-Status RdmaClient::connect() {
+Status RdmaTransport::connect() {
 #if RDMABROKER_FAULT_INJECTION
   fail_joins_ = std::getenv("RDMABROKER_TEST_FAIL_MCAST_JOIN") != nullptr;
 #endif
-  const Status st = connect_with_retry(
+  const Status st = session_.connect_with_retry(
       [this](std::uint32_t size, proto::ConnectReject* reject) { return connect_once(size, reject); },
       [this] { teardown_resources(); });
   if (!st) return st;
   io_thread_ = std::thread([this] { run(); });
-  return authenticate();
+  return session_.authenticate();
 }
 
-Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectReject* reject) {
-  const auto deadline = Clock::now() + opt_.connect_timeout;
+Status RdmaTransport::connect_once(std::uint32_t recv_buffer_size, proto::ConnectReject* reject) {
+  const auto deadline = Clock::now() + session_.opt_.connect_timeout;
   const std::string where = url_.host + ":" + std::to_string(url_.port);
-  recv_buffer_size_ = recv_buffer_size;
+  session_.recv_buffer_size_ = recv_buffer_size;
   cm_channel_.reset(rdma_create_event_channel());
   if (!cm_channel_) return sys_error(ErrorKind::kResource, "rdma_create_event_channel");
   set_nonblocking(cm_channel_->fd);
@@ -163,7 +168,15 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
   if (rdma_create_id(cm_channel_.get(), &id, nullptr, RDMA_PS_TCP) != 0)
     return sys_error(ErrorKind::kResource, "rdma_create_id");
   id_.reset(id);
+  if (auto st = resolve(where, deadline); !st) return st;
+  if (auto st = create_resources(recv_buffer_size); !st) return st;
+  auto accept = exchange_handshake(recv_buffer_size, where, deadline, reject);
+  if (!accept) return accept.error();
+  return start_session(*accept, where);
+}
 
+Status RdmaTransport::resolve(const std::string& where, Clock::time_point deadline) {
+  rdma_cm_id* id = id_.get();
   addrinfo hints{};
   hints.ai_family = AF_INET;
   addrinfo* dst = nullptr;
@@ -172,10 +185,10 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
   }
   std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> dst_owner(dst, freeaddrinfo);
   addrinfo* src = nullptr;
-  if (!opt_.bind_address.empty()) {
-    if (int rc = getaddrinfo(opt_.bind_address.c_str(), nullptr, &hints, &src); rc != 0) {
+  if (!session_.opt_.bind_address.empty()) {
+    if (int rc = getaddrinfo(session_.opt_.bind_address.c_str(), nullptr, &hints, &src); rc != 0) {
       return Error{ErrorKind::kInvalidArgument,
-                   "bad bind address " + opt_.bind_address + ": " + gai_strerror(rc)};
+                   "bad bind address " + session_.opt_.bind_address + ": " + gai_strerror(rc)};
     }
   }
   std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> src_owner(src, freeaddrinfo);
@@ -197,14 +210,18 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
     return Error{ErrorKind::kConnectFailed,
                  "route to " + where + ": " + (ev ? std::string(rdma_event_str(*ev)) : ev.error().message)};
   }
+  return {};
+}
 
+Status RdmaTransport::create_resources(std::uint32_t recv_buffer_size) {
   // Resources on the device the route chose.
+  rdma_cm_id* id = id_.get();
   pd_.reset(ibv_alloc_pd(id->verbs));
   if (!pd_) return sys_error(ErrorKind::kResource, "ibv_alloc_pd");
   comp_channel_.reset(ibv_create_comp_channel(id->verbs));
   if (!comp_channel_) return sys_error(ErrorKind::kResource, "ibv_create_comp_channel");
   set_nonblocking(comp_channel_->fd);
-  const int cqe = static_cast<int>(opt_.recv_credits + opt_.max_inflight_sends + 2);
+  const int cqe = static_cast<int>(session_.opt_.recv_credits + session_.opt_.max_inflight_sends + 2);
   cq_.reset(ibv_create_cq(id->verbs, cqe, nullptr, comp_channel_.get(), 0));
   if (!cq_) return sys_error(ErrorKind::kResource, "ibv_create_cq");
   acker_.attach(cq_.get());
@@ -212,8 +229,8 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
   attr.send_cq = cq_.get();
   attr.recv_cq = cq_.get();
   attr.qp_type = IBV_QPT_RC;
-  attr.cap.max_send_wr = opt_.max_inflight_sends + 1;
-  attr.cap.max_recv_wr = opt_.recv_credits;
+  attr.cap.max_send_wr = session_.opt_.max_inflight_sends + 1;
+  attr.cap.max_recv_wr = session_.opt_.recv_credits;
   attr.cap.max_send_sge = 1;
   attr.cap.max_recv_sge = 1;
   attr.cap.max_inline_data = verbs::kInlineWanted;
@@ -224,31 +241,39 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
   qp_ = verbs::CmQp(id);
   max_inline_ = attr.cap.max_inline_data;
 
-  const std::size_t recv_bytes = std::size_t{opt_.recv_credits} * recv_buffer_size;
+  const std::size_t recv_bytes = std::size_t{session_.opt_.recv_credits} * recv_buffer_size;
   recv_mem_.reset(new std::byte[recv_bytes]);
   recv_mr_ = verbs::register_local(pd_.get(), recv_mem_.get(), recv_bytes);
   if (!recv_mr_) return sys_error(ErrorKind::kResource, "ibv_reg_mr (receive buffers; check ulimit -l)");
-  for (std::uint32_t i = 0; i < opt_.recv_credits; ++i) {
+  for (std::uint32_t i = 0; i < session_.opt_.recv_credits; ++i) {
     if (!verbs::post_receive(qp_.get(), recv_mem_.get() + std::size_t{i} * recv_buffer_size, recv_buffer_size,
                              recv_mr_->lkey, kRecvFlag | i)) {
       return sys_error(ErrorKind::kResource, "ibv_post_recv");
     }
   }
+  return {};
+}
 
-  auto pdata = proto::encode(proto::ConnectRequest{
-      recv_buffer_size, opt_.recv_credits, opt_.multicast ? proto::kConnectMulticast : std::uint16_t{0}});
+Result<proto::ConnectAccept> RdmaTransport::exchange_handshake(std::uint32_t recv_buffer_size,
+                                                               const std::string& where,
+                                                               Clock::time_point deadline,
+                                                               proto::ConnectReject* reject) {
+  auto pdata = proto::encode(
+      proto::ConnectRequest{recv_buffer_size, session_.opt_.recv_credits,
+                            session_.opt_.multicast ? proto::kConnectMulticast : std::uint16_t{0}});
   rdma_conn_param param{};
   param.private_data = pdata.data();
   param.private_data_len = static_cast<std::uint8_t>(pdata.size());
   param.retry_count = 7;
   param.rnr_retry_count = 7;  // safety net only: credits keep a receive posted
-  if (rdma_connect(id, &param) != 0)
+  if (rdma_connect(id_.get(), &param) != 0)
     return sys_error(ErrorKind::kConnectFailed, "rdma_connect(" + where + ")");
   std::vector<std::byte> reply;
   auto ev = wait_cm_event(RDMA_CM_EVENT_ESTABLISHED, deadline, &reply);
   if (!ev) return ev.error();
   if (*ev == RDMA_CM_EVENT_REJECTED) {
-    if (proto::decode(reply, *reject) == proto::HandshakeStatus::kOk) return rejected(where, *reject);
+    if (proto::decode(reply, *reject) == proto::HandshakeStatus::kOk)
+      return Session::rejected(where, *reject);
     return Error{ErrorKind::kRejected,
                  "connection to " + where + " rejected (no rdmabroker listening there?)"};
   }
@@ -260,14 +285,19 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
     return Error{ErrorKind::kConnectFailed,
                  "bad accept from " + where + ": " + std::string(proto::to_string(st))};
   }
-  max_frame_ = accept.max_frame_size;
+  return accept;
+}
 
-  init_send_buffers(max_frame_, opt_.max_inflight_sends + opt_.send_queue_buffers);
-  send_mr_ = verbs::register_local(pd_.get(), send_memory().data(), send_memory().size());
+Status RdmaTransport::start_session(const proto::ConnectAccept& accept, const std::string& where) {
+  session_.max_frame_ = accept.max_frame_size;
+
+  session_.init_send_buffers(session_.max_frame_,
+                             session_.opt_.max_inflight_sends + session_.opt_.send_queue_buffers);
+  send_mr_ = verbs::register_local(pd_.get(), session_.send_memory().data(), session_.send_memory().size());
   if (!send_mr_) return sys_error(ErrorKind::kResource, "ibv_reg_mr (send buffers; check ulimit -l)");
 
-  credits_ = CreditWindow(opt_.recv_credits);
-  credits_.grant_initial(opt_.recv_credits);
+  credits_ = CreditWindow(session_.opt_.recv_credits);
+  credits_.grant_initial(session_.opt_.recv_credits);
   credits_.add_send_credits(accept.initial_credits);
 
   wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -282,15 +312,15 @@ Status RdmaClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRe
   ibv_req_notify_cq(cq_.get(), 0);
 
   char local[INET6_ADDRSTRLEN] = "?";
-  auto* sa = reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(id));
+  auto* sa = reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(id_.get()));
   inet_ntop(AF_INET, &sa->sin_addr, local, sizeof local);
-  description_ = "rdma " + std::string(ibv_get_device_name(id->verbs->device)) + " " + local + " -> " +
-                 where + " (connection " + std::to_string(accept.connection_id) + ")";
-  established_ = true;
+  session_.description_ = "rdma " + std::string(ibv_get_device_name(id_->verbs->device)) + " " + local +
+                          " -> " + where + " (connection " + std::to_string(accept.connection_id) + ")";
+  session_.established_ = true;
   return {};
 }
 
-void RdmaClient::teardown_resources() {
+void RdmaTransport::teardown_resources() {
   teardown_ud();  // its QP and MR use the PD
   // Reverse order of creation: QP, MRs, CQ, completion channel, PD, cm_id, channel.
   qp_.reset();
@@ -305,43 +335,43 @@ void RdmaClient::teardown_resources() {
   inflight_.clear();
 }
 
-void RdmaClient::close() {
-  if (!begin_close()) return;
+void RdmaTransport::close() {
+  if (!session_.begin_close()) return;
   rdma_disconnect(id_.get());
   std::uint64_t one = 1;
   [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
   if (io_thread_.joinable()) io_thread_.join();
-  established_ = false;
+  session_.established_ = false;
   teardown_resources();
 }
 
 // ---------------------------------------------------------------- sending
 
-void RdmaClient::transmit_locked() {
-  if (closed_) return;
-  while (inflight_.size() < opt_.max_inflight_sends) {
-    if (!has_ready_locked() || !credits_.can_send_data()) {
+void RdmaTransport::transmit_locked() {
+  if (session_.closed_) return;
+  while (inflight_.size() < session_.opt_.max_inflight_sends) {
+    if (!session_.has_ready_locked() || !credits_.can_send_data()) {
       // No data, or no credit for it: owed credits may still have to go back,
       // using the reserved last credit if need be.
-      if (credits_.should_return() && credits_.can_send_credit_update()) post_locked(kNoBuffer, 0);
+      if (credits_.should_return() && credits_.can_send_credit_update()) post_locked(Session::kNoBuffer, 0);
       return;
     }
     // Idle enough to post the buffer being filled right away: batching only
     // happens while sends are in flight, so it adds no latency at light load.
-    const auto [buf, len] = take_ready_locked();
+    const auto [buf, len] = session_.take_ready_locked();
     if (!post_locked(buf, len)) return;
   }
 }
 
-bool RdmaClient::post_locked(std::uint32_t buffer, std::uint32_t len) {
+bool RdmaTransport::post_locked(std::uint32_t buffer, std::uint32_t len) {
   ibv_sge sge{};
   ibv_send_wr wr{};
   wr.wr_id = buffer;
   wr.opcode = IBV_WR_SEND_WITH_IMM;
   wr.imm_data = htonl(credits_.take_owed(proto::kMaxCreditsPerImm));
   wr.send_flags = IBV_SEND_SIGNALED;
-  if (buffer != kNoBuffer) {
-    sge = ibv_sge{reinterpret_cast<std::uint64_t>(send_buf(buffer)), len, send_mr_->lkey};
+  if (buffer != Session::kNoBuffer) {
+    sge = ibv_sge{reinterpret_cast<std::uint64_t>(session_.send_buf(buffer)), len, send_mr_->lkey};
     wr.sg_list = &sge;
     wr.num_sge = 1;
     // A small send (a lone publish at light load) is copied by the device at
@@ -350,7 +380,7 @@ bool RdmaClient::post_locked(std::uint32_t buffer, std::uint32_t len) {
   }
   ibv_send_wr* bad = nullptr;
   if (ibv_post_send(qp_.get(), &wr, &bad) != 0) {
-    fail_locked(sys_error(ErrorKind::kClosed, "ibv_post_send"));
+    session_.fail_locked(sys_error(ErrorKind::kClosed, "ibv_post_send"));
     return false;
   }
   credits_.consume_send();
@@ -360,26 +390,26 @@ bool RdmaClient::post_locked(std::uint32_t buffer, std::uint32_t len) {
 
 // ---------------------------------------------------------------- I/O thread
 
-void RdmaClient::run() {
+void RdmaTransport::run() {
   Deliveries deliveries;
   std::vector<Error> errors;
   auto last_work = Clock::now();
-  while (!stop_requested()) {
+  while (!session_.stop_requested()) {
     // Everything that needs this thread raises an fd event (completions, CM
     // events, close()'s wake-up), so an idle client sleeps until one comes; a
     // 100 ms tick made a process holding 1,000 idle clients wake 10,000 times
     // a second for nothing.
     int timeout_ms = -1;
-    if (opt_.busy_poll.count() > 0) {
+    if (session_.opt_.busy_poll.count() > 0) {
       // Busy polling: spin on the CQ (no system call) until a completion
       // lands or busy_poll has passed since the last one; what it finds is
       // handled at once and the events are then only looked at, not waited for.
-      const auto until = last_work + opt_.busy_poll;
+      const auto until = last_work + session_.opt_.busy_poll;
       ibv_wc wcs[32];
       int got = 0;
       for (int i = 0; got == 0 && Clock::now() < until; ++i) {
         got = ibv_poll_cq(cq_.get(), 32, wcs);
-        if ((i & 1023) == 1023 && stop_requested()) break;
+        if ((i & 1023) == 1023 && session_.stop_requested()) break;
       }
       for (int i = 0; i < got; ++i) on_completion(wcs[i], deliveries, errors);
       if (got > 0) {
@@ -388,7 +418,7 @@ void RdmaClient::run() {
       }
     }
     // A multicast gap to ask for (or a frame to retry) bounds the sleep.
-    if (const int gap_ms = check_gaps(); gap_ms >= 0)
+    if (const int gap_ms = session_.check_gaps(); gap_ms >= 0)
       timeout_ms = timeout_ms < 0 ? gap_ms : std::min(timeout_ms, gap_ms);
     epoll_event evs[6];
     const int n = ::epoll_wait(epoll_.get(), evs, 6, timeout_ms);
@@ -401,10 +431,10 @@ void RdmaClient::run() {
         while (ibv_get_cq_event(comp_channel_.get(), &cq, &ctx) == 0) acker_.add();
       } else if (fd == cm_channel_->fd) {
         cm_ready = true;
-      } else if (ud_comp_channel_ && fd == ud_comp_channel_->fd) {
+      } else if (ud_ && fd == ud_->channel->fd) {
         ibv_cq* cq = nullptr;
         void* ctx = nullptr;
-        while (ibv_get_cq_event(ud_comp_channel_.get(), &cq, &ctx) == 0) ud_acker_.add();
+        while (ibv_get_cq_event(ud_->channel.get(), &cq, &ctx) == 0) ud_->acker.add();
       } else if (ud_cm_channel_ && fd == ud_cm_channel_->fd) {
         handle_group_events();
       } else {
@@ -424,167 +454,151 @@ void RdmaClient::run() {
       }
       if (pass == 0) ibv_req_notify_cq(cq_.get(), 0);
     }
-    if (ud_cq_) drain_ud(deliveries);
+    if (ud_) drain_ud(deliveries);
     rdma_cm_event* ev = nullptr;
     while (cm_ready && rdma_get_cm_event(cm_channel_.get(), &ev) == 0) {
       verbs::CmEventPtr owned(ev);
       if (ev->event == RDMA_CM_EVENT_DISCONNECTED || ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL) {
-        std::lock_guard lock(mu_);
-        if (!closed_ && !closing_)
+        std::lock_guard lock(session_.mu_);
+        if (!session_.closed_ && !session_.closing_)
           errors.push_back(Error{ErrorKind::kClosed, "connection to the broker lost"});
-        fail_locked(Error{ErrorKind::kClosed,
-                          "connection to the broker lost (" + std::string(rdma_event_str(ev->event)) + ")"});
+        session_.fail_locked(Error{ErrorKind::kClosed, "connection to the broker lost (" +
+                                                           std::string(rdma_event_str(ev->event)) + ")"});
       }
     }
     {
-      std::lock_guard lock(mu_);
+      std::lock_guard lock(session_.mu_);
       transmit_locked();
     }
-    dispatch(deliveries, errors);
+    session_.dispatch(deliveries, errors);
   }
 }
 
-void RdmaClient::on_completion(const ibv_wc& wc, Deliveries& deliveries, std::vector<Error>& errors) {
+void RdmaTransport::on_completion(const ibv_wc& wc, Deliveries& deliveries, std::vector<Error>& errors) {
   if ((wc.wr_id & kRecvFlag) != 0) {
     const auto idx = static_cast<std::uint32_t>(wc.wr_id & ~kRecvFlag);
     if (wc.status != IBV_WC_SUCCESS) {
-      std::lock_guard lock(mu_);
-      if (!closed_ && wc.status != IBV_WC_WR_FLUSH_ERR) {
+      std::lock_guard lock(session_.mu_);
+      if (!session_.closed_ && wc.status != IBV_WC_WR_FLUSH_ERR) {
         errors.push_back(
             Error{ErrorKind::kClosed, std::string("receive failed: ") + ibv_wc_status_str(wc.status)});
       }
-      fail_locked(Error{ErrorKind::kClosed, std::string("receive failed: ") + ibv_wc_status_str(wc.status)});
+      session_.fail_locked(
+          Error{ErrorKind::kClosed, std::string("receive failed: ") + ibv_wc_status_str(wc.status)});
       return;
     }
-    std::byte* buf = recv_mem_.get() + std::size_t{idx} * recv_buffer_size_;
-    on_frames({buf, wc.byte_len}, deliveries, errors);
+    std::byte* buf = recv_mem_.get() + std::size_t{idx} * session_.recv_buffer_size_;
+    session_.on_frames({buf, wc.byte_len}, deliveries, errors);
     // Repost at once: the frames were copied out.
-    std::lock_guard lock(mu_);
-    if (closed_) return;
-    if (!verbs::post_receive(qp_.get(), buf, recv_buffer_size_, recv_mr_->lkey, wc.wr_id)) {
-      fail_locked(sys_error(ErrorKind::kClosed, "ibv_post_recv"));
+    std::lock_guard lock(session_.mu_);
+    if (session_.closed_) return;
+    if (!verbs::post_receive(qp_.get(), buf, session_.recv_buffer_size_, recv_mr_->lkey, wc.wr_id)) {
+      session_.fail_locked(sys_error(ErrorKind::kClosed, "ibv_post_recv"));
       return;
     }
     if (!credits_.on_receive()) {
-      fail_locked(Error{ErrorKind::kClosed, "broker sent without a credit (protocol violation)"});
+      session_.fail_locked(Error{ErrorKind::kClosed, "broker sent without a credit (protocol violation)"});
       return;
     }
     if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) credits_.add_send_credits(ntohl(wc.imm_data));
     return;
   }
-  std::lock_guard lock(mu_);
+  std::lock_guard lock(session_.mu_);
   if (!inflight_.empty()) {
-    release_send_buffer_locked(inflight_.front());
+    session_.release_send_buffer_locked(inflight_.front());
     inflight_.pop_front();
   }
-  if (wc.status != IBV_WC_SUCCESS && !closed_) {
+  if (wc.status != IBV_WC_SUCCESS && !session_.closed_) {
     if (wc.status != IBV_WC_WR_FLUSH_ERR) {
       errors.push_back(
           Error{ErrorKind::kClosed, std::string("send failed: ") + ibv_wc_status_str(wc.status)});
     }
-    fail_locked(Error{ErrorKind::kClosed, std::string("send failed: ") + ibv_wc_status_str(wc.status)});
+    session_.fail_locked(
+        Error{ErrorKind::kClosed, std::string("send failed: ") + ibv_wc_status_str(wc.status)});
   }
-  cv_.notify_all();
+  session_.cv_.notify_all();
 }
 
 // ---------------------------------------------------------------- multicast
 
-bool RdmaClient::open_ud(std::string& why) {
-  if (ud_qp_) return true;
+bool RdmaTransport::open_ud(std::string& why) {
+  if (ud_) return true;
   if (ud_failed_) {
     why = ud_error_;
     return false;
   }
   auto fail = [&](const std::string& what) {
     ud_failed_ = true;
-    ud_error_ = what + ": " + std::strerror(errno);
+    ud_error_ = what;
     why = ud_error_;
     teardown_ud();
     return false;
   };
   ud_cm_channel_.reset(rdma_create_event_channel());
-  if (!ud_cm_channel_) return fail("rdma_create_event_channel");
+  if (!ud_cm_channel_) return fail(std::string("rdma_create_event_channel: ") + std::strerror(errno));
   set_nonblocking(ud_cm_channel_->fd);
-  rdma_cm_id* id = nullptr;
-  if (rdma_create_id(ud_cm_channel_.get(), &id, nullptr, RDMA_PS_UDP) != 0) return fail("rdma_create_id");
-  ud_id_.reset(id);
+  verbs::UdEndpointSpec spec;
+  spec.cm_channel = ud_cm_channel_.get();
   // On the connection's own address: the device the broker reaches us on.
-  sockaddr_in local = *reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(id_.get()));
-  local.sin_port = 0;
-  if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&local)) != 0) return fail("rdma_bind_addr");
-  if (id->verbs != id_->verbs) {
-    errno = ENODEV;
-    return fail("the UD endpoint is not on the connection's device");
-  }
-  ud_comp_channel_.reset(ibv_create_comp_channel(id->verbs));
-  if (!ud_comp_channel_) return fail("ibv_create_comp_channel");
-  set_nonblocking(ud_comp_channel_->fd);
-  ud_cq_.reset(ibv_create_cq(id->verbs, static_cast<int>(kUdRecvs + 1), nullptr, ud_comp_channel_.get(), 0));
-  if (!ud_cq_) return fail("ibv_create_cq");
-  ud_acker_.attach(ud_cq_.get());
-  ud_mem_.reset(new std::byte[std::size_t{kUdRecvs} * kUdBufferSize]);
-  ud_mr_ = verbs::register_local(pd_.get(), ud_mem_.get(), std::size_t{kUdRecvs} * kUdBufferSize);
-  if (!ud_mr_) return fail("ibv_reg_mr (multicast receive buffers)");
-  ibv_qp_init_attr attr{};
-  attr.qp_type = IBV_QPT_UD;
-  attr.send_cq = ud_cq_.get();
-  attr.recv_cq = ud_cq_.get();
-  attr.cap.max_send_wr = 1;
-  attr.cap.max_recv_wr = kUdRecvs;
-  attr.cap.max_send_sge = 1;
-  attr.cap.max_recv_sge = 1;
-  if (rdma_create_qp(id, pd_.get(), &attr) != 0) return fail("rdma_create_qp (UD)");
-  ud_qp_ = verbs::CmQp(id);
+  spec.local = rdma_get_local_addr(id_.get());
+  spec.pd_for = [this](ibv_context* context, std::string& reason) -> ibv_pd* {
+    if (context == id_->verbs) return pd_.get();
+    reason = "the UD endpoint is not on the connection's device";
+    return nullptr;
+  };
+  spec.completion_channel = true;
+  spec.slots = kUdRecvs;
+  spec.slot_size = kUdBufferSize;
+  spec.max_recv_wr = kUdRecvs;
+  ud_ = std::make_unique<verbs::UdEndpoint>();
+  std::string step;
+  if (!verbs::open_ud_endpoint(spec, *ud_, step)) return fail(step);
   for (std::uint32_t i = 0; i < kUdRecvs; ++i) post_ud_receive(i);
-  for (int fd : {ud_cm_channel_->fd, ud_comp_channel_->fd}) {
+  for (int fd : {ud_cm_channel_->fd, ud_->channel->fd}) {
     epoll_event e{};
     e.events = EPOLLIN;
     e.data.fd = fd;
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &e);
   }
-  ibv_req_notify_cq(ud_cq_.get(), 0);
+  ibv_req_notify_cq(ud_->cq.get(), 0);
   return true;
 }
 
-void RdmaClient::post_ud_receive(std::uint32_t index) {
+void RdmaTransport::post_ud_receive(std::uint32_t index) {
   // Fails only once the QP is in error: then nothing arrives anyway.
-  verbs::post_receive(ud_qp_.get(), ud_mem_.get() + std::size_t{index} * kUdBufferSize, kUdBufferSize,
-                      ud_mr_->lkey, index);
+  verbs::post_receive(ud_->qp.get(), ud_->slot(index), kUdBufferSize, ud_->mr->lkey, index);
 }
 
-void RdmaClient::teardown_ud() {
+void RdmaTransport::teardown_ud() {
   // Groups first: the kernel refuses to destroy a QP still attached to one
   // (EBUSY), and the CQ and completion channel would leak with it.
-  for (auto& [channel, g] : groups_) rdma_leave_multicast(ud_id_.get(), reinterpret_cast<sockaddr*>(&g.addr));
+  if (ud_ && ud_->id) {
+    for (auto& [channel, g] : groups_)
+      rdma_leave_multicast(ud_->id.get(), reinterpret_cast<sockaddr*>(&g.addr));
+  }
   groups_.clear();
-  // Then the rest in reverse order of creation.
-  ud_qp_.reset();
-  ud_mr_.reset();
-  ud_mem_.reset();
-  ud_acker_.flush();
-  ud_cq_.reset();
-  ud_comp_channel_.reset();
-  ud_id_.reset();
+  // Then the endpoint (its members in reverse order of creation), then its CM channel.
+  ud_.reset();
   ud_cm_channel_.reset();
   groups_.clear();
   group_of_.clear();
-  groups_joined_.store(0, std::memory_order_relaxed);
+  session_.groups_joined_.store(0, std::memory_order_relaxed);
 }
 
-void RdmaClient::join_group(std::uint32_t sid, const proto::McastJoin& j, std::uint64_t epoch) {
+void RdmaTransport::join_group(std::uint32_t sid, const proto::McastJoin& j, std::uint64_t epoch) {
   leave_group(sid);  // a subscription is in one group at a time
   std::string why;
   if (fail_joins_) {
-    join_done(sid, epoch, "join refused (RDMABROKER_TEST_FAIL_MCAST_JOIN)");
+    session_.join_done(sid, epoch, "join refused (RDMABROKER_TEST_FAIL_MCAST_JOIN)");
     return;
   }
   static constexpr std::uint8_t kV4Mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   if (std::memcmp(j.group.data(), kV4Mapped, sizeof kV4Mapped) != 0) {
-    join_done(sid, epoch, "only IPv4 (RoCE v2) groups are supported");
+    session_.join_done(sid, epoch, "only IPv4 (RoCE v2) groups are supported");
     return;
   }
   if (!open_ud(why)) {
-    join_done(sid, epoch, why);
+    session_.join_done(sid, epoch, why);
     return;
   }
   auto [it, created] = groups_.try_emplace(j.channel);
@@ -592,23 +606,23 @@ void RdmaClient::join_group(std::uint32_t sid, const proto::McastJoin& j, std::u
   if (created) {
     g.addr.sin_family = AF_INET;
     std::memcpy(&g.addr.sin_addr, j.group.data() + 12, 4);
-    if (rdma_join_multicast(ud_id_.get(), reinterpret_cast<sockaddr*>(&g.addr),
+    if (rdma_join_multicast(ud_->id.get(), reinterpret_cast<sockaddr*>(&g.addr),
                             reinterpret_cast<void*>(static_cast<std::uintptr_t>(j.channel))) != 0) {
       groups_.erase(it);
-      join_done(sid, epoch, std::string("rdma_join_multicast: ") + std::strerror(errno));
+      session_.join_done(sid, epoch, std::string("rdma_join_multicast: ") + std::strerror(errno));
       return;
     }
   }
   g.sids.insert(sid);
   group_of_[sid] = j.channel;
   if (g.joined) {
-    join_done(sid, epoch, {});
+    session_.join_done(sid, epoch, {});
   } else {
     g.waiting.emplace_back(sid, epoch);
   }
 }
 
-void RdmaClient::leave_group(std::uint32_t sid) {
+void RdmaTransport::leave_group(std::uint32_t sid) {
   auto of = group_of_.find(sid);
   if (of == group_of_.end()) return;
   auto it = groups_.find(of->second);
@@ -618,12 +632,12 @@ void RdmaClient::leave_group(std::uint32_t sid) {
   g.sids.erase(sid);
   std::erase_if(g.waiting, [&](const auto& w) { return w.first == sid; });
   if (!g.sids.empty()) return;
-  rdma_leave_multicast(ud_id_.get(), reinterpret_cast<sockaddr*>(&g.addr));
-  if (g.joined) groups_joined_.fetch_sub(1, std::memory_order_relaxed);
+  rdma_leave_multicast(ud_->id.get(), reinterpret_cast<sockaddr*>(&g.addr));
+  if (g.joined) session_.groups_joined_.fetch_sub(1, std::memory_order_relaxed);
   groups_.erase(it);
 }
 
-void RdmaClient::handle_group_events() {
+void RdmaTransport::handle_group_events() {
   rdma_cm_event* raw = nullptr;
   while (rdma_get_cm_event(ud_cm_channel_.get(), &raw) == 0) {
     verbs::CmEventPtr ev(raw);
@@ -634,47 +648,47 @@ void RdmaClient::handle_group_events() {
     Group& g = it->second;
     const auto waiting = std::exchange(g.waiting, {});
     if (ev->event == RDMA_CM_EVENT_MULTICAST_JOIN) {
-      if (!g.joined) groups_joined_.fetch_add(1, std::memory_order_relaxed);
+      if (!g.joined) session_.groups_joined_.fetch_add(1, std::memory_order_relaxed);
       g.joined = true;
-      for (const auto& [sid, epoch] : waiting) join_done(sid, epoch, {});
+      for (const auto& [sid, epoch] : waiting) session_.join_done(sid, epoch, {});
       continue;
     }
     const std::string why =
         std::string(rdma_event_str(ev->event)) + " (status " + std::to_string(ev->status) + ")";
     for (const auto& [sid, epoch] : waiting) {
-      join_done(sid, epoch, why);
+      session_.join_done(sid, epoch, why);
       group_of_.erase(sid);
     }
     if (!g.joined) groups_.erase(it);
   }
 }
 
-void RdmaClient::drain_ud(Deliveries& deliveries) {
+void RdmaTransport::drain_ud(Deliveries& deliveries) {
   for (int pass = 0; pass < 2; ++pass) {
     ibv_wc wcs[32];
     int got;
-    while ((got = ibv_poll_cq(ud_cq_.get(), 32, wcs)) > 0) {
+    while ((got = ibv_poll_cq(ud_->cq.get(), 32, wcs)) > 0) {
       for (int i = 0; i < got; ++i) {
         const auto& wc = wcs[i];
         if (wc.status != IBV_WC_SUCCESS) continue;  // flushed at teardown
         const auto index = static_cast<std::uint32_t>(wc.wr_id);
-        const std::byte* buf = ud_mem_.get() + std::size_t{index} * kUdBufferSize;
+        const std::byte* buf = ud_->slot(index);
         if (wc.byte_len > proto::kGrhSize) {
-          on_datagram({buf + proto::kGrhSize, wc.byte_len - proto::kGrhSize}, deliveries);
+          session_.on_datagram({buf + proto::kGrhSize, wc.byte_len - proto::kGrhSize}, deliveries);
         }
         post_ud_receive(index);
       }
     }
-    if (pass == 0) ibv_req_notify_cq(ud_cq_.get(), 0);
+    if (pass == 0) ibv_req_notify_cq(ud_->cq.get(), 0);
   }
 }
 
 }  // namespace
 
 Result<std::unique_ptr<Client>> connect_rdma(const ParsedUrl& url, ClientOptions options) {
-  auto client = std::make_unique<RdmaClient>(url, std::move(options));
-  if (auto st = client->connect(); !st) return st.error();
-  return std::unique_ptr<Client>(std::move(client));
+  auto session = std::make_unique<Session>(std::move(options));
+  if (auto st = session->connect(std::make_unique<RdmaTransport>(*session, url)); !st) return st.error();
+  return std::unique_ptr<Client>(std::move(session));
 }
 
 }  // namespace rdmabroker

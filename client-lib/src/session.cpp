@@ -5,6 +5,10 @@
 
 namespace rdmabroker {
 
+void Transport::join_group(std::uint32_t sid, const proto::McastJoin& /*j*/, std::uint64_t epoch) {
+  session_.join_done(sid, epoch, "this transport has no multicast");
+}
+
 using proto::FrameType;
 
 namespace {
@@ -142,7 +146,7 @@ Status Session::append_frame_locked(std::unique_lock<std::mutex>& lock, const pr
   proto::encode_frame(std::span<std::byte>(send_buf(open_buf_) + open_len_, len), hdr, subject, reply,
                       payload);
   open_len_ += static_cast<std::uint32_t>(len);
-  transmit_locked();
+  transport_->transmit_locked();
   return {};
 }
 
@@ -379,7 +383,7 @@ bool Session::begin_close() {
     if (append_frame_locked(lock, h, {}, {}, {})) {
       // Give what is queued a moment to leave before the disconnect.
       cv_.wait_for(lock, std::chrono::seconds(2),
-                   [&] { return closed_ || (!has_ready_locked() && drained_locked()); });
+                   [&] { return closed_ || (!has_ready_locked() && transport_->drained_locked()); });
     }
     fail_locked(Error{ErrorKind::kClosed, "client closed the connection"});
   }
@@ -412,34 +416,9 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
       return;
     }
     switch (f.header.type) {
-      case FrameType::kDeliver: {
-        const bool sequenced = (f.header.flags & proto::kFlagSequenced) != 0;
-        std::uint64_t seq = f.header.sequence;
-        const auto st = proto::for_each_delivered(f, [&](const proto::Frame& inner) {
-          if (sequenced) {
-            Message m;
-            m.sid = f.header.arg;
-            m.subject.assign(inner.subject);
-            m.reply.assign(inner.reply);
-            m.payload.assign(inner.payload.begin(), inner.payload.end());
-            on_sequenced(f.header.arg, seq++, std::move(m), deliveries, false);
-            return;
-          }
-          Message& m = deliveries.add();
-          m.sid = f.header.arg;
-          m.subject.assign(inner.subject);
-          m.reply.assign(inner.reply);
-          m.payload.assign(inner.payload.begin(), inner.payload.end());
-        });
-        if (st != proto::DecodeStatus::kOk) {
-          std::lock_guard lock(mu_);
-          errors.push_back(Error{ErrorKind::kBrokerError, "undecodable DELIVER from the broker: " +
-                                                              std::string(proto::to_string(st))});
-          fail_locked(errors.back());
-          return;
-        }
+      case FrameType::kDeliver:
+        if (!on_deliver(f, deliveries, errors)) return;
         break;
-      }
       case FrameType::kNoResponders: {
         std::lock_guard lock(mu_);
         if (auto it = pending_.find(std::string(f.subject)); it != pending_.end() && !it->second.done) {
@@ -451,20 +430,20 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
       }
       case FrameType::kMcastJoin: {
         const auto j = proto::decode_mcast_join(f.payload);
-        SequencedStream& st = streams_[f.header.arg];
-        st.channel = j->channel;  // decode_frame checked the payload's length
-        if (!st.started) {
+        SequencedStream& stream = streams_[f.header.arg];
+        stream.channel = j->channel;  // decode_frame checked the payload's length
+        if (!stream.started) {
           // Everything before this number came over the connection already.
-          st.started = true;
-          st.next = f.header.sequence;
+          stream.started = true;
+          stream.next = f.header.sequence;
         }
-        join_group(f.header.arg, *j, f.header.sequence);
+        transport_->join_group(f.header.arg, *j, f.header.sequence);
         break;
       }
       case FrameType::kMcastLeave:
         // The group is gone; the rest comes over the connection, and what the
         // group did not bring before is asked for like any gap.
-        leave_group(f.header.arg);
+        transport_->leave_group(f.header.arg);
         if (auto it = streams_.find(f.header.arg); it != streams_.end() && f.header.sequence > 0) {
           it->second.tail = std::max(it->second.tail, f.header.sequence - 1);
         }
@@ -480,39 +459,66 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
         ++pongs_pending_;
         break;
       case FrameType::kError:
-      case FrameType::kClose: {
-        const auto code = static_cast<proto::ErrorCode>(f.header.arg);
-        std::string text(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
-        std::string msg =
-            "broker: " + std::string(proto::to_string(code)) + (text.empty() ? "" : ": " + text);
-        ErrorKind kind = ErrorKind::kBrokerError;
-        if (code == proto::ErrorCode::kAuthenticationFailed ||
-            code == proto::ErrorCode::kAuthenticationRequired) {
-          kind = ErrorKind::kAuthenticationFailed;
-          std::lock_guard lock(mu_);
-          auth_refusal_ = msg;
-        } else if (code == proto::ErrorCode::kPermissionDenied) {
-          kind = ErrorKind::kPermissionDenied;
-        }
-        // An ERROR about a subscription names it (SPEC.md §3.5): the broker
-        // refused (permissions, a limit) or revoked it, so it ends here too.
-        if (f.header.type == FrameType::kError && f.header.sequence != 0 &&
-            (code == proto::ErrorCode::kPermissionDenied ||
-             code == proto::ErrorCode::kTooManySubscriptions)) {
-          end_subscription(static_cast<std::uint32_t>(f.header.sequence), msg);
-        }
-        errors.push_back(Error{kind, msg});
-        if (f.header.type == FrameType::kClose) {
-          std::lock_guard lock(mu_);
-          fail_locked(Error{ErrorKind::kClosed,
-                            "broker closed the connection: " + std::string(proto::to_string(code))});
-        }
+      case FrameType::kClose:
+        on_error_frame(f, errors);
         break;
-      }
       default:
         break;  // CREDIT is the transport's; client-to-broker types are never sent to us
     }
     off += f.header.frame_len();
+  }
+}
+
+bool Session::on_deliver(const proto::Frame& f, Deliveries& deliveries, std::vector<Error>& errors) {
+  const bool sequenced = (f.header.flags & proto::kFlagSequenced) != 0;
+  std::uint64_t seq = f.header.sequence;
+  const auto st = proto::for_each_delivered(f, [&](const proto::Frame& inner) {
+    if (sequenced) {
+      Message m;
+      m.sid = f.header.arg;
+      m.subject.assign(inner.subject);
+      m.reply.assign(inner.reply);
+      m.payload.assign(inner.payload.begin(), inner.payload.end());
+      on_sequenced(f.header.arg, seq++, std::move(m), deliveries, false);
+      return;
+    }
+    Message& m = deliveries.add();
+    m.sid = f.header.arg;
+    m.subject.assign(inner.subject);
+    m.reply.assign(inner.reply);
+    m.payload.assign(inner.payload.begin(), inner.payload.end());
+  });
+  if (st == proto::DecodeStatus::kOk) return true;
+  std::lock_guard lock(mu_);
+  errors.push_back(Error{ErrorKind::kBrokerError,
+                         "undecodable DELIVER from the broker: " + std::string(proto::to_string(st))});
+  fail_locked(errors.back());
+  return false;
+}
+
+void Session::on_error_frame(const proto::Frame& f, std::vector<Error>& errors) {
+  const auto code = static_cast<proto::ErrorCode>(f.header.arg);
+  std::string text(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
+  std::string msg = "broker: " + std::string(proto::to_string(code)) + (text.empty() ? "" : ": " + text);
+  ErrorKind kind = ErrorKind::kBrokerError;
+  if (code == proto::ErrorCode::kAuthenticationFailed || code == proto::ErrorCode::kAuthenticationRequired) {
+    kind = ErrorKind::kAuthenticationFailed;
+    std::lock_guard lock(mu_);
+    auth_refusal_ = msg;
+  } else if (code == proto::ErrorCode::kPermissionDenied) {
+    kind = ErrorKind::kPermissionDenied;
+  }
+  // An ERROR about a subscription names it (SPEC.md §3.5): the broker
+  // refused (permissions, a limit) or revoked it, so it ends here too.
+  if (f.header.type == FrameType::kError && f.header.sequence != 0 &&
+      (code == proto::ErrorCode::kPermissionDenied || code == proto::ErrorCode::kTooManySubscriptions)) {
+    end_subscription(static_cast<std::uint32_t>(f.header.sequence), msg);
+  }
+  errors.push_back(Error{kind, msg});
+  if (f.header.type == FrameType::kClose) {
+    std::lock_guard lock(mu_);
+    fail_locked(
+        Error{ErrorKind::kClosed, "broker closed the connection: " + std::string(proto::to_string(code))});
   }
 }
 
@@ -750,7 +756,7 @@ int Session::check_gaps() {
       }
     }
     for (auto sid : ended) {
-      leave_group(sid);
+      transport_->leave_group(sid);
       streams_.erase(sid);
     }
   }

@@ -4,9 +4,11 @@
 // their delivery (callbacks or blocking queues), the send buffers frames are
 // encoded into (one being filled, the filled ones waiting, the rest free),
 // PING/PONG flushes, request/reply over a per-connection inbox, and the frame
-// decoder for what the broker sends. A transport (RdmaClient, TcpClient)
-// supplies the connection, an I/O thread that feeds received bytes to
-// on_frames(), and transmit_locked(), which moves filled buffers to the wire.
+// decoder for what the broker sends. It owns its Transport (transport.hpp:
+// RdmaTransport, TcpTransport), which supplies the connection, an I/O thread
+// that feeds received bytes to on_frames(), and transmit_locked(), which moves
+// filled buffers to the wire; the transport uses the part of the session
+// marked "the transport's side" below.
 //
 // Locking: mu_ guards all mutable state; callbacks run on the I/O thread
 // without it.
@@ -29,6 +31,7 @@
 #include "rdmabroker/client.hpp"
 #include "rdmabroker/proto/multicast.hpp"
 #include "rdmabroker/proto/wire.hpp"
+#include "transport.hpp"
 
 namespace rdmabroker {
 
@@ -74,9 +77,20 @@ struct Deliveries {
   }
 };
 
-class Session : public Client {
+class Session final : public Client {
  public:
   explicit Session(ClientOptions options) : opt_(std::move(options)) {}
+  /// Closes the transport first: its I/O thread uses the session.
+  ~Session() override { close(); }
+
+  /// Connects through `transport` (which the session then owns).
+  Status connect(std::unique_ptr<Transport> transport) {
+    transport_ = std::move(transport);
+    return transport_->connect();
+  }
+  void close() override {
+    if (transport_) transport_->close();
+  }
 
   Status publish(std::string_view subject, std::span<const std::byte> payload) override;
   Status publish_request(std::string_view subject, std::string_view reply,
@@ -115,7 +129,7 @@ class Session : public Client {
   }
   ClientStats stats() const override;
 
- protected:
+  // ------------------------------------------------ the transport's side
   static constexpr std::uint32_t kNoBuffer = ~0u;
 
   /// Runs `attempt` with our receive buffer size and, if the broker refuses
@@ -147,11 +161,6 @@ class Session : public Client {
   /// A buffer the transport is done with (sent, or failed).
   void release_send_buffer_locked(std::uint32_t buffer);
 
-  /// The transport's part, with mu_ held: put ready buffers on the wire.
-  virtual void transmit_locked() = 0;
-  /// True when nothing waits to be sent and nothing is in flight.
-  virtual bool drained_locked() const = 0;
-
   /// Sends CLOSE, waits (bounded) for it to leave, marks the session closed.
   /// Returns false if the session was never established (nothing to close).
   bool begin_close();
@@ -165,14 +174,6 @@ class Session : public Client {
   void fail_locked(Error why);
 
   // ---- multicast (SPEC.md §7); I/O thread only
-  /// The transport joins the group of `j` for subscription `sid` and calls
-  /// join_done() with the outcome (now, or when the join completes). The
-  /// default, for a transport without multicast, refuses.
-  virtual void join_group(std::uint32_t sid, const proto::McastJoin& /*j*/, std::uint64_t epoch) {
-    join_done(sid, epoch, "this transport has no multicast");
-  }
-  /// Subscription `sid` no longer takes its messages from a group.
-  virtual void leave_group(std::uint32_t /*sid*/) {}
   /// Tells the broker (MCAST_JOINED); `error` empty: joined.
   void join_done(std::uint32_t sid, std::uint64_t epoch, const std::string& error);
   /// A datagram from a group, without the GRH.
@@ -203,6 +204,8 @@ class Session : public Client {
   Error close_error_{ErrorKind::kClosed, ""};
 
  private:
+  std::unique_ptr<Transport> transport_;  // null until connect()
+
   struct SubscriptionEntry {
     std::string subject;
     // Shared so that dispatch() can call it without mu_ while unsubscribe()
@@ -256,6 +259,12 @@ class Session : public Client {
   /// next() returns kClosed with `why`, a callback gets nothing more.
   void end_subscription(std::uint32_t sid, const std::string& why);
   void on_inbox_message(const Message& m);
+  /// A DELIVER's messages into `deliveries` (a sequenced one through its
+  /// stream); false if it was malformed (the session then failed).
+  bool on_deliver(const proto::Frame& f, Deliveries& deliveries, std::vector<Error>& errors);
+  /// ERROR or CLOSE from the broker: reported, and what it ends (a
+  /// subscription, the authentication, the session) ends.
+  void on_error_frame(const proto::Frame& f, std::vector<Error>& errors);
 
   /// A multicast-served subscription's message stream: every message has a
   /// channel sequence number; each is delivered once, in order, whichever

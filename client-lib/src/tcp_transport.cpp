@@ -45,12 +45,12 @@ std::string sockaddr_string(const sockaddr* sa) {
   return std::string(host) + ":" + std::to_string(port);
 }
 
-class TcpClient final : public Session {
+class TcpTransport final : public Transport {
  public:
-  TcpClient(ParsedUrl url, ClientOptions options) : Session(std::move(options)), url_(std::move(url)) {}
-  ~TcpClient() override { close(); }
+  TcpTransport(Session& session, ParsedUrl url) : Transport(session), url_(std::move(url)) {}
+  ~TcpTransport() override { close(); }
 
-  Status connect();
+  Status connect() override;
   void close() override;
 
  private:
@@ -65,7 +65,7 @@ class TcpClient final : public Session {
   void write_out();
 
   void transmit_locked() override;
-  bool drained_locked() const override { return current_ == kNoBuffer; }
+  bool drained_locked() const override { return current_ == Session::kNoBuffer; }
 
   const ParsedUrl url_;
   UniqueFd fd_;
@@ -76,7 +76,7 @@ class TcpClient final : public Session {
   std::size_t rlen_ = 0;
 
   // Guarded by Session::mu_: the buffer being written and how far.
-  std::uint32_t current_ = kNoBuffer;
+  std::uint32_t current_ = Session::kNoBuffer;
   std::uint32_t current_len_ = 0;
   std::uint32_t current_off_ = 0;
   bool want_write_ = false;
@@ -86,7 +86,7 @@ class TcpClient final : public Session {
 
 // ---------------------------------------------------------------- connect
 
-bool TcpClient::wait_fd(short events, Clock::time_point deadline) {
+bool TcpTransport::wait_fd(short events, Clock::time_point deadline) {
   while (true) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) return false;
@@ -97,19 +97,19 @@ bool TcpClient::wait_fd(short events, Clock::time_point deadline) {
   }
 }
 
-Status TcpClient::connect() {
-  const Status st = connect_with_retry(
+Status TcpTransport::connect() {
+  const Status st = session_.connect_with_retry(
       [this](std::uint32_t size, proto::ConnectReject* reject) { return connect_once(size, reject); },
       [this] { fd_.reset(); });
   if (!st) return st;
   io_thread_ = std::thread([this] { run(); });
-  return authenticate();
+  return session_.authenticate();
 }
 
-Status TcpClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectReject* reject) {
-  const auto deadline = Clock::now() + opt_.connect_timeout;
+Status TcpTransport::connect_once(std::uint32_t recv_buffer_size, proto::ConnectReject* reject) {
+  const auto deadline = Clock::now() + session_.opt_.connect_timeout;
   const std::string where = url_.host + ":" + std::to_string(url_.port);
-  recv_buffer_size_ = recv_buffer_size;
+  session_.recv_buffer_size_ = recv_buffer_size;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -120,15 +120,15 @@ Status TcpClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRej
   std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> dst_owner(dst, freeaddrinfo);
   fd_.reset(::socket(dst->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd_) return sys_error(ErrorKind::kResource, "socket");
-  if (!opt_.bind_address.empty()) {
+  if (!session_.opt_.bind_address.empty()) {
     addrinfo* src = nullptr;
-    if (int rc = getaddrinfo(opt_.bind_address.c_str(), nullptr, &hints, &src); rc != 0) {
+    if (int rc = getaddrinfo(session_.opt_.bind_address.c_str(), nullptr, &hints, &src); rc != 0) {
       return Error{ErrorKind::kInvalidArgument,
-                   "bad bind address " + opt_.bind_address + ": " + gai_strerror(rc)};
+                   "bad bind address " + session_.opt_.bind_address + ": " + gai_strerror(rc)};
     }
     std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> src_owner(src, freeaddrinfo);
     if (::bind(fd_.get(), src->ai_addr, src->ai_addrlen) != 0)
-      return sys_error(ErrorKind::kConnectFailed, "bind(" + opt_.bind_address + ")");
+      return sys_error(ErrorKind::kConnectFailed, "bind(" + session_.opt_.bind_address + ")");
   }
   const int one = 1;
   ::setsockopt(fd_.get(), IPPROTO_TCP, TCP_NODELAY, &one,
@@ -171,14 +171,15 @@ Status TcpClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRej
     if (proto::decode(reply, *reject) != proto::HandshakeStatus::kOk) {
       return Error{ErrorKind::kRejected, "tcp://" + where + " answered with something other than rdmabroker"};
     }
-    return rejected("tcp://" + where, *reject);
+    return Session::rejected("tcp://" + where, *reject);
   }
   proto::ConnectAccept accept;
   if (auto st = proto::decode(reply, accept); st != proto::HandshakeStatus::kOk) {
     return Error{ErrorKind::kConnectFailed,
                  "bad accept from tcp://" + where + ": " + std::string(proto::to_string(st))};
   }
-  init_send_buffers(accept.max_frame_size, opt_.max_inflight_sends + opt_.send_queue_buffers);
+  session_.init_send_buffers(accept.max_frame_size,
+                             session_.opt_.max_inflight_sends + session_.opt_.send_queue_buffers);
   rbuf_.assign(std::size_t{recv_buffer_size} * 2, std::byte{0});
   rlen_ = 0;
 
@@ -194,28 +195,28 @@ Status TcpClient::connect_once(std::uint32_t recv_buffer_size, proto::ConnectRej
   sockaddr_storage local{};
   socklen_t len = sizeof local;
   ::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&local), &len);
-  description_ = "tcp " + sockaddr_string(reinterpret_cast<sockaddr*>(&local)) + " -> " + where +
-                 " (connection " + std::to_string(accept.connection_id) + ")";
-  std::lock_guard lock(mu_);
-  established_ = true;
+  session_.description_ = "tcp " + sockaddr_string(reinterpret_cast<sockaddr*>(&local)) + " -> " + where +
+                          " (connection " + std::to_string(accept.connection_id) + ")";
+  std::lock_guard lock(session_.mu_);
+  session_.established_ = true;
   return {};
 }
 
-void TcpClient::close() {
-  if (!begin_close()) return;
+void TcpTransport::close() {
+  if (!session_.begin_close()) return;
   // FIN after the CLOSE frame; the broker answers with its own.
   ::shutdown(fd_.get(), SHUT_WR);
   std::uint64_t one = 1;
   [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
   if (io_thread_.joinable()) io_thread_.join();
-  std::lock_guard lock(mu_);
-  established_ = false;
+  std::lock_guard lock(session_.mu_);
+  session_.established_ = false;
   fd_.reset();
 }
 
 // ---------------------------------------------------------------- sending
 
-void TcpClient::set_want_write_locked(bool want) {
+void TcpTransport::set_want_write_locked(bool want) {
   if (want_write_ == want || !socket_watched_) return;
   want_write_ = want;
   epoll_event e{};
@@ -224,26 +225,26 @@ void TcpClient::set_want_write_locked(bool want) {
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, fd_.get(), &e);
 }
 
-void TcpClient::transmit_locked() {
+void TcpTransport::transmit_locked() {
   // Any thread: hand the filled buffers to the I/O thread, waking it once.
-  if (write_requested_ || closed_) return;
+  if (write_requested_ || session_.closed_) return;
   write_requested_ = true;
   std::uint64_t one = 1;
   [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
 }
 
-void TcpClient::write_out() {
-  std::unique_lock lock(mu_);
+void TcpTransport::write_out() {
+  std::unique_lock lock(session_.mu_);
   write_requested_ = false;  // frames appended from here on ask again
-  while (!closed_) {
-    if (current_ == kNoBuffer) {
-      std::tie(current_, current_len_) = take_ready_locked();
+  while (!session_.closed_) {
+    if (current_ == Session::kNoBuffer) {
+      std::tie(current_, current_len_) = session_.take_ready_locked();
       current_off_ = 0;
-      if (current_ == kNoBuffer) return;
+      if (current_ == Session::kNoBuffer) return;
     }
     // The buffer is ours until released: write it without the lock, so
     // publishers fill the next one meanwhile.
-    const std::byte* data = send_buf(current_) + current_off_;
+    const std::byte* data = session_.send_buf(current_) + current_off_;
     const std::size_t len = current_len_ - current_off_;
     lock.unlock();
     const ssize_t n = ::send(fd_.get(), data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -255,13 +256,13 @@ void TcpClient::write_out() {
         set_want_write_locked(true);  // resumed on EPOLLOUT
         return;
       }
-      fail_locked(Error{ErrorKind::kClosed,
-                        std::string("connection to the broker lost (send: ") + std::strerror(err) + ")"});
+      session_.fail_locked(Error{ErrorKind::kClosed, std::string("connection to the broker lost (send: ") +
+                                                         std::strerror(err) + ")"});
       return;
     }
     current_off_ += static_cast<std::uint32_t>(n);
     if (current_off_ == current_len_) {
-      release_send_buffer_locked(std::exchange(current_, kNoBuffer));
+      session_.release_send_buffer_locked(std::exchange(current_, Session::kNoBuffer));
       set_want_write_locked(false);
     }
   }
@@ -269,35 +270,36 @@ void TcpClient::write_out() {
 
 // ---------------------------------------------------------------- I/O thread
 
-void TcpClient::lost_locked(std::vector<Error>& errors, const std::string& why) {
-  if (!closed_ && !closing_) errors.push_back(Error{ErrorKind::kClosed, "connection to the broker lost"});
-  fail_locked(Error{ErrorKind::kClosed, "connection to the broker lost (" + why + ")"});
+void TcpTransport::lost_locked(std::vector<Error>& errors, const std::string& why) {
+  if (!session_.closed_ && !session_.closing_)
+    errors.push_back(Error{ErrorKind::kClosed, "connection to the broker lost"});
+  session_.fail_locked(Error{ErrorKind::kClosed, "connection to the broker lost (" + why + ")"});
 }
 
-void TcpClient::read_available(Deliveries& deliveries, std::vector<Error>& errors) {
+void TcpTransport::read_available(Deliveries& deliveries, std::vector<Error>& errors) {
   while (true) {
     const ssize_t n = ::read(fd_.get(), rbuf_.data() + rlen_, rbuf_.size() - rlen_);
     if (n == 0) {
       ::shutdown(fd_.get(), SHUT_WR);  // answer the broker's FIN with ours
-      std::lock_guard lock(mu_);
+      std::lock_guard lock(session_.mu_);
       return lost_locked(errors, "closed by the broker");
     }
     if (n < 0) {
       if (errno == EAGAIN || errno == EINTR) return;
-      std::lock_guard lock(mu_);
+      std::lock_guard lock(session_.mu_);
       return lost_locked(errors, std::strerror(errno));
     }
     rlen_ += static_cast<std::size_t>(n);
     // Whole frames go to the session; an incomplete one waits for more bytes.
     // A frame that can never complete (longer than our buffer) is handed over
     // too, and the session reports it as undecodable.
-    const std::size_t whole = proto::whole_frames({rbuf_.data(), rlen_}, recv_buffer_size_);
-    on_frames({rbuf_.data(), whole}, deliveries, errors);
+    const std::size_t whole = proto::whole_frames({rbuf_.data(), rlen_}, session_.recv_buffer_size_);
+    session_.on_frames({rbuf_.data(), whole}, deliveries, errors);
     std::memmove(rbuf_.data(), rbuf_.data() + whole, rlen_ - whole);
     rlen_ -= whole;
     {
-      std::lock_guard lock(mu_);
-      if (closed_) {
+      std::lock_guard lock(session_.mu_);
+      if (session_.closed_) {
         // The broker sent CLOSE (or we failed): nothing more will be sent, so
         // our FIN lets the broker finish at once instead of at its deadline.
         ::shutdown(fd_.get(), SHUT_WR);
@@ -307,10 +309,10 @@ void TcpClient::read_available(Deliveries& deliveries, std::vector<Error>& error
   }
 }
 
-void TcpClient::run() {
+void TcpTransport::run() {
   Deliveries deliveries;
   std::vector<Error> errors;
-  while (!stop_requested()) {
+  while (!session_.stop_requested()) {
     epoll_event evs[4];
     // No tick: reads, EPOLLOUT, publishes and close() all raise an fd event.
     const int n = ::epoll_wait(epoll_.get(), evs, 4, -1);
@@ -327,16 +329,16 @@ void TcpClient::run() {
     }
     bool closed;
     {
-      std::lock_guard lock(mu_);
-      closed = closed_;
+      std::lock_guard lock(session_.mu_);
+      closed = session_.closed_;
     }
     // Once closed, the socket is not read again, and it leaves the epoll set:
     // its EOF stays readable (level-triggered), and this thread would spin on
     // it until the application called close(). It sleeps on the wake-up fd.
     if (readable && !closed) read_available(deliveries, errors);
     {
-      std::lock_guard lock(mu_);
-      closed = closed_;
+      std::lock_guard lock(session_.mu_);
+      closed = session_.closed_;
     }
     if (closed && socket_watched_) {
       ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd_.get(), nullptr);
@@ -344,20 +346,20 @@ void TcpClient::run() {
     }
     bool write;
     {
-      std::lock_guard lock(mu_);
+      std::lock_guard lock(session_.mu_);
       write = writable || (write_requested_ && !want_write_);
     }
     if (write) write_out();
-    dispatch(deliveries, errors);
+    session_.dispatch(deliveries, errors);
   }
 }
 
 }  // namespace
 
 Result<std::unique_ptr<Client>> connect_tcp(const ParsedUrl& url, ClientOptions options) {
-  auto client = std::make_unique<TcpClient>(url, std::move(options));
-  if (auto st = client->connect(); !st) return st.error();
-  return std::unique_ptr<Client>(std::move(client));
+  auto session = std::make_unique<Session>(std::move(options));
+  if (auto st = session->connect(std::make_unique<TcpTransport>(*session, url)); !st) return st.error();
+  return std::unique_ptr<Client>(std::move(session));
 }
 
 }  // namespace rdmabroker

@@ -1,0 +1,47 @@
+// Internal to librdmabroker: what moves a Session's frames. A Session owns
+// one Transport (RdmaTransport, TcpTransport): the connection to the broker
+// and the I/O thread that feeds what arrives to Session::on_frames() and puts
+// the session's filled send buffers on the wire. Everything above the bytes
+// (subscriptions, requests, multicast sequencing, flow of send buffers) is
+// the Session's, written once for both.
+#pragma once
+
+#include <cstdint>
+
+#include "rdmabroker/proto/multicast.hpp"
+#include "rdmabroker/result.hpp"
+
+namespace rdmabroker {
+
+class Session;
+
+class Transport {
+ public:
+  explicit Transport(Session& session) : session_(session) {}
+  virtual ~Transport() = default;
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  /// Connects: the handshake (retried once with the broker's buffer size),
+  /// the I/O thread, then CONNECT and the broker's verdict.
+  virtual Status connect() = 0;
+  /// Sends CLOSE (bounded wait), ends the connection and joins the I/O
+  /// thread. Idempotent.
+  virtual void close() = 0;
+  /// With the session's lock held: put the session's ready send buffers on
+  /// the wire, as far as credits, the send window or the socket allow.
+  virtual void transmit_locked() = 0;
+  /// With the session's lock held: nothing waits to be sent, nothing is in flight.
+  virtual bool drained_locked() const = 0;
+  /// I/O thread: joins the group of `j` for subscription `sid` and answers
+  /// with Session::join_done (now, or when the join completes). A transport
+  /// without multicast refuses.
+  virtual void join_group(std::uint32_t sid, const proto::McastJoin& j, std::uint64_t epoch);
+  /// I/O thread: subscription `sid` no longer takes its messages from a group.
+  virtual void leave_group(std::uint32_t /*sid*/) {}
+
+ protected:
+  Session& session_;
+};
+
+}  // namespace rdmabroker
