@@ -1,0 +1,113 @@
+// Internal to librdmabroker: the RDMA transport of a Session
+// (rdma_transport.cpp; its multicast side in rdma_multicast.cpp).
+//
+// One RC QP per client with its own CQ and receive queue. Frames are encoded
+// straight into registered send buffers: the buffer being filled is posted at
+// once when the connection is idle, and otherwise keeps collecting frames
+// until a send completes (coalescing; SPEC.md "Batching"). Credits follow the
+// same rules as the broker (common/credits.hpp).
+#pragma once
+
+#include <deque>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "client_internal.hpp"
+#include "rdmabroker/common/credits.hpp"
+#include "rdmabroker/common/fd.hpp"
+#include "rdmabroker/common/ud_endpoint.hpp"
+#include "rdmabroker/common/verbs.hpp"
+#include "session.hpp"
+
+namespace rdmabroker {
+
+constexpr std::uint64_t kRecvFlag = 1ull << 63;
+/// Multicast receive buffers: the GRH plus the largest datagram (4096-byte MTU).
+constexpr std::uint32_t kUdRecvs = 512;
+constexpr std::uint32_t kUdBufferSize = proto::kGrhSize + 4096;
+
+class RdmaTransport final : public Transport {
+ public:
+  RdmaTransport(Session& session, ParsedUrl url) : Transport(session), url_(std::move(url)) {}
+  ~RdmaTransport() override { close(); }
+
+  Status connect() override;
+  void close() override;
+
+ private:
+  /// One attempt: resolve, create the QP and buffers, exchange the
+  /// handshake, start the session's side (reject: the broker's refusal).
+  Status connect_once(std::uint32_t recv_buffer_size, proto::ConnectReject* reject);
+  Status resolve(const std::string& where, Clock::time_point deadline);
+  /// PD, CQ, QP and the posted receive buffers on the device the route chose.
+  Status create_resources(std::uint32_t recv_buffer_size);
+  Result<proto::ConnectAccept> exchange_handshake(std::uint32_t recv_buffer_size, const std::string& where,
+                                                  Clock::time_point deadline, proto::ConnectReject* reject);
+  /// Send buffers, credits, the I/O thread's epoll set, the description.
+  Status start_session(const proto::ConnectAccept& accept, const std::string& where);
+  Result<rdma_cm_event_type> wait_cm_event(rdma_cm_event_type expected, Clock::time_point deadline,
+                                           std::vector<std::byte>* private_data);
+  void teardown_resources();
+  void run();
+
+  void transmit_locked() override;
+  bool drained_locked() const override { return inflight_.empty(); }
+  bool post_locked(std::uint32_t buffer, std::uint32_t len);
+  void on_completion(const ibv_wc& wc, Deliveries& deliveries, std::vector<Error>& errors);
+
+  // Multicast (SPEC.md §7): one UD QP, on the connection's device, joined to
+  // the groups of the subscriptions the broker serves by multicast.
+  void join_group(std::uint32_t sid, const proto::McastJoin& j, std::uint64_t epoch) override;
+  void leave_group(std::uint32_t sid) override;
+  /// Creates the UD endpoint on first use; false with `why` if it cannot.
+  bool open_ud(std::string& why);
+  void post_ud_receive(std::uint32_t index);
+  void handle_group_events();
+  void drain_ud(Deliveries& deliveries);
+  void teardown_ud();
+  struct Group {
+    sockaddr_in addr{};
+    bool joined = false;
+    std::set<std::uint32_t> sids;                                  // subscriptions it serves
+    std::vector<std::pair<std::uint32_t, std::uint64_t>> waiting;  // (sid, epoch) to answer once joined
+  };
+  std::map<std::uint32_t, Group> groups_;                      // by channel; I/O thread
+  std::unordered_map<std::uint32_t, std::uint32_t> group_of_;  // sid -> channel
+
+  const ParsedUrl url_;
+
+  // Verbs resources in creation order; teardown_resources() undoes them in reverse.
+  verbs::EventChannelPtr cm_channel_;
+  verbs::CmIdPtr id_;
+  verbs::PdPtr pd_;
+  verbs::CompChannelPtr comp_channel_;
+  verbs::CqPtr cq_;
+  verbs::CqEventAcker acker_;
+  verbs::CmQp qp_;
+  std::uint32_t max_inline_ = 0;  // bytes a SEND may carry inline (what the device granted)
+  std::unique_ptr<std::byte[]> recv_mem_;
+  verbs::MrPtr recv_mr_;
+  verbs::MrPtr send_mr_;  // registers Session's send buffers
+  // UD endpoint (created on the first MCAST_JOIN), in creation order.
+  verbs::EventChannelPtr ud_cm_channel_;   // outlives the endpoint's id
+  std::unique_ptr<verbs::UdEndpoint> ud_;  // receive slots of kUdBufferSize
+  bool ud_failed_ = false;
+  /// Test builds: RDMABROKER_TEST_FAIL_MCAST_JOIN set when connecting makes
+  /// every join fail, as on a fabric that refuses it (read once, on the
+  /// connecting thread: the I/O thread never calls getenv).
+  bool fail_joins_ = false;
+  std::string ud_error_;
+  UniqueFd wake_fd_;
+  UniqueFd epoll_;
+  std::thread io_thread_;
+
+  // Guarded by Session::mu_.
+  CreditWindow credits_;
+  std::deque<std::uint32_t> inflight_;  // buffers posted (kNoBuffer: credit update)
+};
+
+}  // namespace rdmabroker
