@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <span>
 
-#include "broker/handshake.hpp"
+#include "broker/admission.hpp"
 #include "fuzz_check.hpp"
 #include "rdmabroker/proto/wire.hpp"
 
@@ -23,9 +23,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(again.recv_buffer_size == req.recv_buffer_size &&
                again.initial_credits == req.initial_credits);
   }
+  rdmabroker::daemon::ConnectionSlots slots(1);
   for (std::uint32_t broker_buffer : {proto::kMinBufferSize, 16384u, proto::kMaxBufferSize}) {
     proto::ConnectRequest admitted;
-    const auto refusal = rdmabroker::daemon::check_connect_request(b, broker_buffer, admitted);
+    const auto refusal = rdmabroker::daemon::Admission(slots, broker_buffer).check(b, admitted);
     // Admitted only if it decodes and the client's buffers hold the broker's frames.
     FUZZ_CHECK(refusal.has_value() ==
                (req_status != proto::HandshakeStatus::kOk || req.recv_buffer_size < broker_buffer));
