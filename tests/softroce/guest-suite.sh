@@ -24,6 +24,7 @@ for dir in "$@"; do
   start=$(date +%s)
   # TSan/ASan builds need their runtime options; LSan checks every process at exit.
   log="$dir/Testing/rdma-guest.log"
+  [ "$runs" = 1 ] || log="$dir/Testing/rdma-guest-run$run.log"  # each run's failures kept
   mkdir -p "$dir/Testing"
   jobs=${RDMABROKER_GUEST_JOBS:-3}
   grep -q '^RDMABROKER_SANITIZE:STRING=thread$' "$dir/CMakeCache.txt" && jobs=${RDMABROKER_GUEST_JOBS_TSAN:-1}
