@@ -36,8 +36,8 @@ Connection* Connections::find_up(std::uint64_t id) {
   return c != nullptr && c->is_up() ? c : nullptr;
 }
 
-std::vector<const Connection*> Connections::snapshot() const {
-  std::vector<const Connection*> all;
+std::vector<Connection*> Connections::snapshot() const {
+  std::vector<Connection*> all;
   all.reserve(table_.size());
   for (const auto& [id, c] : table_) all.push_back(c.get());
   return all;
@@ -147,8 +147,8 @@ void Connections::destroy(Connection& c) {
 }
 
 void Connections::close_all_for_shutdown() {
-  for (const Connection* cc : snapshot()) {
-    auto& c = const_cast<Connection&>(*cc);
+  for (Connection* cp : snapshot()) {
+    Connection& c = *cp;
     if (c.is_up()) {
       close(c, CloseReason::kBrokerShutdown, ErrorCode::kServerShutdown, "broker shutting down");
     } else {

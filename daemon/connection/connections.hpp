@@ -45,7 +45,7 @@ class Connections {
   /// Calls f(Connection&) for each; f must not add or destroy connections (closing is fine).
   template <typename F>
   void for_each(F&& f) {
-    for (const Connection* c : snapshot()) f(const_cast<Connection&>(*c));
+    for (Connection* c : snapshot()) f(*c);
   }
 
   // ------------------------------------------------------------ state machine
@@ -127,7 +127,8 @@ class Connections {
   void check_auth_deadlines();
   void check_closing();
   void check_write_deadlines();
-  std::vector<const Connection*> snapshot() const;
+  /// The connections now, for a walk that may close some of them.
+  std::vector<Connection*> snapshot() const;
 
   WorkerContext& ctx_;
   SendBlocks& blocks_;
