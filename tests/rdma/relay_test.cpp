@@ -134,7 +134,10 @@ TEST_F(Relay, FanOutAcrossDevicesInOrderByteExact) {
     EXPECT_EQ(s.check->first_error(), "") << s.client->transport_description();
     EXPECT_EQ(s.check->received(), kMessages);
   }
-  auto st = broker.stats();
+  // A delivery is counted when its send completes, which the broker may see
+  // after the subscriber already has the message: wait for the count.
+  auto st = broker.wait_stats(
+      [&](auto& s) { return s["messages.delivered"] == static_cast<std::int64_t>(3 * kMessages); }, 30s);
   EXPECT_EQ(st["messages.in"], static_cast<std::int64_t>(kMessages));
   EXPECT_EQ(st["messages.delivered"], static_cast<std::int64_t>(3 * kMessages));
   EXPECT_EQ(st["messages.dropped.slow_consumer"] + st["messages.dropped.subscriber_closed"], 0);

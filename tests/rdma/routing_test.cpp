@@ -232,7 +232,16 @@ TEST_P(Routing, QueueGroupMemberKilledMidStreamLosesNothingSilently) {
       << " received, " << got.size() << " distinct";
   // Each message was routed to exactly one member, and each routed copy was
   // delivered or dropped by a stated (counted) reason.
-  auto s = broker_.wait_stats([](auto& s) { return s["messages.pending"] == 0; }, 30s);
+  // Deliveries are counted when their sends complete (after they left the
+  // queue): wait for the sends in flight too, not only the queues.
+  auto settled = [](auto& s) {
+    std::int64_t dropped = 0;
+    for (const auto& [k, v] : s) {
+      if (k.rfind("messages.dropped.", 0) == 0) dropped += v;
+    }
+    return s["messages.pending"] == 0 && s["messages.delivered"] + dropped == s["messages.routed"];
+  };
+  auto s = broker_.wait_stats(settled, 30s);
   std::int64_t dropped = 0;
   for (const auto& [k, v] : s) {
     if (k.rfind("messages.dropped.", 0) == 0) dropped += v;
