@@ -30,7 +30,7 @@
 
 #include "rdmabroker/client.hpp"
 #include "rdmabroker/proto/multicast.hpp"
-#include "rdmabroker/proto/wire.hpp"
+#include "rdmabroker/proto/handshake.hpp"
 #include "transport.hpp"
 
 namespace rdmabroker {

@@ -13,7 +13,7 @@
 
 #include "broker/connection_slots.hpp"
 #include "broker/stats.hpp"
-#include "rdmabroker/proto/wire.hpp"
+#include "rdmabroker/proto/handshake.hpp"
 
 namespace rdmabroker::daemon {
 

@@ -15,7 +15,7 @@
 #include "rdma/rdma_port.hpp"
 #include "rdmabroker/common/credits.hpp"
 #include "rdmabroker/common/verbs.hpp"
-#include "rdmabroker/proto/wire.hpp"
+#include "rdmabroker/proto/handshake.hpp"
 
 namespace rdmabroker::daemon {
 

@@ -1,4 +1,4 @@
-// The TCP transport of a worker (SPEC.md §1.2): TcpTransport accepts from the
+// The TCP transport of a worker (SPEC.md §1.2): TcpPort accepts from the
 // broker's listening socket and runs the 16-byte handshake; each connection's
 // TcpLink reads into pool buffers and writes packed sends. Everything above
 // the byte stream (frames, routing, queues and their bounds, the close state
@@ -27,16 +27,16 @@
 #include "connection/connection.hpp"
 #include "connection/connections.hpp"
 #include "rdmabroker/common/fd.hpp"
-#include "rdmabroker/proto/wire.hpp"
+#include "rdmabroker/proto/handshake.hpp"
 
 namespace rdmabroker::daemon {
 
 class FrameHandler;
-class TcpTransport;
+class TcpPort;
 
 class TcpLink final : public Link {
  public:
-  TcpLink(TcpTransport& transport, UniqueFd fd) : transport_(transport), fd_(std::move(fd)) {}
+  TcpLink(TcpPort& transport, UniqueFd fd) : transport_(transport), fd_(std::move(fd)) {}
 
   Transport transport() const override { return Transport::kTcp; }
   void flush(Connection& c) override;
@@ -61,7 +61,7 @@ class TcpLink final : public Link {
   bool write(Connection& c);
   void lost(Connection& c, const char* what, int err);
 
-  TcpTransport& transport_;
+  TcpPort& transport_;
   UniqueFd fd_;
   BufferRef rbuf_;  // frames [rstart_, rlen_) not yet processed
   std::uint32_t rstart_ = 0;
@@ -75,13 +75,12 @@ class TcpLink final : public Link {
 
 /// A worker's TCP side: its share of the listening socket, the handshakes in
 /// progress, and the connections waiting for pool buffers.
-class TcpTransport {
+class TcpPort {
  public:
   static constexpr std::uint64_t kTagHandshake = 1ull << 59;      // epoll data: | fd
   static constexpr std::uint64_t kTagTcpConnection = 1ull << 58;  // epoll data: | connection id (< 2^58)
 
-  TcpTransport(WorkerContext& ctx, Connections& connections, FrameHandler& frames, int epoll_fd,
-               int listen_fd)
+  TcpPort(WorkerContext& ctx, Connections& connections, FrameHandler& frames, int epoll_fd, int listen_fd)
       : ctx_(ctx), connections_(connections), frames_(frames), epoll_fd_(epoll_fd), listen_fd_(listen_fd) {}
 
   /// Shutdown: this worker no longer takes connections from the listening socket.

@@ -7,7 +7,7 @@
 
 #include "broker/admission.hpp"
 #include "fuzz_check.hpp"
-#include "rdmabroker/proto/wire.hpp"
+#include "rdmabroker/proto/handshake.hpp"
 
 namespace proto = rdmabroker::proto;
 

@@ -19,7 +19,7 @@
 
 #include "rdmabroker/client.hpp"
 #include "rdmabroker/common/verbs.hpp"
-#include "rdmabroker/proto/wire.hpp"
+#include "rdmabroker/proto/handshake.hpp"
 #include "rdmabroker/result.hpp"
 
 namespace rdmabroker::test {

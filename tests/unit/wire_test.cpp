@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "rdmabroker/proto/multicast.hpp"
-#include "rdmabroker/proto/wire.hpp"
+#include "rdmabroker/proto/handshake.hpp"
 
 namespace rdmabroker::proto {
 namespace {

@@ -299,37 +299,10 @@ inline bool valid_subject(std::string_view s) { return detail::check_subject(s, 
 /// one token) and the last token may be '>' (one or more tokens).
 inline bool valid_pattern(std::string_view s) { return detail::check_subject(s, true); }
 
-/// Decodes the frame at the start of `buf`. `max_frame` bounds a frame's total
-/// length (the receiver's buffer size); a frame announcing more is kBadLength.
-inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max_frame, Frame& out) {
-  if (buf.size() < kHeaderSize) return DecodeStatus::kNeedMore;
-  const std::byte* p = buf.data();
-  if (load<std::uint16_t>(p) != kFrameMagic) return DecodeStatus::kBadMagic;
-  if (load<std::uint8_t>(p + 2) != kVersion) return DecodeStatus::kBadVersion;
-  auto type = load<std::uint8_t>(p + 3);
-  if (type < 1 || type > kMaxFrameType) return DecodeStatus::kBadType;
-  if (load<std::uint16_t>(p + 10) != 0 || load<std::uint32_t>(p + 20) != 0) return DecodeStatus::kBadReserved;
-
-  FrameHeader& h = out.header;
-  h.type = static_cast<FrameType>(type);
-  h.flags = load<std::uint16_t>(p + 4);
-  h.subject_len = load<std::uint16_t>(p + 6);
-  h.reply_len = load<std::uint16_t>(p + 8);
-  h.payload_len = load<std::uint32_t>(p + 12);
-  h.arg = load<std::uint32_t>(p + 16);
-  h.sequence = load<std::uint64_t>(p + 24);
-  // REQUEST belongs to PUBLISH frames with a reply subject, SEQUENCED to DELIVER.
-  const std::uint16_t allowed_flags = h.type == FrameType::kPublish && h.reply_len != 0 ? kFlagRequest
-                                      : h.type == FrameType::kDeliver                   ? kFlagSequenced
-                                                                                        : 0;
-  if ((h.flags & ~allowed_flags) != 0) return DecodeStatus::kBadReserved;
-  if (h.subject_len > kMaxSubjectLen || h.reply_len > kMaxSubjectLen) return DecodeStatus::kBadLength;
-  // 64-bit arithmetic: payload_len is attacker-controlled and may be near 2^32.
-  const std::uint64_t total =
-      align_up(std::uint64_t{kHeaderSize} + h.subject_len + h.reply_len + h.payload_len);
-  if (total > max_frame) return DecodeStatus::kTooLarge;
-
-  // Which parts each type carries (SPEC.md, "Frame types").
+namespace detail {
+/// Which parts each frame type carries (SPEC.md, "Frame types"); the header's
+/// lengths against them.
+inline DecodeStatus check_parts(const FrameHeader& h) {
   const bool has_subject = h.subject_len != 0;
   switch (h.type) {
     case FrameType::kSubscribe:
@@ -379,13 +352,48 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
       if (h.body_len() != 0) return DecodeStatus::kBadLength;
       break;
   }
+  return DecodeStatus::kOk;
+}
+}  // namespace detail
+
+/// Decodes the frame at the start of `buf`. `max_frame` bounds a frame's total
+/// length (the receiver's buffer size); a frame announcing more is kBadLength.
+inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max_frame, Frame& out) {
+  if (buf.size() < kHeaderSize) return DecodeStatus::kNeedMore;
+  const std::byte* p = buf.data();
+  if (load<std::uint16_t>(p) != kFrameMagic) return DecodeStatus::kBadMagic;
+  if (load<std::uint8_t>(p + 2) != kVersion) return DecodeStatus::kBadVersion;
+  auto type = load<std::uint8_t>(p + 3);
+  if (type < 1 || type > kMaxFrameType) return DecodeStatus::kBadType;
+  if (load<std::uint16_t>(p + 10) != 0 || load<std::uint32_t>(p + 20) != 0) return DecodeStatus::kBadReserved;
+
+  FrameHeader& h = out.header;
+  h.type = static_cast<FrameType>(type);
+  h.flags = load<std::uint16_t>(p + 4);
+  h.subject_len = load<std::uint16_t>(p + 6);
+  h.reply_len = load<std::uint16_t>(p + 8);
+  h.payload_len = load<std::uint32_t>(p + 12);
+  h.arg = load<std::uint32_t>(p + 16);
+  h.sequence = load<std::uint64_t>(p + 24);
+  // REQUEST belongs to PUBLISH frames with a reply subject, SEQUENCED to DELIVER.
+  const std::uint16_t allowed_flags = h.type == FrameType::kPublish && h.reply_len != 0 ? kFlagRequest
+                                      : h.type == FrameType::kDeliver                   ? kFlagSequenced
+                                                                                        : 0;
+  if ((h.flags & ~allowed_flags) != 0) return DecodeStatus::kBadReserved;
+  if (h.subject_len > kMaxSubjectLen || h.reply_len > kMaxSubjectLen) return DecodeStatus::kBadLength;
+  // 64-bit arithmetic: payload_len is attacker-controlled and may be near 2^32.
+  const std::uint64_t total =
+      align_up(std::uint64_t{kHeaderSize} + h.subject_len + h.reply_len + h.payload_len);
+  if (total > max_frame) return DecodeStatus::kTooLarge;
+
+  if (auto st = detail::check_parts(h); st != DecodeStatus::kOk) return st;
   if (buf.size() < total) return DecodeStatus::kNeedMore;
 
   const char* body = reinterpret_cast<const char*>(p + kHeaderSize);
   out.subject = std::string_view(body, h.subject_len);
   out.reply = std::string_view(body + h.subject_len, h.reply_len);
   out.payload = buf.subspan(kHeaderSize + h.subject_len + h.reply_len, h.payload_len);
-  if (has_subject &&
+  if (h.subject_len != 0 &&
       !(h.type == FrameType::kSubscribe ? valid_pattern(out.subject) : valid_subject(out.subject))) {
     return DecodeStatus::kBadSubject;
   }
@@ -464,153 +472,5 @@ DecodeStatus for_each_delivered(const Frame& deliver, Fn&& fn) {
   }
   return DecodeStatus::kOk;
 }
-
-// ---------------------------------------------------------------- handshake
-
-inline constexpr std::uint32_t kHandshakeMagic = 0x31424452;  // bytes "RDB1"
-
-/// Client -> broker, in the rdma_cm connect private data (16 bytes).
-struct ConnectRequest {
-  std::uint32_t recv_buffer_size = 0;  // size of each receive buffer the client posted
-  std::uint32_t initial_credits = 0;   // receives the client posted for the broker
-  std::uint16_t flags = 0;             // kConnectMulticast; other bits are ignored (sent as 0)
-};
-/// Connect request flag: the client can join multicast groups (SPEC.md §7).
-inline constexpr std::uint16_t kConnectMulticast = 1;
-
-/// Broker -> client, in the rdma_cm accept private data (24 bytes).
-struct ConnectAccept {
-  std::uint32_t max_frame_size = 0;   // the broker's receive buffer size: largest SEND the client may post
-  std::uint32_t initial_credits = 0;  // SENDs the client may post before credits return
-  std::uint64_t connection_id = 0;
-};
-
-/// Reasons a broker refuses a connection (in the rdma_cm reject private data).
-enum class RejectReason : std::uint16_t {
-  kBadMagic = 1,
-  kUnsupportedVersion = 2,
-  kBufferTooSmall = 3,  // the client's receive buffers are smaller than the broker's frames
-  kTooManyConnections = 4,
-  kNoResources = 5,
-  kShuttingDown = 6,
-};
-
-constexpr std::string_view to_string(RejectReason r) {
-  switch (r) {
-    case RejectReason::kBadMagic:
-      return "not an rdmabroker handshake";
-    case RejectReason::kUnsupportedVersion:
-      return "unsupported protocol version";
-    case RejectReason::kBufferTooSmall:
-      return "receive buffers smaller than the broker's frame size";
-    case RejectReason::kTooManyConnections:
-      return "connection limit reached";
-    case RejectReason::kNoResources:
-      return "broker out of resources";
-    case RejectReason::kShuttingDown:
-      return "broker shutting down";
-  }
-  return "unknown reason";
-}
-
-/// Broker -> client, in the rdma_cm reject private data (16 bytes).
-struct ConnectReject {
-  RejectReason reason{};
-  std::uint32_t required_buffer_size = 0;  // set with kBufferTooSmall
-};
-
-inline constexpr std::size_t kConnectRequestSize = 16;
-inline constexpr std::size_t kConnectAcceptSize = 24;
-inline constexpr std::size_t kConnectRejectSize = 16;
-
-// Common prefix: magic u32, version u8, reserved u8, flags/reason u16.
-inline void encode_prefix(std::byte* p, std::uint16_t word) {
-  store<std::uint32_t>(p, kHandshakeMagic);
-  store<std::uint8_t>(p + 4, kVersion);
-  store<std::uint8_t>(p + 5, 0);
-  store<std::uint16_t>(p + 6, word);
-}
-
-inline std::array<std::byte, kConnectRequestSize> encode(const ConnectRequest& r) {
-  std::array<std::byte, kConnectRequestSize> b{};
-  encode_prefix(b.data(), r.flags);
-  store<std::uint32_t>(b.data() + 8, r.recv_buffer_size);
-  store<std::uint32_t>(b.data() + 12, r.initial_credits);
-  return b;
-}
-inline std::array<std::byte, kConnectAcceptSize> encode(const ConnectAccept& a) {
-  std::array<std::byte, kConnectAcceptSize> b{};
-  encode_prefix(b.data(), 0);
-  store<std::uint32_t>(b.data() + 8, a.max_frame_size);
-  store<std::uint32_t>(b.data() + 12, a.initial_credits);
-  store<std::uint64_t>(b.data() + 16, a.connection_id);
-  return b;
-}
-inline std::array<std::byte, kConnectRejectSize> encode(const ConnectReject& r) {
-  std::array<std::byte, kConnectRejectSize> b{};
-  encode_prefix(b.data(), static_cast<std::uint16_t>(r.reason));
-  store<std::uint32_t>(b.data() + 8, r.required_buffer_size);
-  return b;
-}
-
-enum class HandshakeStatus { kOk, kTooShort, kBadMagic, kBadVersion, kBadValue };
-
-constexpr std::string_view to_string(HandshakeStatus s) {
-  switch (s) {
-    case HandshakeStatus::kOk:
-      return "ok";
-    case HandshakeStatus::kTooShort:
-      return "handshake block too short";
-    case HandshakeStatus::kBadMagic:
-      return "bad handshake magic";
-    case HandshakeStatus::kBadVersion:
-      return "unsupported handshake version";
-    case HandshakeStatus::kBadValue:
-      return "handshake value out of range";
-  }
-  return "unknown";
-}
-
-// rdma_cm may deliver more private data than was sent (zero padded): only the
-// prefix we define is read, longer input is fine.
-inline HandshakeStatus check_prefix(std::span<const std::byte> b, std::size_t need) {
-  if (b.size() < need) return HandshakeStatus::kTooShort;
-  if (load<std::uint32_t>(b.data()) != kHandshakeMagic) return HandshakeStatus::kBadMagic;
-  if (load<std::uint8_t>(b.data() + 4) != kVersion) return HandshakeStatus::kBadVersion;
-  return HandshakeStatus::kOk;
-}
-
-inline HandshakeStatus decode(std::span<const std::byte> b, ConnectRequest& out) {
-  if (auto s = check_prefix(b, kConnectRequestSize); s != HandshakeStatus::kOk) return s;
-  out.flags = load<std::uint16_t>(b.data() + 6);
-  out.recv_buffer_size = load<std::uint32_t>(b.data() + 8);
-  out.initial_credits = load<std::uint32_t>(b.data() + 12);
-  if (out.recv_buffer_size < kMinBufferSize || out.recv_buffer_size > kMaxBufferSize)
-    return HandshakeStatus::kBadValue;
-  if (out.initial_credits < 2 || out.initial_credits > 65535) return HandshakeStatus::kBadValue;
-  return HandshakeStatus::kOk;
-}
-inline HandshakeStatus decode(std::span<const std::byte> b, ConnectAccept& out) {
-  if (auto s = check_prefix(b, kConnectAcceptSize); s != HandshakeStatus::kOk) return s;
-  out.max_frame_size = load<std::uint32_t>(b.data() + 8);
-  out.initial_credits = load<std::uint32_t>(b.data() + 12);
-  out.connection_id = load<std::uint64_t>(b.data() + 16);
-  if (out.max_frame_size < kMinBufferSize || out.max_frame_size > kMaxBufferSize)
-    return HandshakeStatus::kBadValue;
-  return HandshakeStatus::kOk;
-}
-inline HandshakeStatus decode(std::span<const std::byte> b, ConnectReject& out) {
-  if (auto s = check_prefix(b, kConnectRejectSize); s != HandshakeStatus::kOk) return s;
-  out.reason = static_cast<RejectReason>(load<std::uint16_t>(b.data() + 6));
-  out.required_buffer_size = load<std::uint32_t>(b.data() + 8);
-  return HandshakeStatus::kOk;
-}
-
-// ---------------------------------------------------------------- credits
-
-/// Over RDMA every SEND is a SEND_WITH_IMM whose immediate value returns
-/// receive credits to the peer (SPEC.md, "Flow control"). A SEND of zero bytes
-/// is a pure credit update.
-inline constexpr std::uint32_t kMaxCreditsPerImm = 0xffff;
 
 }  // namespace rdmabroker::proto
