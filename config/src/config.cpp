@@ -20,10 +20,13 @@
 #include <sstream>
 
 #include "rdmabroker/proto/wire.hpp"
+#include "structured.hpp"
 
 namespace rdmabroker::config {
 
 namespace {
+
+using namespace structured;
 
 using Setter =
     std::function<std::optional<std::string>(const YAML::Node&, Config&)>;  // error text or nothing
@@ -40,14 +43,6 @@ struct Field {
   std::string key() const {
     return section.empty() ? std::string(name) : std::string(section) + "." + std::string(name);
   }
-};
-
-/// Thrown by a setter of a structured setting (auth.users) to report a
-/// problem at the element that has it, not at the setting as a whole.
-struct FieldProblem {
-  YAML::Mark mark;
-  std::string key_suffix;  // appended to the setting's key, e.g. "[1].publish.allow[0]"
-  std::string message;
 };
 
 std::optional<std::string> scalar_text(const YAML::Node& n, std::string& out) {
@@ -179,132 +174,6 @@ Field string_field(std::string_view section, std::string_view name, bool live,
                },
                [=](const Config& c) { return get(const_cast<Config&>(c)); },
                [=](const Config& from, Config& to) { get(to) = get(const_cast<Config&>(from)); }};
-}
-
-// ---------------------------------------------------------------- auth
-
-bool parse_bool(const YAML::Node& n, bool& out) {
-  if (!n.IsScalar()) return false;
-  const std::string& t = n.Scalar();
-  if (t == "true" || t == "yes" || t == "on")
-    out = true;
-  else if (t == "false" || t == "no" || t == "off")
-    out = false;
-  else
-    return false;
-  return true;
-}
-
-/// Reports an unknown key of a mapping inside a structured setting.
-void only_keys(const YAML::Node& map, const std::string& where,
-               std::initializer_list<std::string_view> known) {
-  for (const auto& kv : map) {
-    const std::string k = kv.first.Scalar();
-    if (std::find(known.begin(), known.end(), k) == known.end()) {
-      throw FieldProblem{kv.first.Mark(), where + "." + k, "unknown key"};
-    }
-  }
-}
-
-void parse_patterns(const YAML::Node& n, const std::string& where, std::vector<std::string>& out) {
-  if (!n.IsSequence())
-    throw FieldProblem{n.Mark(), where, "expected a list of subject patterns, e.g. [\"orders.>\"]"};
-  out.clear();
-  std::size_t i = 0;
-  for (const auto& p : n) {
-    const std::string at = where + "[" + std::to_string(i++) + "]";
-    if (!p.IsScalar() || !proto::valid_pattern(p.Scalar())) {
-      throw FieldProblem{p.Mark(), at,
-                         "not a valid subject pattern (docs/subjects.md): '" +
-                             (p.IsScalar() ? p.Scalar() : std::string("?")) + "'"};
-    }
-    out.push_back(p.Scalar());
-  }
-}
-
-void parse_rules(const YAML::Node& n, const std::string& where, SubjectRules& out) {
-  if (!n.IsMap()) throw FieldProblem{n.Mark(), where, "expected a mapping with allow and/or deny lists"};
-  only_keys(n, where, {"allow", "deny"});
-  if (n["allow"]) parse_patterns(n["allow"], where + ".allow", out.allow);
-  if (n["deny"]) parse_patterns(n["deny"], where + ".deny", out.deny);
-}
-
-void parse_permissions(const YAML::Node& n, const std::string& where, Permissions& out) {
-  if (n["publish"]) parse_rules(n["publish"], where + ".publish", out.publish);
-  if (n["subscribe"]) parse_rules(n["subscribe"], where + ".subscribe", out.subscribe);
-}
-
-/// A crypt(3) hash as `rdmabroker passwd` writes it; a plain-text secret is
-/// refused so that one never sits in the file by mistake.
-void check_hash(const YAML::Node& n, const std::string& where) {
-  if (!n.IsScalar() || n.Scalar().empty() || n.Scalar()[0] != '$' ||
-      crypt_checksalt(n.Scalar().c_str()) != CRYPT_SALT_OK) {
-    throw FieldProblem{
-        n.Mark(), where,
-        "expected a crypt(3) hash such as `rdmabroker passwd` prints ($y$..., $6$..., $2b$...), "
-        "never the secret itself"};
-  }
-}
-
-std::optional<std::string> parse_users(const YAML::Node& n, Config& c) {
-  if (!n.IsSequence()) return "expected a list of users (- name: ..., password: ... or token: ...)";
-  std::vector<User> users;
-  std::set<std::string> names;
-  std::size_t i = 0;
-  for (const auto& u : n) {
-    const std::string at = "[" + std::to_string(i++) + "]";
-    if (!u.IsMap()) throw FieldProblem{u.Mark(), at, "expected a mapping with name and password or token"};
-    only_keys(u, at, {"name", "password", "token", "publish", "subscribe"});
-    User user;
-    const YAML::Node name = u["name"];
-    if (!name || !name.IsScalar() || name.Scalar().empty() || name.Scalar().size() > 255) {
-      throw FieldProblem{name ? name.Mark() : u.Mark(), at + ".name",
-                         "every user needs a name (1..255 characters)"};
-    }
-    user.name = name.Scalar();
-    if (!names.insert(user.name).second)
-      throw FieldProblem{name.Mark(), at + ".name", "duplicate user '" + user.name + "'"};
-    const YAML::Node password = u["password"], token = u["token"];
-    if (!password == !token) {
-      throw FieldProblem{u.Mark(), at, "user '" + user.name + "' needs exactly one of password and token"};
-    }
-    if (password) {
-      check_hash(password, at + ".password");
-      user.password_hash = password.Scalar();
-    } else {
-      check_hash(token, at + ".token");
-      user.token_hash = token.Scalar();
-    }
-    parse_permissions(u, at, user.permissions);
-    users.push_back(std::move(user));
-  }
-  c.broker.auth.users = std::move(users);
-  return std::nullopt;
-}
-
-std::string show_rules(const SubjectRules& r) {
-  std::string s;
-  for (const auto& a : r.allow) s += (s.empty() ? "+" : " +") + a;
-  for (const auto& d : r.deny) s += (s.empty() ? "-" : " -") + d;
-  return s.empty() ? "none" : s;
-}
-
-std::string show_permissions(const Permissions& p) {
-  return "publish " + show_rules(p.publish) + "; subscribe " + show_rules(p.subscribe);
-}
-
-/// What a reload logs about users: names, credential kind with a short
-/// fingerprint of the hash (so a changed password shows), permissions.
-std::string show_users(const std::vector<User>& users) {
-  std::string s = "[";
-  for (const auto& u : users) {
-    const std::string& hash = u.password_hash.empty() ? u.token_hash : u.password_hash;
-    char fp[9];
-    std::snprintf(fp, sizeof fp, "%08x", static_cast<unsigned>(std::hash<std::string>{}(hash)));
-    s += (s.size() > 1 ? ", " : "") + u.name + " (" + (u.password_hash.empty() ? "token " : "password ") +
-         fp + "; " + show_permissions(u.permissions) + ")";
-  }
-  return s + "]";
 }
 
 Field bool_field(std::string_view section, std::string_view name, bool live,
