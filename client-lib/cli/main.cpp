@@ -17,7 +17,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -348,6 +350,150 @@ int run_reload(const std::string& socket) {
   return 1;
 }
 
+/// A subcommand: its options are registered on the app; `run` is called when
+/// it is the one parsed. The option values live in the closure's state.
+struct Subcommand {
+  CLI::App* cmd;
+  std::function<int()> run;
+};
+
+Subcommand add_pub(CLI::App& app) {
+  struct Args {
+    Common common;
+    std::string subject, message = "-";
+    std::uint64_t count = 1;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("pub", "Publish a message (or each line of stdin with '-')");
+  cmd->add_option("subject", a->subject, "Subject")->required();
+  cmd->add_option("message", a->message, "Message text, or - for stdin lines")->capture_default_str();
+  cmd->add_option("-n,--count", a->count, "Publish the message this many times")->capture_default_str();
+  add_common(cmd, a->common);
+  return {cmd, [a] { return run_pub(a->common, a->subject, a->message, a->count); }};
+}
+
+Subcommand add_sub(CLI::App& app) {
+  struct Args {
+    Common common;
+    std::string subject, queue;
+    std::uint64_t count = 0;
+    bool raw = false;
+    double timeout = 0;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("sub", "Subscribe and print messages");
+  cmd->add_option("subject", a->subject, "Subject; * matches one token, > the rest")->required();
+  cmd->add_option("-q,--queue", a->queue, "Join this queue group: each message goes to one member");
+  cmd->add_option("-n,--count", a->count, "Exit after this many messages (0: run until interrupted)")
+      ->capture_default_str();
+  cmd->add_flag("--raw", a->raw, "Print only the payload");
+  cmd->add_option("--timeout", a->timeout, "Fail (exit 3) if not done after this many seconds");
+  add_common(cmd, a->common);
+  return {cmd, [a] { return run_sub(a->common, a->subject, a->queue, a->count, a->raw, a->timeout); }};
+}
+
+Subcommand add_request(CLI::App& app) {
+  struct Args {
+    Common common;
+    std::string subject, message;
+    double timeout = 5;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand(
+      "request", "Send a request and print the first reply (exit 4: no responders, 3: timeout)");
+  cmd->add_option("subject", a->subject, "Subject")->required();
+  cmd->add_option("message", a->message, "Request text")->required();
+  cmd->add_option("--timeout", a->timeout, "Seconds to wait for a reply")->capture_default_str();
+  add_common(cmd, a->common);
+  return {cmd, [a] { return run_request(a->common, a->subject, a->message, a->timeout); }};
+}
+
+Subcommand add_reply(CLI::App& app) {
+  struct Args {
+    Common common;
+    std::string subject, message, queue;
+    std::uint64_t count = 0;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("reply", "Answer each request on SUBJECT with MESSAGE");
+  cmd->add_option("subject", a->subject, "Subject (wildcards allowed)")->required();
+  cmd->add_option("message", a->message, "Reply text")->required();
+  cmd->add_option("-q,--queue", a->queue, "Join this queue group (responders share the requests)");
+  cmd->add_option("-n,--count", a->count, "Exit after this many replies (0: run until interrupted)")
+      ->capture_default_str();
+  add_common(cmd, a->common);
+  return {cmd, [a] { return run_reply(a->common, a->subject, a->queue, a->message, a->count); }};
+}
+
+Subcommand add_bench(CLI::App& app) {
+  struct Args {
+    Common common;
+    rdmabroker::bench::BenchOptions bench;
+    std::uint32_t busy_poll_us = 0;
+    ClientOptions client;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd =
+      app.add_subcommand("bench", "Benchmark: publishers -> subscribers; rates, loss, reordering, latency");
+  rdmabroker::bench::add_bench_options(*cmd, a->bench);
+  cmd->add_option("--busy-poll-us", a->busy_poll_us,
+                  "RDMA: each client's I/O thread spins on its CQ this long after a completion "
+                  "(ClientOptions::busy_poll)")
+      ->capture_default_str();
+  // A client holds (recv credits + in-flight + queued sends) buffers of the
+  // broker's frame size: with very large frames, fewer of each.
+  cmd->add_option("--recv-credits", a->client.recv_credits, "Receive buffers per client (ClientOptions)")
+      ->capture_default_str();
+  cmd->add_option("--inflight-sends", a->client.max_inflight_sends,
+                  "Sends in flight per client (ClientOptions)")
+      ->capture_default_str();
+  cmd->add_option("--send-buffers", a->client.send_queue_buffers,
+                  "Queued send buffers per client (ClientOptions)")
+      ->capture_default_str();
+  add_common(cmd, a->common);
+  return {cmd, [a] {
+            a->bench.url = a->common.server.empty() ? default_server() : a->common.server;
+            a->client.busy_poll = std::chrono::microseconds(a->busy_poll_us);
+            a->common.set_credentials(a->client);
+            return rdmabroker::bench::run_bench(a->bench, "rdmabroker", [a](std::string& error) {
+              return BrokerEndpoint::connect(a->bench.url, a->common.bind, a->client, error);
+            });
+          }};
+}
+
+Subcommand add_stat(CLI::App& app) {
+  struct Args {
+    std::string socket = rdmabroker::cli::kDefaultAdminSocket;
+    bool json = false;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("stat", "Show the broker's counters");
+  cmd->add_option("--admin-socket", a->socket, "The broker's admin socket")->capture_default_str();
+  cmd->add_flag("--json", a->json, "JSON output");
+  return {cmd, [a] { return run_stat(a->socket, a->json); }};
+}
+
+Subcommand add_reload(CLI::App& app) {
+  auto socket = std::make_shared<std::string>(rdmabroker::cli::kDefaultAdminSocket);
+  auto* cmd =
+      app.add_subcommand("reload", "Reload the broker's configuration file (exit 1 if refused or invalid)");
+  cmd->add_option("--admin-socket", *socket, "The broker's admin socket")->capture_default_str();
+  return {cmd, [socket] { return run_reload(*socket); }};
+}
+
+Subcommand add_passwd(CLI::App& app) {
+  struct Args {
+    std::string scheme = "yescrypt";
+    unsigned long cost = 0;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd =
+      app.add_subcommand("passwd", "Hash a password or token read from stdin for the broker's auth.users");
+  cmd->add_option("--scheme", a->scheme, "yescrypt, sha512crypt or bcrypt")->capture_default_str();
+  cmd->add_option("--cost", a->cost, "The scheme's cost parameter (0: its default)")->capture_default_str();
+  return {cmd, [a] { return run_passwd(a->scheme, a->cost); }};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -355,108 +501,11 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, [](int) { g_interrupted = true; });
   CLI::App app{"rdmabroker: publish, subscribe and inspect an rdmabrokerd broker"};
   app.require_subcommand(1);
-
-  Common pub_common, sub_common;
-  std::string pub_subject, pub_message = "-";
-  std::uint64_t pub_count = 1;
-  auto* pub = app.add_subcommand("pub", "Publish a message (or each line of stdin with '-')");
-  pub->add_option("subject", pub_subject, "Subject")->required();
-  pub->add_option("message", pub_message, "Message text, or - for stdin lines")->capture_default_str();
-  pub->add_option("-n,--count", pub_count, "Publish the message this many times")->capture_default_str();
-  add_common(pub, pub_common);
-
-  std::string sub_subject, sub_queue;
-  std::uint64_t sub_count = 0;
-  bool sub_raw = false;
-  double sub_timeout = 0;
-  auto* sub = app.add_subcommand("sub", "Subscribe and print messages");
-  sub->add_option("subject", sub_subject, "Subject; * matches one token, > the rest")->required();
-  sub->add_option("-q,--queue", sub_queue, "Join this queue group: each message goes to one member");
-  sub->add_option("-n,--count", sub_count, "Exit after this many messages (0: run until interrupted)")
-      ->capture_default_str();
-  sub->add_flag("--raw", sub_raw, "Print only the payload");
-  sub->add_option("--timeout", sub_timeout, "Fail (exit 3) if not done after this many seconds");
-  add_common(sub, sub_common);
-
-  Common req_common, rep_common;
-  std::string req_subject, req_message;
-  double req_timeout = 5;
-  auto* req = app.add_subcommand(
-      "request", "Send a request and print the first reply (exit 4: no responders, 3: timeout)");
-  req->add_option("subject", req_subject, "Subject")->required();
-  req->add_option("message", req_message, "Request text")->required();
-  req->add_option("--timeout", req_timeout, "Seconds to wait for a reply")->capture_default_str();
-  add_common(req, req_common);
-
-  std::string rep_subject, rep_message, rep_queue;
-  std::uint64_t rep_count = 0;
-  auto* rep = app.add_subcommand("reply", "Answer each request on SUBJECT with MESSAGE");
-  rep->add_option("subject", rep_subject, "Subject (wildcards allowed)")->required();
-  rep->add_option("message", rep_message, "Reply text")->required();
-  rep->add_option("-q,--queue", rep_queue, "Join this queue group (responders share the requests)");
-  rep->add_option("-n,--count", rep_count, "Exit after this many replies (0: run until interrupted)")
-      ->capture_default_str();
-  add_common(rep, rep_common);
-
-  Common bench_common;
-  rdmabroker::bench::BenchOptions bench_opt;
-  auto* bench =
-      app.add_subcommand("bench", "Benchmark: publishers -> subscribers; rates, loss, reordering, latency");
-  rdmabroker::bench::add_bench_options(*bench, bench_opt);
-  std::uint32_t bench_busy_poll_us = 0;
-  ClientOptions bench_client;
-  bench
-      ->add_option("--busy-poll-us", bench_busy_poll_us,
-                   "RDMA: each client's I/O thread spins on its CQ this long after a completion "
-                   "(ClientOptions::busy_poll)")
-      ->capture_default_str();
-  // A client holds (recv credits + in-flight + queued sends) buffers of the
-  // broker's frame size: with very large frames, fewer of each.
-  bench->add_option("--recv-credits", bench_client.recv_credits, "Receive buffers per client (ClientOptions)")
-      ->capture_default_str();
-  bench
-      ->add_option("--inflight-sends", bench_client.max_inflight_sends,
-                   "Sends in flight per client (ClientOptions)")
-      ->capture_default_str();
-  bench
-      ->add_option("--send-buffers", bench_client.send_queue_buffers,
-                   "Queued send buffers per client (ClientOptions)")
-      ->capture_default_str();
-  add_common(bench, bench_common);
-
-  std::string stat_socket = rdmabroker::cli::kDefaultAdminSocket;
-  bool stat_json = false;
-  auto* stat = app.add_subcommand("stat", "Show the broker's counters");
-  stat->add_option("--admin-socket", stat_socket, "The broker's admin socket")->capture_default_str();
-  stat->add_flag("--json", stat_json, "JSON output");
-
-  std::string reload_socket = rdmabroker::cli::kDefaultAdminSocket;
-  auto* reload =
-      app.add_subcommand("reload", "Reload the broker's configuration file (exit 1 if refused or invalid)");
-  reload->add_option("--admin-socket", reload_socket, "The broker's admin socket")->capture_default_str();
-
-  std::string passwd_scheme = "yescrypt";
-  unsigned long passwd_cost = 0;
-  auto* passwd =
-      app.add_subcommand("passwd", "Hash a password or token read from stdin for the broker's auth.users");
-  passwd->add_option("--scheme", passwd_scheme, "yescrypt, sha512crypt or bcrypt")->capture_default_str();
-  passwd->add_option("--cost", passwd_cost, "The scheme's cost parameter (0: its default)")
-      ->capture_default_str();
-
+  const Subcommand commands[] = {add_pub(app),   add_sub(app),  add_request(app), add_reply(app),
+                                 add_bench(app), add_stat(app), add_reload(app),  add_passwd(app)};
   CLI11_PARSE(app, argc, argv);
-  if (passwd->parsed()) return run_passwd(passwd_scheme, passwd_cost);
-  if (pub->parsed()) return run_pub(pub_common, pub_subject, pub_message, pub_count);
-  if (sub->parsed()) return run_sub(sub_common, sub_subject, sub_queue, sub_count, sub_raw, sub_timeout);
-  if (req->parsed()) return run_request(req_common, req_subject, req_message, req_timeout);
-  if (rep->parsed()) return run_reply(rep_common, rep_subject, rep_queue, rep_message, rep_count);
-  if (reload->parsed()) return run_reload(reload_socket);
-  if (bench->parsed()) {
-    bench_opt.url = bench_common.server.empty() ? default_server() : bench_common.server;
-    bench_client.busy_poll = std::chrono::microseconds(bench_busy_poll_us);
-    bench_common.set_credentials(bench_client);
-    return rdmabroker::bench::run_bench(bench_opt, "rdmabroker", [&](std::string& error) {
-      return BrokerEndpoint::connect(bench_opt.url, bench_common.bind, bench_client, error);
-    });
+  for (const auto& c : commands) {
+    if (c.cmd->parsed()) return c.run();
   }
-  return run_stat(stat_socket, stat_json);
+  return 2;  // unreachable: require_subcommand(1)
 }

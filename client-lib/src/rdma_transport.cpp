@@ -304,48 +304,14 @@ void RdmaTransport::run() {
     // 100 ms tick made a process holding 1,000 idle clients wake 10,000 times
     // a second for nothing.
     int timeout_ms = -1;
-    if (session_.opt_.busy_poll.count() > 0) {
-      // Busy polling: spin on the CQ (no system call) until a completion
-      // lands or busy_poll has passed since the last one; what it finds is
-      // handled at once and the events are then only looked at, not waited for.
-      const auto until = last_work + session_.opt_.busy_poll;
-      ibv_wc wcs[32];
-      int got = 0;
-      for (int i = 0; got == 0 && Clock::now() < until; ++i) {
-        got = ibv_poll_cq(cq_.get(), 32, wcs);
-        if ((i & 1023) == 1023 && session_.stop_requested()) break;
-      }
-      for (int i = 0; i < got; ++i) on_completion(wcs[i], deliveries, errors);
-      if (got > 0) {
-        last_work = Clock::now();
-        timeout_ms = 0;
-      }
+    if (session_.opt_.busy_poll.count() > 0 && spin_on_cq(last_work, deliveries, errors)) {
+      last_work = Clock::now();
+      timeout_ms = 0;  // found work: the events are only looked at, not waited for
     }
     // A multicast gap to ask for (or a frame to retry) bounds the sleep.
     if (const int gap_ms = session_.check_gaps(); gap_ms >= 0)
       timeout_ms = timeout_ms < 0 ? gap_ms : std::min(timeout_ms, gap_ms);
-    epoll_event evs[6];
-    const int n = ::epoll_wait(epoll_.get(), evs, 6, timeout_ms);
-    bool cm_ready = false;
-    for (int i = 0; i < n; ++i) {
-      const int fd = evs[i].data.fd;
-      if (fd == comp_channel_->fd) {
-        ibv_cq* cq = nullptr;
-        void* ctx = nullptr;
-        while (ibv_get_cq_event(comp_channel_.get(), &cq, &ctx) == 0) acker_.add();
-      } else if (fd == cm_channel_->fd) {
-        cm_ready = true;
-      } else if (ud_ && fd == ud_->channel->fd) {
-        ibv_cq* cq = nullptr;
-        void* ctx = nullptr;
-        while (ibv_get_cq_event(ud_->channel.get(), &cq, &ctx) == 0) ud_->acker.add();
-      } else if (ud_cm_channel_ && fd == ud_cm_channel_->fd) {
-        handle_group_events();
-      } else {
-        std::uint64_t v;
-        [[maybe_unused]] auto r = ::read(wake_fd_.get(), &v, sizeof v);
-      }
-    }
+    const bool cm_ready = wait_for_events(timeout_ms);
     // Drain, re-arm, drain again (a completion between the two raises no event).
     // Completions go first: a CLOSE frame from the broker completes here before
     // its DISCONNECTED event, and it says why the connection ends.
@@ -359,22 +325,67 @@ void RdmaTransport::run() {
       if (pass == 0) ibv_req_notify_cq(cq_.get(), 0);
     }
     if (ud_) drain_ud(deliveries);
-    rdma_cm_event* ev = nullptr;
-    while (cm_ready && rdma_get_cm_event(cm_channel_.get(), &ev) == 0) {
-      verbs::CmEventPtr owned(ev);
-      if (ev->event == RDMA_CM_EVENT_DISCONNECTED || ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL) {
-        std::lock_guard lock(session_.mu_);
-        if (!session_.closed_ && !session_.closing_)
-          errors.push_back(Error{ErrorKind::kClosed, "connection to the broker lost"});
-        session_.fail_locked(Error{ErrorKind::kClosed, "connection to the broker lost (" +
-                                                           std::string(rdma_event_str(ev->event)) + ")"});
-      }
-    }
+    if (cm_ready) handle_cm_events(errors);
     {
       std::lock_guard lock(session_.mu_);
       transmit_locked();
     }
     session_.dispatch(deliveries, errors);
+  }
+}
+
+bool RdmaTransport::spin_on_cq(Clock::time_point last_work, Deliveries& deliveries,
+                               std::vector<Error>& errors) {
+  // Spin on the CQ (no system call) until a completion lands or busy_poll has
+  // passed since the last one; what it finds is handled at once.
+  const auto until = last_work + session_.opt_.busy_poll;
+  ibv_wc wcs[32];
+  int got = 0;
+  for (int i = 0; got == 0 && Clock::now() < until; ++i) {
+    got = ibv_poll_cq(cq_.get(), 32, wcs);
+    if ((i & 1023) == 1023 && session_.stop_requested()) break;
+  }
+  for (int i = 0; i < got; ++i) on_completion(wcs[i], deliveries, errors);
+  return got > 0;
+}
+
+bool RdmaTransport::wait_for_events(int timeout_ms) {
+  epoll_event evs[6];
+  const int n = ::epoll_wait(epoll_.get(), evs, 6, timeout_ms);
+  bool cm_ready = false;
+  for (int i = 0; i < n; ++i) {
+    const int fd = evs[i].data.fd;
+    if (fd == comp_channel_->fd) {
+      ibv_cq* cq = nullptr;
+      void* ctx = nullptr;
+      while (ibv_get_cq_event(comp_channel_.get(), &cq, &ctx) == 0) acker_.add();
+    } else if (fd == cm_channel_->fd) {
+      cm_ready = true;
+    } else if (ud_ && fd == ud_->channel->fd) {
+      ibv_cq* cq = nullptr;
+      void* ctx = nullptr;
+      while (ibv_get_cq_event(ud_->channel.get(), &cq, &ctx) == 0) ud_->acker.add();
+    } else if (ud_cm_channel_ && fd == ud_cm_channel_->fd) {
+      handle_group_events();
+    } else {
+      std::uint64_t v;
+      [[maybe_unused]] auto r = ::read(wake_fd_.get(), &v, sizeof v);
+    }
+  }
+  return cm_ready;
+}
+
+void RdmaTransport::handle_cm_events(std::vector<Error>& errors) {
+  rdma_cm_event* ev = nullptr;
+  while (rdma_get_cm_event(cm_channel_.get(), &ev) == 0) {
+    verbs::CmEventPtr owned(ev);
+    if (ev->event == RDMA_CM_EVENT_DISCONNECTED || ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL) {
+      std::lock_guard lock(session_.mu_);
+      if (!session_.closed_ && !session_.closing_)
+        errors.push_back(Error{ErrorKind::kClosed, "connection to the broker lost"});
+      session_.fail_locked(Error{ErrorKind::kClosed, "connection to the broker lost (" +
+                                                         std::string(rdma_event_str(ev->event)) + ")"});
+    }
   }
 }
 

@@ -53,6 +53,13 @@ class RdmaTransport final : public Transport {
                                            std::vector<std::byte>* private_data);
   void teardown_resources();
   void run();
+  /// run()'s steps. Busy polling: spins on the CQ for up to busy_poll after
+  /// `last_work`; true if it found completions (handled).
+  bool spin_on_cq(Clock::time_point last_work, Deliveries& deliveries, std::vector<Error>& errors);
+  /// Waits up to timeout_ms (-1: forever) for the fds; acknowledges CQ events
+  /// and handles group events; true if the connection's CM channel is ready.
+  bool wait_for_events(int timeout_ms);
+  void handle_cm_events(std::vector<Error>& errors);
 
   void transmit_locked() override;
   bool drained_locked() const override { return inflight_.empty(); }

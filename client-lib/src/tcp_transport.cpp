@@ -55,6 +55,10 @@ class TcpTransport final : public Transport {
 
  private:
   Status connect_once(std::uint32_t recv_buffer_size, proto::ConnectReject* reject);
+  /// connect_once's steps: a connected socket in fd_, then the 16/24-byte handshake.
+  Status open_socket(const std::string& where, Clock::time_point deadline);
+  Status handshake(std::uint32_t recv_buffer_size, const std::string& where, Clock::time_point deadline,
+                   proto::ConnectAccept& accept, proto::ConnectReject* reject);
   /// Waits for `events` on fd_ until `deadline`; false on timeout.
   bool wait_fd(short events, Clock::time_point deadline);
   void run();
@@ -110,6 +114,34 @@ Status TcpTransport::connect_once(std::uint32_t recv_buffer_size, proto::Connect
   const auto deadline = Clock::now() + session_.opt_.connect_timeout;
   const std::string where = url_.host + ":" + std::to_string(url_.port);
   session_.recv_buffer_size_ = recv_buffer_size;
+  if (auto st = open_socket(where, deadline); !st) return st;
+  proto::ConnectAccept accept;
+  if (auto st = handshake(recv_buffer_size, where, deadline, accept, reject); !st) return st;
+  session_.init_send_buffers(accept.max_frame_size,
+                             session_.opt_.max_inflight_sends + session_.opt_.send_queue_buffers);
+  rbuf_.assign(std::size_t{recv_buffer_size} * 2, std::byte{0});
+  rlen_ = 0;
+
+  wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+  if (!wake_fd_ || !epoll_) return sys_error(ErrorKind::kResource, "eventfd/epoll");
+  for (int fd : {fd_.get(), wake_fd_.get()}) {
+    epoll_event e{};
+    e.events = EPOLLIN | (fd == fd_.get() ? EPOLLRDHUP : 0u);
+    e.data.fd = fd;
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &e);
+  }
+  sockaddr_storage local{};
+  socklen_t len = sizeof local;
+  ::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&local), &len);
+  session_.description_ = "tcp " + sockaddr_string(reinterpret_cast<sockaddr*>(&local)) + " -> " + where +
+                          " (connection " + std::to_string(accept.connection_id) + ")";
+  std::lock_guard lock(session_.mu_);
+  session_.established_ = true;
+  return {};
+}
+
+Status TcpTransport::open_socket(const std::string& where, Clock::time_point deadline) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -145,8 +177,13 @@ Status TcpTransport::connect_once(std::uint32_t recv_buffer_size, proto::Connect
     return Error{ErrorKind::kConnectFailed, "connect(tcp://" + where + "): " + std::strerror(err) +
                                                 " (is rdmabrokerd listening on TCP there? --tcp-port)"};
   }
+  return {};
+}
 
-  // Handshake: 16 bytes out, 24 back (an accept, or a reject padded with zeros).
+Status TcpTransport::handshake(std::uint32_t recv_buffer_size, const std::string& where,
+                               Clock::time_point deadline, proto::ConnectAccept& accept,
+                               proto::ConnectReject* reject) {
+  // 16 bytes out, 24 back (an accept, or a reject padded with zeros).
   const auto request = proto::encode(proto::ConnectRequest{recv_buffer_size, 2});
   if (::send(fd_.get(), request.data(), request.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(request.size())) {
@@ -173,32 +210,10 @@ Status TcpTransport::connect_once(std::uint32_t recv_buffer_size, proto::Connect
     }
     return Session::rejected("tcp://" + where, *reject);
   }
-  proto::ConnectAccept accept;
   if (auto st = proto::decode(reply, accept); st != proto::HandshakeStatus::kOk) {
     return Error{ErrorKind::kConnectFailed,
                  "bad accept from tcp://" + where + ": " + std::string(proto::to_string(st))};
   }
-  session_.init_send_buffers(accept.max_frame_size,
-                             session_.opt_.max_inflight_sends + session_.opt_.send_queue_buffers);
-  rbuf_.assign(std::size_t{recv_buffer_size} * 2, std::byte{0});
-  rlen_ = 0;
-
-  wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
-  if (!wake_fd_ || !epoll_) return sys_error(ErrorKind::kResource, "eventfd/epoll");
-  for (int fd : {fd_.get(), wake_fd_.get()}) {
-    epoll_event e{};
-    e.events = EPOLLIN | (fd == fd_.get() ? EPOLLRDHUP : 0u);
-    e.data.fd = fd;
-    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &e);
-  }
-  sockaddr_storage local{};
-  socklen_t len = sizeof local;
-  ::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&local), &len);
-  session_.description_ = "tcp " + sockaddr_string(reinterpret_cast<sockaddr*>(&local)) + " -> " + where +
-                          " (connection " + std::to_string(accept.connection_id) + ")";
-  std::lock_guard lock(session_.mu_);
-  session_.established_ = true;
   return {};
 }
 
