@@ -1,4 +1,4 @@
-// TcpTransport (accept, handshake) and TcpLink (read, write): tcp_link.hpp.
+// TcpPort (accept, handshake) and TcpLink (read, write): tcp_link.hpp.
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <spdlog/spdlog.h>
@@ -39,7 +39,7 @@ void send_reject(int fd, proto::RejectReason reason, std::uint32_t buffer_size) 
 
 // ---------------------------------------------------------------- accept
 
-void TcpTransport::accept(bool stopping) {
+void TcpPort::accept(bool stopping) {
   // Bounded per wake-up; the listening socket stays readable for the rest.
   for (int i = 0; i < 64; ++i) {
     UniqueFd fd(::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
@@ -80,9 +80,9 @@ void TcpTransport::accept(bool stopping) {
   }
 }
 
-void TcpTransport::stop_listening() { ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr); }
+void TcpPort::stop_listening() { ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr); }
 
-void TcpTransport::on_handshake_readable(int fd, bool stopping) {
+void TcpPort::on_handshake_readable(int fd, bool stopping) {
   auto it = handshakes_.find(fd);
   if (it == handshakes_.end()) return;
   Handshake& h = it->second;
@@ -122,7 +122,7 @@ void TcpTransport::on_handshake_readable(int fd, bool stopping) {
   connections_.establish(c);
 }
 
-void TcpTransport::check_handshake_deadlines(bool stopping) {
+void TcpPort::check_handshake_deadlines(bool stopping) {
   for (auto it = handshakes_.begin(); it != handshakes_.end();) {
     if (ctx_.now < it->second.deadline && !stopping) {
       ++it;
@@ -137,7 +137,7 @@ void TcpTransport::check_handshake_deadlines(bool stopping) {
   }
 }
 
-void TcpTransport::retry_buffer_waiters() {
+void TcpPort::retry_buffer_waiters() {
   if (buffer_waiters_.empty() || ctx_.core.pool->exhausted()) return;
   std::vector<std::uint64_t> ids;
   ids.swap(buffer_waiters_);
@@ -146,7 +146,7 @@ void TcpTransport::retry_buffer_waiters() {
   }
 }
 
-BufferRef TcpTransport::read_buffer(Connection& c) {
+BufferRef TcpPort::read_buffer(Connection& c) {
   std::uint32_t index = 0;
   const bool empty = ctx_.core.pool->acquire(&index, 1) == 0;
   ctx_.note_pool_starved(empty);
@@ -165,7 +165,7 @@ BufferRef TcpTransport::read_buffer(Connection& c) {
 void TcpLink::update_events(const Connection& c) {
   epoll_event ev{};
   ev.events = (reading_ ? EPOLLIN | EPOLLRDHUP : 0u) | (writing_ ? EPOLLOUT : 0u);
-  ev.data.u64 = TcpTransport::kTagTcpConnection | c.id;
+  ev.data.u64 = TcpPort::kTagTcpConnection | c.id;
   if (::epoll_ctl(transport_.epoll_fd(), EPOLL_CTL_MOD, fd_.get(), &ev) != 0) {
     spdlog::error("connection {}: epoll_ctl: {}", c.id, std::strerror(errno));
   }

@@ -53,7 +53,7 @@ Status Worker::init(int tcp_listen_fd) {
   if (tcp_listen_fd >= 0) {
     // EPOLLEXCLUSIVE: one worker is woken per incoming connection.
     if (!watch(tcp_listen_fd, kTagTcpListen, EPOLLEXCLUSIVE)) return sys_error("epoll_ctl");
-    tcp_ = std::make_unique<TcpTransport>(ctx_, connections_, frames_, epoll_.get(), tcp_listen_fd);
+    tcp_ = std::make_unique<TcpPort>(ctx_, connections_, frames_, epoll_.get(), tcp_listen_fd);
   }
   for (auto& port : ports_) port->refill(connections_);
   return {};
@@ -151,10 +151,10 @@ void Worker::wait_events(int timeout_ms) {
       case kTagTcpListen:
         tcp_->accept(stopping_);
         continue;
-      case TcpTransport::kTagHandshake:
+      case TcpPort::kTagHandshake:
         tcp_->on_handshake_readable(static_cast<int>(tag & ~kTagMask), stopping_);
         continue;
-      case TcpTransport::kTagTcpConnection:
+      case TcpPort::kTagTcpConnection:
         if (Connection* c = connections_.find(tag & ~kTagMask)) {
           static_cast<TcpLink&>(*c->link).on_event(*c, events[i].events);
         }

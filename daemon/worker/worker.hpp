@@ -152,7 +152,7 @@ class Worker {
   Connections connections_;  // after ports_: every QP goes before its CQ and SRQ
   Router router_;
   FrameHandler frames_;
-  std::unique_ptr<TcpTransport> tcp_;  // handshakes in progress, buffer waiters (null: no TCP)
+  std::unique_ptr<TcpPort> tcp_;  // handshakes in progress, buffer waiters (null: no TCP)
 
   std::chrono::steady_clock::time_point last_work_{};          // the last loop turn that found completions
   std::chrono::steady_clock::time_point next_socket_check_{};  // busy loop: when to look at sockets
