@@ -251,5 +251,39 @@ TEST_P(Auth, ReloadRevokesSubscriptionsAndUsersOfConnectedClients) {
 INSTANTIATE_TEST_SUITE_P(Via, Auth, ::testing::Values(Via::kRdma, Via::kTcp),
                          [](const auto& info) { return to_string(info.param); });
 
+// `rdmabroker passwd` (docs/security.md): the hash it prints from stdin is
+// what auth.users takes, and the broker accepts that secret and no other.
+// The CLI, not the transport, is under test: TCP on the host only.
+TEST(Tcp, PasswdPrintsAHashTheBrokerAccepts) {
+  // sha512crypt at its lowest cost: the check is tested, not the cost.
+  auto [rc, hash] =
+      run({RDMABROKER_CLI_PATH, "passwd", "--scheme", "sha512crypt", "--cost", "1000"}, "carol-pw\n");
+  ASSERT_EQ(rc, 0) << hash;
+  ASSERT_FALSE(hash.empty());
+  ASSERT_EQ(hash.back(), '\n');
+  hash.pop_back();
+  EXPECT_EQ(hash.rfind("$6$rounds=1000$", 0), 0u) << hash;
+  EXPECT_EQ(hash.find("carol-pw"), std::string::npos) << "the secret itself is in the output";
+
+  const std::string path = "/tmp/rdmabroker-passwd-" + std::to_string(getpid()) + ".yaml";
+  std::ofstream(path) << "auth:\n  anonymous: false\n  users:\n    - name: carol\n      password: '" << hash
+                      << "'\n";
+  BrokerProcess broker(next_port(), {"--config", path}, /*allow_anonymous=*/false);
+  ::unlink(path.c_str());
+  ASSERT_TRUE(broker.running());
+  EXPECT_TRUE(connect_via(broker, Via::kTcp, credentials("carol", "carol-pw")));
+  auto wrong = try_connect_via(broker, Via::kTcp, credentials("carol", "carol-pw2"));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.error().kind, ErrorKind::kAuthenticationFailed);
+
+  // Nothing to hash, or a scheme it does not know: usage errors (status 2), no hash.
+  auto [empty_rc, empty_out] = run({RDMABROKER_CLI_PATH, "passwd"}, "");
+  EXPECT_EQ(empty_rc, 2) << empty_out;
+  EXPECT_EQ(empty_out, "");
+  auto [scheme_rc, scheme_out] = run({RDMABROKER_CLI_PATH, "passwd", "--scheme", "md5"}, "x\n");
+  EXPECT_EQ(scheme_rc, 2) << scheme_out;
+  EXPECT_EQ(scheme_out, "");
+}
+
 }  // namespace
 }  // namespace rdmabroker::test

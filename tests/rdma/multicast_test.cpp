@@ -185,7 +185,16 @@ TEST_F(Multicast, EightSubscribersOnTwoDevicesGetEveryMessageOnceInOrder) {
   ASSERT_TRUE(tcp_sub && tcp_sub->subscribe("mc.feed", tcp_got.handler()));
   for (auto& s : subs) ASSERT_TRUE(s->flush(10s));
   auto s = broker.wait_stats([&](auto& s) { return s["multicast.members_joined"] == kSubs; }, 30s);
-  ASSERT_EQ(s["multicast.members_joined"], kSubs) << "not every subscriber joined the group";
+  if (s["multicast.members_joined"] != kSubs) {
+    // Which step did not happen: the broker's group, a client's join, or its answer.
+    std::string clients;
+    for (auto& c : subs) clients += " " + std::to_string(c->stats().multicast_groups);
+    FAIL() << "not every subscriber joined the group: members " << s["multicast.members"] << ", joined "
+           << s["multicast.members_joined"] << ", groups " << s["multicast.groups"] << ", broker joins "
+           << s["multicast.joins"] << " (failed " << s["multicast.join_failures"]
+           << "), client join failures " << s["multicast.client_join_failures"]
+           << "; groups per client:" << clients;
+  }
   EXPECT_EQ(s["multicast.groups"], 1);
   EXPECT_EQ(s["multicast.members"], kSubs + 1);
 
