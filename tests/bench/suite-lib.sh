@@ -43,9 +43,24 @@ cpu_ticks() {  # utime + stime of PID, in clock ticks
   awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0
 }
 
+# defer_record FILE INPUT ARGS...: FILE's record is written later from INPUT
+# (a file, copied) by `suite_report.py ARGS...`, together with every other
+# deferred record in one Python process (record_deferred): Python takes about
+# 7 s to start in the emulated guest, which was most of a quick run's time.
+defer_record() {
+  local file=$1 input=$2
+  shift 2
+  cp "$input" "$file.in"
+  printf '%s\n' "$@" >"$file.args"
+}
+# record_deferred DIR: writes the deferred records in DIR, prints their summaries.
+record_deferred() {
+  $REPORT record-deferred "$1"
+}
+
 # run_bench SYSTEM TRANSPORT GROUP SIZE SERVER_PID COMMAND...: runs a bench
 # command (`rdmabroker bench` or a driver) with --json and records it with the
-# server's CPU time over the run.
+# server's CPU time over the run (deferred).
 run_bench() {
   local system=$1 transport=$2 group=$3 size=$4 server=$5
   shift 5
@@ -55,22 +70,27 @@ run_bench() {
   c0=$(cpu_ticks "$server")
   "$@" --json --quiet >/tmp/bench-run.json 2>/tmp/bench-run.err || rc=$?
   c1=$(cpu_ticks "$server")
-  $REPORT record-bench --system "$system" --transport "$transport" --group "$group" --size "$size" \
-    --server-cpu-s "$(awk -v a="$c0" -v b="$c1" -v t="$(getconf CLK_TCK)" 'BEGIN { print (b - a) / t }')" \
-    --exit-status "$rc" --stderr /tmp/bench-run.err --out "$file" </tmp/bench-run.json | elapsed
+  cp /tmp/bench-run.err "$file.err"
+  defer_record "$file" /tmp/bench-run.json record-bench --system "$system" --transport "$transport" --group "$group" \
+    --size "$size" --server-cpu-s "$(awk -v a="$c0" -v b="$c1" -v t="$(getconf CLK_TCK)" 'BEGIN { print (b - a) / t }')" \
+    --exit-status "$rc" --stderr "$file.err"
+  echo "$system $transport $group $size B: exit status $rc" | elapsed
 }
 
 # record_perftest TOOL SIZE OUTPUT_FILE: the client side's report of
-# ib_send_bw or ib_send_lat.
+# ib_send_bw or ib_send_lat (deferred).
 record_perftest() {
   SEQ_NO=$((SEQ_NO + 1))
   local file="$OUT/$(printf %03d $SEQ_NO)-raw-$1-$2.json"
-  $REPORT record-perftest --tool "$1" --size "$2" --out "$file" <"$3" | elapsed
+  defer_record "$file" "$3" record-perftest --tool "$1" --size "$2"
+  echo "raw $1 $2 B: done" | elapsed
 }
 
 # record_idle_rss TRANSPORT "idle-rss: ..." (the line tests/bench/idle-rss.sh prints)
 record_idle_rss() {
   SEQ_NO=$((SEQ_NO + 1))
   local file="$OUT/$(printf %03d $SEQ_NO)-idle-rss-$1.json"
-  echo "$2" | $REPORT record-idle --transport "$1" --out "$file" | elapsed
+  echo "$2" >/tmp/idle-rss.txt
+  defer_record "$file" /tmp/idle-rss.txt record-idle --transport "$1"
+  echo "$2" | elapsed
 }

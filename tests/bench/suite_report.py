@@ -4,6 +4,8 @@
   record-bench    bench --json on stdin -> one record (with the server's CPU)
   record-perftest ib_send_bw / ib_send_lat client output on stdin -> one record
   record-idle     the line tests/bench/idle-rss.sh prints, on stdin -> one record
+  record-deferred DIR  the records suite-lib.sh deferred in DIR (NNN.json.args
+                  and .in), all in this one process
   summary FILE    one human line for a record
   report DIR      every record in DIR -> DIR/results.json, DIR/results.csv,
                   the tables between the suite markers in docs/benchmarks.md,
@@ -16,6 +18,7 @@ results.json and results.csv.
 import argparse
 import csv
 import datetime
+import glob
 import json
 import os
 import re
@@ -28,8 +31,7 @@ END = "<!-- suite:end -->"
 
 # ---------------------------------------------------------------- records
 
-def record_bench(a):
-    raw = sys.stdin.read()
+def record_bench(a, raw):
     err = open(a.stderr).read()[-2000:] if a.stderr and os.path.exists(a.stderr) else ""
     rec = {"kind": "bench", "system": a.system, "transport": a.transport, "group": a.group, "size": a.size,
            "exit_status": a.exit_status, "server_cpu_s": a.server_cpu_s, "stderr": err}
@@ -59,8 +61,7 @@ def record_bench(a):
     return rec
 
 
-def record_perftest(a):
-    text = sys.stdin.read()
+def record_perftest(a, text):
     rec = {"kind": "raw", "system": "raw", "transport": "rdma", "tool": a.tool, "size": a.size,
            "publishers": 1, "subscribers": 1}
     for line in text.splitlines():
@@ -78,8 +79,8 @@ def record_perftest(a):
     return rec
 
 
-def record_idle(a):
-    line = sys.stdin.read().strip()
+def record_idle(a, line):
+    line = line.strip()
     m = re.search(r"(\d+) idle connections.*RSS ([\d.]+) MiB -> ([\d.]+) MiB, ([\d.-]+) KiB per connection", line)
     rec = {"kind": "idle_rss", "system": "rdmabroker", "transport": a.transport}
     if not m:
@@ -469,22 +470,43 @@ def main():
     r.add_argument("--revision", default="", help="the commit the binaries were built from")
     r.add_argument("--light-rdma", default="")
     r.add_argument("--light-tcp", default="")
+    d = sub.add_parser("record-deferred", help="write every record that suite-lib.sh deferred in DIR")
+    d.add_argument("dir")
     a = p.parse_args()
-    records = {"record-bench": record_bench, "record-perftest": record_perftest, "record-idle": record_idle}
-    if a.cmd in records:
-        # One process writes the record and prints its summary: each Python
-        # start costs about half a second in the emulated guest.
-        rec = records[a.cmd](a)
-        if a.out:
-            with open(a.out, "w") as f:
-                json.dump(rec, f, indent=1)
-            print(summary(a.out))
-        else:
-            json.dump(rec, sys.stdout, indent=1)
+    if a.cmd in RECORDS:
+        # One process writes the record and prints its summary.
+        write_record(a, sys.stdin.read())
+    elif a.cmd == "record-deferred":
+        # Python takes seconds to start in the emulated guest: the guest's
+        # runs leave their inputs (suite-lib.sh, defer_record) and one
+        # process turns them all into records afterwards.
+        for args_file in sorted(glob.glob(os.path.join(a.dir, "*.json.args"))):
+            out = args_file[: -len(".args")]
+            with open(args_file) as f:
+                argv = f.read().splitlines()
+            with open(out + ".in") as f:
+                text = f.read()
+            write_record(p.parse_args(argv + ["--out", out]), text)
+            for leftover in (args_file, out + ".in", out + ".err"):
+                if os.path.exists(leftover):
+                    os.remove(leftover)
     elif a.cmd == "summary":
         print(summary(a.file))
     else:
         sys.exit(report(a))
+
+
+RECORDS = {"record-bench": record_bench, "record-perftest": record_perftest, "record-idle": record_idle}
+
+
+def write_record(a, text):
+    rec = RECORDS[a.cmd](a, text)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(rec, f, indent=1)
+        print(summary(a.out))
+    else:
+        json.dump(rec, sys.stdout, indent=1)
 
 
 if __name__ == "__main__":
