@@ -35,6 +35,7 @@ CASES=(
   "rate 16 KiB 1->1|--size 16384 -n 2000"
   "fan-out 64 B 1->4|--size 64 -p 1 -m 4 -n 30000"
   "fan-out 64 B 1->32|--size 64 -p 1 -m 32 -n 5000"
+  "fan-out 64 B 1->32, the suite's count|--size 64 -p 1 -m 32 -n 50000"
   "latency 64 B at 200 msg/s|--size 64 -r 200 -d 5"
 )
 mapfile -t CASES < <(printf '%s\n' "${CASES[@]}" | grep -E -- "$PATTERN")
