@@ -82,8 +82,7 @@ class Auth : public ::testing::TestWithParam<Via> {
     out << text;
   }
   std::pair<int, std::string> reload(const BrokerProcess& b) {
-    return run({"/bin/sh", "-c",
-                std::string(RDMABROKER_CLI_PATH) + " reload --admin-socket " + b.admin_socket() + " 2>&1"});
+    return run({"/bin/sh", "-c", cli_path() + " reload --admin-socket " + b.admin_socket() + " 2>&1"});
   }
 
   const std::string path_ = "/tmp/rdmabroker-auth-" + std::to_string(getpid()) + ".yaml";
@@ -131,7 +130,7 @@ TEST_P(Auth, OnlyValidCredentialsConnectAndOthersAreUndisturbed) {
   ASSERT_TRUE(bob2.ok()) << bob2.error().message;
 
   // `rdmabroker stat` names each connection's user.
-  auto [rc, out] = run({RDMABROKER_CLI_PATH, "stat", "--json", "--admin-socket", broker.admin_socket()});
+  auto [rc, out] = run({cli_path(), "stat", "--json", "--admin-socket", broker.admin_socket()});
   ASSERT_EQ(rc, 0) << out;
   std::multiset<std::string> users;
   const auto listed = nlohmann::json::parse(out);
@@ -256,8 +255,7 @@ INSTANTIATE_TEST_SUITE_P(Via, Auth, ::testing::Values(Via::kRdma, Via::kTcp),
 // The CLI, not the transport, is under test: TCP on the host only.
 TEST(Tcp, PasswdPrintsAHashTheBrokerAccepts) {
   // sha512crypt at its lowest cost: the check is tested, not the cost.
-  auto [rc, hash] =
-      run({RDMABROKER_CLI_PATH, "passwd", "--scheme", "sha512crypt", "--cost", "1000"}, "carol-pw\n");
+  auto [rc, hash] = run({cli_path(), "passwd", "--scheme", "sha512crypt", "--cost", "1000"}, "carol-pw\n");
   ASSERT_EQ(rc, 0) << hash;
   ASSERT_FALSE(hash.empty());
   ASSERT_EQ(hash.back(), '\n');
@@ -277,10 +275,10 @@ TEST(Tcp, PasswdPrintsAHashTheBrokerAccepts) {
   EXPECT_EQ(wrong.error().kind, ErrorKind::kAuthenticationFailed);
 
   // Nothing to hash, or a scheme it does not know: usage errors (status 2), no hash.
-  auto [empty_rc, empty_out] = run({RDMABROKER_CLI_PATH, "passwd"}, "");
+  auto [empty_rc, empty_out] = run({cli_path(), "passwd"}, "");
   EXPECT_EQ(empty_rc, 2) << empty_out;
   EXPECT_EQ(empty_out, "");
-  auto [scheme_rc, scheme_out] = run({RDMABROKER_CLI_PATH, "passwd", "--scheme", "md5"}, "x\n");
+  auto [scheme_rc, scheme_out] = run({cli_path(), "passwd", "--scheme", "md5"}, "x\n");
   EXPECT_EQ(scheme_rc, 2) << scheme_out;
   EXPECT_EQ(scheme_out, "");
 }

@@ -182,7 +182,7 @@ BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_
       tcp_port_(next_port()),
       admin_socket_("/tmp/rdmabroker-test-" + std::to_string(getpid()) + "-" + std::to_string(port) +
                     ".sock") {
-  args_ = {RDMABROKERD_PATH,
+  args_ = {broker_path(),
            "--listen",
            "0.0.0.0",
            "--port",

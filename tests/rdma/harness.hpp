@@ -21,8 +21,24 @@
 #include "rdmabroker/common/verbs.hpp"
 #include "rdmabroker/proto/handshake.hpp"
 #include "rdmabroker/result.hpp"
+#include "test_paths.hpp"
 
 namespace rdmabroker::test {
+
+/// The programs under test, where this build put them (test_paths.hpp says
+/// why the build passes relative paths).
+inline const std::string& broker_path() {
+  static const std::string path = beside_this_program(RDMABROKERD_REL);
+  return path;
+}
+inline const std::string& cli_path() {
+  static const std::string path = beside_this_program(RDMABROKER_CLI_REL);
+  return path;
+}
+inline const std::string& c_api_smoke_path() {
+  static const std::string path = beside_this_program(C_API_SMOKE_REL);
+  return path;
+}
 
 /// The guest's two addresses: ADDR1 on rxe0 (veth0), ADDR2 on rxe1 (veth1).
 /// Empty when not in the guest; tests then fail (they never skip).

@@ -504,7 +504,7 @@ TEST_F(Multicast, AReloadThatDropsTheSubjectLeavesTheGroupAndLosesNothing) {
   ASSERT_EQ(broker.wait_stats([](auto& s) { return s["multicast.members_joined"] == 1; },
                               30s)["multicast.members_joined"],
             1);
-  auto reload = [&] { return run({RDMABROKER_CLI_PATH, "reload", "--admin-socket", broker.admin_socket()}); };
+  auto reload = [&] { return run({cli_path(), "reload", "--admin-socket", broker.admin_socket()}); };
 
   // A restart-only key is refused, naming it; the group stays.
   std::ofstream(cfg.path()) << mcast_yaml("[\"mc.>\"]") << "  groups: 239.88.0.0/16\n";

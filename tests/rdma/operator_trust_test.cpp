@@ -56,7 +56,7 @@ TEST(Tcp, ListenFlagWinsOverTheConfigFileOnStartAndOnReload) {
   EXPECT_FALSE(can_connect("127.0.0.2", broker.tcp_port())) << "listening beyond --listen";
 
   // `rdmabroker stat` says where each address came from.
-  auto [rc, out] = run({RDMABROKER_CLI_PATH, "stat", "--admin-socket", broker.admin_socket()});
+  auto [rc, out] = run({cli_path(), "stat", "--admin-socket", broker.admin_socket()});
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("config file: " + path + " (--config)"), std::string::npos) << out;
   EXPECT_NE(out.find("listen.tcp 127.0.0.1:" + std::to_string(broker.tcp_port()) +
@@ -65,7 +65,7 @@ TEST(Tcp, ListenFlagWinsOverTheConfigFileOnStartAndOnReload) {
       << out;
 
   // So does --check-config, with the same flags.
-  auto check = run({RDMABROKERD_PATH, "--config", path, "--listen", "127.0.0.1", "--check-config"});
+  auto check = run({broker_path(), "--config", path, "--listen", "127.0.0.1", "--check-config"});
   EXPECT_EQ(check.first, 0) << check.second;
   EXPECT_NE(check.second.find("listen.tcp 127.0.0.1:7471 (host: --listen; port: file " + path + ")"),
             std::string::npos)
@@ -75,8 +75,7 @@ TEST(Tcp, ListenFlagWinsOverTheConfigFileOnStartAndOnReload) {
   // so listen.tcp is no change (named as overridden), and the reload applies.
   write_file(path, "rdma: off\nlogging: {level: debug}\n");
   auto reload =
-      run({"/bin/sh", "-c",
-           std::string(RDMABROKER_CLI_PATH) + " reload --admin-socket " + broker.admin_socket() + " 2>&1"});
+      run({"/bin/sh", "-c", cli_path() + " reload --admin-socket " + broker.admin_socket() + " 2>&1"});
   EXPECT_EQ(reload.first, 0) << reload.second;
   EXPECT_NE(reload.second.find("logging.level info -> debug"), std::string::npos) << reload.second;
   EXPECT_NE(
@@ -194,7 +193,7 @@ TEST_P(Bounds, BrokerWideSubscriptionLimitsRefuseOnlyTheSubscribeThatHitsThem) {
   write_file(
       path_,
       "logging: {level: warn}\nlimits: {max_subscriptions_total: 100000, max_subscription_memory: 64KiB}\n");
-  auto [rc, out] = run({RDMABROKER_CLI_PATH, "reload", "--admin-socket", broker.admin_socket()});
+  auto [rc, out] = run({cli_path(), "reload", "--admin-socket", broker.admin_socket()});
   ASSERT_EQ(rc, 0) << out;
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(b->subscribe(std::string_view("m." + std::to_string(i))));
   ASSERT_TRUE(b->flush(10s));

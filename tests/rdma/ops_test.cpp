@@ -61,7 +61,7 @@ TEST_P(Ops, ReloadAppliesLiveSettingsRefusesTheRestAndKeepsClients) {
   auto sub = client->subscribe(std::string_view("ops.a"));
   ASSERT_TRUE(sub);
   ASSERT_TRUE(client->flush(10s));
-  auto reload = [&] { return run({RDMABROKER_CLI_PATH, "reload", "--admin-socket", broker.admin_socket()}); };
+  auto reload = [&] { return run({cli_path(), "reload", "--admin-socket", broker.admin_socket()}); };
 
   // 1. Live changes: applied, reported, in force for what follows.
   write_file(config_path_, "logging: {level: debug}\nlimits: {max_subscriptions: 2}\n");
@@ -80,7 +80,7 @@ TEST_P(Ops, ReloadAppliesLiveSettingsRefusesTheRestAndKeepsClients) {
 
   // 2. An invalid file: refused with the position of the mistake; nothing changes.
   write_file(config_path_, "logging: {level: debug}\nlimits: {max_subscriptions: lots}\n");
-  auto bad = run({RDMABROKER_CLI_PATH, "reload", "--admin-socket", broker.admin_socket()});
+  auto bad = run({cli_path(), "reload", "--admin-socket", broker.admin_socket()});
   EXPECT_EQ(bad.first, 1);
 
   // 3. A change that needs a restart: refused, naming it.
@@ -151,16 +151,14 @@ TEST_P(Ops, InvalidReloadExplainsWhereAndWhy) {
   ASSERT_TRUE(broker.running());
   write_file(config_path_, "workers: 2\nlimits:\n  max_subscriptions: lots\n");
   auto [rc, out] =
-      run({"/bin/sh", "-c",
-           std::string(RDMABROKER_CLI_PATH) + " reload --admin-socket " + broker.admin_socket() + " 2>&1"});
+      run({"/bin/sh", "-c", cli_path() + " reload --admin-socket " + broker.admin_socket() + " 2>&1"});
   EXPECT_EQ(rc, 1);
   EXPECT_NE(out.find(config_path_ + ":3:22: limits.max_subscriptions: expected an integer"),
             std::string::npos)
       << out;
   write_file(config_path_, "workers: 3\n");
   auto refused =
-      run({"/bin/sh", "-c",
-           std::string(RDMABROKER_CLI_PATH) + " reload --admin-socket " + broker.admin_socket() + " 2>&1"});
+      run({"/bin/sh", "-c", cli_path() + " reload --admin-socket " + broker.admin_socket() + " 2>&1"});
   EXPECT_EQ(refused.first, 1);
   EXPECT_NE(refused.second.find("workers changed (2 -> 3) and cannot change while running"),
             std::string::npos)
@@ -208,7 +206,7 @@ TEST_P(Ops, MetricsPassPromtoolOnALiveScrape) {
   // Every metric the shipped dashboard and alerts use is one the broker serves.
   for (const char* file :
        {"deploy/grafana/rdmabroker-dashboard.json", "deploy/prometheus/rdmabroker-alerts.yml"}) {
-    std::ifstream in(std::string(RDMABROKER_SOURCE_DIR) + "/" + file);
+    std::ifstream in(source_dir() + "/" + file);
     ASSERT_TRUE(in) << file;
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     std::smatch m;
@@ -258,7 +256,7 @@ TEST_P(Ops, StatListsConnectionsWithTheirTransport) {
   ASSERT_TRUE(a->subscribe(std::string_view("s.one")));
   for (int i = 0; i < 7; ++i) ASSERT_TRUE(a->publish("s.none", std::string_view("1234")));
   ASSERT_TRUE(a->flush(10s));
-  auto [rc, out] = run({RDMABROKER_CLI_PATH, "stat", "--json", "--admin-socket", broker.admin_socket()});
+  auto [rc, out] = run({cli_path(), "stat", "--json", "--admin-socket", broker.admin_socket()});
   ASSERT_EQ(rc, 0) << out;
   auto doc = nlohmann::json::parse(out);
   ASSERT_EQ(doc["connections"].size(), 1u) << out;
@@ -269,7 +267,7 @@ TEST_P(Ops, StatListsConnectionsWithTheirTransport) {
   EXPECT_EQ(c["messages_in"], 7);
   EXPECT_EQ(c["bytes_in"], 28);
   EXPECT_EQ(doc["stats"]["messages.in"], 7);
-  auto text = run({RDMABROKER_CLI_PATH, "stat", "--admin-socket", broker.admin_socket()});
+  auto text = run({cli_path(), "stat", "--admin-socket", broker.admin_socket()});
   EXPECT_NE(text.second.find("1 connection(s)"), std::string::npos) << text.second;
   // Rates: traffic for a few seconds shows up as messages per second.
   const auto until = std::chrono::steady_clock::now() + 3s;
@@ -279,7 +277,7 @@ TEST_P(Ops, StatListsConnectionsWithTheirTransport) {
   }
   ASSERT_TRUE(a->flush(10s));
   auto busy = nlohmann::json::parse(
-      run({RDMABROKER_CLI_PATH, "stat", "--json", "--admin-socket", broker.admin_socket()}).second);
+      run({cli_path(), "stat", "--json", "--admin-socket", broker.admin_socket()}).second);
   EXPECT_GT(busy["stats"]["rates.messages_in_per_s"].get<std::int64_t>(), 10) << busy["stats"].dump();
   EXPECT_GT(busy["stats"]["rates.bytes_in_per_s"].get<std::int64_t>(), 40);
 }

@@ -185,7 +185,7 @@ TEST_F(Relay, BusyPollingRelaysEverythingAndStaysResponsive) {
                               10s)["messages.delivered"],
             delivered);
   // Asked while the worker spins after the last message.
-  auto [rc, out] = run({RDMABROKER_CLI_PATH, "stat", "--json", "--admin-socket", broker.admin_socket()});
+  auto [rc, out] = run({cli_path(), "stat", "--json", "--admin-socket", broker.admin_socket()});
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(nlohmann::json::parse(out)["connections"].size(), 2u) << out;
 }
@@ -203,7 +203,7 @@ TEST_F(Relay, KilledSubscriberDoesNotDisturbOthers) {
     const std::string url = broker.url(a1);
     int devnull = open("/dev/null", O_WRONLY);
     dup2(devnull, 1);
-    execl(RDMABROKER_CLI_PATH, "rdmabroker", "sub", subject.c_str(), "--raw", "-s", url.c_str(), "-b",
+    execl(cli_path().c_str(), "rdmabroker", "sub", subject.c_str(), "--raw", "-s", url.c_str(), "-b",
           a2.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -426,7 +426,7 @@ TEST_F(Relay, KilledPublisherIsCleanedUp) {
   const pid_t victim = fork();
   if (victim == 0) {
     const std::string url = broker.url(a1);
-    execl(RDMABROKER_CLI_PATH, "rdmabroker", "pub", "vanishing", "payload-of-a-publisher-that-dies", "-n",
+    execl(cli_path().c_str(), "rdmabroker", "pub", "vanishing", "payload-of-a-publisher-that-dies", "-n",
           "10000000", "-s", url.c_str(), "-b", a2.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -607,7 +607,7 @@ namespace {
 TEST_F(Relay, CApiWorksFromC) {
   BrokerProcess broker(next_port());
   ASSERT_TRUE(broker.running());
-  auto [rc, out] = run({C_API_SMOKE_PATH, broker.url(a1)});
+  auto [rc, out] = run({c_api_smoke_path(), broker.url(a1)});
   EXPECT_EQ(rc, 0);
   EXPECT_EQ(out, "c_api_smoke: ok\n");
 }
@@ -617,18 +617,17 @@ TEST_F(Relay, CliPublishesAndSubscribes) {
   ASSERT_TRUE(broker.running());
   std::pair<int, std::string> sub_result;
   std::thread sub([&] {
-    sub_result = run({RDMABROKER_CLI_PATH, "sub", "cli.test", "--count", "3", "--raw", "--timeout", "60",
-                      "-s", broker.url(a1), "-b", a2});
+    sub_result = run({cli_path(), "sub", "cli.test", "--count", "3", "--raw", "--timeout", "60", "-s",
+                      broker.url(a1), "-b", a2});
   });
   broker.wait_stats([](auto& s) { return s["subscriptions"] == 1; }, 20s);
-  auto [prc, pout] =
-      run({RDMABROKER_CLI_PATH, "pub", "cli.test", "-", "-s", broker.url(a1)}, "one\ntwo\nthree\n");
+  auto [prc, pout] = run({cli_path(), "pub", "cli.test", "-", "-s", broker.url(a1)}, "one\ntwo\nthree\n");
   EXPECT_EQ(prc, 0);
   sub.join();
   EXPECT_EQ(sub_result.first, 0);
   EXPECT_EQ(sub_result.second, "one\ntwo\nthree\n");
   // A bad subject is refused with a clear message and a non-zero status.
-  auto [brc, bout] = run({RDMABROKER_CLI_PATH, "pub", "bad..subject", "x", "-s", broker.url(a1)});
+  auto [brc, bout] = run({cli_path(), "pub", "bad..subject", "x", "-s", broker.url(a1)});
   EXPECT_NE(brc, 0);
 }
 

@@ -193,7 +193,7 @@ TEST_P(Routing, QueueGroupMemberKilledMidStreamLosesNothingSilently) {
   ASSERT_TRUE(member && pub);
   ASSERT_TRUE(member->queue_subscribe("work", "w", survivor.handler()));
   ASSERT_TRUE(member->flush(10s));
-  std::vector<std::string> victim_args = {RDMABROKER_CLI_PATH, "sub", "work", "--queue", "w", "--raw"};
+  std::vector<std::string> victim_args = {cli_path(), "sub", "work", "--queue", "w", "--raw"};
   for (auto& a : cli_where(broker_, GetParam())) victim_args.push_back(a);
   const pid_t victim = fork();
   if (victim == 0) {
@@ -315,7 +315,7 @@ TEST_P(Routing, RequestTimesOutWhenNobodyAnswers) {
 TEST_P(Routing, CliRequestReplyAndQueueGroups) {
   const std::vector<std::string> where = cli_where(broker_, GetParam());
   auto cli = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), RDMABROKER_CLI_PATH);
+    args.insert(args.begin(), cli_path());
     args.insert(args.end(), where.begin(), where.end());
     return args;
   };
@@ -355,7 +355,7 @@ TEST_P(Routing, CliRequestReplyAndQueueGroups) {
 TEST_P(Routing, CliBenchCountsEveryMessage) {
   const std::vector<std::string> where = cli_where(broker_, GetParam());
   auto bench = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), {RDMABROKER_CLI_PATH, "bench"});
+    args.insert(args.begin(), {cli_path(), "bench"});
     args.insert(args.end(), {"--json", "--quiet"});
     args.insert(args.end(), where.begin(), where.end());
     auto [rc, out] = run(args);

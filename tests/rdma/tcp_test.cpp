@@ -317,7 +317,7 @@ TEST(Tcp, ClientThatAsksAndNeverReadsIsCutOff) {
 
 TEST(Tcp, CApiWorksOverTcp) {
   BrokerProcess broker(next_port());
-  auto [rc, out] = run({C_API_SMOKE_PATH, broker.tcp_url("127.0.0.1")});
+  auto [rc, out] = run({c_api_smoke_path(), broker.tcp_url("127.0.0.1")});
   EXPECT_EQ(rc, 0);
   EXPECT_EQ(out, "c_api_smoke: ok\n");
 }
@@ -330,7 +330,7 @@ TEST(Tcp, BrokerWithoutRdmaServesTcpOnlyAndSaysSo) {
   const std::string tcp_port = std::to_string(next_port());
   auto check_tcp_only = [&](std::vector<std::string> extra) {
     std::vector<std::string> args = {
-        RDMABROKERD_PATH,    "--port",         port, "--tcp-port",       tcp_port, "--log-level", "info",
+        broker_path(),       "--port",         port, "--tcp-port",       tcp_port, "--log-level", "info",
         "--allow-anonymous", "--admin-socket", "",   "--metrics-listen", ""};
     args.insert(args.end(), extra.begin(), extra.end());
     // The broker runs until SIGTERM; a client proves it serves TCP meanwhile.
@@ -361,14 +361,14 @@ TEST(Tcp, BrokerWithoutRdmaServesTcpOnlyAndSaysSo) {
   if (devices == 0) {
     const auto automatic = check_tcp_only({});
     EXPECT_NE(automatic.find("no RDMA device found: serving TCP only"), std::string::npos) << automatic;
-    auto [rc, out] = run({RDMABROKERD_PATH, "--rdma", "on", "--port", port, "--tcp-port", tcp_port,
+    auto [rc, out] = run({broker_path(), "--rdma", "on", "--port", port, "--tcp-port", tcp_port,
                           "--admin-socket", "", "--metrics-listen", ""});
     EXPECT_EQ(rc, 1);
     EXPECT_NE(out.find("RDMA is required"), std::string::npos) << out;
   }
   // Neither transport: a clear refusal.
-  auto [rc, out] = run(
-      {RDMABROKERD_PATH, "--rdma", "off", "--tcp-port", "0", "--admin-socket", "", "--metrics-listen", ""});
+  auto [rc, out] =
+      run({broker_path(), "--rdma", "off", "--tcp-port", "0", "--admin-socket", "", "--metrics-listen", ""});
   EXPECT_EQ(rc, 1);
   EXPECT_NE(out.find("nothing to listen on"), std::string::npos) << out;
 }

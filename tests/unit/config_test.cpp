@@ -8,6 +8,7 @@
 #include <map>
 
 #include "rdmabroker/config/config.hpp"
+#include "test_paths.hpp"
 
 namespace rdmabroker::config {
 namespace {
@@ -373,12 +374,12 @@ TEST(ConfigMulticast, SubjectsAndThresholdsChangeLiveTheRestNeedsARestart) {
 }
 
 TEST(Config, ShippedConfigsAreValid) {
-  auto shipped = load(std::string(RDMABROKER_SOURCE_DIR) + "/config/broker.yaml");
+  auto shipped = load(test::source_dir() + "/config/broker.yaml");
   ASSERT_TRUE(shipped) << shipped.error().message;
   EXPECT_EQ(shipped->broker.port, Config{}.broker.port);  // it documents the defaults
   EXPECT_FALSE(shipped->broker.auth.anonymous);
 
-  std::ifstream k8s(std::string(RDMABROKER_SOURCE_DIR) + "/deploy/kubernetes/rdmabroker.yaml");
+  std::ifstream k8s(test::source_dir() + "/deploy/kubernetes/rdmabroker.yaml");
   ASSERT_TRUE(k8s);
   std::string line, embedded;
   bool inside = false;
