@@ -19,13 +19,15 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
   if (opt.workers == 0) opt.workers = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
   // One reserved slot: the multicast engine's backlog (BrokerCore::multicast_slot).
   b->core_.slots = std::make_unique<ConnectionSlots>(opt.max_connections, 1);
-  b->core_.admission = std::make_unique<Admission>(*b->core_.slots, opt.buffer_size);
+  b->core_.admission = std::make_unique<Admission>(*b->core_.slots, opt.max_connections, opt.buffer_size);
+  b->core_.admission->set_unauthenticated_limits(opt.unauthenticated_limit(),
+                                                 opt.unauthenticated_per_address_limit());
   b->core_.multicast_slot = opt.max_connections;
   b->core_.auth = AuthTable::build(opt.auth);
   warn_if_nobody_can_connect(*b->core_.auth);
   Server* self = b.get();
   b->authenticator_ = std::make_unique<Authenticator>(
-      b->core_.auth,
+      b->core_.auth, Authenticator::Policy::from(opt.auth),
       [self](const Authenticator::Request& r, Result<std::shared_ptr<const Identity>> verdict) {
         AuthResultCommand cmd{r.connection, nullptr, ""};
         if (verdict) {
@@ -217,7 +219,9 @@ void Server::apply_live(const BrokerOptions& next) {
   // taken effect for every frame that arrives afterwards.
   auto auth = AuthTable::build(next.auth);
   warn_if_nobody_can_connect(*auth);
-  authenticator_->update(auth);
+  authenticator_->update(auth, Authenticator::Policy::from(next.auth));
+  core_.admission->set_unauthenticated_limits(next.unauthenticated_limit(),
+                                              next.unauthenticated_per_address_limit());
   auto applied = ask_workers<void>([&](auto done) { return ReloadCommand{next, auth, std::move(done)}; });
   const auto deadline = std::chrono::steady_clock::now() + kWorkerAnswerTimeout;
   for (auto& a : applied) a.wait_until(deadline);
@@ -234,6 +238,7 @@ bool Server::workers_healthy(std::chrono::milliseconds limit) const {
 void Server::visit_stats(StatsVisitor& v) const {
   for (const auto& w : workers_) w->stats().visit(v);
   core_.admission->visit(v);
+  authenticator_->visit(v);
   static const MulticastStats kOff;  // multicast off: every series is there, at 0
   const MulticastStats& m = multicast_ ? multicast_->stats() : kOff;
   m.visit(v);

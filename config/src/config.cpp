@@ -237,6 +237,10 @@ const std::vector<Field>& fields() {
       uint_field("flow", "max_inflight_sends", false, &B::max_inflight_sends, 1, 1024),
       uint_field("flow", "busy_poll_us", true, &B::busy_poll_us, 0, 1'000'000),
       uint_field("limits", "max_connections", false, &B::max_connections, 1, 1u << 20),
+      uint_field("limits", "max_unauthenticated", true, &B::max_unauthenticated, 0, 1u << 20),
+      uint_field("limits", "max_unauthenticated_per_address", true, &B::max_unauthenticated_per_address, 1,
+                 1u << 20),
+      uint_field("limits", "frame_timeout_ms", true, &B::frame_timeout_ms, 100, 3'600'000),
       uint_field("limits", "max_payload", true, &B::max_payload, 0, 16u << 20, true),
       uint_field("limits", "max_subscriptions", true, &B::max_subscriptions, 1, 10'000'000),
       uint_field("limits", "max_pending_bytes", true, &B::max_pending_bytes, 4096, 1ull << 40, true),
@@ -269,6 +273,18 @@ const std::vector<Field>& fields() {
       Field{"auth", "users", true, parse_users,
             [](const Config& c) { return show_users(c.broker.auth.users); },
             [](const Config& from, Config& to) { to.broker.auth.users = from.broker.auth.users; }},
+      uint_field<std::uint32_t>(
+          "auth", "timeout_ms", true, [](Config& c) -> std::uint32_t& { return c.broker.auth.timeout_ms; },
+          100, 600'000),
+      uint_field<std::uint32_t>(
+          "auth", "failure_delay_ms", true,
+          [](Config& c) -> std::uint32_t& { return c.broker.auth.failure_delay_ms; }, 0, 600'000),
+      uint_field<std::uint32_t>(
+          "auth", "failure_delay_max_ms", true,
+          [](Config& c) -> std::uint32_t& { return c.broker.auth.failure_delay_max_ms; }, 0, 3'600'000),
+      uint_field<std::uint32_t>(
+          "auth", "cache_ttl_s", true, [](Config& c) -> std::uint32_t& { return c.broker.auth.cache_ttl_s; },
+          0, 86'400),
       bool_field("multicast", "enabled", false,
                  [](Config& c) -> bool& { return c.broker.multicast.enabled; }),
       Field{"multicast", "groups", false,
@@ -378,6 +394,14 @@ void check_rules(const Config& c, const std::function<void(std::string_view, con
   }
   if (b.rdma == RdmaMode::kOff && b.tcp_port == 0) {
     report("rdma", "RDMA is off and listen.tcp is empty: nothing to listen on");
+  }
+  if (b.max_unauthenticated > b.max_connections) {
+    report("limits.max_unauthenticated",
+           "must not exceed limits.max_connections (" + std::to_string(b.max_connections) + ")");
+  }
+  if (b.auth.failure_delay_max_ms < b.auth.failure_delay_ms) {
+    report("auth.failure_delay_max_ms",
+           "must be at least auth.failure_delay_ms (" + std::to_string(b.auth.failure_delay_ms) + ")");
   }
   if (b.multicast.leave_below > b.multicast.threshold) {
     report("multicast.leave_below", "must not exceed multicast.threshold (" +

@@ -6,6 +6,11 @@
 
 namespace rdmabroker::daemon {
 
+std::string_view host_of(std::string_view peer) {
+  const auto colon = peer.rfind(':');
+  return colon == std::string_view::npos ? peer : peer.substr(0, colon);
+}
+
 std::optional<proto::RejectReason> Admission::check(std::span<const std::byte> request,
                                                     proto::ConnectRequest& out) const {
   switch (proto::decode(request, out)) {
@@ -22,30 +27,83 @@ std::optional<proto::RejectReason> Admission::check(std::span<const std::byte> r
   return std::nullopt;
 }
 
-std::optional<std::uint32_t> Admission::reserve(bool stopping, proto::RejectReason& why) {
+std::optional<std::uint32_t> Admission::reserve(bool stopping, const Claim& who, proto::RejectReason& why,
+                                                std::optional<Eviction>& evict) {
+  evict.reset();
   if (stopping) {
     why = proto::RejectReason::kShuttingDown;
+    return std::nullopt;
+  }
+  const std::string address(host_of(who.peer));
+  std::lock_guard lock(mu_);
+  if (auto it = per_address_.find(address);
+      it != per_address_.end() &&
+      it->second >= max_unauthenticated_per_address_.load(std::memory_order_relaxed)) {
+    // Refused, not evicting: one address cannot push out the logins of others.
+    why = proto::RejectReason::kTooManyConnections;
+    over_address_limit_.fetch_add(1, std::memory_order_relaxed);
     return std::nullopt;
   }
   auto slot = slots_.acquire();
   if (!slot) {
     why = proto::RejectReason::kTooManyConnections;
     over_limit_.fetch_add(1, std::memory_order_relaxed);
+    return std::nullopt;
   }
+  if (unauthenticated_.size() >= max_unauthenticated_.load(std::memory_order_relaxed)) {
+    const std::uint32_t oldest = unauthenticated_.begin()->second;
+    evict = Eviction{holders_[oldest].connection, holders_[oldest].worker};
+    leave(oldest);
+    evicted_.fetch_add(1, std::memory_order_relaxed);
+  }
+  Holder& h = holders_[*slot];
+  h = Holder{true, next_since_++, who.connection, who.worker, address};
+  unauthenticated_.emplace(h.since, *slot);
+  ++per_address_[address];
   return slot;
+}
+
+void Admission::leave(std::uint32_t slot) {
+  Holder& h = holders_[slot];
+  if (!h.unauthenticated) return;
+  h.unauthenticated = false;
+  unauthenticated_.erase(h.since);
+  if (auto it = per_address_.find(h.address); it != per_address_.end() && --it->second == 0)
+    per_address_.erase(it);
+}
+
+void Admission::authenticated(std::uint32_t slot) {
+  std::lock_guard lock(mu_);
+  leave(slot);
+}
+
+void Admission::release(std::uint32_t slot) {
+  {
+    std::lock_guard lock(mu_);
+    leave(slot);
+  }
+  slots_.release(slot);
 }
 
 void Admission::refuse(Via via, std::string_view peer, std::string_view why,
                        std::optional<proto::RejectReason> reason) {
-  // BUFFER_TOO_SMALL is a step of the handshake (the reject names the size,
-  // librdmabroker reconnects with it at once), not an event an operator
-  // must look at; every other refusal is.
-  const auto level =
-      reason == proto::RejectReason::kBufferTooSmall ? spdlog::level::info : spdlog::level::warn;
-  spdlog::log(level, "{} connection from {} refused: {}", via == Via::kRdma ? "rdma" : "tcp", peer, why);
   // Counted before the peer can see the refusal: whoever reads the counter
   // after being refused must find its refusal in it.
   rejected_[static_cast<std::size_t>(via)].fetch_add(1, std::memory_order_relaxed);
+  // BUFFER_TOO_SMALL is a step of the handshake (the reject names the size,
+  // librdmabroker reconnects with it at once), not an event an operator
+  // must look at; every other refusal is, within the throttle.
+  const auto level =
+      reason == proto::RejectReason::kBufferTooSmall ? spdlog::level::info : spdlog::level::warn;
+  const std::size_t kind = reason ? static_cast<std::size_t>(*reason) % log_throttles_.size() : 0;
+  std::uint64_t suppressed = 0;
+  if (!log_throttles_[kind].allow(suppressed)) return;
+  if (suppressed > 0) {
+    spdlog::log(level, "{} connection from {} refused: {} ({} more like it not logged)",
+                via == Via::kRdma ? "rdma" : "tcp", peer, why, suppressed);
+  } else {
+    spdlog::log(level, "{} connection from {} refused: {}", via == Via::kRdma ? "rdma" : "tcp", peer, why);
+  }
 }
 
 void Admission::visit(StatsVisitor& v) const {
@@ -57,6 +115,19 @@ void Admission::visit(StatsVisitor& v) const {
   v.counter({"tcp.rejected"}, tcp);
   v.counter(kLimitRefusals.series("limits.refused.connections", "connections"),
             over_limit_.load(std::memory_order_relaxed));
+  v.counter(
+      kLimitRefusals.series("limits.refused.unauthenticated_per_address", "unauthenticated_per_address"),
+      over_address_limit_.load(std::memory_order_relaxed));
+  v.counter({"connections.evicted_unauthenticated", "rdmabroker_unauthenticated_evicted_total",
+             "Unauthenticated connections closed to admit a newer one (limits.max_unauthenticated)."},
+            evicted_.load(std::memory_order_relaxed));
+  std::int64_t unauthenticated = 0;
+  {
+    std::lock_guard lock(mu_);
+    unauthenticated = static_cast<std::int64_t>(unauthenticated_.size());
+  }
+  v.level("connections.unauthenticated", unauthenticated, "rdmabroker_connections_unauthenticated",
+          "Connections that have not authenticated yet (TCP handshakes included).");
 }
 
 }  // namespace rdmabroker::daemon

@@ -7,19 +7,14 @@
 // user, same credential: the new permissions) or revokes it.
 //
 // Checking a password or token is deliberately slow (crypt(3)), so it never
-// runs on a worker: the Authenticator's own thread does it and answers the
-// worker through a callback (the worker's command queue).
+// runs on a worker: the Authenticator (broker/authenticator.hpp) does it on
+// its own thread.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <unordered_map>
 
 #include "rdmabroker/config/settings.hpp"
@@ -63,39 +58,6 @@ class AuthTable {
   std::shared_ptr<const Identity> anonymous_;
   std::unordered_map<std::string, std::shared_ptr<const Identity>> by_name_;  // password users
   std::vector<std::shared_ptr<const Identity>> tokens_;                       // token users
-};
-
-class Authenticator {
- public:
-  struct Request {
-    std::uint32_t worker = 0;
-    std::uint64_t connection = 0;
-    std::string user;
-    std::string secret;  // wiped once checked
-  };
-  using Done = std::function<void(const Request&, Result<std::shared_ptr<const Identity>>)>;
-
-  Authenticator(std::shared_ptr<const AuthTable> table, Done done);
-  ~Authenticator();
-  Authenticator(const Authenticator&) = delete;
-  Authenticator& operator=(const Authenticator&) = delete;
-
-  void start();
-  void stop();
-  /// Any thread. Requests already queued are checked against the new table.
-  void update(std::shared_ptr<const AuthTable> table);
-  void submit(Request r);
-
- private:
-  void run();
-
-  Done done_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::shared_ptr<const AuthTable> table_;  // guarded by mu_
-  std::deque<Request> queue_;               // guarded by mu_
-  bool stop_ = false;                       // guarded by mu_
-  std::thread thread_;
 };
 
 }  // namespace rdmabroker::daemon

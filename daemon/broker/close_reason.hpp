@@ -16,9 +16,12 @@ enum class CloseReason : unsigned char {
   kQpFatal,              // asynchronous QP error event
   kBrokerShutdown,
   kDeviceRemoved,
-  kConnectFailed,  // the handshake never completed (REJECTED/UNREACHABLE/timeout)
-  kAuthFailed,     // credentials refused, missing, or not presented in time
-  kAuthRevoked,    // a reload removed the user or changed its credential
+  kConnectFailed,           // the handshake never completed (REJECTED/UNREACHABLE/timeout)
+  kAuthFailed,              // credentials refused, missing, or not presented in time
+  kAuthRevoked,             // a reload removed the user or changed its credential
+  kAuthTimeout,             // no accepted CONNECT within auth.timeout_ms of connecting
+  kUnauthenticatedEvicted,  // closed, not authenticated yet, to admit a newer connection
+  kFrameTimeout,            // a TCP frame begun and not finished within limits.frame_timeout_ms
   kCount,
 };
 
@@ -46,6 +49,12 @@ constexpr std::string_view to_string(CloseReason r) {
       return "auth_failed";
     case CloseReason::kAuthRevoked:
       return "auth_revoked";
+    case CloseReason::kAuthTimeout:
+      return "auth_timeout";
+    case CloseReason::kUnauthenticatedEvicted:
+      return "unauthenticated_evicted";
+    case CloseReason::kFrameTimeout:
+      return "frame_timeout";
     case CloseReason::kCount:
       break;
   }

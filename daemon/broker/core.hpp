@@ -11,6 +11,8 @@
 
 #include "broker/admission.hpp"
 #include "broker/auth.hpp"
+#include "broker/authenticator.hpp"
+#include "broker/close_reason.hpp"
 #include "broker/buffer_pool.hpp"
 #include "broker/connection_slots.hpp"
 #include "broker/options.hpp"
@@ -18,6 +20,7 @@
 #include "broker/subscription_budget.hpp"
 #include "broker/subscription_index.hpp"
 #include "fault/fault.hpp"
+#include "ops/log_throttle.hpp"
 
 namespace rdmabroker::daemon {
 
@@ -56,7 +59,10 @@ struct BrokerCore {
   std::shared_ptr<const AuthTable> auth;             // as started; reloads hand workers their successors
   Authenticator* authenticator = nullptr;            // checks passwords and tokens off the workers
   fault::Shared faults;                              // test builds: faults any worker may pick up
-  MulticastEngine* multicast = nullptr;              // null: multicast off (or no RDMA device)
+  /// Close lines per reason, broker-wide (a flood of failed logins must not flood the journal).
+  std::array<LogThrottle, kCloseReasonCount> close_log_throttles;
+  LogThrottle auth_failure_log;          // "authentication failed" lines, broker-wide
+  MulticastEngine* multicast = nullptr;  // null: multicast off (or no RDMA device)
   /// The slot whose count is the multicast engine's backlog: messages
   /// workers routed to channels that the engine has not handled yet
   /// (messages, not bytes: each costs the engine at least one datagram).
@@ -80,6 +86,9 @@ struct BrokerCore {
   /// any) and leaves `per_worker` empty: how workers and the multicast engine
   /// hand messages to connections they do not own.
   void post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker) const;
+
+  /// Posts the eviction Admission::reserve() chose to the worker that owns the connection.
+  void evict(const Admission::Eviction& e) const;
 
   /// The worker that owns RDMA connection `id`: the listener spreads them
   /// round-robin by id (a TCP connection stays with the worker that accepted it).

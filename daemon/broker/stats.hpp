@@ -114,6 +114,9 @@ struct StatInfo {
   /// The family's label name ("reason") and this series' value of it.
   std::string_view label = {};
   std::string label_value = {};
+  /// What the exported series is the snapshot's value times: 1e-3 exports a
+  /// snapshot's milliseconds in the seconds Prometheus wants.
+  double export_scale = 1;
 };
 
 /// A Prometheus family whose series more than one component declares.

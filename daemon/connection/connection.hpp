@@ -94,6 +94,9 @@ class Link {
   /// Called once, just before the connection is destroyed: gives back what
   /// the link took from shared resources (CQ entries, SRQ credits, counts).
   virtual void release(Connection& c) = 0;
+  /// The connection authenticated: what it was kept from until then (RDMA:
+  /// its full credit grant) may be given now.
+  virtual void on_authenticated(Connection& c) { (void)c; }
   /// Where the connection lives, for its log lines ("on rxe0, qp 17").
   virtual std::string where() const = 0;
   /// The address a multicast member receives on and its device index, for

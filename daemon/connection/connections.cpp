@@ -51,7 +51,7 @@ void Connections::establish(Connection& c) {
   c.state = ConnState::kAwaitingConnect;
   c.last_progress = ctx_.now;
   ctx_.stats.connections_accepted.add();
-  c.auth_deadline = ctx_.now + kAuthTimeout;
+  c.auth_deadline = ctx_.now + std::chrono::milliseconds(ctx_.options.auth.timeout_ms);
   unauthenticated_.push_back(c.id);
   spdlog::info("connection {} from {} established {} (worker {})", c.id, c.peer, c.link->where(), ctx_.index);
   touch(c);  // its initial credits may already allow sends
@@ -63,6 +63,8 @@ void Connections::close(Connection& c, CloseReason reason, ErrorCode code, std::
     if (c.state == ConnState::kDraining && c.peer_disconnected) disconnect(c);
     return;
   }
+  // A credential check still queued is moot now (it would only cost crypt(3)).
+  if (c.state == ConnState::kVerifying) ctx_.core.authenticator->cancel(c.id);
   c.reason = reason;
   drop_all_subscriptions(ctx_, c);
   const bool can_tell = c.is_up() && !c.peer_disconnected && code != ErrorCode::kNone;
@@ -139,11 +141,28 @@ void Connections::destroy(Connection& c) {
   c.link->release(c);
   ctx_.stats.connections_closed[static_cast<std::size_t>(c.reason)].add();
   ctx_.stats.connections_current.add(-1);
-  ctx_.core.slots->release(c.slot);
-  spdlog::info("connection {} ({}, {}) closed: {}", c.id, to_string(c.transport()), c.peer,
-               to_string(c.reason));
+  ctx_.core.admission->release(c.slot);
+  // Closes a client can cause at will (failed or missing logins) are logged
+  // within a throttle per reason; every one is counted above.
+  std::uint64_t suppressed = 0;
+  if (ctx_.core.close_log_throttles[static_cast<std::size_t>(c.reason)].allow(suppressed)) {
+    spdlog::info(
+        "connection {} ({}, {}) closed: {}{}", c.id, to_string(c.transport()), c.peer, to_string(c.reason),
+        suppressed > 0 ? fmt::format(" ({} more closes for this reason not logged)", suppressed) : "");
+  }
   if (c.touched) std::erase(touched_, &c);
   table_.erase(c.id);  // the link destroys its transport (QP before cm_id; or the socket)
+}
+
+bool Connections::evict_unauthenticated(std::uint64_t id) {
+  Connection* c = find(id);
+  if (c == nullptr) return false;
+  if (c->identity || c->is_closing()) return true;  // authenticated meanwhile, or going anyway
+  ctx_.stats.auth_failed.add();
+  close(*c, CloseReason::kUnauthenticatedEvicted, ErrorCode::kAuthenticationRequired,
+        "closed before authenticating: the broker's unauthenticated connections are at their limit "
+        "(limits.max_unauthenticated) and this was the oldest");
+  return true;
 }
 
 void Connections::close_all_for_shutdown() {
@@ -395,8 +414,8 @@ void Connections::check_auth_deadlines() {
       return true;
     if (ctx_.now < c->auth_deadline) return false;
     ctx_.stats.auth_failed.add();
-    close(*c, CloseReason::kAuthFailed, ErrorCode::kAuthenticationRequired,
-          "not authenticated within " + std::to_string(kAuthTimeout.count()) + " s of connecting");
+    close(*c, CloseReason::kAuthTimeout, ErrorCode::kAuthenticationRequired,
+          "not authenticated within " + std::to_string(ctx_.options.auth.timeout_ms) + " ms of connecting");
     return true;
   });
 }

@@ -21,8 +21,6 @@ namespace rdmabroker::daemon {
 
 class Connections {
  public:
-  /// From establishment to an accepted CONNECT (the verdict included).
-  static constexpr std::chrono::seconds kAuthTimeout{10};
   /// Replies (PONG, ERROR, NO_RESPONDERS) a connection may have queued and
   /// unsent. max_pending_bytes bounds deliveries only; without this a client
   /// that keeps asking (PINGs, denied publishes, requests nobody serves) and
@@ -64,6 +62,10 @@ class Connections {
   void try_finish(Connection& c);
   /// Destroys the connections that finished closing (end of a loop turn).
   void reap();
+  /// Closes connection `id` if it has not authenticated yet (the broker-wide
+  /// bound on unauthenticated connections made room for a newer one); false
+  /// if there is no such connection here.
+  bool evict_unauthenticated(std::uint64_t id);
   /// Closes every connection for a shutdown: open ones are told so.
   void close_all_for_shutdown();
 

@@ -26,7 +26,8 @@ bool FrameHandler::before_authentication(Connection& c, const proto::Frame& f) {
                                   anonymous ? std::string() : anonymous.error().message};
         on_auth_result(verdict);
       } else {
-        ctx_.core.authenticator->submit({ctx_.index, c.id, std::string(user), std::string(secret)});
+        ctx_.core.authenticator->submit({ctx_.index, c.id, std::string(host_of(c.peer)), std::string(user),
+                                         std::string(secret), c.auth_deadline});
       }
       return c.is_up();
     }
@@ -51,12 +52,18 @@ void FrameHandler::on_auth_result(AuthResultCommand& r) {
   if (c == nullptr || c->state != ConnState::kVerifying) return;
   if (!r.identity) {
     ctx_.stats.auth_failed.add();
-    spdlog::warn("connection {} from {}: authentication failed: {}", c->id, c->peer, r.error);
+    std::uint64_t suppressed = 0;  // a guesser must not flood the journal: throttled, every one counted
+    if (ctx_.core.auth_failure_log.allow(suppressed)) {
+      spdlog::warn("connection {} from {}: authentication failed: {}{}", c->id, c->peer, r.error,
+                   suppressed > 0 ? fmt::format(" ({} more failures not logged)", suppressed) : "");
+    }
     connections_.close(*c, CloseReason::kAuthFailed, ErrorCode::kAuthenticationFailed, r.error);
     return;
   }
   c->identity = std::move(r.identity);
   c->state = ConnState::kOpen;
+  ctx_.core.admission->authenticated(c->slot);
+  c->link->on_authenticated(*c);
   ctx_.stats.auth_ok.add();
   spdlog::log(c->identity->anonymous ? spdlog::level::debug : spdlog::level::info,
               "connection {} from {} authenticated as {}", c->id, c->peer, c->identity->name);

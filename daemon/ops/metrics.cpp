@@ -34,10 +34,12 @@ using prometheus::MetricType;
 class FamilyCollector final : public StatsVisitor {
  public:
   void counter(const StatInfo& info, std::uint64_t value) override {
-    if (auto* m = series(info, MetricType::Counter)) m->counter.value += static_cast<double>(value);
+    if (auto* m = series(info, MetricType::Counter))
+      m->counter.value += static_cast<double>(value) * info.export_scale;
   }
   void gauge(const StatInfo& info, std::int64_t value) override {
-    if (auto* m = series(info, MetricType::Gauge)) m->gauge.value += static_cast<double>(value);
+    if (auto* m = series(info, MetricType::Gauge))
+      m->gauge.value += static_cast<double>(value) * info.export_scale;
   }
   void histogram(const StatInfo& info, const HistogramSnapshot& value) override {
     if (series(info, MetricType::Histogram) == nullptr) return;

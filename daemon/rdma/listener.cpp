@@ -135,10 +135,12 @@ void Listener::on_connect_request(rdma_cm_event* ev) {
   rdma_ack_cm_event(ev);
   if (refuse) return reject(id, *refuse, peer);
   proto::RejectReason why{};
-  const auto slot = core_.admission->reserve(false, why);
-  if (!slot) return reject(id, why, peer);
+  std::optional<Admission::Eviction> evict;
   const std::uint64_t conn_id = core_.next_connection_id.fetch_add(1);
   Worker& worker = core_.rdma_owner(conn_id);
+  const auto slot = core_.admission->reserve(false, {conn_id, worker.index(), peer}, why, evict);
+  if (evict) core_.evict(*evict);
+  if (!slot) return reject(id, why, peer);
   id->context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(conn_id));
   if (rdma_migrate_id(id, worker.cm_channel()) != 0) {
     spdlog::error("connection {} from {}: rdma_migrate_id: {}", conn_id, peer, std::strerror(errno));

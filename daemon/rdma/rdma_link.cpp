@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -40,11 +41,11 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
     spdlog::warn("connection {} from {} refused: {}", cmd.connection_id, cmd.peer, why);
     ctx.stats.accept_failures.add();
     reject(id.get(), reason, opt.buffer_size);
-    ctx.core.slots->release(cmd.slot);
+    ctx.core.admission->release(cmd.slot);
     return nullptr;
   };
   if (stopping) return fail(proto::RejectReason::kShuttingDown, "shutting down");
-  const std::uint32_t grant = std::min(opt.credits, port.credit_budget());
+  const std::uint32_t grant = std::min({opt.credits, kUnauthenticatedCredits, port.credit_budget()});
   if (grant < 2)
     return fail(proto::RejectReason::kNoResources, "no receive credits left on " + port.device.name);
   const std::uint32_t window = opt.max_inflight_sends + 1;
@@ -93,12 +94,20 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
     spdlog::warn("connection {} from {}: rdma_accept: {}", conn->id, conn->peer, std::strerror(errno));
     ctx.stats.accept_failures.add();
     port.outstanding -= l.credits.forfeit();
-    ctx.core.slots->release(cmd.slot);
+    ctx.core.admission->release(cmd.slot);
     return nullptr;  // QP, then cm_id, destroyed with the link
   }
   port.cq_reserved += window;
   port.by_qp[l.qp_num_] = conn.get();
   return conn;
+}
+
+void RdmaLink::on_authenticated(Connection& c) {
+  const std::uint32_t more =
+      ctx_.options.credits > credits.window() ? ctx_.options.credits - credits.window() : 0;
+  if (more == 0) return;
+  credits.grow(more);  // claims the SRQ's budget as they are handed out (take_credits_to_return)
+  connections_.touch(c);
 }
 
 void RdmaLink::release(Connection& c) {

@@ -32,6 +32,12 @@ struct AcceptCommand {
 
 class RdmaLink final : public Link {
  public:
+  /// Credits granted at accept, before the client has authenticated: its
+  /// CONNECT and one more frame (SPEC.md §5). A flood of connections that
+  /// never authenticate then claims little of the SRQ's credit budget; the
+  /// rest of flow.credits comes once the client has authenticated.
+  static constexpr std::uint32_t kUnauthenticatedCredits = 2;
+
   /// Creates the QP for `cmd` on `port` and accepts the connection; on any
   /// failure rejects it (logged, counted, slot released) and returns null.
   static std::unique_ptr<Connection> accept(AcceptCommand& cmd, RdmaPort& port, WorkerContext& ctx,
@@ -44,6 +50,8 @@ class RdmaLink final : public Link {
   void pause(Connection&) override {}
   void resume(Connection&) override {}
   void add_send_credits(std::uint32_t n) override { credits.add_send_credits(n); }
+  /// Grows the pre-authentication grant (kUnauthenticatedCredits) to flow.credits.
+  void on_authenticated(Connection& c) override;
   /// Moves the QP to the error state: posted sends complete as flushed.
   void disconnect(Connection& c) override;
   void release(Connection& c) override;

@@ -58,7 +58,10 @@ void TcpPort::accept(bool stopping) {
       send_reject(fd.get(), reason, ctx_.options.buffer_size);
     };
     proto::RejectReason why{};
-    const auto slot = admission.reserve(stopping, why);
+    std::optional<Admission::Eviction> evict;
+    const std::uint64_t id = ctx_.core.next_connection_id.fetch_add(1);
+    const auto slot = admission.reserve(stopping, {id, ctx_.index, peer}, why, evict);
+    if (evict) ctx_.core.evict(*evict);
     if (!slot) {
       refuse(why);
       continue;
@@ -73,6 +76,7 @@ void TcpPort::accept(bool stopping) {
     }
     const int raw = fd.get();
     Handshake& h = handshakes_[raw];
+    h.id = id;
     h.fd = std::move(fd);
     h.slot = *slot;
     h.peer = peer;
@@ -107,7 +111,7 @@ void TcpPort::on_handshake_readable(int fd, bool stopping) {
     return drop(std::string(proto::to_string(*refuse)), *refuse);
   }
   if (stopping) return drop("shutting down", proto::RejectReason::kShuttingDown);
-  const std::uint64_t id = ctx_.core.next_connection_id.fetch_add(1);
+  const std::uint64_t id = h.id;
   const auto accept = proto::encode(proto::ConnectAccept{ctx_.options.buffer_size, 0, id});
   if (!write_all_now(fd, accept))
     return drop(std::string("sending the accept: ") + std::strerror(errno), std::nullopt);
@@ -135,6 +139,39 @@ void TcpPort::check_handshake_deadlines(bool stopping) {
     ctx_.core.admission->release(it->second.slot);
     it = handshakes_.erase(it);
   }
+}
+
+void TcpPort::evict_handshake(std::uint64_t id) {
+  for (auto it = handshakes_.begin(); it != handshakes_.end(); ++it) {
+    if (it->second.id != id) continue;
+    ctx_.core.admission->refuse(Admission::Via::kTcp, it->second.peer,
+                                "closed in its handshake: the unauthenticated connections are at their limit",
+                                std::nullopt);
+    ctx_.core.admission->release(it->second.slot);
+    handshakes_.erase(it);
+    return;
+  }
+}
+
+void TcpPort::check_partial_frames() {
+  if (partial_frames_.empty()) return;
+  const auto timeout = std::chrono::milliseconds(ctx_.options.frame_timeout_ms);
+  std::erase_if(partial_frames_, [&](std::uint64_t id) {
+    Connection* c = connections_.find_up(id);
+    if (c == nullptr) return true;
+    auto& link = static_cast<TcpLink&>(*c->link);
+    if (link.partial_since() == std::chrono::steady_clock::time_point{}) return true;  // finished
+    if (link.paused()) {
+      link.restart_partial_clock(ctx_.now);  // we are not reading it: not the client's delay
+      return false;
+    }
+    if (ctx_.now - link.partial_since() < timeout) return false;
+    connections_.close(*c, CloseReason::kFrameTimeout, proto::ErrorCode::kMalformedFrame,
+                       "a frame was begun and not finished within " +
+                           std::to_string(ctx_.options.frame_timeout_ms) + " ms (limits.frame_timeout_ms): " +
+                           std::to_string(link.partial_bytes()) + " bytes of it arrived");
+    return true;
+  });
 }
 
 void TcpPort::retry_buffer_waiters() {
@@ -241,12 +278,21 @@ void TcpLink::read(Connection& c) {
     // the frame handler answers it with its ERROR.
     const std::uint32_t whole = rstart_ + static_cast<std::uint32_t>(proto::whole_frames(
                                               {rbuf_.data() + rstart_, rlen_ - rstart_}, buffer_size));
-    if (whole > rstart_) {
+    const bool completed = whole > rstart_;
+    if (completed) {
       transport_.frames().process(c, rbuf_, rstart_, whole);
       rstart_ = whole;
       transport_.connections().touch(c);
     }
     if (!c.is_up()) return;
+    // The frame left incomplete at the end was begun by this read if a frame
+    // before it completed (or none was pending): its clock starts now.
+    if (rstart_ == rlen_) {
+      partial_since_ = {};
+    } else if (completed || partial_since_ == std::chrono::steady_clock::time_point{}) {
+      if (partial_since_ == std::chrono::steady_clock::time_point{}) transport_.watch_partial_frame(c);
+      partial_since_ = ctx.now;
+    }
     if (rstart_ == rlen_) {
       rbuf_.reset();  // idle connections hold no buffer
     } else if (rlen_ == buffer_size) {

@@ -54,6 +54,12 @@ class TcpLink final : public Link {
   void on_event(Connection& c, std::uint32_t events);
   /// Re-registers the socket's epoll interest (reading, writing) under c's id.
   void update_events(const Connection& c);
+  /// A frame begun and not finished: since when (zero: none), and how far.
+  std::chrono::steady_clock::time_point partial_since() const { return partial_since_; }
+  std::uint32_t partial_bytes() const { return rlen_ - rstart_; }
+  /// Not read now (a stalled publisher, or no pool buffer): its frame cannot progress.
+  bool paused() const { return !reading_; }
+  void restart_partial_clock(std::chrono::steady_clock::time_point now) { partial_since_ = now; }
 
  private:
   void read(Connection& c);
@@ -66,6 +72,8 @@ class TcpLink final : public Link {
   BufferRef rbuf_;  // frames [rstart_, rlen_) not yet processed
   std::uint32_t rstart_ = 0;
   std::uint32_t rlen_ = 0;
+  /// When the incomplete frame at the end of the buffer was begun (zero: none).
+  std::chrono::steady_clock::time_point partial_since_{};
   bool reading_ = true;                   // EPOLLIN wanted (false while stalled or short of buffers)
   bool writing_ = false;                  // EPOLLOUT wanted (a write hit EAGAIN)
   std::array<iovec, kMaxSendSge> iov_{};  // the in-flight send's remaining pieces
@@ -94,6 +102,13 @@ class TcpPort {
   /// Resumes reading on connections that waited for pool buffers.
   void retry_buffer_waiters();
   bool has_handshakes() const { return !handshakes_.empty(); }
+  /// Drops connection `id` if it is still in its handshake (an eviction, Admission).
+  void evict_handshake(std::uint64_t id);
+  /// c's link began a frame it has not finished: from now on its deadline
+  /// (limits.frame_timeout_ms) is checked.
+  void watch_partial_frame(const Connection& c) { partial_frames_.push_back(c.id); }
+  /// Closes connections whose begun frame is overdue (frame_timeout).
+  void check_partial_frames();
 
   WorkerContext& ctx() { return ctx_; }
   Connections& connections() { return connections_; }
@@ -105,6 +120,7 @@ class TcpPort {
  private:
   /// TCP sockets accepted and waiting for their 16-byte connect request.
   struct Handshake {
+    std::uint64_t id = 0;  // the connection it becomes (drawn at accept: Admission knows it by this)
     UniqueFd fd;
     std::uint32_t slot = 0;
     std::string peer;
@@ -120,6 +136,7 @@ class TcpPort {
   int listen_fd_;                                  // the broker's; never closed here (-1: no TCP)
   std::unordered_map<int, Handshake> handshakes_;  // by fd
   std::vector<std::uint64_t> buffer_waiters_;      // connections that found the pool empty
+  std::vector<std::uint64_t> partial_frames_;      // connections with a frame begun and not finished
 };
 
 }  // namespace rdmabroker::daemon

@@ -27,7 +27,7 @@ void Worker::on_command(AcceptCommand& cmd) {
     auto data =
         proto::encode(proto::ConnectReject{proto::RejectReason::kNoResources, ctx_.options.buffer_size});
     rdma_reject(cmd.id.get(), data.data(), static_cast<std::uint8_t>(data.size()));
-    ctx_.core.slots->release(cmd.slot);
+    ctx_.core.admission->release(cmd.slot);
     return;
   }
   if (auto conn = RdmaLink::accept(cmd, *port, ctx_, connections_, stopping_))

@@ -88,7 +88,10 @@ void Worker::run() {
     for (auto& port : ports_) port->refill(connections_);
     if (tcp_) tcp_->retry_buffer_waiters();
     connections_.check_deadlines();
-    if (tcp_ && tcp_->has_handshakes()) tcp_->check_handshake_deadlines(stopping_);
+    if (tcp_) {
+      if (tcp_->has_handshakes()) tcp_->check_handshake_deadlines(stopping_);
+      tcp_->check_partial_frames();
+    }
     connections_.reap();
     if (stopping_ && connections_.empty() && (!tcp_ || !tcp_->has_handshakes())) break;
     // Stalled publishers and closing connections need timely deadline checks.
@@ -240,6 +243,10 @@ void Worker::deliver_delayed_cm_events() {
 }
 
 // ---------------------------------------------------------------- broker-wide
+
+void BrokerCore::evict(const Admission::Eviction& e) const {
+  workers[e.worker]->post(EvictCommand{e.connection});
+}
 
 void BrokerCore::post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker) const {
   for (std::size_t w = 0; w < per_worker.size(); ++w) {

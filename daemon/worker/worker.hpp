@@ -46,6 +46,11 @@ struct QpFatalCommand {
   bool only_if_open = false;
 };
 struct ShutdownCommand {};
+/// Close this connection if it is still unauthenticated: the broker-wide
+/// bound on unauthenticated connections made room for a newer one (Admission).
+struct EvictCommand {
+  std::uint64_t connection_id = 0;
+};
 /// A reload's settings: the worker takes the live ones (config::diff's
 /// `live` keys) into its own copy; the others cannot have changed.
 struct ReloadCommand {
@@ -79,7 +84,7 @@ struct FaultCommand {
   std::shared_ptr<std::promise<Status>> reply;
 };
 using Command = std::variant<AcceptCommand, DeliverCommand, QpFatalCommand, ShutdownCommand, ReloadCommand,
-                             ListConnectionsCommand, AuthResultCommand, FaultCommand>;
+                             ListConnectionsCommand, AuthResultCommand, FaultCommand, EvictCommand>;
 
 // ---------------------------------------------------------------- worker
 
@@ -135,6 +140,10 @@ class Worker {
   void on_command(AuthResultCommand& cmd) { frames_.on_auth_result(cmd); }
   /// Test builds: a fault aimed at a connection.
   void on_command(FaultCommand& cmd);
+  void on_command(EvictCommand& cmd) {
+    if (!connections_.evict_unauthenticated(cmd.connection_id) && tcp_)
+      tcp_->evict_handshake(cmd.connection_id);
+  }
 
   void handle_cm_events();
   /// One CM event of a connection (copied out of the acked rdma_cm_event).

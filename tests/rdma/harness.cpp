@@ -199,6 +199,9 @@ BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_
     return std::find(extra_args.begin(), extra_args.end(), flag) != extra_args.end();
   };
   // Quiet by default; a test that brings its own config file gets its logging settings.
+  // The 3 s default authentication deadline is a policy against idle
+  // unauthenticated connections; a client under TSan in the emulated guest
+  // can stall that long. Tests of the deadline set their own.
   if (!given("--config")) {
     // ... and never a file it did not ask for (an installed /etc/rdmabroker/broker.yaml).
     args_.insert(args_.end(), {"--log-level", "warn", "--no-config"});
@@ -214,6 +217,7 @@ BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_
     // client under TSan in the emulated guest, three tests at a time, can
     // stall that long and be cut off. Tests of the slow-consumer policy set
     // their own bounds.
+    if (!given("--auth-timeout-ms")) args_.insert(args_.end(), {"--auth-timeout-ms", "15000"});
     if (!given("--write-deadline-ms") && !given("--max-pending-bytes")) {
       args_.insert(args_.end(), {"--write-deadline-ms", "30000"});
     }

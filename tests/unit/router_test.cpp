@@ -100,6 +100,8 @@ class RouterTest : public ::testing::Test {
     pool_ = std::move(BufferPool::create(256, core_.options.buffer_size).value());
     core_.pool = pool_.get();
     core_.slots = std::make_unique<ConnectionSlots>(core_.options.max_connections);
+    core_.admission =
+        std::make_unique<Admission>(*core_.slots, core_.options.max_connections, core_.options.buffer_size);
     config::AuthSettings auth;
     auth.anonymous = true;
     core_.auth = AuthTable::build(auth);

@@ -24,17 +24,19 @@ struct Components {
   WorkerStats a, b;
   MulticastStats multicast;
   ConnectionSlots slots{1};
-  Admission admission{slots, 4096};
+  Admission admission{slots, 1, 4096};
   Components() {
     // Refusals of both transports land in one set of counters.
     admission.refuse(Admission::Via::kTcp, "peer", "bad magic", proto::RejectReason::kBadMagic);
     admission.refuse(Admission::Via::kTcp, "peer", "closed during the handshake", std::nullopt);
     admission.refuse(Admission::Via::kRdma, "peer", "bad magic", proto::RejectReason::kBadMagic);
     proto::RejectReason why{};
-    EXPECT_TRUE(admission.reserve(false, why));
-    EXPECT_FALSE(admission.reserve(false, why));  // over the limit of one
+    std::optional<Admission::Eviction> evict;
+    EXPECT_TRUE(admission.reserve(false, {1, 0, "10.0.0.1:5000"}, why, evict));
+    EXPECT_FALSE(admission.reserve(false, {2, 0, "10.0.0.2:5000"}, why, evict));  // over the limit of one
     EXPECT_EQ(why, proto::RejectReason::kTooManyConnections);
-    EXPECT_FALSE(admission.reserve(true, why));  // shutting down: refused, not over a limit
+    EXPECT_FALSE(admission.reserve(true, {3, 0, "10.0.0.3:5000"}, why,
+                                   evict));  // shutting down: refused, not over a limit
     EXPECT_EQ(why, proto::RejectReason::kShuttingDown);
     a.messages_in.add(3);
     b.messages_in.add(4);

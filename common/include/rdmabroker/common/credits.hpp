@@ -38,6 +38,12 @@ class CreditWindow {
   std::uint32_t owed() const { return owed_; }
   /// Grants `n` credits without a prior receive (the handshake's initial credits).
   void grant_initial(std::uint32_t n) { outstanding_ += n; }
+  /// Widens the window by `n` credits, owed to the peer until the next SEND
+  /// carries them (the broker's grant once a connection has authenticated).
+  void grow(std::uint32_t n) {
+    window_ += n;
+    owed_ += n;
+  }
   /// A receive from the peer completed. False if the peer had no credit: a
   /// protocol violation (it sent more than it was allowed).
   bool on_receive() {

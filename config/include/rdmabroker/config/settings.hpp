@@ -4,6 +4,7 @@
 // resources from it (docs/architecture.md).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -45,6 +46,11 @@ struct AuthSettings {
   bool anonymous = false;  // clients without credentials are accepted (only when the config says so)
   Permissions anonymous_permissions;  // what they may do
   std::vector<User> users;
+  // Logins under attack (docs/security.md, "Password guessing and connection floods").
+  std::uint32_t timeout_ms = 3000;       // from connecting to an accepted CONNECT (its verdict included)
+  std::uint32_t failure_delay_ms = 250;  // an address's first failed login delays its next check this long,
+  std::uint32_t failure_delay_max_ms = 30000;  // doubling per failure up to this; a success resets it
+  std::uint32_t cache_ttl_s = 600;  // a verified credential is accepted again without crypt(3) for this long
   bool operator==(const AuthSettings&) const = default;
 };
 
@@ -82,6 +88,10 @@ struct BrokerOptions {
       2000;  // a subscriber with queued data and no send progress this long is a slow consumer
   std::uint32_t producer_stall_ms = 100;  // credits withheld from a publisher feeding a backlogged subscriber
   std::uint32_t max_connections = 1024;
+  // Connections that have not authenticated yet, broker-wide and from one address (docs/security.md).
+  std::uint32_t max_unauthenticated = 0;               // 0: a quarter of max_connections
+  std::uint32_t max_unauthenticated_per_address = 32;  // at most max_unauthenticated
+  std::uint32_t frame_timeout_ms = 10000;   // a TCP frame begun and not finished within this is an error
   std::uint32_t max_subscriptions = 10000;  // per connection
   // Broker-wide bounds on what clients can make the broker hold (docs/security.md, "Memory budget").
   std::uint32_t max_subscriptions_total = 1'000'000;   // subscriptions of all connections together
@@ -95,6 +105,14 @@ struct BrokerOptions {
   std::uint32_t max_payload = 0;  // largest payload accepted; 0: what the buffer size allows
   AuthSettings auth;              // who may connect and what they may do (live)
   MulticastSettings multicast;
+
+  /// The limits on connections not authenticated yet, as they take effect.
+  std::uint32_t unauthenticated_limit() const {
+    return max_unauthenticated != 0 ? max_unauthenticated : std::max<std::uint32_t>(1, max_connections / 4);
+  }
+  std::uint32_t unauthenticated_per_address_limit() const {
+    return std::min(max_unauthenticated_per_address, unauthenticated_limit());
+  }
 };
 
 enum class LogFormat { kText, kJson };
