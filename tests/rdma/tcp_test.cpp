@@ -26,9 +26,18 @@ using proto::FrameType;
 /// A bare TCP peer speaking bytes of the test's choosing.
 class RawTcp {
  public:
-  explicit RawTcp(std::uint16_t port, int rcvbuf = 0) {
+  /// `source`: the loopback address to connect from (127.0.0.0/8 is all
+  /// loopback: tests of per-address limits play several hosts with it).
+  explicit RawTcp(std::uint16_t port, int rcvbuf = 0, const char* source = nullptr) {
     fd_.reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (rcvbuf > 0) ::setsockopt(fd_.get(), SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    if (source != nullptr) {
+      sockaddr_in from{};
+      from.sin_family = AF_INET;
+      ::inet_pton(AF_INET, source, &from.sin_addr);
+      EXPECT_EQ(::bind(fd_.get(), reinterpret_cast<sockaddr*>(&from), sizeof from), 0)
+          << std::strerror(errno);
+    }
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_port = htons(port);
@@ -375,6 +384,70 @@ TEST(Tcp, BrokerWithoutRdmaServesTcpOnlyAndSaysSo) {
       run({broker_path(), "--rdma", "off", "--tcp-port", "0", "--admin-socket", "", "--metrics-listen", ""});
   EXPECT_EQ(rc, 1);
   EXPECT_NE(out.find("nothing to listen on"), std::string::npos) << out;
+}
+
+// A frame begun and never finished (limits.frame_timeout_ms) is an error for
+// that client alone: it would otherwise hold a pool buffer for ever.
+TEST(Tcp, AnIncompleteFrameIsClosedAtItsDeadline) {
+  BrokerProcess broker(next_port(), {"--frame-timeout-ms", "500"});
+  RawTcp raw(broker.tcp_port());
+  raw.handshake();
+  const auto whole = frame(FrameType::kPublish, 0, "partial", std::string(1000, 'x'));
+  raw.send(std::span(whole).first(proto::kHeaderSize + 3));  // claims 1,000 payload bytes, sends 3
+  auto err = raw.read_until(FrameType::kError);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(static_cast<ErrorCode>(err->first.arg), ErrorCode::kMalformedFrame) << err->second;
+  EXPECT_NE(err->second.find("not finished within 500 ms"), std::string::npos) << err->second;
+  EXPECT_TRUE(raw.closed_by_peer());
+  expect_relay_works(broker, "after.partial");
+  auto s = broker.wait_stats([](auto& s) { return s["connections.closed.frame_timeout"] == 1; }, 10s);
+  EXPECT_EQ(s["connections.closed.frame_timeout"], 1);
+  EXPECT_EQ(s["messages.in"], 1);  // expect_relay_works' own message: the partial one was never accepted
+}
+
+// Connections that never authenticate are bounded per address (more are
+// refused) and broker-wide (the oldest is closed to let a new one in); an
+// authenticated connection is never the one closed.
+TEST(Tcp, UnauthenticatedConnectionsAreBoundedPerAddressAndOldestFirst) {
+  BrokerProcess broker(next_port(), {"--max-unauthenticated", "6", "--max-unauthenticated-per-address", "4"});
+  auto settled = tcp_client(broker);  // authenticated before the flood: must survive it
+  ASSERT_NE(settled, nullptr);
+  std::vector<std::unique_ptr<RawTcp>> flood;
+  for (int i = 0; i < 4; ++i) {
+    flood.push_back(std::make_unique<RawTcp>(broker.tcp_port(), 0, "127.0.0.2"));
+    flood.back()->handshake(16384, /*authenticate=*/false);
+  }
+  {
+    RawTcp fifth(broker.tcp_port(), 0, "127.0.0.2");  // over its address's limit: refused
+    fifth.send(proto::encode(proto::ConnectRequest{16384, 2}));
+    proto::ConnectReject reject;
+    ASSERT_EQ(proto::decode(fifth.read(proto::kConnectAcceptSize), reject), proto::HandshakeStatus::kOk);
+    EXPECT_EQ(reject.reason, proto::RejectReason::kTooManyConnections);
+  }
+  for (int i = 0; i < 2; ++i) {
+    flood.push_back(std::make_unique<RawTcp>(broker.tcp_port(), 0, "127.0.0.3"));
+    flood.back()->handshake(16384, false);
+  }
+  broker.wait_stats([](auto& s) { return s["connections.unauthenticated"] == 6; }, 10s);
+  // Six unauthenticated: a seventh connection evicts the oldest of them.
+  auto late = tcp_client(broker);
+  ASSERT_NE(late, nullptr);
+  auto err = flood.front()->read_until(FrameType::kError);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(static_cast<ErrorCode>(err->first.arg), ErrorCode::kAuthenticationRequired) << err->second;
+  EXPECT_NE(err->second.find("limits.max_unauthenticated"), std::string::npos) << err->second;
+  EXPECT_TRUE(flood.front()->closed_by_peer());
+  auto s =
+      broker.wait_stats([](auto& s) { return s["connections.closed.unauthenticated_evicted"] == 1; }, 10s);
+  EXPECT_EQ(s["connections.closed.unauthenticated_evicted"], 1);
+  EXPECT_EQ(s["connections.evicted_unauthenticated"], 1);
+  EXPECT_EQ(s["limits.refused.unauthenticated_per_address"], 1);
+  EXPECT_EQ(s["connections.unauthenticated"], 5);
+  // Both authenticated clients still work.
+  ASSERT_TRUE(settled->publish("still.here", "x"));
+  EXPECT_TRUE(settled->flush(10s));
+  ASSERT_TRUE(late->publish("still.here", "y"));
+  EXPECT_TRUE(late->flush(10s));
 }
 
 }  // namespace

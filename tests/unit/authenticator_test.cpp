@@ -1,0 +1,176 @@
+// The authenticator's defences (docs/security.md, "Password guessing and
+// connection floods"): addresses served in turn, failure delays per address,
+// no crypt(3) for connections that closed or whose deadline passed, and the
+// cache of verified credentials.
+#include "broker/authenticator.hpp"
+
+#include <crypt.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <vector>
+
+namespace rdmabroker::daemon {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::string hash_secret(const std::string& secret, unsigned long rounds = 1000) {
+  char setting[CRYPT_GENSALT_OUTPUT_SIZE];
+  EXPECT_NE(crypt_gensalt_rn("$6$", rounds, nullptr, 0, setting, sizeof setting), nullptr);
+  crypt_data data{};
+  return crypt_r(secret.c_str(), setting, &data);
+}
+
+std::shared_ptr<const AuthTable> table_with(const std::string& password, unsigned long rounds = 1000) {
+  config::AuthSettings s;
+  config::User u;
+  u.name = "alice";
+  u.password_hash = hash_secret(password, rounds);
+  s.users.push_back(u);
+  return AuthTable::build(s);
+}
+
+/// The verdicts in the order the authenticator gave them.
+struct Verdicts {
+  struct One {
+    std::uint64_t connection;
+    std::string address;
+    bool ok;
+    Clock::time_point at;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<One> list;
+  Authenticator::Done callback() {
+    return [this](const Authenticator::Request& r, Result<std::shared_ptr<const Identity>> v) {
+      std::lock_guard l(mu);
+      list.push_back({r.connection, r.address, static_cast<bool>(v), Clock::now()});
+      cv.notify_all();
+    };
+  }
+  bool wait_for(std::size_t n, std::chrono::milliseconds timeout = 20s) {
+    std::unique_lock l(mu);
+    return cv.wait_for(l, timeout, [&] { return list.size() >= n; });
+  }
+  std::vector<One> get() {
+    std::lock_guard l(mu);
+    return list;
+  }
+};
+
+Authenticator::Request request(std::uint64_t id, const std::string& address, const std::string& password,
+                               Clock::duration deadline_in = 30s) {
+  return {0, id, address, "alice", password, Clock::now() + deadline_in};
+}
+
+StatsSnapshot stats(const Authenticator& a) {
+  StatsSnapshotter s;
+  a.visit(s);
+  return s.snapshot;
+}
+
+Authenticator::Policy no_delay_no_cache() { return {0ms, 0ms, 0s}; }
+
+TEST(Authenticator, AFloodFromOneAddressDelaysAnotherByOneCheckNotByTheFlood) {
+  Verdicts v;
+  // A hash slow enough that the flood's length shows: 40 checks ahead would take far longer than 2.
+  Authenticator auth(table_with("right", 20000), no_delay_no_cache(), v.callback());
+  for (std::uint64_t i = 0; i < 40; ++i) auth.submit(request(i, "10.0.0.66", "wrong"));
+  auth.submit(request(100, "10.0.0.7", "right"));
+  auth.start();
+  ASSERT_TRUE(v.wait_for(41));
+  const auto list = v.get();
+  std::size_t position = 0;
+  while (list[position].connection != 100) ++position;
+  EXPECT_LE(position, 1u) << "the other address's login waited behind " << position << " guesses";
+  EXPECT_TRUE(list[position].ok);
+}
+
+TEST(Authenticator, FailuresDelayTheirAddressOnlyAndASuccessResetsIt) {
+  Verdicts v;
+  Authenticator auth(table_with("right"), {200ms, 1000ms, 0s}, v.callback());
+  auth.start();
+  auth.submit(request(1, "10.0.0.66", "wrong"));
+  ASSERT_TRUE(v.wait_for(1));
+  const auto failed_at = v.get()[0].at;
+  auth.submit(request(2, "10.0.0.66", "wrong"));  // waits out 200 ms
+  auth.submit(request(3, "10.0.0.7", "right"));   // another address: not delayed
+  ASSERT_TRUE(v.wait_for(3));
+  auto list = v.get();
+  EXPECT_EQ(list[1].connection, 3u);
+  EXPECT_LT(list[1].at - failed_at, 190ms);
+  EXPECT_EQ(list[2].connection, 2u);
+  EXPECT_GE(list[2].at - failed_at, 190ms);
+  // Two failures: the next check of that address waits 400 ms (doubled), and
+  // stat shows the delay running.
+  auth.submit(request(4, "10.0.0.66", "right"));
+  auto s = stats(auth);
+  EXPECT_EQ(s["auth.delayed_addresses"], 1);
+  EXPECT_GT(s["auth.longest_delay_ms"], 200);
+  EXPECT_LE(s["auth.longest_delay_ms"], 400);
+  ASSERT_TRUE(v.wait_for(4));
+  list = v.get();
+  EXPECT_GE(list[3].at - list[2].at, 390ms);
+  EXPECT_TRUE(list[3].ok);
+  // The success reset it: no delay now.
+  auth.submit(request(5, "10.0.0.66", "right"));
+  ASSERT_TRUE(v.wait_for(5));
+  EXPECT_LT(v.get()[4].at - v.get()[3].at, 200ms);
+  EXPECT_GE(stats(auth)["auth.delayed"], 2);
+}
+
+TEST(Authenticator, ChecksOfClosedOrOverdueConnectionsAreDroppedUnchecked) {
+  Verdicts v;
+  Authenticator auth(table_with("right"), no_delay_no_cache(), v.callback());
+  for (std::uint64_t i = 0; i < 10; ++i) auth.submit(request(i, "10.0.0.66", "wrong"));
+  for (std::uint64_t i = 0; i < 10; ++i) auth.cancel(i);  // their connections closed
+  auth.submit(request(20, "10.0.0.67", "wrong", -1s));    // its deadline has passed
+  auth.submit(request(30, "10.0.0.7", "right"));
+  auth.start();
+  ASSERT_TRUE(v.wait_for(1));
+  auth.stop();
+  const auto list = v.get();
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].connection, 30u);
+  auto s = stats(auth);
+  EXPECT_EQ(s["auth.checks"], 1);
+  EXPECT_EQ(s["auth.dropped.cancelled"], 10);
+  EXPECT_EQ(s["auth.dropped.expired"], 1);
+}
+
+TEST(Authenticator, AVerifiedCredentialIsCachedUntilItChangesOrExpires) {
+  Verdicts v;
+  Authenticator auth(table_with("right"), {0ms, 0ms, 600s}, v.callback());
+  auth.start();
+  auth.submit(request(1, "10.0.0.7", "right"));
+  ASSERT_TRUE(v.wait_for(1));
+  auth.submit(request(2, "10.0.0.8", "right"));  // same secret: no crypt(3)
+  auth.submit(request(3, "10.0.0.8", "wrong"));  // another secret: checked, and refused
+  ASSERT_TRUE(v.wait_for(3));
+  auto s = stats(auth);
+  EXPECT_EQ(s["auth.cache_hits"], 1);
+  EXPECT_EQ(s["auth.checks"], 2);
+  auto list = v.get();
+  EXPECT_TRUE(list[1].ok);
+  EXPECT_FALSE(list[2].ok);
+  // A reload that changes alice's password: the cached entry no longer lets the old one in.
+  auth.update(table_with("new"), {0ms, 0ms, 600s});
+  auth.submit(request(4, "10.0.0.7", "right"));
+  ASSERT_TRUE(v.wait_for(4));
+  EXPECT_FALSE(v.get()[3].ok);
+  EXPECT_EQ(stats(auth)["auth.cache_hits"], 1);
+  // With the cache off, every login pays its check.
+  auth.update(table_with("right"), no_delay_no_cache());
+  auth.submit(request(5, "10.0.0.7", "right"));
+  auth.submit(request(6, "10.0.0.7", "right"));
+  ASSERT_TRUE(v.wait_for(6));
+  EXPECT_EQ(stats(auth)["auth.cache_hits"], 1);
+  EXPECT_EQ(stats(auth)["auth.checks"], 5);
+}
+
+}  // namespace
+}  // namespace rdmabroker::daemon
