@@ -26,7 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   rdmabroker::daemon::ConnectionSlots slots(1);
   for (std::uint32_t broker_buffer : {proto::kMinBufferSize, 16384u, proto::kMaxBufferSize}) {
     proto::ConnectRequest admitted;
-    const auto refusal = rdmabroker::daemon::Admission(slots, broker_buffer).check(b, admitted);
+    const auto refusal = rdmabroker::daemon::Admission(slots, 1, broker_buffer).check(b, admitted);
     // Admitted only if it decodes and the client's buffers hold the broker's frames.
     FUZZ_CHECK(refusal.has_value() ==
                (req_status != proto::HandshakeStatus::kOk || req.recv_buffer_size < broker_buffer));

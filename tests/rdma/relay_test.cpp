@@ -370,6 +370,54 @@ TEST_F(Relay, WrongFramesGetTheirErrorCodes) {
   EXPECT_EQ(broker.stats()["subscriptions"], 1);
 }
 
+// RDMA connections that never send CONNECT (a flood of rdma_cm connect
+// requests) get 2 receive credits each until they authenticate, and one
+// address may hold only limits.max_unauthenticated_per_address of them: they
+// cannot take the SRQ's credit budget from clients that log in. With 64
+// receives per SRQ, two such connections at the full 32 credits would take
+// all of it: the third, and every client after it, would be refused
+// NO_RESOURCES.
+TEST_F(Relay, ConnectionsThatNeverLogInCannotTakeTheReceiveCredits) {
+  BrokerProcess broker(next_port(), {"--workers", "1", "--srq-depth", "64", "--credits", "32",
+                                     "--max-unauthenticated-per-address", "8"});
+  ASSERT_TRUE(broker.running());
+  std::vector<std::unique_ptr<RawPeer>> flood;
+  for (int i = 0; i < 8; ++i) {
+    flood.push_back(std::make_unique<RawPeer>());
+    auto r = flood.back()->connect(a1, broker.port(), a2, proto::encode(proto::ConnectRequest{16384, 16}));
+    ASSERT_TRUE(r.ok() && r->accepted) << i << ": " << (r.ok() ? r->event : r.error().message);
+    EXPECT_EQ(flood.back()->broker_credits(), 2u);  // not 32: it has not authenticated
+  }
+  {
+    RawPeer over;  // the 9th from that address: refused, not admitted
+    auto r = over.connect(a1, broker.port(), a2, proto::encode(proto::ConnectRequest{16384, 16}));
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(r->accepted) << r->event;
+    proto::ConnectReject reject;
+    ASSERT_EQ(proto::decode(r->private_data, reject), proto::HandshakeStatus::kOk);
+    EXPECT_EQ(reject.reason, proto::RejectReason::kTooManyConnections);
+  }
+  // Clients from the other address log in, get their window once
+  // authenticated, and relay.
+  auto sub_client = connect(broker, a1, a1);
+  ASSERT_NE(sub_client, nullptr);
+  auto sub = sub_client->subscribe("after.flood");
+  ASSERT_TRUE(sub.ok()) << sub.error().message;
+  ASSERT_TRUE(sub_client->flush(10s).ok());
+  auto pub = connect(broker, a1, a1);
+  ASSERT_NE(pub, nullptr);
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(pub->publish("after.flood", std::to_string(i)).ok());
+  for (int i = 0; i < 200; ++i) {
+    auto m = sub.value()->next(15s);
+    ASSERT_TRUE(m.ok()) << "message " << i << ": " << m.error().message;
+    EXPECT_EQ(m->data(), std::to_string(i));
+  }
+  auto s = broker.stats();
+  EXPECT_EQ(s["connections.unauthenticated"], 8);
+  EXPECT_EQ(s["limits.refused.unauthenticated_per_address"], 1);
+  EXPECT_EQ(s["connections.closed.unauthenticated_evicted"], 0);
+}
+
 // A client may send as soon as it sees ESTABLISHED; its first frames can reach
 // the broker's CQ before the broker's own ESTABLISHED event. They must not be lost.
 TEST_F(Relay, FramesSentRightAfterConnectAreNotLost) {
