@@ -3,16 +3,18 @@
 // guessers and connections that never log in, all from one address, while a
 // legitimate client logs in again and again from another.
 //
-//   login_flood URL USER PASSWORD LEGIT_BIND FLOOD_BIND GUESSERS HOLDERS LOGINS
+//   login_flood URL USER PASSWORD LEGIT_BIND FLOOD_BIND GUESSERS HOLDERS LOGINS [SECONDS]
 //
 // - GUESSERS threads, each connecting as USER with a wrong password (bound to
-//   FLOOD_BIND), again as soon as each attempt ends;
+//   FLOOD_BIND), again 100 ms after each attempt ends;
 // - HOLDERS threads, each keeping one connection open that did the
 //   transport's handshake and never sends CONNECT (TCP: the 16-byte request;
 //   RDMA: an accepted rdma_cm connection), opening another when the broker
 //   closes it;
 // - LOGINS logins as USER with PASSWORD from LEGIT_BIND, one after the other
 //   (100 ms apart), each timed from Client::connect to its return.
+// The flood goes on for at least SECONDS (default 0) after its start, so that
+// a measurement beside it sees it throughout.
 // With GUESSERS = HOLDERS = 0 it measures the quiet figure. Prints one JSON
 // object: the logins' percentiles and failures, and the flood's attempts.
 #include <arpa/inet.h>
@@ -40,6 +42,8 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using rdmabroker::Client;
+/// Between a flood thread's attempts (160 guessers and 64 holders at 100 ms: up to 2,240 a second).
+constexpr auto kPause = 100ms;
 using rdmabroker::ClientOptions;
 
 struct Target {
@@ -86,8 +90,10 @@ bool hold_tcp(const Target& t, const std::string& bind, const std::atomic<bool>&
     if (n <= 0) break;  // the broker closed it (deadline, eviction) or refused it
     for (ssize_t i = 0; i < n && got < reply.size(); ++i) reply[got++] = scratch[i];
     if (got == reply.size() && !accepted) {
+      // A reject is padded to an accept's size: a non-zero reason field tells them apart (SPEC.md §1.2).
       rdmabroker::proto::ConnectAccept a;
-      accepted = rdmabroker::proto::decode(reply, a) == rdmabroker::proto::HandshakeStatus::kOk;
+      accepted = rdmabroker::proto::load<std::uint16_t>(reply.data() + 6) == 0 &&
+                 rdmabroker::proto::decode(reply, a) == rdmabroker::proto::HandshakeStatus::kOk;
       if (!accepted) break;
     }
   }
@@ -113,14 +119,17 @@ double percentile(std::vector<double> v, double p) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 9) {
-    std::cerr << "usage: login_flood URL USER PASSWORD LEGIT_BIND FLOOD_BIND GUESSERS HOLDERS LOGINS\n";
+  if (argc != 9 && argc != 10) {
+    std::cerr
+        << "usage: login_flood URL USER PASSWORD LEGIT_BIND FLOOD_BIND GUESSERS HOLDERS LOGINS [SECONDS]\n";
     return 2;
   }
   const std::string url = argv[1], user = argv[2], password = argv[3], legit_bind = argv[4],
                     flood_bind = argv[5];
   const int guessers = std::stoi(argv[6]), holders = std::stoi(argv[7]), logins = std::stoi(argv[8]);
   const Target target = parse(url);
+  const auto min_duration = std::chrono::seconds(argc == 10 ? std::stoi(argv[9]) : 0);
+  const auto start = Clock::now();
 
   std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> guesses{0}, held{0}, hold_refused{0};
@@ -142,6 +151,10 @@ int main(int argc, char** argv) {
           std::cerr << "login_flood: a wrong password was accepted\n";
           std::exit(1);
         }
+        // Refusals come back in microseconds: without a pause 160 threads
+        // would spin on the two cores that the broker and the measured
+        // client share, and measure this program's CPU, not the broker.
+        std::this_thread::sleep_for(kPause);
       }
     });
   }
@@ -151,7 +164,7 @@ int main(int argc, char** argv) {
         const bool ok =
             target.rdma ? hold_rdma(target, flood_bind, stop) : hold_tcp(target, flood_bind, stop);
         (ok ? held : hold_refused).fetch_add(1);
-        if (!ok) std::this_thread::sleep_for(10ms);  // refused: try again, not in a tight loop
+        if (!ok) std::this_thread::sleep_for(kPause);  // refused: try again, not in a tight loop
       }
     });
   }
@@ -182,6 +195,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(100ms);
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - flood_start).count();
+  std::this_thread::sleep_until(start + min_duration);
   stop = true;
   for (auto& t : flood) t.join();
   std::printf(
