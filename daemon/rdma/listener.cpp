@@ -118,8 +118,7 @@ void Listener::run() {
 
 void Listener::reject(rdma_cm_id* id, proto::RejectReason reason, const std::string& peer) {
   core_.admission->refuse(Admission::Via::kRdma, peer, proto::to_string(reason), reason);
-  auto data = proto::encode(proto::ConnectReject{reason, core_.options.buffer_size});
-  rdma_reject(id, data.data(), static_cast<std::uint8_t>(data.size()));
+  reject_connect_request(id, reason, core_.options.buffer_size);
   rdma_destroy_id(id);
 }
 

@@ -11,14 +11,10 @@
 
 namespace rdmabroker::daemon {
 
-namespace {
-
-void reject(rdma_cm_id* id, proto::RejectReason reason, std::uint32_t buffer_size) {
+void reject_connect_request(rdma_cm_id* id, proto::RejectReason reason, std::uint32_t buffer_size) {
   auto data = proto::encode(proto::ConnectReject{reason, buffer_size});
   rdma_reject(id, data.data(), static_cast<std::uint8_t>(data.size()));
 }
-
-}  // namespace
 
 RdmaLink::RdmaLink(RdmaPort& port, WorkerContext& ctx, Connections& connections, verbs::CmIdPtr id,
                    std::uint32_t max_inline)
@@ -40,7 +36,7 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   auto fail = [&](proto::RejectReason reason, const std::string& why) -> std::unique_ptr<Connection> {
     spdlog::warn("connection {} from {} refused: {}", cmd.connection_id, cmd.peer, why);
     ctx.stats.accept_failures.add();
-    reject(id.get(), reason, opt.buffer_size);
+    reject_connect_request(id.get(), reason, opt.buffer_size);
     ctx.core.admission->release(cmd.slot);
     return nullptr;
   };

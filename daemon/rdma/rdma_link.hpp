@@ -30,6 +30,10 @@ struct AcceptCommand {
   std::string peer;
 };
 
+/// Refuses a connect request with `reason` (SPEC.md §2: the reject's private
+/// data names it, and the buffer size the broker needs).
+void reject_connect_request(rdma_cm_id* id, proto::RejectReason reason, std::uint32_t buffer_size);
+
 class RdmaLink final : public Link {
  public:
   /// Credits granted at accept, before the client has authenticated: its

@@ -141,7 +141,7 @@ void TcpPort::check_handshake_deadlines(bool stopping) {
   }
 }
 
-void TcpPort::evict_handshake(std::uint64_t id) {
+bool TcpPort::evict_handshake(std::uint64_t id) {
   for (auto it = handshakes_.begin(); it != handshakes_.end(); ++it) {
     if (it->second.id != id) continue;
     ctx_.core.admission->refuse(Admission::Via::kTcp, it->second.peer,
@@ -149,8 +149,9 @@ void TcpPort::evict_handshake(std::uint64_t id) {
                                 std::nullopt);
     ctx_.core.admission->release(it->second.slot);
     handshakes_.erase(it);
-    return;
+    return true;
   }
+  return false;
 }
 
 void TcpPort::check_partial_frames() {

@@ -102,8 +102,9 @@ class TcpPort {
   /// Resumes reading on connections that waited for pool buffers.
   void retry_buffer_waiters();
   bool has_handshakes() const { return !handshakes_.empty(); }
-  /// Drops connection `id` if it is still in its handshake (an eviction, Admission).
-  void evict_handshake(std::uint64_t id);
+  /// Drops connection `id` if it is still in its handshake (an eviction,
+  /// Admission); false if no handshake here has that id.
+  bool evict_handshake(std::uint64_t id);
   /// c's link began a frame it has not finished: from now on its deadline
   /// (limits.frame_timeout_ms) is checked.
   void watch_partial_frame(const Connection& c) { partial_frames_.push_back(c.id); }

@@ -16,7 +16,23 @@ void Worker::handle_commands() {
   command_scratch_.clear();
 }
 
+void Worker::on_command(EvictCommand& cmd) {
+  if (connections_.evict_unauthenticated(cmd.connection_id)) return;
+  if (tcp_ && tcp_->evict_handshake(cmd.connection_id)) return;
+  if (evicted_before_accept_.size() >= 4096) evicted_before_accept_.clear();  // stale ids (see the member)
+  evicted_before_accept_.insert(cmd.connection_id);
+}
+
 void Worker::on_command(AcceptCommand& cmd) {
+  if (evicted_before_accept_.erase(cmd.connection_id) > 0) {
+    ctx_.core.admission->refuse(
+        Admission::Via::kRdma, cmd.peer,
+        "evicted before it was accepted: the unauthenticated connections are at their limit",
+        proto::RejectReason::kTooManyConnections);
+    reject_connect_request(cmd.id.get(), proto::RejectReason::kTooManyConnections, ctx_.options.buffer_size);
+    ctx_.core.admission->release(cmd.slot);
+    return;
+  }
   RdmaPort* port = nullptr;
   for (auto& p : ports_) {
     if (p->device.context == cmd.id->verbs) port = p.get();
@@ -24,9 +40,7 @@ void Worker::on_command(AcceptCommand& cmd) {
   if (port == nullptr) {
     spdlog::warn("connection {} from {} refused: unknown device", cmd.connection_id, cmd.peer);
     ctx_.stats.accept_failures.add();
-    auto data =
-        proto::encode(proto::ConnectReject{proto::RejectReason::kNoResources, ctx_.options.buffer_size});
-    rdma_reject(cmd.id.get(), data.data(), static_cast<std::uint8_t>(data.size()));
+    reject_connect_request(cmd.id.get(), proto::RejectReason::kNoResources, ctx_.options.buffer_size);
     ctx_.core.admission->release(cmd.slot);
     return;
   }

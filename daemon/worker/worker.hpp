@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <variant>
 #include <vector>
 
@@ -140,10 +141,7 @@ class Worker {
   void on_command(AuthResultCommand& cmd) { frames_.on_auth_result(cmd); }
   /// Test builds: a fault aimed at a connection.
   void on_command(FaultCommand& cmd);
-  void on_command(EvictCommand& cmd) {
-    if (!connections_.evict_unauthenticated(cmd.connection_id) && tcp_)
-      tcp_->evict_handshake(cmd.connection_id);
-  }
+  void on_command(EvictCommand& cmd);
 
   void handle_cm_events();
   /// One CM event of a connection (copied out of the acked rdma_cm_event).
@@ -166,6 +164,11 @@ class Worker {
   std::chrono::steady_clock::time_point last_work_{};          // the last loop turn that found completions
   std::chrono::steady_clock::time_point next_socket_check_{};  // busy loop: when to look at sockets
   std::vector<Command> command_scratch_;
+  /// RDMA connections evicted before their AcceptCommand arrived (the
+  /// listener posts it after Admission may already have chosen to evict it):
+  /// refused when it does. Bounded: a connection that ended meanwhile never
+  /// arrives, and its id would stay.
+  std::unordered_set<std::uint64_t> evicted_before_accept_;
   bool stopping_ = false;
   struct DelayedCmEvent {
     std::chrono::steady_clock::time_point due;

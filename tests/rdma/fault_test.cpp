@@ -169,8 +169,10 @@ class Faults : public ::testing::Test {
 TEST_F(Faults, RnrFromAPeerWithoutReceivesEndsOnlyThatPeer) {
   // Not injected: provoked for real. The peer advertises 16 receive credits
   // but posts none, and asks for no RNR retries (its connect parameters set
-  // the broker's QP's RNR retry count): the broker's first SEND to it fails
-  // with "RNR retry counter exceeded".
+  // the broker's QP's RNR retry count): the broker's first SEND to it (the
+  // credits it grants once the CONNECT is accepted, SPEC.md §5) fails with
+  // "RNR retry counter exceeded". The peer's SUBSCRIBE travels in the same
+  // SEND as its CONNECT: afterwards its QP is in error.
   BrokerProcess broker(next_port());
   ASSERT_TRUE(broker.running());
   SeqSink bystander_got;
@@ -183,9 +185,13 @@ TEST_F(Faults, RnrFromAPeerWithoutReceivesEndsOnlyThatPeer) {
   RawPeer peer;
   peer.rnr_retry_count = 0;
   peer.receives_posted = 0;
-  ASSERT_TRUE(peer.connect_ok(guest_addr1(), broker.port(), guest_addr2(), 16));
-  ASSERT_TRUE(peer.send(frame(proto::FrameType::kSubscribe, 1, "fault.rnr")));
-  broker.wait_stats([](auto& s) { return s["subscriptions"] >= 2; }, 10s);
+  auto accepted = peer.connect(guest_addr1(), broker.port(), guest_addr2(),
+                               proto::encode(proto::ConnectRequest{16384, 16}), 16384, 16);
+  ASSERT_TRUE(accepted.ok() && accepted->accepted);
+  auto both = frame(proto::FrameType::kConnect, 0, "", "");
+  const auto subscribe = frame(proto::FrameType::kSubscribe, 1, "fault.rnr");
+  both.insert(both.end(), subscribe.begin(), subscribe.end());
+  ASSERT_TRUE(peer.send(both));
 
   constexpr std::uint64_t kCount = 1000;
   for (std::uint64_t i = 0; i < kCount; ++i) ASSERT_TRUE(publisher->publish("fault.rnr", numbered(i)));
