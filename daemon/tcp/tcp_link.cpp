@@ -92,10 +92,7 @@ void TcpPort::on_handshake_readable(int fd, bool stopping) {
   Handshake& h = it->second;
   Admission& admission = *ctx_.core.admission;
   auto drop = [&](const std::string& why, std::optional<proto::RejectReason> reason) {
-    admission.refuse(Admission::Via::kTcp, h.peer, why, reason);
-    if (reason) send_reject(fd, *reason, ctx_.options.buffer_size);
-    admission.release(h.slot);
-    handshakes_.erase(it);  // closes the socket, which leaves the epoll set
+    drop_handshake(it, why, reason);
   };
   const ssize_t n = ::read(fd, h.bytes.data() + h.got, h.bytes.size() - h.got);
   if (n == 0) return drop("closed during the handshake", std::nullopt);
@@ -134,24 +131,26 @@ void TcpPort::check_handshake_deadlines(bool stopping) {
     }
     const auto why = stopping ? "shutting down" : "no connect request within 5 s";
     const auto reason = stopping ? std::optional(proto::RejectReason::kShuttingDown) : std::nullopt;
-    ctx_.core.admission->refuse(Admission::Via::kTcp, it->second.peer, why, reason);
-    if (reason) send_reject(it->first, *reason, ctx_.options.buffer_size);
-    ctx_.core.admission->release(it->second.slot);
-    it = handshakes_.erase(it);
+    it = drop_handshake(it, why, reason);
   }
 }
 
 bool TcpPort::evict_handshake(std::uint64_t id) {
   for (auto it = handshakes_.begin(); it != handshakes_.end(); ++it) {
     if (it->second.id != id) continue;
-    ctx_.core.admission->refuse(Admission::Via::kTcp, it->second.peer,
-                                "closed in its handshake: the unauthenticated connections are at their limit",
-                                std::nullopt);
-    ctx_.core.admission->release(it->second.slot);
-    handshakes_.erase(it);
+    drop_handshake(it, "closed in its handshake: the unauthenticated connections are at their limit",
+                   std::nullopt);
     return true;
   }
   return false;
+}
+
+TcpPort::Handshakes::iterator TcpPort::drop_handshake(Handshakes::iterator it, std::string_view why,
+                                                      std::optional<proto::RejectReason> reason) {
+  ctx_.core.admission->refuse(Admission::Via::kTcp, it->second.peer, why, reason);
+  if (reason) send_reject(it->first, *reason, ctx_.options.buffer_size);
+  ctx_.core.admission->release(it->second.slot);
+  return handshakes_.erase(it);  // closes the socket, which leaves the epoll set
 }
 
 void TcpPort::check_partial_frames() {

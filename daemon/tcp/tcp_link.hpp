@@ -20,7 +20,9 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -130,14 +132,20 @@ class TcpPort {
     std::chrono::steady_clock::time_point deadline{};
   };
 
+  using Handshakes = std::unordered_map<int, Handshake>;  // by fd
+  /// Refuses a connection in its handshake (logged, counted; told `reason`
+  /// if given), gives its slot back and closes it; returns the next entry.
+  Handshakes::iterator drop_handshake(Handshakes::iterator it, std::string_view why,
+                                      std::optional<proto::RejectReason> reason);
+
   WorkerContext& ctx_;
   Connections& connections_;
   FrameHandler& frames_;
   int epoll_fd_;
-  int listen_fd_;                                  // the broker's; never closed here (-1: no TCP)
-  std::unordered_map<int, Handshake> handshakes_;  // by fd
-  std::vector<std::uint64_t> buffer_waiters_;      // connections that found the pool empty
-  std::vector<std::uint64_t> partial_frames_;      // connections with a frame begun and not finished
+  int listen_fd_;  // the broker's; never closed here (-1: no TCP)
+  Handshakes handshakes_;
+  std::vector<std::uint64_t> buffer_waiters_;  // connections that found the pool empty
+  std::vector<std::uint64_t> partial_frames_;  // connections with a frame begun and not finished
 };
 
 }  // namespace rdmabroker::daemon
