@@ -2,7 +2,6 @@
 // RDMA (in the guest, label rdma) and TCP (on the host, label tcp): who may
 // connect, what a user may publish and subscribe to, and what a reload does
 // to connected clients. Brokers here start without --allow-anonymous.
-#include <crypt.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -19,15 +18,6 @@ namespace rdmabroker::test {
 namespace {
 
 using namespace std::chrono_literals;
-
-/// A cheap hash (sha512crypt, 1,000 rounds): the guest emulates the CPU, and
-/// what is tested is the check, not the cost.
-std::string hash_secret(const std::string& secret) {
-  char setting[CRYPT_GENSALT_OUTPUT_SIZE];
-  EXPECT_NE(crypt_gensalt_rn("$6$", 1000, nullptr, 0, setting, sizeof setting), nullptr);
-  crypt_data data{};
-  return crypt_r(secret.c_str(), setting, &data);
-}
 
 ClientOptions credentials(std::string user, std::string password, std::string token = {}) {
   ClientOptions o;

@@ -274,7 +274,7 @@ TEST_P(PoolFaults, AnExhaustedPoolStallsPublishersAndLosesNothing) {
   ASSERT_TRUE(armed(broker, "pool-exhaust"));
   constexpr std::uint64_t kCount = 3000;
   std::atomic<bool> publish_failed{false};
-  std::thread publisher([&] {
+  std::jthread publisher([&] {
     for (std::uint64_t i = 0; i < kCount; ++i) {
       if (!pub->publish("pool.t", numbered(i, 2048))) {
         publish_failed = true;

@@ -1,10 +1,13 @@
 #include "harness.hpp"
 
 #include <arpa/inet.h>
+#include <crypt.h>
 #include <gtest/gtest.h>
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -51,10 +54,30 @@ void require_rdma() {
          "(tests/softroce/run-in-guest.sh, as scripts/test.sh does); they never skip";
 }
 
+namespace {
+// Each test process owns a block of 20 ports (each broker takes two: RDMA and
+// TCP) below the kernel's ephemeral range, so no client socket can hold one.
+// The block is claimed with a lock file held for the life of the process:
+// two tests that run at once never share one, whatever their pids.
+std::uint16_t claim_port_block() {
+  constexpr int kBlocks = 1000;
+  std::filesystem::create_directories("/tmp/rdmabroker-test-ports");
+  for (int i = 0; i < kBlocks; ++i) {
+    const int block = (getpid() + i) % kBlocks;
+    const std::string path = "/tmp/rdmabroker-test-ports/" + std::to_string(block);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0)
+      return static_cast<std::uint16_t>(10000 + block * 20);  // fd kept
+    ::close(fd);
+  }
+  ADD_FAILURE() << "no free port block in /tmp/rdmabroker-test-ports";
+  return static_cast<std::uint16_t>(10000 + (getpid() % kBlocks) * 20);
+}
+}  // namespace
+
 std::uint16_t next_port() {
-  // 20 ports per test process (each broker takes two: RDMA and TCP), below
-  // the kernel's ephemeral range so no client socket can hold one.
-  static std::atomic<std::uint16_t> port{static_cast<std::uint16_t>(10000 + (getpid() % 1000) * 20)};
+  static std::atomic<std::uint16_t> port{claim_port_block()};
   return port.fetch_add(1);
 }
 
@@ -83,11 +106,22 @@ bool check_payload(std::uint64_t seq, std::size_t max_payload, std::span<const s
 
 // ---------------------------------------------------------------- processes
 
-std::pair<int, std::string> run(std::vector<std::string> argv, const std::string& input) {
+std::string hash_secret(const std::string& secret) {
+  char setting[CRYPT_GENSALT_OUTPUT_SIZE];
+  EXPECT_NE(crypt_gensalt_rn("$6$", 1000, nullptr, 0, setting, sizeof setting), nullptr);
+  crypt_data data{};
+  return crypt_r(secret.c_str(), setting, &data);
+}
+
+std::pair<int, std::string> run(std::vector<std::string> argv, const std::string& input,
+                                std::chrono::seconds timeout) {
   int in[2], out[2];
   if (pipe(in) != 0 || pipe(out) != 0) return {-1, ""};
   const pid_t pid = fork();
   if (pid == 0) {
+    // A test that fails or dies takes its programs with it: a program left
+    // running would hold ctest's output pipe and hang the whole run.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     dup2(in[0], 0);
     dup2(out[1], 1);
     close(in[1]);
@@ -105,11 +139,31 @@ std::pair<int, std::string> run(std::vector<std::string> argv, const std::string
   close(in[1]);
   std::string text;
   char buf[4096];
-  ssize_t n;
-  while ((n = read(out[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool killed = false;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{out[0], POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) == 0) {
+      // A program that hangs is a failure with its output, not a ctest timeout.
+      kill(pid, SIGKILL);
+      killed = true;
+      break;
+    }
+    const ssize_t n = read(out[0], buf, sizeof buf);
+    if (n <= 0) break;
+    text.append(buf, static_cast<std::size_t>(n));
+  }
   close(out[0]);
   int status = 0;
   waitpid(pid, &status, 0);
+  if (killed) {
+    ADD_FAILURE() << argv[0] << " " << (argv.size() > 1 ? argv[1] : "") << " still running after "
+                  << timeout.count() << " s: killed; its output so far:\n"
+                  << text;
+    return {-1, text};
+  }
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
 }
 
@@ -554,6 +608,124 @@ std::size_t open_fds(int pid) {
        std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd"))
     ++n;
   return n;
+}
+
+// ---------------------------------------------------------------- raw wire
+
+namespace {
+class RawRdmaWire final : public RawWire {
+ public:
+  RawPeer peer;
+  Status send(std::span<const std::byte> bytes) override { return peer.send(bytes); }
+  std::vector<std::vector<std::byte>> receive(std::chrono::milliseconds timeout) override {
+    std::vector<std::vector<std::byte>> out;
+    auto got = peer.receive(timeout);
+    if (!got) return out;
+    std::size_t off = 0;
+    for (const auto& f : frames(got.value())) {
+      const std::size_t len = f.header.frame_len();
+      out.emplace_back(got->begin() + static_cast<long>(off), got->begin() + static_cast<long>(off + len));
+      off += len;
+    }
+    return out;
+  }
+  bool closed_by_peer(std::chrono::milliseconds timeout) override { return peer.wait_disconnected(timeout); }
+};
+
+class RawTcpWire final : public RawWire {
+ public:
+  explicit RawTcpWire(std::uint16_t port) : tcp(port) {}
+  RawTcp tcp;
+  Status send(std::span<const std::byte> bytes) override {
+    tcp.send(bytes);
+    return {};
+  }
+  std::vector<std::vector<std::byte>> receive(std::chrono::milliseconds timeout) override {
+    std::vector<std::vector<std::byte>> out;
+    if (auto f = tcp.read_frame(timeout)) out.push_back(std::move(*f));
+    return out;
+  }
+  bool closed_by_peer(std::chrono::milliseconds timeout) override { return tcp.closed_by_peer(timeout); }
+};
+}  // namespace
+
+std::unique_ptr<RawWire> raw_wire(const BrokerProcess& b, Via via, bool anonymous,
+                                  std::optional<proto::ConnectRequest> request) {
+  const auto req = proto::encode(request.value_or(proto::ConnectRequest{16384, 16}));
+  if (via == Via::kRdma) {
+    auto w = std::make_unique<RawRdmaWire>();
+    auto r = w->peer.connect(guest_addr1(), b.port(), "", req);
+    if (!r || !r->accepted) {
+      ADD_FAILURE() << "raw RDMA connect: " << (r ? r->event : r.error().message);
+      return nullptr;
+    }
+    if (anonymous && !w->send(frame(proto::FrameType::kConnect, 0, "", ""))) return nullptr;
+    return w;
+  }
+  auto w = std::make_unique<RawTcpWire>(b.tcp_port());
+  w->tcp.send(req);
+  proto::ConnectAccept accept;
+  if (proto::decode(w->tcp.read(proto::kConnectAcceptSize), accept) != proto::HandshakeStatus::kOk) {
+    ADD_FAILURE() << "raw TCP connect: not accepted";
+    return nullptr;
+  }
+  if (anonymous) w->tcp.send(frame(proto::FrameType::kConnect, 0, "", ""));
+  return w;
+}
+
+std::optional<proto::ConnectReject> raw_reject(const BrokerProcess& b, Via via,
+                                               std::span<const std::byte> request) {
+  proto::ConnectReject reject{};
+  if (via == Via::kRdma) {
+    RawPeer peer;
+    auto r = peer.connect(guest_addr1(), b.port(), "", request);
+    if (!r) {
+      ADD_FAILURE() << r.error().message;
+      return reject;
+    }
+    if (r->accepted) return std::nullopt;
+    EXPECT_EQ(proto::decode(r->private_data, reject), proto::HandshakeStatus::kOk) << r->event;
+    return reject;
+  }
+  RawTcp raw(b.tcp_port());
+  raw.send(request);
+  const auto reply = raw.read(proto::kConnectAcceptSize);
+  // An accept has 0 at offset 6, a reject its reason (SPEC.md §1.2).
+  if (reply.size() == proto::kConnectAcceptSize && proto::load<std::uint16_t>(reply.data() + 6) == 0)
+    return std::nullopt;
+  EXPECT_EQ(proto::decode(reply, reject), proto::HandshakeStatus::kOk);
+  EXPECT_TRUE(raw.closed_by_peer());
+  return reject;
+}
+
+std::pair<proto::ErrorCode, std::string> expect_error_then_close(RawWire& w,
+                                                                 std::chrono::milliseconds timeout) {
+  std::optional<std::pair<proto::ErrorCode, std::string>> error;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (const auto& bytes : w.receive(std::chrono::duration_cast<std::chrono::milliseconds>(
+             deadline - std::chrono::steady_clock::now()))) {
+      proto::Frame f;
+      if (proto::decode_frame(bytes, bytes.size(), f) != proto::DecodeStatus::kOk) {
+        ADD_FAILURE() << "undecodable frame from the broker";
+        return {proto::ErrorCode::kNone, ""};
+      }
+      const auto code = static_cast<proto::ErrorCode>(f.header.arg);
+      if (f.header.type == proto::FrameType::kError) {
+        EXPECT_FALSE(error) << "a second ERROR";
+        error.emplace(code, std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size()));
+      } else if (f.header.type == proto::FrameType::kClose) {
+        EXPECT_TRUE(error) << "CLOSE without an ERROR before it";
+        if (!error) return {code, ""};
+        EXPECT_EQ(code, error->first) << "CLOSE's code differs from the ERROR's";
+        EXPECT_EQ(f.payload.size(), 0u);
+        EXPECT_TRUE(w.closed_by_peer(timeout)) << "no disconnect after CLOSE";
+        return *error;
+      }
+    }
+  }
+  ADD_FAILURE() << (error ? "ERROR without a CLOSE after it: " + error->second : "no ERROR");
+  return error.value_or(std::pair{proto::ErrorCode::kNone, std::string()});
 }
 
 }  // namespace rdmabroker::test

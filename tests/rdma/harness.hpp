@@ -4,7 +4,14 @@
 // would (malformed frames, bad handshakes, no reposted receives).
 #pragma once
 
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
 #include <atomic>
+#include <cstring>
 #include <chrono>
 #include <mutex>
 #include <functional>
@@ -18,6 +25,7 @@
 #include <vector>
 
 #include "rdmabroker/client.hpp"
+#include "rdmabroker/common/fd.hpp"
 #include "rdmabroker/common/verbs.hpp"
 #include "rdmabroker/proto/handshake.hpp"
 #include "rdmabroker/result.hpp"
@@ -69,8 +77,14 @@ std::string http_get(std::uint16_t port, const std::string& path,
 /// Open file descriptors of process `pid`.
 std::size_t open_fds(int pid);
 
+/// A cheap password hash (sha512crypt, 1,000 rounds) for a test's users:
+/// the guest emulates the CPU, and what is tested is the check, not the cost.
+std::string hash_secret(const std::string& secret);
+
 /// Runs a command with `input` on its stdin; returns its exit status and stdout.
-std::pair<int, std::string> run(std::vector<std::string> argv, const std::string& input = {});
+/// A command still running after `timeout` is killed and fails the test.
+std::pair<int, std::string> run(std::vector<std::string> argv, const std::string& input = {},
+                                std::chrono::seconds timeout = std::chrono::seconds(120));
 
 class BrokerProcess {
  public:
@@ -211,5 +225,132 @@ std::vector<std::byte> frame(proto::FrameType type, std::uint32_t arg, std::stri
                              std::string_view payload = {});
 /// Decodes every frame in a SEND's bytes.
 std::vector<proto::Frame> frames(const std::vector<std::byte>& bytes);
+
+/// A bare TCP peer speaking bytes of the test's choosing.
+class RawTcp {
+ public:
+  /// `source`: the loopback address to connect from (127.0.0.0/8 is all
+  /// loopback: tests of per-address limits play several hosts with it).
+  explicit RawTcp(std::uint16_t port, int rcvbuf = 0, const char* source = nullptr) {
+    fd_.reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (rcvbuf > 0) ::setsockopt(fd_.get(), SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    if (source != nullptr) {
+      sockaddr_in from{};
+      from.sin_family = AF_INET;
+      ::inet_pton(AF_INET, source, &from.sin_addr);
+      EXPECT_EQ(::bind(fd_.get(), reinterpret_cast<sockaddr*>(&from), sizeof from), 0)
+          << std::strerror(errno);
+    }
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd_.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0) << std::strerror(errno);
+  }
+  void send(std::span<const std::byte> bytes) {
+    ASSERT_EQ(::send(fd_.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  /// Reads exactly n bytes (or fewer at EOF/timeout).
+  std::vector<std::byte> read(std::size_t n, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    std::vector<std::byte> out(n);
+    std::size_t got = 0;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (got < n && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd_.get(), POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      const ssize_t r = ::read(fd_.get(), out.data() + got, n - got);
+      if (r <= 0) break;
+      got += static_cast<std::size_t>(r);
+    }
+    out.resize(got);
+    return out;
+  }
+  /// Sends a valid connect request, checks the accept and (unless told not
+  /// to) sends an anonymous CONNECT.
+  void handshake(std::uint32_t recv_buffer_size = 16384, bool authenticate = true) {
+    send(proto::encode(proto::ConnectRequest{recv_buffer_size, 2}));
+    auto reply = read(proto::kConnectAcceptSize);
+    proto::ConnectAccept accept;
+    ASSERT_EQ(proto::decode(reply, accept), proto::HandshakeStatus::kOk);
+    if (authenticate)
+      send(frame(proto::FrameType::kConnect, 0, "", ""));  // anonymous: the test brokers allow it
+  }
+  /// The next whole frame's bytes, or nullopt at EOF or timeout.
+  std::optional<std::vector<std::byte>> read_frame(
+      std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    auto whole = read(proto::kHeaderSize, timeout);
+    if (whole.size() < proto::kHeaderSize) return std::nullopt;
+    const auto body_len = proto::align_up(std::size_t{proto::load<std::uint16_t>(whole.data() + 6)} +
+                                          proto::load<std::uint16_t>(whole.data() + 8) +
+                                          proto::load<std::uint32_t>(whole.data() + 12));
+    auto body = read(body_len, timeout);
+    if (body.size() < body_len) return std::nullopt;
+    whole.insert(whole.end(), body.begin(), body.end());
+    return whole;
+  }
+  /// Reads frames until one of `type` arrives; returns it.
+  std::optional<std::pair<proto::FrameHeader, std::string>> read_until(proto::FrameType type) {
+    while (true) {
+      auto whole = read_frame();
+      if (!whole) return std::nullopt;
+      proto::Frame f;
+      if (proto::decode_frame(*whole, 1 << 24, f) != proto::DecodeStatus::kOk) return std::nullopt;
+      if (f.header.type == type) {
+        return std::pair{f.header,
+                         std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size())};
+      }
+    }
+  }
+  bool closed_by_peer(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::byte b[4096];
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd_.get(), POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      const ssize_t r = ::read(fd_.get(), b, sizeof b);
+      if (r <= 0) return true;
+    }
+    return false;
+  }
+  void close() { fd_.reset(); }
+  /// Writes what the socket takes now (non-blocking); false once the peer is gone.
+  bool offer(std::span<const std::byte> bytes) {
+    const ssize_t n = ::send(fd_.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno != EAGAIN && errno != EINTR) return false;
+    if (n < 0) {
+      pollfd p{fd_.get(), POLLOUT, 0};
+      ::poll(&p, 1, 10);
+    }
+    return true;
+  }
+
+ private:
+  UniqueFd fd_;
+};
+
+/// One connection whose bytes are the test's, over either transport: what a
+/// client written from SPEC.md alone sends and sees.
+class RawWire {
+ public:
+  virtual ~RawWire() = default;
+  /// One SEND (RDMA) or one write (TCP) with these bytes.
+  virtual Status send(std::span<const std::byte> bytes) = 0;
+  /// The frames that arrive next (at least one), or none on timeout or close.
+  virtual std::vector<std::vector<std::byte>> receive(std::chrono::milliseconds timeout) = 0;
+  /// The broker ended the connection (RDMA DISCONNECTED, TCP EOF).
+  virtual bool closed_by_peer(std::chrono::milliseconds timeout) = 0;
+};
+/// Connects with `request` (a valid one by default), and sends an anonymous
+/// CONNECT if `anonymous`. Null (and a test failure) if not accepted.
+std::unique_ptr<RawWire> raw_wire(const BrokerProcess& b, Via via, bool anonymous = true,
+                                  std::optional<proto::ConnectRequest> request = std::nullopt);
+/// The reject a broker answers `request` with, over `via`; nullopt if it accepted.
+std::optional<proto::ConnectReject> raw_reject(const BrokerProcess& b, Via via,
+                                               std::span<const std::byte> request);
+/// Reads frames until an ERROR; then expects CLOSE with the same code and the
+/// connection's end (SPEC.md §3.5). Returns the ERROR's code and text.
+std::pair<proto::ErrorCode, std::string> expect_error_then_close(RawWire& w,
+                                                                 std::chrono::milliseconds timeout);
 
 }  // namespace rdmabroker::test

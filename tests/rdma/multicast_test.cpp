@@ -425,10 +425,10 @@ TEST_F(Multicast, ASubjectMovesToMulticastAndBackUnderTrafficWithoutLossOrDuplic
   auto wildcard = connect_on(broker, guest_addr1());
   ASSERT_TRUE(wildcard && wildcard->subscribe("mc.*", wildcard_got.handler()) && wildcard->flush(10s));
 
-  std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> published{0};
-  std::thread publisher([&] {
-    for (std::uint64_t i = 0; !stop.load(); ++i) {
+  // However the test ends, the publisher is stopped and joined (jthread).
+  std::jthread publisher([&](std::stop_token stop) {
+    for (std::uint64_t i = 0; !stop.stop_requested(); ++i) {
       if (!pub->publish("mc.move", make_payload(i, 3000))) break;
       published.store(i + 1);
       if (i % 64 == 63) std::this_thread::sleep_for(2ms);
@@ -457,7 +457,7 @@ TEST_F(Multicast, ASubjectMovesToMulticastAndBackUnderTrafficWithoutLossOrDuplic
   s = broker.wait_stats([](auto& s) { return s["multicast.groups"] == 0; }, 30s);
   EXPECT_EQ(s["multicast.groups"], 0);
   after(1'000);
-  stop = true;
+  publisher.request_stop();
   publisher.join();
   const std::uint64_t n = published.load();
   ASSERT_TRUE(pub->flush(30s));

@@ -320,7 +320,7 @@ TEST_P(Routing, CliRequestReplyAndQueueGroups) {
     return args;
   };
   std::pair<int, std::string> responder;
-  std::thread r([&] { responder = run(cli({"reply", "svc.time", "noon", "-n", "2"})); });
+  std::jthread r([&] { responder = run(cli({"reply", "svc.time", "noon", "-n", "2"})); });
   ASSERT_EQ(broker_.wait_stats([](auto& s) { return s["subscriptions"] == 1; }, 30s)["subscriptions"], 1);
   EXPECT_EQ(run(cli({"request", "svc.time", "time?"})), (std::pair<int, std::string>{0, "noon\n"}));
   EXPECT_EQ(run(cli({"request", "svc.nobody", "x"})).first, 4);
@@ -329,10 +329,10 @@ TEST_P(Routing, CliRequestReplyAndQueueGroups) {
   EXPECT_EQ(responder.first, 0);
 
   std::pair<int, std::string> a, b;
-  std::thread ta([&] {
+  std::jthread ta([&] {
     a = run(cli({"sub", "jobs.*", "--queue", "w", "--count", "2", "--raw", "--timeout", "60"}));
   });
-  std::thread tb([&] {
+  std::jthread tb([&] {
     b = run(cli({"sub", "jobs.*", "--queue", "w", "--count", "2", "--raw", "--timeout", "60"}));
   });
   ASSERT_EQ(broker_.wait_stats([](auto& s) { return s["subscriptions"] == 2; }, 30s)["subscriptions"], 2);
@@ -401,12 +401,12 @@ TEST(Mixed, RdmaAndTcpClientsSeeEachOthersMessages) {
   ASSERT_TRUE(tcp_sub->subscribe("mix.>", at_tcp.handler()));
   ASSERT_TRUE(rdma_sub->flush(10s));
   ASSERT_TRUE(tcp_sub->flush(10s));
-  std::thread a([&] {
+  std::jthread a([&] {
     for (std::uint64_t seq = 0; seq < kEach; ++seq)
       ASSERT_TRUE(rdma_pub->publish("mix.rdma", seq_bytes(seq)));
     ASSERT_TRUE(rdma_pub->flush(30s));
   });
-  std::thread b([&] {
+  std::jthread b([&] {
     for (std::uint64_t seq = 0; seq < kEach; ++seq) ASSERT_TRUE(tcp_pub->publish("mix.tcp", seq_bytes(seq)));
     ASSERT_TRUE(tcp_pub->flush(30s));
   });
