@@ -499,7 +499,24 @@ bool Session::on_deliver(const proto::Frame& f, Deliveries& deliveries, std::vec
 void Session::on_error_frame(const proto::Frame& f, std::vector<Error>& errors) {
   const auto code = static_cast<proto::ErrorCode>(f.header.arg);
   std::string text(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
+  const bool is_close = f.header.type == FrameType::kClose;
+  // A CLOSE after an ERROR with the same code only confirms the close that
+  // ERROR announced (SPEC.md §3.5), reported already; alone, it is news
+  // (shutdown, slow consumer).
+  const bool confirms =
+      is_close && code != proto::ErrorCode::kNone && code == last_error_code_ && text.empty();
+  if (confirms) text = last_error_text_;
   std::string msg = "broker: " + std::string(proto::to_string(code)) + (text.empty() ? "" : ": " + text);
+  if (is_close) {
+    if (!confirms) errors.push_back(Error{ErrorKind::kBrokerError, msg});
+    std::lock_guard lock(mu_);
+    fail_locked(
+        Error{ErrorKind::kClosed, "broker closed the connection: " + std::string(proto::to_string(code)) +
+                                      (text.empty() ? "" : ": " + text)});
+    return;
+  }
+  last_error_code_ = code;
+  last_error_text_ = text;
   ErrorKind kind = ErrorKind::kBrokerError;
   if (code == proto::ErrorCode::kAuthenticationFailed || code == proto::ErrorCode::kAuthenticationRequired) {
     kind = ErrorKind::kAuthenticationFailed;
@@ -510,16 +527,11 @@ void Session::on_error_frame(const proto::Frame& f, std::vector<Error>& errors) 
   }
   // An ERROR about a subscription names it (SPEC.md §3.5): the broker
   // refused (permissions, a limit) or revoked it, so it ends here too.
-  if (f.header.type == FrameType::kError && f.header.sequence != 0 &&
+  if (f.header.sequence != 0 &&
       (code == proto::ErrorCode::kPermissionDenied || code == proto::ErrorCode::kTooManySubscriptions)) {
     end_subscription(static_cast<std::uint32_t>(f.header.sequence), msg);
   }
   errors.push_back(Error{kind, msg});
-  if (f.header.type == FrameType::kClose) {
-    std::lock_guard lock(mu_);
-    fail_locked(
-        Error{ErrorKind::kClosed, "broker closed the connection: " + std::string(proto::to_string(code))});
-  }
 }
 
 void Session::dispatch(Deliveries& deliveries, std::vector<Error>& errors) {

@@ -311,6 +311,10 @@ class Session final : public Client {
   std::uint64_t pings_sent_ = 0;
   std::uint64_t pongs_received_ = 0;
   std::uint64_t pongs_pending_ = 0;  // I/O thread only: PONGs decoded, not yet dispatched
+  // I/O thread only: the last ERROR, whose CLOSE follows it when the broker
+  // ends the connection for it (SPEC.md §3.5): the close is reported with it, once.
+  proto::ErrorCode last_error_code_ = proto::ErrorCode::kNone;
+  std::string last_error_text_;
   std::uint32_t next_sid_ = 1;
   std::string auth_refusal_;  // the broker's ERROR text when it refused our credentials
   std::unordered_map<std::uint32_t, SubscriptionEntry> subs_;

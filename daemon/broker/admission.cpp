@@ -18,8 +18,12 @@ std::optional<proto::RejectReason> Admission::check(std::span<const std::byte> r
       break;
     case proto::HandshakeStatus::kBadVersion:
       return proto::RejectReason::kUnsupportedVersion;
+    case proto::HandshakeStatus::kBufferTooSmall:
+      return proto::RejectReason::kBufferTooSmall;  // answered with the size to retry with
     case proto::HandshakeStatus::kBadValue:
-      return proto::RejectReason::kBufferTooSmall;
+      // No retry fixes it: BUFFER_TOO_SMALL here would send a client that
+      // follows SPEC.md §2.3 round in circles.
+      return proto::RejectReason::kInvalidRequest;
     default:
       return proto::RejectReason::kBadMagic;
   }

@@ -181,8 +181,17 @@ struct Connection {
 
   // ------------------------------------------------------------ authentication and permissions
   std::chrono::steady_clock::time_point auth_deadline{};  // CONNECT and its verdict must come before
-  std::uint32_t deferred_pongs = 0;                       // PINGs that arrived while verifying
-  std::shared_ptr<const Identity> identity;               // set once authenticated
+  /// Frames that arrived after CONNECT while its credentials are checked:
+  /// taken, in order, once they are accepted (SPEC.md §2.4), dropped with the
+  /// connection if not. The link stops reading meanwhile, so they are at most
+  /// what the client could send before (RDMA: 2 credits; TCP: one read).
+  struct HeldFrames {
+    BufferRef buf;
+    std::uint32_t begin = 0;
+    std::uint32_t end = 0;
+  };
+  std::vector<HeldFrames> held_until_verified;
+  std::shared_ptr<const Identity> identity;  // set once authenticated
   /// Recent publish verdicts by subject, for users whose publish permissions
   /// are restricted (cleared when full and on reload).
   std::unordered_map<std::string, bool, StringHash, std::equal_to<>> publish_verdicts;

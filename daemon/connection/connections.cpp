@@ -73,8 +73,9 @@ void Connections::close(Connection& c, CloseReason reason, ErrorCode code, std::
     return;
   }
   // Shutdown flushes what is queued, then sends CLOSE; any other reason drops
-  // the queue (counted) and sends ERROR, or CLOSE for a slow consumer. Either
-  // way the client learns why before the disconnect.
+  // the queue (counted) and sends ERROR then CLOSE with the same code, or
+  // CLOSE alone for a slow consumer. Either way the client learns why before
+  // the disconnect (SPEC.md §3.5), and every close ends with CLOSE.
   if (reason == CloseReason::kProtocolError) {
     ctx_.stats.protocol_errors.add();
     spdlog::warn("connection {} ({}): protocol error: {}", c.id, c.peer, message);
@@ -83,6 +84,7 @@ void Connections::close(Connection& c, CloseReason reason, ErrorCode code, std::
   const bool is_close = reason == CloseReason::kBrokerShutdown || reason == CloseReason::kSlowConsumer;
   const FrameType type = is_close ? FrameType::kClose : FrameType::kError;
   c.outq.push_back(make_control(type, static_cast<std::uint32_t>(code), std::move(message)));
+  if (!is_close) c.outq.push_back(make_control(FrameType::kClose, static_cast<std::uint32_t>(code)));
   c.state = ConnState::kDraining;
   c.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ctx_.options.drain_timeout_ms);
   closing_.push_back(c.id);

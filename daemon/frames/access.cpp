@@ -31,20 +31,22 @@ bool FrameHandler::before_authentication(Connection& c, const proto::Frame& f) {
       }
       return c.is_up();
     }
-    case FrameType::kPing:
-      if (c.state != ConnState::kVerifying) break;
-      ++c.deferred_pongs;  // answered after the verdict: a client's PONG means "authenticated"
-      return true;
     default:
       break;
   }
+  // Only kAwaitingConnect gets here: process() holds what follows CONNECT.
   ctx_.stats.auth_failed.add();
   connections_.close(c, CloseReason::kAuthFailed, ErrorCode::kAuthenticationRequired,
                      std::string(proto::to_string(f.header.type)) +
-                         (c.state == ConnState::kAwaitingConnect
-                              ? " before CONNECT: a connection's first frame must be CONNECT"
-                              : " while the credentials are being checked"));
+                         " before CONNECT: a connection's first frame must be CONNECT");
   return false;
+}
+
+void FrameHandler::hold_until_verified(Connection& c, const BufferRef& buf, std::uint32_t begin,
+                                       std::uint32_t end) {
+  // The link reads nothing more until the verdict: what is held stays bounded.
+  if (c.held_until_verified.empty()) c.link->pause(c);
+  c.held_until_verified.push_back({buf.clone(), begin, end});
 }
 
 void FrameHandler::on_auth_result(AuthResultCommand& r) {
@@ -67,8 +69,16 @@ void FrameHandler::on_auth_result(AuthResultCommand& r) {
   ctx_.stats.auth_ok.add();
   spdlog::log(c->identity->anonymous ? spdlog::level::debug : spdlog::level::info,
               "connection {} from {} authenticated as {}", c->id, c->peer, c->identity->name);
-  for (; c->deferred_pongs > 0; --c->deferred_pongs)
-    connections_.enqueue(*c, make_control(FrameType::kPong, 0));
+  // What the client sent after CONNECT, taken now as if it had just arrived
+  // (a PING among it is answered in its turn: the PONG means "authenticated").
+  if (c->held_until_verified.empty()) return;
+  auto held = std::move(c->held_until_verified);
+  c->held_until_verified.clear();
+  for (auto& h : held) {
+    if (!c->is_up()) break;
+    process(*c, h.buf, h.begin, h.end);
+  }
+  if (c->is_up() && !c->stalled) c->link->resume(*c);
 }
 
 bool FrameHandler::may_publish(Connection& c, std::string_view subject) {

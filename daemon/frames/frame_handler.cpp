@@ -16,6 +16,11 @@ void FrameHandler::process(Connection& c, const BufferRef& buf, std::uint32_t be
   std::span<const std::byte> data(buf.data(), end);
   std::size_t off = begin;
   while (off < end && c.is_up()) {
+    if (c.state == ConnState::kVerifying) {
+      // Everything after CONNECT waits for the verdict, in order (SPEC.md §2.4).
+      hold_until_verified(c, buf, static_cast<std::uint32_t>(off), end);
+      return;
+    }
     proto::Frame f;
     const auto st = proto::decode_frame(data.subspan(off), ctx_.options.buffer_size, f);
     if (st != proto::DecodeStatus::kOk) {

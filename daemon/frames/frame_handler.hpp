@@ -51,6 +51,8 @@ class FrameHandler {
   // frames/access.cpp
   /// A frame of a connection that is not authenticated yet; false if it closed.
   bool before_authentication(Connection& c, const proto::Frame& f);
+  /// Keeps [begin, end) of buf, received after CONNECT, until the verdict.
+  void hold_until_verified(Connection& c, const BufferRef& buf, std::uint32_t begin, std::uint32_t end);
   bool may_publish(Connection& c, std::string_view subject);
   /// ERROR(PERMISSION_DENIED) to the client, a log line, a count.
   void deny(Connection& c, std::string_view operation, std::string_view subject, std::uint32_t sid);

@@ -179,7 +179,8 @@ void TcpPort::retry_buffer_waiters() {
   std::vector<std::uint64_t> ids;
   ids.swap(buffer_waiters_);
   for (std::uint64_t id : ids) {
-    if (Connection* c = connections_.find(id); c != nullptr && !c->stalled) c->link->resume(*c);
+    Connection* c = connections_.find(id);
+    if (c != nullptr && !c->stalled && c->held_until_verified.empty()) c->link->resume(*c);
   }
 }
 
@@ -304,7 +305,7 @@ void TcpLink::read(Connection& c) {
       rstart_ = 0;
       rbuf_ = std::move(fresh);
     }
-    if (c.stalled) return;                             // the router paused us
+    if (c.stalled || !reading_) return;                // the router paused us, or the login is being checked
     if (static_cast<std::uint32_t>(n) < room) return;  // drained the socket
   }
 }

@@ -271,10 +271,12 @@ TEST_F(Relay, MalformedFrameGetsErrorAndCloseOthersContinue) {
   auto reply = bad.receive(10s);
   ASSERT_TRUE(reply.ok()) << reply.error().message;
   auto fs = frames(reply.value());
-  ASSERT_EQ(fs.size(), 1u);
+  ASSERT_EQ(fs.size(), 2u);  // ERROR, then CLOSE with the same code (SPEC.md §3.5)
   EXPECT_EQ(fs[0].header.type, FrameType::kError);
   EXPECT_EQ(static_cast<ErrorCode>(fs[0].header.arg), ErrorCode::kMalformedFrame);
   EXPECT_NE(payload_str(fs[0]).find("bad frame magic"), std::string::npos) << payload_str(fs[0]);
+  EXPECT_EQ(fs[1].header.type, FrameType::kClose);
+  EXPECT_EQ(static_cast<ErrorCode>(fs[1].header.arg), ErrorCode::kMalformedFrame);
   EXPECT_TRUE(bad.wait_disconnected(10s));
 
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(pub->publish("ok.subject", "m" + std::to_string(i)).ok());
@@ -666,7 +668,7 @@ TEST_F(Relay, CliPublishesAndSubscribes) {
   BrokerProcess broker(next_port());
   ASSERT_TRUE(broker.running());
   std::pair<int, std::string> sub_result;
-  std::thread sub([&] {
+  std::jthread sub([&] {
     sub_result = run({cli_path(), "sub", "cli.test", "--count", "3", "--raw", "--timeout", "60", "-s",
                       broker.url(a1), "-b", a2});
   });

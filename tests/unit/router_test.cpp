@@ -310,8 +310,12 @@ TEST_F(RouterTest, FramesBeforeConnectAndFramesOnlyTheBrokerSendsCloseTheConnect
   connections_->establish(c);
   send(c, frame(FrameType::kPublish, "a", "", "too early", 0));
   EXPECT_EQ(c.reason, CloseReason::kAuthFailed);
-  ASSERT_FALSE(l.sent.empty());
-  EXPECT_EQ(l.sent.back().type, FrameType::kError);
+  // ERROR with the reason, then CLOSE with the same code (SPEC.md §3.5).
+  ASSERT_GE(l.sent.size(), 2u);
+  const auto& error = l.sent[l.sent.size() - 2];
+  EXPECT_EQ(error.type, FrameType::kError);
+  EXPECT_EQ(error.arg, static_cast<std::uint32_t>(proto::ErrorCode::kAuthenticationRequired));
+  EXPECT_EQ(l.sent.back().type, FrameType::kClose);
   EXPECT_EQ(l.sent.back().arg, static_cast<std::uint32_t>(proto::ErrorCode::kAuthenticationRequired));
 
   Client open = connect();

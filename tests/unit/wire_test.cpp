@@ -133,11 +133,73 @@ TEST(Wire, BadMagicVersionType) {
 TEST(Wire, ReservedFieldsAndFlagsMustBeZero) {
   Frame f;
   auto buf = encode(FrameType::kPing, 0, "", "");
-  for (std::size_t off : {4u, 10u, 20u}) {
+  for (std::size_t off : {10u, 20u}) {
     auto r = buf;
     r[off] = std::byte{1};
     EXPECT_EQ(decode(r, f), DecodeStatus::kBadReserved) << off;
   }
+  // A flag bit the protocol does not define is a reserved bit...
+  auto undefined = buf;
+  undefined[4] = std::byte{4};
+  EXPECT_EQ(decode(undefined, f), DecodeStatus::kBadReserved);
+  // ...a defined one on the wrong type says which rule it broke.
+  auto misplaced = buf;
+  misplaced[4] = std::byte{1};
+  EXPECT_EQ(decode(misplaced, f), DecodeStatus::kBadFlags);
+  EXPECT_EQ(error_for(DecodeStatus::kBadFlags), ErrorCode::kMalformedFrame);
+}
+
+TEST(Wire, ArgIsZeroWhereTheSpecSaysSo) {
+  Frame f;
+  for (FrameType t : {FrameType::kPublish, FrameType::kPing, FrameType::kPong, FrameType::kNoResponders}) {
+    const bool subject = t == FrameType::kPublish || t == FrameType::kNoResponders;
+    ASSERT_EQ(decode(encode(t, 0, subject ? "a.b" : "", ""), f), DecodeStatus::kOk) << to_string(t);
+    EXPECT_EQ(decode(encode(t, 1, subject ? "a.b" : "", ""), f), DecodeStatus::kBadArg) << to_string(t);
+  }
+  EXPECT_EQ(error_for(DecodeStatus::kBadArg), ErrorCode::kMalformedFrame);
+  // Where arg means something, any value decodes.
+  EXPECT_EQ(decode(encode(FrameType::kSubscribe, 0xffffffff, "a.b", ""), f), DecodeStatus::kOk);
+  EXPECT_EQ(decode(encode(FrameType::kCredit, 3, "", ""), f), DecodeStatus::kOk);
+}
+
+TEST(Wire, PaddingIsZero) {
+  Frame f;
+  auto padded = encode(FrameType::kPublish, 0, "a.b", "hi");  // 37: three bytes of padding
+  ASSERT_EQ(padded.size(), 40u);
+  ASSERT_EQ(decode(padded, f), DecodeStatus::kOk);
+  for (std::size_t off = 37; off < 40; ++off) {
+    auto bad = padded;
+    bad[off] = std::byte{0x20};
+    EXPECT_EQ(decode(bad, f), DecodeStatus::kBadPadding) << off;
+  }
+  EXPECT_EQ(error_for(DecodeStatus::kBadPadding), ErrorCode::kMalformedFrame);
+}
+
+TEST(Wire, AnEmptyOrOverlongSubjectIsAnInvalidSubject) {
+  Frame f;
+  for (FrameType t : {FrameType::kPublish, FrameType::kSubscribe, FrameType::kNoResponders}) {
+    EXPECT_EQ(decode(encode(t, 0, "", ""), f), DecodeStatus::kBadSubject) << to_string(t);
+    // 256 bytes: one more than a subject may have (written by hand: the
+    // encoder takes the length from the string).
+    std::vector<std::byte> buf(4096);
+    FrameHeader h;
+    h.type = t;
+    auto n = encode_frame(buf, h, std::string(255, 'x'), "", {});
+    store<std::uint16_t>(buf.data() + 6, 256);
+    buf.resize(align_up(n + 1));
+    EXPECT_EQ(decode(buf, f), DecodeStatus::kBadSubject) << to_string(t);
+  }
+  // A 256-byte reply subject (or queue group) too.
+  std::vector<std::byte> buf(4096);
+  FrameHeader h;
+  h.type = FrameType::kPublish;
+  auto n = encode_frame(buf, h, "a", std::string(255, 'r'), {});
+  store<std::uint16_t>(buf.data() + 8, 256);
+  buf.resize(align_up(n + 1));
+  EXPECT_EQ(decode(buf, f), DecodeStatus::kBadSubject);
+  EXPECT_EQ(error_for(DecodeStatus::kBadSubject), ErrorCode::kInvalidSubject);
+  // On a type without a subject, any subject bytes are a malformed frame.
+  EXPECT_EQ(decode(encode(FrameType::kPing, 0, "a", ""), f), DecodeStatus::kBadLength);
 }
 
 TEST(Wire, RequestFlagOnlyOnPublishWithAReply) {
@@ -153,11 +215,11 @@ TEST(Wire, RequestFlagOnlyOnPublishWithAReply) {
   EXPECT_EQ(f.reply, "_INBOX.abc.1");
   // Without a reply subject there is nothing to answer: the flag is illegal.
   n = encode_frame(buf, h, "svc.time", "", payload);
-  EXPECT_EQ(decode_frame(std::span<const std::byte>(buf.data(), n), 4096, f), DecodeStatus::kBadReserved);
+  EXPECT_EQ(decode_frame(std::span<const std::byte>(buf.data(), n), 4096, f), DecodeStatus::kBadFlags);
   // On any other type too; and a reply subject follows the subject rules.
   h.type = FrameType::kSubscribe;
   n = encode_frame(buf, h, "svc.time", "q", {});
-  EXPECT_EQ(decode_frame(std::span<const std::byte>(buf.data(), n), 4096, f), DecodeStatus::kBadReserved);
+  EXPECT_EQ(decode_frame(std::span<const std::byte>(buf.data(), n), 4096, f), DecodeStatus::kBadFlags);
   h.type = FrameType::kPublish;
   n = encode_frame(buf, h, "svc.time", "_INBOX.*", payload);
   EXPECT_EQ(decode_frame(std::span<const std::byte>(buf.data(), n), 4096, f), DecodeStatus::kBadSubject);
@@ -172,7 +234,7 @@ TEST(Wire, NoRespondersCarriesTheReplySubjectOnly) {
   ASSERT_EQ(decode_frame(std::span<const std::byte>(buf.data(), n), 4096, f), DecodeStatus::kOk);
   EXPECT_EQ(f.subject, "_INBOX.abc.7");
   n = encode_frame(buf, h, "", "", {});
-  EXPECT_EQ(decode_frame(std::span<const std::byte>(buf.data(), n), 4096, f), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode_frame(std::span<const std::byte>(buf.data(), n), 4096, f), DecodeStatus::kBadSubject);
   n = encode_frame(buf, h, "_INBOX.abc.7", "", std::as_bytes(std::span<const char>("x", 1)));
   EXPECT_EQ(decode_frame(std::span<const std::byte>(buf.data(), n), 4096, f), DecodeStatus::kBadLength);
 }
@@ -199,11 +261,11 @@ TEST(Wire, WholeFramesOfAStream) {
 
 TEST(Wire, LengthsMustMatchTheType) {
   Frame f;
-  // SUBSCRIBE without a subject, or with a payload.
-  EXPECT_EQ(decode(encode(FrameType::kSubscribe, 1, "", ""), f), DecodeStatus::kBadLength);
+  // SUBSCRIBE or PUBLISH without a subject: an invalid (empty) subject.
+  EXPECT_EQ(decode(encode(FrameType::kSubscribe, 1, "", ""), f), DecodeStatus::kBadSubject);
+  EXPECT_EQ(decode(encode(FrameType::kPublish, 0, "", "x"), f), DecodeStatus::kBadSubject);
+  // SUBSCRIBE with a payload.
   EXPECT_EQ(decode(encode(FrameType::kSubscribe, 1, "a", "x"), f), DecodeStatus::kBadLength);
-  // PUBLISH without a subject.
-  EXPECT_EQ(decode(encode(FrameType::kPublish, 0, "", "x"), f), DecodeStatus::kBadLength);
   // Frames that carry nothing, carrying something.
   EXPECT_EQ(decode(encode(FrameType::kUnsubscribe, 1, "a", ""), f), DecodeStatus::kBadLength);
   EXPECT_EQ(decode(encode(FrameType::kPing, 0, "", "x"), f), DecodeStatus::kBadLength);
@@ -224,7 +286,7 @@ TEST(Wire, OversizedFramesAreTooLargeNotOverflow) {
   // Subject length over the limit.
   auto longsub = buf;
   store<std::uint16_t>(longsub.data() + 6, 300);
-  EXPECT_EQ(decode(longsub, f), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(longsub, f), DecodeStatus::kBadSubject);
 }
 
 TEST(Wire, SubjectSyntax) {
@@ -313,10 +375,10 @@ TEST(WireMulticast, SequencedFlagOnlyOnDeliver) {
   EXPECT_EQ(f.header.flags, kFlagSequenced);
   auto ping = encode(FrameType::kPing, 0, "", "");
   ping[4] = std::byte{kFlagSequenced};
-  EXPECT_EQ(decode(ping, f), DecodeStatus::kBadReserved);
+  EXPECT_EQ(decode(ping, f), DecodeStatus::kBadFlags);
   auto publish = encode(FrameType::kPublish, 0, "a", "x");
   publish[4] = std::byte{kFlagSequenced};
-  EXPECT_EQ(decode(publish, f), DecodeStatus::kBadReserved);
+  EXPECT_EQ(decode(publish, f), DecodeStatus::kBadFlags);
 }
 
 TEST(WireMulticast, ConnectRequestOffersMulticast) {
@@ -395,9 +457,20 @@ TEST(Handshake, RejectsBadInputAcceptsPadding) {
   bad = req;
   bad[4] = std::byte{9};
   EXPECT_EQ(decode(std::span<const std::byte>(bad), r), HandshakeStatus::kBadVersion);
+  // Too small a buffer is the one thing a retry fixes (with the broker's
+  // size); every other field out of range is a plain bad value.
   EXPECT_EQ(decode(std::span<const std::byte>(encode(ConnectRequest{100, 64})), r),
-            HandshakeStatus::kBadValue);
-  EXPECT_EQ(decode(std::span<const std::byte>(encode(ConnectRequest{16384, 1})), r),
+            HandshakeStatus::kBufferTooSmall);
+  for (std::uint32_t credits : {0u, 1u, 65536u}) {
+    EXPECT_EQ(decode(std::span<const std::byte>(encode(ConnectRequest{16384, credits})), r),
+              HandshakeStatus::kBadValue)
+        << credits;
+    // Even with a small buffer too: BUFFER_TOO_SMALL would send the client round in circles.
+    EXPECT_EQ(decode(std::span<const std::byte>(encode(ConnectRequest{100, credits})), r),
+              HandshakeStatus::kBadValue)
+        << credits;
+  }
+  EXPECT_EQ(decode(std::span<const std::byte>(encode(ConnectRequest{kMaxBufferSize + 1, 64})), r),
             HandshakeStatus::kBadValue);
 }
 

@@ -36,6 +36,7 @@ enum class RejectReason : std::uint16_t {
   kTooManyConnections = 4,
   kNoResources = 5,
   kShuttingDown = 6,
+  kInvalidRequest = 7,  // a connect request field out of range: retrying the same request cannot succeed
 };
 
 constexpr std::string_view to_string(RejectReason r) {
@@ -52,6 +53,8 @@ constexpr std::string_view to_string(RejectReason r) {
       return "broker out of resources";
     case RejectReason::kShuttingDown:
       return "broker shutting down";
+    case RejectReason::kInvalidRequest:
+      return "connect request out of range (initial_credits 2..65535, recv_buffer_size at most 16 MiB)";
   }
   return "unknown reason";
 }
@@ -96,7 +99,14 @@ inline std::array<std::byte, kConnectRejectSize> encode(const ConnectReject& r) 
   return b;
 }
 
-enum class HandshakeStatus { kOk, kTooShort, kBadMagic, kBadVersion, kBadValue };
+enum class HandshakeStatus {
+  kOk,
+  kTooShort,
+  kBadMagic,
+  kBadVersion,
+  kBufferTooSmall,  // recv_buffer_size below kMinBufferSize
+  kBadValue,        // any other field out of range
+};
 
 constexpr std::string_view to_string(HandshakeStatus s) {
   switch (s) {
@@ -108,6 +118,8 @@ constexpr std::string_view to_string(HandshakeStatus s) {
       return "bad handshake magic";
     case HandshakeStatus::kBadVersion:
       return "unsupported handshake version";
+    case HandshakeStatus::kBufferTooSmall:
+      return "receive buffer size below the minimum";
     case HandshakeStatus::kBadValue:
       return "handshake value out of range";
   }
@@ -128,9 +140,9 @@ inline HandshakeStatus decode(std::span<const std::byte> b, ConnectRequest& out)
   out.flags = load<std::uint16_t>(b.data() + 6);
   out.recv_buffer_size = load<std::uint32_t>(b.data() + 8);
   out.initial_credits = load<std::uint32_t>(b.data() + 12);
-  if (out.recv_buffer_size < kMinBufferSize || out.recv_buffer_size > kMaxBufferSize)
-    return HandshakeStatus::kBadValue;
   if (out.initial_credits < 2 || out.initial_credits > 65535) return HandshakeStatus::kBadValue;
+  if (out.recv_buffer_size > kMaxBufferSize) return HandshakeStatus::kBadValue;
+  if (out.recv_buffer_size < kMinBufferSize) return HandshakeStatus::kBufferTooSmall;
   return HandshakeStatus::kOk;
 }
 inline HandshakeStatus decode(std::span<const std::byte> b, ConnectAccept& out) {

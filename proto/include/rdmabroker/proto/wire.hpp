@@ -223,9 +223,12 @@ enum class DecodeStatus {
   kBadVersion,
   kBadType,
   kBadReserved,  // a reserved field is not zero
+  kBadFlags,     // a flag the frame type does not allow (REQUEST without a reply subject)
+  kBadArg,       // arg is not 0 on a type whose arg must be 0
+  kBadPadding,   // the padding after the frame's body is not zero
   kBadLength,    // lengths inconsistent with the frame type
   kTooLarge,     // the frame is longer than the receiver's buffer size
-  kBadSubject,   // subject fails the syntax rules of SPEC.md
+  kBadSubject,   // subject (or reply subject, queue group) fails the rules of SPEC.md §3.2
 };
 
 constexpr std::string_view to_string(DecodeStatus s) {
@@ -242,12 +245,19 @@ constexpr std::string_view to_string(DecodeStatus s) {
       return "unknown frame type";
     case DecodeStatus::kBadReserved:
       return "reserved field not zero";
+    case DecodeStatus::kBadFlags:
+      return "flag not allowed for the frame type (REQUEST needs a PUBLISH with a reply subject, "
+             "SEQUENCED a DELIVER)";
+    case DecodeStatus::kBadArg:
+      return "arg not zero (PUBLISH, PING, PONG and NO_RESPONDERS carry 0)";
+    case DecodeStatus::kBadPadding:
+      return "padding after the frame not zero";
     case DecodeStatus::kBadLength:
       return "frame lengths invalid for its type";
     case DecodeStatus::kTooLarge:
       return "frame larger than the receive buffer size";
     case DecodeStatus::kBadSubject:
-      return "invalid subject";
+      return "invalid subject (1 to 255 bytes, SPEC.md §3.2)";
   }
   return "unknown";
 }
@@ -300,16 +310,28 @@ inline bool valid_subject(std::string_view s) { return detail::check_subject(s, 
 inline bool valid_pattern(std::string_view s) { return detail::check_subject(s, true); }
 
 namespace detail {
+/// The frame types whose subject field is a subject (SPEC.md §3.3): a missing
+/// or over-long one is INVALID_SUBJECT there, a malformed frame elsewhere.
+constexpr bool carries_subject(FrameType t) {
+  return t == FrameType::kSubscribe || t == FrameType::kPublish || t == FrameType::kNoResponders;
+}
+/// The frame types whose arg is always 0 (SPEC.md §3.3).
+constexpr bool arg_is_zero(FrameType t) {
+  return t == FrameType::kPublish || t == FrameType::kPing || t == FrameType::kPong ||
+         t == FrameType::kNoResponders;
+}
+
 /// Which parts each frame type carries (SPEC.md, "Frame types"); the header's
 /// lengths against them.
 inline DecodeStatus check_parts(const FrameHeader& h) {
   const bool has_subject = h.subject_len != 0;
   switch (h.type) {
     case FrameType::kSubscribe:
-      if (!has_subject || h.payload_len != 0) return DecodeStatus::kBadLength;
+      if (!has_subject) return DecodeStatus::kBadSubject;
+      if (h.payload_len != 0) return DecodeStatus::kBadLength;
       break;
     case FrameType::kPublish:
-      if (!has_subject) return DecodeStatus::kBadLength;
+      if (!has_subject) return DecodeStatus::kBadSubject;
       break;
     case FrameType::kDeliver:
       // A run of whole PUBLISH frames for one subscription (SPEC.md, DELIVER).
@@ -324,7 +346,8 @@ inline DecodeStatus check_parts(const FrameHeader& h) {
       break;
     case FrameType::kNoResponders:
       // The subject is the request's reply subject.
-      if (!has_subject || h.reply_len != 0 || h.payload_len != 0) return DecodeStatus::kBadLength;
+      if (!has_subject) return DecodeStatus::kBadSubject;
+      if (h.reply_len != 0 || h.payload_len != 0) return DecodeStatus::kBadLength;
       break;
     case FrameType::kConnect:
       // Payload: the user name (arg bytes) then the password; arg 0: a token
@@ -379,8 +402,12 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   const std::uint16_t allowed_flags = h.type == FrameType::kPublish && h.reply_len != 0 ? kFlagRequest
                                       : h.type == FrameType::kDeliver                   ? kFlagSequenced
                                                                                         : 0;
-  if ((h.flags & ~allowed_flags) != 0) return DecodeStatus::kBadReserved;
-  if (h.subject_len > kMaxSubjectLen || h.reply_len > kMaxSubjectLen) return DecodeStatus::kBadLength;
+  if ((h.flags & ~allowed_flags) != 0)
+    return h.flags & ~(kFlagRequest | kFlagSequenced) ? DecodeStatus::kBadReserved : DecodeStatus::kBadFlags;
+  if (detail::arg_is_zero(h.type) && h.arg != 0) return DecodeStatus::kBadArg;
+  if (h.subject_len > kMaxSubjectLen || h.reply_len > kMaxSubjectLen) {
+    return detail::carries_subject(h.type) ? DecodeStatus::kBadSubject : DecodeStatus::kBadLength;
+  }
   // 64-bit arithmetic: payload_len is attacker-controlled and may be near 2^32.
   const std::uint64_t total =
       align_up(std::uint64_t{kHeaderSize} + h.subject_len + h.reply_len + h.payload_len);
@@ -389,6 +416,9 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   if (auto st = detail::check_parts(h); st != DecodeStatus::kOk) return st;
   if (buf.size() < total) return DecodeStatus::kNeedMore;
 
+  for (std::size_t i = kHeaderSize + h.body_len(); i < total; ++i) {
+    if (p[i] != std::byte{0}) return DecodeStatus::kBadPadding;
+  }
   const char* body = reinterpret_cast<const char*>(p + kHeaderSize);
   out.subject = std::string_view(body, h.subject_len);
   out.reply = std::string_view(body + h.subject_len, h.reply_len);
