@@ -121,6 +121,14 @@ void print_text(const nlohmann::json& report, bool fixed_rate) {
               l["p50_us"].get<double>(), l["p90_us"].get<double>(), l["p99_us"].get<double>(),
               l["p99_9_us"].get<double>(), l["max_us"].get<double>(),
               fixed_rate ? " (from the schedule: coordinated omission corrected)" : "");
+  const auto& w = a["wakeups_per_message"];
+  if (!w["clients"].is_null()) {
+    std::printf("wake-ups per delivered message: clients %.2f, broker %s, total %s\n",
+                w["clients"].get<double>(),
+                w["broker"].is_null() ? "not counted (--admin-socket)"
+                                      : std::to_string(w["broker"].get<double>()).c_str(),
+                w["total"].is_null() ? "-" : std::to_string(w["total"].get<double>()).c_str());
+  }
   if (fixed_rate) {
     const auto& f = a["latency_from_send"];
     std::printf(
@@ -165,8 +173,12 @@ class BenchRun {
                 << " each, " << (opt_.rate > 0 ? std::to_string(opt_.rate) + " msg/s each" : "flat out")
                 << ", " << pubs_.front()->describe() << "\n";
     }
+    const auto before = wakeups();
     run_publishers();
     const std::uint64_t expected = wait_for_deliveries();
+    const auto after = wakeups();
+    if (before.clients && after.clients) wakeups_.clients = *after.clients - *before.clients;
+    if (before.broker && after.broker) wakeups_.broker = *after.broker - *before.broker;
     close_all();
     return report(expected);
   }
@@ -275,6 +287,21 @@ class BenchRun {
     progress.join();
   }
 
+  /// Wake-ups of every client and of the broker so far, where counted.
+  struct Wakeups {
+    std::optional<std::uint64_t> clients, broker;
+  };
+  Wakeups wakeups() const {
+    Wakeups w;
+    for (const auto* list : {&subs_, &pubs_}) {
+      for (const auto& c : *list) {
+        if (auto n = c->wakeups()) w.clients = w.clients.value_or(0) + *n;
+      }
+    }
+    if (opt_.broker_wakeups) w.broker = opt_.broker_wakeups();
+    return w;
+  }
+
   std::uint64_t received_total() const {
     std::uint64_t n = 0;
     for (const auto& s : states_) n += s->count.load(std::memory_order_relaxed);
@@ -381,6 +408,20 @@ class BenchRun {
         {"delivery_mb_per_s", per_second(static_cast<double>(received) * opt_.size, delivery_s) / 1e6},
         {"latency", to_json(all)},
         {"latency_from_send", to_json(all_from_send)}};
+    // Wake-ups per delivered message (issue 16's bar: at most 2 in default
+    // mode at light load, 0 fully polled); null where not counted.
+    const auto per_message = [&](const std::optional<std::uint64_t>& n) -> nlohmann::json {
+      if (!n.has_value() || received == 0) return nullptr;
+      return static_cast<double>(n.value()) / static_cast<double>(received);
+    };
+    nlohmann::json total = nullptr;
+    if (wakeups_.clients.has_value() && wakeups_.broker.has_value() && received > 0) {
+      total = static_cast<double>(wakeups_.clients.value() + wakeups_.broker.value()) /
+              static_cast<double>(received);
+    }
+    report["aggregate"]["wakeups_per_message"] = {{"clients", per_message(wakeups_.clients)},
+                                                  {"broker", per_message(wakeups_.broker)},
+                                                  {"total", total}};
     if (opt_.json) {
       std::cout << report.dump(2) << "\n";
     } else {
@@ -398,6 +439,7 @@ class BenchRun {
   std::vector<PublisherResult> results_;
   std::atomic<std::uint64_t> published_{0};
   Clock::time_point start_{};  // when every publisher starts
+  Wakeups wakeups_;            // during the measurement
 };
 
 }  // namespace

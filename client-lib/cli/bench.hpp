@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -38,6 +39,10 @@ struct BenchOptions {
   double rate = 0;               // messages/s per publisher; 0: flat out
   bool json = false;
   bool progress = true;
+  /// The broker's wake-ups so far (its workers' blocking waits that
+  /// returned), when the system under test can tell; read before and after
+  /// the measurement.
+  std::function<std::optional<std::uint64_t>()> broker_wakeups;
 };
 
 /// One connection to the system under test. Errors are returned as text
@@ -58,6 +63,9 @@ class BenchEndpoint {
   /// Closes; returns why the connection had failed, if it had.
   virtual std::string close() = 0;
   virtual std::string describe() const = 0;
+  /// Wake-ups of this connection's client so far (its I/O thread and the
+  /// application threads that slept in it), if the client counts them.
+  virtual std::optional<std::uint64_t> wakeups() const { return std::nullopt; }
 };
 
 using Connect = std::function<std::unique_ptr<BenchEndpoint>(std::string& error)>;

@@ -184,6 +184,10 @@ class BrokerEndpoint final : public rdmabroker::bench::BenchEndpoint {
     return why;
   }
   std::string describe() const override { return client_->transport_description(); }
+  std::optional<std::uint64_t> wakeups() const override {
+    const auto s = client_->stats();
+    return s.io_wakeups + s.app_wakeups;
+  }
 
  private:
   explicit BrokerEndpoint(std::unique_ptr<Client> c) : client_(std::move(c)) {}
@@ -431,6 +435,7 @@ Subcommand add_bench(CLI::App& app) {
     rdmabroker::bench::BenchOptions bench;
     std::uint32_t busy_poll_us = 0;
     ClientOptions client;
+    std::string admin_socket;  // the broker's, to count its wake-ups too
   };
   auto a = std::make_shared<Args>();
   auto* cmd =
@@ -450,9 +455,23 @@ Subcommand add_bench(CLI::App& app) {
   cmd->add_option("--send-buffers", a->client.send_queue_buffers,
                   "Queued send buffers per client (ClientOptions)")
       ->capture_default_str();
+  cmd->add_option("--admin-socket", a->admin_socket,
+                  "The broker's admin socket: its wake-ups during the run are counted too (a broker on this "
+                  "host)");
   add_common(cmd, a->common);
   return {cmd, [a] {
             a->bench.url = a->common.server.empty() ? default_server() : a->common.server;
+            if (!a->admin_socket.empty()) {
+              a->bench.broker_wakeups = [socket = a->admin_socket]() -> std::optional<std::uint64_t> {
+                auto stats = admin(socket, "stats");
+                if (!stats) return std::nullopt;
+                std::uint64_t n = 0;
+                for (const auto& [key, value] : (*stats)["stats"].items()) {
+                  if (key.rfind("wakeups.", 0) == 0) n += value.get<std::uint64_t>();
+                }
+                return n;
+              };
+            }
             a->client.busy_poll = std::chrono::microseconds(a->busy_poll_us);
             a->common.set_credentials(a->client);
             return rdmabroker::bench::run_bench(a->bench, "rdmabroker", [a](std::string& error) {

@@ -352,6 +352,7 @@ bool RdmaTransport::spin_on_cq(Clock::time_point last_work, Deliveries& deliveri
 bool RdmaTransport::wait_for_events(int timeout_ms) {
   epoll_event evs[6];
   const int n = ::epoll_wait(epoll_.get(), evs, 6, timeout_ms);
+  if (timeout_ms != 0) session_.io_wakeups_.fetch_add(1, std::memory_order_relaxed);
   bool cm_ready = false;
   for (int i = 0; i < n; ++i) {
     const int fd = evs[i].data.fd;

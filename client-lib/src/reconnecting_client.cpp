@@ -115,6 +115,7 @@ class ReconnectingClient final : public Client {
     std::lock_guard lock(mu_);
     ClientStats s = past_;
     if (current_) add_stats(s, current_->stats());
+    s.app_wakeups += app_wakeups_->load(std::memory_order_relaxed);          // its own queues' waits
     s.multicast_groups = current_ ? current_->stats().multicast_groups : 0;  // a gauge: now, not summed
     return s;
   }
@@ -127,8 +128,12 @@ class ReconnectingClient final : public Client {
     to.repairs_requested += s.repairs_requested;
     to.duplicates += s.duplicates;
     to.messages_lost += s.messages_lost;
+    to.io_wakeups += s.io_wakeups;
+    to.app_wakeups += s.app_wakeups;
   }
   ClientStats past_;  // sessions that failed (guarded by mu_)
+  /// Waits in the subscription queues this client makes (they outlive sessions).
+  const WakeupCounter app_wakeups_ = std::make_shared<std::atomic<std::uint64_t>>(0);
 
   struct Entry {
     std::string subject;
@@ -172,7 +177,8 @@ class ReconnectingClient final : public Client {
       std::lock_guard lock(mu_);
       if (closed_) return close_error_;
       sid = next_sid_++;
-      if (!handler) queue = std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit);
+      if (!handler)
+        queue = std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit, app_wakeups_);
       subs_.emplace(sid, Entry{std::string(subject), std::string(group), handler, queue});
       s = current_;
     }

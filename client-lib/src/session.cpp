@@ -26,7 +26,7 @@ Status check_subject(std::string_view subject, bool pattern = false) {
 
 Result<Message> QueueSubscription::next(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
-  cv_.wait_for(lock, timeout, [&] { return !queue_.empty() || closed_; });
+  wait_counted(cv_, lock, Clock::now() + timeout, *wakeups_, [&] { return !queue_.empty() || closed_; });
   if (!queue_.empty()) {
     Message m = std::move(queue_.front());
     queue_.pop_front();
@@ -134,7 +134,8 @@ Status Session::append_frame_locked(std::unique_lock<std::mutex>& lock, const pr
     if (open_buf_ != kNoBuffer) break;
     if (!wait) return Error{ErrorKind::kTimeout, "no free send buffer"};
     // Every send buffer is full or in flight: wait for one to come back.
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && free_send_.empty()) {
+    if (!wait_counted(cv_, lock, deadline, *app_wakeups_, [&] { return !free_send_.empty() || closed_; }) &&
+        free_send_.empty()) {
       return Error{ErrorKind::kTimeout, "send queue full for " +
                                             std::to_string(opt_.publish_timeout.count()) +
                                             " ms (the broker is not taking data)"};
@@ -222,7 +223,8 @@ Result<Message> Session::request(std::string_view subject, std::span<const std::
     pending_.erase(reply);
     return st.error();
   }
-  cv_.wait_for(lock, timeout, [&] { return pending_[reply].done || closed_; });
+  wait_counted(cv_, lock, Clock::now() + timeout, *app_wakeups_,
+               [&] { return pending_[reply].done || closed_; });
   PendingRequest done = std::move(pending_[reply]);
   pending_.erase(reply);
   if (done.done && done.no_responders) {
@@ -261,8 +263,9 @@ Result<std::uint32_t> Session::subscribe_locked(std::unique_lock<std::mutex>& lo
                           nullptr};
   entry.borrowed_queue = queue != nullptr;
   if (!entry.handler)
-    entry.queue =
-        queue ? std::move(queue) : std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit);
+    entry.queue = queue
+                      ? std::move(queue)
+                      : std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit, app_wakeups_);
   if (made != nullptr) *made = entry.queue;
   subs_[sid] = std::move(entry);
   proto::FrameHeader h;
@@ -364,7 +367,8 @@ Status Session::flush(std::chrono::milliseconds timeout) {
   if (auto st = append_frame_locked(lock, h, {}, {}, {}); !st) return st;
   const std::uint64_t my_ping = ++pings_sent_;
   // PONGs come back in PING order: the n-th PONG answers the n-th PING.
-  if (!cv_.wait_for(lock, timeout, [&] { return pongs_received_ >= my_ping || closed_; })) {
+  if (!wait_counted(cv_, lock, Clock::now() + timeout, *app_wakeups_,
+                    [&] { return pongs_received_ >= my_ping || closed_; })) {
     return Error{ErrorKind::kTimeout, "flush: no PONG within " + std::to_string(timeout.count()) + " ms"};
   }
   if (pongs_received_ >= my_ping) return {};
@@ -580,6 +584,8 @@ ClientStats Session::stats() const {
   s.repairs_requested = repairs_requested_.load(std::memory_order_relaxed);
   s.duplicates = duplicates_.load(std::memory_order_relaxed);
   s.messages_lost = messages_lost_.load(std::memory_order_relaxed);
+  s.io_wakeups = io_wakeups_.load(std::memory_order_relaxed);
+  s.app_wakeups = app_wakeups_->load(std::memory_order_relaxed);
   return s;
 }
 

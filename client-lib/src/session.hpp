@@ -37,10 +37,29 @@ namespace rdmabroker {
 
 using Clock = std::chrono::steady_clock;
 
+/// Waits on `cv` until pred() or the deadline; each time the thread slept and
+/// woke (notified, spuriously or at the deadline) counts in `wakeups`
+/// (ClientStats::app_wakeups). Returns pred().
+template <typename Pred>
+bool wait_counted(std::condition_variable& cv, std::unique_lock<std::mutex>& lock, Clock::time_point deadline,
+                  std::atomic<std::uint64_t>& wakeups, Pred pred) {
+  while (!pred()) {
+    const bool timed_out = cv.wait_until(lock, deadline) == std::cv_status::timeout;
+    wakeups.fetch_add(1, std::memory_order_relaxed);
+    if (timed_out) return pred();
+  }
+  return true;
+}
+
+/// Where a client's application threads count their wake-ups: shared by the
+/// session and its subscription queues (which may outlive it).
+using WakeupCounter = std::shared_ptr<std::atomic<std::uint64_t>>;
+
 /// Blocking subscription queue, filled by the I/O thread.
 class QueueSubscription final : public Subscription {
  public:
-  QueueSubscription(std::uint32_t sid, std::size_t limit) : Subscription(sid), limit_(limit) {}
+  QueueSubscription(std::uint32_t sid, std::size_t limit, WakeupCounter wakeups)
+      : Subscription(sid), limit_(limit), wakeups_(std::move(wakeups)) {}
 
   Result<Message> next(std::chrono::milliseconds timeout) override;
   std::uint64_t dropped() const override { return dropped_.load(); }
@@ -55,6 +74,7 @@ class QueueSubscription final : public Subscription {
 
  private:
   const std::size_t limit_;
+  const WakeupCounter wakeups_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Message> queue_;
@@ -184,6 +204,10 @@ class Session final : public Client {
   /// Groups the transport has joined now (for stats()).
   std::atomic<std::uint64_t> groups_joined_{0};
   std::atomic<std::uint64_t> join_failures_{0};
+  /// ClientStats::io_wakeups: the transport's I/O thread counts here.
+  std::atomic<std::uint64_t> io_wakeups_{0};
+  /// ClientStats::app_wakeups, shared with this session's subscription queues.
+  const WakeupCounter app_wakeups_ = std::make_shared<std::atomic<std::uint64_t>>(0);
 
   Status check_open_locked() const {
     if (closed_) return close_error_;

@@ -331,6 +331,7 @@ void TcpTransport::run() {
     epoll_event evs[4];
     // No tick: reads, EPOLLOUT, publishes and close() all raise an fd event.
     const int n = ::epoll_wait(epoll_.get(), evs, 4, -1);
+    session_.io_wakeups_.fetch_add(1, std::memory_order_relaxed);
     bool readable = false;
     bool writable = false;
     for (int i = 0; i < n; ++i) {

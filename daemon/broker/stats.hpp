@@ -168,6 +168,35 @@ class StatsSnapshotter final : public StatsVisitor {
   StatsSnapshot snapshot;
 };
 
+/// Why a worker's blocking wait returned: its wake-ups, the unit cost of
+/// latency on an idle core (issue 16's budget counts them per message).
+enum class WakeCause : unsigned char {
+  kCompletion,  // a completion channel: a receive or send completed
+  kCommand,     // the command queue's eventfd: another thread handed work over
+  kSocket,      // a TCP socket or the listening socket
+  kCm,          // an rdma_cm event
+  kTimer,       // nothing: the wait's timeout (deadline checks)
+  kCount,
+};
+inline constexpr std::size_t kWakeCauseCount = static_cast<std::size_t>(WakeCause::kCount);
+constexpr std::string_view to_string(WakeCause c) {
+  switch (c) {
+    case WakeCause::kCompletion:
+      return "completion";
+    case WakeCause::kCommand:
+      return "command";
+    case WakeCause::kSocket:
+      return "socket";
+    case WakeCause::kCm:
+      return "cm";
+    case WakeCause::kTimer:
+      return "timer";
+    case WakeCause::kCount:
+      break;
+  }
+  return "unknown";
+}
+
 struct WorkerStats {
   /// Declares every statistic below to `v` (stats.cpp).
   void visit(StatsVisitor& v) const;
@@ -215,6 +244,7 @@ struct WorkerStats {
   Counter denied_publish;         // PUBLISH frames refused by permissions (ERROR sent)
   Counter denied_subscribe;       // SUBSCRIBE frames refused by permissions (ERROR sent)
   Counter subscriptions_revoked;  // subscriptions removed because a reload took the permission away
+  std::array<Counter, kWakeCauseCount> wakeups;  // blocking waits that returned, by what ended them
 };
 
 }  // namespace rdmabroker::daemon

@@ -145,6 +145,7 @@ void Worker::wait_events(int timeout_ms) {
   epoll_event events[64];
   const int n = ::epoll_wait(epoll_.get(), events, 64, timeout_ms);
   ctx_.now = std::chrono::steady_clock::now();
+  if (timeout_ms != 0) count_wakeup(events, n);
   for (int i = 0; i < n; ++i) {
     const std::uint64_t tag = events[i].data.u64;
     switch (tag & kTagMask) {
@@ -167,6 +168,33 @@ void Worker::wait_events(int timeout_ms) {
         continue;
     }
   }
+}
+
+void Worker::count_wakeup(const epoll_event* events, int n) {
+  // One wake-up per blocking wait, put down to the most telling event: a
+  // completion (the data path), then a command (a hand-off from another
+  // thread), a socket, a CM event; none at all is the timer.
+  WakeCause cause = WakeCause::kTimer;
+  for (int i = 0; i < n; ++i) {
+    WakeCause c = WakeCause::kCompletion;
+    switch (events[i].data.u64 & kTagMask) {
+      case kTagCommands:
+        c = WakeCause::kCommand;
+        break;
+      case kTagCm:
+        c = WakeCause::kCm;
+        break;
+      case kTagTcpListen:
+      case TcpPort::kTagHandshake:
+      case TcpPort::kTagTcpConnection:
+        c = WakeCause::kSocket;
+        break;
+      default:
+        break;  // a port's completion channel
+    }
+    cause = std::min(cause, c);
+  }
+  ctx_.stats.wakeups[static_cast<std::size_t>(cause)].add();
 }
 
 void Worker::handle_cm_events() {

@@ -28,6 +28,8 @@
 #include "rdma/rdma_port.hpp"
 #include "router/router.hpp"
 #include "tcp/tcp_link.hpp"
+#include <sys/epoll.h>
+
 #include "worker/command_queue.hpp"
 
 namespace rdmabroker::daemon {
@@ -125,6 +127,8 @@ class Worker {
   /// Waits up to timeout_ms (0: just looks) for any fd and handles what is
   /// ready: sockets at once, completion channels by re-enabling their polls.
   void wait_events(int timeout_ms);
+  /// Counts one wake-up of a blocking wait that returned these events.
+  void count_wakeup(const epoll_event* events, int n);
   bool poll_ports();
   /// Busy polling: spins on the CQs until one has work or flow.busy_poll_us
   /// has passed since the last work; true when it found some.

@@ -135,6 +135,12 @@ void WorkerStats::visit(StatsVisitor& v) const {
   labelled("permissions.denied.", "subscribe", denied_subscribe, kDenied, kDeniedHelp, "operation");
   v.count("permissions.revoked", subscriptions_revoked, "rdmabroker_subscriptions_revoked_total",
           "Subscriptions removed because a reload took the permission away.");
+
+  // Wake-ups: a worker that spins (flow.busy_poll_us) finds work without one.
+  for (std::size_t c = 0; c < kWakeCauseCount; ++c) {
+    labelled("wakeups.", to_string(static_cast<WakeCause>(c)), wakeups[c], "rdmabroker_worker_wakeups_total",
+             "Times a worker's blocking wait returned, by what ended it (the first of its events).", "cause");
+  }
 }
 
 }  // namespace rdmabroker::daemon

@@ -362,8 +362,17 @@ TEST_P(Routing, CliBenchCountsEveryMessage) {
     EXPECT_EQ(rc, 0) << out;
     return nlohmann::json::parse(out, nullptr, false);
   };
-  auto fan = bench({"b.fan", "-p", "2", "-m", "2", "-n", "2000", "--size", "100"});
+  auto fan = bench({"b.fan", "-p", "2", "-m", "2", "-n", "2000", "--size", "100", "--admin-socket",
+                    broker_.admin_socket()});
   ASSERT_FALSE(fan.is_discarded());
+  // Wake-ups are counted on both sides: a subscriber's I/O thread and the
+  // broker's workers wake to move messages (none of them spins here).
+  const auto& wakeups = fan["aggregate"]["wakeups_per_message"];
+  ASSERT_TRUE(wakeups["clients"].is_number() && wakeups["broker"].is_number()) << wakeups.dump();
+  EXPECT_GT(wakeups["clients"].get<double>(), 0);
+  EXPECT_GT(wakeups["broker"].get<double>(), 0);
+  EXPECT_NEAR(wakeups["total"].get<double>(),
+              wakeups["clients"].get<double>() + wakeups["broker"].get<double>(), 1e-9);
   EXPECT_EQ(fan["aggregate"]["published"], 4000);
   EXPECT_EQ(fan["aggregate"]["received"], 8000);
   EXPECT_EQ(fan["aggregate"]["lost"], 0);

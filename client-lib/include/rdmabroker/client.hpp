@@ -116,6 +116,13 @@ struct ClientStats {
   std::uint64_t duplicates = 0;  // copies dropped: a message that came both from the group and the connection
   std::uint64_t messages_lost = 0;  // gone beyond the broker's retransmit window; each loss is also an
                                     // on_error with ErrorKind::kMessagesLost
+  /// Wake-ups, the unit cost of latency on an idle core: times the library's
+  /// I/O thread returned from a blocking wait (a completion, a socket, a
+  /// CM event, a hand-off from the application), and times an application
+  /// thread slept inside the library and was woken (next(), flush(),
+  /// request(), a full send queue). Divided by messages, the bench's figure.
+  std::uint64_t io_wakeups = 0;
+  std::uint64_t app_wakeups = 0;
 };
 
 /// A subscription read with next(); created by Client::subscribe(subject).
