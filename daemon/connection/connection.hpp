@@ -191,6 +191,10 @@ struct Connection {
     std::uint32_t end = 0;
   };
   std::vector<HeldFrames> held_until_verified;
+  /// The connection's input is held back (a publisher stall, or frames
+  /// waiting for the login's verdict): its link reads nothing more (TCP) and
+  /// returns no credits (RDMA) until neither holds.
+  bool input_held() const { return stalled || !held_until_verified.empty(); }
   std::shared_ptr<const Identity> identity;  // set once authenticated
   /// Recent publish verdicts by subject, for users whose publish permissions
   /// are restricted (cleared when full and on reload).

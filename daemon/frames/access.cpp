@@ -78,7 +78,7 @@ void FrameHandler::on_auth_result(AuthResultCommand& r) {
     if (!c->is_up()) break;
     process(*c, h.buf, h.begin, h.end);
   }
-  if (c->is_up() && !c->stalled) c->link->resume(*c);
+  if (c->is_up() && !c->input_held()) c->link->resume(*c);
 }
 
 bool FrameHandler::may_publish(Connection& c, std::string_view subject) {

@@ -135,7 +135,7 @@ bool RdmaLink::force_error() {
 std::uint32_t RdmaLink::take_credits_to_return(const Connection& c) {
   // A stalled publisher waits for its credits; so does a connection whose
   // frames wait for its login's verdict (what it can send meanwhile stays bounded).
-  if (c.stalled || !c.held_until_verified.empty()) return 0;
+  if (c.input_held()) return 0;
   // A credit returned claims one posted receive of the port's SRQ.
   const std::uint32_t n = credits.take_owed(port_.credit_budget());
   port_.outstanding += n;

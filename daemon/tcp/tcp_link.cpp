@@ -180,7 +180,7 @@ void TcpPort::retry_buffer_waiters() {
   ids.swap(buffer_waiters_);
   for (std::uint64_t id : ids) {
     Connection* c = connections_.find(id);
-    if (c != nullptr && !c->stalled && c->held_until_verified.empty()) c->link->resume(*c);
+    if (c != nullptr && !c->input_held()) c->link->resume(*c);
   }
 }
 
@@ -305,7 +305,7 @@ void TcpLink::read(Connection& c) {
       rstart_ = 0;
       rbuf_ = std::move(fresh);
     }
-    if (c.stalled || !reading_) return;                // the router paused us, or the login is being checked
+    if (c.input_held()) return;                        // the router paused us, or the login is being checked
     if (static_cast<std::uint32_t>(n) < room) return;  // drained the socket
   }
 }
