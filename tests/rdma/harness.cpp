@@ -113,25 +113,54 @@ std::string hash_secret(const std::string& secret) {
   return crypt_r(secret.c_str(), setting, &data);
 }
 
-std::pair<int, std::string> run(std::vector<std::string> argv, const std::string& input,
-                                std::chrono::seconds timeout) {
-  int in[2], out[2];
-  if (pipe(in) != 0 || pipe(out) != 0) return {-1, ""};
+std::string thread_stacks(pid_t pid) {
+  // gdb, when the machine has it (install-deps.sh installs it for the tests):
+  // a hang that happens once in a hundred runs is found from this or not at all.
+  const std::string command = "timeout 60 gdb -batch -nx -p " + std::to_string(pid) +
+                              " -ex 'thread apply all bt' 2>&1 | grep -E '^(Thread|#)' | head -400";
+  std::string text;
+  if (FILE* f = ::popen(command.c_str(), "r")) {
+    char buf[4096];
+    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+    ::pclose(f);
+  }
+  return text.empty() ? "(no stacks: gdb missing or could not attach)\n" : text;
+}
+
+pid_t spawn(const std::vector<std::string>& argv, int stdin_fd, int stdout_fd) {
+  // Everything the child needs is made here, before fork(): the test process
+  // has other threads, and one of them may hold a lock (the allocator's,
+  // ASan's stack depot) at the moment of fork(), which in the child nobody
+  // would ever release. The child only makes system calls until execv().
+  std::vector<char*> args;
+  args.reserve(argv.size() + 1);
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
   const pid_t pid = fork();
   if (pid == 0) {
     // A test that fails or dies takes its programs with it: a program left
     // running would hold ctest's output pipe and hang the whole run.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(in[0], 0);
-    dup2(out[1], 1);
-    close(in[1]);
-    close(out[0]);
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY);  // for thread_stacks() under Yama
+    if (stdin_fd >= 0) dup2(stdin_fd, 0);
+    if (stdout_fd >= 0) dup2(stdout_fd, 1);
     execv(args[0], args.data());
     _exit(127);
   }
+  return pid;
+}
+
+std::pair<int, std::string> run(std::vector<std::string> argv, const std::string& input,
+                                std::chrono::seconds timeout) {
+  // Close-on-exec: the child keeps only the ends dup2() gives it.
+  int in[2], out[2];
+  if (pipe2(in, O_CLOEXEC) != 0) return {-1, ""};
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    close(in[0]);
+    close(in[1]);
+    return {-1, ""};
+  }
+  const pid_t pid = spawn(argv, in[0], out[1]);
   close(in[0]);
   close(out[1]);
   if (!input.empty()) [[maybe_unused]]
@@ -140,15 +169,16 @@ std::pair<int, std::string> run(std::vector<std::string> argv, const std::string
   std::string text;
   char buf[4096];
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  bool killed = false;
+  std::string stacks;
   for (;;) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd p{out[0], POLLIN, 0};
     if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) == 0) {
-      // A program that hangs is a failure with its output, not a ctest timeout.
+      // A program that hangs is a failure with its output and its threads'
+      // stacks, not a ctest timeout.
+      stacks = thread_stacks(pid);
       kill(pid, SIGKILL);
-      killed = true;
       break;
     }
     const ssize_t n = read(out[0], buf, sizeof buf);
@@ -158,10 +188,11 @@ std::pair<int, std::string> run(std::vector<std::string> argv, const std::string
   close(out[0]);
   int status = 0;
   waitpid(pid, &status, 0);
-  if (killed) {
+  if (!stacks.empty()) {
     ADD_FAILURE() << argv[0] << " " << (argv.size() > 1 ? argv[1] : "") << " still running after "
                   << timeout.count() << " s: killed; its output so far:\n"
-                  << text;
+                  << text << "its threads:\n"
+                  << stacks;
     return {-1, text};
   }
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
@@ -281,18 +312,9 @@ BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_
 }
 
 void BrokerProcess::launch() {
-  pid_ = fork();
-  if (pid_ == 0) {
-    // A test process that dies (an assertion abort, a sanitizer report) takes
-    // its broker with it: a broker left behind would keep ctest waiting on
-    // the output pipe until the test's timeout.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    std::vector<char*> argv;
-    for (auto& a : args_) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
+  // A test process that dies (an assertion abort, a sanitizer report) takes
+  // its broker with it (spawn() sets the parent-death signal).
+  pid_ = spawn(args_);
   // Ready when the admin socket answers (the listener is bound before it opens).
   // Up to 30 s: an ASan broker registering its pool in the emulated guest
   // while the host is busy has been seen to need more than 10.

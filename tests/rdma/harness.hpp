@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <cstring>
@@ -81,8 +82,18 @@ std::size_t open_fds(int pid);
 /// the guest emulates the CPU, and what is tested is the check, not the cost.
 std::string hash_secret(const std::string& secret);
 
+/// Starts a program with the given stdin and stdout (-1: the test's own),
+/// killed when the test process dies. Safe from a test with threads: the
+/// child runs no library code between fork() and exec.
+pid_t spawn(const std::vector<std::string>& argv, int stdin_fd = -1, int stdout_fd = -1);
+
+/// Every thread's stack of a running process (gdb), for a failure message.
+std::string thread_stacks(pid_t pid);
+
 /// Runs a command with `input` on its stdin; returns its exit status and stdout.
-/// A command still running after `timeout` is killed and fails the test.
+/// A command still running after `timeout` is killed and fails the test, with
+/// its threads' stacks.
+
 std::pair<int, std::string> run(std::vector<std::string> argv, const std::string& input = {},
                                 std::chrono::seconds timeout = std::chrono::seconds(120));
 

@@ -198,15 +198,10 @@ TEST_F(Relay, KilledSubscriberDoesNotDisturbOthers) {
   const std::string subject = "relay.kill";
   constexpr std::uint64_t kMessages = volume(20'000);
 
-  const pid_t victim = fork();
-  if (victim == 0) {
-    const std::string url = broker.url(a1);
-    int devnull = open("/dev/null", O_WRONLY);
-    dup2(devnull, 1);
-    execl(cli_path().c_str(), "rdmabroker", "sub", subject.c_str(), "--raw", "-s", url.c_str(), "-b",
-          a2.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
+  const int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  const pid_t victim =
+      spawn({cli_path(), "sub", subject, "--raw", "-s", broker.url(a1), "-b", a2}, -1, devnull);
+  close(devnull);
   auto s1 = connect(broker, a1, "");
   auto s2 = connect(broker, a2, a1);
   ASSERT_TRUE(s1 && s2);
@@ -475,13 +470,8 @@ TEST_F(Relay, KilledPublisherIsCleanedUp) {
   std::atomic<std::uint64_t> got{0};
   ASSERT_TRUE(sub->subscribe("vanishing", [&](const Message&) { got.fetch_add(1); }).ok());
   ASSERT_TRUE(sub->flush(10s).ok());
-  const pid_t victim = fork();
-  if (victim == 0) {
-    const std::string url = broker.url(a1);
-    execl(cli_path().c_str(), "rdmabroker", "pub", "vanishing", "payload-of-a-publisher-that-dies", "-n",
-          "10000000", "-s", url.c_str(), "-b", a2.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
+  const pid_t victim = spawn({cli_path(), "pub", "vanishing", "payload-of-a-publisher-that-dies", "-n",
+                              "10000000", "-s", broker.url(a1), "-b", a2});
   // Kill it mid-stream, once messages are flowing.
   const auto deadline = std::chrono::steady_clock::now() + 30s;
   while (got.load() < 2000 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);

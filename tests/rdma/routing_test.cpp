@@ -195,16 +195,9 @@ TEST_P(Routing, QueueGroupMemberKilledMidStreamLosesNothingSilently) {
   ASSERT_TRUE(member->flush(10s));
   std::vector<std::string> victim_args = {cli_path(), "sub", "work", "--queue", "w", "--raw"};
   for (auto& a : cli_where(broker_, GetParam())) victim_args.push_back(a);
-  const pid_t victim = fork();
-  if (victim == 0) {
-    const int devnull = ::open("/dev/null", O_WRONLY);
-    dup2(devnull, 1);
-    std::vector<char*> argv;
-    for (auto& a : victim_args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
+  const int devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  const pid_t victim = spawn(victim_args, -1, devnull);
+  ::close(devnull);
   ASSERT_EQ(broker_.wait_stats([](auto& s) { return s["subscriptions"] == 2; }, 30s)["subscriptions"], 2);
   for (std::uint64_t seq = 0; seq < kMessages; ++seq) {
     ASSERT_TRUE(pub->publish("work", seq_bytes(seq)));
