@@ -297,7 +297,11 @@ void TcpTransport::read_available(Deliveries& deliveries, std::vector<Error>& er
     if (n == 0) {
       ::shutdown(fd_.get(), SHUT_WR);  // answer the broker's FIN with ours
       std::lock_guard lock(session_.mu_);
-      return lost_locked(errors, "closed by the broker");
+      // Mid-frame: the broker cut the connection without its CLOSE reaching
+      // us (we did not read for its whole drain time); its log says why.
+      return lost_locked(errors, rlen_ == 0 ? "closed by the broker"
+                                            : "closed by the broker in the middle of a frame, " +
+                                                  std::to_string(rlen_) + " bytes of it received");
     }
     if (n < 0) {
       if (errno == EAGAIN || errno == EINTR) return;

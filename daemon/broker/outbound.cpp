@@ -132,6 +132,8 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
     }
     block_used += in_block;
     out.bytes += static_cast<std::uint32_t>(wire);
+    out.frame[out.frames] = PackedFrame{out.bytes, item.is_delivery() ? item.messages : 0,
+                                        item.is_delivery() ? item.payload_bytes : 0};
     ++out.frames;
     queue.pop_front();
   }

@@ -7,6 +7,7 @@
 // small messages into one packet train (SPEC.md, "Batching").
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -83,8 +84,17 @@ struct PackLimits {
   std::uint32_t max_sge = kMaxSendSge;
 };
 
+/// Where one packed frame ends in its send, and what it carries: a stream
+/// transport cut short mid-send counts what reached the peer by these.
+struct PackedFrame {
+  std::uint32_t end = 0;       // byte offset of the frame's end within the send
+  std::uint32_t messages = 0;  // deliveries in it (0: a control frame)
+  std::uint64_t payload = 0;   // their payload bytes
+};
+
 struct PackedSend {
-  std::int64_t oldest_received_at = 0;  // earliest received_at among its deliveries (0: none)
+  std::array<PackedFrame, kMaxFramesPerSend> frame;  // [0, frames)
+  std::int64_t oldest_received_at = 0;               // earliest received_at among its deliveries (0: none)
   std::uint32_t frames = 0;
   std::uint32_t bytes = 0;
   std::uint32_t num_sge = 0;

@@ -88,6 +88,11 @@ class Link {
   virtual void resume(Connection& c) = 0;
   /// The peer's CREDIT frame (RDMA; TCP's window does this job and ignores it).
   virtual void add_send_credits(std::uint32_t n) = 0;
+  /// The connection is closing and its queue was dropped: a stream transport
+  /// ends its send in progress after the frame being written, so that the
+  /// ERROR and CLOSE that follow reach the peer as whole frames soon (RDMA
+  /// posts whole SENDs: nothing to do).
+  virtual void cut_short(Connection& c) { (void)c; }
   /// Ends the transport after the last frame went out (RDMA: the QP to the
   /// error state; TCP: FIN). The connection then waits for the peer's end.
   virtual void disconnect(Connection& c) = 0;

@@ -80,7 +80,10 @@ void Connections::close(Connection& c, CloseReason reason, ErrorCode code, std::
     ctx_.stats.protocol_errors.add();
     spdlog::warn("connection {} ({}): protocol error: {}", c.id, c.peer, message);
   }
-  if (reason != CloseReason::kBrokerShutdown) drop_queue(c, drop_reason_for(reason));
+  if (reason != CloseReason::kBrokerShutdown) {
+    drop_queue(c, drop_reason_for(reason));
+    c.link->cut_short(c);
+  }
   const bool is_close = reason == CloseReason::kBrokerShutdown || reason == CloseReason::kSlowConsumer;
   const FrameType type = is_close ? FrameType::kClose : FrameType::kError;
   c.outq.push_back(make_control(type, static_cast<std::uint32_t>(code), std::move(message)));
@@ -319,6 +322,31 @@ void Connections::retire_send(Connection& c, bool success) {
   --c.inflight_count;
 }
 
+void Connections::retire_send_in_part(Connection& c, std::uint32_t messages, std::uint64_t payload) {
+  InflightSend& rec = c.inflight[c.inflight_head];
+  count_delivered(c, messages, payload);
+  rec.deliveries -= messages;
+  rec.delivered_payload -= payload;
+  retire_send(c, false);
+}
+
+void Connections::trim_send(Connection& c, std::uint32_t keep_frames, std::uint32_t messages,
+                            std::uint64_t payload) {
+  InflightSend& rec = c.inflight[c.inflight_head];
+  for (std::uint32_t i = keep_frames; i < rec.frames; ++i) rec.refs[i].reset();
+  rec.frames = keep_frames;
+  rec.deliveries -= messages;
+  rec.delivered_payload -= payload;
+  ctx_.stats.dropped[static_cast<std::size_t>(drop_reason_for(c.reason))].add(messages);
+}
+
+void Connections::count_delivered(Connection& c, std::uint32_t messages, std::uint64_t payload) {
+  ctx_.stats.deliveries.add(messages);
+  ctx_.stats.bytes_out.add(payload);
+  c.messages_out += messages;
+  c.bytes_out += payload;
+}
+
 void Connections::unrecord_send(Connection& c) {
   --c.inflight_count;
   release_send(c, c.inflight[c.inflight_tail()], false);
@@ -330,17 +358,14 @@ void Connections::release_send(Connection& c, InflightSend& rec, bool success) {
   if (rec.block != SendBlocks::kNone) wake = blocks_.give_back(rec.block);
   auto& stats = ctx_.stats;
   if (success) {
-    stats.deliveries.add(rec.deliveries);
-    stats.bytes_out.add(rec.delivered_payload);
-    c.messages_out += rec.deliveries;
-    c.bytes_out += rec.delivered_payload;
+    count_delivered(c, rec.deliveries, rec.delivered_payload);
     if (rec.oldest_received_at != 0) {
       const auto age = std::chrono::steady_clock::now().time_since_epoch().count() - rec.oldest_received_at;
       stats.relay_latency.observe(static_cast<double>(age) * 1e-9);
     }
   } else {
     // Handed to the transport but never completed: the subscriber did not get them.
-    stats.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add(rec.deliveries);
+    stats.dropped[static_cast<std::size_t>(drop_reason_for(c.reason))].add(rec.deliveries);
   }
   rec = InflightSend{};
   if (wake) {

@@ -94,6 +94,14 @@ class Connections {
                    const PackedSend& packed);
   /// Retires the oldest in-flight send; its deliveries count as delivered or dropped.
   void retire_send(Connection& c, bool success);
+  /// Retires the oldest in-flight send, which reached the peer only in part
+  /// (a stream cut at its deadline): its first `messages` deliveries
+  /// (`payload` bytes) count as delivered, the others as dropped.
+  void retire_send_in_part(Connection& c, std::uint32_t messages, std::uint64_t payload);
+  /// Shortens the oldest in-flight send to its first `keep_frames` frames
+  /// (cut_short): the `messages` deliveries of the others (`payload` bytes)
+  /// are dropped, counted under c's close reason, and their buffers released.
+  void trim_send(Connection& c, std::uint32_t keep_frames, std::uint32_t messages, std::uint64_t payload);
   /// Undoes the newest in-flight send, never handed to the transport.
   void unrecord_send(Connection& c);
   /// A send completed and the connection may send more: records progress,
@@ -116,6 +124,7 @@ class Connections {
   void drop_queue(Connection& c, DropReason why);
   void destroy(Connection& c);
   void release_send(Connection& c, InflightSend& rec, bool success);
+  void count_delivered(Connection& c, std::uint32_t messages, std::uint64_t payload);
   /// Whether `len` more bytes may queue for `c`: within limits.max_pending_bytes, and above
   /// fair_pending_share() only while the broker-wide total stays within limits.max_pending_bytes_total.
   bool may_queue(const Connection& c, std::uint64_t len, std::uint32_t messages = 1) const;

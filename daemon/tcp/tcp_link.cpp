@@ -234,9 +234,47 @@ void TcpLink::lost(Connection& c, const char* what, int err) {
       c, c.close_received ? CloseReason::kClientClose : CloseReason::kPeerDisconnected);
 }
 
+void TcpLink::cut_short(Connection& c) {
+  if (c.inflight_count == 0) return;
+  // Frames written whole stay; so does the one being written (the peer could
+  // not tell its end from the next frame otherwise); the rest is dropped.
+  std::uint32_t keep = 0;
+  while (keep < frame_count_ && frames_[keep].end <= written_) ++keep;
+  if (keep < frame_count_ && written_ > (keep == 0 ? 0 : frames_[keep - 1].end)) ++keep;
+  if (keep == frame_count_) return;
+  std::uint32_t messages = 0;
+  std::uint64_t payload = 0;
+  for (std::uint32_t i = keep; i < frame_count_; ++i) {
+    messages += frames_[i].messages;
+    payload += frames_[i].payload;
+  }
+  auto& connections = transport_.connections();
+  connections.trim_send(c, keep, messages, payload);
+  frame_count_ = keep;
+  std::uint32_t left = (keep == 0 ? 0 : frames_[keep - 1].end) - written_;
+  if (left == 0) {  // the socket took all that stays: the send is done
+    iov_next_ = iov_count_ = 0;
+    connections.retire_send(c, true);
+    return;
+  }
+  std::uint32_t i = iov_next_;
+  while (left > iov_[i].iov_len) left -= static_cast<std::uint32_t>(iov_[i++].iov_len);
+  iov_[i].iov_len = left;
+  iov_count_ = i + 1;
+}
+
 void TcpLink::disconnect(Connection& c) {
-  // A send cut short by the deadline will never complete.
-  while (c.inflight_count > 0) transport_.connections().retire_send(c, false);
+  // A send cut at the deadline never completes: the frames the socket took
+  // whole reached the peer (or sit in its kernel), the rest did not.
+  if (c.inflight_count > 0) {
+    std::uint32_t messages = 0;
+    std::uint64_t payload = 0;
+    for (std::uint32_t i = 0; i < frame_count_ && frames_[i].end <= written_; ++i) {
+      messages += frames_[i].messages;
+      payload += frames_[i].payload;
+    }
+    transport_.connections().retire_send_in_part(c, messages, payload);
+  }
   writing_ = false;
   if (!c.peer_disconnected) ::shutdown(fd_.get(), SHUT_WR);
   rbuf_.reset();
@@ -331,6 +369,9 @@ void TcpLink::flush(Connection& c) {
     }
     iov_next_ = 0;
     iov_count_ = packed.num_sge;
+    frames_ = packed.frame;
+    frame_count_ = packed.frames;
+    written_ = 0;
   }
 }
 
@@ -357,6 +398,7 @@ bool TcpLink::write(Connection& c) {
   }
   ctx.stats.tcp_writes.add();
   c.last_progress = ctx.now;
+  written_ += static_cast<std::uint32_t>(n);
   while (n > 0) {
     iovec& v = iov_[iov_next_];
     if (static_cast<std::size_t>(n) >= v.iov_len) {

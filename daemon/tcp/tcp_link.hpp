@@ -46,6 +46,9 @@ class TcpLink final : public Link {
   void pause(Connection& c) override;
   void resume(Connection& c) override;
   void add_send_credits(std::uint32_t) override {}  // the socket's window is the flow control
+  /// Ends the send in progress after the frame being written: the frames
+  /// not begun are dropped, so that CLOSE follows within one frame.
+  void cut_short(Connection& c) override;
   /// FIN after what was written; the socket is read (and discarded) until
   /// the peer's FIN, the TCP twin of waiting for DISCONNECTED.
   void disconnect(Connection& c) override;
@@ -81,6 +84,11 @@ class TcpLink final : public Link {
   std::array<iovec, kMaxSendSge> iov_{};  // the in-flight send's remaining pieces
   std::uint32_t iov_next_ = 0;
   std::uint32_t iov_count_ = 0;
+  // The in-flight send's frames and how much of it the socket took: a send
+  // cut short counts as delivered exactly the frames written whole.
+  std::array<PackedFrame, kMaxFramesPerSend> frames_{};
+  std::uint32_t frame_count_ = 0;
+  std::uint32_t written_ = 0;
 };
 
 /// A worker's TCP side: its share of the listening socket, the handshakes in

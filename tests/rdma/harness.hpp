@@ -15,6 +15,8 @@
 #include <cstring>
 #include <chrono>
 #include <mutex>
+#include <thread>
+#include <vector>
 #include <functional>
 #include <cstdint>
 #include <deque>
@@ -312,6 +314,23 @@ class RawTcp {
                          std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size())};
       }
     }
+  }
+  /// Everything until the peer's EOF (or the timeout), `chunk` bytes per
+  /// read with `pause` between reads: a reader as slow as the test wants.
+  std::vector<std::byte> read_to_end(std::chrono::milliseconds timeout, std::size_t chunk = 65536,
+                                     std::chrono::milliseconds pause = std::chrono::milliseconds(0)) {
+    std::vector<std::byte> out;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::vector<std::byte> buf(chunk);
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd_.get(), POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      const ssize_t r = ::read(fd_.get(), buf.data(), buf.size());
+      if (r <= 0) break;
+      out.insert(out.end(), buf.begin(), buf.begin() + r);
+      if (pause.count() > 0) std::this_thread::sleep_for(pause);
+    }
+    return out;
   }
   bool closed_by_peer(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;

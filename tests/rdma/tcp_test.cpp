@@ -10,6 +10,8 @@
 
 #include <atomic>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <thread>
 
 #include "harness.hpp"
@@ -207,6 +209,110 @@ TEST(Tcp, SubscriberThatStopsReadingIsCutOffOthersUnaffected) {
     for (const auto& [k, v] : s) all += k + "=" + std::to_string(v) + " ";
     return all;
   }();
+}
+
+/// A raw subscriber's byte stream, read to its end: the messages in its
+/// whole DELIVER frames, its last whole frame, the bytes of a frame left
+/// incomplete after them, and whether anything did not decode.
+struct StreamTally {
+  std::uint64_t messages = 0;
+  std::optional<proto::FrameHeader> last;
+  std::size_t trailing = 0;
+  bool undecodable = false;
+};
+
+StreamTally tally(std::span<const std::byte> bytes) {
+  StreamTally t;
+  std::size_t off = 0;
+  while (off < bytes.size()) {
+    proto::Frame f;
+    const auto st = proto::decode_frame(bytes.subspan(off), 1 << 24, f);
+    if (st == proto::DecodeStatus::kNeedMore) {
+      t.trailing = bytes.size() - off;
+      break;
+    }
+    if (st != proto::DecodeStatus::kOk) {
+      t.undecodable = true;
+      break;
+    }
+    if (f.header.type == FrameType::kDeliver) {
+      // The payload is the run of PUBLISH frames, one message each.
+      for (std::size_t in = 0; in < f.payload.size();) {
+        proto::Frame m;
+        if (proto::decode_frame(f.payload.subspan(in), 1 << 24, m) != proto::DecodeStatus::kOk) {
+          t.undecodable = true;
+          return t;
+        }
+        ++t.messages;
+        in += m.header.frame_len();
+      }
+    }
+    t.last = f.header;
+    off += f.header.frame_len();
+  }
+  return t;
+}
+
+/// A subscriber that does not read until the broker has cut it as a slow
+/// consumer (above its queue bound), then reads what its socket holds at
+/// `chunk` bytes per `pause`. Returns its stream and the broker's stats
+/// once the connection is gone.
+std::pair<StreamTally, std::map<std::string, std::int64_t>> cut_slow_subscriber(BrokerProcess& broker,
+                                                                                bool read_before_disconnect) {
+  RawTcp slow(broker.tcp_port(), 4096);
+  slow.handshake();
+  slow.send(frame(FrameType::kSubscribe, 1, "flood"));
+  auto pub = tcp_client(broker);
+  EXPECT_TRUE(pub);
+  if (!pub) return {};
+  EXPECT_EQ(broker.wait_stats([](auto& s) { return s["subscriptions"] == 1; }, 10s)["subscriptions"], 1);
+  const std::string payload(1000, 'f');
+  for (int i = 0; i < 4000; ++i) EXPECT_TRUE(pub->publish("flood", payload));
+  EXPECT_TRUE(pub->flush(30s));
+  // The cut drops its queue (counted at once); the connection itself is
+  // counted closed when it is gone.
+  broker.wait_stats([](auto& s) { return s["messages.dropped.slow_consumer"] > 0; }, 20s);
+  if (!read_before_disconnect) {
+    broker.wait_stats([](auto& s) { return s["connections.closed.slow_consumer"] == 1; }, 20s);
+  }
+  const auto bytes = slow.read_to_end(30s, 4096, read_before_disconnect ? 2ms : 0ms);
+  auto s = broker.wait_stats([](auto& s) { return s["connections.closed.slow_consumer"] == 1; }, 20s);
+  EXPECT_EQ(s["connections.closed.slow_consumer"], 1);
+  return {tally(bytes), s};
+}
+
+// Issue 17's two TCP findings: a slow consumer cut while the broker was in
+// the middle of writing a send saw its stream end mid-frame with no CLOSE,
+// and every message of that send counted as dropped although the socket had
+// taken some of them.
+TEST(Tcp, ASlowConsumerStillReadingGetsWholeFramesThenItsClose) {
+  BrokerProcess broker(next_port(), {"--max-pending-bytes", "262144"});
+  auto [t, s] = cut_slow_subscriber(broker, true);
+  EXPECT_FALSE(t.undecodable);
+  EXPECT_EQ(t.trailing, 0u) << "the stream ended inside a frame";
+  ASSERT_TRUE(t.last);
+  EXPECT_EQ(t.last->type, FrameType::kClose);
+  EXPECT_EQ(t.last->arg, static_cast<std::uint32_t>(ErrorCode::kSlowConsumer));
+  // What it read is exactly what the broker counts as delivered; the rest
+  // is counted dropped by the slow-consumer policy.
+  EXPECT_GT(t.messages, 0u);
+  EXPECT_EQ(s["messages.delivered"], static_cast<std::int64_t>(t.messages));
+  EXPECT_EQ(s["messages.delivered"] + s["messages.dropped.slow_consumer"], s["messages.routed"]);
+}
+
+TEST(Tcp, ASlowConsumerThatNeverReadsIsCountedByTheFramesItsSocketTook) {
+  BrokerProcess broker(next_port(), {"--max-pending-bytes", "262144"});
+  auto [t, s] = cut_slow_subscriber(broker, false);
+  // Not read within the drain time: the CLOSE could not follow, and the
+  // frame being written stays cut (the client library reports it as such).
+  EXPECT_FALSE(t.undecodable);
+  ASSERT_TRUE(t.last);
+  EXPECT_NE(t.last->type, FrameType::kClose);
+  // Still, the broker's count is exact: the messages in the frames its socket
+  // took whole are delivered (they were, to the client's kernel).
+  EXPECT_GT(t.messages, 0u);
+  EXPECT_EQ(s["messages.delivered"], static_cast<std::int64_t>(t.messages));
+  EXPECT_EQ(s["messages.delivered"] + s["messages.dropped.slow_consumer"], s["messages.routed"]);
 }
 
 TEST(Tcp, ClientThatAsksAndNeverReadsIsCutOff) {
