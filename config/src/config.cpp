@@ -233,7 +233,10 @@ const std::vector<Field>& fields() {
       uint_field("buffers", "size", false, &B::buffer_size, 1024, 16u << 20, true),
       uint_field("buffers", "pool", false, &B::pool_buffers, 16, 1u << 20),
       uint_field("buffers", "srq_depth", false, &B::srq_depth, 16, 1u << 16),
-      uint_field("flow", "credits", false, &B::credits, 2, 65535),
+      // At least 4: with a window of 2 or 3, half the window is one credit,
+      // and two peers answer each other's pure credit updates for ever
+      // (tests/unit/credits_test.cpp, IdlePeersStopExchangingCreditUpdates).
+      uint_field("flow", "credits", false, &B::credits, 4, 65535),
       uint_field("flow", "max_inflight_sends", false, &B::max_inflight_sends, 1, 1024),
       uint_field("flow", "busy_poll_us", true, &B::busy_poll_us, 0, 1'000'000),
       uint_field("limits", "max_connections", false, &B::max_connections, 1, 1u << 20),

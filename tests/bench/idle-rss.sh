@@ -26,7 +26,7 @@ else
   # Each RDMA client is granted credits out of its worker's SRQ: 1,000
   # clients need SRQs deeper than the default (1024 / 32 credits = 32 per
   # worker and device), so fewer credits and deeper SRQs here.
-  ARGS+=(--credits 2 --srq-depth 4096 --pool-buffers 16384 --buffer-size 4096)
+  ARGS+=(--credits 4 --srq-depth 4096 --pool-buffers 16384 --buffer-size 4096)
   URL=rdma://${RDMABROKER_GUEST_ADDR1:-127.0.0.1}:7490
   BIND=(${RDMABROKER_GUEST_ADDR2:-})
 fi

@@ -35,7 +35,7 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 # As in idle-rss.sh: 1,000 RDMA clients need fewer credits each and deeper SRQs.
 "$BIN/daemon/rdmabrokerd" --allow-anonymous --port 7490 --tcp-port 0 --admin-socket "$SOCK" --metrics-listen "" \
   --workers 2 --log-level warn --max-connections $((CONNS + 64)) \
-  --credits 2 --srq-depth 4096 --pool-buffers 16384 --buffer-size 4096 &
+  --credits 4 --srq-depth 4096 --pool-buffers 16384 --buffer-size 4096 &
 B=$!
 trap 'kill $B 2>/dev/null || true' EXIT
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done

@@ -87,7 +87,7 @@ for s in "${SIZES[@]}"; do
   if [ "$s" = "$MAX16" ]; then
     printf 'devices: [rxe0]\n' >/tmp/bench-one-device.yaml
     start_broker --port 7490 --config /tmp/bench-one-device.yaml --workers 1 --buffer-size 16777216 --pool-buffers 24 \
-      --srq-depth 16 --credits 2
+      --srq-depth 16 --credits 4
     client=(--recv-credits 2 --inflight-sends 1 --send-buffers 1)
   elif [ "$s" = "$MAX" ]; then
     start_broker --port 7490 --buffer-size 1048576 --pool-buffers 128 --srq-depth 16 --credits 8

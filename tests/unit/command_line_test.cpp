@@ -173,7 +173,7 @@ TEST(CommandLine, FlagValuesAreCheckedLikeTheFile) {
     EXPECT_NE(std::get<CommandLineExit>(r).code, 0);  // CLI11's code for a value it refused
     return std::get<CommandLineExit>(r).text;
   };
-  EXPECT_NE(exit_text({"--credits", "1"}).find("must be between 2 and 65535, got 1"), std::string::npos);
+  EXPECT_NE(exit_text({"--credits", "1"}).find("must be between 4 and 65535, got 1"), std::string::npos);
   EXPECT_NE(exit_text({"--buffer-size", "lots"}).find("expected a size"), std::string::npos);
   EXPECT_NE(exit_text({"--log-level", "loud"}).find("expected one of trace"), std::string::npos);
   // Sizes take the file's units.
