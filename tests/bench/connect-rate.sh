@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Connection setup rate over RDMA, ours against a raw rdma_cm loop, in one
+# guest boot (ratios only: the emulated device is slow).
+#   tests/bench/connect-rate.sh [N]
+# Prints, for N connections:
+#   raw      rdma-core's ucmatose: N RC connections set up and torn down
+#            between two processes (QP, CQ, MR each), no broker
+#   broker   N librdmabroker clients connecting one after another (and from
+#            4 threads) to rdmabrokerd, each held until all are up
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+N=${1:-200}
+BIN=${RDMABROKER_BIN:-build/release}
+source tests/bench/suite-lib.sh
+in_guest_unless_rdma "$0" "$@"
+ninja -C "$BIN" connect_rate rdmabrokerd >/dev/null 2>&1 || true
+A1=${RDMABROKER_GUEST_ADDR1:-127.0.0.1}
+A2=${RDMABROKER_GUEST_ADDR2:-127.0.0.1}
+SOCK=/tmp/connect-rate-$$.sock
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+# Raw: the server accepts N, the client connects N (all at once: ucmatose
+# issues every connect, then serves the events), no messages.
+ucmatose -b "$A1" -p 7479 -c "$N" -C 0 >/tmp/connect-rate-srv-$$.log 2>&1 &
+SRV=$!
+sleep 1
+T0=$(date +%s.%N)
+ucmatose -s "$A1" -b "$A2" -p 7479 -c "$N" -C 0 >/tmp/connect-rate-cli-$$.log 2>&1 || {
+  cat /tmp/connect-rate-cli-$$.log >&2
+  exit 1
+}
+T1=$(date +%s.%N)
+wait "$SRV" || true
+awk -v n="$N" -v a="$T0" -v b="$T1" 'BEGIN {
+  printf "connect-rate: raw rdma_cm (ucmatose): %d connections up and down in %.1f s, %.1f connections/s\n", n, b - a, n / (b - a) }'
+rm -f /tmp/connect-rate-srv-$$.log /tmp/connect-rate-cli-$$.log
+
+# The broker: enough credits for N clients (the default hands each 32).
+start_broker --port 7478 --max-connections $((N + 16)) --credits 4 --srq-depth 4096 --pool-buffers 16384 \
+  --buffer-size 4096
+for threads in 1 4; do
+  "$BIN/tests/bench/micro/connect_rate" "rdma://$A1:7478" "$N" "$A2" "$threads" | sed 's/^/connect-rate: broker: /'
+done
