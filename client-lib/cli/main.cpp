@@ -519,6 +519,7 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, [](int) { g_interrupted = true; });
   std::signal(SIGTERM, [](int) { g_interrupted = true; });
   CLI::App app{"rdmabroker: publish, subscribe and inspect an rdmabrokerd broker"};
+  app.set_version_flag("--version", std::string("rdmabroker ") + RDMABROKER_VERSION);
   app.require_subcommand(1);
   const Subcommand commands[] = {add_pub(app),   add_sub(app),  add_request(app), add_reply(app),
                                  add_bench(app), add_stat(app), add_reload(app),  add_passwd(app)};
