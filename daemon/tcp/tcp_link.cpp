@@ -234,22 +234,31 @@ void TcpLink::lost(Connection& c, const char* what, int err) {
       c, c.close_received ? CloseReason::kClientClose : CloseReason::kPeerDisconnected);
 }
 
+std::uint32_t TcpLink::frames_written_whole() const {
+  std::uint32_t n = 0;
+  while (n < frame_count_ && frames_[n].end <= written_) ++n;
+  return n;
+}
+
+PackedFrame TcpLink::tally(std::uint32_t from, std::uint32_t to) const {
+  PackedFrame sum;
+  for (std::uint32_t i = from; i < to; ++i) {
+    sum.messages += frames_[i].messages;
+    sum.payload += frames_[i].payload;
+  }
+  return sum;
+}
+
 void TcpLink::cut_short(Connection& c) {
   if (c.inflight_count == 0) return;
   // Frames written whole stay; so does the one being written (the peer could
   // not tell its end from the next frame otherwise); the rest is dropped.
-  std::uint32_t keep = 0;
-  while (keep < frame_count_ && frames_[keep].end <= written_) ++keep;
+  std::uint32_t keep = frames_written_whole();
   if (keep < frame_count_ && written_ > (keep == 0 ? 0 : frames_[keep - 1].end)) ++keep;
   if (keep == frame_count_) return;
-  std::uint32_t messages = 0;
-  std::uint64_t payload = 0;
-  for (std::uint32_t i = keep; i < frame_count_; ++i) {
-    messages += frames_[i].messages;
-    payload += frames_[i].payload;
-  }
+  const PackedFrame dropped = tally(keep, frame_count_);
   auto& connections = transport_.connections();
-  connections.trim_send(c, keep, messages, payload);
+  connections.trim_send(c, keep, dropped.messages, dropped.payload);
   frame_count_ = keep;
   std::uint32_t left = (keep == 0 ? 0 : frames_[keep - 1].end) - written_;
   if (left == 0) {  // the socket took all that stays: the send is done
@@ -267,13 +276,8 @@ void TcpLink::disconnect(Connection& c) {
   // A send cut at the deadline never completes: the frames the socket took
   // whole reached the peer (or sit in its kernel), the rest did not.
   if (c.inflight_count > 0) {
-    std::uint32_t messages = 0;
-    std::uint64_t payload = 0;
-    for (std::uint32_t i = 0; i < frame_count_ && frames_[i].end <= written_; ++i) {
-      messages += frames_[i].messages;
-      payload += frames_[i].payload;
-    }
-    transport_.connections().retire_send_in_part(c, messages, payload);
+    const PackedFrame reached = tally(0, frames_written_whole());
+    transport_.connections().retire_send_in_part(c, reached.messages, reached.payload);
   }
   writing_ = false;
   if (!c.peer_disconnected) ::shutdown(fd_.get(), SHUT_WR);

@@ -71,6 +71,10 @@ class TcpLink final : public Link {
   /// Writes what remains of the in-flight send; false if it must wait (EPOLLOUT) or failed.
   bool write(Connection& c);
   void lost(Connection& c, const char* what, int err);
+  /// Frames of the in-flight send that the socket took whole.
+  std::uint32_t frames_written_whole() const;
+  /// The deliveries (messages, payload) in frames [from, to) of the in-flight send.
+  PackedFrame tally(std::uint32_t from, std::uint32_t to) const;
 
   TcpPort& transport_;
   UniqueFd fd_;
