@@ -189,14 +189,25 @@ class ReconnectingClient final : public Client {
   /// The connected session, waiting up to `timeout` while reconnecting.
   Result<std::shared_ptr<Session>> wait_for_session(std::chrono::milliseconds timeout) {
     std::unique_lock lock(mu_);
-    cv_.wait_for(lock, timeout,
-                 [&] { return closed_ || (current_ && current_->close_reason().message.empty()); });
+    // The session's state is under its own lock and can change at any
+    // moment (the I/O thread fails it), so it is read once: the session the
+    // wait found open is the answer. Reading it again after the wait could
+    // see it closed a microsecond later and report a timeout that never
+    // happened, with no reconnect yet under way (seen once in 50 restarts).
+    // If it fails before the caller uses it, the caller's operation fails
+    // with kClosed and with_session() waits for the next one.
+    std::shared_ptr<Session> open;
+    cv_.wait_for(lock, timeout, [&] {
+      if (closed_) return true;
+      if (current_ && current_->close_reason().message.empty()) open = current_;
+      return open != nullptr;
+    });
     if (closed_) return close_error_;
-    if (!current_ || !current_->close_reason().message.empty()) {
+    if (!open) {
       return Error{ErrorKind::kTimeout, "not connected to the broker for " + std::to_string(timeout.count()) +
                                             " ms (reconnecting: " + outage_.message + ")"};
     }
-    return current_;
+    return open;
   }
 
   /// Runs `op` on the session; if it fails because that session just
