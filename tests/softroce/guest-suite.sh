@@ -30,7 +30,13 @@ for dir in "$@"; do
   grep -q '^RDMABROKER_SANITIZE:STRING=thread$' "$dir/CMakeCache.txt" && jobs=${RDMABROKER_GUEST_JOBS_TSAN:-1}
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     ctest --test-dir "$dir" -L rdma -j "$jobs" --output-on-failure --timeout 900 \
-    ${RDMABROKER_GUEST_FILTER:+-R "$RDMABROKER_GUEST_FILTER"} 2>&1 | tee "$log" | grep -E "Test +#|tests passed|FAILED|Failure|ERROR|WARNING: ThreadSanitizer|AddressSanitizer" || true
+    ${RDMABROKER_GUEST_FILTER:+-R "$RDMABROKER_GUEST_FILTER"} 2>&1 | tee "$log" | awk '
+      # The summary lines, and after an assertion failure the lines that say
+      # what failed and why (the log stays in the build tree, but a CI record
+      # keeps only what is printed).
+      /Test +#|tests passed|FAILED|ERROR|WARNING: ThreadSanitizer|AddressSanitizer/ { print; next }
+      /: Failure$/ { print; after = 8; next }
+      after > 0 { print; after-- }' || true
   p=$(grep -cE "Test +#.*Passed" "$log")
   # ctest marks a failure in its status column ("***Failed", "***Timeout",
   # "***Exception: ...", "***Not Run"), never to be confused with a test name.
