@@ -82,7 +82,9 @@ class MainThread {
   /// Opens the metrics endpoint and the admin socket (as configured).
   rdmabroker::Status open(const std::string& metrics_listen, const std::string& admin_socket) {
     if (!metrics_listen.empty()) {
-      auto m = MetricsExporter::start(metrics_listen, [this](StatsVisitor& v) { visit_stats(v); });
+      auto m = MetricsExporter::start(
+          metrics_listen, [this](StatsVisitor& v) { visit_stats(v); },
+          {[this] { return broker_.liveness(); }, [this] { return broker_.readiness(); }});
       if (!m) return m.error();
       metrics_ = std::move(m.value());
     }
@@ -118,7 +120,7 @@ class MainThread {
       int timeout = admin_ ? admin_->timeout_ms(poll_ms) : poll_ms;
       if (metrics_) timeout = metrics_->timeout_ms(timeout);
       const int n = ::poll(fds.data(), fds.size(), timeout);
-      if (period.count() > 0 && broker_.workers_healthy(std::chrono::seconds(2))) notifier.watchdog();
+      if (period.count() > 0 && broker_.workers_healthy(Server::kLivenessLimit)) notifier.watchdog();
       const auto now_stats = broker_.stats();
       rates_.sample(now_stats, std::chrono::steady_clock::now());
       trimmer_.observe(now_stats.at("connections.current"));

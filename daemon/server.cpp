@@ -143,6 +143,10 @@ Status Server::inject(const fault::Spec& spec) {
       spdlog::warn("fault: the next {} multicast group joins fail", spec.count);
       core_.faults.mcast_join_fails.store(spec.count);
       break;
+    case fault::Kind::kWorkerStall:
+      spdlog::warn("fault: a worker loop stops for {} ms", spec.delay_ms);
+      core_.faults.worker_stall_ms.store(spec.delay_ms);
+      break;
   }
   return {};
 }
@@ -233,6 +237,55 @@ bool Server::workers_healthy(std::chrono::milliseconds limit) const {
   const auto max_age = std::chrono::duration_cast<std::chrono::steady_clock::duration>(limit).count();
   return std::all_of(workers_.begin(), workers_.end(),
                      [&](const auto& w) { return now - w->heartbeat() <= max_age; });
+}
+
+HealthReport Server::liveness() const {
+  const auto now = std::chrono::steady_clock::now().time_since_epoch();
+  HealthCheck workers{"workers", true, ""};
+  for (const auto& w : workers_) {
+    const std::chrono::steady_clock::duration age(now.count() - w->heartbeat());
+    if (age <= kLivenessLimit) continue;
+    if (!workers.ok) workers.detail += "; ";
+    workers.ok = false;
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(age).count();
+    workers.detail +=
+        fmt::format("worker {} has not gone round for {}.{} s", w->index(), ms / 1000, ms % 1000 / 100);
+  }
+  if (workers.ok) {
+    workers.detail = fmt::format("{} worker loop{} went round within {} s", workers_.size(),
+                                 workers_.size() == 1 ? "" : "s", kLivenessLimit.count());
+  }
+  return {{std::move(workers)}};
+}
+
+HealthReport Server::readiness() const {
+  HealthReport report = liveness();
+  const std::string where = listeners();
+  report.checks.push_back(stopped_ || where.empty() ? HealthCheck{"listeners", false, "not listening"}
+                                                    : HealthCheck{"listeners", true, where});
+  if (!devices_) {
+    report.checks.push_back({"devices", true, "no RDMA device served (TCP only)"});
+    return report;
+  }
+  // Ready when every device has a port that can carry traffic: a device whose
+  // link is down (cable, switch, the netdev under RoCE) strands the clients
+  // that reach the broker through it.
+  HealthCheck devices{"devices", true, ""};
+  for (const auto& dev : devices_->devices()) {
+    bool active = false;
+    std::string ports;
+    for (std::uint8_t port = 1; port <= dev->attr.phys_port_cnt; ++port) {
+      ibv_port_attr pa{};
+      const char* state = ibv_query_port(dev->context, port, &pa) == 0 ? ibv_port_state_str(pa.state)
+                                                                       : "unknown (ibv_query_port failed)";
+      active = active || pa.state == IBV_PORT_ACTIVE;
+      ports += fmt::format("{}port {} {}", ports.empty() ? "" : ", ", port, state);
+    }
+    devices.ok = devices.ok && active;
+    devices.detail += fmt::format("{}{}: {}", devices.detail.empty() ? "" : "; ", dev->name, ports);
+  }
+  report.checks.push_back(std::move(devices));
+  return report;
 }
 
 void Server::visit_stats(StatsVisitor& v) const {

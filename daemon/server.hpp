@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "ops/health.hpp"
 #include "broker/options.hpp"
 #include "broker/stats.hpp"
 #include "fault/fault.hpp"
@@ -42,6 +43,15 @@ class Server {
   void apply_live(const BrokerOptions& next);
   /// True while every worker's loop went round within `limit`.
   bool workers_healthy(std::chrono::milliseconds limit) const;
+  /// GET /healthz: every worker's loop went round within kLivenessLimit.
+  HealthReport liveness() const;
+  /// GET /readyz: live, listening, and every RDMA device has an active port.
+  /// Main thread (it queries the ports).
+  HealthReport readiness() const;
+  /// A worker loop that has not gone round for this long is stuck: the
+  /// watchdog stops being fed and /healthz fails (each loop wakes at least
+  /// every 200 ms).
+  static constexpr std::chrono::seconds kLivenessLimit{2};
   const BrokerOptions& options() const { return core_.options; }
   /// "rdma://0.0.0.0:7470 (rxe0, rxe1), tcp://0.0.0.0:7471": what it listens on.
   std::string listeners() const;

@@ -29,7 +29,7 @@ Error usage(const std::string& why) {
   return Error{ErrorKind::kInvalidArgument,
                why +
                    " (usage: fault wc-error CONN | qp-error CONN | cm-duplicate N | cm-delay MS N | "
-                   "pool-exhaust | pool-release | mcast-drop N | mcast-join-fail N)"};
+                   "pool-exhaust | pool-release | mcast-drop N | mcast-join-fail N | worker-stall MS)"};
 }
 
 }  // namespace
@@ -56,6 +56,10 @@ Result<Spec> parse(std::string_view args) {
     if (!want(2) || !number(w[1], spec.delay_ms) || !number(w[2], spec.count) || spec.count == 0) {
       return usage("cm-delay needs milliseconds and a count");
     }
+  } else if (name == "worker-stall") {
+    spec.kind = Kind::kWorkerStall;
+    if (!want(1) || !number(w[1], spec.delay_ms) || spec.delay_ms == 0)
+      return usage("worker-stall needs milliseconds");
   } else if (name == "pool-exhaust") {
     spec.kind = Kind::kPoolExhaust;
     if (!want(0)) return usage("pool-exhaust takes no argument");

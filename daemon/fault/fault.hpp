@@ -18,6 +18,9 @@
 //                            messages their sequence numbers and keeps them for
 //                            repair, but does not send them to the groups
 //   fault mcast-join-fail N  the broker's next N group joins fail
+//   fault worker-stall MS    the first worker loop to see it sleeps MS
+//                            milliseconds, as a worker stuck in a system call
+//                            would be (liveness: /healthz, the watchdog)
 // and, at start (a CQ is sized when it is created), the environment variable
 //   RDMABROKER_FAULT_CQ_ENTRIES=N   every worker's CQs get N entries.
 // What the broker must do under each is in docs/testing.md ("Fault injection").
@@ -42,14 +45,15 @@ enum class Kind : std::uint8_t {
   kPoolExhaust,
   kPoolRelease,
   kMcastDrop,
-  kMcastJoinFail
+  kMcastJoinFail,
+  kWorkerStall
 };
 
 struct Spec {
   Kind kind = Kind::kWcError;
   std::uint64_t connection = 0;  // wc-error, qp-error
   std::uint32_t count = 1;       // cm-duplicate, cm-delay, mcast-drop, mcast-join-fail
-  std::uint32_t delay_ms = 0;    // cm-delay
+  std::uint32_t delay_ms = 0;    // cm-delay, worker-stall
 };
 
 /// Parses the words after `fault`; the error names what is wrong.
@@ -62,6 +66,7 @@ struct Shared {
   std::atomic<std::uint32_t> cm_delay_ms{0};
   std::atomic<std::uint32_t> mcast_drops{0};       // channel messages not to send to their groups
   std::atomic<std::uint32_t> mcast_join_fails{0};  // group joins to fail
+  std::atomic<std::uint32_t> worker_stall_ms{0};   // taken whole by one worker, which sleeps that long
 
   /// Takes one from `counter` if any is left.
   static bool take(std::atomic<std::uint32_t>& counter);

@@ -144,13 +144,15 @@ class BrokerCollectable final : public prometheus::Collectable {
   MetricsExporter::Visit visit_;
 };
 
-Result<std::unique_ptr<MetricsExporter>> MetricsExporter::start(const std::string& listen, Visit visit) {
+Result<std::unique_ptr<MetricsExporter>> MetricsExporter::start(const std::string& listen, Visit visit,
+                                                                Probes probes) {
   auto hp = config::parse_host_port(listen, "metrics.listen");
   if (!hp) return hp.error();
   auto fd = listen_tcp(hp->host, hp->port);
   if (!fd) return Error{ErrorKind::kResource, "metrics.listen " + listen + ": " + fd.error().message};
   std::unique_ptr<MetricsExporter> e(new MetricsExporter());
   e->collectable_ = std::make_shared<BrokerCollectable>(std::move(visit));
+  e->probes_ = std::move(probes);
   PolledServer::Protocol p;
   p.name = "metrics";
   p.max_request = kMaxRequest;
@@ -184,9 +186,19 @@ std::optional<std::string> MetricsExporter::answer(const std::string& request) c
   const std::string method = request.substr(0, sp1);
   std::string path = request.substr(sp1 + 1, sp2 - sp1 - 1);
   path = path.substr(0, path.find('?'));
-  if (path != "/metrics")
-    return http_response(404, "Not Found", "text/plain", "only /metrics is served here\n");
-  if (method != "GET") return http_response(405, "Method Not Allowed", "text/plain", "GET /metrics\n");
+  const bool live = path == "/healthz", ready = path == "/readyz";
+  if (path != "/metrics" && !live && !ready) {
+    return http_response(404, "Not Found", "text/plain",
+                         "only /metrics, /healthz and /readyz are served here\n");
+  }
+  if (method != "GET") return http_response(405, "Method Not Allowed", "text/plain", "GET " + path + "\n");
+  if (live || ready) {
+    // 200 or 503, the status an orchestrator acts on; the body says why.
+    const HealthReport report = live ? probes_.live() : probes_.ready();
+    const bool ok = report.ok();
+    return http_response(ok ? 200 : 503, ok ? "OK" : "Service Unavailable", "text/plain; charset=utf-8",
+                         render(report, path.substr(1)));
+  }
   return http_response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", scrape());
 }
 

@@ -1,4 +1,5 @@
-// Prometheus metrics: GET /metrics on metrics.listen. Every metric is
+// Prometheus metrics: GET /metrics on metrics.listen (with GET /healthz and
+// GET /readyz, ops/health.hpp). Every metric is
 // declared once, where its counter is kept (broker/stats.hpp says how), with
 // its type and help; values are read at scrape time from the counters the
 // workers keep anyway, so exporting costs the data path nothing. Names use the
@@ -27,6 +28,7 @@
 #include <prometheus/metric_family.h>
 
 #include "broker/stats.hpp"
+#include "ops/health.hpp"
 #include "ops/polled_server.hpp"
 #include "rdmabroker/result.hpp"
 
@@ -44,8 +46,15 @@ class MetricsExporter {
   /// Request line and headers; a scraper sends a few hundred bytes.
   static constexpr std::size_t kMaxRequest = 8192;
 
+  /// The health reports GET /healthz and GET /readyz answer (ops/health.hpp).
+  struct Probes {
+    std::function<HealthReport()> live;
+    std::function<HealthReport()> ready;
+  };
+
   /// Listens on "host:port"; the error names the address.
-  static Result<std::unique_ptr<MetricsExporter>> start(const std::string& listen, Visit visit);
+  static Result<std::unique_ptr<MetricsExporter>> start(const std::string& listen, Visit visit,
+                                                        Probes probes);
   ~MetricsExporter();
 
   void add_poll_fds(std::vector<pollfd>& fds) const { server_->add_poll_fds(fds); }
@@ -60,6 +69,7 @@ class MetricsExporter {
   std::optional<std::string> answer(const std::string& request) const;
 
   std::shared_ptr<class BrokerCollectable> collectable_;
+  Probes probes_;
   std::unique_ptr<PolledServer> server_;
 };
 

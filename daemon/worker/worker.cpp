@@ -76,6 +76,9 @@ void Worker::run() {
     handle_cm_events();
     if constexpr (fault::kEnabled) {
       if (!delayed_cm_.empty()) deliver_delayed_cm_events();
+      if (const auto ms = ctx_.core.faults.worker_stall_ms.exchange(0, std::memory_order_relaxed); ms > 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      }
     }
     bool busy = poll_ports();
     if (busy) {

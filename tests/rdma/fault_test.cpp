@@ -304,6 +304,57 @@ TEST_P(PoolFaults, AnExhaustedPoolStallsPublishersAndLosesNothing) {
 INSTANTIATE_TEST_SUITE_P(Faults, PoolFaults, ::testing::Values(Via::kRdma, Via::kTcp),
                          [](const auto& info) { return to_string(info.param); });
 
+// ---------------------------------------------------------------- a stuck worker
+
+// A worker loop stuck for seconds (here: asleep, as in a hung system call)
+// fails /healthz and /readyz, naming the worker, for as long as it is stuck:
+// an orchestrator restarts such a broker (systemd's watchdog stops being fed
+// by the same test). Once it runs again the probes pass, and what was
+// published meanwhile is delivered.
+class WorkerFaults : public PoolFaults {};
+
+TEST_P(WorkerFaults, AStuckWorkerFailsTheHealthProbesUntilItRunsAgain) {
+  const std::uint16_t metrics_port = next_port();
+  BrokerProcess broker(next_port(),
+                       {"--metrics-listen", "127.0.0.1:" + std::to_string(metrics_port), "--workers", "1"});
+  ASSERT_TRUE(broker.running());
+  SeqSink got;
+  auto sub = connect_via(broker, GetParam());
+  auto pub = connect_via(broker, GetParam());
+  ASSERT_TRUE(sub && pub);
+  ASSERT_TRUE(sub->subscribe("stall.t", got.handler()));
+  ASSERT_TRUE(sub->flush(10s));
+  HttpReply live;
+  ASSERT_TRUE(wait_until([&] { return (live = http_request(metrics_port, "/healthz")).status == 200; }, 20s))
+      << live.body;
+
+  ASSERT_TRUE(armed(broker, "worker-stall 8000"));
+  // Failing from 2 s into the stall until it ends at 8 s.
+  ASSERT_TRUE(
+      wait_until([&] { return (live = http_request(metrics_port, "/healthz", 2s)).status == 503; }, 10s))
+      << live.status << " " << live.body;
+  EXPECT_NE(live.body.find("[-]workers failed: worker 0 has not gone round for "), std::string::npos)
+      << live.body;
+  EXPECT_TRUE(live.body.ends_with("healthz check failed\n")) << live.body;
+  const auto ready = http_request(metrics_port, "/readyz", 2s);  // not ready either
+  EXPECT_EQ(ready.status, 503) << ready.body;
+  EXPECT_NE(ready.body.find("[-]workers failed"), std::string::npos) << ready.body;
+  for (std::uint64_t i = 0; i < 100; ++i) ASSERT_TRUE(pub->publish("stall.t", numbered(i, 64)));
+
+  EXPECT_TRUE(
+      wait_until([&] { return (live = http_request(metrics_port, "/healthz", 2s)).status == 200; }, 30s))
+      << live.status << " " << live.body;
+  ASSERT_TRUE(pub->flush(30s));
+  EXPECT_TRUE(wait_until([&] { return got.size() >= 100; }, 30s)) << got.describe();
+  EXPECT_TRUE(got.exactly(0, 100)) << got.describe();
+  sub->close();
+  pub->close();
+  expect_clean_shutdown(broker);
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, WorkerFaults, ::testing::Values(Via::kRdma, Via::kTcp),
+                         [](const auto& info) { return to_string(info.param); });
+
 // ---------------------------------------------------------------- completion queue
 
 TEST_F(Faults, AFullCompletionQueueRefusesNewConnectionsNotOldOnes) {

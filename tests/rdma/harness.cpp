@@ -599,7 +599,8 @@ void write_file(const std::string& path, const std::string& text) {
   out << text;
 }
 
-std::string http_get(std::uint16_t port, const std::string& path, std::chrono::milliseconds timeout) {
+HttpReply http_request(std::uint16_t port, const std::string& path, std::chrono::milliseconds timeout,
+                       const std::string& method) {
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   timeval tv{static_cast<time_t>(timeout.count() / 1000),
              static_cast<suseconds_t>((timeout.count() % 1000) * 1000)};
@@ -609,9 +610,9 @@ std::string http_get(std::uint16_t port, const std::string& path, std::chrono::m
   sa.sin_family = AF_INET;
   sa.sin_port = htons(port);
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) return "";
-  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  if (::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) return "";
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) return {};
+  const std::string req = method + " " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  if (::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) return {};
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string resp;
   char buf[8192];
@@ -619,9 +620,15 @@ std::string http_get(std::uint16_t port, const std::string& path, std::chrono::m
   while (std::chrono::steady_clock::now() < deadline && (n = ::read(fd.get(), buf, sizeof buf)) > 0) {
     resp.append(buf, static_cast<std::size_t>(n));
   }
-  if (std::chrono::steady_clock::now() >= deadline) return "";
+  if (std::chrono::steady_clock::now() >= deadline) return {};
+  // "HTTP/1.1 200 OK\r\n...\r\n\r\nbody"
   const auto body = resp.find("\r\n\r\n");
-  return body == std::string::npos ? "" : resp.substr(body + 4);
+  if (body == std::string::npos || !resp.starts_with("HTTP/1.") || resp.size() < 12) return {};
+  return {std::atoi(resp.c_str() + 9), resp.substr(body + 4)};
+}
+
+std::string http_get(std::uint16_t port, const std::string& path, std::chrono::milliseconds timeout) {
+  return http_request(port, path, timeout).body;
 }
 
 std::size_t open_fds(int pid) {

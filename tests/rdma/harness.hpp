@@ -74,6 +74,15 @@ bool check_payload(std::uint64_t seq, std::size_t max_payload, std::span<const s
 
 /// Replaces the file's contents.
 void write_file(const std::string& path, const std::string& text);
+/// An HTTP answer: its status (0 when there was none) and its body.
+struct HttpReply {
+  int status = 0;
+  std::string body;
+};
+/// `method` http://127.0.0.1:port/path within `timeout`.
+HttpReply http_request(std::uint16_t port, const std::string& path,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(10),
+                       const std::string& method = "GET");
 /// GET http://127.0.0.1:port/path within `timeout`; the body, or "" on failure.
 std::string http_get(std::uint16_t port, const std::string& path,
                      std::chrono::milliseconds timeout = std::chrono::seconds(10));

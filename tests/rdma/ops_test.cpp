@@ -367,6 +367,107 @@ TEST_P(Ops, AdminSocketMisuseGetsAnErrorAndHarmsNobody) {
   EXPECT_NE(broker.admin("stats").find("\"ok\":true"), std::string::npos);
 }
 
+// The probes an orchestrator or a load balancer asks, on the metrics
+// listener: /healthz (the worker loops go round) and /readyz (that, plus
+// listening and every RDMA device's port up). Each answers 200 and says what
+// it checked; only GET is served.
+TEST_P(Ops, HealthAndReadinessProbesSayWhatTheyChecked) {
+  const std::uint16_t metrics_port = next_port();
+  BrokerProcess broker(next_port(),
+                       {"--metrics-listen", "127.0.0.1:" + std::to_string(metrics_port), "--workers", "2"});
+  ASSERT_TRUE(broker.running());
+  auto client = connect(broker);
+  ASSERT_TRUE(client);
+  HttpReply live, ready;
+  // A loop that has not gone round for 2 s fails the probe (as it stops the
+  // watchdog); under emulation a sanitized worker can be that late once.
+  EXPECT_TRUE(wait_until([&] { return (live = http_request(metrics_port, "/healthz")).status == 200; }, 20s))
+      << live.status << " " << live.body;
+  EXPECT_EQ(live.body, "[+]workers ok: 2 worker loops went round within 2 s\nok\n");
+  EXPECT_TRUE(wait_until([&] { return (ready = http_request(metrics_port, "/readyz")).status == 200; }, 20s))
+      << ready.status << " " << ready.body;
+  EXPECT_NE(ready.body.find("[+]workers ok: "), std::string::npos) << ready.body;
+  EXPECT_NE(ready.body.find("[+]listeners ok: "), std::string::npos) << ready.body;
+  EXPECT_NE(ready.body.find("tcp://"), std::string::npos) << ready.body;
+  EXPECT_NE(ready.body.find(":" + std::to_string(broker.tcp_port())), std::string::npos) << ready.body;
+  if (GetParam() == Via::kRdma) {
+    EXPECT_NE(ready.body.find("rdma://"), std::string::npos) << ready.body;
+    // Both guest devices, each with its port's state.
+    for (const char* dev : {"rxe0: port 1 active", "rxe1: port 1 active"})
+      EXPECT_NE(ready.body.find(dev), std::string::npos) << ready.body;
+  } else {
+    EXPECT_NE(ready.body.find("[+]devices ok: no RDMA device served (TCP only)"), std::string::npos)
+        << ready.body;
+  }
+  EXPECT_TRUE(ready.body.ends_with("\nok\n")) << ready.body;
+  EXPECT_EQ(http_request(metrics_port, "/healthz?verbose").status, 200);  // a query is ignored
+  const auto post = http_request(metrics_port, "/readyz", 10s, "POST");
+  EXPECT_EQ(post.status, 405);
+  EXPECT_EQ(post.body, "GET /readyz\n");
+  EXPECT_EQ(http_request(metrics_port, "/livez").status, 404);
+  // The client was served all along.
+  ASSERT_TRUE(client->flush(10s));
+}
+
+// A Soft-RoCE device of the test's own on a veth pair of its own, so that
+// taking its link down disturbs no other device (the guest runs as root).
+// Removed at the end, after the broker that used it has stopped.
+struct ThrowawayRxe {
+  static constexpr const char* kDevice = "rxe_probe";
+  static constexpr const char* kLink = "rbprobe0";
+  ThrowawayRxe() {
+    auto [rc, out] = run(
+        {"/bin/sh", "-c",
+         "PATH=/usr/sbin:/usr/bin:/sbin:/bin; (rdma link delete rxe_probe; ip link del rbprobe0) 2>/dev/null;"
+         "ip link add rbprobe0 type veth peer name rbprobe1 && ip link set rbprobe1 up &&"
+         " ip link set rbprobe0 up && rdma link add rxe_probe type rxe netdev rbprobe0 2>&1"});
+    made = rc == 0;
+    why = out;
+  }
+  ~ThrowawayRxe() {
+    run({"/bin/sh", "-c",
+         "PATH=/usr/sbin:/usr/bin:/sbin:/bin; rdma link delete rxe_probe; ip link del rbprobe0"});
+  }
+  bool link(bool up) const { return run({"/sbin/ip", "link", "set", kLink, up ? "up" : "down"}).first == 0; }
+  bool made = false;
+  std::string why;
+};
+
+// /readyz follows the state of the ports of the devices the broker serves:
+// a link that goes down makes the broker not ready (its clients there are
+// stranded), naming the device and the port state; back up, ready again.
+// Liveness does not change: a restart would not bring a link up.
+TEST(Health, ReadinessFollowsThePortStateOfTheBrokersDevices) {
+  require_rdma();
+  ThrowawayRxe dev;
+  ASSERT_TRUE(dev.made) << dev.why;
+  const std::string config = "/tmp/rdmabroker-health-" + std::to_string(getpid()) + ".yaml";
+  write_file(config, "devices: [rxe_probe]\n");
+  const std::uint16_t metrics_port = next_port();
+  BrokerProcess broker(next_port(),
+                       {"--config", config, "--metrics-listen", "127.0.0.1:" + std::to_string(metrics_port)});
+  ASSERT_TRUE(broker.running());
+  HttpReply ready;
+  auto ready_is = [&](int status) {
+    return wait_until([&] { return (ready = http_request(metrics_port, "/readyz", 2s)).status == status; },
+                      20s);
+  };
+  ASSERT_TRUE(ready_is(200)) << ready.status << " " << ready.body;
+  EXPECT_NE(ready.body.find("[+]devices ok: rxe_probe: port 1 active"), std::string::npos) << ready.body;
+
+  ASSERT_TRUE(dev.link(false));
+  ASSERT_TRUE(ready_is(503)) << ready.status << " " << ready.body;
+  EXPECT_NE(ready.body.find("[-]devices failed: rxe_probe: port 1 down"), std::string::npos)
+      << ready.body;
+  EXPECT_TRUE(ready.body.ends_with("readyz check failed\n")) << ready.body;
+  EXPECT_EQ(http_request(metrics_port, "/healthz").status, 200);
+
+  ASSERT_TRUE(dev.link(true));
+  ASSERT_TRUE(ready_is(200)) << ready.status << " " << ready.body;
+  EXPECT_NE(ready.body.find("rxe_probe: port 1 active"), std::string::npos) << ready.body;
+  std::remove(config.c_str());
+}
+
 INSTANTIATE_TEST_SUITE_P(Via, Ops, ::testing::Values(Via::kRdma, Via::kTcp),
                          [](const auto& info) { return to_string(info.param); });
 

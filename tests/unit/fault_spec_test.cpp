@@ -28,12 +28,16 @@ TEST(FaultSpec, ParsesEveryFault) {
   EXPECT_EQ(late.value().count, 2u);
   EXPECT_EQ(parse("pool-exhaust").value().kind, Kind::kPoolExhaust);
   EXPECT_EQ(parse("pool-release").value().kind, Kind::kPoolRelease);
+  auto stall = parse("worker-stall 3000");
+  ASSERT_TRUE(stall);
+  EXPECT_EQ(stall.value().kind, Kind::kWorkerStall);
+  EXPECT_EQ(stall.value().delay_ms, 3000u);
 }
 
 TEST(FaultSpec, RefusesAnythingElseSayingWhy) {
-  for (const char* bad :
-       {"", "bogus", "wc-error", "wc-error x", "wc-error 1 2", "qp-error -1", "cm-duplicate 0", "cm-delay 10",
-        "cm-delay ten 1", "pool-exhaust now", "pool-release 1"}) {
+  for (const char* bad : {"", "bogus", "wc-error", "wc-error x", "wc-error 1 2", "qp-error -1",
+                          "cm-duplicate 0", "cm-delay 10", "cm-delay ten 1", "pool-exhaust now",
+                          "pool-release 1", "worker-stall", "worker-stall 0", "worker-stall 1 2"}) {
     auto r = parse(bad);
     ASSERT_FALSE(r) << "'" << bad << "' was accepted";
     EXPECT_EQ(r.error().kind, ErrorKind::kInvalidArgument);

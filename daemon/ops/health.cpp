@@ -1,0 +1,22 @@
+#include "ops/health.hpp"
+
+#include <algorithm>
+
+namespace rdmabroker::daemon {
+
+bool HealthReport::ok() const {
+  return std::all_of(checks.begin(), checks.end(), [](const HealthCheck& c) { return c.ok; });
+}
+
+std::string render(const HealthReport& report, std::string_view endpoint) {
+  std::string body;
+  for (const auto& c : report.checks) {
+    body += (c.ok ? "[+]" : "[-]") + c.name + (c.ok ? " ok" : " failed");
+    if (!c.detail.empty()) body += ": " + c.detail;
+    body += '\n';
+  }
+  body += report.ok() ? std::string("ok\n") : std::string(endpoint) + " check failed\n";
+  return body;
+}
+
+}  // namespace rdmabroker::daemon
