@@ -163,7 +163,7 @@ class BenchRun {
       : opt_(opt), system_(std::move(system)), connect_(connect), results_(opt.publishers) {}
 
   int run() {
-    if (!connect_all()) return 1;
+    if (!connect_all()) return 2;  // exit codes: client-lib/cli/main.cpp
     if (!opt_.json && opt_.progress) {
       std::cerr << "bench: " << system_ << ", " << opt_.publishers << " publisher(s) -> " << opt_.subscribers
                 << " subscriber(s)" << (opt_.queue.empty() ? "" : " in queue group " + opt_.queue) << ", "

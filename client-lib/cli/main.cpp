@@ -8,6 +8,14 @@
 //   rdmabroker reload                    reload the broker's configuration (admin socket)
 //   rdmabroker bench [SUBJECT]           N publishers -> M subscribers: rates, loss, latency
 // The broker URL is rdma://host[:port] or tcp://host[:port] (--server, or RDMABROKER_URL).
+//
+// Exit codes, the same for every subcommand (docs/cli.md):
+//   0  done
+//   1  failed (the connection was lost, the broker sent an error, a bad subject...)
+//   2  a usage error, or no connection (refused, unreachable, bad credentials)
+//   3  timed out (sub --timeout, request --timeout)
+//   4  no responders (request)
+//   5  refused by the broker's permissions (pub, sub, request, reply)
 #include <crypt.h>
 #include <unistd.h>
 
@@ -33,6 +41,15 @@ using rdmabroker::Client;
 using rdmabroker::ClientOptions;
 
 std::atomic<bool> g_interrupted{false};
+/// The broker refused something for permissions (ERROR PERMISSION_DENIED, an
+/// asynchronous report): the command exits kExitRefused, not 0 or 1.
+std::atomic<bool> g_refused{false};
+
+constexpr int kExitFailed = 1;
+constexpr int kExitUsageOrConnect = 2;
+constexpr int kExitTimeout = 3;
+constexpr int kExitNoResponders = 4;
+constexpr int kExitRefused = 5;
 
 struct Common {
   std::string server;
@@ -78,7 +95,7 @@ int run_passwd(const std::string& scheme, unsigned long cost) {
   std::getline(std::cin, secret);
   if (secret.empty()) {
     std::cerr << "rdmabroker passwd: read an empty secret from stdin\n";
-    return 2;
+    return kExitUsageOrConnect;
   }
   const char* prefix = scheme == "yescrypt"      ? "$y$"
                        : scheme == "sha512crypt" ? "$6$"
@@ -86,19 +103,19 @@ int run_passwd(const std::string& scheme, unsigned long cost) {
                                                  : nullptr;
   if (prefix == nullptr) {
     std::cerr << "rdmabroker passwd: unknown scheme '" << scheme << "' (yescrypt, sha512crypt, bcrypt)\n";
-    return 2;
+    return kExitUsageOrConnect;
   }
   char setting[CRYPT_GENSALT_OUTPUT_SIZE];
   if (crypt_gensalt_rn(prefix, cost, nullptr, 0, setting, sizeof setting) == nullptr) {
     std::cerr << "rdmabroker passwd: crypt_gensalt: " << std::strerror(errno) << "\n";
-    return 1;
+    return kExitFailed;
   }
   crypt_data data{};
   const char* hash = crypt_r(secret.c_str(), setting, &data);
   explicit_bzero(secret.data(), secret.size());
   if (hash == nullptr || hash[0] == '*') {
     std::cerr << "rdmabroker passwd: crypt failed\n";
-    return 1;
+    return kExitFailed;
   }
   std::cout << hash << "\n";
   explicit_bzero(&data, sizeof data);
@@ -120,20 +137,37 @@ std::unique_ptr<Client> connect_or_die(const Common& c) {
     }
     if (e.kind == K::kGaveUp) std::cerr << "rdmabroker: " << e.reason.message << "\n";
   };
-  opt.on_error = [](const rdmabroker::Error& e) { std::cerr << "rdmabroker: " << e.message << "\n"; };
+  opt.on_error = [](const rdmabroker::Error& e) {
+    if (e.kind == rdmabroker::ErrorKind::kPermissionDenied) g_refused = true;
+    std::cerr << "rdmabroker: " << e.message << "\n";
+  };
   auto client = Client::connect(c.server.empty() ? default_server() : c.server, opt);
   if (!client) {
     std::cerr << "rdmabroker: " << client.error().message << "\n";
-    std::exit(2);
+    std::exit(kExitUsageOrConnect);
   }
   if (c.verbose) std::cerr << "connected: " << client.value()->transport_description() << "\n";
   return std::move(client.value());
 }
 
+/// Says why and gives the exit code: refused if the broker refused
+/// something meanwhile (that is why a subscription ended or a request went
+/// unanswered), else failed.
 int die(const rdmabroker::Error& e) {
   std::cerr << "rdmabroker: " << e.message << "\n";
-  return 1;
+  return g_refused ? kExitRefused : kExitFailed;
 }
+
+/// An admin command's failure: no connection to the socket is exit 2, like a
+/// broker that cannot be reached; anything else 1.
+int die_admin(const rdmabroker::Error& e) {
+  std::cerr << "rdmabroker: " << e.message << "\n";
+  return e.kind == rdmabroker::ErrorKind::kConnectFailed ? kExitUsageOrConnect : kExitFailed;
+}
+
+/// After a flush: the broker has answered everything sent before it, its
+/// refusals included (reported through on_error before the flush returns).
+int refused_or(int code) { return g_refused ? kExitRefused : code; }
 
 /// Connects, subscribes (in queue group `queue`, if any) and waits until the
 /// broker has the subscription; exits with a message on failure.
@@ -143,6 +177,7 @@ std::pair<std::unique_ptr<Client>, std::shared_ptr<rdmabroker::Subscription>> su
   auto sub = client->queue_subscribe(std::string_view(subject), queue);
   if (!sub) std::exit(die(sub.error()));
   if (auto st = client->flush(std::chrono::seconds(30)); !st) std::exit(die(st.error()));
+  if (g_refused) std::exit(kExitRefused);  // the subscription was refused (on_error said why)
   return {std::move(client), std::move(sub.value())};
 }
 
@@ -214,7 +249,7 @@ int run_pub(const Common& common, const std::string& subject, const std::string&
   if (auto st = client->flush(std::chrono::seconds(30)); !st) return die(st.error());
   if (common.verbose) std::cerr << "published " << sent << " message(s) to " << subject << "\n";
   client->close();
-  return 0;
+  return refused_or(0);
 }
 
 int run_sub(const Common& common, const std::string& subject, const std::string& queue, std::uint64_t count,
@@ -227,7 +262,7 @@ int run_sub(const Common& common, const std::string& subject, const std::string&
   while ((count == 0 || got < count) && !g_interrupted) {
     if (timeout_s > 0 && std::chrono::steady_clock::now() >= deadline) {
       std::cerr << "rdmabroker: timed out after " << got << " message(s)\n";
-      return 3;
+      return kExitTimeout;
     }
     auto m = sub->next(std::chrono::milliseconds(200));
     if (!m) {
@@ -253,12 +288,13 @@ int run_request(const Common& common, const std::string& subject, const std::str
       subject, message,
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s)));
   if (!reply) {
-    // Distinct exit codes: scripts tell "nobody serves this" from "too slow".
-    const int code = reply.error().kind == rdmabroker::ErrorKind::kNoResponders ? 4
-                     : reply.error().kind == rdmabroker::ErrorKind::kTimeout    ? 3
-                                                                                : 1;
+    // Distinct exit codes: scripts tell "nobody serves this" from "too slow"
+    // and from "not allowed" (a refused request goes unanswered).
+    const int code = reply.error().kind == rdmabroker::ErrorKind::kNoResponders ? kExitNoResponders
+                     : reply.error().kind == rdmabroker::ErrorKind::kTimeout    ? kExitTimeout
+                                                                                : kExitFailed;
     std::cerr << "rdmabroker: " << reply.error().message << "\n";
-    return code;
+    return refused_or(code);
   }
   std::cout << reply->data() << "\n";
   client->close();
@@ -283,7 +319,7 @@ int run_reply(const Common& common, const std::string& subject, const std::strin
   }
   if (auto st = client->flush(std::chrono::seconds(30)); !st) return die(st.error());
   client->close();
-  return 0;
+  return refused_or(0);
 }
 
 /// One admin command; its JSON reply, or the reason there is none.
@@ -300,12 +336,12 @@ rdmabroker::Result<nlohmann::json> admin(const std::string& socket, const std::s
 
 int run_stat(const std::string& socket, bool json) {
   auto stats = admin(socket, "stats");
-  if (!stats) return die(stats.error());
+  if (!stats) return die_admin(stats.error());
   auto conns = admin(socket, "connections");
-  if (!conns) return die(conns.error());
+  if (!conns) return die_admin(conns.error());
   if (!stats.value().value("ok", false) || !conns.value().value("ok", false)) {
     std::cerr << "rdmabroker: " << stats.value().dump() << "\n";
-    return 1;
+    return kExitFailed;
   }
   const auto& s = stats.value()["stats"];
   const auto& c = conns.value()["connections"];
@@ -345,13 +381,13 @@ int run_stat(const std::string& socket, bool json) {
 int run_reload(const std::string& socket) {
   // What systemd's ExecReload runs: the exit status is the reload's outcome.
   auto r = admin(socket, "reload");
-  if (!r) return die(r.error());
+  if (!r) return die_admin(r.error());
   if (r.value().value("ok", false)) {
     std::cout << r.value().value("message", "reloaded") << "\n";
     return 0;
   }
   std::cerr << "rdmabroker: " << r.value().value("error", "reload failed") << "\n";
-  return 1;
+  return kExitFailed;
 }
 
 /// A subcommand: its options are registered on the app; `run` is called when
@@ -523,9 +559,15 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   const Subcommand commands[] = {add_pub(app),   add_sub(app),  add_request(app), add_reply(app),
                                  add_bench(app), add_stat(app), add_reload(app),  add_passwd(app)};
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version end here too, with 0; a usage error with CLI11's
+    // message and our one exit code for it (CLI11's own are 100 and more).
+    return app.exit(e) == 0 ? 0 : kExitUsageOrConnect;
+  }
   for (const auto& c : commands) {
     if (c.cmd->parsed()) return c.run();
   }
-  return 2;  // unreachable: require_subcommand(1)
+  return kExitUsageOrConnect;  // unreachable: require_subcommand(1)
 }

@@ -237,6 +237,49 @@ TEST_P(Auth, ReloadRevokesSubscriptionsAndUsersOfConnectedClients) {
   EXPECT_EQ(again.error().kind, ErrorKind::kAuthenticationFailed);
 }
 
+// The CLI's exit codes (docs/cli.md) let a script tell what happened: a
+// publish or subscription the broker refused for permissions is 5 (and says
+// PERMISSION_DENIED), not the 0 it used to be for a publish; a timeout 3, no
+// responders 4, a usage error or no connection 2.
+TEST_P(Auth, CliExitCodesTellScriptsWhatHappened) {
+  BrokerProcess broker(next_port(), {"--config", path_}, /*allow_anonymous=*/false);
+  ASSERT_TRUE(broker.running());
+  // Output and error together; the arguments have no spaces or shell characters.
+  auto cli = [&](const std::string& args, const std::string& user = "alice",
+                 const std::string& password = "alice-pw") {
+    std::string command = cli_path() + " " + args;
+    for (const auto& w : cli_where(broker, GetParam())) command += " " + w;
+    command += " --user " + user + " --password " + password + " 2>&1";
+    return run({"/bin/sh", "-c", command});
+  };
+  auto expect = [&](const std::string& args, int code, const std::string& says,
+                    const std::string& user = "alice", const std::string& password = "alice-pw") {
+    const auto [rc, out] = cli(args, user, password);
+    EXPECT_EQ(rc, code) << args << ": " << out;
+    if (!says.empty()) {
+      EXPECT_NE(out.find(says), std::string::npos) << args << ": " << out;
+    }
+  };
+  expect("pub orders.eu hi", 0, "");
+  expect("pub orders.secret hi", 5, "permission denied: ");
+  expect("sub orders.secret.x -n 1 --timeout 10", 5, "permission denied: ");
+  expect("sub orders.eu -n 1 --timeout 0.5", 3, "timed out after 0 message(s)");
+  // alice may not subscribe to the reply inbox: her request is refused.
+  expect("request orders.eu hi --timeout 2", 5, "permission denied: ");
+  expect("request nobody.here hi --timeout 5", 4, "no responders", "bob", "bob-pw");
+  expect("reply orders.secret.x ok -n 1", 5, "permission denied: ");
+  expect("pub orders.eu hi", 2, "unknown user, wrong password or unknown token", "alice", "wrong");
+  expect("pub", 2, "subject is required");
+  const auto [stat_rc, stat_out] =
+      run({"/bin/sh", "-c", cli_path() + " stat --admin-socket /nonexistent 2>&1"});
+  EXPECT_EQ(stat_rc, 2) << stat_out;
+  EXPECT_EQ(run({cli_path(), "--help"}).first, 0);
+  // Each refusal was the broker's, counted there.
+  auto s = broker.stats();
+  EXPECT_GE(s["permissions.denied.publish"], 1) << "publish refusals";
+  EXPECT_GE(s["permissions.denied.subscribe"], 3) << "subscription refusals";
+}
+
 INSTANTIATE_TEST_SUITE_P(Via, Auth, ::testing::Values(Via::kRdma, Via::kTcp),
                          [](const auto& info) { return to_string(info.param); });
 

@@ -376,8 +376,12 @@ TEST(Tcp, BrokerWithoutRdmaServesTcpOnlyAndSaysSo) {
     EXPECT_EQ(result.first, 0) << result.second;
     EXPECT_NE(result.second.find("listening on tcp://0.0.0.0:" + tcp_port + " (TCP only"), std::string::npos)
         << result.second;
+    // Its log went to a pipe, not a terminal: plain text, no colour codes,
+    // even with a TERM that has colours (a log collector stores it as is).
+    EXPECT_EQ(result.second.find('\x1b'), std::string::npos) << result.second;
     return result.second;
   };
+  ::setenv("TERM", "xterm-256color", 1);
   const auto off = check_tcp_only({"--rdma", "off"});
   EXPECT_EQ(off.find("rdma://"), std::string::npos) << off;
   int devices = 0;
