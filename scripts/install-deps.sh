@@ -9,6 +9,7 @@ PACKAGES=(
   build-essential cmake pkg-config ninja-build ccache clang-format
   libibverbs-dev librdmacm-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libyaml-cpp-dev prometheus-cpp-dev libsystemd-dev libssl-dev
+  go-md2man groff-base  # the manual pages, made from docs/ (scripts/man.sh) and checked with groff
   # tests
   libgtest-dev libgmock-dev libbenchmark-dev
   stress-ng  # scripts/flake-loop.sh: the host suite under load
