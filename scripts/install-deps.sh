@@ -14,6 +14,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   stress-ng  # scripts/flake-loop.sh: the host suite under load
   gdb  # tests/rdma/harness.cpp: the stacks of a program that hangs
+  python3 python3-pytest  # the Python package's tests (python/tests)
   clang libclang-rt-14-dev  # libFuzzer targets (tests/fuzz)
   libnats-dev libhiredis-dev  # the NATS and Redis drivers of the benchmark suite (built with the tests)
   prometheus  # promtool, to check the metrics a live broker serves

@@ -58,7 +58,7 @@ for f in ./usr/sbin/rdmabrokerd ./usr/bin/rdmabroker "./usr/lib/$(gcc -print-mul
          ./usr/lib/tmpfiles.d/rdmabroker.conf ./usr/share/doc/rdmabroker/operations.md \
          ./usr/include/rdmabroker/client.hpp ./usr/include/rdmabroker/rdmabroker.h \
          ./usr/share/man/man8/rdmabrokerd.8.gz ./usr/share/man/man1/rdmabroker.1.gz \
-         ./usr/share/man/man5/rdmabroker.yaml.5.gz \
+         ./usr/share/man/man5/rdmabroker.yaml.5.gz ./usr/lib/python3/dist-packages/rdmabroker/__init__.py \
          "./usr/lib/$(gcc -print-multiarch)/pkgconfig/rdmabroker.pc" \
          "./usr/lib/$(gcc -print-multiarch)/cmake/rdmabroker/rdmabrokerConfig.cmake"; do
   grep -qx -- "$f" <<<"$contents" || { echo "package.sh: $DEB lacks $f" >&2; fail=1; }

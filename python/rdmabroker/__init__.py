@@ -1,0 +1,351 @@
+"""rdmabroker: a Python client of rdmabrokerd over librdmabroker's C API.
+
+    import rdmabroker
+
+    with rdmabroker.connect("rdma://10.0.0.1:7470") as client:
+        sub = client.subscribe("orders.>")
+        client.publish("orders.eu", b"hello")
+        print(sub.next(timeout=5).data)
+
+Credentials go in the URL ("rdma://user:password@host", "tcp://token@host").
+Errors are exceptions: rdmabroker.Error and one subclass per kind of the
+library (Timeout, NoResponders, PermissionDenied, ...). docs/python.md has
+the whole guide.
+
+The library is loaded from RDMABROKER_LIBRARY if set (a build tree), else as
+librdmabroker.so.0 from the system (the installed package).
+"""
+
+import ctypes
+import os
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, Union
+
+__all__ = [
+    "connect", "Client", "Subscription", "Message", "Error", "InvalidArgument", "ConnectFailed",
+    "Rejected", "Timeout", "Closed", "BrokerError", "ResourceError", "PayloadTooLarge",
+    "NoResponders", "AuthenticationFailed", "PermissionDenied", "MessagesLost",
+]
+
+# ---------------------------------------------------------------- errors
+
+
+class Error(Exception):
+    """A failure of the library; `kind` names it as the C++ API does."""
+
+    kind = "error"
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class InvalidArgument(Error, ValueError):
+    kind = "invalid_argument"
+
+
+class ConnectFailed(Error, ConnectionError):
+    kind = "connect_failed"
+
+
+class Rejected(Error, ConnectionError):
+    kind = "rejected"
+
+
+class Timeout(Error, TimeoutError):
+    kind = "timeout"
+
+
+class Closed(Error):
+    kind = "closed"
+
+
+class BrokerError(Error):
+    kind = "broker_error"
+
+
+class ResourceError(Error):
+    kind = "resource"
+
+
+class PayloadTooLarge(Error, ValueError):
+    kind = "payload_too_large"
+
+
+class NoResponders(Error):
+    kind = "no_responders"
+
+
+class AuthenticationFailed(Error, PermissionError):
+    kind = "authentication_failed"
+
+
+class PermissionDenied(Error, PermissionError):
+    kind = "permission_denied"
+
+
+class MessagesLost(Error):
+    kind = "messages_lost"
+
+
+# rb_status (client-lib/include/rdmabroker/rdmabroker.h) -> exception class.
+_ERRORS = {
+    -1: InvalidArgument, -2: ConnectFailed, -3: Rejected, -4: Timeout, -5: Closed, -6: BrokerError,
+    -7: ResourceError, -8: PayloadTooLarge, -9: NoResponders, -10: AuthenticationFailed,
+    -11: PermissionDenied, -12: MessagesLost,
+}
+
+# ---------------------------------------------------------------- the C API
+
+
+class _CMessage(ctypes.Structure):
+    _fields_ = [("sid", ctypes.c_uint32), ("subject", ctypes.c_char_p), ("reply", ctypes.c_char_p),
+                ("data", ctypes.c_void_p), ("len", ctypes.c_size_t), ("owner_", ctypes.c_void_p)]
+
+
+_MESSAGE_CB = ctypes.CFUNCTYPE(None, ctypes.POINTER(_CMessage), ctypes.c_void_p)
+
+
+def _load():
+    lib = ctypes.CDLL(os.environ.get("RDMABROKER_LIBRARY") or "librdmabroker.so.0")
+    P, I, U32, S = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_size_t
+    msg_pp = ctypes.POINTER(ctypes.POINTER(_CMessage))
+    for name, res, args in [
+        ("rb_connect", I, [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(P)]),
+        ("rb_publish", I, [P, ctypes.c_char_p, ctypes.c_char_p, S]),
+        ("rb_publish_request", I, [P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, S]),
+        ("rb_request", I, [P, ctypes.c_char_p, ctypes.c_char_p, S, I, msg_pp]),
+        ("rb_queue_subscribe", I, [P, ctypes.c_char_p, ctypes.c_char_p, _MESSAGE_CB, P, ctypes.POINTER(U32)]),
+        ("rb_queue_subscribe_sync", I, [P, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(P)]),
+        ("rb_next_message", I, [P, I, msg_pp]),
+        ("rb_message_free", None, [ctypes.POINTER(_CMessage)]),
+        ("rb_subscription_sid", U32, [P]),
+        ("rb_subscription_free", None, [P]),
+        ("rb_unsubscribe", I, [P, U32]),
+        ("rb_flush", I, [P, I]),
+        ("rb_close", None, [P]),
+        ("rb_last_error", ctypes.c_char_p, []),
+    ]:
+        f = getattr(lib, name)
+        f.restype, f.argtypes = res, args
+    return lib
+
+
+_lib = _load()
+
+
+def _check(status: int) -> None:
+    if status != 0:
+        # rb_last_error is the calling thread's: read it before anything else runs here.
+        message = (_lib.rb_last_error() or b"").decode("utf-8", "replace")
+        raise _ERRORS.get(status, Error)(message, status)
+
+
+def _ms(timeout: Optional[float]) -> int:
+    if timeout is None:
+        return 2 ** 31 - 1
+    if timeout < 0:
+        raise InvalidArgument("timeout must not be negative", -1)
+    return int(timeout * 1000)
+
+
+def _bytes(data: Union[bytes, bytearray, memoryview, str]) -> bytes:
+    return data.encode() if isinstance(data, str) else bytes(data)
+
+
+# ---------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True)
+class Message:
+    subject: str
+    data: bytes
+    reply: str = ""  # where a responder answers; "" when the publisher wants no answer
+    sid: int = 0     # the subscription that received it
+
+
+def _message(m: "_CMessage") -> Message:
+    data = ctypes.string_at(m.data, m.len) if m.len else b""
+    return Message(m.subject.decode(), data, (m.reply or b"").decode(), m.sid)
+
+
+# ---------------------------------------------------------------- subscriptions
+
+
+class Subscription:
+    """A subscription. Made with a callback, messages go to it on the
+    library's thread; without one, they wait in a queue for next() or
+    iteration."""
+
+    def __init__(self, client: "Client", sid: int, handle=None, callback=None):
+        self._client = client
+        self.sid = sid
+        self._handle = handle      # rb_subscription*, for next()
+        self._callback = callback  # the ctypes function object, kept alive while subscribed
+
+    def next(self, timeout: Optional[float] = None) -> Message:
+        """The next message; Timeout if none comes within `timeout` seconds
+        (None: wait as long as it takes); Closed once the subscription or the
+        client has ended."""
+        if self._handle is None:
+            raise InvalidArgument("a subscription with a callback has no queue to read", -1)
+        out = ctypes.POINTER(_CMessage)()
+        # Waiting in slices lets Ctrl-C interrupt a long wait.
+        remaining = None if timeout is None else float(timeout)
+        while True:
+            piece = 0.2 if remaining is None else min(remaining, 0.2)
+            status = _lib.rb_next_message(self._handle, _ms(piece), ctypes.byref(out))
+            if status == 0:
+                try:
+                    return _message(out.contents)
+                finally:
+                    _lib.rb_message_free(out)
+            if status != -4 or (remaining is not None and remaining <= piece):
+                _check(status)
+            if remaining is not None:
+                remaining -= piece
+
+    def messages(self, timeout: Optional[float] = None) -> Iterator[Message]:
+        """Messages as they come; stops when none came for `timeout` seconds
+        (None: never) or the subscription ended."""
+        while True:
+            try:
+                yield self.next(timeout)
+            except (Timeout, Closed):
+                return
+
+    def __iter__(self) -> Iterator[Message]:
+        return self.messages()
+
+    def unsubscribe(self) -> None:
+        """Stops the deliveries (the broker is told) and frees the queue."""
+        if self._client._handle is not None and self.sid:
+            _check(_lib.rb_unsubscribe(self._client._handle, self.sid))
+        self._release()
+
+    def _release(self) -> None:
+        if self._handle is not None:
+            _lib.rb_subscription_free(self._handle)
+            self._handle = None
+        self._client._callbacks.pop(self.sid, None)
+        self.sid = 0
+
+    def __del__(self):
+        # The queue's memory only: an unsubscribe needs the client, which may be gone.
+        if getattr(self, "_handle", None) is not None:
+            _lib.rb_subscription_free(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.sid:
+            try:
+                self.unsubscribe()
+            except Closed:
+                self._release()
+
+
+# ---------------------------------------------------------------- the client
+
+
+class Client:
+    """A connection to rdmabrokerd; use connect(). Thread-safe, as the C++
+    client is; a context manager that closes it."""
+
+    def __init__(self, url: str, bind: Optional[str] = None):
+        handle = ctypes.c_void_p()
+        _check(_lib.rb_connect(url.encode(), bind.encode() if bind else None, ctypes.byref(handle)))
+        self._handle = handle
+        self._callbacks = {}
+        self._lock = threading.Lock()
+
+    def _h(self):
+        if self._handle is None:
+            raise Closed("the client is closed", -5)
+        return self._handle
+
+    def publish(self, subject: str, data: Union[bytes, str] = b"", reply: str = "") -> None:
+        """Publishes; returns once the library has the message (flush() waits
+        for the broker)."""
+        payload = _bytes(data)
+        if reply:
+            _check(_lib.rb_publish_request(self._h(), subject.encode(), reply.encode(), payload, len(payload)))
+        else:
+            _check(_lib.rb_publish(self._h(), subject.encode(), payload, len(payload)))
+
+    def request(self, subject: str, data: Union[bytes, str] = b"", timeout: float = 5.0) -> Message:
+        """Sends a request and returns the first reply. NoResponders when
+        nobody subscribes to the subject; Timeout when nobody answered."""
+        payload = _bytes(data)
+        out = ctypes.POINTER(_CMessage)()
+        _check(_lib.rb_request(self._h(), subject.encode(), payload, len(payload), _ms(timeout), ctypes.byref(out)))
+        try:
+            return _message(out.contents)
+        finally:
+            _lib.rb_message_free(out)
+
+    def subscribe(self, subject: str, callback: Optional[Callable[[Message], None]] = None,
+                  queue: str = "") -> Subscription:
+        """Subscribes to `subject` (wildcards: * one token, > the rest), in
+        queue group `queue` if given (each message to one member). With a
+        callback, it is called on the library's thread for each message (an
+        exception it raises is printed and the deliveries go on); without,
+        read the returned Subscription."""
+        h = self._h()
+        if callback is None:
+            sub = ctypes.c_void_p()
+            _check(_lib.rb_queue_subscribe_sync(h, subject.encode(), queue.encode(), ctypes.byref(sub)))
+            return Subscription(self, _lib.rb_subscription_sid(sub), handle=sub)
+
+        def deliver(msg, _user):
+            try:
+                callback(_message(msg.contents))
+            except Exception:  # a callback's bug must not kill the library's thread
+                traceback.print_exc(file=sys.stderr)
+
+        c_callback = _MESSAGE_CB(deliver)
+        sid = ctypes.c_uint32()
+        _check(_lib.rb_queue_subscribe(h, subject.encode(), queue.encode(), c_callback, None, ctypes.byref(sid)))
+        self._callbacks[sid.value] = c_callback
+        return Subscription(self, sid.value, callback=c_callback)
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Waits until the broker has processed everything sent before."""
+        _check(_lib.rb_flush(self._h(), _ms(timeout)))
+
+    def close(self) -> None:
+        """Closes the connection (idempotent); subscriptions end."""
+        with self._lock:
+            handle, self._handle = self._handle, None
+        if handle is not None:
+            _lib.rb_close(handle)
+        self._callbacks.clear()
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def connect(url: str, bind: Optional[str] = None) -> Client:
+    """Connects to rdmabrokerd at `url`: "rdma://host[:port]" or
+    "tcp://host[:port]", credentials as "user:password@" or "token@" before
+    the host. `bind` is a local address (over RDMA it selects the device)."""
+    return Client(url, bind)

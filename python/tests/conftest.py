@@ -1,0 +1,111 @@
+"""A broker for each test, over the transport the run is for.
+
+RDMABROKER_TEST_VIA=tcp (the host) or rdma (the Soft-RoCE guest: the broker on
+RDMABROKER_GUEST_ADDR1, clients bound to ADDR2, so traffic crosses rxe).
+RDMABROKERD and RDMABROKER_CLI name the programs of the tree under test
+(CMake sets them, with RDMABROKER_LIBRARY and PYTHONPATH).
+"""
+
+import os
+import socket
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Broker:
+    def __init__(self, via: str, config: str = "", anonymous: bool = True):
+        self.via = via
+        self.port, self.tcp_port = _free_port(), _free_port()
+        self.dir = tempfile.TemporaryDirectory(prefix="rdmabroker-py-")
+        self.admin = os.path.join(self.dir.name, "admin.sock")
+        args = [os.environ["RDMABROKERD"], "--port", str(self.port), "--tcp-port", str(self.tcp_port),
+                "--admin-socket", self.admin, "--metrics-listen", "", "--pool-buffers", "2048",
+                "--srq-depth", "256", "--log-level", "warn"]
+        if config:
+            path = os.path.join(self.dir.name, "broker.yaml")
+            with open(path, "w") as f:
+                f.write(config)
+            args += ["--config", path]
+        else:
+            args += ["--no-config"]
+        if anonymous:
+            args.append("--allow-anonymous")
+        args += ["--rdma", "on" if via == "rdma" else "off"]
+        self.process = subprocess.Popen(args)
+        # Ready when its admin socket answers (opened once the listeners are bound).
+        deadline = time.monotonic() + 30
+        while not self._admin_answers():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"rdmabrokerd did not start ({self.process.returncode})")
+            time.sleep(0.05)
+
+    def _admin_answers(self) -> bool:
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(self.admin)
+                s.sendall(b"stats\n")
+                return s.recv(1) != b""
+        except OSError:
+            return False
+
+    def url(self, credentials: str = "") -> str:
+        who = credentials + "@" if credentials else ""
+        if self.via == "rdma":
+            return f"rdma://{who}{os.environ['RDMABROKER_GUEST_ADDR1']}:{self.port}"
+        return f"tcp://{who}127.0.0.1:{self.tcp_port}"
+
+    @property
+    def bind(self):
+        return os.environ["RDMABROKER_GUEST_ADDR2"] if self.via == "rdma" else None
+
+    def stop(self) -> int:
+        self.process.terminate()
+        code = self.process.wait(timeout=30)
+        self.dir.cleanup()
+        return code
+
+
+@pytest.fixture
+def via() -> str:
+    v = os.environ.get("RDMABROKER_TEST_VIA", "tcp")
+    if v == "rdma" and not os.environ.get("RDMABROKER_GUEST_ADDR1"):
+        pytest.fail("RDMA tests run in the Soft-RoCE guest (tests/softroce/run-in-guest.sh)")
+    return v
+
+
+@pytest.fixture
+def broker(via):
+    b = Broker(via)
+    yield b
+    assert b.stop() == 0, "rdmabrokerd did not exit cleanly"
+
+
+@pytest.fixture
+def make_broker(via):
+    made = []
+
+    def make(config: str = "", anonymous: bool = True) -> Broker:
+        made.append(Broker(via, config, anonymous))
+        return made[-1]
+
+    yield make
+    for b in made:
+        assert b.stop() == 0
+
+
+@pytest.fixture
+def hash_secret():
+    def run(secret: str) -> str:
+        out = subprocess.run([os.environ["RDMABROKER_CLI"], "passwd", "--scheme", "sha512crypt", "--cost", "1000"],
+                             input=secret + "\n", capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    return run

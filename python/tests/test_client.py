@@ -1,0 +1,204 @@
+"""The Python package against a real broker, over TCP on the host and RDMA
+in the guest (conftest.py): what a Python user relies on."""
+
+import socket
+import threading
+import time
+
+import pytest
+
+import rdmabroker
+
+
+def connect(broker, credentials=""):
+    return rdmabroker.connect(broker.url(credentials), bind=broker.bind)
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_callback_receives_every_message_in_order_byte_exact(broker):
+    got = []
+    with connect(broker) as sub, connect(broker) as pub:
+        sub.subscribe("py.seq", callback=got.append)
+        sub.flush()
+        sent = [bytes([i % 256]) * (i * 37 % 4000) + str(i).encode() for i in range(300)]
+        for payload in sent:
+            pub.publish("py.seq", payload)
+        pub.flush()
+        assert wait_for(lambda: len(got) == len(sent)), f"{len(got)} of {len(sent)}"
+    assert [m.data for m in got] == sent
+    assert {m.subject for m in got} == {"py.seq"}
+
+
+def test_iterator_and_next_with_timeout(broker):
+    with connect(broker) as client:
+        sub = client.subscribe("py.iter.>")
+        client.flush()
+        with pytest.raises(rdmabroker.Timeout):
+            sub.next(timeout=0.2)
+        with pytest.raises(TimeoutError):  # also the built-in kind
+            sub.next(timeout=0)
+        for i in range(5):
+            client.publish(f"py.iter.{i}", f"m{i}")
+        got = list(sub.messages(timeout=2))  # stops once 2 s pass without a message
+        assert [(m.subject, m.data) for m in got] == [(f"py.iter.{i}", f"m{i}".encode()) for i in range(5)]
+        assert all(m.sid == sub.sid for m in got)
+
+
+def test_queue_group_gives_each_message_to_exactly_one_member(broker):
+    counts = [[], []]
+    with connect(broker) as a, connect(broker) as b, connect(broker) as pub:
+        a.subscribe("py.jobs", callback=counts[0].append, queue="workers")
+        b.subscribe("py.jobs", callback=counts[1].append, queue="workers")
+        a.flush()
+        b.flush()
+        for i in range(200):
+            pub.publish("py.jobs", str(i))
+        pub.flush()
+        assert wait_for(lambda: len(counts[0]) + len(counts[1]) == 200)
+        time.sleep(0.2)  # nothing more arrives
+    seen = sorted(int(m.data) for m in counts[0] + counts[1])
+    assert seen == list(range(200))
+    assert counts[0] and counts[1], "both members got some"
+
+
+def test_request_reply_no_responders_and_timeout(broker):
+    with connect(broker) as responder, connect(broker) as client:
+        def answer(m):
+            responder.publish(m.reply, b"pong:" + m.data)
+        responder.subscribe("py.svc", callback=answer)
+        responder.subscribe("py.silent")  # subscribed, never answers
+        responder.flush()
+        reply = client.request("py.svc", b"ping", timeout=10)
+        assert reply.data == b"pong:ping"
+        with pytest.raises(rdmabroker.NoResponders):
+            client.request("py.nobody", b"x", timeout=10)
+        start = time.monotonic()
+        with pytest.raises(rdmabroker.Timeout):
+            client.request("py.silent", b"x", timeout=0.5)
+        assert time.monotonic() - start >= 0.4
+
+
+def test_publish_with_a_reply_subject(broker):
+    with connect(broker) as client:
+        sub = client.subscribe("py.r")
+        client.flush()
+        client.publish("py.r", "hi", reply="py.inbox.1")
+        m = sub.next(timeout=10)
+        assert (m.data, m.reply) == (b"hi", "py.inbox.1")
+
+
+def test_unsubscribe_stops_the_deliveries(broker):
+    got = []
+    with connect(broker) as client:
+        sub = client.subscribe("py.u", callback=got.append)
+        client.flush()
+        client.publish("py.u", b"1")
+        assert wait_for(lambda: len(got) == 1)
+        sub.unsubscribe()
+        client.publish("py.u", b"2")
+        client.flush()
+        time.sleep(0.2)
+        assert [m.data for m in got] == [b"1"]
+
+
+def test_a_callback_that_raises_does_not_stop_the_deliveries(broker, capfd):
+    got = []
+
+    def flaky(m):
+        if m.data == b"bad":
+            raise RuntimeError("the application's bug")
+        got.append(m)
+
+    with connect(broker) as client:
+        client.subscribe("py.f", callback=flaky)
+        client.flush()
+        for data in (b"1", b"bad", b"2"):
+            client.publish("py.f", data)
+        client.flush()
+        assert wait_for(lambda: len(got) == 2)
+    assert "the application's bug" in capfd.readouterr().err
+
+
+def test_context_manager_closes_and_then_calls_raise_closed(broker):
+    with connect(broker) as client:
+        sub = client.subscribe("py.c")
+    assert client.closed
+    with pytest.raises(rdmabroker.Closed):
+        client.publish("py.c", b"x")
+    with pytest.raises(rdmabroker.Closed):
+        sub.next(timeout=1)
+    client.close()  # idempotent
+
+
+def test_errors_are_exceptions_of_the_librarys_kinds(broker):
+    with pytest.raises(rdmabroker.InvalidArgument):
+        rdmabroker.connect("http://127.0.0.1:1")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        nobody = s.getsockname()[1]
+    with pytest.raises(rdmabroker.ConnectFailed) as refused:
+        rdmabroker.connect(f"tcp://127.0.0.1:{nobody}")
+    assert isinstance(refused.value, ConnectionError)
+    with connect(broker) as client:
+        with pytest.raises(rdmabroker.InvalidArgument):
+            client.publish("bad subject with spaces", b"x")
+        with pytest.raises(rdmabroker.InvalidArgument):
+            client.subscribe("a.>.b")
+        with pytest.raises(rdmabroker.PayloadTooLarge):
+            client.publish("py.big", b"x" * (1 << 20))
+
+
+def test_credentials_and_permissions(make_broker, hash_secret):
+    config = (
+        "auth:\n  anonymous: false\n  users:\n"
+        f"    - name: alice\n      password: '{hash_secret('alice-pw')}'\n"
+        "      publish: {allow: ['py.ok.>']}\n      subscribe: {allow: ['py.ok.>']}\n"
+    )
+    broker = make_broker(config, anonymous=False)
+    with pytest.raises(rdmabroker.AuthenticationFailed) as wrong:
+        connect(broker, "alice:wrong")
+    assert "wrong password" in str(wrong.value)
+    with connect(broker, "alice:alice-pw") as alice:
+        sub = alice.subscribe("py.ok.x")
+        alice.publish("py.ok.x", b"allowed")
+        assert sub.next(timeout=10).data == b"allowed"
+        denied = alice.subscribe("py.secret")
+        with pytest.raises((rdmabroker.PermissionDenied, rdmabroker.Closed)) as refused:
+            denied.next(timeout=10)
+        assert "denied" in str(refused.value)
+
+
+def test_many_threads_share_one_client(broker):
+    got = []
+    lock = threading.Lock()
+
+    def keep(m):
+        with lock:
+            got.append(m.data)
+
+    with connect(broker) as sub, connect(broker) as pub:
+        sub.subscribe("py.t.*", callback=keep)
+        sub.flush()
+
+        def publish(t):
+            for i in range(100):
+                pub.publish(f"py.t.{t}", f"{t}:{i}")
+
+        threads = [threading.Thread(target=publish, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        pub.flush()
+        assert wait_for(lambda: len(got) == 400)
+    for t in range(4):  # each publisher's order kept
+        mine = [int(d.split(b":")[1]) for d in got if d.startswith(f"{t}:".encode())]
+        assert mine == list(range(100))

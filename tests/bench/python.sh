@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# What the Python package costs against the C++ library, on one broker in one
+# guest boot, over RDMA and over TCP: `rdmabroker bench` (1 publisher -> 1
+# subscriber, N messages of 64 B flat out) and python/examples/bench.py (the
+# same with the Python package: a callback subscriber).
+#   tests/bench/python.sh [N]          in the guest: RDMA and TCP
+#   tests/bench/python.sh --host [N]   on this host's real CPUs: TCP on loopback
+# The guest's emulated CPUs make every hand-off of Python's GIL between the
+# publishing thread and the library's delivering thread cost a wake-up of
+# hundreds of microseconds: there, read the ratio; the host says what Python
+# costs on a real CPU.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+HOST=0
+[ "${1:-}" = --host ] && { HOST=1; shift; }
+N=${1:-50000}
+BIN=${RDMABROKER_BIN:-build/release}
+source tests/bench/suite-lib.sh
+[ "$HOST" = 1 ] || in_guest_unless_rdma "$0" "$@"
+A1=${RDMABROKER_GUEST_ADDR1:-127.0.0.1}
+A2=${RDMABROKER_GUEST_ADDR2:-127.0.0.1}
+SOCK=/tmp/python-bench-$$.sock
+urls=("rdma://$A1:7482" "tcp://$A1:7483")
+if [ "$HOST" = 1 ]; then
+  start_broker --rdma off --tcp-port 7483
+  urls=("tcp://$A1:7483")
+else
+  start_broker --port 7482 --tcp-port 7483
+fi
+export PYTHONPATH=$PWD/python RDMABROKER_LIBRARY=$PWD/$BIN/client-lib/librdmabroker.so.0
+for url in "${urls[@]}"; do
+  cli=$("$BIN/client-lib/rdmabroker" bench bench.cli -s "$url" -b "$A2" -n "$N" --size 64 --json --quiet)
+  py=$(/usr/bin/python3 python/examples/bench.py "$url" --bind "$A2" -n "$N" --size 64)
+  /usr/bin/python3 - "$url" "$cli" "$py" <<'EOF'
+import json, sys
+url, cli, py = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+c = cli["aggregate"]["delivery_msgs_per_s"]
+p = py["delivery_msgs_per_s"]
+print(f"python-bench: {url.split(':')[0]} 64 B{' (host)' if url.startswith('tcp://127.') else ''}: C++ (rdmabroker bench) {c:,.0f} msg/s delivered; "
+      f"Python {p:,.0f} msg/s delivered ({py['publish_msgs_per_s']:,.0f} published/s): "
+      f"Python at {p / c:.2f} x C++")
+EOF
+done
