@@ -288,6 +288,10 @@ int run_request(const Common& common, const std::string& subject, const std::str
       subject, message,
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s)));
   if (!reply) {
+    // A refusal of the request's reply subscription comes as an ERROR that
+    // the library reports after it woke the request with NO_RESPONDERS:
+    // once a flush returns, every report of what came before it is in.
+    (void)client->flush(std::chrono::seconds(5));
     // Distinct exit codes: scripts tell "nobody serves this" from "too slow"
     // and from "not allowed" (a refused request goes unanswered).
     const int code = reply.error().kind == rdmabroker::ErrorKind::kNoResponders ? kExitNoResponders

@@ -457,8 +457,7 @@ TEST(Health, ReadinessFollowsThePortStateOfTheBrokersDevices) {
 
   ASSERT_TRUE(dev.link(false));
   ASSERT_TRUE(ready_is(503)) << ready.status << " " << ready.body;
-  EXPECT_NE(ready.body.find("[-]devices failed: rxe_probe: port 1 down"), std::string::npos)
-      << ready.body;
+  EXPECT_NE(ready.body.find("[-]devices failed: rxe_probe: port 1 down"), std::string::npos) << ready.body;
   EXPECT_TRUE(ready.body.ends_with("readyz check failed\n")) << ready.body;
   EXPECT_EQ(http_request(metrics_port, "/healthz").status, 200);
 

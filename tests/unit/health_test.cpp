@@ -15,8 +15,8 @@ TEST(HealthReport, EveryCheckPassingIsOk) {
 }
 
 TEST(HealthReport, OneFailedCheckFailsTheReportAndSaysWhy) {
-  HealthReport r{{{"workers", true, "1 worker loop went round within 2 s"},
-                  {"devices", false, "rxe0: port 1 down"}}};
+  HealthReport r{
+      {{"workers", true, "1 worker loop went round within 2 s"}, {"devices", false, "rxe0: port 1 down"}}};
   EXPECT_FALSE(r.ok());
   EXPECT_EQ(render(r, "readyz"),
             "[+]workers ok: 1 worker loop went round within 2 s\n"
