@@ -1,5 +1,8 @@
 // The C API: thin wrappers that turn Result/Status into rb_status codes and
 // keep the last error message per thread.
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
 #include <string>
 
 #include "rdmabroker/client.hpp"
@@ -100,9 +103,62 @@ int subscribe_sync(rb_client* c, const char* subject, const char* group, rb_subs
 extern "C" {
 
 int rb_connect(const char* url, const char* bind_address, rb_client** out) {
-  if (url == nullptr || out == nullptr) return invalid("rb_connect: url and out are required");
+  rb_options o;
+  rb_options_init(&o);
+  o.bind_address = bind_address;
+  return rb_connect_with(url, &o, out);
+}
+
+void rb_options_init(rb_options* options) {
+  if (options == nullptr) return;
+  *options = rb_options{};
+  options->size = sizeof(rb_options);
+}
+
+int rb_connect_with(const char* url, const rb_options* options, rb_client** out) {
+  if (url == nullptr || out == nullptr) return invalid("rb_connect_with: url and out are required");
+  rb_options o;
+  rb_options_init(&o);
+  if (options != nullptr) {
+    // An older caller's struct is shorter: take what it has, default the rest.
+    if (options->size < offsetof(rb_options, bind_address))
+      return invalid("rb_connect_with: options.size not set");
+    std::memcpy(&o, options, std::min(options->size, sizeof(rb_options)));
+  }
   rdmabroker::ClientOptions opt;
-  if (bind_address != nullptr) opt.bind_address = bind_address;
+  auto text = [](const char* s) { return s != nullptr ? std::string(s) : std::string(); };
+  auto ms = [](int v, std::chrono::milliseconds fallback) {
+    return v > 0 ? std::chrono::milliseconds(v) : fallback;
+  };
+  if (o.connect_timeout_ms < 0 || o.publish_timeout_ms < 0 || o.reconnect_delay_ms < 0 ||
+      o.reconnect_max_delay_ms < 0 || o.max_reconnect_attempts < 0) {
+    return invalid("rb_connect_with: negative timeout, delay or attempt count");
+  }
+  opt.bind_address = text(o.bind_address);
+  opt.user = text(o.user);
+  opt.password = text(o.password);
+  opt.token = text(o.token);
+  opt.reconnect = o.reconnect != 0;
+  opt.max_reconnect_attempts = static_cast<std::uint32_t>(o.max_reconnect_attempts);
+  opt.connect_timeout = ms(o.connect_timeout_ms, opt.connect_timeout);
+  opt.publish_timeout = ms(o.publish_timeout_ms, opt.publish_timeout);
+  opt.reconnect_delay = ms(o.reconnect_delay_ms, opt.reconnect_delay);
+  opt.reconnect_max_delay = ms(o.reconnect_max_delay_ms, opt.reconnect_max_delay);
+  if (o.on_error != nullptr) {
+    opt.on_error = [cb = o.on_error, user = o.on_error_user](const rdmabroker::Error& e) {
+      cb(code_for(e.kind), e.message.c_str(), user);
+    };
+  }
+  if (o.on_connection_event != nullptr) {
+    opt.on_connection_event = [cb = o.on_connection_event,
+                               user = o.on_connection_event_user](const rdmabroker::ConnectionEvent& e) {
+      using K = rdmabroker::ConnectionEvent::Kind;
+      const rb_connection_event kind = e.kind == K::kDisconnected  ? RB_DISCONNECTED
+                                       : e.kind == K::kReconnected ? RB_RECONNECTED
+                                                                   : RB_GAVE_UP;
+      cb(kind, e.reason.message.c_str(), user);
+    };
+  }
   auto c = rdmabroker::Client::connect(url, opt);
   if (!c) return fail(c.error());
   *out = new rb_client{std::move(c.value())};

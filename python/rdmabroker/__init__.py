@@ -108,6 +108,21 @@ class _CMessage(ctypes.Structure):
 
 
 _MESSAGE_CB = ctypes.CFUNCTYPE(None, ctypes.POINTER(_CMessage), ctypes.c_void_p)
+_ERROR_CB = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+_CONNECTION_CB = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+
+
+class _COptions(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("bind_address", ctypes.c_char_p), ("user", ctypes.c_char_p),
+                ("password", ctypes.c_char_p), ("token", ctypes.c_char_p), ("reconnect", ctypes.c_int),
+                ("max_reconnect_attempts", ctypes.c_int), ("connect_timeout_ms", ctypes.c_int),
+                ("publish_timeout_ms", ctypes.c_int), ("reconnect_delay_ms", ctypes.c_int),
+                ("reconnect_max_delay_ms", ctypes.c_int), ("on_error", _ERROR_CB),
+                ("on_error_user", ctypes.c_void_p), ("on_connection_event", _CONNECTION_CB),
+                ("on_connection_event_user", ctypes.c_void_p)]
+
+# rb_connection_event -> the name a callback is given.
+_CONNECTION_EVENTS = {0: "disconnected", 1: "reconnected", 2: "gave_up"}
 
 
 def _load():
@@ -115,7 +130,8 @@ def _load():
     P, I, U32, S = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_size_t
     msg_pp = ctypes.POINTER(ctypes.POINTER(_CMessage))
     for name, res, args in [
-        ("rb_connect", I, [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(P)]),
+        ("rb_connect_with", I, [ctypes.c_char_p, ctypes.POINTER(_COptions), ctypes.POINTER(P)]),
+        ("rb_options_init", None, [ctypes.POINTER(_COptions)]),
         ("rb_publish", I, [P, ctypes.c_char_p, ctypes.c_char_p, S]),
         ("rb_publish_request", I, [P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, S]),
         ("rb_request", I, [P, ctypes.c_char_p, ctypes.c_char_p, S, I, msg_pp]),
@@ -151,6 +167,15 @@ def _ms(timeout: Optional[float]) -> int:
     if timeout < 0:
         raise InvalidArgument("timeout must not be negative", -1)
     return int(timeout * 1000)
+
+
+def _guarded(f, *args) -> None:
+    """Runs an application callback on the library's thread: an exception
+    it raises is printed, and the library goes on."""
+    try:
+        f(*args)
+    except Exception:
+        traceback.print_exc(file=sys.stderr)
 
 
 def _bytes(data: Union[bytes, bytearray, memoryview, str]) -> bytes:
@@ -258,9 +283,37 @@ class Client:
     """A connection to rdmabrokerd; use connect(). Thread-safe, as the C++
     client is; a context manager that closes it."""
 
-    def __init__(self, url: str, bind: Optional[str] = None):
+    def __init__(self, url: str, bind: Optional[str] = None, *, user: Optional[str] = None,
+                 password: Optional[str] = None, token: Optional[str] = None, reconnect: bool = False,
+                 max_reconnect_attempts: int = 0, connect_timeout: Optional[float] = None,
+                 publish_timeout: Optional[float] = None, reconnect_delay: Optional[float] = None,
+                 reconnect_max_delay: Optional[float] = None,
+                 on_error: Optional[Callable[["Error"], None]] = None,
+                 on_connection_event: Optional[Callable[[str, str], None]] = None):
+        o = _COptions()
+        _lib.rb_options_init(ctypes.byref(o))
+        text = lambda v: v.encode() if v else None  # noqa: E731
+        o.bind_address, o.user, o.password, o.token = text(bind), text(user), text(password), text(token)
+        o.reconnect = int(bool(reconnect))
+        o.max_reconnect_attempts = max_reconnect_attempts
+        for field, seconds in (("connect_timeout_ms", connect_timeout), ("publish_timeout_ms", publish_timeout),
+                               ("reconnect_delay_ms", reconnect_delay),
+                               ("reconnect_max_delay_ms", reconnect_max_delay)):
+            if seconds is not None:
+                setattr(o, field, max(1, _ms(seconds)))
+        # The C callbacks live as long as the client: the library may call them until close().
+        self._c_on_error = self._c_on_connection_event = None
+        if on_error is not None:
+            def error(status, message, _user):
+                _guarded(on_error, _ERRORS.get(status, Error)((message or b"").decode("utf-8", "replace"), status))
+            self._c_on_error = o.on_error = _ERROR_CB(error)
+        if on_connection_event is not None:
+            def event(kind, reason, _user):
+                _guarded(on_connection_event, _CONNECTION_EVENTS.get(kind, str(kind)),
+                         (reason or b"").decode("utf-8", "replace"))
+            self._c_on_connection_event = o.on_connection_event = _CONNECTION_CB(event)
         handle = ctypes.c_void_p()
-        _check(_lib.rb_connect(url.encode(), bind.encode() if bind else None, ctypes.byref(handle)))
+        _check(_lib.rb_connect_with(url.encode(), ctypes.byref(o), ctypes.byref(handle)))
         self._handle = handle
         self._callbacks = {}
         self._lock = threading.Lock()
@@ -304,10 +357,7 @@ class Client:
             return Subscription(self, _lib.rb_subscription_sid(sub), handle=sub)
 
         def deliver(msg, _user):
-            try:
-                callback(_message(msg.contents))
-            except Exception:  # a callback's bug must not kill the library's thread
-                traceback.print_exc(file=sys.stderr)
+            _guarded(callback, _message(msg.contents))
 
         c_callback = _MESSAGE_CB(deliver)
         sid = ctypes.c_uint32()
@@ -344,8 +394,23 @@ class Client:
             pass
 
 
-def connect(url: str, bind: Optional[str] = None) -> Client:
+def connect(url: str, bind: Optional[str] = None, **options) -> Client:
     """Connects to rdmabrokerd at `url`: "rdma://host[:port]" or
     "tcp://host[:port]", credentials as "user:password@" or "token@" before
-    the host. `bind` is a local address (over RDMA it selects the device)."""
-    return Client(url, bind)
+    the host, or as options. `bind` is a local address (over RDMA it selects
+    the device). Options (keywords; None or absent: the library's default):
+
+    user, password, token   credentials
+    reconnect               reconnect with backoff when the connection fails,
+                            restoring every subscription (False)
+    max_reconnect_attempts  per outage, then the client closes (0: for ever)
+    connect_timeout, publish_timeout, reconnect_delay, reconnect_max_delay
+                            seconds (5, 5, 0.1, 5); a publish waits up to
+                            publish_timeout for room or for a reconnect
+    on_error(err)           an asynchronous error, e.g. a publish the broker
+                            refused (PermissionDenied): an Error instance
+    on_connection_event(kind, reason)
+                            "disconnected", "reconnected" or "gave_up", and
+                            why the connection was lost
+    Callbacks run on the library's thread."""
+    return Client(url, bind, **options)

@@ -40,7 +40,11 @@ class Broker:
         if anonymous:
             args.append("--allow-anonymous")
         args += ["--rdma", "on" if via == "rdma" else "off"]
-        self.process = subprocess.Popen(args)
+        self.args = args
+        self._start()
+
+    def _start(self) -> None:
+        self.process = subprocess.Popen(self.args)
         # Ready when its admin socket answers (opened once the listeners are bound).
         deadline = time.monotonic() + 30
         while not self._admin_answers():
@@ -66,6 +70,13 @@ class Broker:
     @property
     def bind(self):
         return os.environ["RDMABROKER_GUEST_ADDR2"] if self.via == "rdma" else None
+
+    def restart(self) -> int:
+        """Stops it (SIGTERM) and starts it again on the same ports."""
+        self.process.terminate()
+        code = self.process.wait(timeout=30)
+        self._start()
+        return code
 
     def stop(self) -> int:
         self.process.terminate()

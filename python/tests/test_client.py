@@ -202,3 +202,56 @@ def test_many_threads_share_one_client(broker):
     for t in range(4):  # each publisher's order kept
         mine = [int(d.split(b":")[1]) for d in got if d.startswith(f"{t}:".encode())]
         assert mine == list(range(100))
+
+
+def test_reconnect_restores_subscriptions_and_reports_the_outage(broker):
+    events = []
+    got = []
+    with rdmabroker.connect(broker.url(), bind=broker.bind, reconnect=True, reconnect_delay=0.05,
+                            reconnect_max_delay=0.5, publish_timeout=30,
+                            on_connection_event=lambda kind, why: events.append((kind, why))) as client:
+        client.subscribe("py.back", callback=got.append)
+        client.flush()
+        client.publish("py.back", b"before")
+        assert wait_for(lambda: len(got) == 1)
+        assert broker.restart() == 0
+        assert wait_for(lambda: ("reconnected" in [k for k, _ in events]), 60), events
+        client.publish("py.back", b"after")  # the same subscription, restored
+        client.flush(timeout=30)
+        assert wait_for(lambda: len(got) == 2, 30)
+    assert [m.data for m in got] == [b"before", b"after"]
+    assert events[0][0] == "disconnected" and "shutting down" in events[0][1], events
+
+
+def test_gave_up_closes_the_client(broker):
+    events = []
+    client = rdmabroker.connect(broker.url(), bind=broker.bind, reconnect=True, reconnect_delay=0.05,
+                                max_reconnect_attempts=2, on_connection_event=lambda k, w: events.append(k))
+    broker.process.terminate()
+    broker.process.wait(timeout=30)
+    assert wait_for(lambda: "gave_up" in events, 60), events
+    with pytest.raises(rdmabroker.Closed) as closed:
+        client.publish("py.gone", b"x")
+    assert "gave up reconnecting after 2 attempts" in str(closed.value)
+    client.close()
+    broker._start()  # for the fixture's clean stop
+
+
+def test_options_carry_credentials_and_errors_reach_on_error(make_broker, hash_secret):
+    config = (
+        "auth:\n  anonymous: false\n  users:\n"
+        f"    - name: bob\n      password: '{hash_secret('bob-pw')}'\n"
+        "      publish: {allow: ['py.ok.>']}\n"
+    )
+    broker = make_broker(config, anonymous=False)
+    errors = []
+    with rdmabroker.connect(broker.url(), bind=broker.bind, user="bob", password="bob-pw",
+                            on_error=errors.append) as bob:
+        bob.publish("py.ok.x", b"fine")
+        bob.publish("py.not.allowed", b"refused")  # accepted locally; the broker refuses it
+        bob.flush()
+        assert wait_for(lambda: errors), "no asynchronous error reported"
+    assert isinstance(errors[0], rdmabroker.PermissionDenied), errors
+    assert "py.not.allowed" in errors[0].message
+    with pytest.raises(rdmabroker.AuthenticationFailed):
+        rdmabroker.connect(broker.url(), bind=broker.bind, user="bob", password="wrong")

@@ -1,6 +1,7 @@
 /* Exercises librdmabroker's C API from C (so the header is checked as C):
  * connect, subscribe (sync and callback), publish, flush, receive, queue
- * groups, request/reply (answered, no responders), close.
+ * groups, request/reply (answered, no responders), close, connecting with
+ * options (rb_connect_with).
  *   c_api_smoke URL   -> exit 0 when every step worked, else 1 with a message */
 #include <rdmabroker/rdmabroker.h>
 #include <stdatomic.h>
@@ -96,6 +97,34 @@ int main(int argc, char** argv) {
   rb_close(c);
   if (atomic_load(&callback_count) != 1) {
     fprintf(stderr, "callback saw %d messages, expected 1\n", atomic_load(&callback_count));
+    return 1;
+  }
+  /* rb_connect_with: options initialized, then the ones wanted; a struct
+   * whose size was never set, or a negative timeout, is refused. */
+  rb_options o;
+  rb_options_init(&o);
+  if (o.size != sizeof(rb_options) || o.reconnect != 0 || o.on_error != NULL) {
+    fprintf(stderr, "rb_options_init left something set\n");
+    return 1;
+  }
+  o.reconnect = 1;
+  o.connect_timeout_ms = 15000;
+  o.publish_timeout_ms = 10000;
+  rb_client* c2 = NULL;
+  CHECK(rb_connect_with(argv[1], &o, &c2));
+  CHECK(rb_publish(c2, "c.options", "x", 1));
+  CHECK(rb_flush(c2, 10000));
+  rb_close(c2);
+  rb_options unset;
+  memset(&unset, 0, sizeof unset);
+  if (rb_connect_with(argv[1], &unset, &c2) != RB_ERR_INVALID_ARGUMENT ||
+      strstr(rb_last_error(), "options.size") == NULL) {
+    fprintf(stderr, "expected options.size to be refused, got: %s\n", rb_last_error());
+    return 1;
+  }
+  o.connect_timeout_ms = -1;
+  if (rb_connect_with(argv[1], &o, &c2) != RB_ERR_INVALID_ARGUMENT) {
+    fprintf(stderr, "expected a negative timeout to be refused\n");
     return 1;
   }
   puts("c_api_smoke: ok");

@@ -46,6 +46,41 @@ typedef void (*rb_message_cb)(const rb_message* msg, void* user);
 /* bind_address may be NULL. Credentials go in the URL: "rdma://user:password@host"
  * or "rdma://token@host" (RB_ERR_AUTHENTICATION when the broker refuses them). */
 int rb_connect(const char* url, const char* bind_address, rb_client** out);
+
+/* What a reconnecting client reports (rb_options.on_connection_event). */
+typedef enum { RB_DISCONNECTED = 0, RB_RECONNECTED = 1, RB_GAVE_UP = 2 } rb_connection_event;
+/* An asynchronous error (a publish or subscription the broker refused, ...),
+ * called on the library's thread: status is an rb_status. */
+typedef void (*rb_error_cb)(int status, const char* message, void* user);
+/* The connection was lost, restored (subscriptions restored), or given up
+ * on; `reason` says why it was lost. Called on the library's thread. */
+typedef void (*rb_connection_cb)(rb_connection_event event, const char* reason, void* user);
+
+/* Options of rb_connect_with: rb_options_init() first, then set what you
+ * need. `size` is sizeof(rb_options) as the caller was compiled: fields
+ * added later go at the end, and a library never reads past `size`. Zero
+ * and NULL mean the library's defaults (docs/cli.md and client.hpp name them). */
+typedef struct rb_options {
+  size_t size;
+  const char* bind_address; /* local address; over RDMA it selects the device */
+  const char* user;         /* credentials, instead of in the URL */
+  const char* password;
+  const char* token;
+  int reconnect;              /* non-zero: reconnect with backoff, restoring subscriptions */
+  int max_reconnect_attempts; /* 0: for ever */
+  int connect_timeout_ms;     /* 0: 5000 */
+  int publish_timeout_ms;     /* how long a publish waits for room or a reconnect; 0: 5000 */
+  int reconnect_delay_ms;     /* first backoff; 0: 100 */
+  int reconnect_max_delay_ms; /* 0: 5000 */
+  rb_error_cb on_error;
+  void* on_error_user;
+  rb_connection_cb on_connection_event;
+  void* on_connection_event_user;
+} rb_options;
+
+void rb_options_init(rb_options* options);
+/* rb_connect with options (NULL: all defaults). */
+int rb_connect_with(const char* url, const rb_options* options, rb_client** out);
 /* url: "rdma://host[:port]" or "tcp://host[:port]". */
 int rb_publish(rb_client* c, const char* subject, const void* data, size_t len);
 /* Publishes with a reply subject for a responder to answer to. */
