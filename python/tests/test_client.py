@@ -156,13 +156,14 @@ def test_errors_are_exceptions_of_the_librarys_kinds(broker):
             client.publish("py.big", b"x" * (1 << 20))
 
 
+def one_user(name, password_hash, publish="py.ok.>", subscribe=">"):
+    """A broker config with one user, anonymous clients refused."""
+    return (f"auth:\n  anonymous: false\n  users:\n    - name: {name}\n      password: '{password_hash}'\n"
+            f"      publish: {{allow: ['{publish}']}}\n      subscribe: {{allow: ['{subscribe}']}}\n")
+
+
 def test_credentials_and_permissions(make_broker, hash_secret):
-    config = (
-        "auth:\n  anonymous: false\n  users:\n"
-        f"    - name: alice\n      password: '{hash_secret('alice-pw')}'\n"
-        "      publish: {allow: ['py.ok.>']}\n      subscribe: {allow: ['py.ok.>']}\n"
-    )
-    broker = make_broker(config, anonymous=False)
+    broker = make_broker(one_user("alice", hash_secret("alice-pw"), subscribe="py.ok.>"), anonymous=False)
     with pytest.raises(rdmabroker.AuthenticationFailed) as wrong:
         connect(broker, "alice:wrong")
     assert "wrong password" in str(wrong.value)
@@ -238,12 +239,7 @@ def test_gave_up_closes_the_client(broker):
 
 
 def test_options_carry_credentials_and_errors_reach_on_error(make_broker, hash_secret):
-    config = (
-        "auth:\n  anonymous: false\n  users:\n"
-        f"    - name: bob\n      password: '{hash_secret('bob-pw')}'\n"
-        "      publish: {allow: ['py.ok.>']}\n"
-    )
-    broker = make_broker(config, anonymous=False)
+    broker = make_broker(one_user("bob", hash_secret("bob-pw")), anonymous=False)
     errors = []
     with rdmabroker.connect(broker.url(), bind=broker.bind, user="bob", password="bob-pw",
                             on_error=errors.append) as bob:
