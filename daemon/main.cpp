@@ -120,7 +120,7 @@ class MainThread {
       int timeout = admin_ ? admin_->timeout_ms(poll_ms) : poll_ms;
       if (metrics_) timeout = metrics_->timeout_ms(timeout);
       const int n = ::poll(fds.data(), fds.size(), timeout);
-      if (period.count() > 0 && broker_.workers_healthy(Server::kLivenessLimit)) notifier.watchdog();
+      if (period.count() > 0 && broker_.workers_healthy()) notifier.watchdog();
       const auto now_stats = broker_.stats();
       rates_.sample(now_stats, std::chrono::steady_clock::now());
       trimmer_.observe(now_stats.at("connections.current"));

@@ -232,24 +232,25 @@ void Server::apply_live(const BrokerOptions& next) {
   if (multicast_) multicast_->reload(next.multicast);
 }
 
-bool Server::workers_healthy(std::chrono::milliseconds limit) const {
+std::vector<std::pair<std::uint32_t, std::chrono::milliseconds>> Server::stuck_workers() const {
   const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
-  const auto max_age = std::chrono::duration_cast<std::chrono::steady_clock::duration>(limit).count();
-  return std::all_of(workers_.begin(), workers_.end(),
-                     [&](const auto& w) { return now - w->heartbeat() <= max_age; });
+  std::vector<std::pair<std::uint32_t, std::chrono::milliseconds>> stuck;
+  for (const auto& w : workers_) {
+    const std::chrono::steady_clock::duration age(now - w->heartbeat());
+    if (age > kLivenessLimit)
+      stuck.emplace_back(w->index(), std::chrono::duration_cast<std::chrono::milliseconds>(age));
+  }
+  return stuck;
 }
 
 HealthReport Server::liveness() const {
-  const auto now = std::chrono::steady_clock::now().time_since_epoch();
   HealthCheck workers{"workers", true, ""};
-  for (const auto& w : workers_) {
-    const std::chrono::steady_clock::duration age(now.count() - w->heartbeat());
-    if (age <= kLivenessLimit) continue;
+  for (const auto& [index, age] : stuck_workers()) {
     if (!workers.ok) workers.detail += "; ";
     workers.ok = false;
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(age).count();
+    const auto ms = age.count();
     workers.detail +=
-        fmt::format("worker {} has not gone round for {}.{} s", w->index(), ms / 1000, ms % 1000 / 100);
+        fmt::format("worker {} has not gone round for {}.{} s", index, ms / 1000, ms % 1000 / 100);
   }
   if (workers.ok) {
     workers.detail = fmt::format("{} worker loop{} went round within {} s", workers_.size(),

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "ops/health.hpp"
@@ -41,8 +42,9 @@ class Server {
   /// Hands the live settings of a reload to every worker (config::diff says
   /// which settings are live; the caller has refused any other change).
   void apply_live(const BrokerOptions& next);
-  /// True while every worker's loop went round within `limit`.
-  bool workers_healthy(std::chrono::milliseconds limit) const;
+  /// True while every worker's loop went round within kLivenessLimit (the
+  /// systemd watchdog is fed only then).
+  bool workers_healthy() const { return stuck_workers().empty(); }
   /// GET /healthz: every worker's loop went round within kLivenessLimit.
   HealthReport liveness() const;
   /// GET /readyz: live, listening, and every RDMA device has an active port.
@@ -61,6 +63,9 @@ class Server {
   Status inject(const fault::Spec& spec);
 
  private:
+  /// Each worker whose loop has not gone round within kLivenessLimit, and
+  /// for how long: what the watchdog and /healthz both judge by.
+  std::vector<std::pair<std::uint32_t, std::chrono::milliseconds>> stuck_workers() const;
   static void warn_if_nobody_can_connect(const AuthTable& table);
   /// Opens the RDMA devices (as rdma: auto/on/off and what is present say)
   /// and the TCP listening socket; true when RDMA is served.
