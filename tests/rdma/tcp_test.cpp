@@ -371,7 +371,9 @@ TEST(Tcp, BrokerWithoutRdmaServesTcpOnlyAndSaysSo) {
     }
     EXPECT_TRUE(c && c->flush(10s));
     if (c) c->close();
-    ::system(("pkill -TERM -f -- '--tcp-port " + tcp_port + "'").c_str());
+    // "por[t]": the pattern must not match the shell that runs pkill.
+    EXPECT_EQ(::system(("pkill -TERM -f -- '--tcp-por[t] " + tcp_port + "'").c_str()), 0)
+        << "the broker was gone";
     t.join();
     EXPECT_EQ(result.first, 0) << result.second;
     EXPECT_NE(result.second.find("listening on tcp://0.0.0.0:" + tcp_port + " (TCP only"), std::string::npos)
