@@ -10,6 +10,7 @@ PACKAGES=(
   libibverbs-dev librdmacm-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libyaml-cpp-dev prometheus-cpp-dev libsystemd-dev libssl-dev
   go-md2man groff-base  # the manual pages, made from docs/ (scripts/man.sh) and checked with groff
+  lintian  # scripts/package.sh checks the Debian packages with it
   # tests
   libgtest-dev libgmock-dev libbenchmark-dev
   stress-ng  # scripts/flake-loop.sh: the host suite under load

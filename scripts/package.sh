@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Builds the Debian package from a build tree and checks what it holds:
+# Builds the Debian packages from a build tree and checks them:
 #   scripts/package.sh [BUILD_DIR]   (default build/release)
-# Prints the .deb's path on the last line. test.sh runs it, so a package that
-# lost its unit, its conffile or its maintainer scripts fails CI.
+# The packages (deploy/debian/packages.cmake): rdmabroker (the daemon),
+# rdmabroker-clients (the CLI), librdmabroker0, librdmabroker-dev and
+# python3-rdmabroker. Checks what each holds and states in its control file,
+# runs lintian on them (every tag that remains is justified in an override),
+# and builds and runs a C++ and a C consumer against them unpacked into a
+# throw-away root. Prints the packages' paths on the last line. test.sh runs
+# it, so a package that lost its unit, its conffile, its maintainer scripts or
+# a file a consumer needs fails CI; the systemd suite installs them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-build/release}
@@ -20,54 +26,95 @@ outside=$(grep -v "^$prefix/" "$DIR/install_manifest.txt" || true)
 # The installed library as a consumer sees it: a C++ program built with
 # find_package(rdmabroker), a C program with pkg-config, both run against the
 # installed broker over TCP; and both binaries answer --version.
+#   check_consumers OUT PREFIX LIBDIR ETC
 check_consumers() {
-  local out=$1 port=$((20000 + RANDOM % 20000)) broker rc=0
+  local out=$1 prefix=$2 libdir=$3 etc=$4 port=$((20000 + RANDOM % 20000)) broker rc=0
   cmake -S tests/consumer -B "$out" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >"$out.log" 2>&1 &&
     ninja -C "$out" >>"$out.log" 2>&1 || { cat "$out.log" >&2; echo "package.sh: find_package(rdmabroker) consumer did not build" >&2; return 1; }
   local pc
-  pc=$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs rdmabroker) &&
+  pc=$(PKG_CONFIG_PATH="$prefix/$libdir/pkgconfig" pkg-config --cflags --libs rdmabroker) &&
     cc -std=c11 -Wall -Wextra -Werror tests/consumer/consumer.c $pc -o "$out/consumer_c" ||
     { echo "package.sh: pkg-config rdmabroker consumer did not build" >&2; return 1; }
-  "$prefix/sbin/rdmabrokerd" --config "$prefix/etc/rdmabroker/broker.yaml" --rdma off --listen 127.0.0.1 \
+  "$prefix/sbin/rdmabrokerd" --config "$etc/rdmabroker/broker.yaml" --rdma off --listen 127.0.0.1 \
     --tcp-port "$port" --metrics-listen "" --admin-socket "$out/admin.sock" --allow-anonymous --log-level warn &
   broker=$!
   for _ in $(seq 100); do [ -S "$out/admin.sock" ] && break; sleep 0.1; done
-  [ "$(LD_LIBRARY_PATH="$prefix/lib" "$out/consumer_cpp" "tcp://127.0.0.1:$port")" = "hello from C++" ] ||
+  [ "$(LD_LIBRARY_PATH="$prefix/$libdir" "$out/consumer_cpp" "tcp://127.0.0.1:$port")" = "hello from C++" ] ||
     { echo "package.sh: the find_package consumer did not get its message" >&2; rc=1; }
-  [ "$(LD_LIBRARY_PATH="$prefix/lib" "$out/consumer_c" "tcp://127.0.0.1:$port")" = "hello from C" ] ||
+  [ "$(LD_LIBRARY_PATH="$prefix/$libdir" "$out/consumer_c" "tcp://127.0.0.1:$port")" = "hello from C" ] ||
     { echo "package.sh: the pkg-config consumer did not get its message" >&2; rc=1; }
   kill "$broker" && wait "$broker" || true
   for b in sbin/rdmabrokerd bin/rdmabroker; do
-    LD_LIBRARY_PATH="$prefix/lib" "$prefix/$b" --version | grep -qx "${b#*/} [0-9.]*" ||
+    LD_LIBRARY_PATH="$prefix/$libdir" "$prefix/$b" --version | grep -qx "${b#*/} [0-9.]*" ||
       { echo "package.sh: $b --version does not say its version" >&2; rc=1; }
   done
   return $rc
 }
-consumers=$(mktemp -d)
-check_consumers "$consumers" || fail=1
-rm -rf "$prefix" "$consumers" "$consumers.log"
+rm -rf "$prefix"
 # A package's paths: prefix /usr (the library in the multiarch directory) and
 # the configuration in /etc. Only install paths change: nothing recompiles.
-cmake -S . -B "$DIR" -DCMAKE_INSTALL_PREFIX=/usr -DCMAKE_INSTALL_SYSCONFDIR=/etc -DCMAKE_INSTALL_LIBDIR=lib/"$(gcc -print-multiarch)" >/dev/null
+multiarch=$(gcc -print-multiarch)
+cmake -S . -B "$DIR" -DCMAKE_INSTALL_PREFIX=/usr -DCMAKE_INSTALL_SYSCONFDIR=/etc -DCMAKE_INSTALL_LIBDIR=lib/"$multiarch" >/dev/null
 ninja -C "$DIR" >/dev/null
+rm -f "$DIR"/*.deb
 (cd "$DIR" && cpack -G DEB >/dev/null)
-DEB=$(ls -t "$DIR"/rdmabroker_*.deb | head -1)
-contents=$(dpkg-deb -c "$DEB" | awk '{print $6}')
-for f in ./usr/sbin/rdmabrokerd ./usr/bin/rdmabroker "./usr/lib/$(gcc -print-multiarch)/librdmabroker.so.0" ./etc/rdmabroker/broker.yaml \
-         ./usr/lib/systemd/system/rdmabrokerd.service ./usr/lib/sysusers.d/rdmabroker.conf \
-         ./usr/lib/tmpfiles.d/rdmabroker.conf ./usr/share/doc/rdmabroker/operations.md \
-         ./usr/include/rdmabroker/client.hpp ./usr/include/rdmabroker/rdmabroker.h \
-         ./usr/share/man/man8/rdmabrokerd.8.gz ./usr/share/man/man1/rdmabroker.1.gz \
-         ./usr/share/man/man5/rdmabroker.yaml.5.gz ./usr/lib/python3/dist-packages/rdmabroker/__init__.py \
-         "./usr/lib/$(gcc -print-multiarch)/pkgconfig/rdmabroker.pc" \
-         "./usr/lib/$(gcc -print-multiarch)/cmake/rdmabroker/rdmabrokerConfig.cmake"; do
-  grep -qx -- "$f" <<<"$contents" || { echo "package.sh: $DEB lacks $f" >&2; fail=1; }
+V=$(sed -n 's/^CMAKE_PROJECT_VERSION:STATIC=//p' "$DIR/CMakeCache.txt")
+deb() { echo "$DIR/${1}_${V}_$([ "$1" = python3-rdmabroker ] && echo all || dpkg --print-architecture).deb"; }
+L=./usr/lib/$multiarch
+declare -A files=(
+  [rdmabroker]="./usr/sbin/rdmabrokerd ./etc/rdmabroker/broker.yaml ./usr/lib/systemd/system/rdmabrokerd.service
+    ./usr/lib/sysusers.d/rdmabroker.conf ./usr/lib/tmpfiles.d/rdmabroker.conf ./usr/share/doc/rdmabroker/operations.md
+    ./usr/share/man/man8/rdmabrokerd.8.gz ./usr/share/man/man5/rdmabroker.yaml.5.gz"
+  [rdmabroker-clients]="./usr/bin/rdmabroker ./usr/share/man/man1/rdmabroker.1.gz"
+  [librdmabroker0]="$L/librdmabroker.so.0 $L/librdmabroker.so.$V"
+  [librdmabroker-dev]="./usr/include/rdmabroker/client.hpp ./usr/include/rdmabroker/rdmabroker.h $L/librdmabroker.so
+    $L/pkgconfig/rdmabroker.pc $L/cmake/rdmabroker/rdmabrokerConfig.cmake"
+  [python3-rdmabroker]="./usr/lib/python3/dist-packages/rdmabroker/__init__.py ./usr/lib/python3/dist-packages/rdmabroker/aio.py"
+)
+# What each control file must say.
+declare -A control=(
+  [rdmabroker]="Depends: .*rdma-core|Depends: .*libibverbs1|Recommends: rdmabroker-clients"
+  [rdmabroker-clients]="Depends: librdmabroker0 (= $V)"
+  [librdmabroker0]="Section: libs"
+  [librdmabroker-dev]="Depends: librdmabroker0 (= $V)|Section: libdevel"
+  [python3-rdmabroker]="Depends: python3:any, librdmabroker0 (>= $V)|Architecture: all"
+)
+declare -A scripts=([rdmabroker]="conffiles postinst prerm postrm" [librdmabroker0]="shlibs triggers"
+                    [python3-rdmabroker]="postinst prerm")
+debs=()
+for p in "${!files[@]}"; do
+  f=$(deb "$p")
+  [ -f "$f" ] || { echo "package.sh: cpack made no $f" >&2; fail=1; continue; }
+  debs+=("$f")
+  contents=$(dpkg-deb -c "$f" | awk '{print $6}')
+  for want in ${files[$p]} ./usr/share/doc/$p/copyright ./usr/share/doc/$p/changelog.gz; do
+    grep -qx -- "$want" <<<"$contents" || { echo "package.sh: $p lacks $want" >&2; fail=1; }
+  done
+  info=$(dpkg-deb -I "$f")
+  IFS='|' read -ra wants <<<"${control[$p]}"
+  for want in "${wants[@]}" ${scripts[$p]:-}; do
+    grep -q -- "$want" <<<"$info" || { echo "package.sh: $p's control lacks '$want'" >&2; fail=1; }
+  done
 done
-info=$(dpkg-deb -I "$DEB")
-for want in "conffiles" "postinst" "prerm" "postrm" "Depends: .*rdma-core" "Depends: .*libibverbs1"; do
-  grep -q "$want" <<<"$info" || { echo "package.sh: $DEB control lacks '$want'" >&2; fail=1; }
-done
-[ "$(dpkg-deb --ctrl-tarfile "$DEB" | tar -xO ./conffiles)" = /etc/rdmabroker/broker.yaml ] ||
+[ "$(ls "$DIR"/*.deb | wc -l)" = "${#files[@]}" ] || { echo "package.sh: cpack made packages not checked here: $(ls "$DIR"/*.deb)" >&2; fail=1; }
+[ "$(dpkg-deb --ctrl-tarfile "$(deb rdmabroker)" | tar -xO ./conffiles)" = /etc/rdmabroker/broker.yaml ] ||
   { echo "package.sh: broker.yaml is not a conffile" >&2; fail=1; }
+[ "$(dpkg-deb --ctrl-tarfile "$(deb librdmabroker0)" | tar -xO ./shlibs)" = "librdmabroker 0 librdmabroker0 (>= $V)" ] ||
+  { echo "package.sh: librdmabroker0's shlibs does not name it" >&2; fail=1; }
+# lintian: errors and warnings fail; what remains is overridden with a reason
+# (deploy/debian/*/lintian-overrides) or listed in docs/operations.md.
+if ! lintian --fail-on error,warning "${debs[@]}" >"$DIR/lintian.log" 2>&1; then
+  cat "$DIR/lintian.log" >&2
+  echo "package.sh: lintian found errors or warnings" >&2
+  fail=1
+fi
+# The packages as a consumer gets them: unpacked into a throw-away root, a
+# C++ and a C program built against librdmabroker-dev, run against the
+# packaged daemon.
+root=$(mktemp -d)
+for f in "${debs[@]}"; do dpkg-deb -x "$f" "$root"; done
+consumers=$(mktemp -d)
+check_consumers "$consumers" "$root/usr" "lib/$multiarch" "$root/etc" || fail=1
+rm -rf "$root" "$consumers" "$consumers.log"
 [ $fail = 0 ] || exit 1
-echo "$DEB"
+echo "${debs[@]}"

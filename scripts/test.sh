@@ -2,11 +2,11 @@
 # The whole test suite, as CI runs it (.ci/run calls this):
 #   1. installs what is missing (Debian packages), builds three trees:
 #      release, ASan+UBSan, TSan;
-#   2. builds and checks the .deb (scripts/package.sh), runs the unit tests
+#   2. builds and checks the .debs (scripts/package.sh), runs the unit tests
 #      and the TCP integration tests of each tree on the host;
 #   3. boots the Soft-RoCE guest once and runs the RDMA integration tests
 #      of every tree inside it (tests/softroce/guest-suite.sh);
-#   4. boots it once more with systemd as PID 1, installs the .deb and drives
+#   4. boots it once more with systemd as PID 1, installs the .debs and drives
 #      the real unit (tests/softroce/systemd-suite.sh);
 #   5. fuzzes each libFuzzer target (tests/fuzz/run.sh) for
 #      RDMABROKER_FUZZ_SECONDS (default 60, 0 skips) after replaying the
@@ -58,8 +58,8 @@ done
 
 if [[ " $TREES " == *" release "* ]]; then
   echo "=== package (build/release)"
-  package() { DEB=$(scripts/package.sh build/release | tail -1); }
-  stage "package (.deb)" package
+  package() { DEBS=$(scripts/package.sh build/release | tail -1); }
+  stage "package (.debs)" package
 fi
 for t in $TREES; do
   echo "=== unit and TCP integration tests ($t, host)"
@@ -81,9 +81,10 @@ for t in $TREES; do dirs+=("build/$t"); done
 RDMABROKER_GUEST_MEM=${RDMABROKER_GUEST_MEM:-4096} RDMABROKER_GUEST_TIMEOUT=${RDMABROKER_GUEST_TIMEOUT:-2700} \
   stage "guest: rdma tests ($TREES)" tests/softroce/run-in-guest.sh tests/softroce/guest-suite.sh "${dirs[@]}"
 
-if [ -n "${DEB:-}" ]; then
-  echo "=== systemd unit (Soft-RoCE guest booted with systemd as PID 1): $DEB"
-  RDMABROKER_GUEST_INIT=systemd stage "guest: systemd unit" tests/softroce/run-in-guest.sh tests/softroce/systemd-suite.sh "$DEB"
+if [ -n "${DEBS:-}" ]; then
+  echo "=== systemd unit (Soft-RoCE guest booted with systemd as PID 1): $DEBS"
+  # shellcheck disable=SC2086 # one argument per package
+  RDMABROKER_GUEST_INIT=systemd stage "guest: systemd unit" tests/softroce/run-in-guest.sh tests/softroce/systemd-suite.sh $DEBS
 fi
 
 if [[ " $TREES " == *" release "* ]] && [ "${RDMABROKER_TEST_BENCH:-1}" = 1 ]; then

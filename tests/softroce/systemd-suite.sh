@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The real systemd unit, driven by systemctl, in a guest where systemd is PID 1
 # and Soft-RoCE provides RDMA (run-in-guest.sh with RDMABROKER_GUEST_INIT=systemd):
-#   1. installs the .deb (postinst: user, directories, enable and start the
-#      unit the Debian way) and waits for READY=1 (Type=notify);
+#   1. installs the packages (the daemon's postinst: user, directories, enable
+#      and start the unit the Debian way) and waits for READY=1 (Type=notify);
 #   2. authentication as shipped: anonymous clients are refused; a user added
 #      with `rdmabroker passwd` and `systemctl reload` gets in; then checks
 #      the broker serves RDMA under the hardened unit (DeviceAllow,
@@ -11,11 +11,15 @@
 #   4. reload with an invalid file: `systemctl reload` fails, the broker keeps
 #      running (same PID, no restart), the journal names line, column and key;
 #   5. stays up past WatchdogSec (the watchdog is being fed);
-#   6. stop: clean exit, inactive (not failed).
+#   6. stop: clean exit, inactive (not failed);
+#   7. removal and purge: the daemon package leaves its configuration on
+#      `dpkg -r` and nothing on `dpkg -P`; without librdmabroker0 the dynamic
+#      linker no longer knows the library (its ldconfig trigger ran).
 # Prints "systemd: N passed, M failed"; exit status 0 only if all passed.
-#   tests/softroce/run-in-guest.sh tests/softroce/systemd-suite.sh DEB
+#   tests/softroce/run-in-guest.sh tests/softroce/systemd-suite.sh DEB...
+# DEB... are the packages of scripts/package.sh (its last line).
 set -uo pipefail
-DEB=${1:?usage: systemd-suite.sh PACKAGE.deb}
+[ $# -gt 0 ] || { echo "usage: systemd-suite.sh PACKAGE.deb..." >&2; exit 2; }
 [ "${RDMABROKER_GUEST_INIT:-}" = systemd ] || { echo "systemd-suite: run it in the guest with RDMABROKER_GUEST_INIT=systemd" >&2; exit 2; }
 A1=${RDMABROKER_GUEST_ADDR1:?}
 A2=${RDMABROKER_GUEST_ADDR2:?}
@@ -46,7 +50,11 @@ rm -f /usr/sbin/policy-rc.d
 # tested here (Debian's trigger does nothing without this file).
 rm -f /var/lib/man-db/auto-update
 export DEBIAN_FRONTEND=noninteractive
-check "dpkg -i installs the package" bash -c "dpkg -i '$DEB' >/tmp/dpkg.log 2>&1 || { cat /tmp/dpkg.log; false; }"
+check "dpkg -i installs the packages" bash -c 'dpkg -i "$@" >/tmp/dpkg.log 2>&1 || { cat /tmp/dpkg.log; false; }' _ "$@"
+for p in rdmabroker rdmabroker-clients librdmabroker0 librdmabroker-dev python3-rdmabroker; do
+  check "$p is installed" test "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed"
+done
+check "the linker cache knows librdmabroker.so.0" bash -c "ldconfig -p | grep -q 'librdmabroker.so.0 '"
 check "the rdmabroker user exists" bash -c "id rdmabroker >/dev/null"
 check "the config is a root:rdmabroker 0640 conffile" test "$(stat -c '%U:%G %a' "$CONF")" = "root:rdmabroker 640"
 for _ in $(seq 60); do [ "$(prop ActiveState)" = active ] && break; sleep 0.5; done
@@ -82,6 +90,21 @@ check "a client gets a reply over RDMA" test "$("$CLI" request svc.guest hi -s "
 "$CLI" request svc.nobody hi -s "rdma://$A1:7470" -b "$A2" >/dev/null 2>&1
 check "no responders over RDMA (exit 4)" test $? = 4
 wait $R
+# The Python package as installed (python3-rdmabroker over librdmabroker0):
+# a subscriber and a publisher over RDMA through the unit's broker.
+PY=$(cd / && /usr/bin/python3 - "$A1" "$A2" 2>&1 <<'PYEOF'
+import sys, rdmabroker
+assert rdmabroker.__file__.startswith("/usr/lib/python3/dist-packages/"), rdmabroker.__file__
+url = "rdma://guest:guest-pw@%s:7470" % sys.argv[1]
+with rdmabroker.connect(url, sys.argv[2]) as sub, rdmabroker.connect(url, sys.argv[2]) as pub:
+    s = sub.subscribe("svc.python")
+    sub.flush()
+    pub.publish("svc.python", b"from python3-rdmabroker")
+    print(s.next(timeout=10).data.decode())
+PYEOF
+)
+check "python3-rdmabroker publishes and subscribes over RDMA" test "$PY" = "from python3-rdmabroker"
+[ "$PY" = "from python3-rdmabroker" ] || echo "$PY"
 unset RDMABROKER_USER RDMABROKER_PASSWORD
 check "the broker counted RDMA receives" bash -c "$CLI stat | awk '\$1==\"rdma.receives\"{found=1; exit !(\$2>0)} END{if(!found) exit 1}'"
 check "metrics are served" bash -c "exec 3<>/dev/tcp/127.0.0.1/9464 && printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && grep -q '^rdmabroker_connections_accepted_total' <&3"
@@ -116,6 +139,15 @@ check "the journal has the orderly stop" journal_has "stopped:"
 EXPOSURE=$(systemd-analyze security rdmabrokerd.service 2>/dev/null | grep -o 'rdmabrokerd.service: [0-9.]*' | awk '{print $2}')
 echo "     systemd-analyze security: exposure $EXPOSURE"
 check "hardening exposure is at most 2.0" awk -v e="$EXPOSURE" 'BEGIN{exit !(e != "" && e + 0 <= 2.0)}'
+
+# 7. removal and purge
+check "dpkg -r removes the daemon" bash -c "dpkg -r rdmabroker >/dev/null"
+check "... its binary is gone" test ! -e /usr/sbin/rdmabrokerd
+check "... its edited configuration stays" grep -q '^  level: debug' "$CONF"
+check "dpkg -P purges the configuration" bash -c "dpkg -P rdmabroker >/dev/null && test ! -e /etc/rdmabroker"
+check "the other packages are removed" bash -c "dpkg -r python3-rdmabroker librdmabroker-dev rdmabroker-clients librdmabroker0 >/dev/null"
+check "... the Python package without a trace (py3clean)" test ! -e /usr/lib/python3/dist-packages/rdmabroker
+check "... and the linker cache forgot librdmabroker.so.0" bash -c "! ldconfig -p | grep -q librdmabroker"
 
 echo "systemd: $pass passed, $fail failed"
 [ "$fail" = 0 ]
