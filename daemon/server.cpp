@@ -1,5 +1,6 @@
 #include "server.hpp"
 
+#include "rdmabroker/config/config.hpp"
 #include "tcp/tcp_listener.hpp"
 
 #include <spdlog/spdlog.h>
@@ -44,6 +45,12 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
   b->core_.pool = b->pool_.get();
   if (opt.tcp_listen_address.empty()) opt.tcp_listen_address = opt.listen_address;
 
+  if (auto tls = b->load_tls(opt.tls); !tls) {
+    return tls.error();
+  } else if (!tls->empty()) {
+    spdlog::info("tls ({} on tcp://{}:{}): {}", config::to_string(opt.tls.mode), opt.tcp_listen_address,
+                 opt.tcp_port, *tls);
+  }
   auto use_rdma = b->open_transports();
   if (!use_rdma) return use_rdma.error();
 
@@ -216,6 +223,18 @@ std::vector<ConnectionInfo> Server::connections() const {
   }
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
   return all;
+}
+
+Result<std::string> Server::load_tls(const config::TlsSettings& settings) {
+  if (settings.mode == config::TlsMode::kOff) {
+    core_.tls.set(nullptr);
+    return std::string();
+  }
+  auto next = TlsContext::build(settings);
+  if (!next) return next.error();
+  std::string loaded = next.value()->description();
+  core_.tls.set(std::move(next.value()));
+  return loaded;
 }
 
 void Server::apply_live(const BrokerOptions& next) {

@@ -42,6 +42,11 @@ class Server {
   /// Hands the live settings of a reload to every worker (config::diff says
   /// which settings are live; the caller has refused any other change).
   void apply_live(const BrokerOptions& next);
+  /// Loads the TLS files again (a renewed certificate at the same path is
+  /// picked up) and gives new TLS connections the result; connected ones
+  /// keep theirs. What it loaded ("" while tls.mode is off), or why not:
+  /// then nothing changed.
+  Result<std::string> load_tls(const config::TlsSettings& settings);
   /// True while every worker's loop went round within kLivenessLimit (the
   /// systemd watchdog is fed only then).
   bool workers_healthy() const { return stuck_workers().empty(); }

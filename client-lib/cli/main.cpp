@@ -7,7 +7,8 @@
 //   rdmabroker stat [--json]             the broker's counters and connections (admin socket)
 //   rdmabroker reload                    reload the broker's configuration (admin socket)
 //   rdmabroker bench [SUBJECT]           N publishers -> M subscribers: rates, loss, latency
-// The broker URL is rdma://host[:port] or tcp://host[:port] (--server, or RDMABROKER_URL).
+// The broker URL is rdma://host[:port], tcp://host[:port] or tls://host[:port]
+// (--server, or RDMABROKER_URL).
 //
 // Exit codes, the same for every subcommand (docs/cli.md):
 //   0  done
@@ -57,14 +58,20 @@ struct Common {
   std::string user;
   std::string password;
   std::string token;
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
   bool reconnect = false;
   bool verbose = false;
 
-  /// The credentials given by flag or environment (docs/security.md).
+  /// The credentials and TLS files given by flag or environment (docs/security.md).
   void set_credentials(ClientOptions& opt) const {
     opt.user = user;
     opt.password = password;
     opt.token = token;
+    opt.tls_ca_file = tls_ca;
+    opt.tls_cert_file = tls_cert;
+    opt.tls_key_file = tls_key;
   }
 };
 
@@ -74,7 +81,9 @@ std::string default_server() {
 }
 
 void add_common(CLI::App* cmd, Common& c) {
-  cmd->add_option("-s,--server", c.server, "Broker URL (env RDMABROKER_URL)")->default_str(default_server());
+  cmd->add_option("-s,--server", c.server,
+                  "Broker URL: rdma://, tcp:// or tls://host[:port] (env RDMABROKER_URL)")
+      ->default_str(default_server());
   cmd->add_option("-b,--bind", c.bind, "Local address to bind (selects the RDMA device)");
   cmd->add_option("-u,--user", c.user, "User name (env RDMABROKER_USER)")->envname("RDMABROKER_USER");
   cmd->add_option("--password", c.password,
@@ -82,6 +91,17 @@ void add_common(CLI::App* cmd, Common& c) {
       ->envname("RDMABROKER_PASSWORD");
   cmd->add_option("--token", c.token, "Token instead of user and password (env RDMABROKER_TOKEN)")
       ->envname("RDMABROKER_TOKEN");
+  cmd->add_option("--tls-ca", c.tls_ca,
+                  "tls://: CA certificates (PEM) the broker's certificate must chain to; default: the "
+                  "system's (env RDMABROKER_TLS_CA)")
+      ->envname("RDMABROKER_TLS_CA");
+  cmd->add_option("--tls-cert", c.tls_cert,
+                  "tls://: this client's certificate (PEM), for a broker that asks for one (env "
+                  "RDMABROKER_TLS_CERT)")
+      ->envname("RDMABROKER_TLS_CERT");
+  cmd->add_option("--tls-key", c.tls_key,
+                  "tls://: the private key of --tls-cert (PEM) (env RDMABROKER_TLS_KEY)")
+      ->envname("RDMABROKER_TLS_KEY");
   cmd->add_flag("--reconnect", c.reconnect,
                 "Reconnect (with backoff) when the connection fails or the broker restarts");
   cmd->add_flag("-v,--verbose", c.verbose, "Say which transport and device are used");

@@ -138,6 +138,10 @@ int rb_connect_with(const char* url, const rb_options* options, rb_client** out)
   opt.user = text(o.user);
   opt.password = text(o.password);
   opt.token = text(o.token);
+  opt.tls_ca_file = text(o.tls_ca_file);
+  opt.tls_cert_file = text(o.tls_cert_file);
+  opt.tls_key_file = text(o.tls_key_file);
+  opt.tls_server_name = text(o.tls_server_name);
   opt.reconnect = o.reconnect != 0;
   opt.max_reconnect_attempts = static_cast<std::uint32_t>(o.max_reconnect_attempts);
   opt.connect_timeout = ms(o.connect_timeout_ms, opt.connect_timeout);

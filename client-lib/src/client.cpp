@@ -6,14 +6,15 @@ namespace rdmabroker {
 
 Result<ParsedUrl> parse_url(std::string_view url) {
   const auto bad = [&](const std::string& why) {
-    return Error{ErrorKind::kInvalidArgument, "bad broker URL '" + std::string(url) + "': " + why +
-                                                  " (expected rdma://host[:port] or tcp://host[:port])"};
+    return Error{ErrorKind::kInvalidArgument,
+                 "bad broker URL '" + std::string(url) + "': " + why +
+                     " (expected rdma://host[:port], tcp://host[:port] or tls://host[:port])"};
   };
   ParsedUrl out;
   const auto sep = url.find("://");
   if (sep == std::string_view::npos) return bad("no scheme");
   out.scheme = std::string(url.substr(0, sep));
-  if (out.scheme == "tcp") out.port = kDefaultTcpPort;
+  if (out.scheme == "tcp" || out.scheme == "tls") out.port = kDefaultTcpPort;
   std::string_view rest = url.substr(sep + 3);
   if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
   if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
@@ -69,9 +70,9 @@ Result<std::unique_ptr<Client>> Client::connect(std::string_view url, ClientOpti
     options.token = parsed->token;
   }
   if (parsed->scheme == "rdma") return connect_rdma(*parsed, std::move(options));
-  if (parsed->scheme == "tcp") return connect_tcp(*parsed, std::move(options));
+  if (parsed->scheme == "tcp" || parsed->scheme == "tls") return connect_tcp(*parsed, std::move(options));
   return Error{ErrorKind::kInvalidArgument, "unsupported scheme '" + parsed->scheme + "' in '" +
-                                                std::string(url) + "' (rdma:// or tcp://)"};
+                                                std::string(url) + "' (rdma://, tcp:// or tls://)"};
 }
 
 }  // namespace rdmabroker

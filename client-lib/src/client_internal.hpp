@@ -15,7 +15,7 @@ inline constexpr std::uint16_t kDefaultPort = 7470;     // rdma://
 inline constexpr std::uint16_t kDefaultTcpPort = 7471;  // tcp://
 
 struct ParsedUrl {
-  std::string scheme;  // "rdma" or "tcp"
+  std::string scheme;  // "rdma", "tcp" or "tls" (TCP with TLS)
   std::string host;
   std::uint16_t port = kDefaultPort;  // the scheme's default when the URL has none
   std::string user;                   // from "user:password@" ...

@@ -8,6 +8,13 @@
 // system call, so publishers keep filling the next buffer meanwhile: a busy
 // publisher pays a memcpy per message and the socket sees large writes, an
 // idle one pays one wake-up per message (as the NATS client's flusher does).
+//
+// tls:// (SPEC.md §1.3) is this transport inside TLS: after the TCP connect,
+// a TLS handshake that verifies the broker's certificate against
+// tls_ca_file (or the system's CAs) and the host name, then everything
+// above through SSL_read/SSL_write. The SSL object is the I/O thread's once
+// connected (close() only shuts the socket down; the CLOSE frame, not TLS's
+// close_notify, is the orderly end).
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -25,6 +32,7 @@
 
 #include "client_internal.hpp"
 #include "rdmabroker/common/fd.hpp"
+#include "rdmabroker/common/tls.hpp"
 #include "session.hpp"
 
 namespace rdmabroker {
@@ -57,6 +65,13 @@ class TcpTransport final : public Transport {
   Status connect_once(std::uint32_t recv_buffer_size, proto::ConnectReject* reject);
   /// connect_once's steps: a connected socket in fd_, then the 16/24-byte handshake.
   Status open_socket(const std::string& where, Clock::time_point deadline);
+  /// tls://: the TLS handshake on fd_, the broker's certificate verified.
+  Status tls_handshake(const std::string& where, Clock::time_point deadline);
+  /// read(2) or SSL_read: > 0 bytes, 0 at the broker's end, < 0 with errno
+  /// (EAGAIN: wait; EPROTO: a TLS error, in tls_error_).
+  ssize_t read_some(std::byte* to, std::size_t n);
+  /// send(2) or SSL_write, without blocking: bytes taken, or < 0 with errno.
+  ssize_t write_some(const std::byte* from, std::size_t n);
   Status handshake(std::uint32_t recv_buffer_size, const std::string& where, Clock::time_point deadline,
                    proto::ConnectAccept& accept, proto::ConnectReject* reject);
   /// Waits for `events` on fd_ until `deadline`; false on timeout.
@@ -72,7 +87,11 @@ class TcpTransport final : public Transport {
   bool drained_locked() const override { return current_ == Session::kNoBuffer; }
 
   const ParsedUrl url_;
+  const bool tls_ = url_.scheme == "tls";
   UniqueFd fd_;
+  tls::UniqueSslCtx tls_ctx_;
+  tls::UniqueSsl ssl_;     // after fd_: freed first (it never closes the socket)
+  std::string tls_error_;  // what the last TLS failure said
   UniqueFd wake_fd_;
   UniqueFd epoll_;
   std::thread io_thread_;
@@ -104,7 +123,10 @@ bool TcpTransport::wait_fd(short events, Clock::time_point deadline) {
 Status TcpTransport::connect() {
   const Status st = session_.connect_with_retry(
       [this](std::uint32_t size, proto::ConnectReject* reject) { return connect_once(size, reject); },
-      [this] { fd_.reset(); });
+      [this] {
+        ssl_.reset();
+        fd_.reset();
+      });
   if (!st) return st;
   io_thread_ = std::thread([this] { run(); });
   return session_.authenticate();
@@ -115,6 +137,9 @@ Status TcpTransport::connect_once(std::uint32_t recv_buffer_size, proto::Connect
   const std::string where = url_.host + ":" + std::to_string(url_.port);
   session_.recv_buffer_size_ = recv_buffer_size;
   if (auto st = open_socket(where, deadline); !st) return st;
+  if (tls_) {
+    if (auto st = tls_handshake(where, deadline); !st) return st;
+  }
   proto::ConnectAccept accept;
   if (auto st = handshake(recv_buffer_size, where, deadline, accept, reject); !st) return st;
   session_.init_send_buffers(accept.max_frame_size,
@@ -134,7 +159,8 @@ Status TcpTransport::connect_once(std::uint32_t recv_buffer_size, proto::Connect
   sockaddr_storage local{};
   socklen_t len = sizeof local;
   ::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&local), &len);
-  session_.description_ = "tcp " + sockaddr_string(reinterpret_cast<sockaddr*>(&local)) + " -> " + where +
+  session_.description_ = std::string(tls_ ? "tls " : "tcp ") +
+                          sockaddr_string(reinterpret_cast<sockaddr*>(&local)) + " -> " + where +
                           " (connection " + std::to_string(accept.connection_id) + ")";
   std::lock_guard lock(session_.mu_);
   session_.established_ = true;
@@ -180,39 +206,163 @@ Status TcpTransport::open_socket(const std::string& where, Clock::time_point dea
   return {};
 }
 
+Status TcpTransport::tls_handshake(const std::string& where, Clock::time_point deadline) {
+  const ClientOptions& o = session_.opt_;
+  ERR_clear_error();
+  const auto failed = [&](const std::string& what) {
+    return Error{ErrorKind::kConnectFailed, what + ": " + tls::take_errors()};
+  };
+  tls_ctx_.reset(SSL_CTX_new(TLS_client_method()));
+  SSL_CTX* ctx = tls_ctx_.get();
+  if (ctx == nullptr) return failed("TLS");
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_IGNORE_UNEXPECTED_EOF);
+  SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+  if (o.tls_ca_file.empty() ? SSL_CTX_set_default_verify_paths(ctx) != 1
+                            : SSL_CTX_load_verify_locations(ctx, o.tls_ca_file.c_str(), nullptr) != 1) {
+    return failed("TLS CA file '" + o.tls_ca_file + "'");
+  }
+  if (!o.tls_cert_file.empty() || !o.tls_key_file.empty()) {
+    if (SSL_CTX_use_certificate_chain_file(ctx, o.tls_cert_file.c_str()) != 1)
+      return failed("TLS client certificate '" + o.tls_cert_file + "'");
+    if (SSL_CTX_use_PrivateKey_file(ctx, o.tls_key_file.c_str(), SSL_FILETYPE_PEM) != 1)
+      return failed("TLS client key '" + o.tls_key_file + "'");
+    if (SSL_CTX_check_private_key(ctx) != 1)
+      return failed("TLS client key '" + o.tls_key_file + "' does not belong to '" + o.tls_cert_file + "'");
+  }
+  ssl_.reset(SSL_new(ctx));
+  if (!ssl_ || SSL_set_fd(ssl_.get(), fd_.get()) != 1) return failed("TLS");
+  // The name the broker's certificate must carry: an IP address is checked
+  // against its IP SANs, a host name against its DNS SANs (and sent as SNI).
+  const std::string& name = o.tls_server_name.empty() ? url_.host : o.tls_server_name;
+  in6_addr ip{};
+  if (inet_pton(AF_INET, name.c_str(), &ip) == 1 || inet_pton(AF_INET6, name.c_str(), &ip) == 1) {
+    X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl_.get()), name.c_str());
+  } else {
+    SSL_set_tlsext_host_name(ssl_.get(), name.c_str());
+    SSL_set1_host(ssl_.get(), name.c_str());
+  }
+  SSL_set_connect_state(ssl_.get());
+  while (true) {
+    ERR_clear_error();
+    const int r = SSL_do_handshake(ssl_.get());
+    if (r == 1) return {};
+    std::string err;
+    switch (tls::classify(ssl_.get(), r, err)) {
+      case tls::Io::kWantRead:
+      case tls::Io::kWantWrite:
+        if (!wait_fd(SSL_want_write(ssl_.get()) ? POLLOUT : POLLIN, deadline))
+          return Error{ErrorKind::kTimeout, "tls://" + where + ": the TLS handshake timed out"};
+        continue;
+      case tls::Io::kClosed:
+        return Error{ErrorKind::kConnectFailed, "tls://" + where +
+                                                    " closed the connection in the TLS handshake (does the "
+                                                    "broker serve TLS there? tls.mode)"};
+      case tls::Io::kFailed:
+        break;
+    }
+    // A plain listener answers a ClientHello with a plain reject, which TLS reads as a bad record.
+    const bool plain = err.find("wrong version number") != std::string::npos ||
+                       err.find("packet length too long") != std::string::npos;
+    return Error{ErrorKind::kConnectFailed,
+                 "TLS handshake with tls://" + where + " failed: " + err +
+                     (plain ? " (the broker does not serve TLS there: tls.mode off?)" : "")};
+  }
+}
+
+ssize_t TcpTransport::read_some(std::byte* to, std::size_t n) {
+  if (!ssl_) return ::read(fd_.get(), to, n);
+  ERR_clear_error();
+  const int r = SSL_read(ssl_.get(), to, static_cast<int>(std::min<std::size_t>(n, INT32_MAX)));
+  if (r > 0) return r;
+  switch (tls::classify(ssl_.get(), r, tls_error_)) {
+    case tls::Io::kWantRead:
+    case tls::Io::kWantWrite:
+      errno = EAGAIN;
+      return -1;
+    case tls::Io::kClosed:
+      return 0;
+    case tls::Io::kFailed:
+      break;
+  }
+  errno = EPROTO;
+  return -1;
+}
+
+ssize_t TcpTransport::write_some(const std::byte* from, std::size_t n) {
+  if (!ssl_) return ::send(fd_.get(), from, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+  // After WANT_WRITE, SSL_write is called again with the same bytes: the
+  // buffer being written does not change until it is released.
+  ERR_clear_error();
+  const int r = SSL_write(ssl_.get(), from, static_cast<int>(std::min<std::size_t>(n, INT32_MAX)));
+  if (r > 0) return r;
+  switch (tls::classify(ssl_.get(), r, tls_error_)) {
+    case tls::Io::kWantRead:
+    case tls::Io::kWantWrite:
+      errno = EAGAIN;
+      return -1;
+    case tls::Io::kClosed:
+      errno = EPIPE;
+      return -1;
+    case tls::Io::kFailed:
+      break;
+  }
+  errno = EPROTO;
+  return -1;
+}
+
 Status TcpTransport::handshake(std::uint32_t recv_buffer_size, const std::string& where,
                                Clock::time_point deadline, proto::ConnectAccept& accept,
                                proto::ConnectReject* reject) {
+  const std::string url = url_.scheme + "://" + where;
+  const auto io_error = [&](const std::string& what) {
+    return errno == EPROTO ? Error{ErrorKind::kConnectFailed, what + ": " + tls_error_}
+                           : sys_error(ErrorKind::kConnectFailed, what);
+  };
   // 16 bytes out, 24 back (an accept, or a reject padded with zeros).
   const auto request = proto::encode(proto::ConnectRequest{recv_buffer_size, 2});
-  if (::send(fd_.get(), request.data(), request.size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(request.size())) {
-    return sys_error(ErrorKind::kConnectFailed, "sending the connect request to " + where);
+  std::size_t sent = 0;
+  while (sent < request.size()) {
+    const ssize_t n = write_some(request.data() + sent, request.size() - sent);
+    if (n > 0) {
+      sent += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR) && wait_fd(POLLOUT, deadline)) continue;
+    if (ssl_ && errno != EPROTO) {
+      // TLS 1.3: the broker checks our certificate after our handshake has
+      // completed, and its alert (why it refused) waits to be read.
+      const int err = errno;
+      std::byte alert[64];
+      if (read_some(alert, sizeof alert) < 0 && errno == EPROTO)
+        return Error{ErrorKind::kConnectFailed, url + " refused the TLS session: " + tls_error_};
+      errno = err;
+    }
+    return io_error("sending the connect request to " + url);
   }
   std::array<std::byte, proto::kConnectAcceptSize> reply{};
   std::size_t got = 0;
   while (got < reply.size()) {
-    if (!wait_fd(POLLIN, deadline))
-      return Error{ErrorKind::kTimeout, "tcp://" + where + ": no handshake reply"};
-    const ssize_t n = ::read(fd_.get(), reply.data() + got, reply.size() - got);
-    if (n == 0)
-      return Error{ErrorKind::kConnectFailed,
-                   "tcp://" + where + " closed the connection during the handshake"};
+    // TLS may hold decrypted bytes already: read before waiting.
+    const ssize_t n = read_some(reply.data() + got, reply.size() - got);
+    if (n == 0) return Error{ErrorKind::kConnectFailed, url + " closed the connection during the handshake"};
     if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) continue;
-      return sys_error(ErrorKind::kConnectFailed, "reading the handshake reply from " + where);
+      if (errno != EAGAIN && errno != EINTR) return io_error("reading the handshake reply from " + url);
+      if (!wait_fd(POLLIN, deadline)) return Error{ErrorKind::kTimeout, url + ": no handshake reply"};
+      continue;
     }
     got += static_cast<std::size_t>(n);
   }
   if (proto::load<std::uint16_t>(reply.data() + 6) != 0) {  // a reason: rejected
     if (proto::decode(reply, *reject) != proto::HandshakeStatus::kOk) {
-      return Error{ErrorKind::kRejected, "tcp://" + where + " answered with something other than rdmabroker"};
+      return Error{ErrorKind::kRejected, url + " answered with something other than rdmabroker"};
     }
-    return Session::rejected("tcp://" + where, *reject);
+    return Session::rejected(url, *reject);
   }
   if (auto st = proto::decode(reply, accept); st != proto::HandshakeStatus::kOk) {
     return Error{ErrorKind::kConnectFailed,
-                 "bad accept from tcp://" + where + ": " + std::string(proto::to_string(st))};
+                 "bad accept from " + url + ": " + std::string(proto::to_string(st))};
   }
   return {};
 }
@@ -262,7 +412,7 @@ void TcpTransport::write_out() {
     const std::byte* data = session_.send_buf(current_) + current_off_;
     const std::size_t len = current_len_ - current_off_;
     lock.unlock();
-    const ssize_t n = ::send(fd_.get(), data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = write_some(data, len);
     const int err = errno;
     lock.lock();
     if (n < 0) {
@@ -272,7 +422,8 @@ void TcpTransport::write_out() {
         return;
       }
       session_.fail_locked(Error{ErrorKind::kClosed, std::string("connection to the broker lost (send: ") +
-                                                         std::strerror(err) + ")"});
+                                                         (err == EPROTO ? tls_error_ : std::strerror(err)) +
+                                                         ")"});
       return;
     }
     current_off_ += static_cast<std::uint32_t>(n);
@@ -293,7 +444,7 @@ void TcpTransport::lost_locked(std::vector<Error>& errors, const std::string& wh
 
 void TcpTransport::read_available(Deliveries& deliveries, std::vector<Error>& errors) {
   while (true) {
-    const ssize_t n = ::read(fd_.get(), rbuf_.data() + rlen_, rbuf_.size() - rlen_);
+    const ssize_t n = read_some(rbuf_.data() + rlen_, rbuf_.size() - rlen_);
     if (n == 0) {
       ::shutdown(fd_.get(), SHUT_WR);  // answer the broker's FIN with ours
       std::lock_guard lock(session_.mu_);
@@ -305,8 +456,9 @@ void TcpTransport::read_available(Deliveries& deliveries, std::vector<Error>& er
     }
     if (n < 0) {
       if (errno == EAGAIN || errno == EINTR) return;
+      const int err = errno;
       std::lock_guard lock(session_.mu_);
-      return lost_locked(errors, std::strerror(errno));
+      return lost_locked(errors, err == EPROTO ? "TLS: " + tls_error_ : std::strerror(err));
     }
     rlen_ += static_cast<std::size_t>(n);
     // Whole frames go to the session; an incomplete one waits for more bytes.

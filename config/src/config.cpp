@@ -331,6 +331,17 @@ const std::vector<Field>& fields() {
                                {"error", "error"},
                                {"critical", "critical"},
                                {"off", "off"}}),
+      enum_field<TlsMode>(
+          "tls", "mode", true, [](Config& c) -> TlsMode& { return c.broker.tls.mode; },
+          {{"off", TlsMode::kOff}, {"optional", TlsMode::kOptional}, {"required", TlsMode::kRequired}}),
+      string_field("tls", "certificate", true,
+                   [](Config& c) -> std::string& { return c.broker.tls.certificate; }),
+      string_field("tls", "key", true, [](Config& c) -> std::string& { return c.broker.tls.key; }),
+      string_field("tls", "client_ca", true,
+                   [](Config& c) -> std::string& { return c.broker.tls.client_ca; }),
+      enum_field<std::string>("tls", "min_version", true,
+                              [](Config& c) -> std::string& { return c.broker.tls.min_version; },
+                              {{"1.2", "1.2"}, {"1.3", "1.3"}}),
       enum_field<LogFormat>("logging", "format", true, [](Config& c) -> LogFormat& { return c.log.format; },
                             {{"text", LogFormat::kText}, {"json", LogFormat::kJson}}),
       enum_field<LogTarget>(
@@ -377,6 +388,9 @@ Result<HostPort> parse_host_port(std::string_view text, std::string_view what) {
 std::string_view to_string(RdmaMode m) {
   return m == RdmaMode::kAuto ? "auto" : m == RdmaMode::kOn ? "on" : "off";
 }
+std::string_view to_string(TlsMode m) {
+  return m == TlsMode::kOff ? "off" : m == TlsMode::kOptional ? "optional" : "required";
+}
 std::string_view to_string(LogFormat f) { return f == LogFormat::kText ? "text" : "json"; }
 std::string_view to_string(LogTarget t) {
   return t == LogTarget::kAuto ? "auto" : t == LogTarget::kConsole ? "console" : "journald";
@@ -415,6 +429,22 @@ void check_rules(const Config& c, const std::function<void(std::string_view, con
     report("limits.max_pending_bytes_total", "must be at least limits.max_pending_bytes (" +
                                                  std::to_string(b.max_pending_bytes) +
                                                  "): one subscriber may queue that much");
+  }
+  if (b.tls.mode != TlsMode::kOff) {
+    if (b.tls.certificate.empty())
+      report("tls.certificate",
+             "tls.mode is " + std::string(to_string(b.tls.mode)) + ": a certificate is needed");
+    if (b.tls.key.empty())
+      report("tls.key", "tls.mode is " + std::string(to_string(b.tls.mode)) + ": a private key is needed");
+    if (b.tcp_port == 0) report("tls.mode", "TLS is served on the TCP listener, and listen.tcp is empty");
+  }
+  for (const auto& u : b.auth.users) {
+    if (u.certificate && b.tls.client_ca.empty()) {
+      report("auth.users",
+             "user '" + u.name +
+                 "' logs in with a client certificate, which needs tls.client_ca (and tls.mode)");
+      break;
+    }
   }
   if (!c.metrics_listen.empty()) {
     if (auto hp = parse_host_port(c.metrics_listen, "metrics.listen"); !hp) {

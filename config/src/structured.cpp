@@ -77,14 +77,16 @@ static void check_hash(const YAML::Node& n, const std::string& where) {
 }
 
 std::optional<std::string> parse_users(const YAML::Node& n, Config& c) {
-  if (!n.IsSequence()) return "expected a list of users (- name: ..., password: ... or token: ...)";
+  if (!n.IsSequence())
+    return "expected a list of users (- name: ..., password: ... or token: ... or certificate: true)";
   std::vector<User> users;
   std::set<std::string> names;
   std::size_t i = 0;
   for (const auto& u : n) {
     const std::string at = "[" + std::to_string(i++) + "]";
-    if (!u.IsMap()) throw FieldProblem{u.Mark(), at, "expected a mapping with name and password or token"};
-    only_keys(u, at, {"name", "password", "token", "publish", "subscribe"});
+    if (!u.IsMap())
+      throw FieldProblem{u.Mark(), at, "expected a mapping with name and password, token or certificate"};
+    only_keys(u, at, {"name", "password", "token", "certificate", "publish", "subscribe"});
     User user;
     const YAML::Node name = u["name"];
     if (!name || !name.IsScalar() || name.Scalar().empty() || name.Scalar().size() > 255) {
@@ -94,11 +96,20 @@ std::optional<std::string> parse_users(const YAML::Node& n, Config& c) {
     user.name = name.Scalar();
     if (!names.insert(user.name).second)
       throw FieldProblem{name.Mark(), at + ".name", "duplicate user '" + user.name + "'"};
-    const YAML::Node password = u["password"], token = u["token"];
-    if (!password == !token) {
-      throw FieldProblem{u.Mark(), at, "user '" + user.name + "' needs exactly one of password and token"};
+    const YAML::Node password = u["password"], token = u["token"], certificate = u["certificate"];
+    if (certificate && (!parse_bool(certificate, user.certificate) || !user.certificate)) {
+      throw FieldProblem{
+          certificate.Mark(), at + ".certificate",
+          "expected true (the user is whoever presents a client certificate with CN " + user.name + ")"};
     }
-    if (password) {
+    if (int(bool(password)) + int(bool(token)) + int(user.certificate) != 1) {
+      throw FieldProblem{
+          u.Mark(), at,
+          "user '" + user.name + "' needs exactly one of password, token and certificate: true"};
+    }
+    if (user.certificate) {
+      // The verified client certificate is the credential (tls.client_ca).
+    } else if (password) {
       check_hash(password, at + ".password");
       user.password_hash = password.Scalar();
     } else {
@@ -131,8 +142,11 @@ std::string show_users(const std::vector<User>& users) {
     const std::string& hash = u.password_hash.empty() ? u.token_hash : u.password_hash;
     char fp[9];
     std::snprintf(fp, sizeof fp, "%08x", static_cast<unsigned>(std::hash<std::string>{}(hash)));
-    s += (s.size() > 1 ? ", " : "") + u.name + " (" + (u.password_hash.empty() ? "token " : "password ") +
-         fp + "; " + show_permissions(u.permissions) + ")";
+    const std::string credential = u.certificate             ? std::string("certificate")
+                                   : u.password_hash.empty() ? std::string("token ") + fp
+                                                             : std::string("password ") + fp;
+    s += (s.size() > 1 ? ", " : "") + u.name + " (" + credential + "; " + show_permissions(u.permissions) +
+         ")";
   }
   return s + "]";
 }

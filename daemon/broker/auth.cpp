@@ -13,6 +13,9 @@ namespace rdmabroker::daemon {
 
 namespace {
 
+/// The credential of a certificate user: the certificate, verified by TLS.
+constexpr const char* kCertificateCredential = "x509";
+
 bool unrestricted(const config::SubjectRules& r) {
   return r.deny.empty() && std::find(r.allow.begin(), r.allow.end(), ">") != r.allow.end();
 }
@@ -69,7 +72,9 @@ std::shared_ptr<const AuthTable> AuthTable::build(const config::AuthSettings& se
   if (settings.anonymous)
     t->anonymous_ = make_identity("anonymous", true, "", settings.anonymous_permissions);
   for (const auto& u : settings.users) {
-    if (!u.password_hash.empty()) {
+    if (u.certificate) {
+      t->by_certificate_.emplace(u.name, make_identity(u.name, false, kCertificateCredential, u.permissions));
+    } else if (!u.password_hash.empty()) {
       t->by_name_.emplace(u.name, make_identity(u.name, false, u.password_hash, u.permissions));
     } else {
       t->tokens_.push_back(make_identity(u.name, false, u.token_hash, u.permissions));
@@ -95,8 +100,19 @@ Result<std::shared_ptr<const Identity>> AuthTable::verify(std::string_view user,
   return Error{ErrorKind::kRejected, "unknown user, wrong password or unknown token"};
 }
 
+Result<std::shared_ptr<const Identity>> AuthTable::verify_certificate(std::string_view name) const {
+  if (auto it = by_certificate_.find(std::string(name)); it != by_certificate_.end()) return it->second;
+  if (anonymous_) return anonymous_;
+  return Error{ErrorKind::kRejected, "no user for the client certificate's CN '" + std::string(name) +
+                                         "' (and anonymous access is off)"};
+}
+
 std::shared_ptr<const Identity> AuthTable::renew(const Identity& old) const {
   if (old.anonymous) return anonymous_;
+  if (old.credential == kCertificateCredential) {
+    auto it = by_certificate_.find(old.name);
+    return it != by_certificate_.end() ? it->second : nullptr;
+  }
   if (auto it = by_name_.find(old.name); it != by_name_.end()) {
     return it->second->credential == old.credential ? it->second : nullptr;
   }

@@ -48,16 +48,23 @@ class AuthTable {
   /// Slow by design: authenticator thread only. The error is what the
   /// client is told; it never says which part was wrong.
   Result<std::shared_ptr<const Identity>> verify(std::string_view user, std::string_view secret) const;
+  /// A client without credentials whose verified TLS certificate has CN
+  /// `name`: the `certificate: true` user of that name, else anonymous (if on).
+  /// Nothing slow: a worker decides it.
+  Result<std::shared_ptr<const Identity>> verify_certificate(std::string_view name) const;
   /// After a reload: the identity a connected client now has, or null when
   /// it lost access (user removed, credential changed, anonymous turned off).
   std::shared_ptr<const Identity> renew(const Identity& old) const;
   /// No user and no anonymous access: every client is refused.
-  bool nobody_can_connect() const { return !anonymous_ && by_name_.empty() && tokens_.empty(); }
+  bool nobody_can_connect() const {
+    return !anonymous_ && by_name_.empty() && tokens_.empty() && by_certificate_.empty();
+  }
 
  private:
   std::shared_ptr<const Identity> anonymous_;
-  std::unordered_map<std::string, std::shared_ptr<const Identity>> by_name_;  // password users
-  std::vector<std::shared_ptr<const Identity>> tokens_;                       // token users
+  std::unordered_map<std::string, std::shared_ptr<const Identity>> by_name_;         // password users
+  std::vector<std::shared_ptr<const Identity>> tokens_;                              // token users
+  std::unordered_map<std::string, std::shared_ptr<const Identity>> by_certificate_;  // certificate users
 };
 
 }  // namespace rdmabroker::daemon

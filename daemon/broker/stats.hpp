@@ -234,7 +234,11 @@ struct WorkerStats {
   Counter tcp_reads;          // read() calls that returned data
   Counter tcp_writes;         // sendmsg() calls that wrote data
   Counter tcp_write_blocked;  // writes that hit a full socket buffer (EAGAIN)
-  Counter limit_payload;      // PUBLISH frames over limits.max_payload or the buffer size (connection closed)
+  Gauge tls_connections;      // TLS connections open on this worker (counted in tcp_connections too)
+  Counter tls_handshakes;     // TLS handshakes completed
+  std::array<Counter, 6> tls_failures;  // TLS handshakes failed, by TlsFailure (tcp/tcp_link.hpp)
+  Counter tls_plain_refused;            // plain TCP connect requests refused by tls.mode: required
+  Counter limit_payload;  // PUBLISH frames over limits.max_payload or the buffer size (connection closed)
   Counter limit_subscriptions;  // SUBSCRIBE frames over limits.max_subscriptions (ERROR, connection stays)
   Counter limit_subscriptions_total;  // ... over limits.max_subscriptions_total (broker-wide)
   Counter limit_subscription_memory;  // ... over limits.max_subscription_memory (broker-wide)

@@ -146,6 +146,9 @@ struct Connection {
   const std::string peer;
   std::unique_ptr<Link> link;
   const std::uint32_t peer_buffer_size;  // largest frame train the client can receive
+  /// Mutual TLS: the CN of the client certificate the broker verified
+  /// (a `certificate: true` user of that name logs in without a secret).
+  std::string certificate_name;
 
   // ------------------------------------------------------------ state
   ConnState state;

@@ -20,10 +20,12 @@ bool FrameHandler::before_authentication(Connection& c, const proto::Frame& f) {
       const std::string_view secret(p + f.header.arg, f.payload.size() - f.header.arg);
       c.state = ConnState::kVerifying;
       if (user.empty() && secret.empty()) {
-        // No credentials: nothing slow to check, decided here.
-        auto anonymous = ctx_.auth->verify({}, {});
-        AuthResultCommand verdict{c.id, anonymous ? anonymous.value() : nullptr,
-                                  anonymous ? std::string() : anonymous.error().message};
+        // No credentials: nothing slow to check, decided here. A verified
+        // client certificate names its user (mutual TLS, docs/security.md).
+        auto who = c.certificate_name.empty() ? ctx_.auth->verify({}, {})
+                                              : ctx_.auth->verify_certificate(c.certificate_name);
+        AuthResultCommand verdict{c.id, who ? who.value() : nullptr,
+                                  who ? std::string() : who.error().message};
         on_auth_result(verdict);
       } else {
         ctx_.core.authenticator->submit({ctx_.index, c.id, std::string(host_of(c.peer)), std::string(user),

@@ -71,6 +71,17 @@ Reloader::Outcome Reloader::reload() {
     notifier_.reloaded("running; last reload refused");
     return out;
   }
+  // TLS files are read on every reload, changed or not: renewing a
+  // certificate at the same path and reloading is how it is rotated.
+  auto tls = broker_.load_tls(next.broker.tls);
+  if (!tls) {
+    ++failed_;
+    out.message = "reload failed, running configuration unchanged: " + tls.error().message;
+    spdlog::error("{}", out.message);
+    notifier_.reloaded("running; last reload failed: TLS files");
+    return out;
+  }
+  if (!tls->empty()) masked += "; tls: " + *tls;
   ++ok_;
   out.ok = true;
   if (out.changes.empty()) {

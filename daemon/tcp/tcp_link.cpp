@@ -9,9 +9,10 @@
 #include <cerrno>
 #include <cstring>
 
-#include "tcp/tcp_listener.hpp"
 #include "frames/frame_handler.hpp"
 #include "tcp/tcp_link.hpp"
+#include "tcp/tcp_listener.hpp"
+#include "tcp/tls_context.hpp"
 
 namespace rdmabroker::daemon {
 
@@ -20,22 +21,55 @@ namespace {
 constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
 /// Reads per readiness event: one busy socket must not starve the rest.
 constexpr int kReadsPerEvent = 4;
+/// What one SSL_write takes at most: one TLS record's worth.
+constexpr std::size_t kTlsStage = 16384;
+/// The first byte of a TLS record carrying a handshake message (ClientHello).
+constexpr std::byte kTlsHandshakeRecord{0x16};
 
-/// The broker's answer on TCP is always 24 bytes: an Accept, or a Reject
-/// padded with zeros (a client tells them apart by the reason field).
 bool write_all_now(int fd, std::span<const std::byte> bytes) {
   const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   return n == static_cast<ssize_t>(bytes.size());
 }
 
-void send_reject(int fd, proto::RejectReason reason, std::uint32_t buffer_size) {
+/// The broker's answer on TCP is always 24 bytes: an Accept, or a Reject
+/// padded with zeros (a client tells them apart by the reason field).
+std::array<std::byte, proto::kConnectAcceptSize> reject_reply(proto::RejectReason reason,
+                                                              std::uint32_t buffer_size) {
   std::array<std::byte, proto::kConnectAcceptSize> reply{};
   const auto reject = proto::encode(proto::ConnectReject{reason, buffer_size});
   std::memcpy(reply.data(), reject.data(), reject.size());
-  write_all_now(fd, reply);
+  return reply;
+}
+
+/// What OpenSSL said, put down to a counted reason.
+TlsFailure tls_failure_kind(const std::string& why) {
+  const auto has = [&](std::string_view s) { return why.find(s) != std::string::npos; };
+  if (has("certificate required") || has("did not return a certificate")) return TlsFailure::kNoCertificate;
+  if (has("certificate") || has("unknown ca") || has("unknown CA")) return TlsFailure::kCertificate;
+  if (has("version") || has("protocol") || has("cipher") || has("http request") || has("record"))
+    return TlsFailure::kProtocol;
+  return TlsFailure::kOther;
 }
 
 }  // namespace
+
+std::string_view to_string(TlsFailure f) {
+  switch (f) {
+    case TlsFailure::kNoCertificate:
+      return "no_certificate";
+    case TlsFailure::kCertificate:
+      return "certificate";
+    case TlsFailure::kProtocol:
+      return "protocol";
+    case TlsFailure::kClosed:
+      return "closed";
+    case TlsFailure::kTimeout:
+      return "timeout";
+    case TlsFailure::kOther:
+      break;
+  }
+  return "other";
+}
 
 // ---------------------------------------------------------------- accept
 
@@ -53,9 +87,13 @@ void TcpPort::accept(bool stopping) {
     const int one = 1;
     ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // batching is ours, not Nagle's
     Admission& admission = *ctx_.core.admission;
+    // On a TLS listener nothing is sent before the first byte shows whether
+    // the client speaks TLS: a plain reject would be garbage to a TLS client.
+    const bool tls_listener = ctx_.core.tls.get() != nullptr;
     auto refuse = [&](proto::RejectReason reason) {
-      admission.refuse(Admission::Via::kTcp, peer, proto::to_string(reason), reason);
-      send_reject(fd.get(), reason, ctx_.options.buffer_size);
+      admission.refuse(Admission::Via::kTcp, peer, proto::to_string(reason),
+                       tls_listener ? std::nullopt : std::optional(reason));
+      if (!tls_listener) write_all_now(fd.get(), reject_reply(reason, ctx_.options.buffer_size));
     };
     proto::RejectReason why{};
     std::optional<Admission::Eviction> evict;
@@ -86,6 +124,90 @@ void TcpPort::accept(bool stopping) {
 
 void TcpPort::stop_listening() { ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr); }
 
+void TcpPort::watch_handshake(Handshake& h, bool write) {
+  if (h.wants_write == write) return;
+  h.wants_write = write;
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | (write ? EPOLLOUT : 0u);
+  ev.data.u64 = kTagHandshake | static_cast<std::uint32_t>(h.fd.get());
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, h.fd.get(), &ev);
+}
+
+bool TcpPort::handshake_write(Handshake& h, std::span<const std::byte> bytes) {
+  if (!h.ssl) return write_all_now(h.fd.get(), bytes);
+  if (!h.tls_done) return false;  // a TLS client could not read it
+  ERR_clear_error();
+  // Small, and the socket's buffer is empty this early: it is written whole or not at all.
+  return SSL_write(h.ssl.get(), bytes.data(), static_cast<int>(bytes.size())) ==
+         static_cast<int>(bytes.size());
+}
+
+void TcpPort::tls_failed(Handshakes::iterator it, TlsFailure kind, const std::string& why) {
+  ctx_.stats.tls_failures[static_cast<std::size_t>(kind)].add();
+  drop_handshake(it, "TLS handshake failed: " + why, std::nullopt);
+}
+
+bool TcpPort::advance_tls(Handshakes::iterator it) {
+  Handshake& h = it->second;
+  const int fd = h.fd.get();
+  if (!h.sniffed) {
+    const auto tls = ctx_.core.tls.get();
+    if (!tls) {
+      h.sniffed = true;  // a plain listener
+      return true;
+    }
+    std::byte first{};
+    const ssize_t n = ::recv(fd, &first, 1, MSG_PEEK);
+    if (n == 0) {
+      drop_handshake(it, "closed during the handshake", std::nullopt);
+      return false;
+    }
+    if (n < 0) {
+      if (errno != EAGAIN && errno != EINTR)
+        drop_handshake(it, std::string("read: ") + std::strerror(errno), std::nullopt);
+      return false;
+    }
+    h.sniffed = true;
+    if (first != kTlsHandshakeRecord) {
+      if (tls->mode() != config::TlsMode::kRequired) return true;  // plain, where that is allowed
+      ctx_.stats.tls_plain_refused.add();
+      drop_handshake(it, "plain TCP where TLS is required (tls.mode: required)",
+                     proto::RejectReason::kTlsRequired);
+      return false;
+    }
+    h.ssl = tls->session(fd);
+    if (!h.ssl) {
+      tls_failed(it, TlsFailure::kOther, tls::take_errors());
+      return false;
+    }
+  }
+  ERR_clear_error();
+  const int r = SSL_do_handshake(h.ssl.get());
+  if (r == 1) {
+    h.tls_done = true;
+    watch_handshake(h, false);
+    ctx_.stats.tls_handshakes.add();
+    h.certificate_name = tls::peer_common_name(h.ssl.get());
+    return true;
+  }
+  std::string err;
+  switch (tls::classify(h.ssl.get(), r, err)) {
+    case tls::Io::kWantRead:
+      watch_handshake(h, false);
+      return false;
+    case tls::Io::kWantWrite:
+      watch_handshake(h, true);
+      return false;
+    case tls::Io::kClosed:
+      tls_failed(it, TlsFailure::kClosed, "the client closed the connection");
+      return false;
+    case tls::Io::kFailed:
+      tls_failed(it, tls_failure_kind(err), err);
+      return false;
+  }
+  return false;
+}
+
 void TcpPort::on_handshake_readable(int fd, bool stopping) {
   auto it = handshakes_.find(fd);
   if (it == handshakes_.end()) return;
@@ -94,11 +216,32 @@ void TcpPort::on_handshake_readable(int fd, bool stopping) {
   auto drop = [&](const std::string& why, std::optional<proto::RejectReason> reason) {
     drop_handshake(it, why, reason);
   };
-  const ssize_t n = ::read(fd, h.bytes.data() + h.got, h.bytes.size() - h.got);
-  if (n == 0) return drop("closed during the handshake", std::nullopt);
-  if (n < 0) {
-    if (errno == EAGAIN || errno == EINTR) return;
-    return drop(std::string("read: ") + std::strerror(errno), std::nullopt);
+  if ((!h.sniffed || (h.ssl && !h.tls_done)) && !advance_tls(it)) return;
+  ssize_t n = 0;
+  if (h.ssl) {
+    ERR_clear_error();
+    const int r = SSL_read(h.ssl.get(), h.bytes.data() + h.got, static_cast<int>(h.bytes.size() - h.got));
+    std::string err;
+    if (r <= 0) {
+      switch (tls::classify(h.ssl.get(), r, err)) {
+        case tls::Io::kWantRead:
+          return;
+        case tls::Io::kWantWrite:
+          return watch_handshake(h, true);
+        case tls::Io::kClosed:
+          return drop("closed during the handshake", std::nullopt);
+        case tls::Io::kFailed:
+          return tls_failed(it, tls_failure_kind(err), err);
+      }
+    }
+    n = r;
+  } else {
+    n = ::read(fd, h.bytes.data() + h.got, h.bytes.size() - h.got);
+    if (n == 0) return drop("closed during the handshake", std::nullopt);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) return;
+      return drop(std::string("read: ") + std::strerror(errno), std::nullopt);
+    }
   }
   h.got += static_cast<std::uint32_t>(n);
   if (h.got < h.bytes.size()) return;
@@ -110,15 +253,19 @@ void TcpPort::on_handshake_readable(int fd, bool stopping) {
   if (stopping) return drop("shutting down", proto::RejectReason::kShuttingDown);
   const std::uint64_t id = h.id;
   const auto accept = proto::encode(proto::ConnectAccept{ctx_.options.buffer_size, 0, id});
-  if (!write_all_now(fd, accept))
-    return drop(std::string("sending the accept: ") + std::strerror(errno), std::nullopt);
+  if (!handshake_write(h, accept))
+    return drop(std::string("sending the accept: ") + (h.ssl ? tls::take_errors() : std::strerror(errno)),
+                std::nullopt);
   // One send being written at a time: a window of 1.
-  auto link = std::make_unique<TcpLink>(*this, std::move(h.fd));
+  const bool tls = h.ssl != nullptr;
+  auto link = std::make_unique<TcpLink>(*this, std::move(h.fd), std::move(h.ssl));
   TcpLink& l = *link;
   Connection& c = connections_.add(std::make_unique<Connection>(
       id, h.slot, h.peer, std::move(link), req.recv_buffer_size, 1, ConnState::kAccepting));
+  c.certificate_name = std::move(h.certificate_name);
   handshakes_.erase(it);
   ctx_.stats.tcp_connections.add(1);
+  if (tls) ctx_.stats.tls_connections.add(1);
   l.update_events(c);  // re-tags the socket with the connection id
   connections_.establish(c);
 }
@@ -127,6 +274,13 @@ void TcpPort::check_handshake_deadlines(bool stopping) {
   for (auto it = handshakes_.begin(); it != handshakes_.end();) {
     if (ctx_.now < it->second.deadline && !stopping) {
       ++it;
+      continue;
+    }
+    const Handshake& h = it->second;
+    if (!stopping && h.ssl && !h.tls_done) {
+      // A client that stopped in the middle of its TLS handshake.
+      ctx_.stats.tls_failures[static_cast<std::size_t>(TlsFailure::kTimeout)].add();
+      it = drop_handshake(it, "TLS handshake not finished within 5 s", std::nullopt);
       continue;
     }
     const auto why = stopping ? "shutting down" : "no connect request within 5 s";
@@ -147,8 +301,11 @@ bool TcpPort::evict_handshake(std::uint64_t id) {
 
 TcpPort::Handshakes::iterator TcpPort::drop_handshake(Handshakes::iterator it, std::string_view why,
                                                       std::optional<proto::RejectReason> reason) {
-  ctx_.core.admission->refuse(Admission::Via::kTcp, it->second.peer, why, reason);
-  if (reason) send_reject(it->first, *reason, ctx_.options.buffer_size);
+  Handshake& h = it->second;
+  // A client in the middle of its TLS handshake cannot read a reject: it is closed without one.
+  if (reason && h.ssl && !h.tls_done) reason.reset();
+  ctx_.core.admission->refuse(Admission::Via::kTcp, h.peer, why, reason);
+  if (reason) handshake_write(h, reject_reply(*reason, ctx_.options.buffer_size));
   ctx_.core.admission->release(it->second.slot);
   return handshakes_.erase(it);  // closes the socket, which leaves the epoll set
 }
@@ -172,6 +329,16 @@ void TcpPort::check_partial_frames() {
                            std::to_string(link.partial_bytes()) + " bytes of it arrived");
     return true;
   });
+}
+
+bool TcpPort::read_buffered() {
+  if (tls_buffered_.empty()) return false;
+  std::vector<std::uint64_t> ids;
+  ids.swap(tls_buffered_);
+  for (std::uint64_t id : ids) {
+    if (Connection* c = connections_.find(id)) static_cast<TcpLink&>(*c->link).read_buffered(*c);
+  }
+  return true;
 }
 
 void TcpPort::retry_buffer_waiters() {
@@ -202,7 +369,7 @@ BufferRef TcpPort::read_buffer(Connection& c) {
 
 void TcpLink::update_events(const Connection& c) {
   epoll_event ev{};
-  ev.events = (reading_ ? EPOLLIN | EPOLLRDHUP : 0u) | (writing_ ? EPOLLOUT : 0u);
+  ev.events = (reading_ ? EPOLLIN | EPOLLRDHUP : 0u) | (writing_ || read_wants_write_ ? EPOLLOUT : 0u);
   ev.data.u64 = TcpPort::kTagTcpConnection | c.id;
   if (::epoll_ctl(transport_.epoll_fd(), EPOLL_CTL_MOD, fd_.get(), &ev) != 0) {
     spdlog::error("connection {}: epoll_ctl: {}", c.id, std::strerror(errno));
@@ -219,15 +386,23 @@ void TcpLink::resume(Connection& c) {
   if (reading_) return;
   reading_ = true;
   update_events(c);  // level-triggered: data already waiting is reported again
+  // ... but not what TLS decrypted and holds.
+  if (ssl_ && SSL_has_pending(ssl_.get()) == 1) transport_.note_buffered(c);
 }
 
 void TcpLink::on_event(Connection& c, std::uint32_t events) {
   if ((events & EPOLLOUT) != 0) transport_.connections().touch(c);  // the flush writes
-  if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) read(c);
+  if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0 ||
+      ((events & EPOLLOUT) != 0 && read_wants_write_))
+    read(c);
+}
+
+void TcpLink::read_buffered(Connection& c) {
+  if (reading_ && !c.input_held()) read(c);
 }
 
 void TcpLink::lost(Connection& c, const char* what, int err) {
-  if (err != 0 && err != ECONNRESET && err != EPIPE) {
+  if (err != 0 && err != ECONNRESET && err != EPIPE && err != EPROTO) {  // EPROTO: TLS, logged by receive()
     spdlog::warn("connection {} ({}): {}: {}", c.id, c.peer, what, std::strerror(err));
   }
   transport_.connections().peer_gone(
@@ -255,6 +430,9 @@ void TcpLink::cut_short(Connection& c) {
   // not tell its end from the next frame otherwise); the rest is dropped.
   std::uint32_t keep = frames_written_whole();
   if (keep < frame_count_ && written_ > (keep == 0 ? 0 : frames_[keep - 1].end)) ++keep;
+  // TLS: bytes staged for SSL_write's retry are committed like bytes the
+  // kernel took (the retry must present them again): their frames stay too.
+  while (keep < frame_count_ && (keep == 0 ? 0 : frames_[keep - 1].end) < written_ + staged_) ++keep;
   if (keep == frame_count_) return;
   const PackedFrame dropped = tally(keep, frame_count_);
   auto& connections = transport_.connections();
@@ -280,24 +458,73 @@ void TcpLink::disconnect(Connection& c) {
     transport_.connections().retire_send_in_part(c, reached.messages, reached.payload);
   }
   writing_ = false;
-  if (!c.peer_disconnected) ::shutdown(fd_.get(), SHUT_WR);
+  if (!c.peer_disconnected) {
+    if (ssl_) {
+      ERR_clear_error();
+      SSL_shutdown(ssl_.get());  // close_notify, best effort: the CLOSE frame is the orderly close
+      ERR_clear_error();
+    }
+    ::shutdown(fd_.get(), SHUT_WR);
+  }
   rbuf_.reset();
   reading_ = true;
   update_events(c);
 }
 
-void TcpLink::release(Connection&) { transport_.ctx().stats.tcp_connections.add(-1); }
+void TcpLink::release(Connection&) {
+  transport_.ctx().stats.tcp_connections.add(-1);
+  if (ssl_) transport_.ctx().stats.tls_connections.add(-1);
+}
 
 // ---------------------------------------------------------------- read
 
+ssize_t TcpLink::receive(Connection& c, std::byte* to, std::size_t n) {
+  if (!ssl_) return ::read(fd_.get(), to, n);
+  ERR_clear_error();
+  const int r = SSL_read(ssl_.get(), to, static_cast<int>(std::min<std::size_t>(n, INT32_MAX)));
+  if (r > 0) {
+    if (read_wants_write_) {
+      read_wants_write_ = false;
+      update_events(c);
+    }
+    return r;
+  }
+  std::string err;
+  switch (tls::classify(ssl_.get(), r, err)) {
+    case tls::Io::kWantRead:
+      errno = EAGAIN;
+      return -1;
+    case tls::Io::kWantWrite:
+      if (!read_wants_write_) {
+        read_wants_write_ = true;
+        update_events(c);
+      }
+      errno = EAGAIN;
+      return -1;
+    case tls::Io::kClosed:
+      return 0;
+    case tls::Io::kFailed:
+      break;
+  }
+  spdlog::warn("connection {} ({}): TLS: {}", c.id, c.peer, err);
+  errno = EPROTO;
+  return -1;
+}
+
 void TcpLink::read(Connection& c) {
+  read_rounds(c);
+  // Decrypted bytes left in OpenSSL raise no epoll event: read them next turn.
+  if (ssl_ && reading_ && SSL_has_pending(ssl_.get()) == 1) transport_.note_buffered(c);
+}
+
+void TcpLink::read_rounds(Connection& c) {
   auto& ctx = transport_.ctx();
   const std::uint32_t buffer_size = ctx.options.buffer_size;
   for (int round = 0; round < kReadsPerEvent; ++round) {
     if (!c.is_up()) {
       // Closing: what the peer still sends is discarded until its FIN.
       std::byte scratch[4096];
-      const ssize_t n = ::read(fd_.get(), scratch, sizeof scratch);
+      const ssize_t n = receive(c, scratch, sizeof scratch);
       if (n > 0) continue;
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
       return lost(c, "read", n < 0 ? errno : 0);
@@ -308,7 +535,7 @@ void TcpLink::read(Connection& c) {
       rstart_ = rlen_ = 0;
     }
     const std::uint32_t room = buffer_size - rlen_;
-    const ssize_t n = ::read(fd_.get(), rbuf_.data() + rlen_, room);
+    const ssize_t n = receive(c, rbuf_.data() + rlen_, room);
     if (n == 0) return lost(c, "read", 0);
     if (n < 0) {
       if (errno == EAGAIN || errno == EINTR) return;
@@ -347,8 +574,9 @@ void TcpLink::read(Connection& c) {
       rstart_ = 0;
       rbuf_ = std::move(fresh);
     }
-    if (c.input_held()) return;                        // the router paused us, or the login is being checked
-    if (static_cast<std::uint32_t>(n) < room) return;  // drained the socket
+    if (c.input_held()) return;  // the router paused us, or the login is being checked
+    if (static_cast<std::uint32_t>(n) < room && !(ssl_ && SSL_has_pending(ssl_.get()) == 1))
+      return;  // drained the socket
   }
 }
 
@@ -379,12 +607,50 @@ void TcpLink::flush(Connection& c) {
   }
 }
 
+ssize_t TcpLink::transmit(Connection& c) {
+  if (!ssl_) {
+    msghdr msg{};
+    msg.msg_iov = iov_.data() + iov_next_;
+    msg.msg_iovlen = iov_count_ - iov_next_;
+    return ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  if (staged_ == 0) {
+    // The next record's worth of the send, in one piece. What SSL_write has
+    // not taken stays staged, unchanged, for its retry.
+    if (stage_.empty()) stage_.resize(kTlsStage);
+    for (std::uint32_t i = iov_next_; i < iov_count_ && staged_ < stage_.size(); ++i) {
+      const std::size_t take = std::min<std::size_t>(iov_[i].iov_len, stage_.size() - staged_);
+      std::memcpy(stage_.data() + staged_, iov_[i].iov_base, take);
+      staged_ += static_cast<std::uint32_t>(take);
+    }
+  }
+  ERR_clear_error();
+  const int r = SSL_write(ssl_.get(), stage_.data(), static_cast<int>(staged_));
+  if (r > 0) {
+    std::memmove(stage_.data(), stage_.data() + r, staged_ - static_cast<std::uint32_t>(r));
+    staged_ -= static_cast<std::uint32_t>(r);
+    return r;
+  }
+  std::string err;
+  switch (tls::classify(ssl_.get(), r, err)) {
+    case tls::Io::kWantRead:  // no renegotiation (TlsContext): only as a spurious case
+    case tls::Io::kWantWrite:
+      errno = EAGAIN;
+      return -1;
+    case tls::Io::kClosed:
+      errno = EPIPE;
+      return -1;
+    case tls::Io::kFailed:
+      break;
+  }
+  spdlog::warn("connection {} ({}): TLS: {}", c.id, c.peer, err);
+  errno = EPROTO;
+  return -1;
+}
+
 bool TcpLink::write(Connection& c) {
   auto& ctx = transport_.ctx();
-  msghdr msg{};
-  msg.msg_iov = iov_.data() + iov_next_;
-  msg.msg_iovlen = iov_count_ - iov_next_;
-  ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  ssize_t n = transmit(c);
   if (n < 0) {
     if (errno == EINTR) return true;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {

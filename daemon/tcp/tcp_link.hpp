@@ -13,6 +13,17 @@
 // Flow control: TCP's own window. A publisher the broker must slow down
 // (a backlogged subscriber) is simply not read; one whose subscriber queues
 // overflow is cut off like an RDMA one.
+//
+// TLS (SPEC.md §1.3, tls.mode): on a TLS listener the handshake's first byte
+// tells a TLS ClientHello (0x16) from a plain connect request ('R'); a TLS
+// connection runs OpenSSL's handshake, then the same 16-byte handshake and
+// frames inside TLS. The link then reads through SSL_read (decrypting into
+// the pool buffer, so routing stays zero-copy after decryption) and writes
+// through a staging buffer: SSL_write takes one contiguous piece, and must
+// be called again with the same bytes after WANT_WRITE. Bytes handed to TLS
+// are committed like bytes handed to the kernel (cut_short keeps their
+// frames). Decrypted bytes OpenSSL holds raise no epoll event: the port
+// keeps such links on a list the worker reads each turn.
 #pragma once
 
 #include <sys/uio.h>
@@ -29,16 +40,31 @@
 #include "connection/connection.hpp"
 #include "connection/connections.hpp"
 #include "rdmabroker/common/fd.hpp"
+#include "rdmabroker/common/tls.hpp"
 #include "rdmabroker/proto/handshake.hpp"
 
 namespace rdmabroker::daemon {
 
 class FrameHandler;
 class TcpPort;
+class TlsContext;
+
+/// Why a TLS handshake failed, as counted (tls.handshake_failures.*).
+enum class TlsFailure : std::uint8_t {
+  kNoCertificate,  // a client certificate was required and none came
+  kCertificate,    // a certificate did not verify (either side's: unknown CA, expired, bad)
+  kProtocol,       // no common version or cipher, or not TLS at all
+  kClosed,         // the peer closed in the middle of it
+  kTimeout,        // not done within the handshake deadline
+  kOther,
+};
+inline constexpr std::size_t kTlsFailureCount = 6;
+std::string_view to_string(TlsFailure f);
 
 class TcpLink final : public Link {
  public:
-  TcpLink(TcpPort& transport, UniqueFd fd) : transport_(transport), fd_(std::move(fd)) {}
+  TcpLink(TcpPort& transport, UniqueFd fd, tls::UniqueSsl ssl = {})
+      : transport_(transport), fd_(std::move(fd)), ssl_(std::move(ssl)) {}
 
   Transport transport() const override { return Transport::kTcp; }
   void flush(Connection& c) override;
@@ -53,7 +79,8 @@ class TcpLink final : public Link {
   /// the peer's FIN, the TCP twin of waiting for DISCONNECTED.
   void disconnect(Connection& c) override;
   void release(Connection& c) override;
-  std::string where() const override { return "over tcp"; }
+  std::string where() const override { return ssl_ ? "over tls" : "over tcp"; }
+  bool is_tls() const { return ssl_ != nullptr; }
 
   /// The socket is readable or writable (epoll).
   void on_event(Connection& c, std::uint32_t events);
@@ -65,9 +92,18 @@ class TcpLink final : public Link {
   /// Not read now (a stalled publisher, or no pool buffer): its frame cannot progress.
   bool paused() const { return !reading_; }
   void restart_partial_clock(std::chrono::steady_clock::time_point now) { partial_since_ = now; }
+  /// TLS: decrypted bytes wait in OpenSSL, which epoll cannot see; reads them.
+  void read_buffered(Connection& c);
 
  private:
   void read(Connection& c);
+  void read_rounds(Connection& c);
+  /// read(2), or SSL_read on a TLS link: > 0 bytes, 0 at the peer's end,
+  /// < 0 with errno (EAGAIN: wait; EPROTO: a TLS error, logged here).
+  ssize_t receive(Connection& c, std::byte* to, std::size_t n);
+  /// sendmsg(2) of the in-flight iovecs, or SSL_write of them through the
+  /// staging buffer: bytes taken, or < 0 with errno.
+  ssize_t transmit(Connection& c);
   /// Writes what remains of the in-flight send; false if it must wait (EPOLLOUT) or failed.
   bool write(Connection& c);
   void lost(Connection& c, const char* what, int err);
@@ -78,7 +114,12 @@ class TcpLink final : public Link {
 
   TcpPort& transport_;
   UniqueFd fd_;
-  BufferRef rbuf_;  // frames [rstart_, rlen_) not yet processed
+  tls::UniqueSsl ssl_;  // after fd_: freed first (it never closes the socket)
+  /// TLS: bytes of the in-flight send copied for SSL_write and not yet taken.
+  std::vector<std::byte> stage_;
+  std::uint32_t staged_ = 0;
+  bool read_wants_write_ = false;  // TLS: SSL_read needs the socket writable
+  BufferRef rbuf_;                 // frames [rstart_, rlen_) not yet processed
   std::uint32_t rstart_ = 0;
   std::uint32_t rlen_ = 0;
   /// When the incomplete frame at the end of the buffer was begun (zero: none).
@@ -109,7 +150,7 @@ class TcpPort {
   void stop_listening();
   /// Accepts what the listening socket has (bounded per wake-up).
   void accept(bool stopping);
-  /// A socket in its handshake is readable.
+  /// A socket in its handshake is readable (or, in a TLS handshake, writable).
   void on_handshake_readable(int fd, bool stopping);
   /// Refuses handshakes past their deadline (all of them when stopping).
   void check_handshake_deadlines(bool stopping);
@@ -124,6 +165,10 @@ class TcpPort {
   void watch_partial_frame(const Connection& c) { partial_frames_.push_back(c.id); }
   /// Closes connections whose begun frame is overdue (frame_timeout).
   void check_partial_frames();
+  /// TLS link c holds decrypted bytes it has not read: read_buffered() reads them.
+  void note_buffered(const Connection& c) { tls_buffered_.push_back(c.id); }
+  /// Reads what TLS links hold decrypted; true if there were any (the worker must not sleep).
+  bool read_buffered();
 
   WorkerContext& ctx() { return ctx_; }
   Connections& connections() { return connections_; }
@@ -137,6 +182,11 @@ class TcpPort {
   struct Handshake {
     std::uint64_t id = 0;  // the connection it becomes (drawn at accept: Admission knows it by this)
     UniqueFd fd;
+    tls::UniqueSsl ssl;            // a TLS connection (after fd: freed first)
+    bool sniffed = false;          // TLS or plain is decided (the first byte was seen)
+    bool tls_done = false;         // its TLS handshake completed
+    bool wants_write = false;      // its TLS handshake waits for the socket to be writable
+    std::string certificate_name;  // the verified client certificate's CN (mutual TLS)
     std::uint32_t slot = 0;
     std::string peer;
     std::array<std::byte, proto::kConnectRequestSize> bytes{};
@@ -149,6 +199,15 @@ class TcpPort {
   /// if given), gives its slot back and closes it; returns the next entry.
   Handshakes::iterator drop_handshake(Handshakes::iterator it, std::string_view why,
                                       std::optional<proto::RejectReason> reason);
+  /// On a TLS listener: decides TLS or plain, runs the TLS handshake. False
+  /// while it must wait for the socket, or when it dropped the handshake.
+  bool advance_tls(Handshakes::iterator it);
+  /// A TLS handshake that failed: counted by reason, logged (throttled), dropped.
+  void tls_failed(Handshakes::iterator it, TlsFailure kind, const std::string& why);
+  /// Watches h's socket for reading, or for writing too (a TLS handshake's flight).
+  void watch_handshake(Handshake& h, bool write);
+  /// Writes `bytes` at once to a socket in its handshake (through TLS on a TLS one).
+  static bool handshake_write(Handshake& h, std::span<const std::byte> bytes);
 
   WorkerContext& ctx_;
   Connections& connections_;
@@ -158,6 +217,7 @@ class TcpPort {
   Handshakes handshakes_;
   std::vector<std::uint64_t> buffer_waiters_;  // connections that found the pool empty
   std::vector<std::uint64_t> partial_frames_;  // connections with a frame begun and not finished
+  std::vector<std::uint64_t> tls_buffered_;    // TLS connections with decrypted bytes not read
 };
 
 }  // namespace rdmabroker::daemon

@@ -81,6 +81,7 @@ void Worker::run() {
       }
     }
     bool busy = poll_ports();
+    if (tcp_ && tcp_->read_buffered()) busy = true;  // TLS: decrypted bytes epoll cannot see
     if (busy) {
       last_work_ = ctx_.now;
     } else if (ctx_.options.busy_poll_us > 0) {

@@ -3,6 +3,7 @@
 // as. Names are part of the operators' interface (dashboards, alerts,
 // docs/operations.md): change them on purpose only.
 #include "broker/stats.hpp"
+#include "tcp/tcp_link.hpp"
 #include "worker/worker.hpp"
 
 namespace rdmabroker::daemon {
@@ -119,6 +120,16 @@ void WorkerStats::visit(StatsVisitor& v) const {
           "sendmsg() calls on TCP connections that wrote data.");
   v.count("tcp.write_blocked", tcp_write_blocked, "rdmabroker_tcp_write_blocked_total",
           "TCP writes that found the socket buffer full.");
+  v.level("tls.connections", tls_connections.get(), "rdmabroker_tls_connections",
+          "Open TLS connections (also counted as TCP connections).");
+  v.count("tls.handshakes", tls_handshakes, "rdmabroker_tls_handshakes_total", "TLS handshakes completed.");
+  static_assert(std::tuple_size_v<decltype(tls_failures)> == kTlsFailureCount);
+  for (std::size_t f = 0; f < kTlsFailureCount; ++f) {
+    labelled("tls.handshake_failures.", to_string(static_cast<TlsFailure>(f)), tls_failures[f],
+             "rdmabroker_tls_handshake_failures_total", "TLS handshakes that failed, by reason.", "reason");
+  }
+  v.count("tls.plain_refused", tls_plain_refused, "rdmabroker_tls_plain_refused_total",
+          "Plain TCP clients refused because tls.mode is required.");
 
   // Limits, authentication, permissions.
   const auto limit = [&](std::string_view name, const Counter& c) {

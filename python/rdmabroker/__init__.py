@@ -119,7 +119,9 @@ class _COptions(ctypes.Structure):
                 ("publish_timeout_ms", ctypes.c_int), ("reconnect_delay_ms", ctypes.c_int),
                 ("reconnect_max_delay_ms", ctypes.c_int), ("on_error", _ERROR_CB),
                 ("on_error_user", ctypes.c_void_p), ("on_connection_event", _CONNECTION_CB),
-                ("on_connection_event_user", ctypes.c_void_p)]
+                ("on_connection_event_user", ctypes.c_void_p), ("tls_ca_file", ctypes.c_char_p),
+                ("tls_cert_file", ctypes.c_char_p), ("tls_key_file", ctypes.c_char_p),
+                ("tls_server_name", ctypes.c_char_p)]
 
 # rb_connection_event -> the name a callback is given.
 _CONNECTION_EVENTS = {0: "disconnected", 1: "reconnected", 2: "gave_up"}
@@ -287,13 +289,17 @@ class Client:
                  password: Optional[str] = None, token: Optional[str] = None, reconnect: bool = False,
                  max_reconnect_attempts: int = 0, connect_timeout: Optional[float] = None,
                  publish_timeout: Optional[float] = None, reconnect_delay: Optional[float] = None,
-                 reconnect_max_delay: Optional[float] = None,
+                 reconnect_max_delay: Optional[float] = None, tls_ca: Optional[str] = None,
+                 tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
+                 tls_server_name: Optional[str] = None,
                  on_error: Optional[Callable[["Error"], None]] = None,
                  on_connection_event: Optional[Callable[[str, str], None]] = None):
         o = _COptions()
         _lib.rb_options_init(ctypes.byref(o))
         text = lambda v: v.encode() if v else None  # noqa: E731
         o.bind_address, o.user, o.password, o.token = text(bind), text(user), text(password), text(token)
+        o.tls_ca_file, o.tls_cert_file, o.tls_key_file = text(tls_ca), text(tls_cert), text(tls_key)
+        o.tls_server_name = text(tls_server_name)
         o.reconnect = int(bool(reconnect))
         o.max_reconnect_attempts = max_reconnect_attempts
         for field, seconds in (("connect_timeout_ms", connect_timeout), ("publish_timeout_ms", publish_timeout),
@@ -395,12 +401,17 @@ class Client:
 
 
 def connect(url: str, bind: Optional[str] = None, **options) -> Client:
-    """Connects to rdmabrokerd at `url`: "rdma://host[:port]" or
-    "tcp://host[:port]", credentials as "user:password@" or "token@" before
-    the host, or as options. `bind` is a local address (over RDMA it selects
+    """Connects to rdmabrokerd at `url`: "rdma://host[:port]",
+    "tcp://host[:port]" or "tls://host[:port]", credentials as
+    "user:password@" or "token@" before the host, or as options. `bind` is a local address (over RDMA it selects
     the device). Options (keywords; None or absent: the library's default):
 
     user, password, token   credentials
+    tls_ca                  tls://: CA certificates (PEM file) the broker's
+                            certificate must chain to (the system's)
+    tls_cert, tls_key       mutual TLS: this client's certificate and key
+    tls_server_name         the name the broker's certificate must carry
+                            (the URL's host)
     reconnect               reconnect with backoff when the connection fails,
                             restoring every subscription (False)
     max_reconnect_attempts  per outage, then the client closes (0: for ever)

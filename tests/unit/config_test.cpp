@@ -283,7 +283,7 @@ TEST(ConfigAuth, MistakesNameTheElementThatHasThem) {
             std::string::npos);
   EXPECT_NE(errors_of(std::string("auth:\n  users:\n    - {name: bob, password: '") + kHash + "', token: '" +
                       kHash + "'}\n")
-                .find("auth.users[0]: user 'bob' needs exactly one of password and token"),
+                .find("auth.users[0]: user 'bob' needs exactly one of password, token and certificate: true"),
             std::string::npos);
   EXPECT_NE(errors_of(std::string("auth:\n  users:\n    - {name: bob, password: '") + kHash +
                       "'}\n    - {name: bob, token: '" + kHash + "'}\n")
@@ -396,6 +396,68 @@ TEST(Config, ShippedConfigsAreValid) {
   auto cm = parse(embedded, "ConfigMap rdmabroker-config");
   ASSERT_TRUE(cm) << cm.error().message;
   EXPECT_EQ(cm->log.format, LogFormat::kJson);
+}
+
+TEST(ConfigTls, SectionIsReadAndItsRulesNameTheKey) {
+  auto c = parse(R"(
+tls:
+  mode: required
+  certificate: /etc/rdmabroker/tls/broker.crt
+  key: /etc/rdmabroker/tls/broker.key
+  client_ca: /etc/rdmabroker/tls/ca.crt
+  min_version: "1.3"
+auth:
+  users:
+    - {name: svc-a, certificate: true, publish: {allow: ["a.>"]}}
+)",
+                 "broker.yaml");
+  ASSERT_TRUE(c) << c.error().message;
+  const auto& t = c->broker.tls;
+  EXPECT_EQ(t.mode, TlsMode::kRequired);
+  EXPECT_EQ(t.certificate, "/etc/rdmabroker/tls/broker.crt");
+  EXPECT_EQ(t.key, "/etc/rdmabroker/tls/broker.key");
+  EXPECT_EQ(t.client_ca, "/etc/rdmabroker/tls/ca.crt");
+  EXPECT_EQ(t.min_version, "1.3");
+  ASSERT_EQ(c->broker.auth.users.size(), 1u);
+  EXPECT_TRUE(c->broker.auth.users[0].certificate);
+  EXPECT_TRUE(c->broker.auth.users[0].password_hash.empty());
+
+  EXPECT_NE(errors_of("tls: {mode: required}")
+                .find("tls.certificate: tls.mode is required: a certificate is needed"),
+            std::string::npos);
+  EXPECT_NE(errors_of("tls: {mode: optional, certificate: a.crt}").find("tls.key: tls.mode is optional"),
+            std::string::npos);
+  EXPECT_NE(errors_of("tls: {mode: on}").find("tls.mode: expected one of off, optional, required, got 'on'"),
+            std::string::npos);
+  EXPECT_NE(errors_of("tls: {min_version: \"1.1\"}").find("tls.min_version: expected one of 1.2, 1.3"),
+            std::string::npos);
+  EXPECT_NE(errors_of("listen: {tcp: \"\"}\ntls: {mode: required, certificate: a, key: b}")
+                .find("tls.mode: TLS is served on the TCP listener, and listen.tcp is empty"),
+            std::string::npos);
+  EXPECT_NE(errors_of("auth:\n  users:\n    - {name: svc, certificate: true}")
+                .find("auth.users: user 'svc' logs in with a client certificate, which needs tls.client_ca"),
+            std::string::npos);
+  EXPECT_NE(errors_of("auth:\n  users:\n    - {name: svc, certificate: false}")
+                .find("auth.users[0].certificate: expected true"),
+            std::string::npos);
+  EXPECT_NE(errors_of("auth:\n  users:\n    - {name: svc, certificate: true, token: x}")
+                .find("needs exactly one of password, token and certificate: true"),
+            std::string::npos);
+}
+
+TEST(ConfigTls, EveryTlsKeyChangesLive) {
+  auto a = parse("tls: {mode: optional, certificate: a.crt, key: a.key}", "a.yaml");
+  auto b =
+      parse("tls: {mode: required, certificate: b.crt, key: b.key, client_ca: ca.crt, min_version: \"1.3\"}",
+            "b.yaml");
+  ASSERT_TRUE(a && b) << (a ? b.error().message : a.error().message);
+  std::map<std::string, bool> live;
+  for (const auto& ch : diff(*a, *b)) live[ch.key] = ch.live;
+  EXPECT_EQ(live, (std::map<std::string, bool>{{"tls.mode", true},
+                                               {"tls.certificate", true},
+                                               {"tls.key", true},
+                                               {"tls.client_ca", true},
+                                               {"tls.min_version", true}}));
 }
 
 }  // namespace

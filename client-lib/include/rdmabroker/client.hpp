@@ -78,6 +78,16 @@ struct ClientOptions {
   std::string user;
   std::string password;
   std::string token;
+  /// tls://host[:port] (docs/security.md): the CA certificates (PEM file)
+  /// that the broker's certificate must chain to; empty: the system's
+  /// (/etc/ssl/certs). The certificate must also name the host: the URL's,
+  /// or tls_server_name. TLS 1.2 at least.
+  std::string tls_ca_file;
+  /// Mutual TLS: this client's certificate and private key (PEM files), for
+  /// a broker with tls.client_ca (its CN can be the user: docs/security.md).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;  // the name to verify (and SNI); empty: the URL's host
   std::chrono::milliseconds connect_timeout{5000};
   /// Reconnect when the connection fails or the broker restarts: attempts
   /// start after reconnect_delay and back off (doubling, with jitter) to

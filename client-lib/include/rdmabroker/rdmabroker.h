@@ -76,12 +76,17 @@ typedef struct rb_options {
   void* on_error_user;
   rb_connection_cb on_connection_event;
   void* on_connection_event_user;
+  /* tls:// (docs/security.md); NULL: the system's CAs, no client certificate. */
+  const char* tls_ca_file;     /* CA certificates (PEM) the broker's certificate must chain to */
+  const char* tls_cert_file;   /* mutual TLS: this client's certificate (PEM) ... */
+  const char* tls_key_file;    /* ... and its private key */
+  const char* tls_server_name; /* the name the certificate must carry; NULL: the URL's host */
 } rb_options;
 
 void rb_options_init(rb_options* options);
 /* rb_connect with options (NULL: all defaults). */
 int rb_connect_with(const char* url, const rb_options* options, rb_client** out);
-/* url: "rdma://host[:port]" or "tcp://host[:port]". */
+/* url: "rdma://host[:port]", "tcp://host[:port]" or "tls://host[:port]". */
 int rb_publish(rb_client* c, const char* subject, const void* data, size_t len);
 /* Publishes with a reply subject for a responder to answer to. */
 int rb_publish_request(rb_client* c, const char* subject, const char* reply, const void* data, size_t len);

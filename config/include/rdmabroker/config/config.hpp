@@ -60,6 +60,7 @@ struct HostPort {
 Result<HostPort> parse_host_port(std::string_view text, std::string_view what);
 
 std::string_view to_string(RdmaMode m);
+std::string_view to_string(TlsMode m);
 std::string_view to_string(LogFormat f);
 std::string_view to_string(LogTarget t);
 

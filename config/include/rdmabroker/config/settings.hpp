@@ -31,13 +31,15 @@ struct Permissions {
   bool operator==(const Permissions&) const = default;
 };
 
-/// One configured user. Exactly one of the two hashes is set: a password
-/// (the client presents name and password) or a token (the client presents
-/// the token alone). Both are crypt(3) hashes (`rdmabroker passwd`).
+/// One configured user, with exactly one credential: a password (the client
+/// presents name and password) or a token (the client presents the token
+/// alone), both crypt(3) hashes (`rdmabroker passwd`); or a certificate (a
+/// TLS client whose verified certificate's subject CN is the name, tls.client_ca).
 struct User {
   std::string name;
   std::string password_hash;
   std::string token_hash;
+  bool certificate = false;
   Permissions permissions;
   bool operator==(const User&) const = default;
 };
@@ -67,6 +69,22 @@ struct MulticastSettings {
   std::uint32_t leave_below = 1;  // ... and below which it leaves it again (live, <= threshold)
   std::uint32_t retransmit_window = 4096;  // messages per subject kept for gap repair
   bool operator==(const MulticastSettings&) const = default;
+};
+
+/// TLS on the TCP listener (docs/security.md, SPEC.md §1.3).
+enum class TlsMode {
+  kOff,       // plain TCP only
+  kOptional,  // TLS or plain on the same port (the broker tells them apart by the first byte)
+  kRequired,  // TLS only: a plain client is refused (TLS_REQUIRED), so no credential travels in clear
+};
+
+struct TlsSettings {
+  TlsMode mode = TlsMode::kOff;
+  std::string certificate;  // PEM file: the broker's certificate (chain)
+  std::string key;          // PEM file: its private key
+  std::string client_ca;    // PEM file: set, clients must present a certificate it signed (mutual TLS)
+  std::string min_version = "1.2";  // "1.2" or "1.3"
+  bool operator==(const TlsSettings&) const = default;
 };
 
 struct BrokerOptions {
@@ -104,6 +122,7 @@ struct BrokerOptions {
   std::vector<std::string> devices;                         // RDMA devices to use (e.g. rxe0); empty: all
   std::uint32_t max_payload = 0;  // largest payload accepted; 0: what the buffer size allows
   AuthSettings auth;              // who may connect and what they may do (live)
+  TlsSettings tls;                // TLS on the TCP listener (live: a reload reloads the files too)
   MulticastSettings multicast;
 
   /// The limits on connections not authenticated yet, as they take effect.

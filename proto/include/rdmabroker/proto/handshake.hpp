@@ -37,6 +37,7 @@ enum class RejectReason : std::uint16_t {
   kNoResources = 5,
   kShuttingDown = 6,
   kInvalidRequest = 7,  // a connect request field out of range: retrying the same request cannot succeed
+  kTlsRequired = 8,     // a plain TCP connect request where the broker accepts TLS only (tls.mode: required)
 };
 
 constexpr std::string_view to_string(RejectReason r) {
@@ -55,6 +56,8 @@ constexpr std::string_view to_string(RejectReason r) {
       return "broker shutting down";
     case RejectReason::kInvalidRequest:
       return "connect request out of range (initial_credits 2..65535, recv_buffer_size at most 16 MiB)";
+    case RejectReason::kTlsRequired:
+      return "TLS required (connect with tls://)";
   }
   return "unknown reason";
 }

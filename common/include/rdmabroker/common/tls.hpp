@@ -1,0 +1,96 @@
+// OpenSSL for the TCP transport's TLS (SPEC.md §1.3), shared by the broker
+// and the client library: owners of the handles, and the one way both read
+// an error (the library's queue is per thread, so what a failed call left
+// is read on the thread that made it, and cleared).
+#pragma once
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+
+namespace rdmabroker::tls {
+
+struct SslFree {
+  void operator()(SSL* s) const { SSL_free(s); }
+};
+struct SslCtxFree {
+  void operator()(SSL_CTX* c) const { SSL_CTX_free(c); }
+};
+/// A TLS session. It never owns the socket (SSL_set_fd): the socket's owner
+/// declares it before the session, so that the session goes first.
+using UniqueSsl = std::unique_ptr<SSL, SslFree>;
+using UniqueSslCtx = std::unique_ptr<SSL_CTX, SslCtxFree>;
+
+/// What OpenSSL's error queue holds, oldest first, as one line ("certificate
+/// verify failed; ..."), and the queue emptied; `fallback` if it is empty.
+inline std::string take_errors(const std::string& fallback = "unknown TLS error") {
+  std::string out;
+  while (const unsigned long e = ERR_get_error()) {
+    const char* reason = ERR_reason_error_string(e);
+    out += (out.empty() ? "" : "; ") + std::string(reason != nullptr ? reason : "error " + std::to_string(e));
+  }
+  return out.empty() ? fallback : out;
+}
+
+/// Why a certificate check failed, when it did ("certificate has expired",
+/// "unable to get local issuer certificate", "hostname mismatch").
+inline std::string verify_failure(const SSL* ssl) {
+  const long v = SSL_get_verify_result(ssl);
+  return v == X509_V_OK ? std::string() : std::string(X509_verify_cert_error_string(v));
+}
+
+/// The outcome of a non-blocking SSL_* call that returned `ret` <= 0.
+enum class Io {
+  kWantRead,   // wait until the socket is readable, then call again
+  kWantWrite,  // wait until it is writable, then call again
+  kClosed,     // the peer closed: close_notify, or a FIN without one
+  kFailed,     // a TLS or socket error: `error` says which
+};
+
+inline Io classify(SSL* ssl, int ret, std::string& error) {
+  const int e = SSL_get_error(ssl, ret);
+  switch (e) {
+    case SSL_ERROR_WANT_READ:
+      return Io::kWantRead;
+    case SSL_ERROR_WANT_WRITE:
+      return Io::kWantWrite;
+    case SSL_ERROR_ZERO_RETURN:
+      return Io::kClosed;
+    case SSL_ERROR_SYSCALL: {
+      const int err = errno;
+      std::string queued = take_errors("");
+      // A FIN without close_notify: the protocol's own CLOSE frame, not
+      // TLS, says whether the stream ended where it should (SPEC.md §1.3).
+      if (queued.empty() && (err == 0 || err == ECONNRESET || err == EPIPE)) return Io::kClosed;
+      if (queued.find("unexpected eof") != std::string::npos) return Io::kClosed;
+      error = !queued.empty() ? queued : std::strerror(err);
+      return Io::kFailed;
+    }
+    default: {
+      std::string why = verify_failure(ssl);
+      std::string queued = take_errors();
+      error = why.empty() ? queued : queued + " (" + why + ")";
+      return Io::kFailed;
+    }
+  }
+}
+
+/// The subject's common name of the peer's certificate ("" without one).
+inline std::string peer_common_name(const SSL* ssl) {
+  X509* cert = SSL_get1_peer_certificate(ssl);
+  if (cert == nullptr) return {};
+  char cn[256] = {};
+  const int n = X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof cn);
+  X509_free(cert);
+  return n > 0 ? std::string(cn, static_cast<std::size_t>(n)) : std::string();
+}
+
+/// TLS1_2_VERSION or TLS1_3_VERSION, from tls.min_version ("1.2", "1.3").
+inline int protocol_version(const std::string& v) { return v == "1.3" ? TLS1_3_VERSION : TLS1_2_VERSION; }
+
+}  // namespace rdmabroker::tls

@@ -1,0 +1,326 @@
+// TLS on the TCP listener (tls.mode, SPEC.md §1.3, docs/security.md), with
+// certificates the test makes with the openssl CLI: a CA and a second one,
+// the broker's certificate (good, expired, for another host name, a renewed
+// one), and client certificates (from the CA and from the other CA). Every
+// refusal is checked from both ends: what the client is told, and what the
+// broker counted.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <filesystem>
+
+#include "harness.hpp"
+
+namespace rdmabroker::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+class Tls : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = "/tmp/rdmabroker-tls-" + std::to_string(getpid());
+    std::filesystem::create_directories(dir_);
+    // EC keys: quick to make, even in the emulated guest.
+    const std::string script = R"(set -e
+cd ")" + dir_ + R"("
+key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1.key" 2>/dev/null; }
+ca() { key "$1"; openssl req -x509 -new -key "$1.key" -out "$1.crt" -days 2 -subj "/CN=$1" 2>/dev/null; }
+cert() {  # NAME CA CN DAYS SAN
+  key "$1"
+  openssl req -new -key "$1.key" -out "$1.csr" -subj "/CN=$3" 2>/dev/null
+  printf 'subjectAltName=%s\n' "$5" >"$1.ext"
+  openssl x509 -req -in "$1.csr" -CA "$2.crt" -CAkey "$2.key" -CAcreateserial -out "$1.crt" -days "$4" \
+    -extfile "$1.ext" 2>/dev/null
+}
+ca ca
+ca other-ca
+cert server ca broker 2 DNS:localhost,IP:127.0.0.1
+cert expired ca broker -1 DNS:localhost,IP:127.0.0.1
+cert wrong-host ca broker 2 DNS:broker.example
+cert renewed ca broker-2 2 DNS:localhost,IP:127.0.0.1
+cert svc-a ca svc-a 2 DNS:svc-a
+cert svc-b ca svc-b 2 DNS:svc-b
+cert stranger other-ca svc-a 2 DNS:svc-a
+)";
+    auto [rc, out] = run({"/bin/sh", "-c", script + " 2>&1"});
+    ASSERT_EQ(rc, 0) << out;
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
+
+  static std::string file(const std::string& name) { return dir_ + "/" + name; }
+
+  /// A config with TLS in `mode` from certificate `cert` (and its key);
+  /// `client_ca` asks clients for certificates; `auth` replaces anonymous access.
+  std::string config(const std::string& mode, const std::string& cert = "server",
+                     const std::string& client_ca = "",
+                     const std::string& auth = "auth: {anonymous: true}\n") {
+    std::string y = auth + "tls:\n  mode: " + mode + "\n  certificate: " + file(cert + ".crt") +
+                    "\n  key: " + file(cert + ".key") + "\n";
+    if (!client_ca.empty()) y += "  client_ca: " + file(client_ca + ".crt") + "\n";
+    write_file(path_, y);
+    return path_;
+  }
+  static std::string tls_url(const BrokerProcess& b, const std::string& host = "127.0.0.1") {
+    return "tls://" + host + ":" + std::to_string(b.tcp_port());
+  }
+  /// Client options trusting `ca`, with client certificate `cert` if given.
+  static ClientOptions trusting(const std::string& ca = "ca", const std::string& cert = "") {
+    ClientOptions o;
+    o.connect_timeout = 20s;
+    o.tls_ca_file = file(ca + ".crt");
+    if (!cert.empty()) {
+      o.tls_cert_file = file(cert + ".crt");
+      o.tls_key_file = file(cert + ".key");
+    }
+    return o;
+  }
+  /// A subscriber and a publisher on `url_pub` / `url_sub`: the message arrives.
+  static void expect_relay(const std::string& url_sub, ClientOptions sub_opt, const std::string& url_pub,
+                           ClientOptions pub_opt, const std::string& subject) {
+    auto sub_client = Client::connect(url_sub, sub_opt);
+    ASSERT_TRUE(sub_client) << url_sub << ": " << sub_client.error().message;
+    auto sub = sub_client.value()->subscribe(std::string_view(subject));
+    ASSERT_TRUE(sub);
+    ASSERT_TRUE(sub_client.value()->flush(10s));
+    auto pub = Client::connect(url_pub, pub_opt);
+    ASSERT_TRUE(pub) << url_pub << ": " << pub.error().message;
+    ASSERT_TRUE(pub.value()->publish(subject, std::string_view("over tls")));
+    auto m = sub.value()->next(10s);
+    ASSERT_TRUE(m) << m.error().message;
+    EXPECT_EQ(m->data(), "over tls");
+  }
+  static std::int64_t stat(const BrokerProcess& b, const std::string& key) {
+    auto s = b.stats();
+    return s.count(key) ? s[key] : -1;
+  }
+
+  static inline std::string dir_;
+  const std::string path_ = "/tmp/rdmabroker-tls-" + std::to_string(getpid()) + ".yaml";
+};
+
+TEST_F(Tls, OptionalModeServesTlsAndPlainClientsOnOnePort) {
+  BrokerProcess broker(next_port(), {"--config", config("optional")});
+  ASSERT_TRUE(broker.running());
+  ClientOptions plain;
+  expect_relay(tls_url(broker), trusting(), broker.tcp_url("127.0.0.1"), plain, "tls.mixed");
+  // The other way round, and a host name checked against the certificate's DNS name.
+  expect_relay(broker.tcp_url("127.0.0.1"), plain, tls_url(broker, "localhost"), trusting(), "tls.mixed2");
+  const auto s = broker.wait_stats([](auto& s) { return s["tls.handshakes"] == 2; }, 5s);
+  EXPECT_EQ(s.at("tls.handshakes"), 2);
+  EXPECT_EQ(s.at("tls.plain_refused"), 0);
+}
+
+TEST_F(Tls, RequiredModeRefusesPlainClientsAndSaysWhy) {
+  BrokerProcess broker(next_port(), {"--config", config("required")});
+  ASSERT_TRUE(broker.running());
+  ClientOptions plain;
+  plain.connect_timeout = 20s;
+  auto c = Client::connect(broker.tcp_url("127.0.0.1"), plain);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().kind, ErrorKind::kRejected) << c.error().message;
+  EXPECT_NE(c.error().message.find("TLS required (connect with tls://)"), std::string::npos)
+      << c.error().message;
+  // The CLI says so too, and exits 2 (no connection).
+  auto [rc, out] =
+      run({"/bin/sh", "-c", cli_path() + " pub x hi -s " + broker.tcp_url("127.0.0.1") + " 2>&1"});
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("TLS required"), std::string::npos) << out;
+  EXPECT_EQ(stat(broker, "tls.plain_refused"), 2);
+  // TLS clients are served meanwhile, through the CLI too.
+  expect_relay(tls_url(broker), trusting(), tls_url(broker), trusting(), "tls.required");
+  auto [prc, pout] =
+      run({"/bin/sh", "-c",
+           cli_path() + " pub x hi -s " + tls_url(broker) + " --tls-ca " + file("ca.crt") + " 2>&1"});
+  EXPECT_EQ(prc, 0) << pout;
+}
+
+TEST_F(Tls, ClientsRefuseABrokerCertificateThatDoesNotVerify) {
+  auto refused = [&](const BrokerProcess& b, const std::string& url, ClientOptions o,
+                     const std::string& why) {
+    auto c = Client::connect(url, o);
+    ASSERT_FALSE(c) << why;
+    EXPECT_EQ(c.error().kind, ErrorKind::kConnectFailed) << c.error().message;
+    EXPECT_NE(c.error().message.find(why), std::string::npos) << c.error().message;
+    (void)b;
+  };
+  {
+    BrokerProcess broker(next_port(), {"--config", config("required", "expired")});
+    ASSERT_TRUE(broker.running());
+    refused(broker, tls_url(broker), trusting(), "certificate has expired");
+  }
+  {
+    BrokerProcess broker(next_port(), {"--config", config("required")});
+    ASSERT_TRUE(broker.running());
+    refused(broker, tls_url(broker), trusting("other-ca"), "unable to get local issuer certificate");
+    // The client's alert reaches the broker, which counts a certificate failure.
+    broker.wait_stats([](auto& s) { return s["tls.handshake_failures.certificate"] >= 1; }, 5s);
+    EXPECT_GE(stat(broker, "tls.handshake_failures.certificate"), 1);
+    // A broker must not be trusted for a name its certificate does not have.
+    ClientOptions other_name = trusting();
+    other_name.tls_server_name = "broker.example";
+    refused(broker, tls_url(broker), other_name, "certificate verify failed");
+  }
+  {
+    BrokerProcess broker(next_port(), {"--config", config("required", "wrong-host")});
+    ASSERT_TRUE(broker.running());
+    refused(broker, tls_url(broker), trusting(), "IP address mismatch");
+    refused(broker, tls_url(broker, "localhost"), trusting(), "hostname mismatch");
+  }
+  {
+    // TLS to a plain listener: the client says what is likely wrong.
+    BrokerProcess broker(next_port(), {});
+    ASSERT_TRUE(broker.running());
+    refused(broker, tls_url(broker), trusting(), "the broker does not serve TLS there");
+  }
+}
+
+TEST_F(Tls, MutualTlsAdmitsOnlyClientsWithACertificateFromTheClientCa) {
+  BrokerProcess broker(next_port(), {"--config", config("required", "server", "ca")});
+  ASSERT_TRUE(broker.running());
+  auto c = Client::connect(tls_url(broker), trusting());  // no client certificate
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.error().message.find("certificate required"), std::string::npos) << c.error().message;
+  c = Client::connect(tls_url(broker), trusting("ca", "stranger"));  // signed by another CA
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.error().message.find("unknown ca"), std::string::npos) << c.error().message;
+  const auto s = broker.wait_stats(
+      [](auto& s) {
+        return s["tls.handshake_failures.no_certificate"] >= 1 &&
+               s["tls.handshake_failures.certificate"] >= 1;
+      },
+      5s);
+  EXPECT_EQ(s.at("tls.handshake_failures.no_certificate"), 1);
+  EXPECT_EQ(s.at("tls.handshake_failures.certificate"), 1);
+  EXPECT_EQ(s.at("tls.handshakes"), 0);
+  expect_relay(tls_url(broker), trusting("ca", "svc-a"), tls_url(broker), trusting("ca", "svc-b"),
+               "tls.mutual");
+}
+
+TEST_F(Tls, AClientCertificateNamesItsUser) {
+  const std::string auth =
+      "auth:\n  anonymous: false\n  users:\n"
+      "    - {name: svc-a, certificate: true, publish: {allow: [\"a.>\"]}, subscribe: {allow: [\"a.>\"]}}\n";
+  BrokerProcess broker(next_port(), {"--config", config("required", "server", "ca", auth)}, false);
+  ASSERT_TRUE(broker.running());
+  std::atomic<int> denied{0};
+  ClientOptions a = trusting("ca", "svc-a");
+  a.on_error = [&](const Error& e) {
+    if (e.kind == ErrorKind::kPermissionDenied) ++denied;
+  };
+  auto client = Client::connect(tls_url(broker), a);
+  ASSERT_TRUE(client) << client.error().message;
+  auto sub = client.value()->subscribe(std::string_view("a.>"));
+  ASSERT_TRUE(sub);
+  ASSERT_TRUE(client.value()->flush(10s));
+  ASSERT_TRUE(client.value()->publish("a.x", std::string_view("as svc-a")));
+  auto m = sub.value()->next(10s);
+  ASSERT_TRUE(m) << m.error().message;
+  // Its permissions are svc-a's: b.x is refused.
+  ASSERT_TRUE(client.value()->publish("b.x", std::string_view("no")));
+  EXPECT_TRUE(client.value()->flush(10s));
+  EXPECT_TRUE(wait_until([&] { return denied.load() == 1; }, 10s));
+  // A certificate from the CA for a name no user has: no anonymous access either.
+  auto b = Client::connect(tls_url(broker), trusting("ca", "svc-b"));
+  ASSERT_FALSE(b);
+  EXPECT_EQ(b.error().kind, ErrorKind::kAuthenticationFailed) << b.error().message;
+  EXPECT_NE(b.error().message.find("no user for the client certificate's CN 'svc-b'"), std::string::npos)
+      << b.error().message;
+}
+
+TEST_F(Tls, AClientThatStopsInTheHandshakeIsCutAtTheDeadline) {
+  BrokerProcess broker(next_port(), {"--config", config("required")});
+  ASSERT_TRUE(broker.running());
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(broker.tcp_port());
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof to), 0);
+  // A TLS record header announcing a ClientHello that never comes.
+  const unsigned char begun[] = {0x16, 0x03, 0x01, 0x00, 0x80, 0x01};
+  ASSERT_EQ(::send(fd.get(), begun, sizeof begun, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof begun));
+  const auto start = std::chrono::steady_clock::now();
+  // Others are served meanwhile.
+  expect_relay(tls_url(broker), trusting(), tls_url(broker), trusting(), "tls.meanwhile");
+  pollfd p{fd.get(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 15'000), 1) << "the broker kept the stalled handshake open";
+  char byte;
+  EXPECT_LE(::recv(fd.get(), &byte, 1, 0), 0) << "closed, with nothing sent";
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, 4s);
+  EXPECT_LE(waited, 12s);
+  broker.wait_stats([](auto& s) { return s["tls.handshake_failures.timeout"] == 1; }, 5s);
+  EXPECT_EQ(stat(broker, "tls.handshake_failures.timeout"), 1);
+  EXPECT_EQ(stat(broker, "connections.unauthenticated"), 0);
+}
+
+TEST_F(Tls, AReloadRenewsTheCertificateAndKeepsConnectedClients) {
+  const std::string live = dir_ + "/live";
+  std::filesystem::copy_file(file("server.crt"), live + ".crt",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(file("server.key"), live + ".key",
+                             std::filesystem::copy_options::overwrite_existing);
+  BrokerProcess broker(next_port(), {"--config", config("required", "live")});
+  ASSERT_TRUE(broker.running());
+  auto sub_client = Client::connect(tls_url(broker), trusting());
+  ASSERT_TRUE(sub_client) << sub_client.error().message;
+  auto sub = sub_client.value()->subscribe(std::string_view("tls.renew"));
+  ASSERT_TRUE(sub);
+  ASSERT_TRUE(sub_client.value()->flush(10s));
+  auto reload = [&] {
+    return run({"/bin/sh", "-c", cli_path() + " reload --admin-socket " + broker.admin_socket() + " 2>&1"});
+  };
+  // The renewed certificate at the same path: no config change, yet reloaded.
+  std::filesystem::copy_file(file("renewed.crt"), live + ".crt",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(file("renewed.key"), live + ".key",
+                             std::filesystem::copy_options::overwrite_existing);
+  auto [rc, out] = reload();
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("tls: certificate CN=broker-2"), std::string::npos) << out;
+  // A key that does not load: the reload fails and the renewed context stays.
+  write_file(live + ".key", "not a key\n");
+  auto [bad_rc, bad_out] = reload();
+  EXPECT_NE(bad_rc, 0) << bad_out;
+  EXPECT_NE(bad_out.find("tls.key " + live + ".key"), std::string::npos) << bad_out;
+  auto pub = Client::connect(tls_url(broker), trusting());
+  ASSERT_TRUE(pub) << pub.error().message;
+  ASSERT_TRUE(pub.value()->publish("tls.renew", std::string_view("after the renewal")));
+  auto m = sub.value()->next(10s);
+  ASSERT_TRUE(m) << "the subscriber connected before the reload lost its connection: " << m.error().message;
+  EXPECT_EQ(m->data(), "after the renewal");
+}
+
+TEST_F(Tls, LargeAndManyMessagesCrossTlsIntact) {
+  // Every size up to the largest payload, both ways through TLS records and
+  // partial writes: the staging of the broker's TLS writes keeps frames whole.
+  BrokerProcess broker(next_port(), {"--config", config("required")});
+  ASSERT_TRUE(broker.running());
+  const std::size_t max_payload = 16384 - 64 - 32;
+  auto sub_client = Client::connect(tls_url(broker), trusting());
+  ASSERT_TRUE(sub_client) << sub_client.error().message;
+  auto sub = sub_client.value()->subscribe(std::string_view("tls.volume"));
+  ASSERT_TRUE(sub);
+  ASSERT_TRUE(sub_client.value()->flush(10s));
+  auto pub = Client::connect(tls_url(broker), trusting());
+  ASSERT_TRUE(pub) << pub.error().message;
+  const std::uint64_t n = volume(4000);
+  std::thread publisher([&] {
+    for (std::uint64_t i = 0; i < n; ++i) {
+      auto p = make_payload(i, max_payload);
+      ASSERT_TRUE(pub.value()->publish("tls.volume", std::span<const std::byte>(p)).ok());
+    }
+    ASSERT_TRUE(pub.value()->flush(60s));
+  });
+  for (std::uint64_t i = 0; i < n; ++i) {
+    auto m = sub.value()->next(60s);
+    ASSERT_TRUE(m) << "message " << i << ": " << m.error().message;
+    ASSERT_TRUE(check_payload(i, max_payload, m->payload)) << "message " << i;
+  }
+  publisher.join();
+}
+
+}  // namespace
+}  // namespace rdmabroker::test
