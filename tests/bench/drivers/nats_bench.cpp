@@ -6,9 +6,11 @@
 // client never drops a message on its own and every loss is the server's,
 // and that at a fixed rate publishes are sent at once (SendAsap), as a
 // latency-minded NATS user would: the default flusher waits up to a
-// millisecond to gather more.
+// millisecond to gather more. A tls:// URL connects with TLS, trusting the CA
+// in RDMABROKER_TLS_CA (as `rdmabroker bench --tls-ca` does; tests/bench/tls.sh).
 #include <nats/nats.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "bench.hpp"
@@ -33,6 +35,11 @@ class NatsEndpoint final : public BenchEndpoint {
     if (s == NATS_OK) s = natsOptions_SetURL(opts, url.c_str());
     if (s == NATS_OK) s = natsOptions_SetAllowReconnect(opts, false);  // a lost connection is a failed run
     if (s == NATS_OK) s = natsOptions_SetSendAsap(opts, send_asap);
+    if (s == NATS_OK && url.rfind("tls://", 0) == 0) {
+      s = natsOptions_SetSecure(opts, true);
+      const char* ca = std::getenv("RDMABROKER_TLS_CA");
+      if (s == NATS_OK && ca != nullptr) s = natsOptions_LoadCATrustedCertificates(opts, ca);
+    }
     if (s == NATS_OK) s = natsConnection_Connect(&nc, opts);
     natsOptions_Destroy(opts);
     if (s != NATS_OK) {
