@@ -272,44 +272,14 @@ Status TcpTransport::tls_handshake(const std::string& where, Clock::time_point d
 }
 
 ssize_t TcpTransport::read_some(std::byte* to, std::size_t n) {
-  if (!ssl_) return ::read(fd_.get(), to, n);
-  ERR_clear_error();
-  const int r = SSL_read(ssl_.get(), to, static_cast<int>(std::min<std::size_t>(n, INT32_MAX)));
-  if (r > 0) return r;
-  switch (tls::classify(ssl_.get(), r, tls_error_)) {
-    case tls::Io::kWantRead:
-    case tls::Io::kWantWrite:
-      errno = EAGAIN;
-      return -1;
-    case tls::Io::kClosed:
-      return 0;
-    case tls::Io::kFailed:
-      break;
-  }
-  errno = EPROTO;
-  return -1;
+  return ssl_ ? tls::read(ssl_.get(), to, n, tls_error_) : ::read(fd_.get(), to, n);
 }
 
 ssize_t TcpTransport::write_some(const std::byte* from, std::size_t n) {
-  if (!ssl_) return ::send(fd_.get(), from, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-  // After WANT_WRITE, SSL_write is called again with the same bytes: the
-  // buffer being written does not change until it is released.
-  ERR_clear_error();
-  const int r = SSL_write(ssl_.get(), from, static_cast<int>(std::min<std::size_t>(n, INT32_MAX)));
-  if (r > 0) return r;
-  switch (tls::classify(ssl_.get(), r, tls_error_)) {
-    case tls::Io::kWantRead:
-    case tls::Io::kWantWrite:
-      errno = EAGAIN;
-      return -1;
-    case tls::Io::kClosed:
-      errno = EPIPE;
-      return -1;
-    case tls::Io::kFailed:
-      break;
-  }
-  errno = EPROTO;
-  return -1;
+  // After EAGAIN, SSL_write is called again with the same bytes: the buffer
+  // being written does not change until it is released.
+  return ssl_ ? tls::write(ssl_.get(), from, n, tls_error_)
+              : ::send(fd_.get(), from, n, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 Status TcpTransport::handshake(std::uint32_t recv_buffer_size, const std::string& where,

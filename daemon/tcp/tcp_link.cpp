@@ -480,35 +480,17 @@ void TcpLink::release(Connection&) {
 
 ssize_t TcpLink::receive(Connection& c, std::byte* to, std::size_t n) {
   if (!ssl_) return ::read(fd_.get(), to, n);
-  ERR_clear_error();
-  const int r = SSL_read(ssl_.get(), to, static_cast<int>(std::min<std::size_t>(n, INT32_MAX)));
-  if (r > 0) {
-    if (read_wants_write_) {
-      read_wants_write_ = false;
-      update_events(c);
-    }
-    return r;
-  }
   std::string err;
-  switch (tls::classify(ssl_.get(), r, err)) {
-    case tls::Io::kWantRead:
-      errno = EAGAIN;
-      return -1;
-    case tls::Io::kWantWrite:
-      if (!read_wants_write_) {
-        read_wants_write_ = true;
-        update_events(c);
-      }
-      errno = EAGAIN;
-      return -1;
-    case tls::Io::kClosed:
-      return 0;
-    case tls::Io::kFailed:
-      break;
+  bool wants_write = false;
+  const ssize_t r = tls::read(ssl_.get(), to, n, err, &wants_write);
+  const int saved = errno;                 // for the caller, past what is logged and registered here
+  if (wants_write != read_wants_write_) {  // TLS may need to write before it can read on
+    read_wants_write_ = wants_write;
+    update_events(c);
   }
-  spdlog::warn("connection {} ({}): TLS: {}", c.id, c.peer, err);
-  errno = EPROTO;
-  return -1;
+  if (r < 0 && saved == EPROTO) spdlog::warn("connection {} ({}): TLS: {}", c.id, c.peer, err);
+  errno = saved;
+  return r;
 }
 
 void TcpLink::read(Connection& c) {
@@ -624,28 +606,16 @@ ssize_t TcpLink::transmit(Connection& c) {
       staged_ += static_cast<std::uint32_t>(take);
     }
   }
-  ERR_clear_error();
-  const int r = SSL_write(ssl_.get(), stage_.data(), static_cast<int>(staged_));
+  std::string err;
+  const ssize_t r = tls::write(ssl_.get(), stage_.data(), staged_, err);
   if (r > 0) {
     std::memmove(stage_.data(), stage_.data() + r, staged_ - static_cast<std::uint32_t>(r));
     staged_ -= static_cast<std::uint32_t>(r);
-    return r;
+  } else if (errno == EPROTO) {
+    spdlog::warn("connection {} ({}): TLS: {}", c.id, c.peer, err);
+    errno = EPROTO;  // for the caller, past the log
   }
-  std::string err;
-  switch (tls::classify(ssl_.get(), r, err)) {
-    case tls::Io::kWantRead:  // no renegotiation (TlsContext): only as a spurious case
-    case tls::Io::kWantWrite:
-      errno = EAGAIN;
-      return -1;
-    case tls::Io::kClosed:
-      errno = EPIPE;
-      return -1;
-    case tls::Io::kFailed:
-      break;
-  }
-  spdlog::warn("connection {} ({}): TLS: {}", c.id, c.peer, err);
-  errno = EPROTO;
-  return -1;
+  return r;
 }
 
 bool TcpLink::write(Connection& c) {

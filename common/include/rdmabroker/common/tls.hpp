@@ -7,8 +7,11 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <sys/types.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -78,6 +81,54 @@ inline Io classify(SSL* ssl, int ret, std::string& error) {
       return Io::kFailed;
     }
   }
+}
+
+/// SSL_read as read(2) does it on a non-blocking socket: > 0 bytes, 0 at the
+/// peer's end, -1 with errno EAGAIN (call again when the socket is readable,
+/// or writable if `wants_write` is set) or EPROTO (a TLS error, in `error`).
+inline ssize_t read(SSL* ssl, void* to, std::size_t n, std::string& error, bool* wants_write = nullptr) {
+  ERR_clear_error();
+  const int r = SSL_read(ssl, to, static_cast<int>(std::min<std::size_t>(n, INT_MAX)));
+  if (wants_write != nullptr) *wants_write = false;
+  if (r > 0) return r;
+  switch (classify(ssl, r, error)) {
+    case Io::kWantWrite:
+      if (wants_write != nullptr) *wants_write = true;
+      [[fallthrough]];
+    case Io::kWantRead:
+      errno = EAGAIN;
+      return -1;
+    case Io::kClosed:
+      return 0;
+    case Io::kFailed:
+      break;
+  }
+  errno = EPROTO;
+  return -1;
+}
+
+/// SSL_write as send(2) does it on a non-blocking socket: bytes taken, or -1
+/// with errno EAGAIN (call again with the same bytes: SSL_write's rule),
+/// EPIPE (the peer closed) or EPROTO (a TLS error, in `error`). Without
+/// renegotiation a write never waits for reading, but a spurious case is
+/// treated as a wait too.
+inline ssize_t write(SSL* ssl, const void* from, std::size_t n, std::string& error) {
+  ERR_clear_error();
+  const int r = SSL_write(ssl, from, static_cast<int>(std::min<std::size_t>(n, INT_MAX)));
+  if (r > 0) return r;
+  switch (classify(ssl, r, error)) {
+    case Io::kWantRead:
+    case Io::kWantWrite:
+      errno = EAGAIN;
+      return -1;
+    case Io::kClosed:
+      errno = EPIPE;
+      return -1;
+    case Io::kFailed:
+      break;
+  }
+  errno = EPROTO;
+  return -1;
 }
 
 /// The subject's common name of the peer's certificate ("" without one).
