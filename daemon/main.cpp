@@ -66,8 +66,22 @@ int check_config(const CommandLine& cl) {
     std::cerr << "with the command-line flags: " << valid.error().message << "\n";
     return 1;
   }
+  // TLS files are part of the configuration: a key that does not load
+  // would fail the start or the reload (run it as the broker's user to check
+  // that it may read them).
+  std::string tls;
+  if (effective.broker.tls.mode != config::TlsMode::kOff) {
+    auto ctx = TlsContext::build(effective.broker.tls);
+    if (!ctx) {
+      std::cerr << ctx.error().message << "\n";
+      return 1;
+    }
+    tls = "tls " + std::string(config::to_string(effective.broker.tls.mode)) + ": " +
+          ctx.value()->description();
+  }
   std::cout << (path.empty() ? std::string("(defaults)") : path) << ": ok\n";
   for (const auto& l : describe_listeners(effective, cl, path)) std::cout << l << "\n";
+  if (!tls.empty()) std::cout << tls << "\n";
   return 0;
 }
 

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <ctime>
 #include <thread>
 
 namespace rdmabroker::daemon {
@@ -233,6 +234,11 @@ Result<std::string> Server::load_tls(const config::TlsSettings& settings) {
   auto next = TlsContext::build(settings);
   if (!next) return next.error();
   std::string loaded = next.value()->description();
+  const auto left = next.value()->not_after() - static_cast<std::int64_t>(std::time(nullptr));
+  if (left < 30 * 86400) {
+    spdlog::warn("tls.certificate {} {}: renew it and reload", settings.certificate,
+                 left <= 0 ? std::string("has expired") : fmt::format("expires in {} days", left / 86400));
+  }
   core_.tls.set(std::move(next.value()));
   return loaded;
 }
@@ -325,6 +331,10 @@ void Server::visit_stats(StatsVisitor& v) const {
   v.gauge({"pool.in_use", "rdmabroker_pool_buffers_in_use", "Pool buffers posted, queued or being sent."},
           pool_->in_use());
   v.gauge({"workers", "rdmabroker_workers", "Worker threads."}, static_cast<std::int64_t>(workers_.size()));
+  const auto tls = core_.tls.get();
+  v.gauge({"tls.certificate_expiry", "rdmabroker_tls_certificate_expiry_timestamp_seconds",
+           "When the broker's TLS certificate expires (Unix time; 0: TLS off)."},
+          tls ? tls->not_after() : 0);
 }
 
 StatsSnapshot Server::stats() const {

@@ -2,6 +2,8 @@
 
 #include <openssl/bio.h>
 
+#include <ctime>
+
 namespace rdmabroker::daemon {
 
 namespace {
@@ -47,10 +49,21 @@ Result<std::shared_ptr<const TlsContext>> TlsContext::build(const config::TlsSet
       ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_RELEASE_BUFFERS);
   if (SSL_CTX_use_certificate_chain_file(ctx, s.certificate.c_str()) != 1)
     return fail("tls.certificate " + s.certificate);
-  if (SSL_CTX_use_PrivateKey_file(ctx, s.key.c_str(), SSL_FILETYPE_PEM) != 1) return fail("tls.key " + s.key);
-  if (SSL_CTX_check_private_key(ctx) != 1)
-    return fail("tls.key " + s.key + " does not belong to tls.certificate " + s.certificate);
+  // OpenSSL checks that the key is the certificate's as it loads it.
+  if (SSL_CTX_use_PrivateKey_file(ctx, s.key.c_str(), SSL_FILETYPE_PEM) != 1 ||
+      SSL_CTX_check_private_key(ctx) != 1) {
+    const std::string why = tls::take_errors();
+    const bool mismatch = why.find("mismatch") != std::string::npos;
+    return Error{
+        ErrorKind::kInvalidArgument,
+        "tls.key " + s.key +
+            (mismatch ? " does not belong to tls.certificate " + s.certificate : std::string(": " + why))};
+  }
   c->description_ = certificate_summary(ctx);
+  if (X509* cert = SSL_CTX_get0_certificate(ctx)) {
+    std::tm until{};
+    if (ASN1_TIME_to_tm(X509_get0_notAfter(cert), &until) == 1) c->not_after_ = timegm(&until);
+  }
   if (!s.client_ca.empty()) {
     if (SSL_CTX_load_verify_locations(ctx, s.client_ca.c_str(), nullptr) != 1)
       return fail("tls.client_ca " + s.client_ca);

@@ -6,6 +6,7 @@
 // nothing already connected is dropped.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,11 +29,15 @@ class TlsContext {
   bool verifies_clients() const { return !settings_.client_ca.empty(); }
   /// "certificate CN=..., valid until ...; clients need a certificate from ..." (logged at start and reload).
   const std::string& description() const { return description_; }
+  /// When the broker's certificate expires (seconds since the epoch; exported
+  /// for an alert before it does).
+  std::int64_t not_after() const { return not_after_; }
 
  private:
   config::TlsSettings settings_;
   tls::UniqueSslCtx ctx_;
   std::string description_;
+  std::int64_t not_after_ = 0;
 };
 
 /// The context new connections get: every worker reads it at each TLS
