@@ -757,4 +757,36 @@ std::pair<proto::ErrorCode, std::string> expect_error_then_close(RawWire& w,
   return error.value_or(std::pair{proto::ErrorCode::kNone, std::string()});
 }
 
+StreamTally tally_stream(std::span<const std::byte> bytes) {
+  StreamTally t;
+  std::size_t off = 0;
+  while (off < bytes.size()) {
+    proto::Frame f;
+    const auto st = proto::decode_frame(bytes.subspan(off), 1 << 24, f);
+    if (st == proto::DecodeStatus::kNeedMore) {
+      t.trailing = bytes.size() - off;
+      break;
+    }
+    if (st != proto::DecodeStatus::kOk) {
+      t.undecodable = true;
+      break;
+    }
+    if (f.header.type == proto::FrameType::kDeliver) {
+      // The payload is the run of PUBLISH frames, one message each.
+      for (std::size_t in = 0; in < f.payload.size();) {
+        proto::Frame m;
+        if (proto::decode_frame(f.payload.subspan(in), 1 << 24, m) != proto::DecodeStatus::kOk) {
+          t.undecodable = true;
+          return t;
+        }
+        ++t.messages;
+        in += m.header.frame_len();
+      }
+    }
+    t.last = f.header;
+    off += f.header.frame_len();
+  }
+  return t;
+}
+
 }  // namespace rdmabroker::test

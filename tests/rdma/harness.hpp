@@ -248,6 +248,17 @@ std::vector<std::byte> frame(proto::FrameType type, std::uint32_t arg, std::stri
 /// Decodes every frame in a SEND's bytes.
 std::vector<proto::Frame> frames(const std::vector<std::byte>& bytes);
 
+/// A raw subscriber's byte stream, read to its end: the messages in its
+/// whole DELIVER frames, its last whole frame, the bytes of a frame left
+/// incomplete after them, and whether anything did not decode.
+struct StreamTally {
+  std::uint64_t messages = 0;
+  std::optional<proto::FrameHeader> last;
+  std::size_t trailing = 0;
+  bool undecodable = false;
+};
+StreamTally tally_stream(std::span<const std::byte> bytes);
+
 /// A bare TCP peer speaking bytes of the test's choosing.
 class RawTcp {
  public:

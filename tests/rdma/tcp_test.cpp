@@ -211,48 +211,6 @@ TEST(Tcp, SubscriberThatStopsReadingIsCutOffOthersUnaffected) {
   }();
 }
 
-/// A raw subscriber's byte stream, read to its end: the messages in its
-/// whole DELIVER frames, its last whole frame, the bytes of a frame left
-/// incomplete after them, and whether anything did not decode.
-struct StreamTally {
-  std::uint64_t messages = 0;
-  std::optional<proto::FrameHeader> last;
-  std::size_t trailing = 0;
-  bool undecodable = false;
-};
-
-StreamTally tally(std::span<const std::byte> bytes) {
-  StreamTally t;
-  std::size_t off = 0;
-  while (off < bytes.size()) {
-    proto::Frame f;
-    const auto st = proto::decode_frame(bytes.subspan(off), 1 << 24, f);
-    if (st == proto::DecodeStatus::kNeedMore) {
-      t.trailing = bytes.size() - off;
-      break;
-    }
-    if (st != proto::DecodeStatus::kOk) {
-      t.undecodable = true;
-      break;
-    }
-    if (f.header.type == FrameType::kDeliver) {
-      // The payload is the run of PUBLISH frames, one message each.
-      for (std::size_t in = 0; in < f.payload.size();) {
-        proto::Frame m;
-        if (proto::decode_frame(f.payload.subspan(in), 1 << 24, m) != proto::DecodeStatus::kOk) {
-          t.undecodable = true;
-          return t;
-        }
-        ++t.messages;
-        in += m.header.frame_len();
-      }
-    }
-    t.last = f.header;
-    off += f.header.frame_len();
-  }
-  return t;
-}
-
 /// A subscriber that does not read until the broker has cut it as a slow
 /// consumer (above its queue bound), then reads what its socket holds at
 /// `chunk` bytes per `pause`. Returns its stream and the broker's stats
@@ -278,7 +236,7 @@ std::pair<StreamTally, std::map<std::string, std::int64_t>> cut_slow_subscriber(
   const auto bytes = slow.read_to_end(30s, 4096, read_before_disconnect ? 2ms : 0ms);
   auto s = broker.wait_stats([](auto& s) { return s["connections.closed.slow_consumer"] == 1; }, 20s);
   EXPECT_EQ(s["connections.closed.slow_consumer"], 1);
-  return {tally(bytes), s};
+  return {tally_stream(bytes), s};
 }
 
 // Issue 17's two TCP findings: a slow consumer cut while the broker was in

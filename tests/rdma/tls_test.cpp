@@ -11,6 +11,8 @@
 #include <filesystem>
 
 #include "harness.hpp"
+#include "rdmabroker/common/tls.hpp"
+#include "rdmabroker/proto/wire.hpp"
 
 namespace rdmabroker::test {
 namespace {
@@ -110,6 +112,33 @@ TEST_F(Tls, OptionalModeServesTlsAndPlainClientsOnOnePort) {
   const auto s = broker.wait_stats([](auto& s) { return s["tls.handshakes"] == 2; }, 5s);
   EXPECT_EQ(s.at("tls.handshakes"), 2);
   EXPECT_EQ(s.at("tls.plain_refused"), 0);
+}
+
+TEST_F(Tls, CheckConfigLoadsTheFilesAndTheCertificateExpiryIsExported) {
+  auto check = [&](const std::string& path) {
+    return run({"/bin/sh", "-c", broker_path() + " --check-config " + path + " 2>&1"});
+  };
+  auto [rc, out] = check(config("required"));
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("tls required: certificate CN=broker, valid until "), std::string::npos) << out;
+  // A key that is not the certificate's fails the check, as it would fail the start.
+  std::string y =
+      "tls:\n  mode: optional\n  certificate: " + file("server.crt") + "\n  key: " + file("svc-a.key") + "\n";
+  write_file(path_, y);
+  std::tie(rc, out) = check(path_);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("tls.key " + file("svc-a.key") + " does not belong to tls.certificate"),
+            std::string::npos)
+      << out;
+  // The certificate was made valid for 2 days: the gauge says when it expires.
+  BrokerProcess broker(next_port(), {"--config", config("required")});
+  ASSERT_TRUE(broker.running());
+  const auto now =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  const auto expiry = stat(broker, "tls.certificate_expiry");
+  EXPECT_GT(expiry, now + 86400);
+  EXPECT_LE(expiry, now + 2 * 86400 + 60);
 }
 
 TEST_F(Tls, RequiredModeRefusesPlainClientsAndSaysWhy) {
@@ -291,6 +320,75 @@ TEST_F(Tls, AReloadRenewsTheCertificateAndKeepsConnectedClients) {
   auto m = sub.value()->next(10s);
   ASSERT_TRUE(m) << "the subscriber connected before the reload lost its connection: " << m.error().message;
   EXPECT_EQ(m->data(), "after the renewal");
+}
+
+// The broker's TLS writes go through a staging buffer that SSL_write must
+// be given again unchanged: a slow consumer cut while bytes were staged must
+// still see whole frames, then its CLOSE, and be counted delivered exactly
+// what it read (the TLS twin of Tcp.ASlowConsumerStillReadingGetsWholeFramesThenItsClose).
+TEST_F(Tls, ASlowConsumerCutOverTlsGetsWholeFramesThenItsClose) {
+  BrokerProcess broker(next_port(), {"--config", config("required"), "--max-pending-bytes", "262144"});
+  ASSERT_TRUE(broker.running());
+  // A raw TLS subscriber with a small socket buffer, which reads nothing for now.
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const int small = 4096;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(broker.tcp_port());
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof to), 0);
+  tls::UniqueSslCtx ctx(SSL_CTX_new(TLS_client_method()));
+  ASSERT_EQ(SSL_CTX_load_verify_locations(ctx.get(), file("ca.crt").c_str(), nullptr), 1);
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+  SSL_CTX_set_options(ctx.get(), SSL_OP_IGNORE_UNEXPECTED_EOF);
+  tls::UniqueSsl ssl(SSL_new(ctx.get()));
+  SSL_set_fd(ssl.get(), fd.get());
+  ASSERT_EQ(SSL_connect(ssl.get()), 1) << tls::take_errors();
+  auto send = [&](std::span<const std::byte> b) {
+    ASSERT_EQ(SSL_write(ssl.get(), b.data(), static_cast<int>(b.size())), static_cast<int>(b.size()));
+  };
+  send(proto::encode(proto::ConnectRequest{16384, 2}));
+  std::array<std::byte, proto::kConnectAcceptSize> reply{};
+  ASSERT_EQ(SSL_read(ssl.get(), reply.data(), static_cast<int>(reply.size())),
+            static_cast<int>(reply.size()));
+  proto::ConnectAccept accept;
+  ASSERT_EQ(proto::decode(reply, accept), proto::HandshakeStatus::kOk);
+  send(frame(proto::FrameType::kConnect, 0, "", ""));
+  send(frame(proto::FrameType::kSubscribe, 1, "flood"));
+  ASSERT_EQ(broker.wait_stats([](auto& s) { return s["subscriptions"] == 1; }, 10s)["subscriptions"], 1);
+
+  auto pub = Client::connect(tls_url(broker), trusting());
+  ASSERT_TRUE(pub) << pub.error().message;
+  const std::string payload(1000, 'f');
+  for (int i = 0; i < 4000; ++i) ASSERT_TRUE(pub.value()->publish("flood", payload));
+  ASSERT_TRUE(pub.value()->flush(30s));
+  broker.wait_stats([](auto& s) { return s["messages.dropped.slow_consumer"] > 0; }, 20s);
+  // Now read it all, slowly, to the broker's end of the stream.
+  std::vector<std::byte> bytes;
+  std::array<std::byte, 4096> buf{};
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (SSL_pending(ssl.get()) == 0) {
+      pollfd p{fd.get(), POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+    }
+    const int r = SSL_read(ssl.get(), buf.data(), static_cast<int>(buf.size()));
+    if (r <= 0) break;
+    bytes.insert(bytes.end(), buf.begin(), buf.begin() + r);
+    std::this_thread::sleep_for(1ms);
+  }
+  const auto s = broker.wait_stats([](auto& s) { return s["connections.closed.slow_consumer"] == 1; }, 20s);
+  EXPECT_EQ(s.at("connections.closed.slow_consumer"), 1);
+  const StreamTally t = tally_stream(bytes);
+  EXPECT_FALSE(t.undecodable);
+  EXPECT_EQ(t.trailing, 0u) << "the stream ended inside a frame";
+  ASSERT_TRUE(t.last);
+  EXPECT_EQ(t.last->type, proto::FrameType::kClose);
+  EXPECT_EQ(t.last->arg, static_cast<std::uint32_t>(proto::ErrorCode::kSlowConsumer));
+  EXPECT_GT(t.messages, 0u);
+  EXPECT_EQ(s.at("messages.delivered"), static_cast<std::int64_t>(t.messages));
+  EXPECT_EQ(s.at("messages.delivered") + s.at("messages.dropped.slow_consumer"), s.at("messages.routed"));
 }
 
 TEST_F(Tls, LargeAndManyMessagesCrossTlsIntact) {
