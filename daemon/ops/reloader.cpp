@@ -16,23 +16,20 @@ Reloader::Outcome Reloader::reload() {
   notifier_.reloading();
   Outcome out;
   const std::string source = path_.empty() ? "the built-in defaults" : path_;
-  auto next_file = read_file_config(path_);
-  if (!next_file) {
+  // A reload that cannot apply: counted, logged, told to systemd; nothing changed.
+  const auto failed = [&](const std::string& why, const char* status) {
     ++failed_;
-    out.message = "reload failed, running configuration unchanged:\n" + next_file.error().message;
+    out.message = "reload failed, running configuration unchanged:" + why;
     spdlog::error("{}", out.message);
-    notifier_.reloaded("running; last reload failed: invalid configuration");
+    notifier_.reloaded(std::string("running; last reload failed: ") + status);
     return out;
-  }
+  };
+  auto next_file = read_file_config(path_);
+  if (!next_file) return failed("\n" + next_file.error().message, "invalid configuration");
   config::Config next = next_file.value();
   command_line_.apply(next);
   if (auto valid = config::validate(next); !valid) {
-    ++failed_;
-    out.message = "reload failed, running configuration unchanged: with the command-line flags: " +
-                  valid.error().message;
-    spdlog::error("{}", out.message);
-    notifier_.reloaded("running; last reload failed: invalid configuration");
-    return out;
+    return failed(" with the command-line flags: " + valid.error().message, "invalid configuration");
   }
   out.changes = config::diff(running_, next);
   for (const auto& c : config::diff(file_, next_file.value())) {
@@ -74,13 +71,7 @@ Reloader::Outcome Reloader::reload() {
   // TLS files are read on every reload, changed or not: renewing a
   // certificate at the same path and reloading is how it is rotated.
   auto tls = broker_.load_tls(next.broker.tls);
-  if (!tls) {
-    ++failed_;
-    out.message = "reload failed, running configuration unchanged: " + tls.error().message;
-    spdlog::error("{}", out.message);
-    notifier_.reloaded("running; last reload failed: TLS files");
-    return out;
-  }
+  if (!tls) return failed(" " + tls.error().message, "TLS files");
   if (!tls->empty()) masked += "; tls: " + *tls;
   ++ok_;
   out.ok = true;
