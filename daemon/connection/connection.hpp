@@ -79,6 +79,8 @@ class Link {
  public:
   virtual ~Link() = default;
   virtual Transport transport() const = 0;
+  /// What `stat` and the log call it: "rdma", "tcp", or "tls" (TCP inside TLS).
+  virtual std::string_view protocol() const { return to_string(transport()); }
   /// Hands the front of c's out-queue to the transport, as much as it takes
   /// now (credits, send window, socket buffer); the rest waits for the next flush.
   virtual void flush(Connection& c) = 0;

@@ -152,7 +152,7 @@ void Connections::destroy(Connection& c) {
   std::uint64_t suppressed = 0;
   if (ctx_.core.close_log_throttles[static_cast<std::size_t>(c.reason)].allow(suppressed)) {
     spdlog::info(
-        "connection {} ({}, {}) closed: {}{}", c.id, to_string(c.transport()), c.peer, to_string(c.reason),
+        "connection {} ({}, {}) closed: {}{}", c.id, c.link->protocol(), c.peer, to_string(c.reason),
         suppressed > 0 ? fmt::format(" ({} more closes for this reason not logged)", suppressed) : "");
   }
   if (c.touched) std::erase(touched_, &c);

@@ -67,6 +67,7 @@ class TcpLink final : public Link {
       : transport_(transport), fd_(std::move(fd)), ssl_(std::move(ssl)) {}
 
   Transport transport() const override { return Transport::kTcp; }
+  std::string_view protocol() const override { return ssl_ ? "tls" : "tcp"; }
   void flush(Connection& c) override;
   /// A stalled publisher (or one short of pool buffers) is not read.
   void pause(Connection& c) override;

@@ -112,6 +112,15 @@ TEST_F(Tls, OptionalModeServesTlsAndPlainClientsOnOnePort) {
   const auto s = broker.wait_stats([](auto& s) { return s["tls.handshakes"] == 2; }, 5s);
   EXPECT_EQ(s.at("tls.handshakes"), 2);
   EXPECT_EQ(s.at("tls.plain_refused"), 0);
+  // `rdmabroker stat` tells the encrypted connections from the others.
+  auto sub = Client::connect(tls_url(broker), trusting());
+  auto pub = Client::connect(broker.tcp_url("127.0.0.1"), plain);
+  ASSERT_TRUE(sub && pub);
+  auto [rc, out] =
+      run({"/bin/sh", "-c", cli_path() + " stat --admin-socket " + broker.admin_socket() + " 2>&1"});
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find(" tls "), std::string::npos) << out;
+  EXPECT_NE(out.find(" tcp "), std::string::npos) << out;
 }
 
 TEST_F(Tls, CheckConfigLoadsTheFilesAndTheCertificateExpiryIsExported) {
