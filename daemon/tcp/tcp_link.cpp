@@ -217,31 +217,19 @@ void TcpPort::on_handshake_readable(int fd, bool stopping) {
     drop_handshake(it, why, reason);
   };
   if ((!h.sniffed || (h.ssl && !h.tls_done)) && !advance_tls(it)) return;
-  ssize_t n = 0;
-  if (h.ssl) {
-    ERR_clear_error();
-    const int r = SSL_read(h.ssl.get(), h.bytes.data() + h.got, static_cast<int>(h.bytes.size() - h.got));
-    std::string err;
-    if (r <= 0) {
-      switch (tls::classify(h.ssl.get(), r, err)) {
-        case tls::Io::kWantRead:
-          return;
-        case tls::Io::kWantWrite:
-          return watch_handshake(h, true);
-        case tls::Io::kClosed:
-          return drop("closed during the handshake", std::nullopt);
-        case tls::Io::kFailed:
-          return tls_failed(it, tls_failure_kind(err), err);
-      }
+  std::string tls_error;
+  bool wants_write = false;
+  std::byte* to = h.bytes.data() + h.got;
+  const std::size_t room = h.bytes.size() - h.got;
+  const ssize_t n = h.ssl ? tls::read(h.ssl.get(), to, room, tls_error, &wants_write) : ::read(fd, to, room);
+  if (n == 0) return drop("closed during the handshake", std::nullopt);
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EINTR) {
+      if (h.ssl) watch_handshake(h, wants_write);
+      return;
     }
-    n = r;
-  } else {
-    n = ::read(fd, h.bytes.data() + h.got, h.bytes.size() - h.got);
-    if (n == 0) return drop("closed during the handshake", std::nullopt);
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) return;
-      return drop(std::string("read: ") + std::strerror(errno), std::nullopt);
-    }
+    if (errno == EPROTO) return tls_failed(it, tls_failure_kind(tls_error), tls_error);
+    return drop(std::string("read: ") + std::strerror(errno), std::nullopt);
   }
   h.got += static_cast<std::uint32_t>(n);
   if (h.got < h.bytes.size()) return;
