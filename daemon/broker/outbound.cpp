@@ -56,8 +56,9 @@ bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, std
   // A sequenced run takes only the next message of its channel; a plain one only plain messages.
   const bool sequenced = (tail.header.flags & proto::kFlagSequenced) != 0;
   if (sequenced ? sequence != tail.header.sequence + tail.messages : sequence != 0) return false;
-  if (!tail.is_delivery() || tail.header.arg != sid || !tail.body || tail.body.index() != buf.index() ||
-      tail.body_offset + tail.body_len != offset || proto::kHeaderSize + tail.body_len + len > max_frame) {
+  if (!tail.is_delivery() || tail.strip != 0 || tail.header.arg != sid || !tail.body ||
+      tail.body.index() != buf.index() || tail.body_offset + tail.body_len != offset ||
+      proto::kHeaderSize + tail.body_len + len > max_frame) {
     return false;
   }
   tail.body_len += len;
@@ -65,6 +66,64 @@ bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, std
   ++tail.messages;
   tail.payload_bytes += payload_len;
   return true;
+}
+
+namespace {
+
+struct InnerFrame {
+  std::uint32_t len = 0;          // padded
+  std::uint32_t payload_len = 0;  // header block included
+  std::uint16_t header_len = 0;
+};
+
+/// The lengths of the (validated) PUBLISH frame at `p`.
+InnerFrame inner_frame(const std::byte* p) {
+  proto::FrameHeader h;
+  h.subject_len = proto::load<std::uint16_t>(p + 6);
+  h.reply_len = proto::load<std::uint16_t>(p + 8);
+  h.payload_len = proto::load<std::uint32_t>(p + 12);
+  return {static_cast<std::uint32_t>(h.frame_len()), h.payload_len, proto::load<std::uint16_t>(p + 10)};
+}
+
+}  // namespace
+
+bool carries_headers(const OutItem& item) {
+  if (item.strip != 0) return false;  // the one block it holds is left out already
+  for (std::uint32_t off = 0; off < item.body_len;) {
+    const InnerFrame f = inner_frame(item.body.data() + item.body_offset + off);
+    if (f.header_len != 0) return true;
+    off += f.len;
+  }
+  return false;
+}
+
+std::vector<OutItem> split_without_headers(OutItem item) {
+  std::vector<OutItem> pieces;
+  const bool sequenced = (item.header.flags & proto::kFlagSequenced) != 0;
+  std::uint64_t sequence = item.header.sequence;
+  for (std::uint32_t off = 0; off < item.body_len;) {
+    const std::uint32_t at = item.body_offset + off;
+    const InnerFrame f = inner_frame(item.body.data() + at);
+    const std::uint64_t seq = sequenced ? sequence++ : 0;
+    if (f.header_len == 0 && !pieces.empty() && pieces.back().strip == 0 &&
+        extend_delivery(pieces.back(), item.body, item.header.arg, at, f.len, f.payload_len, UINT32_MAX,
+                        seq)) {
+      off += f.len;
+      continue;
+    }
+    OutItem piece = sequenced ? make_sequenced_delivery(item.body.clone(), item.header.arg, seq, at, f.len,
+                                                        f.payload_len, item.received_at)
+                              : make_delivery(item.body.clone(), item.header.arg, at, f.len, f.payload_len,
+                                              item.received_at);
+    if (f.header_len != 0) {
+      piece.strip = f.header_len;
+      piece.header.payload_len -= f.header_len;
+      piece.payload_bytes -= f.header_len;
+    }
+    pieces.push_back(std::move(piece));
+    off += f.len;
+  }
+  return pieces;
 }
 
 namespace {
@@ -90,8 +149,9 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
   while (!queue.empty() && out.frames < kMaxFramesPerSend) {
     OutItem& item = queue.front();
     const std::size_t wire = item.wire_len();
-    const std::size_t in_block = item.body ? proto::kHeaderSize : wire;
-    const std::uint32_t sge_needed = item.body ? 2 : 1;  // worst case, before merging
+    // A stripped PUBLISH's rewritten header goes into the block after the DELIVER's.
+    const std::size_t in_block = item.body ? (item.strip != 0 ? 2 : 1) * proto::kHeaderSize : wire;
+    const std::uint32_t sge_needed = item.body ? (item.strip != 0 ? 3 : 2) : 1;  // worst case, before merging
     if (out.bytes + wire > limits.max_bytes || block_used + in_block > block.size() ||
         out.num_sge + sge_needed > max_sge) {
       break;
@@ -104,7 +164,28 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
     } else {
       item.header.sequence = next_sequence++;
     }
-    if (item.body) {
+    if (item.body && item.strip != 0) {
+      // [DELIVER header][PUBLISH header, header_len 0][subject, reply][payload, padding]: the
+      // block is a multiple of 8 bytes, so the padding that follows the payload stays right.
+      const std::byte* frame = item.body.data() + item.body_offset;
+      const std::uint32_t strings =
+          proto::load<std::uint16_t>(frame + 6) + proto::load<std::uint16_t>(frame + 8);
+      proto::encode_header(dst, item.header);
+      std::memcpy(dst + proto::kHeaderSize, frame, proto::kHeaderSize);
+      proto::store<std::uint16_t>(dst + proto::kHeaderSize + 10, 0);
+      proto::store<std::uint32_t>(dst + proto::kHeaderSize + 12,
+                                  proto::load<std::uint32_t>(frame + 12) - item.strip);
+      add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(dst), 2 * proto::kHeaderSize, block_lkey);
+      const std::byte* after_strings = frame + proto::kHeaderSize + strings;
+      add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(frame + proto::kHeaderSize), strings,
+                body_lkey);
+      const std::uint32_t rest = item.body_len - proto::kHeaderSize - strings - item.strip;
+      if (rest != 0) {
+        add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(after_strings + item.strip), rest,
+                  body_lkey);
+      }
+      refs[out.frames] = std::move(item.body);
+    } else if (item.body) {
       proto::encode_header(dst, item.header);
       add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(dst), proto::kHeaderSize, block_lkey);
       add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(item.body.data() + item.body_offset),

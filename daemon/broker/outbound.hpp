@@ -13,6 +13,7 @@
 #include <deque>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "broker/buffer_pool.hpp"
 #include "rdmabroker/proto/wire.hpp"
@@ -30,17 +31,21 @@ inline constexpr std::size_t kMaxControlText = 200;
 struct OutItem {
   proto::FrameHeader header;    // sequence is assigned when packed, unless fixed_sequence
   bool fixed_sequence = false;  // header.sequence means something (ERROR's sid, a channel sequence): kept
-  BufferRef body;               // deliveries: the received buffer holding the PUBLISH frames
+  /// A single PUBLISH to a client of protocol version 1: the bytes of its
+  /// header block (SPEC.md §3.6), left out when it is packed (two body
+  /// ranges around the block, the inner header rewritten). 0: sent as received.
+  std::uint16_t strip = 0;
+  std::uint32_t messages = 0;  // deliveries: PUBLISH frames in the run (here: no padding to OutItem)
+  BufferRef body;              // deliveries: the received buffer holding the PUBLISH frames
   std::uint32_t body_offset = 0;
-  std::uint32_t body_len = 0;       // padded bytes after the header
-  std::uint32_t messages = 0;       // deliveries: PUBLISH frames in the run
+  std::uint32_t body_len = 0;       // padded bytes after the header, as received (what queues count)
   std::int64_t received_at = 0;     // deliveries: when the run's first frame reached the broker (steady ns)
   std::uint64_t payload_bytes = 0;  // deliveries: their payload bytes
   std::string
       text;  // control frames: their body (ERROR text, NO_RESPONDERS subject), copied into the send block
 
   std::size_t wire_len() const {
-    return proto::kHeaderSize + (body ? body_len : proto::align_up(text.size()));
+    return proto::kHeaderSize + (body ? body_len - strip : proto::align_up(text.size()));
   }
   bool is_delivery() const { return header.type == proto::FrameType::kDeliver; }
 };
@@ -69,6 +74,19 @@ bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, std
 OutItem make_sequenced_delivery(BufferRef buf, std::uint32_t sid, std::uint64_t sequence,
                                 std::uint32_t offset, std::uint32_t len, std::uint32_t payload_len,
                                 std::int64_t received_at = 0);
+
+/// The header_len of the PUBLISH frame at `offset` of a received buffer.
+inline std::uint16_t header_len_at(const BufferRef& buf, std::uint32_t offset) {
+  return proto::load<std::uint16_t>(buf.data() + offset + 10);
+}
+/// Whether any PUBLISH frame of delivery `item` carries a header block that
+/// would be sent (one left out by `strip` is not).
+bool carries_headers(const OutItem& item);
+/// Delivery `item` as a client of protocol version 1 can read it: runs of
+/// frames without a header block as they are, each frame with one as an item
+/// of its own with `strip` set, in order (sequence numbers follow). The
+/// queue accounting is unchanged: the pieces' body_len sum to the item's.
+std::vector<OutItem> split_without_headers(OutItem item);
 
 /// One piece of a packed send: [addr, addr+length) in memory registered with
 /// `lkey` (0 where nothing is registered: TCP). The RDMA link posts it as an

@@ -230,6 +230,7 @@ struct WorkerStats {
   Gauge pending_bytes;        // their frame bytes (limits.max_pending_bytes_total bounds the sum)
   Counter accept_failures;    // connections handed over but never accepted
   Counter no_responders;      // requests (PUBLISH with REQUEST flag) nobody was subscribed to
+  Counter headers_stripped;   // messages delivered without their header block to version-1 clients
   Gauge tcp_connections;      // TCP connections open on this worker
   Counter tcp_reads;          // read() calls that returned data
   Counter tcp_writes;         // sendmsg() calls that wrote data

@@ -148,6 +148,9 @@ struct Connection {
   const std::string peer;
   std::unique_ptr<Link> link;
   const std::uint32_t peer_buffer_size;  // largest frame train the client can receive
+  /// The protocol version negotiated in the handshake (SPEC.md §2.1): below
+  /// 2 the client can read no header block, so its deliveries go without.
+  std::uint8_t protocol_version = proto::kVersion;
   /// Mutual TLS: the CN of the client certificate the broker verified
   /// (a `certificate: true` user of that name logs in without a secret).
   std::string certificate_name;
@@ -219,7 +222,7 @@ struct Connection {
     std::uint32_t channel = 0;  // served by this multicast channel instead (not in the index itself)
     std::uint64_t cost = 0;     // taken from BrokerCore::subscription_budget, given back when it ends
   };
-  bool multicast_capable = false;  // RDMA client that offered kConnectMulticast
+  bool multicast_capable = false;  // RDMA client of protocol version 2 that offered kConnectMulticast
   std::unordered_map<std::uint32_t, Subscription> subscriptions;  // by sid
 
   // ------------------------------------------------------------ traffic (rdmabroker stat)

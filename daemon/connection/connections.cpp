@@ -204,6 +204,21 @@ bool Connections::may_queue(const Connection& c, std::uint64_t len, std::uint32_
 
 void Connections::enqueue(Connection& c, OutItem item) {
   ctx_.assert_on_loop();
+  if (item.is_delivery() && c.protocol_version < proto::kHeadersVersion && carries_headers(item)) {
+    // A client of version 1 reads no header block: its messages go without
+    // (counted), the rest as they are (SPEC.md §3.6).
+    for (OutItem& piece : split_without_headers(std::move(item))) {
+      if (!c.is_up()) {
+        // Closed as a slow consumer by an earlier piece: the rest goes nowhere, like that piece.
+        ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kSlowConsumer)].add(piece.messages);
+        unqueue(c.slot, piece.body_len);
+        continue;
+      }
+      if (piece.strip != 0) ctx_.stats.headers_stripped.add();
+      enqueue(c, std::move(piece));
+    }
+    return;
+  }
   const auto& opt = ctx_.options;
   if (item.is_delivery() && !may_queue(c, item.body_len, item.messages)) {
     const bool own = c.pending_bytes + item.body_len > opt.max_pending_bytes;
@@ -242,7 +257,8 @@ void Connections::enqueue(Connection& c, OutItem item) {
 
 void Connections::deliver(Connection& c, const BufferRef& buf, std::uint32_t sid, std::uint32_t off,
                           std::uint32_t len, std::uint32_t payload_len) {
-  if (may_queue(c, len) && !c.outq.empty() &&
+  const bool needs_strip = c.protocol_version < proto::kHeadersVersion && header_len_at(buf, off) != 0;
+  if (!needs_strip && may_queue(c, len) && !c.outq.empty() &&
       extend_delivery(c.outq.back(), buf, sid, off, len, payload_len, ctx_.options.buffer_size)) {
     ++c.pending_messages;
     c.pending_bytes += len;

@@ -31,6 +31,13 @@ void FrameHandler::process(Connection& c, const BufferRef& buf, std::uint32_t be
                              " received bytes: " + std::string(proto::to_string(st)));
       return;
     }
+    if (f.header.header_len != 0 && c.protocol_version < proto::kHeadersVersion) {
+      // Offset 10 is reserved in version 1 (SPEC.md §3.1).
+      connections_.close(c, CloseReason::kProtocolError, ErrorCode::kMalformedFrame,
+                         "reserved field not zero: a header block needs protocol version 2, this connection "
+                         "negotiated 1");
+      return;
+    }
     f.offset = off;
     bool going_on = true;
     if (f.header.type == FrameType::kCredit) {

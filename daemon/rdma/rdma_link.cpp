@@ -78,10 +78,15 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   auto conn = std::make_unique<Connection>(cmd.connection_id, cmd.slot, std::move(cmd.peer), std::move(link),
                                            cmd.request.recv_buffer_size, opt.max_inflight_sends,
                                            ConnState::kAccepting);
-  conn->multicast_capable = (cmd.request.flags & proto::kConnectMulticast) != 0;
+  conn->protocol_version = proto::negotiate_version(cmd.request.max_version);
+  // Datagrams carry PUBLISH frames as received, header blocks included: a
+  // group is only for clients that can read them (SPEC.md §7).
+  conn->multicast_capable =
+      (cmd.request.flags & proto::kConnectMulticast) != 0 && conn->protocol_version >= proto::kHeadersVersion;
   port.outstanding += grant;
 
-  auto data = proto::encode(proto::ConnectAccept{opt.buffer_size, grant, cmd.connection_id});
+  auto data =
+      proto::encode(proto::ConnectAccept{opt.buffer_size, grant, cmd.connection_id, conn->protocol_version});
   rdma_conn_param param{};
   param.private_data = data.data();
   param.private_data_len = static_cast<std::uint8_t>(data.size());

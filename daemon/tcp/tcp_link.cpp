@@ -240,7 +240,8 @@ void TcpPort::on_handshake_readable(int fd, bool stopping) {
   }
   if (stopping) return drop("shutting down", proto::RejectReason::kShuttingDown);
   const std::uint64_t id = h.id;
-  const auto accept = proto::encode(proto::ConnectAccept{ctx_.options.buffer_size, 0, id});
+  const std::uint8_t version = proto::negotiate_version(req.max_version);
+  const auto accept = proto::encode(proto::ConnectAccept{ctx_.options.buffer_size, 0, id, version});
   if (!handshake_write(h, accept))
     return drop(std::string("sending the accept: ") + (h.ssl ? tls::take_errors() : std::strerror(errno)),
                 std::nullopt);
@@ -251,6 +252,7 @@ void TcpPort::on_handshake_readable(int fd, bool stopping) {
   Connection& c = connections_.add(std::make_unique<Connection>(
       id, h.slot, h.peer, std::move(link), req.recv_buffer_size, 1, ConnState::kAccepting));
   c.certificate_name = std::move(h.certificate_name);
+  c.protocol_version = version;
   handshakes_.erase(it);
   ctx_.stats.tcp_connections.add(1);
   if (tls) ctx_.stats.tls_connections.add(1);

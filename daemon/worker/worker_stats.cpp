@@ -63,6 +63,9 @@ void WorkerStats::visit(StatsVisitor& v) const {
           "Messages published to a subject nobody subscribes to.");
   v.count("messages.no_responders", no_responders, "rdmabroker_requests_no_responders_total",
           "Requests answered with NO_RESPONDERS.");
+  v.count("messages.headers_stripped", headers_stripped, "rdmabroker_messages_headers_stripped_total",
+          "Messages delivered without their headers to clients of protocol version 1, which cannot read "
+          "them.");
   v.count("messages.routed", routed, "rdmabroker_messages_routed_total",
           "Copies of messages queued for subscribers (fan-out).");
   v.count("messages.delivered", deliveries, "rdmabroker_messages_delivered_total",

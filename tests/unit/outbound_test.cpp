@@ -28,11 +28,12 @@ class OutboundTest : public ::testing::Test {
                          static_cast<std::uint32_t>(payload.size()));
   }
   static std::size_t publish_at(const BufferRef& buf, std::size_t off, const std::string& subject,
-                                const std::string& payload) {
+                                const std::string& payload, std::span<const proto::HeaderField> headers = {},
+                                std::string_view reply = {}) {
     proto::FrameHeader h;
     h.type = proto::FrameType::kPublish;
-    return proto::encode_frame({buf.data() + off, 4096 - off}, h, subject, {},
-                               std::as_bytes(std::span<const char>(payload.data(), payload.size())));
+    return proto::encode_frame({buf.data() + off, 4096 - off}, h, subject, reply,
+                               std::as_bytes(std::span<const char>(payload.data(), payload.size())), headers);
   }
   /// The messages inside a DELIVER frame.
   static std::vector<std::string> inner_payloads(const proto::Frame& deliver) {
@@ -168,6 +169,87 @@ TEST_F(OutboundTest, ContiguousFramesExtendOneDelivery) {
   proto::Frame f;
   ASSERT_EQ(proto::decode_frame(wire, 4096, f), proto::DecodeStatus::kOk);
   EXPECT_EQ(inner_payloads(f), (std::vector<std::string>{"m0", "m1", "m2"}));
+}
+
+// A client of protocol version 1 gets a batch's messages in order, those
+// with a header block without it (SPEC.md §3.6): valid version-1 PUBLISH
+// frames carrying only the payload, with the frames around them untouched
+// and the queue accounting (body_len) unchanged.
+TEST_F(OutboundTest, HeaderBlocksAreLeftOutForVersionOneClients) {
+  std::uint32_t idx;
+  ASSERT_EQ(pool_->acquire(&idx, 1), 1u);
+  BufferRef buf(pool_.get(), idx);
+  const proto::HeaderField trace[] = {{"Trace-Id", "abc"}, {"Content-Type", "text/plain"}};
+  struct Sent {
+    std::string payload;
+    bool headers;
+    std::string reply;
+  };
+  const std::vector<Sent> sent = {{"plain0", false, ""},   {"with1", true, "_INBOX.x.1"},
+                                  {"plain2", false, ""},   {"plain3", false, ""},
+                                  {"with4", true, ""},     {"", true, ""},
+                                  {"plain6", false, "r.7"}};
+  std::size_t off = 0;
+  OutItem item;
+  for (std::size_t i = 0; i < sent.size(); ++i) {
+    const std::size_t n =
+        publish_at(buf, off, "h.s", sent[i].payload,
+                   sent[i].headers ? std::span(trace) : std::span<const proto::HeaderField>{}, sent[i].reply);
+    const auto len = static_cast<std::uint32_t>(n);
+    if (i == 0) {
+      item = make_sequenced_delivery(buf.clone(), 9, 100, 0, len, 6);
+    } else {
+      ASSERT_TRUE(extend_delivery(item, buf, 9, static_cast<std::uint32_t>(off), len, 6, 4096, 100 + i));
+    }
+    off += n;
+  }
+  ASSERT_TRUE(carries_headers(item));
+  const std::uint32_t body_len = item.body_len;
+  auto pieces = split_without_headers(std::move(item));
+  // [plain0] [with1] [plain2 plain3] [with4] [""] [plain6]
+  ASSERT_EQ(pieces.size(), 6u);
+  std::uint32_t sum = 0;
+  for (const auto& p : pieces) sum += p.body_len;
+  EXPECT_EQ(sum, body_len);
+  EXPECT_EQ(pieces[2].messages, 2u);
+  EXPECT_FALSE(carries_headers(pieces[2]));
+  EXPECT_NE(pieces[1].strip, 0u);
+
+  std::deque<OutItem> q(std::make_move_iterator(pieces.begin()), std::make_move_iterator(pieces.end()));
+  std::vector<std::string> payloads, replies;
+  std::vector<std::uint64_t> sequences;
+  while (!q.empty()) {
+    for (auto& r : refs_) r.reset();
+    auto packed = pack_send(q, {4096, kMaxSendSge}, block_, kBlockKey, kBodyKey, seq_, sge_, refs_);
+    ASSERT_GT(packed.frames, 0u);
+    auto wire = gather(sge_, packed.num_sge);
+    ASSERT_EQ(wire.size(), packed.bytes);
+    for (std::size_t at = 0; at < wire.size();) {
+      proto::Frame f;
+      ASSERT_EQ(proto::decode_frame(std::span(wire).subspan(at), 4096, f), proto::DecodeStatus::kOk);
+      std::uint64_t seq = f.header.sequence;
+      ASSERT_EQ(proto::for_each_delivered(f,
+                                          [&](const proto::Frame& inner) {
+                                            EXPECT_EQ(inner.header.header_len, 0u);
+                                            EXPECT_TRUE(inner.headers.empty());
+                                            payloads.emplace_back(
+                                                reinterpret_cast<const char*>(inner.payload.data()),
+                                                inner.payload.size());
+                                            replies.emplace_back(inner.reply);
+                                            sequences.push_back(seq++);
+                                          }),
+                proto::DecodeStatus::kOk);
+      at += f.header.frame_len();
+    }
+  }
+  std::vector<std::string> want_payloads, want_replies;
+  for (const auto& s : sent) {
+    want_payloads.push_back(s.payload);
+    want_replies.push_back(s.reply);
+  }
+  EXPECT_EQ(payloads, want_payloads);
+  EXPECT_EQ(replies, want_replies);
+  EXPECT_EQ(sequences, (std::vector<std::uint64_t>{100, 101, 102, 103, 104, 105, 106}));
 }
 
 TEST_F(OutboundTest, NothingFitsMeansNothingPacked) {

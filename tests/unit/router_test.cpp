@@ -28,6 +28,7 @@ struct Received {
   std::uint32_t arg = 0;  // sid for DELIVER, code for ERROR
   std::string subject;
   std::string payload;
+  std::string headers;  // a PUBLISH's header block as text (zero padding included)
 };
 
 class FakeLink final : public Link {
@@ -72,13 +73,13 @@ class FakeLink final : public Link {
       proto::Frame f;
       ASSERT_EQ(proto::decode_frame(std::span(bytes).subspan(off), 1 << 20, f), proto::DecodeStatus::kOk);
       if (f.header.type == FrameType::kDeliver) {
-        ASSERT_EQ(
-            proto::for_each_delivered(f,
-                                      [&](const proto::Frame& inner) {
-                                        sent.push_back({FrameType::kDeliver, f.header.arg,
-                                                        std::string(inner.subject), as_text(inner.payload)});
-                                      }),
-            proto::DecodeStatus::kOk);
+        ASSERT_EQ(proto::for_each_delivered(
+                      f,
+                      [&](const proto::Frame& inner) {
+                        sent.push_back({FrameType::kDeliver, f.header.arg, std::string(inner.subject),
+                                        as_text(inner.payload), as_text(inner.headers)});
+                      }),
+                  proto::DecodeStatus::kOk);
       } else {
         sent.push_back({f.header.type, f.header.arg, std::string(f.subject), as_text(f.payload)});
       }
@@ -123,13 +124,14 @@ class RouterTest : public ::testing::Test {
     Connection* c;
     FakeLink* link;
   };
-  Client connect() {
+  Client connect(std::uint8_t version = proto::kProtocolVersion) {
     auto link = std::make_unique<FakeLink>(*connections_);
     FakeLink* l = link.get();
     const std::uint64_t id = next_id_++;
     auto conn =
         std::make_unique<Connection>(id, *core_.slots->acquire(), "peer-" + std::to_string(id),
                                      std::move(link), core_.options.buffer_size, 4, ConnState::kAccepting);
+    conn->protocol_version = version;
     Connection& c = connections_->add(std::move(conn));
     connections_->establish(c);
     send(c, frame(FrameType::kConnect, "", "", "", 0));
@@ -218,6 +220,47 @@ TEST_F(RouterTest, AQueueGroupGetsEachMessageOnceRoundRobin) {
   }
   EXPECT_EQ(seen.size(), 8u);  // every message went to exactly one member
   for (const auto& [p, n] : seen) EXPECT_EQ(n, 1) << p;
+}
+
+// SPEC.md §3.6: headers reach subscribers of version 2 as published; one of
+// version 1 gets the same messages without them (counted), in order; a
+// client of version 1 that sends a header block breaks a reserved field.
+TEST_F(RouterTest, HeadersReachVersionTwoAndAreLeftOutForVersionOne) {
+  Client v2 = connect(), v1 = connect(1), pub = connect();
+  subscribe(v2, "traced.>", 1);
+  subscribe(v1, "traced.>", 2);
+  const proto::HeaderField fields[] = {{"Trace-Id", "t-1"}};
+  std::vector<std::byte> batch;
+  for (int i = 0; i < 4; ++i) {
+    const std::string payload = "m" + std::to_string(i);
+    std::vector<std::byte> f(256);
+    proto::FrameHeader h;
+    h.type = FrameType::kPublish;
+    f.resize(proto::encode_frame(f, h, "traced.a", {},
+                                 std::as_bytes(std::span(payload.data(), payload.size())),
+                                 i % 2 == 0 ? std::span(fields) : std::span<const proto::HeaderField>{}));
+    batch.insert(batch.end(), f.begin(), f.end());
+  }
+  send(*pub.c, batch);
+  const std::vector<std::string> all = {"m0", "m1", "m2", "m3"};
+  EXPECT_EQ(payloads(*v2.link, 1), all);
+  EXPECT_EQ(payloads(*v1.link, 2), all);
+  ASSERT_EQ(v2.link->sent.size(), 4u);
+  EXPECT_EQ(v2.link->sent[0].headers.substr(0, 15), "Trace-Id: t-1\r\n");
+  EXPECT_TRUE(v2.link->sent[1].headers.empty());
+  for (const auto& r : v1.link->sent) EXPECT_TRUE(r.headers.empty()) << r.payload;
+  EXPECT_EQ(ctx_->stats.headers_stripped.get(), 2u);
+  EXPECT_EQ(ctx_->stats.deliveries.get(), 8u);
+  EXPECT_EQ(core_.slots->queued(v1.c->slot), 0) << "the queue accounting is the frames' as received";
+
+  Client old_pub = connect(1);
+  // m0: 32 + "traced.a" + a 16-byte block + "m0", padded to 64.
+  send(*old_pub.c, std::vector<std::byte>(batch.begin(), batch.begin() + 64));
+  ASSERT_FALSE(old_pub.link->sent.empty());
+  EXPECT_EQ(old_pub.link->sent[0].type, FrameType::kError);
+  EXPECT_EQ(old_pub.link->sent[0].arg, static_cast<std::uint32_t>(proto::ErrorCode::kMalformedFrame));
+  EXPECT_NE(old_pub.link->sent[0].payload.find("needs protocol version 2"), std::string::npos);
+  EXPECT_EQ(payloads(*v2.link, 1).size(), 4u) << "a refused frame goes nowhere";
 }
 
 TEST_F(RouterTest, ARequestNobodyServesIsAnsweredNoResponders) {

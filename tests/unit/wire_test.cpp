@@ -423,6 +423,150 @@ TEST(WireMulticast, DatagramsAreCheckedBeforeTheyAreTrusted) {
   EXPECT_FALSE(decode_datagram(hb, 4096)) << "a heartbeat carries no data";
 }
 
+// ---------------------------------------------------------------- headers (§3.6)
+
+std::vector<std::byte> with_headers(std::span<const HeaderField> fields, std::string_view payload,
+                                    std::string_view reply = {}) {
+  std::vector<std::byte> buf(4096);
+  FrameHeader h;
+  h.type = FrameType::kPublish;
+  buf.resize(encode_frame(buf, h, "orders.eu", reply, bytes(payload), fields));
+  return buf;
+}
+
+TEST(WireHeaders, RoundTripInOrderWithRepeatsAndEmptyValues) {
+  const HeaderField fields[] = {{"Trace-Id", "4bf92f3577b34da6"},
+                                {"Accept", "a"},
+                                {"Accept", "b"},
+                                {"X-Empty", ""},
+                                {"Note", "grüße: 1"}};
+  auto buf = with_headers(fields, "payload", "_INBOX.r.1");
+  Frame f;
+  ASSERT_EQ(decode(buf, f), DecodeStatus::kOk);
+  EXPECT_EQ(f.header.header_len % 8, 0u);
+  EXPECT_EQ(f.header.header_len, header_block_len(fields));
+  EXPECT_EQ(f.header.payload_len, f.header.header_len + 7u) << "payload_len counts the block";
+  EXPECT_EQ(std::string_view(reinterpret_cast<const char*>(f.payload.data()), f.payload.size()), "payload");
+  EXPECT_EQ(f.reply, "_INBOX.r.1");
+  std::vector<std::pair<std::string, std::string>> got;
+  ASSERT_TRUE(
+      for_each_header(f.headers, [&](std::string_view n, std::string_view v) { got.emplace_back(n, v); }));
+  ASSERT_EQ(got.size(), 5u);
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].first, fields[i].name);
+    EXPECT_EQ(got[i].second, fields[i].value);
+  }
+  // The block is the NATS-style text, then zeros to 8 bytes.
+  const std::string_view text(reinterpret_cast<const char*>(f.headers.data()), f.headers.size());
+  EXPECT_EQ(text.substr(0, 28), "Trace-Id: 4bf92f3577b34da6\r\n");
+  // A frame without headers has none, and an empty payload with headers is fine.
+  ASSERT_EQ(decode(encode(FrameType::kPublish, 0, "a", "x"), f), DecodeStatus::kOk);
+  EXPECT_TRUE(f.headers.empty());
+  ASSERT_EQ(decode(with_headers(fields, ""), f), DecodeStatus::kOk);
+  EXPECT_TRUE(f.payload.empty());
+  // Inside a DELIVER the inner frame keeps its block.
+  std::vector<std::byte> deliver(4096);
+  FrameHeader d;
+  d.type = FrameType::kDeliver;
+  d.arg = 3;
+  deliver.resize(encode_frame(deliver, d, {}, {}, buf));
+  ASSERT_EQ(decode(deliver, f), DecodeStatus::kOk);
+  int inner = 0;
+  ASSERT_EQ(for_each_delivered(f, [&](const Frame& m) { inner += m.headers.empty() ? 0 : 1; }),
+            DecodeStatus::kOk);
+  EXPECT_EQ(inner, 1);
+}
+
+TEST(WireHeaders, EveryBrokenBlockRuleIsBadHeaders) {
+  const HeaderField one[] = {{"Trace-Id", "abc"}};  // "Trace-Id: abc\r\n" = 15 bytes, 1 of padding
+  auto good = with_headers(one, "data");
+  Frame f;
+  ASSERT_EQ(decode(good, f), DecodeStatus::kOk);
+  const std::size_t block_at = kHeaderSize + 9;  // after "orders.eu"
+  auto text_at = [&](std::vector<std::byte>& b, std::size_t i) -> std::byte& { return b[block_at + i]; };
+
+  auto not_aligned = good;
+  store<std::uint16_t>(not_aligned.data() + 10, 12);
+  EXPECT_EQ(decode(not_aligned, f), DecodeStatus::kBadHeaders) << "header_len not a multiple of 8";
+  auto past_payload = good;
+  store<std::uint16_t>(past_payload.data() + 10, 32);
+  EXPECT_EQ(decode(past_payload, f), DecodeStatus::kBadHeaders) << "header_len beyond payload_len";
+  auto no_space = good;
+  text_at(no_space, 9) = std::byte{'_'};
+  EXPECT_EQ(decode(no_space, f), DecodeStatus::kBadHeaders) << "name: without the space";
+  auto space_in_name = good;
+  text_at(space_in_name, 5) = std::byte{' '};
+  EXPECT_EQ(decode(space_in_name, f), DecodeStatus::kBadHeaders) << "a space in the name";
+  auto no_colon = good;
+  text_at(no_colon, 8) = std::byte{'x'};
+  EXPECT_EQ(decode(no_colon, f), DecodeStatus::kBadHeaders) << "no colon";
+  auto no_crlf = good;
+  text_at(no_crlf, 14) = std::byte{'x'};
+  EXPECT_EQ(decode(no_crlf, f), DecodeStatus::kBadHeaders) << "a line without CR LF";
+  auto nul_value = good;
+  text_at(nul_value, 11) = std::byte{0};
+  EXPECT_EQ(decode(nul_value, f), DecodeStatus::kBadHeaders) << "NUL in the value";
+  auto dirty_padding = good;
+  text_at(dirty_padding, 15) = std::byte{'!'};
+  EXPECT_EQ(decode(dirty_padding, f), DecodeStatus::kBadHeaders) << "padding not zero";
+  auto only_padding = good;
+  for (std::size_t i = 0; i < 16; ++i) text_at(only_padding, i) = std::byte{0};
+  EXPECT_EQ(decode(only_padding, f), DecodeStatus::kBadHeaders) << "a block without a field";
+  // A whole block of padding after the fields: zeros beyond what alignment needs.
+  const HeaderField eight[] = {{"A", "bcd"}};  // "A: bcd\r\n" = 8 bytes, no padding
+  auto overlong = with_headers(eight, "12345678");
+  store<std::uint16_t>(overlong.data() + 10, 16);
+  for (std::size_t i = 8; i < 16; ++i) overlong[kHeaderSize + 9 + i] = std::byte{0};
+  EXPECT_EQ(decode(overlong, f), DecodeStatus::kBadHeaders) << "more padding than alignment needs";
+  // On any other type, offset 10 is still reserved.
+  auto ping = encode(FrameType::kPing, 0, "", "");
+  store<std::uint16_t>(ping.data() + 10, 8);
+  EXPECT_EQ(decode(ping, f), DecodeStatus::kBadReserved);
+  EXPECT_EQ(error_for(DecodeStatus::kBadHeaders), ErrorCode::kMalformedFrame);
+}
+
+TEST(WireHeaders, NamesAndValues) {
+  EXPECT_TRUE(valid_header_name("Content-Type"));
+  EXPECT_FALSE(valid_header_name(""));
+  EXPECT_FALSE(valid_header_name("a b"));
+  EXPECT_FALSE(valid_header_name("a:b"));
+  EXPECT_FALSE(valid_header_name("caf\xc3\xa9"));
+  EXPECT_TRUE(valid_header_value(""));
+  EXPECT_TRUE(valid_header_value("text/plain; charset=utf-8"));
+  EXPECT_FALSE(valid_header_value("a\r\nInjected: 1"));
+  EXPECT_FALSE(valid_header_value(std::string_view("a\0b", 3)));
+}
+
+TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
+  // A client of this code asks for version 2 in byte 5, with version 1 in byte 4.
+  auto req = encode(ConnectRequest{16384, 64});
+  EXPECT_EQ(std::to_integer<int>(req[4]), 1);
+  EXPECT_EQ(std::to_integer<int>(req[5]), kProtocolVersion);
+  ConnectRequest r;
+  ASSERT_EQ(decode(std::span<const std::byte>(req), r), HandshakeStatus::kOk);
+  EXPECT_EQ(negotiate_version(r.max_version), 2);
+  // A version-1 client sends 0 there.
+  req[5] = std::byte{0};
+  ASSERT_EQ(decode(std::span<const std::byte>(req), r), HandshakeStatus::kOk);
+  EXPECT_EQ(negotiate_version(r.max_version), 1);
+  // A later client asking for more gets what the broker has.
+  EXPECT_EQ(negotiate_version(9), kProtocolVersion);
+  EXPECT_EQ(negotiate_version(9, 1), 1) << "a version-1 broker";
+  // The accept carries the outcome; a client takes 1 or 2 and nothing else.
+  ConnectAccept a;
+  ASSERT_EQ(decode(std::span<const std::byte>(encode(ConnectAccept{8192, 32, 77, 2})), a),
+            HandshakeStatus::kOk);
+  EXPECT_EQ(a.version, 2);
+  ASSERT_EQ(decode(std::span<const std::byte>(encode(ConnectAccept{8192, 32, 77})), a), HandshakeStatus::kOk);
+  EXPECT_EQ(a.version, 1);
+  EXPECT_EQ(decode(std::span<const std::byte>(encode(ConnectAccept{8192, 32, 77, 3})), a),
+            HandshakeStatus::kBadVersion);
+  // Byte 4 of a request stays the base version: 2 there is not a request this broker takes.
+  auto v2_in_byte4 = encode(ConnectRequest{16384, 64});
+  v2_in_byte4[4] = std::byte{2};
+  EXPECT_EQ(decode(std::span<const std::byte>(v2_in_byte4), r), HandshakeStatus::kBadVersion);
+}
+
 TEST(Handshake, RoundTrips) {
   auto req = encode(ConnectRequest{16384, 64});
   ConnectRequest r;

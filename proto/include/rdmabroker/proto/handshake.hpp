@@ -17,6 +17,9 @@ struct ConnectRequest {
   std::uint32_t recv_buffer_size = 0;  // size of each receive buffer the client posted
   std::uint32_t initial_credits = 0;   // receives the client posted for the broker
   std::uint16_t flags = 0;             // kConnectMulticast; other bits are ignored (sent as 0)
+  /// The highest protocol version the client speaks (byte 5; a version-1
+  /// client sends 0, read as 1). The broker answers with the version used.
+  std::uint8_t max_version = kProtocolVersion;
 };
 /// Connect request flag: the client can join multicast groups (SPEC.md §7).
 inline constexpr std::uint16_t kConnectMulticast = 1;
@@ -26,6 +29,7 @@ struct ConnectAccept {
   std::uint32_t max_frame_size = 0;   // the broker's receive buffer size: largest SEND the client may post
   std::uint32_t initial_credits = 0;  // SENDs the client may post before credits return
   std::uint64_t connection_id = 0;
+  std::uint8_t version = kVersion;  // the protocol version of this connection (the lower of both sides')
 };
 
 /// Reasons a broker refuses a connection (in the rdma_cm reject private data).
@@ -72,24 +76,32 @@ inline constexpr std::size_t kConnectRequestSize = 16;
 inline constexpr std::size_t kConnectAcceptSize = 24;
 inline constexpr std::size_t kConnectRejectSize = 16;
 
-// Common prefix: magic u32, version u8, reserved u8, flags/reason u16.
-inline void encode_prefix(std::byte* p, std::uint16_t word) {
+// Common prefix: magic u32, version u8, reserved (the request's max_version) u8, flags/reason u16.
+inline void encode_prefix(std::byte* p, std::uint16_t word, std::uint8_t version = kVersion,
+                          std::uint8_t byte5 = 0) {
   store<std::uint32_t>(p, kHandshakeMagic);
-  store<std::uint8_t>(p + 4, kVersion);
-  store<std::uint8_t>(p + 5, 0);
+  store<std::uint8_t>(p + 4, version);
+  store<std::uint8_t>(p + 5, byte5);
   store<std::uint16_t>(p + 6, word);
+}
+
+/// The version a broker that speaks up to `broker_max` uses with a client
+/// that asked for up to `requested` (0: a version-1 client).
+constexpr std::uint8_t negotiate_version(std::uint8_t requested, std::uint8_t broker_max = kProtocolVersion) {
+  if (requested < kVersion) return kVersion;
+  return requested < broker_max ? requested : broker_max;
 }
 
 inline std::array<std::byte, kConnectRequestSize> encode(const ConnectRequest& r) {
   std::array<std::byte, kConnectRequestSize> b{};
-  encode_prefix(b.data(), r.flags);
+  encode_prefix(b.data(), r.flags, kVersion, r.max_version);
   store<std::uint32_t>(b.data() + 8, r.recv_buffer_size);
   store<std::uint32_t>(b.data() + 12, r.initial_credits);
   return b;
 }
 inline std::array<std::byte, kConnectAcceptSize> encode(const ConnectAccept& a) {
   std::array<std::byte, kConnectAcceptSize> b{};
-  encode_prefix(b.data(), 0);
+  encode_prefix(b.data(), 0, a.version);
   store<std::uint32_t>(b.data() + 8, a.max_frame_size);
   store<std::uint32_t>(b.data() + 12, a.initial_credits);
   store<std::uint64_t>(b.data() + 16, a.connection_id);
@@ -130,17 +142,21 @@ constexpr std::string_view to_string(HandshakeStatus s) {
 }
 
 // rdma_cm may deliver more private data than was sent (zero padded): only the
-// prefix we define is read, longer input is fine.
-inline HandshakeStatus check_prefix(std::span<const std::byte> b, std::size_t need) {
+// prefix we define is read, longer input is fine. `max_version`: the
+// highest version byte 4 may carry (an accept's is the negotiated one).
+inline HandshakeStatus check_prefix(std::span<const std::byte> b, std::size_t need,
+                                    std::uint8_t max_version = kVersion) {
   if (b.size() < need) return HandshakeStatus::kTooShort;
   if (load<std::uint32_t>(b.data()) != kHandshakeMagic) return HandshakeStatus::kBadMagic;
-  if (load<std::uint8_t>(b.data() + 4) != kVersion) return HandshakeStatus::kBadVersion;
+  const auto version = load<std::uint8_t>(b.data() + 4);
+  if (version < kVersion || version > max_version) return HandshakeStatus::kBadVersion;
   return HandshakeStatus::kOk;
 }
 
 inline HandshakeStatus decode(std::span<const std::byte> b, ConnectRequest& out) {
   if (auto s = check_prefix(b, kConnectRequestSize); s != HandshakeStatus::kOk) return s;
   out.flags = load<std::uint16_t>(b.data() + 6);
+  out.max_version = load<std::uint8_t>(b.data() + 5);
   out.recv_buffer_size = load<std::uint32_t>(b.data() + 8);
   out.initial_credits = load<std::uint32_t>(b.data() + 12);
   if (out.initial_credits < 2 || out.initial_credits > 65535) return HandshakeStatus::kBadValue;
@@ -149,7 +165,8 @@ inline HandshakeStatus decode(std::span<const std::byte> b, ConnectRequest& out)
   return HandshakeStatus::kOk;
 }
 inline HandshakeStatus decode(std::span<const std::byte> b, ConnectAccept& out) {
-  if (auto s = check_prefix(b, kConnectAcceptSize); s != HandshakeStatus::kOk) return s;
+  if (auto s = check_prefix(b, kConnectAcceptSize, kProtocolVersion); s != HandshakeStatus::kOk) return s;
+  out.version = load<std::uint8_t>(b.data() + 4);
   out.max_frame_size = load<std::uint32_t>(b.data() + 8);
   out.initial_credits = load<std::uint32_t>(b.data() + 12);
   out.connection_id = load<std::uint64_t>(b.data() + 16);

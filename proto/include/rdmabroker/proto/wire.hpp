@@ -1,4 +1,4 @@
-// The rdmabroker wire protocol, version 1: frame layout, handshake blocks and
+// The rdmabroker wire protocol (versions 1 and 2): frame layout, handshake blocks and
 // their encoders/decoders. proto/SPEC.md is the normative description; this
 // header implements it and is shared by rdmabrokerd and librdmabroker.
 //
@@ -14,13 +14,22 @@
 #include <span>
 #include <string_view>
 
+#include "rdmabroker/proto/headers.hpp"
+
 namespace rdmabroker::proto {
 
 static_assert(std::endian::native == std::endian::little,
               "the codec stores fields with memcpy and assumes a little-endian host");
 
 inline constexpr std::uint16_t kFrameMagic = 0x4252;  // bytes "RB"
+/// The frame layout's version (every frame's byte 2) and the base protocol
+/// version of the handshake: 1 on every connection.
 inline constexpr std::uint8_t kVersion = 1;
+/// The highest protocol version this code speaks, negotiated in the
+/// handshake (SPEC.md §2.1): 2 adds message headers (§3.6).
+inline constexpr std::uint8_t kProtocolVersion = 2;
+/// The first protocol version with message headers.
+inline constexpr std::uint8_t kHeadersVersion = 2;
 inline constexpr std::size_t kHeaderSize = 32;
 inline constexpr std::size_t kFrameAlign = 8;
 inline constexpr std::size_t kMaxSubjectLen = 255;
@@ -182,8 +191,10 @@ struct FrameHeader {
   std::uint16_t flags = 0;
   std::uint16_t subject_len = 0;
   std::uint16_t reply_len = 0;
-  std::uint32_t payload_len = 0;
-  std::uint32_t arg = 0;  // sid, credits or error code, by type
+  std::uint16_t header_len =
+      0;  // PUBLISH, protocol version 2: the header block at the payload's start (§3.6)
+  std::uint32_t payload_len = 0;  // the header block included
+  std::uint32_t arg = 0;          // sid, credits or error code, by type
   std::uint64_t sequence = 0;
 
   /// Bytes after the header, before padding.
@@ -199,7 +210,7 @@ inline void encode_header(std::byte* out, const FrameHeader& h) {
   store<std::uint16_t>(out + 4, h.flags);
   store<std::uint16_t>(out + 6, h.subject_len);
   store<std::uint16_t>(out + 8, h.reply_len);
-  store<std::uint16_t>(out + 10, 0);
+  store<std::uint16_t>(out + 10, h.header_len);
   store<std::uint32_t>(out + 12, h.payload_len);
   store<std::uint32_t>(out + 16, h.arg);
   store<std::uint32_t>(out + 20, 0);
@@ -211,7 +222,8 @@ struct Frame {
   FrameHeader header;
   std::string_view subject;
   std::string_view reply;
-  std::span<const std::byte> payload;
+  std::span<const std::byte> headers;  // a PUBLISH's header block (§3.6); empty: none
+  std::span<const std::byte> payload;  // the payload after the header block
   /// Offset of the frame's first byte within the decoded buffer.
   std::size_t offset = 0;
 };
@@ -229,6 +241,7 @@ enum class DecodeStatus {
   kBadLength,    // lengths inconsistent with the frame type
   kTooLarge,     // the frame is longer than the receiver's buffer size
   kBadSubject,   // subject (or reply subject, queue group) fails the rules of SPEC.md §3.2
+  kBadHeaders,   // a PUBLISH's header block breaks SPEC.md §3.6
 };
 
 constexpr std::string_view to_string(DecodeStatus s) {
@@ -258,6 +271,8 @@ constexpr std::string_view to_string(DecodeStatus s) {
       return "frame larger than the receive buffer size";
     case DecodeStatus::kBadSubject:
       return "invalid subject (1 to 255 bytes, SPEC.md §3.2)";
+    case DecodeStatus::kBadHeaders:
+      return "malformed header block (\"Name: value\\r\\n\" lines padded to 8 bytes, SPEC.md §3.6)";
   }
   return "unknown";
 }
@@ -388,10 +403,12 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   if (load<std::uint8_t>(p + 2) != kVersion) return DecodeStatus::kBadVersion;
   auto type = load<std::uint8_t>(p + 3);
   if (type < 1 || type > kMaxFrameType) return DecodeStatus::kBadType;
-  if (load<std::uint16_t>(p + 10) != 0 || load<std::uint32_t>(p + 20) != 0) return DecodeStatus::kBadReserved;
-
   FrameHeader& h = out.header;
   h.type = static_cast<FrameType>(type);
+  h.header_len = load<std::uint16_t>(p + 10);
+  // Offset 10 is a PUBLISH's header_len, reserved in every other type.
+  if ((h.header_len != 0 && h.type != FrameType::kPublish) || load<std::uint32_t>(p + 20) != 0)
+    return DecodeStatus::kBadReserved;
   h.flags = load<std::uint16_t>(p + 4);
   h.subject_len = load<std::uint16_t>(p + 6);
   h.reply_len = load<std::uint16_t>(p + 8);
@@ -414,6 +431,7 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   if (total > max_frame) return DecodeStatus::kTooLarge;
 
   if (auto st = detail::check_parts(h); st != DecodeStatus::kOk) return st;
+  if (h.header_len % kFrameAlign != 0 || h.header_len > h.payload_len) return DecodeStatus::kBadHeaders;
   if (buf.size() < total) return DecodeStatus::kNeedMore;
 
   for (std::size_t i = kHeaderSize + h.body_len(); i < total; ++i) {
@@ -422,13 +440,16 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   const char* body = reinterpret_cast<const char*>(p + kHeaderSize);
   out.subject = std::string_view(body, h.subject_len);
   out.reply = std::string_view(body + h.subject_len, h.reply_len);
-  out.payload = buf.subspan(kHeaderSize + h.subject_len + h.reply_len, h.payload_len);
+  const std::size_t payload_at = kHeaderSize + h.subject_len + h.reply_len;
+  out.headers = buf.subspan(payload_at, h.header_len);
+  out.payload = buf.subspan(payload_at + h.header_len, h.payload_len - h.header_len);
   if (h.subject_len != 0 &&
       !(h.type == FrameType::kSubscribe ? valid_pattern(out.subject) : valid_subject(out.subject))) {
     return DecodeStatus::kBadSubject;
   }
   // A SUBSCRIBE's "reply" field is its queue group name (SPEC.md); both follow the subject rules.
   if (h.reply_len != 0 && !valid_subject(out.reply)) return DecodeStatus::kBadSubject;
+  if (h.header_len != 0 && !valid_header_block(out.headers)) return DecodeStatus::kBadHeaders;
   return DecodeStatus::kOk;
 }
 
@@ -449,13 +470,17 @@ inline std::size_t whole_frames(std::span<const std::byte> buf, std::size_t max_
   return whole;
 }
 
-/// Writes a whole frame (header, subject, reply, payload, zero padding) into
-/// `out`. Returns the bytes written, or 0 if it does not fit.
+/// Writes a whole frame (header, subject, reply, header block, payload, zero
+/// padding) into `out`. Returns the bytes written, or 0 if it does not fit.
+/// `headers` (valid names and values, a block of at most kMaxHeaderBlock
+/// bytes) only on a PUBLISH to a peer of protocol version 2.
 inline std::size_t encode_frame(std::span<std::byte> out, FrameHeader h, std::string_view subject,
-                                std::string_view reply, std::span<const std::byte> payload) {
+                                std::string_view reply, std::span<const std::byte> payload,
+                                std::span<const HeaderField> headers = {}) {
   h.subject_len = static_cast<std::uint16_t>(subject.size());
   h.reply_len = static_cast<std::uint16_t>(reply.size());
-  h.payload_len = static_cast<std::uint32_t>(payload.size());
+  h.header_len = static_cast<std::uint16_t>(header_block_len(headers));
+  h.payload_len = static_cast<std::uint32_t>(h.header_len + payload.size());
   const std::size_t len = h.frame_len();
   if (len > out.size()) return 0;
   std::byte* p = out.data();
@@ -465,6 +490,7 @@ inline std::size_t encode_frame(std::span<std::byte> out, FrameHeader h, std::st
   off += subject.size();
   if (!reply.empty()) std::memcpy(p + off, reply.data(), reply.size());
   off += reply.size();
+  if (!headers.empty()) off += encode_header_block(p + off, headers);
   if (!payload.empty()) std::memcpy(p + off, payload.data(), payload.size());
   off += payload.size();
   std::memset(p + off, 0, len - off);
@@ -478,7 +504,8 @@ constexpr std::size_t max_publish_frame(std::size_t max_send) {
   return max_send > kHeaderSize ? max_send - kHeaderSize : 0;
 }
 
-/// The largest payload a frame with this subject can carry within `max_frame`.
+/// The largest payload (header block included) a frame with this subject can
+/// carry within `max_frame`.
 constexpr std::size_t max_payload(std::size_t max_frame, std::size_t subject_len, std::size_t reply_len = 0) {
   const std::size_t fixed = kHeaderSize + subject_len + reply_len;
   if (max_frame < fixed + kFrameAlign) return 0;
