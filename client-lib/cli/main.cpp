@@ -249,19 +249,43 @@ class BrokerEndpoint final : public rdmabroker::bench::BenchEndpoint {
   std::unique_ptr<Client> client_;
 };
 
-int run_pub(const Common& common, const std::string& subject, const std::string& message,
-            std::uint64_t count) {
+/// --header NAME=VALUE options as message headers; exits with a usage error on one without '='.
+rdmabroker::Headers headers_or_die(const std::vector<std::string>& options) {
+  rdmabroker::Headers headers;
+  for (const auto& o : options) {
+    const auto eq = o.find('=');
+    if (eq == std::string::npos) {
+      std::cerr << "rdmabroker: --header " << o << ": expected NAME=VALUE\n";
+      std::exit(kExitUsageOrConnect);
+    }
+    headers.add(std::string_view(o).substr(0, eq), std::string_view(o).substr(eq + 1));
+  }
+  return headers;
+}
+
+/// The message line `sub` prints, then its headers, one "  Name: value" line each.
+void print_message(std::uint64_t n, const rdmabroker::Message& m) {
+  std::cout << "[#" << n << "] " << m.subject << ": " << m.data() << "\n";
+  for (const auto& [name, value] : m.headers) std::cout << "  " << name << ": " << value << "\n";
+}
+
+int run_pub(const Common& common, const std::string& subject, const std::string& message, std::uint64_t count,
+            const std::vector<std::string>& header_options) {
+  const rdmabroker::Headers headers = headers_or_die(header_options);
   auto client = connect_or_die(common);
+  auto publish = [&](std::string_view payload) {
+    return headers.empty() ? client->publish(subject, payload) : client->publish(subject, headers, payload);
+  };
   std::uint64_t sent = 0;
   if (message == "-") {
     std::string line;
     while (std::getline(std::cin, line)) {
-      if (auto st = client->publish(subject, line); !st) return die(st.error());
+      if (auto st = publish(line); !st) return die(st.error());
       ++sent;
     }
   } else {
     for (std::uint64_t i = 0; i < count && !g_interrupted; ++i) {
-      if (auto st = client->publish(subject, message); !st) return die(st.error());
+      if (auto st = publish(message); !st) return die(st.error());
       ++sent;
     }
   }
@@ -293,7 +317,7 @@ int run_sub(const Common& common, const std::string& subject, const std::string&
     if (raw) {
       std::cout << m->data() << "\n";
     } else {
-      std::cout << "[#" << got << "] " << m->subject << ": " << m->data() << "\n";
+      print_message(got, *m);
     }
     std::cout.flush();
   }
@@ -302,10 +326,11 @@ int run_sub(const Common& common, const std::string& subject, const std::string&
 }
 
 int run_request(const Common& common, const std::string& subject, const std::string& message,
-                double timeout_s) {
+                double timeout_s, const std::vector<std::string>& header_options) {
+  const rdmabroker::Headers headers = headers_or_die(header_options);
   auto client = connect_or_die(common);
   auto reply = client->request(
-      subject, message,
+      subject, headers, rdmabroker::as_payload(message),
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s)));
   if (!reply) {
     // A refusal of the request's reply subscription comes as an ERROR that
@@ -426,14 +451,17 @@ Subcommand add_pub(CLI::App& app) {
     Common common;
     std::string subject, message = "-";
     std::uint64_t count = 1;
+    std::vector<std::string> headers;
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("pub", "Publish a message (or each line of stdin with '-')");
   cmd->add_option("subject", a->subject, "Subject")->required();
   cmd->add_option("message", a->message, "Message text, or - for stdin lines")->capture_default_str();
   cmd->add_option("-n,--count", a->count, "Publish the message this many times")->capture_default_str();
+  cmd->add_option("-H,--header", a->headers, "Add the message header NAME=VALUE (repeatable)")
+      ->type_name("NAME=VALUE");
   add_common(cmd, a->common);
-  return {cmd, [a] { return run_pub(a->common, a->subject, a->message, a->count); }};
+  return {cmd, [a] { return run_pub(a->common, a->subject, a->message, a->count, a->headers); }};
 }
 
 Subcommand add_sub(CLI::App& app) {
@@ -445,12 +473,12 @@ Subcommand add_sub(CLI::App& app) {
     double timeout = 0;
   };
   auto a = std::make_shared<Args>();
-  auto* cmd = app.add_subcommand("sub", "Subscribe and print messages");
+  auto* cmd = app.add_subcommand("sub", "Subscribe and print messages, each with its headers");
   cmd->add_option("subject", a->subject, "Subject; * matches one token, > the rest")->required();
   cmd->add_option("-q,--queue", a->queue, "Join this queue group: each message goes to one member");
   cmd->add_option("-n,--count", a->count, "Exit after this many messages (0: run until interrupted)")
       ->capture_default_str();
-  cmd->add_flag("--raw", a->raw, "Print only the payload");
+  cmd->add_flag("--raw", a->raw, "Print only the payload (no subject, no headers)");
   cmd->add_option("--timeout", a->timeout, "Fail (exit 3) if not done after this many seconds");
   add_common(cmd, a->common);
   return {cmd, [a] { return run_sub(a->common, a->subject, a->queue, a->count, a->raw, a->timeout); }};
@@ -461,6 +489,7 @@ Subcommand add_request(CLI::App& app) {
     Common common;
     std::string subject, message;
     double timeout = 5;
+    std::vector<std::string> headers;
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand(
@@ -468,8 +497,10 @@ Subcommand add_request(CLI::App& app) {
   cmd->add_option("subject", a->subject, "Subject")->required();
   cmd->add_option("message", a->message, "Request text")->required();
   cmd->add_option("--timeout", a->timeout, "Seconds to wait for a reply")->capture_default_str();
+  cmd->add_option("-H,--header", a->headers, "Add the request header NAME=VALUE (repeatable)")
+      ->type_name("NAME=VALUE");
   add_common(cmd, a->common);
-  return {cmd, [a] { return run_request(a->common, a->subject, a->message, a->timeout); }};
+  return {cmd, [a] { return run_request(a->common, a->subject, a->message, a->timeout, a->headers); }};
 }
 
 Subcommand add_reply(CLI::App& app) {

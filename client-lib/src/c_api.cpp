@@ -4,6 +4,9 @@
 #include <cstddef>
 #include <cstring>
 #include <string>
+#include <vector>
+
+#include <strings.h>
 
 #include "rdmabroker/client.hpp"
 #include "rdmabroker/rdmabroker.h"
@@ -22,6 +25,7 @@ thread_local std::string g_last_error;
 struct OwnedMessage {
   rb_message view;
   rdmabroker::Message msg;
+  std::vector<rb_header> headers;  // views of msg.headers
 };
 
 int code_for(rdmabroker::ErrorKind k) {
@@ -65,14 +69,39 @@ int invalid(const char* what) {
   return RB_ERR_INVALID_ARGUMENT;
 }
 
-rb_message view_of(const rdmabroker::Message& m, void* owner) {
-  return rb_message{m.sid, m.subject.c_str(), m.reply.c_str(), m.payload.data(), m.payload.size(), owner};
+/// `m` for C; `headers` holds the header views and must live as long as the result.
+rb_message view_of(const rdmabroker::Message& m, void* owner, std::vector<rb_header>& headers) {
+  headers.clear();
+  for (const auto& [name, value] : m.headers) headers.push_back(rb_header{name.c_str(), value.c_str()});
+  return rb_message{m.sid,
+                    m.subject.c_str(),
+                    m.reply.c_str(),
+                    m.payload.data(),
+                    m.payload.size(),
+                    owner,
+                    headers.empty() ? nullptr : headers.data(),
+                    headers.size()};
 }
 
 rb_message* owned_copy(rdmabroker::Message m) {
-  auto* owned = new OwnedMessage{{}, std::move(m)};
-  owned->view = view_of(owned->msg, owned);
+  auto* owned = new OwnedMessage{{}, std::move(m), {}};
+  owned->view = view_of(owned->msg, owned, owned->headers);
   return &owned->view;
+}
+
+/// C header fields as the C++ API takes them.
+rdmabroker::Headers headers_of(const rb_header* fields, size_t count) {
+  rdmabroker::Headers h;
+  for (size_t i = 0; i < count; ++i) h.add(fields[i].name, fields[i].value);
+  return h;
+}
+
+bool valid_fields(const rb_header* fields, size_t count) {
+  if (count != 0 && fields == nullptr) return false;
+  for (size_t i = 0; i < count; ++i) {
+    if (fields[i].name == nullptr || fields[i].value == nullptr) return false;
+  }
+  return true;
 }
 
 std::span<const std::byte> bytes(const void* data, size_t len) {
@@ -83,7 +112,8 @@ int subscribe_cb(rb_client* c, const char* subject, const char* group, rb_messag
                  uint32_t* sid_out) {
   auto r = c->impl->queue_subscribe(subject, group != nullptr ? group : "",
                                     [cb, user](const rdmabroker::Message& m) {
-                                      rb_message v = view_of(m, nullptr);
+                                      thread_local std::vector<rb_header> headers;
+                                      rb_message v = view_of(m, nullptr, headers);
                                       cb(&v, user);
                                     });
   if (!r) return fail(r.error());
@@ -182,6 +212,37 @@ int rb_publish_request(rb_client* c, const char* subject, const char* reply, con
   }
   auto st = c->impl->publish_request(subject, reply, bytes(data, len));
   return st ? RB_OK : fail(st.error());
+}
+
+int rb_publish_headers(rb_client* c, const char* subject, const char* reply, const rb_header* headers,
+                       size_t count, const void* data, size_t len) {
+  if (c == nullptr || subject == nullptr || !valid_fields(headers, count) || (data == nullptr && len != 0)) {
+    return invalid("rb_publish_headers: bad arguments");
+  }
+  auto st =
+      c->impl->publish(subject, headers_of(headers, count), bytes(data, len), reply != nullptr ? reply : "");
+  return st ? RB_OK : fail(st.error());
+}
+
+int rb_request_headers(rb_client* c, const char* subject, const rb_header* headers, size_t count,
+                       const void* data, size_t len, int timeout_ms, rb_message** out) {
+  if (c == nullptr || subject == nullptr || out == nullptr || !valid_fields(headers, count) ||
+      (data == nullptr && len != 0)) {
+    return invalid("rb_request_headers: bad arguments");
+  }
+  auto r = c->impl->request(subject, headers_of(headers, count), bytes(data, len),
+                            std::chrono::milliseconds(timeout_ms));
+  if (!r) return fail(r.error());
+  *out = owned_copy(std::move(r.value()));
+  return RB_OK;
+}
+
+const char* rb_message_header(const rb_message* m, const char* name) {
+  if (m == nullptr || name == nullptr) return nullptr;
+  for (size_t i = 0; i < m->header_count; ++i) {
+    if (strcasecmp(m->headers[i].name, name) == 0) return m->headers[i].value;
+  }
+  return nullptr;
 }
 
 int rb_request(rb_client* c, const char* subject, const void* data, size_t len, int timeout_ms,

@@ -193,10 +193,7 @@ Result<proto::ConnectAccept> RdmaTransport::exchange_handshake(std::uint32_t rec
 }
 
 Status RdmaTransport::start_session(const proto::ConnectAccept& accept, const std::string& where) {
-  session_.max_frame_ = accept.max_frame_size;
-
-  session_.init_send_buffers(session_.max_frame_,
-                             session_.opt_.max_inflight_sends + session_.opt_.send_queue_buffers);
+  session_.init_send_buffers(accept, session_.opt_.max_inflight_sends + session_.opt_.send_queue_buffers);
   send_mr_ = verbs::register_local(pd_.get(), session_.send_memory().data(), session_.send_memory().size());
   if (!send_mr_) return sys_error(ErrorKind::kResource, "ibv_reg_mr (send buffers; check ulimit -l)");
 

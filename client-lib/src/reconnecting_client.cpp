@@ -43,6 +43,18 @@ class ReconnectingClient final : public Client {
     if (!s) return s.error();
     return s.value()->request(subject, payload, timeout);
   }
+  Status publish(std::string_view subject, const Headers& headers, std::span<const std::byte> payload,
+                 std::string_view reply) override {
+    return with_session([&](Session& s) { return s.publish(subject, headers, payload, reply); });
+  }
+  Result<Message> request(std::string_view subject, const Headers& headers,
+                          std::span<const std::byte> payload, std::chrono::milliseconds timeout) override {
+    auto s = wait_for_session(opt_.publish_timeout);
+    if (!s) return s.error();
+    return s.value()->request(subject, headers, payload, timeout);
+  }
+  using Client::publish;
+  using Client::request;
   Result<std::uint32_t> subscribe(std::string_view subject, MessageHandler handler) override {
     return queue_subscribe(subject, {}, std::move(handler));
   }

@@ -88,10 +88,11 @@ Error Session::rejected(const std::string& where, const proto::ConnectReject& re
 
 // ---------------------------------------------------------------- send buffers
 
-void Session::init_send_buffers(std::uint32_t max_frame, std::uint32_t count) {
-  max_frame_ = max_frame;
+void Session::init_send_buffers(const proto::ConnectAccept& accept, std::uint32_t count) {
+  max_frame_ = accept.max_frame_size;
+  protocol_version_ = accept.version;
   send_count_ = count;
-  send_mem_.reset(new std::byte[std::size_t{count} * max_frame]);
+  send_mem_.reset(new std::byte[std::size_t{count} * max_frame_]);
   free_send_.clear();
   for (std::uint32_t i = count; i-- > 0;) free_send_.push_back(i);
   ready_.clear();
@@ -116,9 +117,10 @@ void Session::release_send_buffer_locked(std::uint32_t buffer) {
 
 Status Session::append_frame_locked(std::unique_lock<std::mutex>& lock, const proto::FrameHeader& h,
                                     std::string_view subject, std::string_view reply,
-                                    std::span<const std::byte> payload, std::uint64_t sequence, bool wait) {
-  const std::size_t len =
-      proto::align_up(proto::kHeaderSize + subject.size() + reply.size() + payload.size());
+                                    std::span<const std::byte> payload, std::uint64_t sequence, bool wait,
+                                    std::span<const proto::HeaderField> headers) {
+  const std::size_t len = proto::align_up(proto::kHeaderSize + subject.size() + reply.size() +
+                                          proto::header_block_len(headers) + payload.size());
   const auto deadline = Clock::now() + opt_.publish_timeout;
   while (true) {
     if (auto st = check_open_locked(); !st) return st;
@@ -145,7 +147,7 @@ Status Session::append_frame_locked(std::unique_lock<std::mutex>& lock, const pr
   hdr.sequence = next_sequence_++;
   if (sequence != 0) hdr.sequence = sequence;
   proto::encode_frame(std::span<std::byte>(send_buf(open_buf_) + open_len_, len), hdr, subject, reply,
-                      payload);
+                      payload, headers);
   open_len_ += static_cast<std::uint32_t>(len);
   transport_->transmit_locked();
   return {};
@@ -155,18 +157,65 @@ Status Session::append_frame_locked(std::unique_lock<std::mutex>& lock, const pr
 
 Status Session::publish_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
                                std::string_view reply, std::span<const std::byte> payload,
-                               std::uint16_t flags) {
+                               std::uint16_t flags, std::span<const proto::HeaderField> headers) {
   if (auto st = check_open_locked(); !st) return st;
+  if (!headers.empty() && protocol_version_ < proto::kHeadersVersion) {
+    return Error{ErrorKind::kInvalidArgument,
+                 "the broker speaks protocol version " + std::to_string(protocol_version_) +
+                     ", which has no message headers (an rdmabrokerd with headers speaks version 2)"};
+  }
+  const std::size_t block = proto::header_block_len(headers);
+  if (block > proto::kMaxHeaderBlock) {
+    return Error{ErrorKind::kPayloadTooLarge, "headers of " + std::to_string(block) +
+                                                  " bytes exceed the limit of " +
+                                                  std::to_string(proto::kMaxHeaderBlock)};
+  }
   const std::size_t room = max_payload(subject.size());
-  if (payload.size() + reply.size() > room) {
+  if (block + payload.size() + reply.size() > room) {
+    const std::size_t fixed = block + reply.size();
     return Error{ErrorKind::kPayloadTooLarge,
                  "payload of " + std::to_string(payload.size()) + " bytes exceeds the broker's limit of " +
-                     std::to_string(room - std::min(room, reply.size())) + " for this subject"};
+                     std::to_string(room - std::min(room, fixed)) + " for this subject" +
+                     (block != 0 ? " with these headers (" + std::to_string(block) + " bytes)" : "")};
   }
   proto::FrameHeader h;
   h.type = FrameType::kPublish;
   h.flags = flags;
-  return append_frame_locked(lock, h, subject, reply, payload);
+  return append_frame_locked(lock, h, subject, reply, payload, 0, true, headers);
+}
+
+namespace {
+
+/// The fields of `headers` as the wire codec takes them, checked.
+Result<std::vector<proto::HeaderField>> header_fields(const Headers& headers) {
+  std::vector<proto::HeaderField> fields;
+  fields.reserve(headers.size());
+  for (const auto& [name, value] : headers) {
+    if (!proto::valid_header_name(name)) {
+      return Error{ErrorKind::kInvalidArgument, "invalid header name \"" + name +
+                                                    "\": 1 or more printable ASCII characters, "
+                                                    "no space or ':'"};
+    }
+    if (!proto::valid_header_value(value)) {
+      return Error{ErrorKind::kInvalidArgument, "invalid value of header \"" + name + "\": no CR, LF or NUL"};
+    }
+    fields.push_back({name, value});
+  }
+  return fields;
+}
+
+}  // namespace
+
+Status Session::publish(std::string_view subject, const Headers& headers, std::span<const std::byte> payload,
+                        std::string_view reply) {
+  if (auto st = check_subject(subject); !st) return st;
+  if (!reply.empty()) {
+    if (auto st = check_subject(reply); !st) return st;
+  }
+  auto fields = header_fields(headers);
+  if (!fields) return fields.error();
+  std::unique_lock lock(mu_);
+  return publish_locked(lock, subject, reply, payload, 0, fields.value());
 }
 
 Status Session::publish(std::string_view subject, std::span<const std::byte> payload) {
@@ -213,13 +262,25 @@ void Session::on_inbox_message(const Message& m) {
 
 Result<Message> Session::request(std::string_view subject, std::span<const std::byte> payload,
                                  std::chrono::milliseconds timeout) {
+  return request_with(subject, {}, payload, timeout);
+}
+
+Result<Message> Session::request(std::string_view subject, const Headers& headers,
+                                 std::span<const std::byte> payload, std::chrono::milliseconds timeout) {
+  auto fields = header_fields(headers);
+  if (!fields) return fields.error();
+  return request_with(subject, fields.value(), payload, timeout);
+}
+
+Result<Message> Session::request_with(std::string_view subject, std::span<const proto::HeaderField> headers,
+                                      std::span<const std::byte> payload, std::chrono::milliseconds timeout) {
   if (auto st = check_subject(subject); !st) return st.error();
   std::unique_lock lock(mu_);
   if (auto st = check_open_locked(); !st) return st.error();
   if (auto st = ensure_inbox_locked(lock); !st) return st.error();
   const std::string reply = inbox_ + "." + std::to_string(next_request_++);
   pending_.emplace(reply, PendingRequest{});
-  if (auto st = publish_locked(lock, subject, reply, payload, proto::kFlagRequest); !st) {
+  if (auto st = publish_locked(lock, subject, reply, payload, proto::kFlagRequest, headers); !st) {
     pending_.erase(reply);
     return st.error();
   }
@@ -473,24 +534,28 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
   }
 }
 
+void fill_message(Message& m, std::uint32_t sid, const proto::Frame& publish) {
+  m.sid = sid;
+  m.subject.assign(publish.subject);
+  m.reply.assign(publish.reply);
+  // Checked when the frame was decoded (proto::decode_frame).
+  m.headers = Headers();
+  proto::for_each_header(publish.headers,
+                         [&](std::string_view name, std::string_view value) { m.headers.add(name, value); });
+  m.payload.assign(publish.payload.begin(), publish.payload.end());
+}
+
 bool Session::on_deliver(const proto::Frame& f, Deliveries& deliveries, std::vector<Error>& errors) {
   const bool sequenced = (f.header.flags & proto::kFlagSequenced) != 0;
   std::uint64_t seq = f.header.sequence;
   const auto st = proto::for_each_delivered(f, [&](const proto::Frame& inner) {
     if (sequenced) {
       Message m;
-      m.sid = f.header.arg;
-      m.subject.assign(inner.subject);
-      m.reply.assign(inner.reply);
-      m.payload.assign(inner.payload.begin(), inner.payload.end());
+      fill_message(m, f.header.arg, inner);
       on_sequenced(f.header.arg, seq++, std::move(m), deliveries, false);
       return;
     }
-    Message& m = deliveries.add();
-    m.sid = f.header.arg;
-    m.subject.assign(inner.subject);
-    m.reply.assign(inner.reply);
-    m.payload.assign(inner.payload.begin(), inner.payload.end());
+    fill_message(deliveries.add(), f.header.arg, inner);
   });
   if (st == proto::DecodeStatus::kOk) return true;
   std::lock_guard lock(mu_);

@@ -97,6 +97,10 @@ struct Deliveries {
   }
 };
 
+/// `m` as the application gets the PUBLISH frame `publish` (a decoded frame
+/// of a DELIVER or a datagram) on subscription `sid`.
+void fill_message(Message& m, std::uint32_t sid, const proto::Frame& publish);
+
 class Session final : public Client {
  public:
   explicit Session(ClientOptions options) : opt_(std::move(options)) {}
@@ -117,6 +121,12 @@ class Session final : public Client {
                          std::span<const std::byte> payload) override;
   Result<Message> request(std::string_view subject, std::span<const std::byte> payload,
                           std::chrono::milliseconds timeout) override;
+  Status publish(std::string_view subject, const Headers& headers, std::span<const std::byte> payload,
+                 std::string_view reply) override;
+  Result<Message> request(std::string_view subject, const Headers& headers,
+                          std::span<const std::byte> payload, std::chrono::milliseconds timeout) override;
+  using Client::publish;
+  using Client::request;
   Result<std::uint32_t> subscribe(std::string_view subject, MessageHandler handler) override;
   Result<std::shared_ptr<Subscription>> subscribe(std::string_view subject) override;
   Result<std::uint32_t> queue_subscribe(std::string_view subject, std::string_view group,
@@ -170,7 +180,7 @@ class Session final : public Client {
   Status authenticate();
 
   /// Sets up the send buffers once the broker's frame size is known.
-  void init_send_buffers(std::uint32_t max_frame, std::uint32_t count);
+  void init_send_buffers(const proto::ConnectAccept& accept, std::uint32_t count);
   std::byte* send_buf(std::uint32_t i) { return send_mem_.get() + std::size_t{i} * max_frame_; }
   std::span<std::byte> send_memory() { return {send_mem_.get(), std::size_t{send_count_} * max_frame_}; }
 
@@ -216,8 +226,9 @@ class Session final : public Client {
 
   ClientOptions opt_;
   std::string description_;
-  std::uint32_t max_frame_ = 0;         // the broker's: largest frame/SEND we may send
-  std::uint32_t recv_buffer_size_ = 0;  // ours: largest frame the broker sends us
+  std::uint8_t protocol_version_ = proto::kVersion;  // the broker's answer in the accept
+  std::uint32_t max_frame_ = 0;                      // the broker's: largest frame/SEND we may send
+  std::uint32_t recv_buffer_size_ = 0;               // ours: largest frame the broker sends us
 
   mutable std::mutex mu_;
   std::condition_variable cv_;  // send buffer freed, PONG or reply received, closed
@@ -251,8 +262,8 @@ class Session final : public Client {
   /// for buffers that only it can free).
   Status append_frame_locked(std::unique_lock<std::mutex>& lock, const proto::FrameHeader& h,
                              std::string_view subject, std::string_view reply,
-                             std::span<const std::byte> payload, std::uint64_t sequence = 0,
-                             bool wait = true);
+                             std::span<const std::byte> payload, std::uint64_t sequence = 0, bool wait = true,
+                             std::span<const proto::HeaderField> headers = {});
   /// I/O thread: sends a multicast control frame now, or at the next
   /// check_gaps() if every send buffer is taken.
   void send_from_io(std::uint32_t sid, proto::FrameType type, std::uint64_t sequence,
@@ -265,7 +276,11 @@ class Session final : public Client {
   };
   std::vector<DeferredFrame> deferred_;  // I/O thread
   Status publish_locked(std::unique_lock<std::mutex>& lock, std::string_view subject, std::string_view reply,
-                        std::span<const std::byte> payload, std::uint16_t flags);
+                        std::span<const std::byte> payload, std::uint16_t flags,
+                        std::span<const proto::HeaderField> headers = {});
+  /// The request() of both forms: `headers` already checked.
+  Result<Message> request_with(std::string_view subject, std::span<const proto::HeaderField> headers,
+                               std::span<const std::byte> payload, std::chrono::milliseconds timeout);
   /// `made`: where the queue of a queue subscription (no handler) is stored,
   /// before its SUBSCRIBE leaves, so that a refusal arriving at once closes
   /// the queue the caller gets instead of racing it.

@@ -153,10 +153,7 @@ void Session::on_datagram(std::span<const std::byte> datagram, Deliveries& deliv
   for (std::size_t i = 0; i < frames.size(); ++i) {
     for (auto sid : sids) {
       Message m;
-      m.sid = sid;
-      m.subject.assign(frames[i].subject);
-      m.reply.assign(frames[i].reply);
-      m.payload.assign(frames[i].payload.begin(), frames[i].payload.end());
+      fill_message(m, sid, frames[i]);
       on_sequenced(sid, h->sequence + i, std::move(m), deliveries, true);
     }
   }

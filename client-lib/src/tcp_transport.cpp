@@ -142,8 +142,7 @@ Status TcpTransport::connect_once(std::uint32_t recv_buffer_size, proto::Connect
   }
   proto::ConnectAccept accept;
   if (auto st = handshake(recv_buffer_size, where, deadline, accept, reject); !st) return st;
-  session_.init_send_buffers(accept.max_frame_size,
-                             session_.opt_.max_inflight_sends + session_.opt_.send_queue_buffers);
+  session_.init_send_buffers(accept, session_.opt_.max_inflight_sends + session_.opt_.send_queue_buffers);
   rbuf_.assign(std::size_t{recv_buffer_size} * 2, std::byte{0});
   rlen_ = 0;
 

@@ -16,16 +16,17 @@ The library is loaded from RDMABROKER_LIBRARY if set (a build tree), else as
 librdmabroker.so.0 from the system (the installed package).
 """
 
+import collections.abc
 import ctypes
 import os
 import sys
 import threading
 import traceback
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
 __all__ = [
-    "connect", "Client", "Subscription", "Message", "Error", "InvalidArgument", "ConnectFailed",
+    "connect", "Client", "Subscription", "Message", "Headers", "Error", "InvalidArgument", "ConnectFailed",
     "Rejected", "Timeout", "Closed", "BrokerError", "ResourceError", "PayloadTooLarge",
     "NoResponders", "AuthenticationFailed", "PermissionDenied", "MessagesLost",
 ]
@@ -102,9 +103,14 @@ _ERRORS = {
 # ---------------------------------------------------------------- the C API
 
 
+class _CHeader(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_char_p)]
+
+
 class _CMessage(ctypes.Structure):
     _fields_ = [("sid", ctypes.c_uint32), ("subject", ctypes.c_char_p), ("reply", ctypes.c_char_p),
-                ("data", ctypes.c_void_p), ("len", ctypes.c_size_t), ("owner_", ctypes.c_void_p)]
+                ("data", ctypes.c_void_p), ("len", ctypes.c_size_t), ("owner_", ctypes.c_void_p),
+                ("headers", ctypes.POINTER(_CHeader)), ("header_count", ctypes.c_size_t)]
 
 
 _MESSAGE_CB = ctypes.CFUNCTYPE(None, ctypes.POINTER(_CMessage), ctypes.c_void_p)
@@ -137,6 +143,10 @@ def _load():
         ("rb_publish", I, [P, ctypes.c_char_p, ctypes.c_char_p, S]),
         ("rb_publish_request", I, [P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, S]),
         ("rb_request", I, [P, ctypes.c_char_p, ctypes.c_char_p, S, I, msg_pp]),
+        ("rb_publish_headers", I, [P, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_CHeader), S,
+                                   ctypes.c_char_p, S]),
+        ("rb_request_headers", I, [P, ctypes.c_char_p, ctypes.POINTER(_CHeader), S, ctypes.c_char_p, S, I,
+                                   msg_pp]),
         ("rb_queue_subscribe", I, [P, ctypes.c_char_p, ctypes.c_char_p, _MESSAGE_CB, P, ctypes.POINTER(U32)]),
         ("rb_queue_subscribe_sync", I, [P, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(P)]),
         ("rb_next_message", I, [P, I, msg_pp]),
@@ -187,17 +197,43 @@ def _bytes(data: Union[bytes, bytearray, memoryview, str]) -> bytes:
 # ---------------------------------------------------------------- messages
 
 
+# Header values are text; bytes that are not UTF-8 survive a round trip.
+_TEXT = ("utf-8", "surrogateescape")
+
+
 @dataclass(frozen=True)
 class Message:
     subject: str
     data: bytes
     reply: str = ""  # where a responder answers; "" when the publisher wants no answer
     sid: int = 0     # the subscription that received it
+    headers: Tuple[Tuple[str, str], ...] = ()  # (name, value) fields in order; () when none were sent
+
+    def header(self, name: str) -> Optional[str]:
+        """The first value of header `name` (compared without regard to
+        ASCII case), or None."""
+        wanted = name.lower()
+        for n, v in self.headers:
+            if n.lower() == wanted:
+                return v
+        return None
 
 
 def _message(m: "_CMessage") -> Message:
     data = ctypes.string_at(m.data, m.len) if m.len else b""
-    return Message(m.subject.decode(), data, (m.reply or b"").decode(), m.sid)
+    headers = tuple((m.headers[i].name.decode(*_TEXT), m.headers[i].value.decode(*_TEXT))
+                    for i in range(m.header_count))
+    return Message(m.subject.decode(), data, (m.reply or b"").decode(), m.sid, headers)
+
+
+Headers = Union[Mapping[str, str], Iterable[Tuple[str, str]]]
+
+
+def _c_headers(headers: Headers):
+    """(array, count) for the C API: a mapping's items or (name, value) pairs, in order."""
+    pairs = list(headers.items() if isinstance(headers, collections.abc.Mapping) else headers)
+    array = (_CHeader * len(pairs))(*[_CHeader(n.encode(*_TEXT), v.encode(*_TEXT)) for n, v in pairs])
+    return array, len(pairs)
 
 
 # ---------------------------------------------------------------- subscriptions
@@ -329,21 +365,34 @@ class Client:
             raise Closed("the client is closed", -5)
         return self._handle
 
-    def publish(self, subject: str, data: Union[bytes, str] = b"", reply: str = "") -> None:
+    def publish(self, subject: str, data: Union[bytes, str] = b"", reply: str = "",
+                headers: Optional[Headers] = None) -> None:
         """Publishes; returns once the library has the message (flush() waits
-        for the broker)."""
+        for the broker). `headers`: a dict or (name, value) pairs
+        (docs/headers.md)."""
         payload = _bytes(data)
-        if reply:
+        if headers:
+            array, count = _c_headers(headers)
+            _check(_lib.rb_publish_headers(self._h(), subject.encode(), reply.encode() if reply else None,
+                                           array, count, payload, len(payload)))
+        elif reply:
             _check(_lib.rb_publish_request(self._h(), subject.encode(), reply.encode(), payload, len(payload)))
         else:
             _check(_lib.rb_publish(self._h(), subject.encode(), payload, len(payload)))
 
-    def request(self, subject: str, data: Union[bytes, str] = b"", timeout: float = 5.0) -> Message:
+    def request(self, subject: str, data: Union[bytes, str] = b"", timeout: float = 5.0,
+                headers: Optional[Headers] = None) -> Message:
         """Sends a request and returns the first reply. NoResponders when
         nobody subscribes to the subject; Timeout when nobody answered."""
         payload = _bytes(data)
         out = ctypes.POINTER(_CMessage)()
-        _check(_lib.rb_request(self._h(), subject.encode(), payload, len(payload), _ms(timeout), ctypes.byref(out)))
+        if headers:
+            array, count = _c_headers(headers)
+            _check(_lib.rb_request_headers(self._h(), subject.encode(), array, count, payload, len(payload),
+                                           _ms(timeout), ctypes.byref(out)))
+        else:
+            _check(_lib.rb_request(self._h(), subject.encode(), payload, len(payload), _ms(timeout),
+                                   ctypes.byref(out)))
         try:
             return _message(out.contents)
         finally:

@@ -23,7 +23,7 @@ options of connect() and the exceptions are those of rdmabroker
 import asyncio
 from typing import AsyncIterator, Optional, Union
 
-from . import Client, Closed, Message, Timeout
+from . import Client, Closed, Headers, Message, Timeout
 
 _END = object()  # put in a subscription's queue when the client closes
 
@@ -86,11 +86,13 @@ class AsyncClient:
     async def _run(self, f, *args):
         return await self._loop.run_in_executor(None, f, *args)
 
-    async def publish(self, subject: str, data: Union[bytes, str] = b"", reply: str = "") -> None:
-        await self._run(self._client.publish, subject, data, reply)
+    async def publish(self, subject: str, data: Union[bytes, str] = b"", reply: str = "",
+                      headers: Optional[Headers] = None) -> None:
+        await self._run(self._client.publish, subject, data, reply, headers)
 
-    async def request(self, subject: str, data: Union[bytes, str] = b"", timeout: float = 5.0) -> Message:
-        return await self._run(self._client.request, subject, data, timeout)
+    async def request(self, subject: str, data: Union[bytes, str] = b"", timeout: float = 5.0,
+                      headers: Optional[Headers] = None) -> Message:
+        return await self._run(self._client.request, subject, data, timeout, headers)
 
     async def flush(self, timeout: float = 10.0) -> None:
         await self._run(self._client.flush, timeout)

@@ -95,6 +95,29 @@ def test_publish_with_a_reply_subject(broker):
         assert (m.data, m.reply) == (b"hi", "py.inbox.1")
 
 
+def test_headers_travel_with_messages_requests_and_replies(broker):
+    with connect(broker) as responder, connect(broker) as client:
+        def answer(m):
+            responder.publish(m.reply, b"pong", headers={"Trace-Id": m.header("trace-id"), "Answered-By": "py"})
+        responder.subscribe("py.h.svc", callback=answer)
+        sub = responder.subscribe("py.h.feed")
+        responder.flush()
+        client.publish("py.h.feed", b"one", headers=[("Accept", "a"), ("Accept", "b"), ("Note", "grüße")])
+        client.publish("py.h.feed", b"two")
+        client.publish("py.h.feed", b"three", reply="py.h.inbox", headers={"X-Empty": ""})
+        first, second, third = sub.next(timeout=10), sub.next(timeout=10), sub.next(timeout=10)
+        assert first.headers == (("Accept", "a"), ("Accept", "b"), ("Note", "grüße"))
+        assert first.header("ACCEPT") == "a" and first.header("missing") is None
+        assert (second.data, second.headers) == (b"two", ())
+        assert (third.reply, third.headers) == ("py.h.inbox", (("X-Empty", ""),))
+        reply = client.request("py.h.svc", b"ping", timeout=10, headers={"Trace-Id": "t-42"})
+        assert reply.headers == (("Trace-Id", "t-42"), ("Answered-By", "py"))
+        with pytest.raises(rdmabroker.InvalidArgument, match="invalid header name"):
+            client.publish("py.h.feed", b"x", headers={"no spaces": "x"})
+        with pytest.raises(rdmabroker.InvalidArgument, match="no CR, LF or NUL"):
+            client.publish("py.h.feed", b"x", headers={"X": "a\r\nInjected: 1"})
+
+
 def test_unsubscribe_stops_the_deliveries(broker):
     got = []
     with connect(broker) as client:

@@ -1,6 +1,6 @@
 /* Exercises librdmabroker's C API from C (so the header is checked as C):
  * connect, subscribe (sync and callback), publish, flush, receive, queue
- * groups, request/reply (answered, no responders), close, connecting with
+ * groups, request/reply (answered, no responders; with headers), close, connecting with
  * options (rb_connect_with).
  *   c_api_smoke URL   -> exit 0 when every step worked, else 1 with a message */
 #include <rdmabroker/rdmabroker.h>
@@ -17,9 +17,17 @@ static void on_message(const rb_message* m, void* user) {
   if (m->len == 5 && memcmp(m->data, "hello", 5) == 0) atomic_fetch_add(&callback_count, 1);
 }
 
-/* A responder: answers each request with "pong". `user` is the client. */
+/* A responder: answers each request with "pong", and one that came with a
+ * Trace-Id header with the same header and Answered-By. `user` is the client. */
 static void on_request(const rb_message* m, void* user) {
-  if (m->reply[0] != '\0') rb_publish((rb_client*)user, m->reply, "pong", 4);
+  if (m->reply[0] == '\0') return;
+  const char* trace = rb_message_header(m, "trace-id");
+  if (trace == NULL) {
+    rb_publish((rb_client*)user, m->reply, "pong", 4);
+    return;
+  }
+  rb_header fields[] = {{"Trace-Id", trace}, {"Answered-By", "c_api_smoke"}};
+  rb_publish_headers((rb_client*)user, m->reply, NULL, fields, 2, "pong", 4);
 }
 
 #define CHECK(call)                                                         \
@@ -71,7 +79,28 @@ int main(int argc, char** argv) {
     fprintf(stderr, "wrong reply\n");
     return 1;
   }
+  if (reply->header_count != 0) {
+    fprintf(stderr, "a reply without headers has %zu\n", reply->header_count);
+    return 1;
+  }
   rb_message_free(reply);
+  /* Headers both ways: the request's reach the responder, the reply's come back in order. */
+  rb_header trace[] = {{"Trace-Id", "4bf92f35"}};
+  CHECK(rb_request_headers(c, "c.svc", trace, 1, "ping", 4, 10000, &reply));
+  if (reply->header_count != 2 || strcmp(reply->headers[0].name, "Trace-Id") != 0 ||
+      strcmp(reply->headers[0].value, "4bf92f35") != 0 ||
+      strcmp(rb_message_header(reply, "ANSWERED-BY"), "c_api_smoke") != 0 ||
+      rb_message_header(reply, "missing") != NULL) {
+    fprintf(stderr, "reply headers wrong (%zu)\n", reply->header_count);
+    return 1;
+  }
+  rb_message_free(reply);
+  rb_header bad[] = {{"No Spaces", "x"}};
+  if (rb_publish_headers(c, "c.svc", NULL, bad, 1, "x", 1) != RB_ERR_INVALID_ARGUMENT ||
+      strstr(rb_last_error(), "invalid header name") == NULL) {
+    fprintf(stderr, "expected an invalid header name, got: %s\n", rb_last_error());
+    return 1;
+  }
   if (rb_request(c, "c.nobody", "x", 1, 10000, &reply) != RB_ERR_NO_RESPONDERS) {
     fprintf(stderr, "expected no responders, got: %s\n", rb_last_error());
     return 1;

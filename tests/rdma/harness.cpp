@@ -688,13 +688,13 @@ std::unique_ptr<RawWire> raw_wire(const BrokerProcess& b, Via via, bool anonymou
       ADD_FAILURE() << "raw RDMA connect: " << (r ? r->event : r.error().message);
       return nullptr;
     }
+    EXPECT_EQ(proto::decode(r->private_data, w->accept), proto::HandshakeStatus::kOk);
     if (anonymous && !w->send(frame(proto::FrameType::kConnect, 0, "", ""))) return nullptr;
     return w;
   }
   auto w = std::make_unique<RawTcpWire>(b.tcp_port());
   w->tcp.send(req);
-  proto::ConnectAccept accept;
-  if (proto::decode(w->tcp.read(proto::kConnectAcceptSize), accept) != proto::HandshakeStatus::kOk) {
+  if (proto::decode(w->tcp.read(proto::kConnectAcceptSize), w->accept) != proto::HandshakeStatus::kOk) {
     ADD_FAILURE() << "raw TCP connect: not accepted";
     return nullptr;
   }

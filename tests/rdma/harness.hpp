@@ -390,6 +390,8 @@ class RawWire {
   virtual std::vector<std::vector<std::byte>> receive(std::chrono::milliseconds timeout) = 0;
   /// The broker ended the connection (RDMA DISCONNECTED, TCP EOF).
   virtual bool closed_by_peer(std::chrono::milliseconds timeout) = 0;
+  /// The broker's accept (SPEC.md §2.2): its version is the connection's.
+  proto::ConnectAccept accept;
 };
 /// Connects with `request` (a valid one by default), and sends an anonymous
 /// CONNECT if `anonymous`. Null (and a test failure) if not accepted.

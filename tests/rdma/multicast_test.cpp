@@ -57,8 +57,20 @@ std::unique_ptr<Client> connect_on(const BrokerProcess& b, const std::string& ad
   return c.ok() ? std::move(c.value()) : nullptr;
 }
 
+/// Every seventh message carries headers (SPEC.md §3.6): they travel in the
+/// datagrams and repairs like the payload.
+bool numbered_with_headers(std::uint64_t seq) { return seq % 7 == 0; }
+
+/// Publishes message `seq` of a stream: make_payload's, with a Seq header
+/// when numbered_with_headers(seq).
+Status publish_numbered(Client& pub, const std::string& subject, std::uint64_t seq, std::size_t max_payload) {
+  const auto p = make_payload(seq, max_payload);
+  if (!numbered_with_headers(seq)) return pub.publish(subject, p);
+  return pub.publish(subject, Headers{{"Seq", std::to_string(seq)}, {"Content-Type", "test/numbered"}}, p);
+}
+
 /// What one subscription received: the sequence number in each payload
-/// (make_payload's first 8 bytes), whether every payload was intact.
+/// (make_payload's first 8 bytes), whether every payload (and its headers) was intact.
 struct Received {
   std::mutex mu;
   std::vector<std::uint64_t> seqs;
@@ -70,7 +82,10 @@ struct Received {
     return [this](const Message& m) {
       std::uint64_t seq = 0;
       if (m.payload.size() >= 8) std::memcpy(&seq, m.payload.data(), 8);
-      if (!check_payload(seq, max_payload, m.payload)) corrupt.fetch_add(1);
+      const bool headers_ok = numbered_with_headers(seq)
+                                  ? m.headers.size() == 2 && m.headers.get("seq") == std::to_string(seq)
+                                  : m.headers.empty();
+      if (!check_payload(seq, max_payload, m.payload) || !headers_ok) corrupt.fetch_add(1);
       std::lock_guard l(mu);
       seqs.push_back(seq);
     };
@@ -125,8 +140,7 @@ std::uint64_t publish_stream(Client& pub, const std::string& subject, std::uint6
   std::uint64_t i = 0;
   for (; i < n; ++i) {
     if (before) before(i);
-    const auto p = make_payload(i, max_payload);
-    if (!pub.publish(subject, p)) break;
+    if (!publish_numbered(pub, subject, i, max_payload)) break;
   }
   EXPECT_TRUE(pub.flush(60s));
   return i;
@@ -434,7 +448,7 @@ TEST_F(Multicast, ASubjectMovesToMulticastAndBackUnderTrafficWithoutLossOrDuplic
   // However the test ends, the publisher is stopped and joined (jthread).
   std::jthread publisher([&](std::stop_token stop) {
     for (std::uint64_t i = 0; !stop.stop_requested(); ++i) {
-      if (!pub->publish("mc.move", make_payload(i, 3000))) break;
+      if (!publish_numbered(*pub, "mc.move", i, 3000)) break;
       published.store(i + 1);
       if (i % 64 == 63) std::this_thread::sleep_for(2ms);
     }
@@ -592,7 +606,7 @@ TEST_F(Multicast, JoinLeaveCyclesLeaveNoGroupOrResourceBehind) {
     auto sid = sub->subscribe(subject, got.handler());
     ASSERT_TRUE(sid);
     ASSERT_TRUE(wait_until([&] { return sub->stats().multicast_groups == 1; }, 30s)) << "cycle " << i;
-    ASSERT_TRUE(pub->publish(subject, make_payload(i, 100)));
+    ASSERT_TRUE(publish_numbered(*pub, subject, i, 100));
     ASSERT_TRUE(sub->unsubscribe(*sid));
     ASSERT_TRUE(wait_until([&] { return sub->stats().multicast_groups == 0; }, 30s)) << "cycle " << i;
   }

@@ -13,21 +13,59 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "rdmabroker/result.hpp"
 
 namespace rdmabroker {
 
+/// Message headers (docs/headers.md): name/value fields in order, NATS style,
+/// for tracing ids, content types and the like. A name is printable ASCII
+/// without space or ':'; a value any text without CR, LF or NUL; a name may
+/// repeat. Lookups compare names without regard to ASCII case; the fields
+/// travel as given. They need a broker of protocol version 2 (any
+/// rdmabrokerd that has headers); a subscriber of version 1 gets the message
+/// without them.
+class Headers {
+ public:
+  using Field = std::pair<std::string, std::string>;
+  Headers() = default;
+  Headers(std::initializer_list<std::pair<std::string_view, std::string_view>> fields);
+
+  /// Appends a field (another value, if the name is there already).
+  void add(std::string_view name, std::string_view value);
+  /// Replaces every value of `name` with this one.
+  void set(std::string_view name, std::string_view value);
+  /// The first value of `name`; nullopt if there is none.
+  std::optional<std::string_view> get(std::string_view name) const;
+  /// Every value of `name`, in order.
+  std::vector<std::string_view> values(std::string_view name) const;
+  /// Removes every field named `name`; returns how many there were.
+  std::size_t erase(std::string_view name);
+
+  bool empty() const { return fields_.empty(); }
+  std::size_t size() const { return fields_.size(); }
+  std::vector<Field>::const_iterator begin() const { return fields_.begin(); }
+  std::vector<Field>::const_iterator end() const { return fields_.end(); }
+  bool operator==(const Headers&) const = default;
+
+ private:
+  std::vector<Field> fields_;
+};
+
 /// A message delivered to a subscription (owns its bytes).
 struct Message {
   std::uint32_t sid = 0;  // the subscription it was delivered to
   std::string subject;
   std::string reply;  // where the publisher wants an answer; empty: none
+  Headers headers;    // empty: the publisher sent none
   std::vector<std::byte> payload;
   std::string_view data() const { return {reinterpret_cast<const char*>(payload.data()), payload.size()}; }
 };
@@ -174,6 +212,15 @@ class Client {
   /// Publishes with a reply subject, for a responder to answer to.
   virtual Status publish_request(std::string_view subject, std::string_view reply,
                                  std::span<const std::byte> payload) = 0;
+  /// Publishes with headers, and a reply subject unless `reply` is empty.
+  /// The header block counts against max_payload(). kInvalidArgument for a
+  /// bad name or value, or a broker of protocol version 1 (no headers).
+  virtual Status publish(std::string_view subject, const Headers& headers, std::span<const std::byte> payload,
+                         std::string_view reply = {}) = 0;
+  Status publish(std::string_view subject, const Headers& headers, std::string_view payload,
+                 std::string_view reply = {}) {
+    return publish(subject, headers, as_payload(payload), reply);
+  }
   /// Sends a request and waits for the first answer: a reply subject on a
   /// per-connection inbox is made up for it. Fails with kNoResponders at once
   /// when nobody subscribes to `subject`, with kTimeout when nobody answers
@@ -184,6 +231,9 @@ class Client {
                           std::chrono::milliseconds timeout) {
     return request(subject, as_payload(payload), timeout);
   }
+  /// A request with headers; the answer's headers are in the Message.
+  virtual Result<Message> request(std::string_view subject, const Headers& headers,
+                                  std::span<const std::byte> payload, std::chrono::milliseconds timeout) = 0;
   /// Subscribes with a callback (run on the client's I/O thread). Wildcards
   /// `*` and `>` are allowed (docs/subjects.md).
   virtual Result<std::uint32_t> subscribe(std::string_view subject, MessageHandler handler) = 0;
@@ -204,7 +254,8 @@ class Client {
   /// Sends CLOSE after what is queued, disconnects, joins the I/O thread.
   virtual void close() = 0;
 
-  /// Largest payload a publish to a subject of this length may carry.
+  /// Largest payload (header block included) a publish to a subject of this
+  /// length may carry.
   virtual std::size_t max_payload(std::size_t subject_len) const = 0;
   /// e.g. "rdma rxe1 192.168.77.2 -> 192.168.77.1:7470" or "tcp 10.0.0.2:40112 -> 10.0.0.1:7471"
   virtual std::string transport_description() const = 0;

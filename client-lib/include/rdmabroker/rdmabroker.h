@@ -30,6 +30,13 @@ typedef enum {
 typedef struct rb_client rb_client;
 typedef struct rb_subscription rb_subscription;
 
+/* A message header field (docs/headers.md): the name is printable ASCII
+ * without space or ':', the value any text without CR or LF. */
+typedef struct rb_header {
+  const char* name;
+  const char* value;
+} rb_header;
+
 /* A message: valid for the duration of a callback, or until rb_message_free
  * for one returned by rb_next_message. */
 typedef struct rb_message {
@@ -38,8 +45,14 @@ typedef struct rb_message {
   const char* reply; /* "" when the publisher wants no answer */
   const void* data;
   size_t len;
-  void* owner_; /* internal: set by rb_next_message for rb_message_free */
+  void* owner_;             /* internal: set by rb_next_message for rb_message_free */
+  const rb_header* headers; /* the publisher's header fields, in order (NULL when header_count is 0) */
+  size_t header_count;
 } rb_message;
+
+/* The first value of header `name` (compared without regard to ASCII case),
+ * or NULL if the message has none. */
+const char* rb_message_header(const rb_message* m, const char* name);
 
 typedef void (*rb_message_cb)(const rb_message* msg, void* user);
 
@@ -90,11 +103,19 @@ int rb_connect_with(const char* url, const rb_options* options, rb_client** out)
 int rb_publish(rb_client* c, const char* subject, const void* data, size_t len);
 /* Publishes with a reply subject for a responder to answer to. */
 int rb_publish_request(rb_client* c, const char* subject, const char* reply, const void* data, size_t len);
+/* Publishes with `count` header fields and, unless `reply` is NULL, a reply
+ * subject. RB_ERR_INVALID_ARGUMENT for a bad name or value, or a broker of
+ * protocol version 1, which has no headers. */
+int rb_publish_headers(rb_client* c, const char* subject, const char* reply, const rb_header* headers,
+                       size_t count, const void* data, size_t len);
 /* Sends a request and waits up to timeout_ms for the first reply (free it with
  * rb_message_free). RB_ERR_NO_RESPONDERS: nobody subscribes; RB_ERR_TIMEOUT:
  * nobody answered in time. */
 int rb_request(rb_client* c, const char* subject, const void* data, size_t len, int timeout_ms,
                rb_message** out);
+/* rb_request with `count` header fields. */
+int rb_request_headers(rb_client* c, const char* subject, const rb_header* headers, size_t count,
+                       const void* data, size_t len, int timeout_ms, rb_message** out);
 int rb_subscribe(rb_client* c, const char* subject, rb_message_cb cb, void* user, uint32_t* sid_out);
 /* Joins queue group `group`: each message goes to one member of the group. */
 int rb_queue_subscribe(rb_client* c, const char* subject, const char* group, rb_message_cb cb, void* user,
