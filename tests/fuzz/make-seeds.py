@@ -12,16 +12,23 @@ CORPUS = os.path.join(HERE, "corpus")
 SUBSCRIBE, UNSUBSCRIBE, PUBLISH, DELIVER, CREDIT, PING, PONG, ERROR, CLOSE, NO_RESPONDERS, CONNECT = range(1, 12)
 
 
-def frame(ftype, subject=b"", reply=b"", payload=b"", arg=0, seq=0, flags=0):
-    head = struct.pack("<HBBHHHHIIIQ", 0x4252, 1, ftype, flags, len(subject), len(reply), 0,
+def header_block(*fields):
+    """A header block (SPEC.md §3.6): "Name: value\\r\\n" lines, zero-padded to 8."""
+    text = b"".join(n + b": " + v + b"\r\n" for n, v in fields)
+    return text + b"\0" * ((-len(text)) % 8)
+
+
+def frame(ftype, subject=b"", reply=b"", payload=b"", arg=0, seq=0, flags=0, headers=b""):
+    payload = headers + payload
+    head = struct.pack("<HBBHHHHIIIQ", 0x4252, 1, ftype, flags, len(subject), len(reply), len(headers),
                        len(payload), arg, 0, seq)
     body = subject + reply + payload
     pad = (-(len(head) + len(body))) % 8
     return head + body + b"\0" * pad
 
 
-def handshake(word, *fields):
-    return struct.pack("<IBBH", 0x31424452, 1, 0, word) + b"".join(fields)
+def handshake(word, *fields, version=1, byte5=0):
+    return struct.pack("<IBBH", 0x31424452, version, byte5, word) + b"".join(fields)
 
 
 def write(target, name, data):
@@ -35,6 +42,8 @@ def main():
     shutil.rmtree(CORPUS, ignore_errors=True)
     pub = frame(PUBLISH, b"orders.eu.created", payload=b"hello", seq=7)
     req = frame(PUBLISH, b"svc.time", b"_INBOX.ab12.1", b"now?", flags=1)
+    traced = frame(PUBLISH, b"orders.eu", payload=b"{}",
+                   headers=header_block((b"Trace-Id", b"4bf92f35"), (b"Accept", b"a"), (b"Accept", b"")))
     seeds = {
         "subscribe": frame(SUBSCRIBE, b"orders.*.created", arg=1),
         "subscribe_queue": frame(SUBSCRIBE, b"work.>", b"workers", arg=2),
@@ -51,12 +60,16 @@ def main():
         "connect_token": frame(CONNECT, payload=b"tok-123"),
         "connect_anonymous": frame(CONNECT) + frame(PING),
         "stream_truncated": (pub + req)[:-13],
+        "publish_headers": traced,
+        "deliver_headers": frame(DELIVER, payload=pub + traced, arg=1),
     }
     for name, data in seeds.items():
         write("fuzz_frame", name, data)
 
     write("fuzz_handshake", "request", handshake(0, struct.pack("<II", 16384, 32)))
     write("fuzz_handshake", "accept", handshake(0, struct.pack("<IIQ", 16384, 32, 42)))
+    write("fuzz_handshake", "request_v2", handshake(0, struct.pack("<II", 16384, 32), byte5=2))
+    write("fuzz_handshake", "accept_v2", handshake(0, struct.pack("<IIQ", 16384, 32, 42), version=2))
     write("fuzz_handshake", "reject_buffer", handshake(3, struct.pack("<II", 65536, 0)))
     write("fuzz_handshake", "padded", handshake(0, struct.pack("<II", 4096, 2)) + b"\0" * 40)
 
