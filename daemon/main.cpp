@@ -35,6 +35,7 @@ nlohmann::json connections_json(const std::vector<ConnectionInfo>& conns) {
   for (const auto& c : conns) {
     list.push_back({{"id", c.id},
                     {"transport", c.transport},
+                    {"version", c.version},
                     {"peer", c.peer},
                     {"state", c.state},
                     {"user", c.user},

@@ -410,14 +410,14 @@ int run_stat(const std::string& socket, bool json) {
             << " B/s in, " << s.value("rates.bytes_out_per_s", 0) << " B/s out\n";
   std::cout << c.size() << " connection(s)\n";
   if (!c.empty()) {
-    std::printf("%-6s %-5s %-22s %-13s %-12s %4s %12s %12s %14s %14s %8s\n", "id", "via", "peer", "state",
-                "user", "subs", "msgs_in", "msgs_out", "bytes_in", "bytes_out", "pending");
+    std::printf("%-6s %-5s %2s %-22s %-13s %-12s %4s %12s %12s %14s %14s %8s\n", "id", "via", "v", "peer",
+                "state", "user", "subs", "msgs_in", "msgs_out", "bytes_in", "bytes_out", "pending");
   }
   for (const auto& x : c) {
-    std::printf("%-6llu %-5s %-22s %-13s %-12s %4llu %12llu %12llu %14llu %14llu %8llu\n",
+    std::printf("%-6llu %-5s %2u %-22s %-13s %-12s %4llu %12llu %12llu %14llu %14llu %8llu\n",
                 static_cast<unsigned long long>(x.value("id", 0ull)), x.value("transport", "").c_str(),
-                x.value("peer", "").c_str(), x.value("state", "").c_str(), x.value("user", "-").c_str(),
-                static_cast<unsigned long long>(x.value("subscriptions", 0ull)),
+                x.value("version", 0u), x.value("peer", "").c_str(), x.value("state", "").c_str(),
+                x.value("user", "-").c_str(), static_cast<unsigned long long>(x.value("subscriptions", 0ull)),
                 static_cast<unsigned long long>(x.value("messages_in", 0ull)),
                 static_cast<unsigned long long>(x.value("messages_out", 0ull)),
                 static_cast<unsigned long long>(x.value("bytes_in", 0ull)),

@@ -53,7 +53,8 @@ void Connections::establish(Connection& c) {
   ctx_.stats.connections_accepted.add();
   c.auth_deadline = ctx_.now + std::chrono::milliseconds(ctx_.options.auth.timeout_ms);
   unauthenticated_.push_back(c.id);
-  spdlog::info("connection {} from {} established {} (worker {})", c.id, c.peer, c.link->where(), ctx_.index);
+  spdlog::info("connection {} from {} established {} (worker {}, protocol version {})", c.id, c.peer,
+               c.link->where(), ctx_.index, c.protocol_version);
   touch(c);  // its initial credits may already allow sends
 }
 

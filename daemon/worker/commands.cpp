@@ -78,7 +78,7 @@ void Worker::on_command(ReloadCommand& cmd) {
 void Worker::on_command(ListConnectionsCommand& cmd) {
   std::vector<ConnectionInfo> out;
   connections_.for_each([&](Connection& c) {
-    out.push_back(ConnectionInfo{c.id, std::string(c.link->protocol()), c.peer,
+    out.push_back(ConnectionInfo{c.id, std::string(c.link->protocol()), c.protocol_version, c.peer,
                                  std::string(to_string(c.state)), c.identity ? c.identity->name : "",
                                  ctx_.index, c.subscriptions.size(), c.messages_in, c.messages_out,
                                  c.bytes_in, c.bytes_out, c.pending_messages, c.pending_bytes});

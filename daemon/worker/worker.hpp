@@ -65,6 +65,7 @@ struct ReloadCommand {
 struct ConnectionInfo {
   std::uint64_t id = 0;
   std::string transport;
+  std::uint32_t version = 0;  // the protocol version negotiated (SPEC.md §2.1)
   std::string peer;
   std::string state;
   std::string user;  // empty until authenticated

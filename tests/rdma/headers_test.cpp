@@ -7,6 +7,8 @@
 // Multicast carries them too: tests/rdma/multicast_test.cpp's streams do.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "harness.hpp"
@@ -168,6 +170,11 @@ TEST_P(HeadersTest, AVersionOneClientGetsTheMessagesWithoutThem) {
   ASSERT_TRUE(v1 && v2);
   EXPECT_EQ(v1->accept.version, 1);
   EXPECT_EQ(v2->accept.version, 2);
+  // An operator sees each connection's version (rdmabroker stat).
+  std::multiset<int> versions;
+  for (const auto& c : nlohmann::json::parse(broker_.admin("connections"))["connections"])
+    versions.insert(c["version"].get<int>());
+  EXPECT_EQ(versions, (std::multiset<int>{1, 2}));
   for (auto* w : {v1.get(), v2.get()}) {
     ASSERT_TRUE(w->send(frame(FrameType::kSubscribe, 5, "legacy.>")));
   }
