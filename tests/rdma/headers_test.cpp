@@ -172,8 +172,8 @@ TEST_P(HeadersTest, AVersionOneClientGetsTheMessagesWithoutThem) {
   EXPECT_EQ(v2->accept.version, 2);
   // An operator sees each connection's version (rdmabroker stat).
   std::multiset<int> versions;
-  for (const auto& c : nlohmann::json::parse(broker_.admin("connections"))["connections"])
-    versions.insert(c["version"].get<int>());
+  const auto listed = nlohmann::json::parse(broker_.admin("connections"));
+  for (const auto& c : listed["connections"]) versions.insert(c["version"].get<int>());
   EXPECT_EQ(versions, (std::multiset<int>{1, 2}));
   for (auto* w : {v1.get(), v2.get()}) {
     ASSERT_TRUE(w->send(frame(FrameType::kSubscribe, 5, "legacy.>")));
