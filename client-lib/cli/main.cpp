@@ -205,7 +205,8 @@ std::pair<std::unique_ptr<Client>, std::shared_ptr<rdmabroker::Subscription>> su
 class BrokerEndpoint final : public rdmabroker::bench::BenchEndpoint {
  public:
   static std::unique_ptr<BenchEndpoint> connect(const std::string& url, const std::string& bind,
-                                                const ClientOptions& base, std::string& error) {
+                                                const ClientOptions& base, const rdmabroker::Headers& headers,
+                                                std::string& error) {
     ClientOptions co = base;
     co.bind_address = bind;
     co.publish_timeout = std::chrono::seconds(30);
@@ -215,7 +216,7 @@ class BrokerEndpoint final : public rdmabroker::bench::BenchEndpoint {
       error = c.error().message;
       return nullptr;
     }
-    return std::unique_ptr<BenchEndpoint>(new BrokerEndpoint(std::move(c.value())));
+    return std::unique_ptr<BenchEndpoint>(new BrokerEndpoint(std::move(c.value()), headers));
   }
   std::string subscribe(const std::string& subject, const std::string& queue, OnPayload on_payload) override {
     auto sid = client_->queue_subscribe(
@@ -226,7 +227,8 @@ class BrokerEndpoint final : public rdmabroker::bench::BenchEndpoint {
   std::string publish(const std::string& subject, std::span<const std::byte> payload, bool) override {
     // The library coalesces on its own: whatever is queued while a send is
     // in flight goes out together, an idle connection sends at once.
-    auto st = client_->publish(subject, payload);
+    auto st =
+        headers_.empty() ? client_->publish(subject, payload) : client_->publish(subject, headers_, payload);
     return st ? std::string() : st.error().message;
   }
   std::string flush(std::chrono::milliseconds timeout) override {
@@ -245,8 +247,10 @@ class BrokerEndpoint final : public rdmabroker::bench::BenchEndpoint {
   }
 
  private:
-  explicit BrokerEndpoint(std::unique_ptr<Client> c) : client_(std::move(c)) {}
+  BrokerEndpoint(std::unique_ptr<Client> c, rdmabroker::Headers headers)
+      : client_(std::move(c)), headers_(std::move(headers)) {}
   std::unique_ptr<Client> client_;
+  const rdmabroker::Headers headers_;  // on every message published (bench --header)
 };
 
 /// --header NAME=VALUE options as message headers; exits with a usage error on one without '='.
@@ -527,6 +531,7 @@ Subcommand add_bench(CLI::App& app) {
     std::uint32_t busy_poll_us = 0;
     ClientOptions client;
     std::string admin_socket;  // the broker's, to count its wake-ups too
+    std::vector<std::string> headers;
   };
   auto a = std::make_shared<Args>();
   auto* cmd =
@@ -549,8 +554,12 @@ Subcommand add_bench(CLI::App& app) {
   cmd->add_option("--admin-socket", a->admin_socket,
                   "The broker's admin socket: its wake-ups during the run are counted too (a broker on this "
                   "host)");
+  cmd->add_option("-H,--header", a->headers,
+                  "Publish every message with the header NAME=VALUE (repeatable): what headers cost")
+      ->type_name("NAME=VALUE");
   add_common(cmd, a->common);
   return {cmd, [a] {
+            const rdmabroker::Headers headers = headers_or_die(a->headers);
             a->bench.url = a->common.server.empty() ? default_server() : a->common.server;
             if (!a->admin_socket.empty()) {
               a->bench.broker_wakeups = [socket = a->admin_socket]() -> std::optional<std::uint64_t> {
@@ -565,8 +574,8 @@ Subcommand add_bench(CLI::App& app) {
             }
             a->client.busy_poll = std::chrono::microseconds(a->busy_poll_us);
             a->common.set_credentials(a->client);
-            return rdmabroker::bench::run_bench(a->bench, "rdmabroker", [a](std::string& error) {
-              return BrokerEndpoint::connect(a->bench.url, a->common.bind, a->client, error);
+            return rdmabroker::bench::run_bench(a->bench, "rdmabroker", [a, headers](std::string& error) {
+              return BrokerEndpoint::connect(a->bench.url, a->common.bind, a->client, headers, error);
             });
           }};
 }

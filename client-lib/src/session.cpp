@@ -186,10 +186,12 @@ Status Session::publish_locked(std::unique_lock<std::mutex>& lock, std::string_v
 
 namespace {
 
-/// The fields of `headers` as the wire codec takes them, checked.
-Result<std::vector<proto::HeaderField>> header_fields(const Headers& headers) {
-  std::vector<proto::HeaderField> fields;
-  fields.reserve(headers.size());
+/// The fields of `headers` as the wire codec takes them, checked; views valid
+/// until the calling thread's next call (one vector per thread, reused: a
+/// publish with headers allocates nothing once it has grown).
+Result<std::span<const proto::HeaderField>> header_fields(const Headers& headers) {
+  thread_local std::vector<proto::HeaderField> fields;
+  fields.clear();
   for (const auto& [name, value] : headers) {
     if (!proto::valid_header_name(name)) {
       return Error{ErrorKind::kInvalidArgument, "invalid header name \"" + name +
@@ -201,7 +203,7 @@ Result<std::vector<proto::HeaderField>> header_fields(const Headers& headers) {
     }
     fields.push_back({name, value});
   }
-  return fields;
+  return std::span<const proto::HeaderField>(fields);
 }
 
 }  // namespace
@@ -538,8 +540,9 @@ void fill_message(Message& m, std::uint32_t sid, const proto::Frame& publish) {
   m.sid = sid;
   m.subject.assign(publish.subject);
   m.reply.assign(publish.reply);
-  // Checked when the frame was decoded (proto::decode_frame).
-  m.headers = Headers();
+  // Checked when the frame was decoded (proto::decode_frame). clear() keeps
+  // the capacity of a recycled Message (Deliveries reuses them).
+  m.headers.clear();
   proto::for_each_header(publish.headers,
                          [&](std::string_view name, std::string_view value) { m.headers.add(name, value); });
   m.payload.assign(publish.payload.begin(), publish.payload.end());

@@ -36,13 +36,14 @@ const Headers kTraced{{"Trace-Id", "4bf92f3577b34da6"},
                       {"Note", "grüße: ünïcode, spaces and a colon"}};
 
 TEST_P(HeadersTest, TravelThroughFanOutQueueGroupsAndRequests) {
+  // Declared before the clients: destroyed after them (their I/O threads write here).
+  std::mutex mu;
+  std::vector<Message> grouped;
   auto pub = connect_via(broker_, GetParam());
   auto sub = connect_via(broker_, GetParam());
   ASSERT_TRUE(pub && sub);
   auto plain = sub->subscribe(std::string_view("traced.>"));
   ASSERT_TRUE(plain);
-  std::mutex mu;
-  std::vector<Message> grouped;
   ASSERT_TRUE(sub->queue_subscribe("traced.*", "workers", [&](const Message& m) {
     std::lock_guard l(mu);
     grouped.push_back(m);

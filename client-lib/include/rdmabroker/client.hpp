@@ -49,6 +49,7 @@ class Headers {
   std::vector<std::string_view> values(std::string_view name) const;
   /// Removes every field named `name`; returns how many there were.
   std::size_t erase(std::string_view name);
+  void clear() { fields_.clear(); }
 
   bool empty() const { return fields_.empty(); }
   std::size_t size() const { return fields_.size(); }
