@@ -72,7 +72,8 @@ int invalid(const char* what) {
 /// `m` for C; `headers` holds the header views and must live as long as the result.
 rb_message view_of(const rdmabroker::Message& m, void* owner, std::vector<rb_header>& headers) {
   headers.clear();
-  for (const auto& [name, value] : m.headers) headers.push_back(rb_header{name.c_str(), value.c_str()});
+  // Headers keeps each name and value NUL-terminated in its storage.
+  for (const auto& [name, value] : m.headers) headers.push_back(rb_header{name.data(), value.data()});
   return rb_message{m.sid,
                     m.subject.c_str(),
                     m.reply.c_str(),

@@ -18,7 +18,16 @@ Headers::Headers(std::initializer_list<std::pair<std::string_view, std::string_v
   for (const auto& [name, value] : fields) add(name, value);
 }
 
-void Headers::add(std::string_view name, std::string_view value) { fields_.emplace_back(name, value); }
+void Headers::add(std::string_view name, std::string_view value) {
+  Span s;
+  s.name_at = static_cast<std::uint32_t>(text_.size());
+  s.name_len = static_cast<std::uint32_t>(name.size());
+  text_.append(name).push_back('\0');
+  s.value_at = static_cast<std::uint32_t>(text_.size());
+  s.value_len = static_cast<std::uint32_t>(value.size());
+  text_.append(value).push_back('\0');
+  fields_.push_back(s);
+}
 
 void Headers::set(std::string_view name, std::string_view value) {
   erase(name);
@@ -26,7 +35,7 @@ void Headers::set(std::string_view name, std::string_view value) {
 }
 
 std::optional<std::string_view> Headers::get(std::string_view name) const {
-  for (const auto& [n, v] : fields_) {
+  for (const auto& [n, v] : *this) {
     if (same_name(n, name)) return v;
   }
   return std::nullopt;
@@ -34,14 +43,20 @@ std::optional<std::string_view> Headers::get(std::string_view name) const {
 
 std::vector<std::string_view> Headers::values(std::string_view name) const {
   std::vector<std::string_view> out;
-  for (const auto& [n, v] : fields_) {
-    if (same_name(n, name)) out.emplace_back(v);
+  for (const auto& [n, v] : *this) {
+    if (same_name(n, name)) out.push_back(v);
   }
   return out;
 }
 
 std::size_t Headers::erase(std::string_view name) {
-  return std::erase_if(fields_, [&](const Field& f) { return same_name(f.first, name); });
+  Headers kept;
+  for (const auto& [n, v] : *this) {
+    if (!same_name(n, name)) kept.add(n, v);
+  }
+  const std::size_t removed = size() - kept.size();
+  if (removed != 0) *this = std::move(kept);
+  return removed;
 }
 
 }  // namespace rdmabroker

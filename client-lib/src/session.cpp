@@ -194,12 +194,13 @@ Result<std::span<const proto::HeaderField>> header_fields(const Headers& headers
   fields.clear();
   for (const auto& [name, value] : headers) {
     if (!proto::valid_header_name(name)) {
-      return Error{ErrorKind::kInvalidArgument, "invalid header name \"" + name +
+      return Error{ErrorKind::kInvalidArgument, "invalid header name \"" + std::string(name) +
                                                     "\": 1 or more printable ASCII characters, "
                                                     "no space or ':'"};
     }
     if (!proto::valid_header_value(value)) {
-      return Error{ErrorKind::kInvalidArgument, "invalid value of header \"" + name + "\": no CR, LF or NUL"};
+      return Error{ErrorKind::kInvalidArgument,
+                   "invalid value of header \"" + std::string(name) + "\": no CR, LF or NUL"};
     }
     fields.push_back({name, value});
   }

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <span>
@@ -35,7 +36,10 @@ namespace rdmabroker {
 /// without them.
 class Headers {
  public:
-  using Field = std::pair<std::string, std::string>;
+  /// One field: views into the Headers' own storage, each followed there by
+  /// a NUL byte (so `data()` is a C string), valid until it is changed.
+  using Field = std::pair<std::string_view, std::string_view>;
+  class const_iterator;
   Headers() = default;
   Headers(std::initializer_list<std::pair<std::string_view, std::string_view>> fields);
 
@@ -43,23 +47,70 @@ class Headers {
   void add(std::string_view name, std::string_view value);
   /// Replaces every value of `name` with this one.
   void set(std::string_view name, std::string_view value);
-  /// The first value of `name`; nullopt if there is none.
+  /// The first value of `name`; nullopt if there is none. Views (here and
+  /// in values()) are valid until the headers change.
   std::optional<std::string_view> get(std::string_view name) const;
   /// Every value of `name`, in order.
   std::vector<std::string_view> values(std::string_view name) const;
   /// Removes every field named `name`; returns how many there were.
   std::size_t erase(std::string_view name);
-  void clear() { fields_.clear(); }
+  /// Removes every field; the storage is kept for the next ones.
+  void clear() {
+    text_.clear();
+    fields_.clear();
+  }
 
   bool empty() const { return fields_.empty(); }
   std::size_t size() const { return fields_.size(); }
-  std::vector<Field>::const_iterator begin() const { return fields_.begin(); }
-  std::vector<Field>::const_iterator end() const { return fields_.end(); }
+  /// Fields in order (a forward iterator yielding Field by value).
+  const_iterator begin() const;
+  const_iterator end() const;
   bool operator==(const Headers&) const = default;
 
  private:
-  std::vector<Field> fields_;
+  // Every name and value back to back in one string, each ended by NUL, and
+  // where each field's pair is: a delivered message's headers take two
+  // allocations at most, none when a recycled Message has the room already.
+  struct Span {
+    std::uint32_t name_at = 0, name_len = 0, value_at = 0, value_len = 0;
+    bool operator==(const Span&) const = default;
+  };
+  Field field(const Span& s) const {
+    return {std::string_view(text_).substr(s.name_at, s.name_len),
+            std::string_view(text_).substr(s.value_at, s.value_len)};
+  }
+  std::string text_;
+  std::vector<Span> fields_;
 };
+
+class Headers::const_iterator {
+ public:
+  using iterator_category = std::forward_iterator_tag;
+  using value_type = Field;
+  using difference_type = std::ptrdiff_t;
+  using pointer = void;
+  using reference = Field;
+  const_iterator() = default;
+  Field operator*() const { return headers_->field(headers_->fields_[i_]); }
+  const_iterator& operator++() {
+    ++i_;
+    return *this;
+  }
+  const_iterator operator++(int) {
+    auto old = *this;
+    ++i_;
+    return old;
+  }
+  bool operator==(const const_iterator& o) const { return i_ == o.i_; }
+
+ private:
+  friend class Headers;
+  const_iterator(const Headers* h, std::size_t i) : headers_(h), i_(i) {}
+  const Headers* headers_ = nullptr;
+  std::size_t i_ = 0;
+};
+inline Headers::const_iterator Headers::begin() const { return {this, 0}; }
+inline Headers::const_iterator Headers::end() const { return {this, fields_.size()}; }
 
 /// A message delivered to a subscription (owns its bytes).
 struct Message {
