@@ -1,7 +1,7 @@
 // Micro-benchmarks of the hot-path pieces (Google Benchmark): frame encode and
-// decode, subject matching against 10,000 subscriptions (trie alone and with a
-// worker's match cache), buffer pool get/put, and the worker command queue.
-// Run by tests/bench/micro.sh; results in docs/benchmarks.md.
+// decode (with and without message headers, and a client's header parsing), subject matching against 10,000
+// subscriptions (trie alone and with a worker's match cache), buffer pool get/put, and the worker command
+// queue. Run by tests/bench/micro.sh; results in docs/benchmarks.md.
 #include <benchmark/benchmark.h>
 
 #include <atomic>
@@ -12,6 +12,7 @@
 
 #include "broker/subscription_index.hpp"
 #include "broker/buffer_pool.hpp"
+#include "rdmabroker/client.hpp"
 #include "rdmabroker/proto/wire.hpp"
 #include "worker/command_queue.hpp"
 
@@ -45,6 +46,54 @@ void BM_DecodePublish(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_DecodePublish)->Arg(64)->Arg(1024)->Arg(8192);
+
+// Message headers (SPEC.md §3.6): the two of tests/bench/headers.sh, a
+// 64-byte block, on a 64-byte payload.
+const proto::HeaderField kBenchHeaders[] = {{"Trace-Id", "4bf92f3577b34da6"},
+                                            {"Content-Type", "application/json"}};
+
+void BM_EncodePublishWithHeaders(benchmark::State& state) {
+  std::vector<std::byte> buf(16384);
+  std::vector<std::byte> payload(64, std::byte{1});
+  proto::FrameHeader h;
+  h.type = proto::FrameType::kPublish;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(proto::encode_frame(buf, h, "orders.eu.created", {}, payload, kBenchHeaders));
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_EncodePublishWithHeaders);
+
+/// Decoding checks the block (the broker once per PUBLISH, a client per message).
+void BM_DecodePublishWithHeaders(benchmark::State& state) {
+  std::vector<std::byte> buf(16384);
+  std::vector<std::byte> payload(64, std::byte{1});
+  proto::FrameHeader h;
+  h.type = proto::FrameType::kPublish;
+  const auto n = proto::encode_frame(buf, h, "orders.eu.created", {}, payload, kBenchHeaders);
+  proto::Frame f;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(proto::decode_frame(std::span<const std::byte>(buf.data(), n), 16384, f));
+    benchmark::DoNotOptimize(f);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_DecodePublishWithHeaders);
+
+/// What a client adds per delivered message: the block's fields into the
+/// (recycled) Message's rdmabroker::Headers.
+void BM_HeadersIntoMessage(benchmark::State& state) {
+  std::vector<std::byte> block(proto::header_block_len(kBenchHeaders));
+  proto::encode_header_block(block.data(), kBenchHeaders);
+  rdmabroker::Headers headers;
+  for (auto _ : state) {
+    headers.clear();
+    proto::for_each_header(block, [&](std::string_view n, std::string_view v) { headers.add(n, v); });
+    benchmark::DoNotOptimize(headers);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_HeadersIntoMessage);
 
 /// 10,000 subscriptions over a realistic vocabulary: mostly literal, some
 /// with '*' and '>', a tenth in queue groups; subjects drawn from the same

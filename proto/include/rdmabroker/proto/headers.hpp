@@ -80,28 +80,33 @@ inline std::size_t encode_header_block(std::byte* out, std::span<const HeaderFie
 template <typename Fn>
 bool for_each_header(std::span<const std::byte> block, Fn&& fn) {
   if (block.empty() || block.size() % 8 != 0) return false;
-  const std::string_view text(reinterpret_cast<const char*>(block.data()), block.size());
+  // One pass, byte by byte: every client parses every delivered block.
+  const char* p = reinterpret_cast<const char*>(block.data());
+  const std::size_t n = block.size();
   std::size_t pos = 0;
   std::size_t fields = 0;
-  while (pos < text.size() && text[pos] != '\0') {
-    const std::size_t colon = text.find(':', pos);
-    const std::size_t eol = text.find("\r\n", pos);
-    if (colon == std::string_view::npos || eol == std::string_view::npos || colon > eol ||
-        colon + 1 >= text.size() || text[colon + 1] != ' ') {
-      return false;
+  while (pos < n && p[pos] != '\0') {
+    const std::size_t name_at = pos;
+    for (; pos < n && p[pos] != ':'; ++pos) {
+      const auto u = static_cast<unsigned char>(p[pos]);
+      if (u <= 0x20 || u >= 0x7f) return false;
     }
-    const std::string_view name = text.substr(pos, colon - pos);
-    if (colon + 2 > eol) return false;
-    const std::string_view value = text.substr(colon + 2, eol - colon - 2);
-    if (!valid_header_name(name) || !valid_header_value(value)) return false;
-    fn(name, value);
+    if (pos == name_at || pos + 1 >= n || p[pos + 1] != ' ') return false;
+    const std::string_view name(p + name_at, pos - name_at);
+    pos += 2;
+    const std::size_t value_at = pos;
+    for (; pos < n && p[pos] != '\r'; ++pos) {
+      if (p[pos] == '\0' || p[pos] == '\n') return false;
+    }
+    if (pos + 1 >= n || p[pos + 1] != '\n') return false;
+    fn(name, std::string_view(p + value_at, pos - value_at));
     ++fields;
-    pos = eol + 2;
+    pos += 2;
   }
   // The padding: zero bytes up to the next multiple of 8, no more.
-  if (fields == 0 || text.size() - pos >= 8) return false;
-  for (; pos < text.size(); ++pos) {
-    if (text[pos] != '\0') return false;
+  if (fields == 0 || n - pos >= 8) return false;
+  for (; pos < n; ++pos) {
+    if (p[pos] != '\0') return false;
   }
   return true;
 }
