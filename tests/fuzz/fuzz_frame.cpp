@@ -2,7 +2,8 @@
 // (a whole RDMA receive buffer, or a TCP stream). Besides memory safety it
 // asserts: decoded views lie inside the input; the stream scan
 // (whole_frames) and the frame-by-frame decoder agree on where whole frames
-// end; a decoded frame re-encodes to a frame that decodes to the same fields;
+// end; a decoded frame (its header block parsed into fields) re-encodes to a
+// frame that decodes to the same fields;
 // a DELIVER's inner frames lie inside its payload.
 #include <cstdint>
 #include <cstring>
@@ -24,8 +25,16 @@ bool inside(std::span<const std::byte> buf, const void* p, std::size_t n) {
 }
 
 void check_round_trip(const proto::Frame& f) {
+  // A header block (SPEC.md §3.6) that decoded parses into fields that encode
+  // back to the same block.
+  std::vector<proto::HeaderField> fields;
+  FUZZ_CHECK(f.headers.empty() ||
+             proto::for_each_header(f.headers, [&](std::string_view n, std::string_view v) {
+               fields.push_back({n, v});
+             }));
+  FUZZ_CHECK(f.headers.size() == proto::header_block_len(fields));
   std::vector<std::byte> out(f.header.frame_len());
-  const std::size_t n = proto::encode_frame(out, f.header, f.subject, f.reply, f.payload);
+  const std::size_t n = proto::encode_frame(out, f.header, f.subject, f.reply, f.payload, fields);
   FUZZ_CHECK(n == out.size());
   proto::Frame again;
   FUZZ_CHECK(proto::decode_frame(out, kMaxFrame, again) == proto::DecodeStatus::kOk);
@@ -34,6 +43,8 @@ void check_round_trip(const proto::Frame& f) {
   FUZZ_CHECK(again.subject == f.subject && again.reply == f.reply);
   FUZZ_CHECK(again.payload.size() == f.payload.size());
   FUZZ_CHECK(f.payload.empty() || std::memcmp(again.payload.data(), f.payload.data(), f.payload.size()) == 0);
+  FUZZ_CHECK(again.headers.size() == f.headers.size());
+  FUZZ_CHECK(f.headers.empty() || std::memcmp(again.headers.data(), f.headers.data(), f.headers.size()) == 0);
 }
 
 }  // namespace
@@ -62,6 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(inside(buf, f.subject.data(), f.subject.size()));
     FUZZ_CHECK(inside(buf, f.reply.data(), f.reply.size()));
     FUZZ_CHECK(inside(buf, f.payload.data(), f.payload.size()));
+    FUZZ_CHECK(inside(buf, f.headers.data(), f.headers.size()));
     check_round_trip(f);
     if (f.header.type == proto::FrameType::kDeliver) {
       (void)proto::for_each_delivered(f, [&](const proto::Frame& inner) {
