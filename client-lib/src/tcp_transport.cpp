@@ -223,12 +223,11 @@ Status TcpTransport::tls_handshake(const std::string& where, Clock::time_point d
     return failed("TLS CA file '" + o.tls_ca_file + "'");
   }
   if (!o.tls_cert_file.empty() || !o.tls_key_file.empty()) {
-    if (SSL_CTX_use_certificate_chain_file(ctx, o.tls_cert_file.c_str()) != 1)
-      return failed("TLS client certificate '" + o.tls_cert_file + "'");
-    if (SSL_CTX_use_PrivateKey_file(ctx, o.tls_key_file.c_str(), SSL_FILETYPE_PEM) != 1)
-      return failed("TLS client key '" + o.tls_key_file + "'");
-    if (SSL_CTX_check_private_key(ctx) != 1)
-      return failed("TLS client key '" + o.tls_key_file + "' does not belong to '" + o.tls_cert_file + "'");
+    if (auto why = tls::use_certificate_and_key(ctx, o.tls_cert_file, o.tls_key_file,
+                                                "TLS client certificate", "TLS client key");
+        !why.empty()) {
+      return Error{ErrorKind::kConnectFailed, why};
+    }
   }
   ssl_.reset(SSL_new(ctx));
   if (!ssl_ || SSL_set_fd(ssl_.get(), fd_.get()) != 1) return failed("TLS");

@@ -47,17 +47,9 @@ Result<std::shared_ptr<const TlsContext>> TlsContext::build(const config::TlsSet
   // an idle connection gives its TLS buffers back.
   SSL_CTX_set_mode(
       ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_RELEASE_BUFFERS);
-  if (SSL_CTX_use_certificate_chain_file(ctx, s.certificate.c_str()) != 1)
-    return fail("tls.certificate " + s.certificate);
-  // OpenSSL checks that the key is the certificate's as it loads it.
-  if (SSL_CTX_use_PrivateKey_file(ctx, s.key.c_str(), SSL_FILETYPE_PEM) != 1 ||
-      SSL_CTX_check_private_key(ctx) != 1) {
-    const std::string why = tls::take_errors();
-    const bool mismatch = why.find("mismatch") != std::string::npos;
-    return Error{
-        ErrorKind::kInvalidArgument,
-        "tls.key " + s.key +
-            (mismatch ? " does not belong to tls.certificate " + s.certificate : std::string(": " + why))};
+  if (auto why = tls::use_certificate_and_key(ctx, s.certificate, s.key, "tls.certificate", "tls.key");
+      !why.empty()) {
+    return Error{ErrorKind::kInvalidArgument, why};
   }
   c->description_ = certificate_summary(ctx);
   if (X509* cert = SSL_CTX_get0_certificate(ctx)) {

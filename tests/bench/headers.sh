@@ -21,17 +21,11 @@ source tests/bench/suite-lib.sh
 A1=${RDMABROKER_GUEST_ADDR1:-127.0.0.1}
 A2=${RDMABROKER_GUEST_ADDR2:-127.0.0.1}
 SOCK=/tmp/headers-bench-$$.sock
-urls=("rdma://$A1:7484" "tcp://$A1:7485")
-if [ "$HOST" = 1 ]; then
-  start_broker --rdma off --tcp-port 7485
-  urls=("tcp://$A1:7485")
-else
-  start_broker --port 7484 --tcp-port 7485
-fi
+broker_on_both_transports 7484 7485
 HEADERS=(-H Trace-Id=4bf92f3577b34da6 -H Content-Type=application/json)  # 28 + 32 bytes of lines: a 64-byte block
 OUT=$(mktemp -d)
 trap 'stop_broker; rm -rf "$OUT"' EXIT
-for url in "${urls[@]}"; do
+for url in "${URLS[@]}"; do
   scheme=${url%%:*}
   # Interleaved, twice: a drift of the emulated CPUs during the run hits all three alike.
   for round in 1 2; do
@@ -44,7 +38,7 @@ for url in "${urls[@]}"; do
   done
 done
 STATS=$("$BIN/client-lib/rdmabroker" stat --json --admin-socket "$SOCK")
-/usr/bin/python3 - "$OUT" "$HOST" "$STATS" "${urls[@]}" <<'EOF'
+/usr/bin/python3 - "$OUT" "$HOST" "$STATS" "${URLS[@]}" <<'EOF'
 import json, os, sys
 out, host, stats, urls = sys.argv[1], sys.argv[2] == "1", json.loads(sys.argv[3]), sys.argv[4:]
 def best(scheme, kind):

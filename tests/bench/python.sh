@@ -20,15 +20,9 @@ source tests/bench/suite-lib.sh
 A1=${RDMABROKER_GUEST_ADDR1:-127.0.0.1}
 A2=${RDMABROKER_GUEST_ADDR2:-127.0.0.1}
 SOCK=/tmp/python-bench-$$.sock
-urls=("rdma://$A1:7482" "tcp://$A1:7483")
-if [ "$HOST" = 1 ]; then
-  start_broker --rdma off --tcp-port 7483
-  urls=("tcp://$A1:7483")
-else
-  start_broker --port 7482 --tcp-port 7483
-fi
+broker_on_both_transports 7482 7483
 export PYTHONPATH=$PWD/python RDMABROKER_LIBRARY=$PWD/$BIN/client-lib/librdmabroker.so.0
-for url in "${urls[@]}"; do
+for url in "${URLS[@]}"; do
   cli=$("$BIN/client-lib/rdmabroker" bench bench.cli -s "$url" -b "$A2" -n "$N" --size 64 --json --quiet)
   py=$(/usr/bin/python3 python/examples/bench.py "$url" --bind "$A2" -n "$N" --size 64)
   /usr/bin/python3 - "$url" "$cli" "$py" <<'EOF'

@@ -34,6 +34,18 @@ start_broker() {
   for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
   trap stop_broker EXIT
 }
+# broker_on_both_transports RDMA_PORT TCP_PORT: a broker serving RDMA and TCP
+# (in the guest), or TCP only when HOST=1 (this host has no RDMA); URLS lists
+# its URLs on A1, RDMA first.
+broker_on_both_transports() {
+  if [ "${HOST:-0}" = 1 ]; then
+    start_broker --rdma off --tcp-port "$2"
+    URLS=("tcp://$A1:$2")
+  else
+    start_broker --port "$1" --tcp-port "$2"
+    URLS=("rdma://$A1:$1" "tcp://$A1:$2")
+  fi
+}
 stop_broker() {
   kill "$BROKER" 2>/dev/null && wait "$BROKER" 2>/dev/null || true
   rm -f "$SOCK"

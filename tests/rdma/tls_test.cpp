@@ -223,6 +223,14 @@ TEST_F(Tls, MutualTlsAdmitsOnlyClientsWithACertificateFromTheClientCa) {
   c = Client::connect(tls_url(broker), trusting("ca", "stranger"));  // signed by another CA
   ASSERT_FALSE(c);
   EXPECT_NE(c.error().message.find("unknown ca"), std::string::npos) << c.error().message;
+  // A key that is not the certificate's: the library says so before any byte is sent.
+  ClientOptions crossed = trusting("ca", "svc-a");
+  crossed.tls_key_file = file("svc-b.key");
+  c = Client::connect(tls_url(broker), crossed);
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.error().message.find("TLS client key " + file("svc-b.key") + " does not belong to"),
+            std::string::npos)
+      << c.error().message;
   const auto s = broker.wait_stats(
       [](auto& s) {
         return s["tls.handshake_failures.no_certificate"] >= 1 &&

@@ -40,6 +40,28 @@ inline std::string take_errors(const std::string& fallback = "unknown TLS error"
   return out.empty() ? fallback : out;
 }
 
+/// Loads a certificate chain and its private key (PEM files) into `ctx`, as
+/// the broker does for its own and the library for a client certificate.
+/// Returns what is wrong, naming the file at fault the way the caller's user
+/// knows it (`cert_name` "tls.certificate", `key_name` "TLS client key", ...),
+/// or an empty string.
+inline std::string use_certificate_and_key(SSL_CTX* ctx, const std::string& cert, const std::string& key,
+                                           const std::string& cert_name, const std::string& key_name) {
+  if (SSL_CTX_use_certificate_chain_file(ctx, cert.c_str()) != 1) {
+    return cert_name + " " + cert + ": " + take_errors();
+  }
+  // OpenSSL checks that the key is the certificate's as it loads it.
+  if (SSL_CTX_use_PrivateKey_file(ctx, key.c_str(), SSL_FILETYPE_PEM) != 1 ||
+      SSL_CTX_check_private_key(ctx) != 1) {
+    const std::string why = take_errors();
+    if (why.find("mismatch") != std::string::npos) {
+      return key_name + " " + key + " does not belong to " + cert_name + " " + cert;
+    }
+    return key_name + " " + key + ": " + why;
+  }
+  return {};
+}
+
 /// Why a certificate check failed, when it did ("certificate has expired",
 /// "unable to get local issuer certificate", "hostname mismatch").
 inline std::string verify_failure(const SSL* ssl) {
