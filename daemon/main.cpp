@@ -46,7 +46,8 @@ nlohmann::json connections_json(const std::vector<ConnectionInfo>& conns) {
                     {"bytes_in", c.bytes_in},
                     {"bytes_out", c.bytes_out},
                     {"pending_messages", c.pending_messages},
-                    {"pending_bytes", c.pending_bytes}});
+                    {"pending_bytes", c.pending_bytes},
+                    {"credits", c.credits}});
   }
   return list;
 }

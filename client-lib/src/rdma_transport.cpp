@@ -254,7 +254,9 @@ void RdmaTransport::transmit_locked() {
     if (!session_.has_ready_locked() || !credits_.can_send_data()) {
       // No data, or no credit for it: owed credits may still have to go back,
       // using the reserved last credit if need be.
-      if (credits_.should_return() && credits_.can_send_credit_update()) post_locked(Session::kNoBuffer, 0);
+      // A broker asking for credits back (SPEC.md §5.1) gets them the same way.
+      if ((credits_.should_return() || credits_.wants_release()) && credits_.can_send_credit_update())
+        post_locked(Session::kNoBuffer, 0);
       return;
     }
     // Idle enough to post the buffer being filled right away: batching only
@@ -269,7 +271,8 @@ bool RdmaTransport::post_locked(std::uint32_t buffer, std::uint32_t len) {
   ibv_send_wr wr{};
   wr.wr_id = buffer;
   wr.opcode = IBV_WR_SEND_WITH_IMM;
-  wr.imm_data = htonl(credits_.take_owed(proto::kMaxCreditsPerImm));
+  const std::uint32_t returned = credits_.take_owed(proto::kMaxCreditsPerImm);
+  wr.imm_data = htonl(by_demand() ? proto::encode_credit_imm({returned, credits_.take_release()}) : returned);
   wr.send_flags = IBV_SEND_SIGNALED;
   if (buffer != Session::kNoBuffer) {
     sge = ibv_sge{reinterpret_cast<std::uint64_t>(session_.send_buf(buffer)), len, send_mr_->lkey};
@@ -413,7 +416,16 @@ void RdmaTransport::on_completion(const ibv_wc& wc, Deliveries& deliveries, std:
       session_.fail_locked(Error{ErrorKind::kClosed, "broker sent without a credit (protocol violation)"});
       return;
     }
-    if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) credits_.add_send_credits(ntohl(wc.imm_data));
+    if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) {
+      const std::uint32_t imm = ntohl(wc.imm_data);
+      if (by_demand()) {
+        const auto [returned, release] = proto::decode_credit_imm(imm);
+        credits_.add_send_credits(returned);
+        if (release > 0) credits_.on_release_request(release);
+      } else {
+        credits_.add_send_credits(imm);
+      }
+    }
     return;
   }
   std::lock_guard lock(session_.mu_);

@@ -112,6 +112,9 @@ class RdmaTransport final : public Transport {
   UniqueFd epoll_;
   std::thread io_thread_;
 
+  /// Version 3: the immediate values carry asks and give-backs (SPEC.md §5.1).
+  bool by_demand() const { return session_.protocol_version_ >= proto::kCreditsByDemandVersion; }
+
   // Guarded by Session::mu_.
   CreditWindow credits_;
   std::deque<std::uint32_t> inflight_;  // buffers posted (kNoBuffer: credit update)

@@ -226,6 +226,10 @@ struct WorkerStats {
   Counter pool_exhausted;     // times a worker found the buffer pool empty (once per shortage)
   Counter cq_full;            // connections refused because their CQ had no room for them
   Gauge srq_posted;           // receives posted on this worker's SRQs
+  Gauge credits_granted;      // the credit windows of this worker's RDMA connections (SPEC.md §5.1)
+  Gauge credit_capacity;      // what those windows may add up to: the SRQs' bound (RdmaPort::srq_max)
+  Counter credit_reclaims;    // idle version-3 connections asked to give credits back
+  Counter credit_refusals;    // RDMA connections refused because their port's windows were full
   Gauge pending_messages;     // queued for subscribers, not yet posted
   Gauge pending_bytes;        // their frame bytes (limits.max_pending_bytes_total bounds the sum)
   Counter accept_failures;    // connections handed over but never accepted

@@ -104,6 +104,8 @@ class Link {
   /// The connection authenticated: what it was kept from until then (RDMA:
   /// its full credit grant) may be given now.
   virtual void on_authenticated(Connection& c) { (void)c; }
+  /// RDMA: the credits granted to the client now (SPEC.md §5); 0 for TCP.
+  virtual std::uint32_t receive_window() const { return 0; }
   /// Where the connection lives, for its log lines ("on rxe0, qp 17").
   virtual std::string where() const = 0;
   /// The address a multicast member receives on and its device index, for

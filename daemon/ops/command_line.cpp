@@ -97,7 +97,7 @@ const std::vector<FlagDef>& flag_table() {
       key_flag("--buffer-size", "Receive buffer size = largest frame", "buffers.size"),
       key_flag("--pool-buffers", "Buffers in the registered pool", "buffers.pool"),
       key_flag("--srq-depth", "Receives per SRQ", "buffers.srq_depth"),
-      key_flag("--credits", "Receive credits granted to each RDMA client", "flow.credits"),
+      key_flag("--credits", "Most receive credits an RDMA client holds", "flow.credits"),
       key_flag("--max-inflight-sends", "Sends in flight per connection", "flow.max_inflight_sends"),
       key_flag("--busy-poll-us", "Spin on the CQs this long after the last work before sleeping (0: never)",
                "flow.busy_poll_us"),

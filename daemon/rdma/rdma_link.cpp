@@ -41,9 +41,22 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
     return nullptr;
   };
   if (stopping) return fail(proto::RejectReason::kShuttingDown, "shutting down");
+  // Every connection claims 2 credits of the port's SRQ here. A version-3
+  // one grows by demand; an older one gets flow.credits at its login, or
+  // what the port has left then (SPEC.md §5.1).
+  const std::uint8_t version = proto::connection_version(cmd.request);
+  const bool by_demand = version >= proto::kCreditsByDemandVersion;
+  if (port.capacity_free() < RdmaPort::kMinWindow) {
+    ctx.stats.credit_refusals.add();
+    return fail(proto::RejectReason::kNoResources, "no receive credits left on " + port.device.name + " (" +
+                                                       std::to_string(port.windows_total) + " of " +
+                                                       std::to_string(port.srq_max()) + " granted)");
+  }
+  if (port.credit_budget() < kUnauthenticatedCredits) port.refill(connections, kUnauthenticatedCredits);
   const std::uint32_t grant = std::min({opt.credits, kUnauthenticatedCredits, port.credit_budget()});
   if (grant < 2)
-    return fail(proto::RejectReason::kNoResources, "no receive credits left on " + port.device.name);
+    return fail(proto::RejectReason::kNoResources,
+                "no receive buffers posted on " + port.device.name + " (the buffer pool is exhausted)");
   const std::uint32_t window = opt.max_inflight_sends + 1;
   if (!port.cq_has_room(window)) {
     ctx.stats.cq_full.add();
@@ -78,12 +91,15 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   auto conn = std::make_unique<Connection>(cmd.connection_id, cmd.slot, std::move(cmd.peer), std::move(link),
                                            cmd.request.recv_buffer_size, opt.max_inflight_sends,
                                            ConnState::kAccepting);
-  conn->protocol_version = proto::negotiate_version(cmd.request.max_version);
+  conn->protocol_version = version;
+  l.by_demand_ = by_demand;
+  l.last_data_ = ctx.now;
   // Datagrams carry PUBLISH frames as received, header blocks included: a
   // group is only for clients that can read them (SPEC.md §7).
   conn->multicast_capable =
       (cmd.request.flags & proto::kConnectMulticast) != 0 && conn->protocol_version >= proto::kHeadersVersion;
   port.outstanding += grant;
+  l.sync_charge();
 
   auto data =
       proto::encode(proto::ConnectAccept{opt.buffer_size, grant, cmd.connection_id, conn->protocol_version});
@@ -95,6 +111,7 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
     spdlog::warn("connection {} from {}: rdma_accept: {}", conn->id, conn->peer, std::strerror(errno));
     ctx.stats.accept_failures.add();
     port.outstanding -= l.credits.forfeit();
+    l.charge(0);
     ctx.core.admission->release(cmd.slot);
     return nullptr;  // QP, then cm_id, destroyed with the link
   }
@@ -104,15 +121,20 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
 }
 
 void RdmaLink::on_authenticated(Connection& c) {
+  if (by_demand_) return;  // grows as it publishes (on_credit_imm)
+  // An older client's whole window, as far as the port's receives allow.
   const std::uint32_t more =
-      ctx_.options.credits > credits.window() ? ctx_.options.credits - credits.window() : 0;
+      std::min(ctx_.options.credits > credits.window() ? ctx_.options.credits - credits.window() : 0,
+               port_.capacity_free());
   if (more == 0) return;
-  credits.grow(more);  // claims the SRQ's budget as they are handed out (take_credits_to_return)
+  credits.grow(more);  // claims the SRQ's budget as they are handed out (take_imm)
+  sync_charge();
   connections_.touch(c);
 }
 
 void RdmaLink::release(Connection& c) {
   port_.outstanding -= std::min(port_.outstanding, credits.forfeit());
+  charge(0);
   port_.cq_reserved -= static_cast<std::uint32_t>(c.inflight.size());  // its send window (accept)
   port_.by_qp.erase(qp_num_);
   if (fail_next_wc) --port_.wc_faults_armed;
@@ -137,14 +159,78 @@ bool RdmaLink::force_error() {
   return ibv_modify_qp(qp_.get(), &attr, IBV_QP_STATE) == 0;
 }
 
-std::uint32_t RdmaLink::take_credits_to_return(const Connection& c) {
+void RdmaLink::charge(std::uint32_t amount) {
+  port_.windows_total = port_.windows_total - charged_ + amount;
+  ctx_.stats.credits_granted.add(static_cast<std::int64_t>(amount) - static_cast<std::int64_t>(charged_));
+  charged_ = amount;
+}
+
+void RdmaLink::sync_charge() { charge(credits.window()); }
+
+bool RdmaLink::on_credit_imm(std::uint32_t imm, bool data, bool publishes) {
+  if (!by_demand_) {
+    credits.add_send_credits(imm);
+    return true;
+  }
+  const auto [returned, release] = proto::decode_credit_imm(imm);
+  credits.add_send_credits(returned);
+  if (release > 0) {
+    if (!credits.on_release(release)) return false;
+    port_.outstanding -= std::min(port_.outstanding, release - 1);
+    // An ask overtaken by credits kept back could leave it under the minimum.
+    credits.keep_at_least(RdmaPort::kMinWindow);
+    asked_at_ = {};
+    sync_charge();
+  }
+  if (!data) return true;
+  last_data_ = ctx_.now;
+  if (!publishes) return true;
+  // Grow while the client uses more than half its window (doubling, as far
+  // as the port's SRQ allows); above its fair share, keep one credit per
+  // SEND until it is back there.
+  const std::uint32_t cap = port_.fair_window(ctx_.options.credits);
+  const std::uint32_t w = credits.window();
+  if (w < cap && credits.outstanding() <= w / 2) {
+    const std::uint32_t n = std::min({w, cap - w, port_.capacity_free()});
+    if (n > 0) {
+      credits.grow(n);
+      sync_charge();
+    }
+  } else if (w > cap) {
+    credits.withhold(1);
+    sync_charge();
+  }
+  return true;
+}
+
+bool RdmaLink::reclaim_if_idle(const Connection& c, std::chrono::steady_clock::time_point now) {
+  if (c.state != ConnState::kOpen || now - last_data_ < RdmaPort::kIdleReclaim) return false;
+  if (asked_at_ != std::chrono::steady_clock::time_point{} && now - asked_at_ < RdmaPort::kIdleReclaim)
+    return false;
+  if (credits.window() <= RdmaPort::kMinWindow) return false;
+  // Credits it used and we still owe are simply kept; the rest it must give back.
+  credits.withhold(std::min(credits.owed(), credits.window() - RdmaPort::kMinWindow));
+  sync_charge();
+  const std::uint32_t ask =
+      std::min(credits.outstanding(),
+               credits.window() > RdmaPort::kMinWindow ? credits.window() - RdmaPort::kMinWindow : 0);
+  if (ask == 0) return false;
+  release_ask_ = ask;
+  asked_at_ = now;
+  ctx_.stats.credit_reclaims.add();
+  return true;
+}
+
+std::uint32_t RdmaLink::take_imm(const Connection& c) {
+  std::uint32_t returned = 0;
   // A stalled publisher waits for its credits; so does a connection whose
   // frames wait for its login's verdict (what it can send meanwhile stays bounded).
-  if (c.input_held()) return 0;
-  // A credit returned claims one posted receive of the port's SRQ.
-  const std::uint32_t n = credits.take_owed(port_.credit_budget());
-  port_.outstanding += n;
-  return n;
+  if (!c.input_held()) {
+    // A credit returned claims one posted receive of the port's SRQ.
+    returned = credits.take_owed(port_.credit_budget());
+    port_.outstanding += returned;
+  }
+  return proto::encode_credit_imm({returned, std::exchange(release_ask_, 0)});
 }
 
 void RdmaLink::flush(Connection& c) {
@@ -157,8 +243,10 @@ void RdmaLink::flush(Connection& c) {
       // Nothing to carry credits, or no credit for data: owed credits go
       // back alone if the client needs them, on the reserved last credit if
       // need be (SPEC.md §5: without this both sides can wait forever).
-      if (credits.should_return() && credits.can_send_credit_update() && port_.credit_budget() > 0) {
-        const std::uint32_t imm = take_credits_to_return(c);
+      const bool ask = release_ask_ > 0;
+      if ((ask || (credits.should_return() && port_.credit_budget() > 0)) &&
+          credits.can_send_credit_update()) {
+        const std::uint32_t imm = take_imm(c);
         if (imm > 0) {
           stage_send(c, SendBlocks::kNone, nullptr, 0, imm, nullptr, PackedSend{});
           ctx_.stats.credit_updates.add();
@@ -172,7 +260,7 @@ void RdmaLink::flush(Connection& c) {
     const std::uint32_t block = connections_.pack_next(c, port_.max_sge, port_.send_blocks_lkey(),
                                                        port_.device.pool_mr->lkey, sge, refs, packed);
     if (block == SendBlocks::kNone) break;
-    stage_send(c, block, sge, packed.num_sge, take_credits_to_return(c), &refs, packed);
+    stage_send(c, block, sge, packed.num_sge, take_imm(c), &refs, packed);
   }
   post_staged(c);
 }

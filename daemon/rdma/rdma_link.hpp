@@ -54,13 +54,27 @@ class RdmaLink final : public Link {
   void pause(Connection&) override {}
   void resume(Connection&) override {}
   void add_send_credits(std::uint32_t n) override { credits.add_send_credits(n); }
-  /// Grows the pre-authentication grant (kUnauthenticatedCredits) to flow.credits.
+  /// Grows the pre-authentication grant (kUnauthenticatedCredits) to
+  /// flow.credits; a version-3 connection grows by demand instead.
   void on_authenticated(Connection& c) override;
+  std::uint32_t receive_window() const override { return credits.window(); }
   /// Moves the QP to the error state: posted sends complete as flushed.
   void disconnect(Connection& c) override;
   void release(Connection& c) override;
   std::string where() const override;
   const sockaddr* multicast_address(std::uint32_t& device) const override;
+
+  /// A receive's immediate value (0 without one): credits returned and, in
+  /// version 3, credits given back. A SEND with frames (`data`) counts as
+  /// activity, one that starts with a PUBLISH (`publishes`) may grow the
+  /// window (SPEC.md §5.1). False if the client gave back more than it held.
+  bool on_credit_imm(std::uint32_t imm, bool data, bool publishes);
+  /// Asks an authenticated version-3 connection without data for
+  /// RdmaPort::kIdleReclaim to give back all but RdmaPort::kMinWindow
+  /// credits (once per that period); true if it must be flushed to ask.
+  bool reclaim_if_idle(const Connection& c, std::chrono::steady_clock::time_point now);
+  bool by_demand() const { return by_demand_; }
+  std::chrono::steady_clock::time_point last_data() const { return last_data_; }
 
   /// Test builds (fault qp-error, wc-error): the QP to the error state.
   bool force_error();
@@ -72,8 +86,13 @@ class RdmaLink final : public Link {
  private:
   RdmaLink(RdmaPort& port, WorkerContext& ctx, Connections& connections, verbs::CmIdPtr id,
            std::uint32_t max_inline);
-  /// Credits owed to the client that may go back now (none while stalled).
-  std::uint32_t take_credits_to_return(const Connection& c);
+  /// The immediate value of the next SEND: credits owed to the client that
+  /// may go back now (none while stalled) and, in version 3, a pending ask.
+  std::uint32_t take_imm(const Connection& c);
+  /// Sets what this link counts in the port's windows_total (and the gauge).
+  void charge(std::uint32_t amount);
+  /// Charges the window as it is now.
+  void sync_charge();
   void stage_send(Connection& c, std::uint32_t block, const Segment* sge, std::uint32_t num_sge,
                   std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs,
                   const PackedSend& packed);
@@ -88,6 +107,11 @@ class RdmaLink final : public Link {
   verbs::CmQp qp_;
   std::uint32_t qp_num_ = 0;
   std::uint32_t max_inline_ = 0;  // bytes a SEND may carry inline (the QP's cap)
+  bool by_demand_ = false;        // version 3: credits by demand (SPEC.md §5.1)
+  std::uint32_t charged_ = 0;     // what this link counts in port_.windows_total: its window
+  std::chrono::steady_clock::time_point last_data_{};
+  std::uint32_t release_ask_ = 0;  // credits to ask back in the next SEND's immediate value
+  std::chrono::steady_clock::time_point asked_at_{};  // the last ask (none pending: {})
 };
 
 }  // namespace rdmabroker::daemon

@@ -23,8 +23,16 @@ Result<std::unique_ptr<RdmaPort>> RdmaPort::create(Device& dev, WorkerContext& c
   port->max_sge = std::min<std::uint32_t>(kMaxSendSge, static_cast<std::uint32_t>(attr.max_sge));
   // Every signaled send and every receive needs a CQ slot: size for the SRQ
   // plus a full send window on every connection this worker may hold.
+  // The SRQ may grow to hold the windows of credits by demand: up to half
+  // the pool's share of this port (the rest carries queued messages and
+  // TCP), and never below srq_depth.
+  const std::uint32_t ports_total = static_cast<std::uint32_t>(std::max<std::size_t>(
+      1, ctx.core.workers.size() * (ctx.core.devices ? ctx.core.devices->devices().size() : 1)));
+  port->srq_max_ =
+      std::max(port->srq_depth_, std::min<std::uint32_t>(ctx.core.pool->count() / (2 * ports_total),
+                                                         static_cast<std::uint32_t>(attr.max_srq_wr)));
   const std::uint32_t window = opt.max_inflight_sends + 1;
-  const std::uint64_t want = std::uint64_t{port->srq_depth_} + std::uint64_t{max_connections} * window;
+  const std::uint64_t want = std::uint64_t{port->srq_max_} + std::uint64_t{max_connections} * window;
   int cqe = static_cast<int>(std::min<std::uint64_t>(want, static_cast<std::uint64_t>(attr.max_cqe)));
   if (const std::uint32_t forced = fault::cq_entries_override(); forced > 0) cqe = static_cast<int>(forced);
   port->channel_.reset(ibv_create_comp_channel(dev.context));
@@ -36,19 +44,25 @@ Result<std::unique_ptr<RdmaPort>> RdmaPort::create(Device& dev, WorkerContext& c
   // The device may round the size up; what it granted is the budget. The
   // SRQ must fit with at least one connection's window beside it.
   port->cq_capacity = static_cast<std::uint32_t>(port->cq_->cqe);
-  if (port->cq_capacity < port->srq_depth_ + window) {
+  if (port->cq_capacity < port->srq_max_ + window) {
     if (port->cq_capacity < 2 * window) {
       return Error{ErrorKind::kResource, "the CQ on " + dev.name + " has " +
                                              std::to_string(port->cq_capacity) +
                                              " entries: too few for a receive queue and one connection"};
     }
+    // A CQ smaller than wanted is shared: receives keep srq_depth (or half
+    // the CQ if more), the rest is for the connections' send windows.
+    const std::uint32_t cut =
+        std::min(port->cq_capacity - window, std::max(port->srq_depth_, port->cq_capacity / 2));
     spdlog::warn("worker {}: {} has a CQ of {} entries: receive queue cut from {} to {}", ctx.index, dev.name,
-                 port->cq_capacity, port->srq_depth_, port->cq_capacity - window);
-    port->srq_depth_ = port->cq_capacity - window;
+                 port->cq_capacity, port->srq_max_, cut);
+    port->srq_max_ = cut;
+    port->srq_depth_ = std::min(port->srq_depth_, cut);
   }
-  port->cq_reserved = port->srq_depth_;
+  port->cq_reserved = port->srq_max_;
+  ctx.stats.credit_capacity.add(port->srq_max_);
   ibv_srq_init_attr srq_attr{};
-  srq_attr.attr.max_wr = port->srq_depth_;
+  srq_attr.attr.max_wr = port->srq_max_;
   srq_attr.attr.max_sge = 1;
   port->srq_.reset(ibv_create_srq(dev.pd.get(), &srq_attr));
   if (!port->srq_) return sys_error("ibv_create_srq(" + dev.name + ")");
@@ -61,6 +75,7 @@ Result<std::unique_ptr<RdmaPort>> RdmaPort::create(Device& dev, WorkerContext& c
 }
 
 RdmaPort::~RdmaPort() {
+  if (srq_) ctx_.stats.credit_capacity.add(-static_cast<std::int64_t>(srq_max_));
   srq_.reset();
   for (std::uint32_t i = 0; i < posted_flag_.size(); ++i) {
     if (posted_flag_[i] != 0) ctx_.core.pool->release(i);
@@ -139,7 +154,16 @@ void RdmaPort::on_receive(Connections& connections, FrameHandler& frames, const 
     return;
   }
   --outstanding;
-  if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) link->credits.add_send_credits(ntohl(wc.imm_data));
+  const std::uint32_t imm = (wc.wc_flags & IBV_WC_WITH_IMM) != 0 ? ntohl(wc.imm_data) : 0;
+  // A SEND that starts with a PUBLISH earns credits (SPEC.md §5.1); control frames do not.
+  const bool publishes =
+      wc.byte_len >= proto::kHeaderSize &&
+      proto::load<std::uint8_t>(buf.data() + 3) == static_cast<std::uint8_t>(proto::FrameType::kPublish);
+  if (!link->on_credit_imm(imm, wc.byte_len > 0, publishes)) {
+    connections.close(*c, CloseReason::kProtocolError, proto::ErrorCode::kProtocolViolation,
+                      "gave back more credits than it held");
+    return;
+  }
   // The client may send as soon as it sees ESTABLISHED; its data can reach our
   // CQ before our own ESTABLISHED event reaches the CM channel.
   connections.establish(*c);
@@ -178,10 +202,35 @@ void RdmaPort::on_send_complete(Connections& connections, const ibv_wc& wc) {
   connections.on_sent(*c);
 }
 
-void RdmaPort::refill(Connections& connections) {
-  // Low watermark at three quarters: refills come in batches, not per receive.
-  if (posted_ >= srq_depth_ - srq_depth_ / 4) return;
-  const std::uint32_t want = srq_depth_ - posted_;
+std::uint32_t RdmaPort::fair_window(std::uint32_t configured) const {
+  return std::max(kMinWindow, std::min(configured, srq_max_ / std::max(1u, publishers_)));
+}
+
+std::uint32_t RdmaPort::srq_target() const {
+  return std::min(srq_max_, std::max(srq_depth_, windows_total + srq_depth_ / 4));
+}
+
+void RdmaPort::rebalance(Connections& connections, std::chrono::steady_clock::time_point now) {
+  if (now < next_rebalance_) return;
+  next_rebalance_ = now + std::chrono::milliseconds(100);
+  std::uint32_t publishers = 0;
+  for (auto& [qp, c] : by_qp) {
+    auto& link = static_cast<RdmaLink&>(*c->link);
+    if (!link.by_demand()) continue;
+    if (now - link.last_data() < kIdleReclaim) ++publishers;
+    if (link.reclaim_if_idle(*c, now)) connections.touch(*c);
+  }
+  publishers_ = publishers;
+}
+
+void RdmaPort::refill(Connections& connections, std::uint32_t to_grant) {
+  // Refills come in batches of at least a quarter of srq_depth, not per
+  // receive, unless a window (or `to_grant` more) has no receive behind it.
+  const std::uint32_t target = srq_target();
+  if (posted_ >= target ||
+      (target - posted_ < std::max(1u, srq_depth_ / 4) && posted_ >= windows_total + to_grant))
+    return;
+  const std::uint32_t want = target - posted_;
   std::vector<std::uint32_t> idx(want);
   const std::size_t got = ctx_.core.pool->acquire(idx.data(), want);
   ctx_.note_pool_starved(got == 0);

@@ -3,9 +3,18 @@
 // pool, and the worker's send blocks registered there. The port drains its
 // CQ (receives go to the frame handler, send completions retire the
 // connection's in-flight sends) and refills its SRQ at a low watermark.
+//
+// Credits by demand (SPEC.md §5.1): the windows of the port's connections
+// together never exceed what its SRQ may hold (srq_max), and the SRQ is kept
+// filled to their sum plus some slack, within srq_depth .. srq_max. A
+// version-3 connection starts at 2 credits, grows while it publishes (up to
+// flow.credits, or its fair share when many publish), and is asked to give
+// credits back after a second without data; an older connection gets
+// flow.credits at its login (or what is left then) and keeps it.
 // Owned by the worker, used only on its thread.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
@@ -45,8 +54,26 @@ class RdmaPort {
   void arm();
   /// The completion channel woke the loop: takes its events (acked in batches).
   void take_channel_events();
-  /// Posts receives up to the SRQ depth once it is below three quarters of it.
-  void refill(Connections& connections);
+  /// Posts receives up to srq_target() once it is a quarter of srq_depth
+  /// short, or sooner if fewer are posted than the windows plus `to_grant`.
+  void refill(Connections& connections, std::uint32_t to_grant = 0);
+  /// At most every 100 ms: counts the connections that publish (their fair
+  /// share) and asks those idle for a second to give credits back.
+  void rebalance(Connections& connections, std::chrono::steady_clock::time_point now);
+
+  /// A version-3 connection's window never shrinks below this (its CONNECT and one more frame).
+  static constexpr std::uint32_t kMinWindow = 2;
+  /// Without data this long, a version-3 connection is asked to give back all but kMinWindow.
+  static constexpr std::chrono::milliseconds kIdleReclaim{1000};
+  /// Windows may still grow by this much on this port.
+  std::uint32_t capacity_free() const { return srq_max_ > windows_total ? srq_max_ - windows_total : 0; }
+  /// The largest window a publishing connection may hold now: flow.credits,
+  /// or less while so many publish that their windows would not fit srq_max.
+  std::uint32_t fair_window(std::uint32_t configured) const;
+  /// Receives to keep posted: the windows plus slack, within srq_depth .. srq_max.
+  std::uint32_t srq_target() const;
+  std::uint32_t srq_max() const { return srq_max_; }
+  std::uint32_t posted() const { return posted_; }
 
   /// Receives that no client has a credit for: what may still be granted.
   std::uint32_t credit_budget() const { return posted_ > outstanding ? posted_ - outstanding : 0; }
@@ -55,7 +82,8 @@ class RdmaPort {
 
   Device& device;
   std::uint32_t max_sge = 1;
-  std::uint32_t outstanding = 0;  // credits granted to this port's clients, not yet used
+  std::uint32_t outstanding = 0;    // credits granted to this port's clients, not yet used
+  std::uint32_t windows_total = 0;  // the windows of this port's connections (RdmaLink::charged_)
   /// CQ entries, and those spoken for: the SRQ's receives plus a send window
   /// (max_inflight_sends + 1) per connection. A connection that would
   /// overrun the CQ is refused: an overrun CQ breaks every QP on it.
@@ -89,9 +117,12 @@ class RdmaPort {
   verbs::CqPtr cq_;
   verbs::CqEventAcker acker_;  // acks before the CQ is destroyed
   verbs::SrqPtr srq_;
-  verbs::MrPtr send_blocks_mr_;  // the worker's send blocks registered on this device
-  std::uint32_t srq_depth_ = 0;
-  std::uint32_t posted_ = 0;  // receives on the SRQ
+  verbs::MrPtr send_blocks_mr_;   // the worker's send blocks registered on this device
+  std::uint32_t srq_depth_ = 0;   // receives always kept posted (buffers.srq_depth)
+  std::uint32_t srq_max_ = 0;     // receives the SRQ may hold: the bound of windows_total
+  std::uint32_t posted_ = 0;      // receives on the SRQ
+  std::uint32_t publishers_ = 0;  // connections with data in the last kIdleReclaim (rebalance)
+  std::chrono::steady_clock::time_point next_rebalance_{};
   bool armed_ = false;
   std::vector<std::uint8_t> posted_flag_;  // by pool index: buffers sitting on this SRQ
 };

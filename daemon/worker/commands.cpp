@@ -78,10 +78,10 @@ void Worker::on_command(ReloadCommand& cmd) {
 void Worker::on_command(ListConnectionsCommand& cmd) {
   std::vector<ConnectionInfo> out;
   connections_.for_each([&](Connection& c) {
-    out.push_back(ConnectionInfo{c.id, std::string(c.link->protocol()), c.protocol_version, c.peer,
-                                 std::string(to_string(c.state)), c.identity ? c.identity->name : "",
-                                 ctx_.index, c.subscriptions.size(), c.messages_in, c.messages_out,
-                                 c.bytes_in, c.bytes_out, c.pending_messages, c.pending_bytes});
+    out.push_back(ConnectionInfo{
+        c.id, std::string(c.link->protocol()), c.protocol_version, c.peer, std::string(to_string(c.state)),
+        c.identity ? c.identity->name : "", ctx_.index, c.subscriptions.size(), c.messages_in, c.messages_out,
+        c.bytes_in, c.bytes_out, c.pending_messages, c.pending_bytes, c.link->receive_window()});
   });
   cmd.reply->set_value(std::move(out));
 }

@@ -89,7 +89,10 @@ void Worker::run() {
     }
     router_.post_batches();
     connections_.flush_touched();
-    for (auto& port : ports_) port->refill(connections_);
+    for (auto& port : ports_) {
+      port->rebalance(connections_, ctx_.now);
+      port->refill(connections_);
+    }
     if (tcp_) tcp_->retry_buffer_waiters();
     connections_.check_deadlines();
     if (tcp_) {

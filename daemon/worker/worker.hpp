@@ -77,6 +77,7 @@ struct ConnectionInfo {
   std::uint64_t bytes_out = 0;
   std::uint64_t pending_messages = 0;
   std::uint64_t pending_bytes = 0;
+  std::uint32_t credits = 0;  // RDMA: the receive credits it holds (SPEC.md §5.1); TCP: 0
 };
 /// Asks a worker for its connections; it answers through the promise.
 struct ListConnectionsCommand {

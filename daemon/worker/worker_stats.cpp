@@ -101,10 +101,19 @@ void WorkerStats::visit(StatsVisitor& v) const {
           "Receives for a QP that was already gone.");
   v.count("rdma.wc_errors", wc_errors, "rdmabroker_rdma_work_completion_errors_total",
           "Work completions with an error status (other than flush).");
+  v.count("rdma.credit_reclaims", credit_reclaims, "rdmabroker_credit_reclaims_total",
+          "Idle RDMA connections asked to give receive credits back (credits by demand).");
+  v.count("rdma.credit_refusals", credit_refusals, "rdmabroker_credit_refusals_total",
+          "RDMA connections refused because the credit windows already filled their port's receive queue.");
   v.count("rdma.srq_refills", srq_refills, "rdmabroker_srq_refills_total",
           "Shared receive queue refills at the low watermark.");
   v.level("rdma.srq_posted", srq_posted.get(), "rdmabroker_srq_posted_receives",
           "Receives posted on the shared receive queues.");
+  v.level("rdma.credits_granted", credits_granted.get(), "rdmabroker_credits_granted",
+          "Receive credits held by RDMA clients (their windows); never above what the queues may hold.");
+  v.level(
+      "rdma.credit_capacity", credit_capacity.get(), "rdmabroker_credit_capacity",
+      "Receive credits the shared receive queues may hold for RDMA clients (the bound of credits granted).");
   v.count("rdma.cq_full", cq_full, "rdmabroker_cq_full_refusals_total",
           "RDMA connections refused because their completion queue had no room.");
   v.count("pool.exhausted", pool_exhausted, "rdmabroker_pool_exhausted_total",

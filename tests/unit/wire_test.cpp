@@ -533,13 +533,20 @@ TEST(WireHeaders, NamesAndValues) {
 }
 
 TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
-  // A client of this code asks for version 2 in byte 5, with version 1 in byte 4.
+  // A client of this code asks for version 3 in byte 5, with version 1 in byte 4.
   auto req = encode(ConnectRequest{16384, 64});
   EXPECT_EQ(std::to_integer<int>(req[4]), 1);
   EXPECT_EQ(std::to_integer<int>(req[5]), kProtocolVersion);
   ConnectRequest r;
   ASSERT_EQ(decode(std::span<const std::byte>(req), r), HandshakeStatus::kOk);
-  EXPECT_EQ(negotiate_version(r.max_version), 2);
+  EXPECT_EQ(negotiate_version(r.max_version), 3);
+  EXPECT_EQ(connection_version(r), 3);
+  // Credits by demand need a client window of 4 (SPEC.md §5.1): with fewer
+  // receives the connection is version 2.
+  EXPECT_EQ(connection_version(ConnectRequest{16384, 3}), 2);
+  EXPECT_EQ(connection_version(ConnectRequest{16384, 4}), 3);
+  EXPECT_EQ(connection_version(ConnectRequest{16384, 2, 0, 2}), 2);
+  EXPECT_EQ(connection_version(ConnectRequest{16384, 64}, 2), 2) << "a version-2 broker";
   // A version-1 client sends 0 there.
   req[5] = std::byte{0};
   ASSERT_EQ(decode(std::span<const std::byte>(req), r), HandshakeStatus::kOk);
@@ -547,14 +554,17 @@ TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
   // A later client asking for more gets what the broker has.
   EXPECT_EQ(negotiate_version(9), kProtocolVersion);
   EXPECT_EQ(negotiate_version(9, 1), 1) << "a version-1 broker";
-  // The accept carries the outcome; a client takes 1 or 2 and nothing else.
+  // The accept carries the outcome; a client takes 1 to 3 and nothing else.
   ConnectAccept a;
   ASSERT_EQ(decode(std::span<const std::byte>(encode(ConnectAccept{8192, 32, 77, 2})), a),
             HandshakeStatus::kOk);
   EXPECT_EQ(a.version, 2);
   ASSERT_EQ(decode(std::span<const std::byte>(encode(ConnectAccept{8192, 32, 77})), a), HandshakeStatus::kOk);
   EXPECT_EQ(a.version, 1);
-  EXPECT_EQ(decode(std::span<const std::byte>(encode(ConnectAccept{8192, 32, 77, 3})), a),
+  ASSERT_EQ(decode(std::span<const std::byte>(encode(ConnectAccept{8192, 32, 77, 3})), a),
+            HandshakeStatus::kOk);
+  EXPECT_EQ(a.version, 3);
+  EXPECT_EQ(decode(std::span<const std::byte>(encode(ConnectAccept{8192, 32, 77, 4})), a),
             HandshakeStatus::kBadVersion);
   // Byte 4 of a request stays the base version: 2 there is not a request this broker takes.
   auto v2_in_byte4 = encode(ConnectRequest{16384, 64});

@@ -97,7 +97,7 @@ struct BrokerOptions {
   std::uint32_t buffer_size = 16384;     // receive buffer = largest frame, bytes
   std::uint32_t pool_buffers = 8192;     // buffers in the shared pool
   std::uint32_t srq_depth = 1024;        // receives per SRQ (one SRQ per worker and device)
-  std::uint32_t credits = 32;            // receive credits granted to each client
+  std::uint32_t credits = 32;            // most receive credits a client holds (SPEC.md §5.1)
   std::uint32_t max_inflight_sends = 8;  // SENDs in flight per connection before batching
   std::uint32_t busy_poll_us = 0;  // a worker spins on its CQs this long after its last work before sleeping
   std::uint64_t max_pending_bytes = 64u

@@ -92,6 +92,21 @@ constexpr std::uint8_t negotiate_version(std::uint8_t requested, std::uint8_t br
   return requested < broker_max ? requested : broker_max;
 }
 
+/// A client's receive window below which version 3 is not used (SPEC.md
+/// §5.1: with credits by demand the broker's window may be 2, so the client's
+/// must be at least 4 for pure credit updates to die out).
+inline constexpr std::uint32_t kMinCreditsByDemandWindow = 4;
+
+/// The version of a connection made by `r` with a broker that speaks up to
+/// `broker_max`: negotiate_version(), and version 2 in place of 3 for a client
+/// that posted fewer than kMinCreditsByDemandWindow receives.
+constexpr std::uint8_t connection_version(const ConnectRequest& r,
+                                          std::uint8_t broker_max = kProtocolVersion) {
+  const std::uint8_t v = negotiate_version(r.max_version, broker_max);
+  if (v >= kCreditsByDemandVersion && r.initial_credits < kMinCreditsByDemandWindow) return kHeadersVersion;
+  return v;
+}
+
 inline std::array<std::byte, kConnectRequestSize> encode(const ConnectRequest& r) {
   std::array<std::byte, kConnectRequestSize> b{};
   encode_prefix(b.data(), r.flags, kVersion, r.max_version);
@@ -187,5 +202,16 @@ inline HandshakeStatus decode(std::span<const std::byte> b, ConnectReject& out) 
 /// receive credits to the peer (SPEC.md, "Flow control"). A SEND of zero bytes
 /// is a pure credit update.
 inline constexpr std::uint32_t kMaxCreditsPerImm = 0xffff;
+
+/// Version 3 (SPEC.md §5.1) splits the immediate value: the low 16 bits
+/// return credits as before, the high 16 bits ask the client to give credits
+/// back (broker -> client) or give them back (client -> broker). Versions 1
+/// and 2 send the high bits as 0.
+struct CreditImm {
+  std::uint32_t returned = 0;
+  std::uint32_t release = 0;
+};
+constexpr std::uint32_t encode_credit_imm(CreditImm c) { return (c.release << 16) | (c.returned & 0xffff); }
+constexpr CreditImm decode_credit_imm(std::uint32_t imm) { return CreditImm{imm & 0xffff, imm >> 16}; }
 
 }  // namespace rdmabroker::proto

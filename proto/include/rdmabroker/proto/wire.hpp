@@ -1,4 +1,4 @@
-// The rdmabroker wire protocol (versions 1 and 2): frame layout, handshake blocks and
+// The rdmabroker wire protocol (versions 1 to 3): frame layout, handshake blocks and
 // their encoders/decoders. proto/SPEC.md is the normative description; this
 // header implements it and is shared by rdmabrokerd and librdmabroker.
 //
@@ -27,9 +27,11 @@ inline constexpr std::uint16_t kFrameMagic = 0x4252;  // bytes "RB"
 inline constexpr std::uint8_t kVersion = 1;
 /// The highest protocol version this code speaks, negotiated in the
 /// handshake (SPEC.md §2.1): 2 adds message headers (§3.6).
-inline constexpr std::uint8_t kProtocolVersion = 2;
+inline constexpr std::uint8_t kProtocolVersion = 3;
 /// The first protocol version with message headers.
 inline constexpr std::uint8_t kHeadersVersion = 2;
+/// The first protocol version with credits by demand over RDMA (SPEC.md §5.1).
+inline constexpr std::uint8_t kCreditsByDemandVersion = 3;
 inline constexpr std::size_t kHeaderSize = 32;
 inline constexpr std::size_t kFrameAlign = 8;
 inline constexpr std::size_t kMaxSubjectLen = 255;
