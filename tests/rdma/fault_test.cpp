@@ -25,37 +25,6 @@ namespace {
 using namespace std::chrono_literals;
 using Kind = ConnectionEvent::Kind;
 
-/// The sequence numbers one subscription received (payloads start with the number).
-struct SeqSink {
-  std::mutex mu;
-  std::vector<std::uint64_t> got;
-  MessageHandler handler() {
-    return [this](const Message& m) {
-      std::lock_guard l(mu);
-      got.push_back(std::stoull(std::string(m.data())));
-    };
-  }
-  std::size_t size() {
-    std::lock_guard l(mu);
-    return got.size();
-  }
-  /// True if exactly [from, to) arrived, in order, after `skip` others.
-  bool exactly(std::uint64_t from, std::uint64_t to, std::size_t skip = 0) {
-    std::lock_guard l(mu);
-    if (got.size() != skip + (to - from)) return false;
-    for (std::uint64_t i = from; i < to; ++i) {
-      if (got[skip + (i - from)] != i) return false;
-    }
-    return true;
-  }
-  std::string describe() {
-    std::lock_guard l(mu);
-    return std::to_string(got.size()) + " messages" +
-           (got.empty() ? ""
-                        : ", first " + std::to_string(got.front()) + ", last " + std::to_string(got.back()));
-  }
-};
-
 /// A payload for message `seq`: its number, padded to `size` bytes.
 std::string numbered(std::uint64_t seq, std::size_t size = 0) {
   std::string s = std::to_string(seq);

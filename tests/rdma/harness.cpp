@@ -507,7 +507,10 @@ Result<RawPeer::ConnectResult> RawPeer::connect(const std::string& host, std::ui
   r.accepted = *e == RDMA_CM_EVENT_ESTABLISHED;
   if (r.accepted) {
     proto::ConnectAccept a;
-    if (proto::decode(r.private_data, a) == proto::HandshakeStatus::kOk) broker_credits_ = a.initial_credits;
+    if (proto::decode(r.private_data, a) == proto::HandshakeStatus::kOk) {
+      broker_credits_ = a.initial_credits;
+      version_ = a.version;
+    }
   }
   return r;
 }
@@ -526,7 +529,7 @@ Status RawPeer::connect_ok(const std::string& host, std::uint16_t port, const st
 Status RawPeer::send(std::span<const std::byte> bytes, std::uint32_t imm) {
   std::byte* buf = mem_.data() + std::size_t{recv_count_} * recv_size_;
   if (bytes.size() > kMaxRawSend) return Error{ErrorKind::kInvalidArgument, "too big for the raw peer"};
-  std::memcpy(buf, bytes.data(), bytes.size());
+  if (!bytes.empty()) std::memcpy(buf, bytes.data(), bytes.size());  // a zero-byte SEND: a pure credit update
   ibv_sge sge{reinterpret_cast<std::uint64_t>(buf), static_cast<std::uint32_t>(bytes.size()), mr_->lkey};
   ibv_send_wr wr{};
   wr.wr_id = 1ull << 40;
@@ -568,7 +571,16 @@ Result<std::vector<std::byte>> RawPeer::receive(std::chrono::milliseconds timeou
     if (got) {
       if (wc.wr_id >= (1ull << 40)) continue;  // a send completion
       if (wc.status != IBV_WC_SUCCESS) return Error{ErrorKind::kClosed, ibv_wc_status_str(wc.status)};
-      if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) broker_credits_ += ntohl(wc.imm_data);
+      if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) {
+        const std::uint32_t imm = ntohl(wc.imm_data);
+        if (version_ >= proto::kCreditsByDemandVersion) {
+          const auto c = proto::decode_credit_imm(imm);
+          broker_credits_ += c.returned;
+          if (c.release > 0) release_asked_ = c.release;
+        } else {
+          broker_credits_ += imm;
+        }
+      }
       std::byte* p = mem_.data() + wc.wr_id * recv_size_;
       std::vector<std::byte> out(p, p + wc.byte_len);
       if (repost) {

@@ -220,6 +220,9 @@ class RawPeer {
   /// Waits for RDMA_CM_EVENT_DISCONNECTED.
   bool wait_disconnected(std::chrono::milliseconds timeout);
   std::uint32_t broker_credits() const { return broker_credits_; }
+  /// Version 3: the credits the broker last asked back (SPEC.md §5.1; 0: none).
+  std::uint32_t release_asked() const { return release_asked_; }
+  std::uint8_t version() const { return version_; }
 
   /// Set before connect(): how often the broker's QP retries a SEND this
   /// peer has no receive for (the connect parameter; 7 = forever), and how
@@ -238,8 +241,41 @@ class RawPeer {
   std::uint32_t recv_size_ = 0;
   std::uint32_t recv_count_ = 0;
   std::uint32_t broker_credits_ = 0;
+  std::uint32_t release_asked_ = 0;
+  std::uint8_t version_ = 1;
   bool disconnected_ = false;
   std::deque<ibv_wc> pending_;  // receives that completed while send() waited
+};
+
+/// The sequence numbers one subscription received (payloads start with the number).
+struct SeqSink {
+  std::mutex mu;
+  std::vector<std::uint64_t> got;
+  MessageHandler handler() {
+    return [this](const Message& m) {
+      std::lock_guard l(mu);
+      got.push_back(std::stoull(std::string(m.data())));
+    };
+  }
+  std::size_t size() {
+    std::lock_guard l(mu);
+    return got.size();
+  }
+  /// True if exactly [from, to) arrived, in order, after `skip` others.
+  bool exactly(std::uint64_t from, std::uint64_t to, std::size_t skip = 0) {
+    std::lock_guard l(mu);
+    if (got.size() != skip + (to - from)) return false;
+    for (std::uint64_t i = from; i < to; ++i) {
+      if (got[skip + (i - from)] != i) return false;
+    }
+    return true;
+  }
+  std::string describe() {
+    std::lock_guard l(mu);
+    return std::to_string(got.size()) + " messages" +
+           (got.empty() ? ""
+                        : ", first " + std::to_string(got.front()) + ", last " + std::to_string(got.back()));
+  }
 };
 
 /// Encodes one frame into a vector.

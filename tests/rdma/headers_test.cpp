@@ -167,7 +167,7 @@ std::vector<std::pair<proto::FrameHeader, std::string>> delivered(RawWire& w, st
 // breaks a field version 1 reserves. One asking for 2 gets 2 and the blocks.
 TEST_P(HeadersTest, AVersionOneClientGetsTheMessagesWithoutThem) {
   auto v1 = raw_wire(broker_, GetParam(), true, proto::ConnectRequest{16384, 16, 0, /*max_version=*/0});
-  auto v2 = raw_wire(broker_, GetParam(), true, proto::ConnectRequest{16384, 16});
+  auto v2 = raw_wire(broker_, GetParam(), true, proto::ConnectRequest{16384, 16, 0, /*max_version=*/2});
   ASSERT_TRUE(v1 && v2);
   EXPECT_EQ(v1->accept.version, 1);
   EXPECT_EQ(v2->accept.version, 2);

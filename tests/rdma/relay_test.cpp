@@ -368,14 +368,9 @@ TEST_F(Relay, WrongFramesGetTheirErrorCodes) {
 }
 
 // RDMA connections that never send CONNECT (a flood of rdma_cm connect
-// requests) get 2 receive credits each until they authenticate, and one
-// address may hold only limits.max_unauthenticated_per_address of them: they
-// cannot take the SRQ's credit budget from clients that log in. With 128
-// receives per SRQ, four such connections at the full 32 credits would take
-// all of it: the fifth, and every client after it, would be refused
-// NO_RESOURCES. (The two clients that log in get 32 each and leave a quarter
-// of the SRQ free: a budget claimed to the last credit by idle connections
-// can hold a publisher's credits until the next refill, issue 17's subject.)
+// requests) get 2 receive credits each (whatever their protocol version), and
+// one address may hold only limits.max_unauthenticated_per_address of them:
+// they cannot take the SRQ's credit budget from clients that log in.
 TEST_F(Relay, ConnectionsThatNeverLogInCannotTakeTheReceiveCredits) {
   BrokerProcess broker(next_port(), {"--workers", "1", "--srq-depth", "128", "--credits", "32",
                                      "--max-unauthenticated-per-address", "8"});
@@ -671,6 +666,176 @@ TEST_F(Relay, CliPublishesAndSubscribes) {
   // A bad subject is refused with a clear message and a non-zero status.
   auto [brc, bout] = run({cli_path(), "pub", "bad..subject", "x", "-s", broker.url(a1)});
   EXPECT_NE(brc, 0);
+}
+
+// ---------------------------------------------------------------- credits by demand (SPEC.md §5.1)
+
+/// The credits the broker has granted connection `id` now (admin `connections`).
+std::int64_t credits_of(const BrokerProcess& broker, std::uint64_t id) {
+  const auto doc = nlohmann::json::parse(broker.admin("connections"));
+  for (const auto& c : doc["connections"]) {
+    if (c["id"].get<std::uint64_t>() == id) return c["credits"].get<std::int64_t>();
+  }
+  return -1;
+}
+
+// Version-3 clients start at 2 credits, so a port holds many more of them
+// than flow.credits would allow: with 32 credits up front, a port that may
+// hold 64 or 128 credits took 2 or 4 clients. The windows never add up to more
+// than the port's receive queues may hold (rdma.credit_capacity), the next
+// client is refused NO_RESOURCES, and those admitted still relay.
+TEST_F(Relay, ClientsStartSmallSoAPortTakesManyMoreThanItsFullWindows) {
+  BrokerProcess broker(next_port(), {"--workers", "1", "--srq-depth", "32", "--pool-buffers", "256",
+                                     "--credits", "32", "--max-unauthenticated-per-address", "200"});
+  ASSERT_TRUE(broker.running());
+  const auto capacity = broker.stats()["rdma.credit_capacity"];
+  ASSERT_GE(capacity, 64) << "a port may hold max(srq_depth, pool / (2 x ports)) credits";
+  auto sub = connect(broker, a1, a1);
+  auto pub = connect(broker, a1, a1);
+  ASSERT_TRUE(sub && pub);
+  std::vector<std::unique_ptr<RawPeer>> peers;
+  bool refused = false;
+  while (peers.size() < 200 && !refused) {
+    auto peer = std::make_unique<RawPeer>();
+    auto r = peer->connect(a1, broker.port(), a1, proto::encode(proto::ConnectRequest{16384, 4}), 16384, 4);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    if (!r->accepted) {
+      proto::ConnectReject reject;
+      ASSERT_EQ(proto::decode(r->private_data, reject), proto::HandshakeStatus::kOk);
+      EXPECT_EQ(reject.reason, proto::RejectReason::kNoResources);
+      refused = true;
+      break;
+    }
+    EXPECT_EQ(peer->version(), proto::kCreditsByDemandVersion);
+    EXPECT_EQ(peer->broker_credits(), 2u);
+    ASSERT_TRUE(peer->send(frame(FrameType::kConnect, 0, "", "")).ok());
+    peers.push_back(std::move(peer));
+  }
+  ASSERT_TRUE(refused) << peers.size() << " clients admitted on a port that may hold " << capacity
+                       << " credits";
+  // All on a1's device: at least a port's capacity / 2 clients (the whole
+  // capacity when the guest has one device), far more than 2 or 4.
+  auto s = broker.stats();
+  EXPECT_GE(peers.size() + 2, static_cast<std::size_t>(capacity / 4))
+      << "capacity " << capacity << ", granted " << s["rdma.credits_granted"] << ", posted "
+      << s["rdma.srq_posted"] << ", pool in use " << s["pool.in_use"];
+  EXPECT_LE(s["rdma.credits_granted"], capacity);
+  EXPECT_GE(s["rdma.credit_refusals"], 1);
+
+  // The pair admitted first still relays, at 2 credits if nothing is left.
+  SeqSink got;
+  ASSERT_TRUE(sub->subscribe("small.windows", got.handler()).ok());
+  ASSERT_TRUE(sub->flush(10s).ok());
+  constexpr int kCount = 500;
+  for (int i = 0; i < kCount; ++i) ASSERT_TRUE(pub->publish("small.windows", std::to_string(i)).ok());
+  ASSERT_TRUE(pub->flush(60s).ok());
+  EXPECT_TRUE(wait_until([&] { return got.size() >= kCount; }, 60s)) << got.size();
+  EXPECT_TRUE(got.exactly(0, kCount)) << got.describe();
+
+  // An older client gets the rest of its window at its login only as far as
+  // the port has room; freed room is granted again.
+  for (int i = 0; i < 20 && !peers.empty(); ++i) peers.pop_back();
+  broker.wait_stats(
+      [&](auto& st) { return st["connections.current"] == static_cast<std::int64_t>(peers.size() + 2); },
+      30s);
+  RawPeer older;
+  auto r =
+      older.connect(a1, broker.port(), a1, proto::encode(proto::ConnectRequest{16384, 4, 0, 2}), 16384, 4);
+  ASSERT_TRUE(r.ok() && r->accepted) << (r.ok() ? r->event : r.error().message);
+  EXPECT_EQ(older.version(), 2);
+  ASSERT_TRUE(older.send(frame(FrameType::kConnect, 0, "", "")).ok());
+  ASSERT_TRUE(older.send(frame(FrameType::kPing, 0, "", "")).ok());
+  auto pong = older.receive(10s);
+  ASSERT_TRUE(pong.ok()) << pong.error().message;
+  // Granted in all: 2 at accept, then the 2 used and up to 30 more.
+  EXPECT_GT(older.broker_credits(), 4u + 2u) << "the older client got no more than its first two";
+  EXPECT_LE(older.broker_credits(), 2u + 32u);
+  EXPECT_LE(broker.stats()["rdma.credits_granted"], capacity);
+
+  // A client asking for version 3 with fewer than 4 receives gets version 2
+  // (SPEC.md §2.1: with a broker window of 2, its idle updates would not end).
+  RawPeer few;
+  auto f = few.connect(a1, broker.port(), a1, proto::encode(proto::ConnectRequest{16384, 3}), 16384, 3);
+  ASSERT_TRUE(f.ok() && f->accepted) << (f.ok() ? f->event : f.error().message);
+  EXPECT_EQ(few.version(), 2);
+}
+
+// A publisher earns credits while it publishes and gives them back once it
+// has been idle for a second (the library answers the broker's ask); it then
+// earns them again. Nothing is lost on the way.
+TEST_F(Relay, APublisherEarnsItsWindowAndGivesItBackWhenIdle) {
+  BrokerProcess broker(next_port(), {"--workers", "1"});
+  ASSERT_TRUE(broker.running());
+  auto sub = connect(broker, a1, a1);
+  auto pub = connect(broker, a1, a1);
+  ASSERT_TRUE(sub && pub);
+  SeqSink got;
+  ASSERT_TRUE(sub->subscribe("earn", got.handler()).ok());
+  ASSERT_TRUE(sub->flush(10s).ok());
+  const std::uint64_t pub_id = broker.connection_ids().back();
+  EXPECT_EQ(credits_of(broker, pub_id), 2)
+      << "a version-3 client starts at 2: " << broker.admin("connections");
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> sent{0};
+  std::jthread publisher([&] {
+    while (!stop) {
+      for (int i = 0; i < 50; ++i) ASSERT_TRUE(pub->publish("earn", std::to_string(sent++)).ok());
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+  std::int64_t grown = 0;
+  EXPECT_TRUE(wait_until(
+      [&] {
+        grown = credits_of(broker, pub_id);
+        return grown > 2;
+      },
+      30s))
+      << "the publisher's window never grew";
+  stop = true;
+  publisher.join();
+  ASSERT_TRUE(pub->flush(60s).ok());
+  EXPECT_LE(grown, 32) << "flow.credits bounds a window";
+
+  // Idle: asked back to 2, and the gauge follows.
+  EXPECT_TRUE(wait_until([&] { return credits_of(broker, pub_id) == 2; }, 15s)) << credits_of(broker, pub_id);
+  auto s = broker.stats();
+  EXPECT_GE(s["rdma.credit_reclaims"], 1);
+  EXPECT_EQ(s["connections.closed.protocol_error"], 0);
+
+  // And earned again.
+  const int before = sent;
+  for (int i = 0; i < 500; ++i) ASSERT_TRUE(pub->publish("earn", std::to_string(sent++)).ok());
+  ASSERT_TRUE(pub->flush(60s).ok());
+  EXPECT_GT(sent, before);
+  EXPECT_TRUE(wait_until([&] { return got.size() >= static_cast<std::size_t>(sent.load()); }, 60s))
+      << got.size() << " of " << sent;
+  EXPECT_TRUE(got.exactly(0, static_cast<std::uint64_t>(sent.load()))) << got.describe();
+}
+
+// A client that gives back credits it does not hold breaks the rule that
+// keeps a receive behind every credit: PROTOCOL_VIOLATION, that client only.
+TEST_F(Relay, GivingBackCreditsNeverHeldIsAProtocolViolation) {
+  BrokerProcess broker(next_port(), {"--workers", "1"});
+  ASSERT_TRUE(broker.running());
+  auto bystander = connect(broker, a1, a1);
+  ASSERT_NE(bystander, nullptr);
+  RawPeer peer;
+  ASSERT_TRUE(peer.connect_ok(a1, broker.port(), "", 4).ok());
+  ASSERT_EQ(peer.version(), proto::kCreditsByDemandVersion);
+  // It holds 1 credit after its CONNECT; a zero-byte SEND giving back 9.
+  ASSERT_TRUE(peer.send({}, proto::encode_credit_imm({0, 9})).ok());
+  auto reply = peer.receive(10s);
+  ASSERT_TRUE(reply.ok()) << reply.error().message;
+  auto fs = frames(reply.value());
+  ASSERT_FALSE(fs.empty());
+  EXPECT_EQ(fs[0].header.type, FrameType::kError);
+  EXPECT_EQ(static_cast<ErrorCode>(fs[0].header.arg), ErrorCode::kProtocolViolation) << payload_str(fs[0]);
+  EXPECT_NE(payload_str(fs[0]).find("more credits than it held"), std::string::npos) << payload_str(fs[0]);
+  EXPECT_TRUE(peer.wait_disconnected(10s));
+  auto s = broker.wait_stats([](auto& st) { return st["connections.closed.protocol_error"] == 1; }, 10s);
+  EXPECT_EQ(s["connections.closed.protocol_error"], 1);
+  EXPECT_TRUE(bystander->flush(10s).ok());
 }
 
 }  // namespace
