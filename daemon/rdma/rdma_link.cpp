@@ -229,6 +229,7 @@ std::uint32_t RdmaLink::take_imm(const Connection& c) {
     // A credit returned claims one posted receive of the port's SRQ.
     returned = credits.take_owed(port_.credit_budget());
     port_.outstanding += returned;
+    if (credits.owed() > 0) port_.budget_short = true;
   }
   return proto::encode_credit_imm({returned, std::exchange(release_ask_, 0)});
 }
@@ -244,6 +245,7 @@ void RdmaLink::flush(Connection& c) {
       // back alone if the client needs them, on the reserved last credit if
       // need be (SPEC.md §5: without this both sides can wait forever).
       const bool ask = release_ask_ > 0;
+      if (credits.should_return() && port_.credit_budget() == 0) port_.budget_short = true;
       if ((ask || (credits.should_return() && port_.credit_budget() > 0)) &&
           credits.can_send_credit_update()) {
         const std::uint32_t imm = take_imm(c);

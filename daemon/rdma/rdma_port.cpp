@@ -21,18 +21,21 @@ Result<std::unique_ptr<RdmaPort>> RdmaPort::create(Device& dev, WorkerContext& c
   const auto& attr = dev.attr;
   port->srq_depth_ = std::min<std::uint32_t>(opt.srq_depth, static_cast<std::uint32_t>(attr.max_srq_wr));
   port->max_sge = std::min<std::uint32_t>(kMaxSendSge, static_cast<std::uint32_t>(attr.max_sge));
-  // Every signaled send and every receive needs a CQ slot: size for the SRQ
-  // plus a full send window on every connection this worker may hold.
-  // The SRQ may grow to hold the windows of credits by demand: up to half
-  // the pool's share of this port (the rest carries queued messages and
-  // TCP), and never below srq_depth.
+  // The SRQ may grow to hold the windows of credits by demand (srq_max):
+  // up to half the pool's share of this port (the rest carries queued
+  // messages and TCP), never below srq_depth; plus one refill batch, so that
+  // refills stay batched when the windows reach srq_max.
+  port->batch_ = std::max(1u, port->srq_depth_ / 4);
   const std::uint32_t ports_total = static_cast<std::uint32_t>(std::max<std::size_t>(
       1, ctx.core.workers.size() * (ctx.core.devices ? ctx.core.devices->devices().size() : 1)));
-  port->srq_max_ =
-      std::max(port->srq_depth_, std::min<std::uint32_t>(ctx.core.pool->count() / (2 * ports_total),
-                                                         static_cast<std::uint32_t>(attr.max_srq_wr)));
+  const auto max_srq_wr = static_cast<std::uint32_t>(attr.max_srq_wr);
+  port->srq_max_ = std::min(std::max(port->srq_depth_, ctx.core.pool->count() / (2 * ports_total)),
+                            max_srq_wr > port->batch_ ? max_srq_wr - port->batch_ : 1u);
+  // Every signaled send and every receive needs a CQ slot: size for the SRQ
+  // plus a full send window on every connection this worker may hold.
   const std::uint32_t window = opt.max_inflight_sends + 1;
-  const std::uint64_t want = std::uint64_t{port->srq_max_} + std::uint64_t{max_connections} * window;
+  const std::uint64_t want =
+      std::uint64_t{port->srq_max_} + port->batch_ + std::uint64_t{max_connections} * window;
   int cqe = static_cast<int>(std::min<std::uint64_t>(want, static_cast<std::uint64_t>(attr.max_cqe)));
   if (const std::uint32_t forced = fault::cq_entries_override(); forced > 0) cqe = static_cast<int>(forced);
   port->channel_.reset(ibv_create_comp_channel(dev.context));
@@ -44,25 +47,25 @@ Result<std::unique_ptr<RdmaPort>> RdmaPort::create(Device& dev, WorkerContext& c
   // The device may round the size up; what it granted is the budget. The
   // SRQ must fit with at least one connection's window beside it.
   port->cq_capacity = static_cast<std::uint32_t>(port->cq_->cqe);
-  if (port->cq_capacity < port->srq_max_ + window) {
-    if (port->cq_capacity < 2 * window) {
+  if (port->cq_capacity < port->srq_max_ + port->batch_ + window) {
+    if (port->cq_capacity < 2 * window + port->batch_) {
       return Error{ErrorKind::kResource, "the CQ on " + dev.name + " has " +
                                              std::to_string(port->cq_capacity) +
                                              " entries: too few for a receive queue and one connection"};
     }
     // A CQ smaller than wanted is shared: receives keep srq_depth (or half
     // the CQ if more), the rest is for the connections' send windows.
-    const std::uint32_t cut =
-        std::min(port->cq_capacity - window, std::max(port->srq_depth_, port->cq_capacity / 2));
+    const std::uint32_t cut = std::min(port->cq_capacity - window - port->batch_,
+                                       std::max(port->srq_depth_, port->cq_capacity / 2));
     spdlog::warn("worker {}: {} has a CQ of {} entries: receive queue cut from {} to {}", ctx.index, dev.name,
                  port->cq_capacity, port->srq_max_, cut);
     port->srq_max_ = cut;
     port->srq_depth_ = std::min(port->srq_depth_, cut);
   }
-  port->cq_reserved = port->srq_max_;
+  port->cq_reserved = port->srq_max_ + port->batch_;
   ctx.stats.credit_capacity.add(port->srq_max_);
   ibv_srq_init_attr srq_attr{};
-  srq_attr.attr.max_wr = port->srq_max_;
+  srq_attr.attr.max_wr = port->srq_max_ + port->batch_;
   srq_attr.attr.max_sge = 1;
   port->srq_.reset(ibv_create_srq(dev.pd.get(), &srq_attr));
   if (!port->srq_) return sys_error("ibv_create_srq(" + dev.name + ")");
@@ -207,7 +210,9 @@ std::uint32_t RdmaPort::fair_window(std::uint32_t configured) const {
 }
 
 std::uint32_t RdmaPort::srq_target() const {
-  return std::min(srq_max_, std::max(srq_depth_, windows_total + srq_depth_ / 4));
+  // Windows may pass srq_max by a credit or two (keep_at_least after a
+  // crossed give-back); the SRQ itself holds srq_max_ + batch_ at most.
+  return std::min(srq_max_ + batch_, std::max(srq_depth_, windows_total + batch_));
 }
 
 void RdmaPort::rebalance(Connections& connections, std::chrono::steady_clock::time_point now) {
@@ -224,12 +229,10 @@ void RdmaPort::rebalance(Connections& connections, std::chrono::steady_clock::ti
 }
 
 void RdmaPort::refill(Connections& connections, std::uint32_t to_grant) {
-  // Refills come in batches of at least a quarter of srq_depth, not per
-  // receive, unless a window (or `to_grant` more) has no receive behind it.
+  // Refills come in batches (a quarter of srq_depth), not per receive,
+  // unless a window (or `to_grant` more) has no receive behind it.
   const std::uint32_t target = srq_target();
-  if (posted_ >= target ||
-      (target - posted_ < std::max(1u, srq_depth_ / 4) && posted_ >= windows_total + to_grant))
-    return;
+  if (posted_ >= target || (target - posted_ < batch_ && posted_ >= windows_total + to_grant)) return;
   const std::uint32_t want = target - posted_;
   std::vector<std::uint32_t> idx(want);
   const std::size_t got = ctx_.core.pool->acquire(idx.data(), want);
@@ -258,9 +261,13 @@ void RdmaPort::refill(Connections& connections, std::uint32_t to_grant) {
   posted_ += static_cast<std::uint32_t>(posted);
   ctx_.stats.srq_posted.add(static_cast<std::int64_t>(posted));
   ctx_.stats.srq_refills.add();
-  // Credits that waited for budget can go back now.
-  for (auto& [qp, c] : by_qp) {
-    if (static_cast<RdmaLink&>(*c->link).credits.owed() > 0) connections.touch(*c);
+  // Credits that waited for budget can go back now (a scan of every
+  // connection: only after a shortage, not on every refill).
+  if (budget_short) {
+    budget_short = false;
+    for (auto& [qp, c] : by_qp) {
+      if (static_cast<RdmaLink&>(*c->link).credits.owed() > 0) connections.touch(*c);
+    }
   }
 }
 

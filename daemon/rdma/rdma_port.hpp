@@ -70,7 +70,7 @@ class RdmaPort {
   /// The largest window a publishing connection may hold now: flow.credits,
   /// or less while so many publish that their windows would not fit srq_max.
   std::uint32_t fair_window(std::uint32_t configured) const;
-  /// Receives to keep posted: the windows plus slack, within srq_depth .. srq_max.
+  /// Receives to keep posted: the windows plus a refill batch, at least srq_depth.
   std::uint32_t srq_target() const;
   std::uint32_t srq_max() const { return srq_max_; }
   std::uint32_t posted() const { return posted_; }
@@ -84,6 +84,7 @@ class RdmaPort {
   std::uint32_t max_sge = 1;
   std::uint32_t outstanding = 0;    // credits granted to this port's clients, not yet used
   std::uint32_t windows_total = 0;  // the windows of this port's connections (RdmaLink::charged_)
+  bool budget_short = false;        // a link had owed credits the budget could not cover
   /// CQ entries, and those spoken for: the SRQ's receives plus a send window
   /// (max_inflight_sends + 1) per connection. A connection that would
   /// overrun the CQ is refused: an overrun CQ breaks every QP on it.
@@ -119,7 +120,8 @@ class RdmaPort {
   verbs::SrqPtr srq_;
   verbs::MrPtr send_blocks_mr_;   // the worker's send blocks registered on this device
   std::uint32_t srq_depth_ = 0;   // receives always kept posted (buffers.srq_depth)
-  std::uint32_t srq_max_ = 0;     // receives the SRQ may hold: the bound of windows_total
+  std::uint32_t srq_max_ = 0;     // the bound of windows_total; the SRQ holds srq_max_ + batch_
+  std::uint32_t batch_ = 1;       // receives per refill (srq_depth / 4)
   std::uint32_t posted_ = 0;      // receives on the SRQ
   std::uint32_t publishers_ = 0;  // connections with data in the last kIdleReclaim (rebalance)
   std::chrono::steady_clock::time_point next_rebalance_{};
