@@ -116,6 +116,8 @@ void print_text(const nlohmann::json& report, bool fixed_rate) {
       a["delivery_msgs_per_s"].get<double>(), a["delivery_mb_per_s"].get<double>(),
       static_cast<unsigned long long>(a["lost"].get<std::uint64_t>()),
       static_cast<unsigned long long>(a["reordered"].get<std::uint64_t>()));
+  if (jp.size() > 1)
+    std::printf("publisher fairness (Jain's index): %.3f\n", a["publisher_fairness"].get<double>());
   const auto& l = a["latency"];
   std::printf("latency: p50 %.1f us, p90 %.1f us, p99 %.1f us, p99.9 %.1f us, max %.1f us%s\n",
               l["p50_us"].get<double>(), l["p90_us"].get<double>(), l["p99_us"].get<double>(),
@@ -392,12 +394,21 @@ class BenchRun {
       failed |= !s->error.empty();
     }
     const std::uint64_t lost = expected > received ? expected - received : 0;
+    // Jain's index over what each publisher got through: 1 when all publish
+    // at the same rate, 1/n when one takes everything (--duration runs).
+    double sum = 0, sum_sq = 0;
+    for (const auto& r : results_) {
+      sum += static_cast<double>(r.sent);
+      sum_sq += static_cast<double>(r.sent) * static_cast<double>(r.sent);
+    }
+    const double fairness = sum_sq > 0 ? sum * sum / (static_cast<double>(results_.size()) * sum_sq) : 1.0;
     const double delivery_s = last_ns > 0 ? (last_ns - start_ns) / 1e9 : 0;
     report["publishers"] = jp;
     report["subscribers"] = js;
     report["aggregate"] = {
         {"published", total_sent},
         {"publish_msgs_per_s", per_second(static_cast<double>(total_sent), pub_seconds)},
+        {"publisher_fairness", fairness},
         {"expected", expected},
         {"received", received},
         {"lost", lost},

@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
   opt.bind_address = bind;
   // What tests/bench/hold_connections.cpp uses: the smallest client, so the
   // broker's own cost per connection is what is measured.
-  opt.recv_credits = 2;
+  opt.recv_credits = 4;  // the fewest with credits by demand (SPEC.md §5.1)
   opt.max_inflight_sends = 1;
   opt.send_queue_buffers = 1;
   opt.connect_timeout = std::chrono::seconds(60);

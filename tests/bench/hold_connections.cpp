@@ -1,7 +1,7 @@
 // Holds N client connections to a broker, each with one subscription of its
 // own, until its stdin closes: what tests/bench/idle-rss.sh measures the
-// broker's memory against. Clients use the smallest buffers the protocol
-// allows, so 1,000 RDMA clients fit one process. With HOLD_SUBJECT set, each
+// broker's memory against. Clients use few buffers (4 receives: the fewest
+// of protocol version 3), so 1,000 RDMA clients fit one process. With HOLD_SUBJECT set, each
 // also subscribes to that subject and counts what it receives; at exit it
 // prints "received MIN MAX" over the clients (tests/bench/soak.sh checks
 // that every one got every message). With HOLD_SUBS=K each holds K
@@ -25,7 +25,9 @@ int main(int argc, char** argv) {
   const int n = std::stoi(argv[2]);
   rdmabroker::ClientOptions opt;
   if (argc > 3) opt.bind_address = argv[3];
-  opt.recv_credits = 2;
+  // The fewest receives with which the broker grants credits by demand
+  // (SPEC.md §5.1): 2 credits per idle client instead of flow.credits.
+  opt.recv_credits = 4;
   opt.max_inflight_sends = 1;
   opt.send_queue_buffers = 1;
   opt.connect_timeout = std::chrono::seconds(30);

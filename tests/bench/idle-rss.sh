@@ -23,10 +23,8 @@ if [ "$VIA" = tcp ]; then
   URL=tcp://127.0.0.1:7491
   BIND=()
 else
-  # Each RDMA client is granted credits out of its worker's SRQ: 1,000
-  # clients need SRQs deeper than the default (1024 / 32 credits = 32 per
-  # worker and device), so fewer credits and deeper SRQs here.
-  ARGS+=(--credits 4 --srq-depth 4096 --pool-buffers 16384 --buffer-size 4096)
+  # The defaults: an idle client holds 2 credits (credits by demand,
+  # SPEC.md §5.1), so 1,000 fit the default receive queues.
   URL=rdma://${RDMABROKER_GUEST_ADDR1:-127.0.0.1}:7490
   BIND=(${RDMABROKER_GUEST_ADDR2:-})
 fi

@@ -32,7 +32,9 @@ URL=rdma://${RDMABROKER_GUEST_ADDR1:-127.0.0.1}:7490
 BIND=(${RDMABROKER_GUEST_ADDR2:-})
 CLI="$BIN/client-lib/rdmabroker"
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-# As in idle-rss.sh: 1,000 RDMA clients need fewer credits each and deeper SRQs.
+# Smaller buffers, fewer credits and deeper SRQs than the defaults, as in every
+# earlier soak run (its numbers stay comparable); the defaults also take 1,000
+# idle RDMA clients now (credits by demand: tests/bench/credits.sh).
 "$BIN/daemon/rdmabrokerd" --allow-anonymous --port 7490 --tcp-port 0 --admin-socket "$SOCK" --metrics-listen "" \
   --workers 2 --log-level warn --max-connections $((CONNS + 64)) \
   --credits 4 --srq-depth 4096 --pool-buffers 16384 --buffer-size 4096 &
