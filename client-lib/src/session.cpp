@@ -229,12 +229,7 @@ Status Session::publish(std::string_view subject, std::span<const std::byte> pay
 
 Status Session::publish_request(std::string_view subject, std::string_view reply,
                                 std::span<const std::byte> payload) {
-  if (auto st = check_subject(subject); !st) return st;
-  if (!reply.empty()) {
-    if (auto st = check_subject(reply); !st) return st;
-  }
-  std::unique_lock lock(mu_);
-  return publish_locked(lock, subject, reply, payload, 0);
+  return publish(subject, Headers{}, payload, reply);
 }
 
 // ---------------------------------------------------------------- request/reply

@@ -714,6 +714,28 @@ std::unique_ptr<RawWire> raw_wire(const BrokerProcess& b, Via via, bool anonymou
   return w;
 }
 
+std::size_t read_delivered(RawWire& w, std::size_t n, std::chrono::milliseconds timeout,
+                           const std::function<void(const proto::Frame&)>& on_message,
+                           const std::function<void(const proto::Frame&)>& on_frame) {
+  std::size_t seen = 0;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (seen < n && std::chrono::steady_clock::now() < deadline) {
+    for (const auto& bytes : w.receive(std::chrono::milliseconds(100))) {
+      proto::Frame f;
+      EXPECT_EQ(proto::decode_frame(bytes, bytes.size(), f), proto::DecodeStatus::kOk);
+      if (on_frame) on_frame(f);
+      if (f.header.type != proto::FrameType::kDeliver) continue;
+      EXPECT_EQ(proto::for_each_delivered(f,
+                                          [&](const proto::Frame& m) {
+                                            ++seen;
+                                            on_message(m);
+                                          }),
+                proto::DecodeStatus::kOk);
+    }
+  }
+  return seen;
+}
+
 std::optional<proto::ConnectReject> raw_reject(const BrokerProcess& b, Via via,
                                                std::span<const std::byte> request) {
   proto::ConnectReject reject{};

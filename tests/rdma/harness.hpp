@@ -433,6 +433,12 @@ class RawWire {
 /// CONNECT if `anonymous`. Null (and a test failure) if not accepted.
 std::unique_ptr<RawWire> raw_wire(const BrokerProcess& b, Via via, bool anonymous = true,
                                   std::optional<proto::ConnectRequest> request = std::nullopt);
+/// Reads `w` until `n` messages came in DELIVER frames or `timeout` passed:
+/// `on_frame` sees every frame read (any type), `on_message` each message in
+/// a DELIVER (views valid during the call). Returns how many messages came.
+std::size_t read_delivered(RawWire& w, std::size_t n, std::chrono::milliseconds timeout,
+                           const std::function<void(const proto::Frame&)>& on_message,
+                           const std::function<void(const proto::Frame&)>& on_frame = nullptr);
 /// The reject a broker answers `request` with, over `via`; nullopt if it accepted.
 std::optional<proto::ConnectReject> raw_reject(const BrokerProcess& b, Via via,
                                                std::span<const std::byte> request);

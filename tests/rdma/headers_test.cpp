@@ -144,21 +144,10 @@ TEST_P(HeadersTest, TravelThroughFanOutQueueGroupsAndRequests) {
 /// The DELIVERs a raw client receives until `n` messages came (or 10 s passed).
 std::vector<std::pair<proto::FrameHeader, std::string>> delivered(RawWire& w, std::size_t n) {
   std::vector<std::pair<proto::FrameHeader, std::string>> out;
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
-    for (const auto& bytes : w.receive(100ms)) {
-      proto::Frame f;
-      EXPECT_EQ(proto::decode_frame(bytes, bytes.size(), f), proto::DecodeStatus::kOk);
-      if (f.header.type != FrameType::kDeliver) continue;
-      EXPECT_EQ(proto::for_each_delivered(
-                    f,
-                    [&](const proto::Frame& m) {
-                      out.emplace_back(m.header, std::string(reinterpret_cast<const char*>(m.payload.data()),
-                                                             m.payload.size()));
-                    }),
-                proto::DecodeStatus::kOk);
-    }
-  }
+  read_delivered(w, n, 10s, [&](const proto::Frame& m) {
+    out.emplace_back(m.header,
+                     std::string(reinterpret_cast<const char*>(m.payload.data()), m.payload.size()));
+  });
   return out;
 }
 

@@ -277,26 +277,22 @@ TEST_F(Multicast, AVersionOneClientIsServedOverItsConnectionWithoutHeaders) {
   EXPECT_TRUE(got.exactly(n)) << got.describe();
   EXPECT_EQ(got.corrupt.load(), 0u);
   std::vector<std::uint64_t> old_seqs;
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (old_seqs.size() < n && std::chrono::steady_clock::now() < deadline) {
-    for (const auto& bytes : old->receive(100ms)) {
-      proto::Frame f;
-      ASSERT_EQ(proto::decode_frame(bytes, bytes.size(), f), proto::DecodeStatus::kOk);
-      ASSERT_NE(f.header.type, proto::FrameType::kMcastJoin) << "a version-1 client is never asked to join";
-      if (f.header.type != proto::FrameType::kDeliver) continue;
-      EXPECT_EQ(f.header.flags & proto::kFlagSequenced, 0) << "plain DELIVERs, as for a direct subscription";
-      ASSERT_EQ(proto::for_each_delivered(f,
-                                          [&](const proto::Frame& m) {
-                                            std::uint64_t seq = 0;
-                                            std::memcpy(&seq, m.payload.data(), 8);
-                                            EXPECT_EQ(m.header.header_len, 0u) << seq;
-                                            EXPECT_TRUE(check_payload(seq, got.max_payload, m.payload))
-                                                << seq;
-                                            old_seqs.push_back(seq);
-                                          }),
-                proto::DecodeStatus::kOk);
-    }
-  }
+  read_delivered(
+      *old, n, 30s,
+      [&](const proto::Frame& m) {
+        std::uint64_t seq = 0;
+        std::memcpy(&seq, m.payload.data(), 8);
+        EXPECT_EQ(m.header.header_len, 0u) << seq;
+        EXPECT_TRUE(check_payload(seq, got.max_payload, m.payload)) << seq;
+        old_seqs.push_back(seq);
+      },
+      [](const proto::Frame& f) {
+        EXPECT_NE(f.header.type, proto::FrameType::kMcastJoin) << "a version-1 client is never asked to join";
+        if (f.header.type == proto::FrameType::kDeliver) {
+          EXPECT_EQ(f.header.flags & proto::kFlagSequenced, 0)
+              << "plain DELIVERs, as for a direct subscription";
+        }
+      });
   ASSERT_EQ(old_seqs.size(), n);
   for (std::uint64_t i = 0; i < n; ++i) EXPECT_EQ(old_seqs[i], i);
   EXPECT_EQ(broker.stats()["messages.headers_stripped"], static_cast<std::int64_t>((n + 6) / 7));
