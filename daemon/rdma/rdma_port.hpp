@@ -73,7 +73,6 @@ class RdmaPort {
   /// Receives to keep posted: the windows plus a refill batch, at least srq_depth.
   std::uint32_t srq_target() const;
   std::uint32_t srq_max() const { return srq_max_; }
-  std::uint32_t posted() const { return posted_; }
 
   /// Receives that no client has a credit for: what may still be granted.
   std::uint32_t credit_budget() const { return posted_ > outstanding ? posted_ - outstanding : 0; }

@@ -575,8 +575,7 @@ Result<std::vector<std::byte>> RawPeer::receive(std::chrono::milliseconds timeou
         const std::uint32_t imm = ntohl(wc.imm_data);
         if (version_ >= proto::kCreditsByDemandVersion) {
           const auto c = proto::decode_credit_imm(imm);
-          broker_credits_ += c.returned;
-          if (c.release > 0) release_asked_ = c.release;
+          broker_credits_ += c.returned;  // an ask (c.release) is not answered: a raw peer
         } else {
           broker_credits_ += imm;
         }

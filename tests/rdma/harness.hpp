@@ -220,8 +220,6 @@ class RawPeer {
   /// Waits for RDMA_CM_EVENT_DISCONNECTED.
   bool wait_disconnected(std::chrono::milliseconds timeout);
   std::uint32_t broker_credits() const { return broker_credits_; }
-  /// Version 3: the credits the broker last asked back (SPEC.md §5.1; 0: none).
-  std::uint32_t release_asked() const { return release_asked_; }
   std::uint8_t version() const { return version_; }
 
   /// Set before connect(): how often the broker's QP retries a SEND this
@@ -241,7 +239,6 @@ class RawPeer {
   std::uint32_t recv_size_ = 0;
   std::uint32_t recv_count_ = 0;
   std::uint32_t broker_credits_ = 0;
-  std::uint32_t release_asked_ = 0;
   std::uint8_t version_ = 1;
   bool disconnected_ = false;
   std::deque<ibv_wc> pending_;  // receives that completed while send() waited
