@@ -288,7 +288,8 @@ Status TcpTransport::handshake(std::uint32_t recv_buffer_size, const std::string
     return errno == EPROTO ? Error{ErrorKind::kConnectFailed, what + ": " + tls_error_}
                            : sys_error(ErrorKind::kConnectFailed, what);
   };
-  // 16 bytes out, 24 back (an accept, or a reject padded with zeros).
+  // 16 bytes out, 24 back (an accept, or a reject padded with zeros), and 8
+  // more after an accept of version 4 or later (SPEC.md §2.2).
   const auto request = proto::encode(proto::ConnectRequest{recv_buffer_size, 2});
   std::size_t sent = 0;
   while (sent < request.size()) {
@@ -309,11 +310,12 @@ Status TcpTransport::handshake(std::uint32_t recv_buffer_size, const std::string
     }
     return io_error("sending the connect request to " + url);
   }
-  std::array<std::byte, proto::kConnectAcceptSize> reply{};
+  std::array<std::byte, proto::kConnectAcceptSizeV4> reply{};
   std::size_t got = 0;
-  while (got < reply.size()) {
+  std::size_t want = proto::kConnectAcceptSize;
+  while (got < want) {
     // TLS may hold decrypted bytes already: read before waiting.
-    const ssize_t n = read_some(reply.data() + got, reply.size() - got);
+    const ssize_t n = read_some(reply.data() + got, want - got);
     if (n == 0) return Error{ErrorKind::kConnectFailed, url + " closed the connection during the handshake"};
     if (n < 0) {
       if (errno != EAGAIN && errno != EINTR) return io_error("reading the handshake reply from " + url);
@@ -321,6 +323,8 @@ Status TcpTransport::handshake(std::uint32_t recv_buffer_size, const std::string
       continue;
     }
     got += static_cast<std::size_t>(n);
+    if (got == proto::kConnectAcceptSize && proto::load<std::uint16_t>(reply.data() + 6) == 0)
+      want = proto::accept_size(proto::load<std::uint8_t>(reply.data() + 4));
   }
   if (proto::load<std::uint16_t>(reply.data() + 6) != 0) {  // a reason: rejected
     if (proto::decode(reply, *reject) != proto::HandshakeStatus::kOk) {
@@ -328,7 +332,7 @@ Status TcpTransport::handshake(std::uint32_t recv_buffer_size, const std::string
     }
     return Session::rejected(url, *reject);
   }
-  if (auto st = proto::decode(reply, accept); st != proto::HandshakeStatus::kOk) {
+  if (auto st = proto::decode(std::span(reply).first(want), accept); st != proto::HandshakeStatus::kOk) {
     return Error{ErrorKind::kConnectFailed,
                  "bad accept from " + url + ": " + std::string(proto::to_string(st))};
   }

@@ -244,7 +244,7 @@ const std::vector<Field>& fields() {
       uint_field("limits", "max_unauthenticated_per_address", true, &B::max_unauthenticated_per_address, 1,
                  1u << 20),
       uint_field("limits", "frame_timeout_ms", true, &B::frame_timeout_ms, 100, 3'600'000),
-      uint_field("limits", "max_payload", true, &B::max_payload, 0, 16u << 20, true),
+      uint_field("limits", "max_payload", true, &B::max_payload, 0, 64u << 20, true),
       uint_field("limits", "max_subscriptions", true, &B::max_subscriptions, 1, 10'000'000),
       uint_field("limits", "max_pending_bytes", true, &B::max_pending_bytes, 4096, 1ull << 40, true),
       uint_field("limits", "max_subscriptions_total", true, &B::max_subscriptions_total, 1, 100'000'000),
@@ -404,10 +404,6 @@ void check_rules(const Config& c, const std::function<void(std::string_view, con
   if (b.max_pending_bytes < 4ull * b.buffer_size) {
     report("limits.max_pending_bytes",
            "must be at least 4 buffers (" + std::to_string(4ull * b.buffer_size) + " bytes)");
-  }
-  if (b.max_payload > b.buffer_size - 64) {
-    report("limits.max_payload",
-           "cannot exceed what buffers.size allows (" + std::to_string(b.buffer_size - 64) + " bytes)");
   }
   if (b.rdma == RdmaMode::kOff && b.tcp_port == 0) {
     report("rdma", "RDMA is off and listen.tcp is empty: nothing to listen on");

@@ -101,11 +101,11 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   port.outstanding += grant;
   l.sync_charge();
 
-  auto data =
-      proto::encode(proto::ConnectAccept{opt.buffer_size, grant, cmd.connection_id, conn->protocol_version});
+  auto data = proto::encode(proto::ConnectAccept{opt.buffer_size, grant, cmd.connection_id,
+                                                 conn->protocol_version, opt.max_payload});
   rdma_conn_param param{};
   param.private_data = data.data();
-  param.private_data_len = static_cast<std::uint8_t>(data.size());
+  param.private_data_len = static_cast<std::uint8_t>(proto::accept_size(conn->protocol_version));
   param.rnr_retry_count = 7;  // a safety net only: credits mean a receive is always posted
   if (rdma_accept(raw, &param) != 0) {
     spdlog::warn("connection {} from {}: rdma_accept: {}", conn->id, conn->peer, std::strerror(errno));

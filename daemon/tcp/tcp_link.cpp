@@ -241,8 +241,9 @@ void TcpPort::on_handshake_readable(int fd, bool stopping) {
   if (stopping) return drop("shutting down", proto::RejectReason::kShuttingDown);
   const std::uint64_t id = h.id;
   const std::uint8_t version = proto::negotiate_version(req.max_version);  // no credits over TCP (§1.2)
-  const auto accept = proto::encode(proto::ConnectAccept{ctx_.options.buffer_size, 0, id, version});
-  if (!handshake_write(h, accept))
+  const auto accept =
+      proto::encode(proto::ConnectAccept{ctx_.options.buffer_size, 0, id, version, ctx_.options.max_payload});
+  if (!handshake_write(h, std::span(accept).first(proto::accept_size(version))))
     return drop(std::string("sending the accept: ") + (h.ssl ? tls::take_errors() : std::strerror(errno)),
                 std::nullopt);
   // One send being written at a time: a window of 1.

@@ -76,7 +76,8 @@ bool hold_tcp(const Target& t, const std::string& bind, const std::atomic<bool>&
       ::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
     return false;
   }
-  const auto request = rdmabroker::proto::encode(rdmabroker::proto::ConnectRequest{16384, 2});
+  // Version 3: an accept of 24 bytes, like a reject (version 4's is 32, SPEC.md §2.2).
+  const auto request = rdmabroker::proto::encode(rdmabroker::proto::ConnectRequest{16384, 2, 0, 3});
   if (::send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size()))
     return false;
   std::array<std::byte, rdmabroker::proto::kConnectAcceptSize> reply{};

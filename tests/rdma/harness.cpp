@@ -705,7 +705,7 @@ std::unique_ptr<RawWire> raw_wire(const BrokerProcess& b, Via via, bool anonymou
   }
   auto w = std::make_unique<RawTcpWire>(b.tcp_port());
   w->tcp.send(req);
-  if (proto::decode(w->tcp.read(proto::kConnectAcceptSize), w->accept) != proto::HandshakeStatus::kOk) {
+  if (proto::decode(w->tcp.read_reply(), w->accept) != proto::HandshakeStatus::kOk) {
     ADD_FAILURE() << "raw TCP connect: not accepted";
     return nullptr;
   }

@@ -332,11 +332,22 @@ class RawTcp {
     out.resize(got);
     return out;
   }
+  /// The broker's answer to a connect request: 24 bytes (a reject, or an
+  /// accept before version 4), 32 for an accept of version 4 (SPEC.md §2.2).
+  std::vector<std::byte> read_reply() {
+    auto reply = read(proto::kConnectAcceptSize);
+    if (reply.size() == proto::kConnectAcceptSize && proto::load<std::uint16_t>(reply.data() + 6) == 0) {
+      const std::size_t size = proto::accept_size(proto::load<std::uint8_t>(reply.data() + 4));
+      auto rest = read(size - reply.size());
+      reply.insert(reply.end(), rest.begin(), rest.end());
+    }
+    return reply;
+  }
   /// Sends a valid connect request, checks the accept and (unless told not
   /// to) sends an anonymous CONNECT.
   void handshake(std::uint32_t recv_buffer_size = 16384, bool authenticate = true) {
     send(proto::encode(proto::ConnectRequest{recv_buffer_size, 2}));
-    auto reply = read(proto::kConnectAcceptSize);
+    auto reply = read_reply();
     proto::ConnectAccept accept;
     ASSERT_EQ(proto::decode(reply, accept), proto::HandshakeStatus::kOk);
     if (authenticate)

@@ -365,7 +365,8 @@ TEST_F(Tls, ASlowConsumerCutOverTlsGetsWholeFramesThenItsClose) {
   auto send = [&](std::span<const std::byte> b) {
     ASSERT_EQ(SSL_write(ssl.get(), b.data(), static_cast<int>(b.size())), static_cast<int>(b.size()));
   };
-  send(proto::encode(proto::ConnectRequest{16384, 2}));
+  // Version 3: its accept is 24 bytes (version 4's is 32, SPEC.md §2.2).
+  send(proto::encode(proto::ConnectRequest{16384, 2, 0, 3}));
   std::array<std::byte, proto::kConnectAcceptSize> reply{};
   ASSERT_EQ(SSL_read(ssl.get(), reply.data(), static_cast<int>(reply.size())),
             static_cast<int>(reply.size()));

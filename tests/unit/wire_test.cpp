@@ -123,7 +123,7 @@ TEST(Wire, BadMagicVersionType) {
   v[2] = std::byte{2};
   EXPECT_EQ(decode(v, f), DecodeStatus::kBadVersion);
   EXPECT_EQ(error_for(DecodeStatus::kBadVersion), ErrorCode::kUnsupportedVersion);
-  for (std::uint8_t t : {0, 17, 255}) {
+  for (std::uint8_t t : {0, 18, 255}) {
     auto tt = buf;
     tt[3] = std::byte{t};
     EXPECT_EQ(decode(tt, f), DecodeStatus::kBadType) << int(t);
@@ -140,11 +140,13 @@ TEST(Wire, ReservedFieldsAndFlagsMustBeZero) {
   }
   // A flag bit the protocol does not define is a reserved bit...
   auto undefined = buf;
-  undefined[4] = std::byte{4};
+  undefined[4] = std::byte{8};
   EXPECT_EQ(decode(undefined, f), DecodeStatus::kBadReserved);
   // ...a defined one on the wrong type says which rule it broke.
   auto misplaced = buf;
   misplaced[4] = std::byte{1};
+  EXPECT_EQ(decode(misplaced, f), DecodeStatus::kBadFlags);
+  misplaced[4] = std::byte{4};  // FRAGMENT belongs to PUBLISH
   EXPECT_EQ(decode(misplaced, f), DecodeStatus::kBadFlags);
   EXPECT_EQ(error_for(DecodeStatus::kBadFlags), ErrorCode::kMalformedFrame);
 }
@@ -313,6 +315,54 @@ TEST(Wire, WildcardsOnlyAsWholeTokensAndOnlyInSubscriptions) {
   EXPECT_EQ(decode(encode(FrameType::kSubscribe, 1, "orders.*.>", ""), f), DecodeStatus::kOk);
   EXPECT_EQ(decode(encode(FrameType::kPublish, 0, "orders.*", "x"), f), DecodeStatus::kBadSubject);
   EXPECT_EQ(decode(encode(FrameType::kSubscribe, 1, "orders.>.x", ""), f), DecodeStatus::kBadSubject);
+}
+
+/// A PUBLISH fragment (SPEC.md §3.7) of a `length`-byte message.
+std::vector<std::byte> fragment(std::uint32_t offset, std::uint32_t length, std::string_view subject,
+                                std::string_view payload, std::string_view reply = {},
+                                std::uint16_t flags = 0) {
+  std::vector<std::byte> buf(4096);
+  FrameHeader h;
+  h.type = FrameType::kPublish;
+  h.flags = static_cast<std::uint16_t>(kFlagFragment | flags);
+  h.arg = length;
+  h.fragment_offset = offset;
+  h.sequence = 7;
+  buf.resize(encode_frame(buf, h, subject, reply, bytes(payload)));
+  return buf;
+}
+
+TEST(Wire, FragmentsCarryTheirOffsetAndTheMessagesLength) {
+  Frame f;
+  const auto first = fragment(0, 10, "a.b", "hello", "r", kFlagRequest);  // f's views point into it
+  ASSERT_EQ(decode(first, f), DecodeStatus::kOk);
+  EXPECT_TRUE(f.header.is_fragment());
+  EXPECT_EQ(f.header.arg, 10u);
+  EXPECT_EQ(f.header.fragment_offset, 0u);
+  EXPECT_TRUE(f.header.starts_message());
+  EXPECT_FALSE(f.header.ends_message());
+  EXPECT_EQ(f.subject, "a.b");
+  ASSERT_EQ(decode(fragment(5, 10, "", "world"), f), DecodeStatus::kOk);
+  EXPECT_EQ(f.header.fragment_offset, 5u);
+  EXPECT_FALSE(f.header.starts_message());
+  EXPECT_TRUE(f.header.ends_message());
+  EXPECT_EQ(f.header.sequence, 7u);
+  // Every broken rule of §3.7 is a malformed frame.
+  EXPECT_EQ(decode(fragment(0, 5, "a.b", "hello"), f), DecodeStatus::kBadFragment) << "one fragment, whole";
+  EXPECT_EQ(decode(fragment(0, 4, "a.b", "hello"), f), DecodeStatus::kBadFragment) << "past the length";
+  EXPECT_EQ(decode(fragment(8, 10, "", "world"), f), DecodeStatus::kBadFragment) << "past the length";
+  EXPECT_EQ(decode(fragment(5, 10, "a.b", "world"), f), DecodeStatus::kBadFragment)
+      << "a later one's subject";
+  EXPECT_EQ(decode(fragment(5, 10, "", ""), f), DecodeStatus::kBadFragment) << "empty";
+  EXPECT_EQ(decode(fragment(0, 10, "", "hello"), f), DecodeStatus::kBadSubject) << "a first one needs one";
+  EXPECT_EQ(error_for(DecodeStatus::kBadFragment), ErrorCode::kMalformedFrame);
+  // Offset 20 stays reserved in a frame that is not a fragment.
+  auto whole = encode(FrameType::kPublish, 0, "a.b", "x");
+  whole[20] = std::byte{1};
+  EXPECT_EQ(decode(whole, f), DecodeStatus::kBadReserved);
+  // ABORT has no body.
+  ASSERT_EQ(decode(encode(FrameType::kAbort, 3, "", ""), f), DecodeStatus::kOk);
+  EXPECT_EQ(decode(encode(FrameType::kAbort, 3, "", "x"), f), DecodeStatus::kBadLength);
 }
 
 TEST(Wire, MaxPayloadFitsExactly) {
@@ -533,18 +583,19 @@ TEST(WireHeaders, NamesAndValues) {
 }
 
 TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
-  // A client of this code asks for version 3 in byte 5, with version 1 in byte 4.
+  // A client of this code asks for version 4 in byte 5, with version 1 in byte 4.
   auto req = encode(ConnectRequest{16384, 64});
   EXPECT_EQ(std::to_integer<int>(req[4]), 1);
   EXPECT_EQ(std::to_integer<int>(req[5]), kProtocolVersion);
   ConnectRequest r;
   ASSERT_EQ(decode(std::span<const std::byte>(req), r), HandshakeStatus::kOk);
-  EXPECT_EQ(negotiate_version(r.max_version), 3);
-  EXPECT_EQ(connection_version(r), 3);
+  EXPECT_EQ(negotiate_version(r.max_version), 4);
+  EXPECT_EQ(connection_version(r), 4);
+  EXPECT_EQ(connection_version(r, 3), 3) << "a version-3 broker";
   // Credits by demand need a client window of 4 (SPEC.md §5.1): with fewer
   // receives the connection is version 2.
   EXPECT_EQ(connection_version(ConnectRequest{16384, 3}), 2);
-  EXPECT_EQ(connection_version(ConnectRequest{16384, 4}), 3);
+  EXPECT_EQ(connection_version(ConnectRequest{16384, 4}), 4);
   EXPECT_EQ(connection_version(ConnectRequest{16384, 2, 0, 2}), 2);
   EXPECT_EQ(connection_version(ConnectRequest{16384, 64}, 2), 2) << "a version-2 broker";
   // A version-1 client sends 0 there.
@@ -554,7 +605,7 @@ TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
   // A later client asking for more gets what the broker has.
   EXPECT_EQ(negotiate_version(9), kProtocolVersion);
   EXPECT_EQ(negotiate_version(9, 1), 1) << "a version-1 broker";
-  // The accept carries the outcome; a client takes 1 to 3 and nothing else.
+  // The accept carries the outcome; a client takes 1 to 4 and nothing else.
   ConnectAccept a;
   ASSERT_EQ(decode(std::span<const std::byte>(encode(ConnectAccept{8192, 32, 77, 2})), a),
             HandshakeStatus::kOk);
@@ -564,8 +615,21 @@ TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
   ASSERT_EQ(decode(std::span<const std::byte>(encode(ConnectAccept{8192, 32, 77, 3})), a),
             HandshakeStatus::kOk);
   EXPECT_EQ(a.version, 3);
-  EXPECT_EQ(decode(std::span<const std::byte>(encode(ConnectAccept{8192, 32, 77, 4})), a),
-            HandshakeStatus::kBadVersion);
+  EXPECT_EQ(a.max_payload, 0u) << "no max_payload before version 4";
+  // Version 4's accept is 32 bytes: max_payload follows (SPEC.md §2.2).
+  const auto v4 = encode(ConnectAccept{8192, 32, 77, 4, 1u << 20});
+  ASSERT_EQ(decode(std::span<const std::byte>(v4), a), HandshakeStatus::kOk);
+  EXPECT_EQ(a.version, 4);
+  EXPECT_EQ(a.max_payload, 1u << 20);
+  EXPECT_EQ(accept_size(4), 32u);
+  EXPECT_EQ(accept_size(3), 24u);
+  EXPECT_EQ(decode(std::span<const std::byte>(v4).first(24), a), HandshakeStatus::kTooShort);
+  auto too_big = v4;
+  store<std::uint32_t>(too_big.data() + 24, kMaxMessageSize + 1);
+  EXPECT_EQ(decode(std::span<const std::byte>(too_big), a), HandshakeStatus::kBadValue);
+  auto v5 = v4;
+  v5[4] = std::byte{5};
+  EXPECT_EQ(decode(std::span<const std::byte>(v5), a), HandshakeStatus::kBadVersion);
   // Byte 4 of a request stays the base version: 2 there is not a request this broker takes.
   auto v2_in_byte4 = encode(ConnectRequest{16384, 64});
   v2_in_byte4[4] = std::byte{2};

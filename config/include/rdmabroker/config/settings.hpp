@@ -120,9 +120,11 @@ struct BrokerOptions {
   std::uint32_t drain_timeout_ms = 2000;  // how long a closing connection may flush its last frames
   std::string admin_socket = "/run/rdmabroker/admin.sock";  // `rdmabroker stat`/`reload`; empty: none
   std::vector<std::string> devices;                         // RDMA devices to use (e.g. rxe0); empty: all
-  std::uint32_t max_payload = 0;  // largest payload accepted; 0: what the buffer size allows
-  AuthSettings auth;              // who may connect and what they may do (live)
-  TlsSettings tls;                // TLS on the TCP listener (live: a reload reloads the files too)
+  /// Largest message accepted (payload, header block included); larger than a
+  /// frame, it travels as fragments (SPEC.md §3.7). 0: one frame's worth, no fragments.
+  std::uint32_t max_payload = 1u << 20;
+  AuthSettings auth;  // who may connect and what they may do (live)
+  TlsSettings tls;    // TLS on the TCP listener (live: a reload reloads the files too)
   MulticastSettings multicast;
 
   /// The limits on connections not authenticated yet, as they take effect.

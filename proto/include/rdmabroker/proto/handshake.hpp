@@ -24,12 +24,16 @@ struct ConnectRequest {
 /// Connect request flag: the client can join multicast groups (SPEC.md §7).
 inline constexpr std::uint16_t kConnectMulticast = 1;
 
-/// Broker -> client, in the rdma_cm accept private data (24 bytes).
+/// Broker -> client, in the rdma_cm accept private data (24 bytes; 32 from
+/// version 4 on, with max_payload).
 struct ConnectAccept {
   std::uint32_t max_frame_size = 0;   // the broker's receive buffer size: largest SEND the client may post
   std::uint32_t initial_credits = 0;  // SENDs the client may post before credits return
   std::uint64_t connection_id = 0;
   std::uint8_t version = kVersion;  // the protocol version of this connection (the lower of both sides')
+  /// Version 4: the largest message the broker takes (limits.max_payload), as
+  /// fragments where it does not fit one frame (SPEC.md §3.7); 0 before.
+  std::uint32_t max_payload = 0;
 };
 
 /// Reasons a broker refuses a connection (in the rdma_cm reject private data).
@@ -74,6 +78,12 @@ struct ConnectReject {
 
 inline constexpr std::size_t kConnectRequestSize = 16;
 inline constexpr std::size_t kConnectAcceptSize = 24;
+/// The accept of a version-4 connection: the 24 bytes, max_payload, 4 reserved.
+inline constexpr std::size_t kConnectAcceptSizeV4 = 32;
+/// How many bytes the accept of a connection of `version` has.
+constexpr std::size_t accept_size(std::uint8_t version) {
+  return version >= kFragmentsVersion ? kConnectAcceptSizeV4 : kConnectAcceptSize;
+}
 inline constexpr std::size_t kConnectRejectSize = 16;
 
 // Common prefix: magic u32, version u8, reserved (the request's max_version) u8, flags/reason u16.
@@ -114,12 +124,14 @@ inline std::array<std::byte, kConnectRequestSize> encode(const ConnectRequest& r
   store<std::uint32_t>(b.data() + 12, r.initial_credits);
   return b;
 }
-inline std::array<std::byte, kConnectAcceptSize> encode(const ConnectAccept& a) {
-  std::array<std::byte, kConnectAcceptSize> b{};
+/// All kConnectAcceptSizeV4 bytes; the first accept_size(a.version) are the accept.
+inline std::array<std::byte, kConnectAcceptSizeV4> encode(const ConnectAccept& a) {
+  std::array<std::byte, kConnectAcceptSizeV4> b{};
   encode_prefix(b.data(), 0, a.version);
   store<std::uint32_t>(b.data() + 8, a.max_frame_size);
   store<std::uint32_t>(b.data() + 12, a.initial_credits);
   store<std::uint64_t>(b.data() + 16, a.connection_id);
+  if (a.version >= kFragmentsVersion) store<std::uint32_t>(b.data() + 24, a.max_payload);
   return b;
 }
 inline std::array<std::byte, kConnectRejectSize> encode(const ConnectReject& r) {
@@ -187,6 +199,12 @@ inline HandshakeStatus decode(std::span<const std::byte> b, ConnectAccept& out) 
   out.connection_id = load<std::uint64_t>(b.data() + 16);
   if (out.max_frame_size < kMinBufferSize || out.max_frame_size > kMaxBufferSize)
     return HandshakeStatus::kBadValue;
+  out.max_payload = 0;
+  if (out.version >= kFragmentsVersion) {
+    if (b.size() < kConnectAcceptSizeV4) return HandshakeStatus::kTooShort;
+    out.max_payload = load<std::uint32_t>(b.data() + 24);
+    if (out.max_payload > kMaxMessageSize) return HandshakeStatus::kBadValue;
+  }
   return HandshakeStatus::kOk;
 }
 inline HandshakeStatus decode(std::span<const std::byte> b, ConnectReject& out) {

@@ -1,4 +1,4 @@
-// The rdmabroker wire protocol (versions 1 to 3): frame layout, handshake blocks and
+// The rdmabroker wire protocol (versions 1 to 4): frame layout, handshake blocks and
 // their encoders/decoders. proto/SPEC.md is the normative description; this
 // header implements it and is shared by rdmabrokerd and librdmabroker.
 //
@@ -26,12 +26,18 @@ inline constexpr std::uint16_t kFrameMagic = 0x4252;  // bytes "RB"
 /// version of the handshake: 1 on every connection.
 inline constexpr std::uint8_t kVersion = 1;
 /// The highest protocol version this code speaks, negotiated in the
-/// handshake (SPEC.md §2.1): 2 adds message headers (§3.6).
-inline constexpr std::uint8_t kProtocolVersion = 3;
+/// handshake (SPEC.md §2.1): 2 adds message headers (§3.6), 3 credits by
+/// demand (§5.1), 4 messages larger than a frame, sent as fragments (§3.7).
+inline constexpr std::uint8_t kProtocolVersion = 4;
 /// The first protocol version with message headers.
 inline constexpr std::uint8_t kHeadersVersion = 2;
 /// The first protocol version with credits by demand over RDMA (SPEC.md §5.1).
 inline constexpr std::uint8_t kCreditsByDemandVersion = 3;
+/// The first protocol version with fragmented messages (SPEC.md §3.7).
+inline constexpr std::uint8_t kFragmentsVersion = 4;
+/// The largest message (payload, header block included) a broker may be
+/// configured to take as fragments (limits.max_payload).
+inline constexpr std::uint32_t kMaxMessageSize = 64u << 20;
 inline constexpr std::size_t kHeaderSize = 32;
 inline constexpr std::size_t kFrameAlign = 8;
 inline constexpr std::size_t kMaxSubjectLen = 255;
@@ -58,8 +64,10 @@ enum class FrameType : std::uint8_t {
   kMcastRepair = 14,  // C -> B: resend subscription `arg`'s messages from `sequence` (payload: u64 count)
   kMcastLoss = 15,    // B -> C: subscription `arg` lost messages from `sequence` (payload: u64 count)
   kMcastLeave = 16,  // B -> C: subscription `arg`'s channel left its group: all further messages come over RC
+  // Version 4 (SPEC.md §3.7): a fragmented message that will not be completed.
+  kAbort = 17,  // C -> B: the open message is abandoned; B -> C: message `sequence` on subscription `arg` is
 };
-inline constexpr std::uint8_t kMaxFrameType = 16;
+inline constexpr std::uint8_t kMaxFrameType = 17;
 /// Longest CONNECT payload (user name plus password, or a token).
 inline constexpr std::size_t kMaxCredentialsLen = 1024;
 
@@ -70,6 +78,10 @@ inline constexpr std::uint16_t kFlagRequest = 1;
 /// header's `sequence` is the channel sequence number of the first inner
 /// message, the others follow it one by one (SPEC.md §7).
 inline constexpr std::uint16_t kFlagSequenced = 2;
+/// PUBLISH flag (version 4): the frame is one fragment of a message larger
+/// than a frame (SPEC.md §3.7): `arg` is the message's length, the reserved
+/// word its offset, `sequence` the publisher's connection id.
+inline constexpr std::uint16_t kFlagFragment = 4;
 /// Payload of MCAST_REPAIR and MCAST_LOSS: a u64 message count.
 inline constexpr std::size_t kMcastCountLen = 8;
 /// Payload of MCAST_JOIN (see multicast.hpp).
@@ -130,6 +142,8 @@ constexpr std::string_view to_string(FrameType t) {
       return "MCAST_LOSS";
     case FrameType::kMcastLeave:
       return "MCAST_LEAVE";
+    case FrameType::kAbort:
+      return "ABORT";
   }
   return "UNKNOWN";
 }
@@ -195,9 +209,16 @@ struct FrameHeader {
   std::uint16_t reply_len = 0;
   std::uint16_t header_len =
       0;  // PUBLISH, protocol version 2: the header block at the payload's start (§3.6)
-  std::uint32_t payload_len = 0;  // the header block included
-  std::uint32_t arg = 0;          // sid, credits or error code, by type
+  std::uint32_t payload_len = 0;      // the header block included
+  std::uint32_t arg = 0;              // sid, credits or error code, by type; a fragment's message length
+  std::uint32_t fragment_offset = 0;  // a fragment (kFlagFragment): where its payload goes; else 0
   std::uint64_t sequence = 0;
+
+  bool is_fragment() const { return (flags & kFlagFragment) != 0; }
+  /// A whole message, or the fragment that starts one: what counts as one message.
+  bool starts_message() const { return !is_fragment() || fragment_offset == 0; }
+  /// A whole message, or the fragment that completes one.
+  bool ends_message() const { return !is_fragment() || fragment_offset + payload_len == arg; }
 
   /// Bytes after the header, before padding.
   std::size_t body_len() const { return std::size_t{subject_len} + reply_len + payload_len; }
@@ -215,7 +236,7 @@ inline void encode_header(std::byte* out, const FrameHeader& h) {
   store<std::uint16_t>(out + 10, h.header_len);
   store<std::uint32_t>(out + 12, h.payload_len);
   store<std::uint32_t>(out + 16, h.arg);
-  store<std::uint32_t>(out + 20, 0);
+  store<std::uint32_t>(out + 20, h.fragment_offset);
   store<std::uint64_t>(out + 24, h.sequence);
 }
 
@@ -244,6 +265,7 @@ enum class DecodeStatus {
   kTooLarge,     // the frame is longer than the receiver's buffer size
   kBadSubject,   // subject (or reply subject, queue group) fails the rules of SPEC.md §3.2
   kBadHeaders,   // a PUBLISH's header block breaks SPEC.md §3.6
+  kBadFragment,  // a fragment's length, offset or strings break SPEC.md §3.7
 };
 
 constexpr std::string_view to_string(DecodeStatus s) {
@@ -275,6 +297,9 @@ constexpr std::string_view to_string(DecodeStatus s) {
       return "invalid subject (1 to 255 bytes, SPEC.md §3.2)";
     case DecodeStatus::kBadHeaders:
       return "malformed header block (\"Name: value\\r\\n\" lines padded to 8 bytes, SPEC.md §3.6)";
+    case DecodeStatus::kBadFragment:
+      return "malformed fragment (payload not empty and inside the message's length; subject, reply and "
+             "header block only in the first; at least two fragments; SPEC.md §3.7)";
   }
   return "unknown";
 }
@@ -333,9 +358,21 @@ constexpr bool carries_subject(FrameType t) {
   return t == FrameType::kSubscribe || t == FrameType::kPublish || t == FrameType::kNoResponders;
 }
 /// The frame types whose arg is always 0 (SPEC.md §3.3).
-constexpr bool arg_is_zero(FrameType t) {
-  return t == FrameType::kPublish || t == FrameType::kPing || t == FrameType::kPong ||
-         t == FrameType::kNoResponders;
+constexpr bool arg_is_zero(const FrameHeader& h) {
+  if (h.type == FrameType::kPublish) return !h.is_fragment();  // a fragment's arg is its message's length
+  return h.type == FrameType::kPing || h.type == FrameType::kPong || h.type == FrameType::kNoResponders;
+}
+
+/// A fragment's own rules (SPEC.md §3.7): the first (offset 0) carries the
+/// subject, reply and header block and is not the whole message; the others
+/// carry neither; every one carries payload inside the message's length.
+inline DecodeStatus check_fragment(const FrameHeader& h) {
+  const std::uint64_t end = std::uint64_t{h.fragment_offset} + h.payload_len;
+  if (h.payload_len == 0 || end > h.arg) return DecodeStatus::kBadFragment;
+  if (h.fragment_offset == 0) return end < h.arg ? DecodeStatus::kOk : DecodeStatus::kBadFragment;
+  if (h.subject_len != 0 || h.reply_len != 0 || h.header_len != 0 || (h.flags & kFlagRequest) != 0)
+    return DecodeStatus::kBadFragment;
+  return DecodeStatus::kOk;
 }
 
 /// Which parts each frame type carries (SPEC.md, "Frame types"); the header's
@@ -348,7 +385,8 @@ inline DecodeStatus check_parts(const FrameHeader& h) {
       if (h.payload_len != 0) return DecodeStatus::kBadLength;
       break;
     case FrameType::kPublish:
-      if (!has_subject) return DecodeStatus::kBadSubject;
+      if (!has_subject && h.starts_message()) return DecodeStatus::kBadSubject;
+      if (h.is_fragment()) return check_fragment(h);
       break;
     case FrameType::kDeliver:
       // A run of whole PUBLISH frames for one subscription (SPEC.md, DELIVER).
@@ -385,6 +423,7 @@ inline DecodeStatus check_parts(const FrameHeader& h) {
       if (has_subject || h.reply_len != 0 || h.payload_len != kMcastCountLen) return DecodeStatus::kBadLength;
       break;
     case FrameType::kMcastLeave:
+    case FrameType::kAbort:
     case FrameType::kUnsubscribe:
     case FrameType::kCredit:
     case FrameType::kPing:
@@ -408,22 +447,27 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   FrameHeader& h = out.header;
   h.type = static_cast<FrameType>(type);
   h.header_len = load<std::uint16_t>(p + 10);
-  // Offset 10 is a PUBLISH's header_len, reserved in every other type.
-  if ((h.header_len != 0 && h.type != FrameType::kPublish) || load<std::uint32_t>(p + 20) != 0)
-    return DecodeStatus::kBadReserved;
   h.flags = load<std::uint16_t>(p + 4);
+  // Offset 10 is a PUBLISH's header_len, offset 20 a fragment's offset; both reserved elsewhere.
+  const bool fragment = h.type == FrameType::kPublish && h.is_fragment();
+  h.fragment_offset = fragment ? load<std::uint32_t>(p + 20) : 0;
+  if ((h.header_len != 0 && h.type != FrameType::kPublish) || (!fragment && load<std::uint32_t>(p + 20) != 0))
+    return DecodeStatus::kBadReserved;
   h.subject_len = load<std::uint16_t>(p + 6);
   h.reply_len = load<std::uint16_t>(p + 8);
   h.payload_len = load<std::uint32_t>(p + 12);
   h.arg = load<std::uint32_t>(p + 16);
   h.sequence = load<std::uint64_t>(p + 24);
-  // REQUEST belongs to PUBLISH frames with a reply subject, SEQUENCED to DELIVER.
-  const std::uint16_t allowed_flags = h.type == FrameType::kPublish && h.reply_len != 0 ? kFlagRequest
-                                      : h.type == FrameType::kDeliver                   ? kFlagSequenced
-                                                                                        : 0;
+  // REQUEST belongs to PUBLISH frames with a reply subject, FRAGMENT to PUBLISH, SEQUENCED to DELIVER.
+  const std::uint16_t allowed_flags =
+      h.type == FrameType::kPublish
+          ? static_cast<std::uint16_t>((h.reply_len != 0 ? kFlagRequest : 0) | kFlagFragment)
+      : h.type == FrameType::kDeliver ? kFlagSequenced
+                                      : 0;
   if ((h.flags & ~allowed_flags) != 0)
-    return h.flags & ~(kFlagRequest | kFlagSequenced) ? DecodeStatus::kBadReserved : DecodeStatus::kBadFlags;
-  if (detail::arg_is_zero(h.type) && h.arg != 0) return DecodeStatus::kBadArg;
+    return h.flags & ~(kFlagRequest | kFlagSequenced | kFlagFragment) ? DecodeStatus::kBadReserved
+                                                                      : DecodeStatus::kBadFlags;
+  if (detail::arg_is_zero(h) && h.arg != 0) return DecodeStatus::kBadArg;
   if (h.subject_len > kMaxSubjectLen || h.reply_len > kMaxSubjectLen) {
     return detail::carries_subject(h.type) ? DecodeStatus::kBadSubject : DecodeStatus::kBadLength;
   }
