@@ -68,6 +68,8 @@ inline constexpr std::size_t kCloseReasonCount = static_cast<std::size_t>(CloseR
 enum class DropReason : unsigned char {
   kSlowConsumer,      // the subscriber's queue bound was exceeded; it is disconnected
   kSubscriberClosed,  // queued for a subscriber whose connection then ended
+  kIncomplete,        // a fragmented message whose publisher left or abandoned it (SPEC.md §3.7)
+  kNeedsFragments,    // larger than a frame, for a client of version < 4 or a multicast channel
   kCount,
 };
 
@@ -77,6 +79,10 @@ constexpr std::string_view to_string(DropReason r) {
       return "slow_consumer";
     case DropReason::kSubscriberClosed:
       return "subscriber_closed";
+    case DropReason::kIncomplete:
+      return "incomplete";
+    case DropReason::kNeedsFragments:
+      return "needs_fragments";
     case DropReason::kCount:
       break;
   }

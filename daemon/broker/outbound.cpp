@@ -25,6 +25,13 @@ OutItem make_no_responders(std::string_view reply) {
   return item;
 }
 
+OutItem make_abort(std::uint32_t sid, std::uint64_t publisher_id) {
+  OutItem item = make_control(proto::FrameType::kAbort, sid);
+  item.header.sequence = publisher_id;
+  item.fixed_sequence = true;
+  return item;
+}
+
 OutItem make_delivery(BufferRef buf, std::uint32_t sid, std::uint32_t offset, std::uint32_t len,
                       std::uint32_t payload_len, std::int64_t received_at) {
   OutItem item;
@@ -35,7 +42,7 @@ OutItem make_delivery(BufferRef buf, std::uint32_t sid, std::uint32_t offset, st
   item.body = std::move(buf);
   item.body_offset = offset;
   item.body_len = len;
-  item.messages = 1;
+  item.messages = completes_message_at(item.body, offset) ? 1 : 0;
   item.payload_bytes = payload_len;
   return item;
 }
@@ -58,7 +65,8 @@ bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, std
   if (sequenced ? sequence != tail.header.sequence + tail.messages : sequence != 0) return false;
   if (!tail.is_delivery() || tail.strip != 0 || tail.header.arg != sid || !tail.body ||
       tail.body.index() != buf.index() || tail.body_offset + tail.body_len != offset ||
-      proto::kHeaderSize + tail.body_len + len > max_frame) {
+      proto::kHeaderSize + tail.body_len + len > max_frame || fragment_at(buf, offset) ||
+      fragment_at(tail.body, tail.body_offset)) {
     return false;
   }
   tail.body_len += len;

@@ -55,6 +55,9 @@ struct OutItem {
 OutItem make_control(proto::FrameType type, std::uint32_t arg, std::string text = {}, std::uint32_t sid = 0);
 /// NO_RESPONDERS for the request whose reply subject is `reply` (≤ 255 bytes).
 OutItem make_no_responders(std::string_view reply);
+/// ABORT (SPEC.md §3.7): the message publisher `publisher_id` was sending to
+/// subscription `sid` in fragments will not be completed.
+OutItem make_abort(std::uint32_t sid, std::uint64_t publisher_id);
 
 /// A DELIVER to subscription `sid` of the PUBLISH frame at [offset, offset+len)
 /// of a received buffer (zero-copy: the item references the buffer).
@@ -63,7 +66,9 @@ OutItem make_delivery(BufferRef buf, std::uint32_t sid, std::uint32_t offset, st
 
 /// Appends the PUBLISH frame at [offset, offset+len) of `buf` to `tail` if it
 /// is a DELIVER to the same subscription that ends exactly where this frame
-/// starts in the same buffer, and the result stays within `max_frame`. One
+/// starts in the same buffer, and the result stays within `max_frame`; a
+/// fragment always travels in a DELIVER of its own (a client of version < 4
+/// is sent none: Connections tells them apart by item). One
 /// run of a publisher's batch thus becomes one DELIVER and two SGEs.
 /// `sequence`: for a multicast channel's sequenced DELIVER (SPEC.md §7), the
 /// frame's channel sequence, which must follow the tail's last one; 0 otherwise.
@@ -78,6 +83,20 @@ OutItem make_sequenced_delivery(BufferRef buf, std::uint32_t sid, std::uint64_t 
 /// The header_len of the PUBLISH frame at `offset` of a received buffer.
 inline std::uint16_t header_len_at(const BufferRef& buf, std::uint32_t offset) {
   return proto::load<std::uint16_t>(buf.data() + offset + 10);
+}
+/// Whether the (validated) PUBLISH frame at `offset` is a fragment (SPEC.md §3.7).
+inline bool fragment_at(const BufferRef& buf, std::uint32_t offset) {
+  return (proto::load<std::uint16_t>(buf.data() + offset + 4) & proto::kFlagFragment) != 0;
+}
+/// Whether the PUBLISH frame at `offset` completes a message (a whole one,
+/// or a last fragment): the frame that counts it once in queues and
+/// statistics (a message abandoned before its last fragment counts as
+/// dropped where its ABORT goes, or would have gone).
+inline bool completes_message_at(const BufferRef& buf, std::uint32_t offset) {
+  if (!fragment_at(buf, offset)) return true;
+  const std::byte* p = buf.data() + offset;
+  return std::uint64_t{proto::load<std::uint32_t>(p + 20)} + proto::load<std::uint32_t>(p + 12) ==
+         proto::load<std::uint32_t>(p + 16);
 }
 /// Whether any PUBLISH frame of delivery `item` carries a header block that
 /// would be sent (one left out by `strip` is not).

@@ -227,6 +227,21 @@ struct Connection {
   bool multicast_capable = false;  // RDMA client of protocol version 2 that offered kConnectMulticast
   std::unordered_map<std::uint32_t, Subscription> subscriptions;  // by sid
 
+  // ------------------------------------------------------------ a fragmented message in progress
+  /// The message this publisher is sending as fragments (SPEC.md §3.7). Its
+  /// recipients are fixed by the first fragment (a queue group's member
+  /// chosen once, a subscriber that arrives later gets none of it), and
+  /// every later fragment goes to them as it arrives (cut-through: the
+  /// broker never holds the whole message). When it ends unfinished (the
+  /// publisher leaves or sends ABORT) they get ABORT.
+  struct OpenMessage {
+    bool open = false;
+    std::uint32_t length = 0;       // the message's payload bytes (the fragments' arg)
+    std::uint32_t next_offset = 0;  // where the next fragment must start
+    std::vector<Subscriber> recipients;
+  };
+  OpenMessage open_message;
+
   // ------------------------------------------------------------ traffic (rdmabroker stat)
   std::uint64_t messages_in = 0;  // PUBLISH frames accepted
   std::uint64_t bytes_in = 0;     // their payload bytes

@@ -68,6 +68,7 @@ void Connections::close(Connection& c, CloseReason reason, ErrorCode code, std::
   if (c.state == ConnState::kVerifying) ctx_.core.authenticator->cancel(c.id);
   c.reason = reason;
   drop_all_subscriptions(ctx_, c);
+  end_open_message(c);
   const bool can_tell = c.is_up() && !c.peer_disconnected && code != ErrorCode::kNone;
   if (!can_tell) {
     disconnect(c);
@@ -105,12 +106,18 @@ void Connections::disconnect(Connection& c) {
   if (c.state == ConnState::kDisconnecting) return;
   if (c.reason == CloseReason::kCount) c.reason = CloseReason::kPeerDisconnected;
   drop_all_subscriptions(ctx_, c);
+  end_open_message(c);
   drop_queue(c, drop_reason_for(c.reason));
   c.state = ConnState::kDisconnecting;
   c.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ctx_.options.drain_timeout_ms);
   closing_.push_back(c.id);
   c.link->disconnect(c);
   try_finish(c);
+}
+
+void Connections::end_open_message(Connection& c) {
+  if (c.open_message.open && message_cut_) message_cut_(c);
+  c.open_message = {};
 }
 
 void Connections::drop_queue(Connection& c, DropReason why) {
@@ -205,6 +212,9 @@ bool Connections::may_queue(const Connection& c, std::uint64_t len, std::uint32_
 
 void Connections::enqueue(Connection& c, OutItem item) {
   ctx_.assert_on_loop();
+  if (c.protocol_version < proto::kFragmentsVersion && refuse_fragments(c, item)) return;
+  if (item.header.type == FrameType::kAbort)
+    ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kIncomplete)].add();
   if (item.is_delivery() && c.protocol_version < proto::kHeadersVersion && carries_headers(item)) {
     // A client of version 1 reads no header block: its messages go without
     // (counted), the rest as they are (SPEC.md §3.6).
@@ -254,6 +264,20 @@ void Connections::enqueue(Connection& c, OutItem item) {
   ctx_.stats.pending_bytes.add(item.body_len);
   c.outq.push_back(std::move(item));
   touch(c);
+}
+
+bool Connections::refuse_fragments(Connection& c, const OutItem& item) {
+  auto& needs_fragments = ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kNeedsFragments)];
+  if (item.header.type == FrameType::kAbort) {
+    needs_fragments.add();  // the message that will not come: it was sent none of it
+    return true;
+  }
+  if (!item.is_delivery() || !fragment_at(item.body, item.body_offset)) return false;
+  // A client of version < 4 reads no fragment: the message is not sent to it
+  // (SPEC.md §3.7), counted once, with its last fragment (item.messages).
+  needs_fragments.add(item.messages);
+  unqueue(c.slot, item.body_len);
+  return true;
 }
 
 void Connections::deliver(Connection& c, const BufferRef& buf, std::uint32_t sid, std::uint32_t off,

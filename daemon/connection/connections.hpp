@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -69,6 +70,10 @@ class Connections {
   /// Closes every connection for a shutdown: open ones are told so.
   void close_all_for_shutdown();
 
+  /// Called when a connection with a fragmented message in progress closes
+  /// (the router aborts the message for its recipients).
+  void on_message_cut(std::function<void(Connection&)> f) { message_cut_ = std::move(f); }
+
   // ------------------------------------------------------------ out-queue
   /// Queues a frame for `c` within its bounds; a subscriber over them is cut
   /// off as a slow consumer (the item counted as dropped).
@@ -122,6 +127,11 @@ class Connections {
   void flush(Connection& c);
   void disconnect(Connection& c);
   void drop_queue(Connection& c, DropReason why);
+  /// A closing connection's fragmented message in progress: aborted for its recipients.
+  void end_open_message(Connection& c);
+  /// For a client of version < 4: true (and counted) if `item` is a fragment
+  /// or an ABORT, which it cannot read and is not sent.
+  bool refuse_fragments(Connection& c, const OutItem& item);
   void destroy(Connection& c);
   void release_send(Connection& c, InflightSend& rec, bool success);
   void count_delivered(Connection& c, std::uint32_t messages, std::uint64_t payload);
@@ -150,6 +160,7 @@ class Connections {
   std::vector<std::uint64_t> reap_;             // to destroy at the end of the loop turn
   std::vector<std::uint64_t> stalled_;          // publishers whose links are paused for a while
   std::chrono::steady_clock::time_point next_write_check_{};
+  std::function<void(Connection&)> message_cut_;  // on_message_cut
 };
 
 }  // namespace rdmabroker::daemon

@@ -70,6 +70,8 @@ bool FrameHandler::on_frame(Connection& c, const proto::Frame& f, const BufferRe
     case FrameType::kPing:
       connections_.enqueue(c, make_control(FrameType::kPong, 0));
       return true;
+    case FrameType::kAbort:
+      return on_abort(c);
     case FrameType::kCredit:
     case FrameType::kClose:
       return true;  // process() takes them, in every state
@@ -100,6 +102,13 @@ bool FrameHandler::on_publish(Connection& c, const proto::Frame& f, const Buffer
                            std::to_string(proto::max_publish_frame(opt.buffer_size)));
     return false;
   }
+  if (h.is_fragment()) return on_fragment(c, f, buf);
+  if (c.open_message.open) {
+    return fragment_violation(c, "a whole PUBLISH while a fragmented message is open (" +
+                                     std::to_string(c.open_message.next_offset) + " of " +
+                                     std::to_string(c.open_message.length) +
+                                     " bytes sent): a message's fragments go back to back");
+  }
   if (opt.max_payload != 0 && h.payload_len > opt.max_payload) {
     ctx_.stats.limit_payload.add();
     connections_.close(c, CloseReason::kProtocolError, ErrorCode::kPayloadTooLarge,
@@ -116,6 +125,77 @@ bool FrameHandler::on_publish(Connection& c, const proto::Frame& f, const Buffer
   ++c.messages_in;
   c.bytes_in += h.payload_len;
   router_.route_publish(c, f, buf);
+  return true;
+}
+
+bool FrameHandler::fragment_violation(Connection& c, std::string why) {
+  connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation, std::move(why));
+  return false;
+}
+
+bool FrameHandler::on_fragment(Connection& c, const proto::Frame& f, const BufferRef& buf) {
+  const auto& h = f.header;
+  auto& open = c.open_message;
+  if (c.protocol_version < proto::kFragmentsVersion) {
+    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kMalformedFrame,
+                       "flag not allowed: FRAGMENT needs protocol version 4, this connection negotiated " +
+                           std::to_string(c.protocol_version));
+    return false;
+  }
+  if (h.sequence != c.id) {
+    return fragment_violation(c, "a fragment's sequence must be the connection id from the accept (" +
+                                     std::to_string(c.id) + "), not " + std::to_string(h.sequence));
+  }
+  if (h.fragment_offset == 0) {
+    if (open.open) {
+      return fragment_violation(c, "a new message began while " + std::to_string(open.next_offset) + " of " +
+                                       std::to_string(open.length) + " bytes of the last were sent");
+    }
+    const std::uint32_t limit = ctx_.options.max_payload;
+    if (h.arg > limit) {
+      ctx_.stats.limit_payload.add();
+      connections_.close(c, CloseReason::kProtocolError, ErrorCode::kPayloadTooLarge,
+                         "message of " + std::to_string(h.arg) + " bytes exceeds limits.max_payload (" +
+                             std::to_string(limit) + ")");
+      return false;
+    }
+    open = Connection::OpenMessage{true, h.arg, 0, {}};
+    if (!may_publish(c, f.subject)) {
+      // Refused, not accepted: its fragments are taken and go nowhere.
+      deny(c, "publish", f.subject, 0);
+    } else {
+      ctx_.stats.messages_in.add();
+      ++c.messages_in;
+      router_.route_publish(c, f, buf);  // pins the recipients in c.open_message
+    }
+  } else {
+    if (!open.open) {
+      return fragment_violation(c, "a fragment at offset " + std::to_string(h.fragment_offset) +
+                                       " of no message (the first fragment has offset 0)");
+    }
+    if (h.arg != open.length || h.fragment_offset != open.next_offset) {
+      return fragment_violation(
+          c, "a fragment at offset " + std::to_string(h.fragment_offset) + " of a " + std::to_string(h.arg) +
+                 "-byte message where offset " + std::to_string(open.next_offset) + " of the " +
+                 std::to_string(open.length) + "-byte message was due (fragments go in order, each once)");
+    }
+    router_.route_fragment(c, f, buf);
+  }
+  if (!c.is_up()) return false;
+  ctx_.stats.bytes_in.add(h.payload_len);
+  c.bytes_in += h.payload_len;
+  open.next_offset += h.payload_len;
+  if (open.next_offset == open.length) open = {};
+  return true;
+}
+
+bool FrameHandler::on_abort(Connection& c) {
+  if (!c.open_message.open) {
+    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
+                       "ABORT without a fragmented message in progress");
+    return false;
+  }
+  router_.abort_open_message(c);
   return true;
 }
 

@@ -43,6 +43,13 @@ class FrameHandler {
   /// Handles frame `f` of an open connection; false once the connection closed.
   bool on_frame(Connection& c, const proto::Frame& f, const BufferRef& buf);
   bool on_publish(Connection& c, const proto::Frame& f, const BufferRef& buf);
+  /// A PUBLISH with the FRAGMENT flag (SPEC.md §3.7): checked against the
+  /// connection's open message, then routed; false once the connection closed.
+  bool on_fragment(Connection& c, const proto::Frame& f, const BufferRef& buf);
+  /// ABORT from the client: it abandons its open message.
+  bool on_abort(Connection& c);
+  /// Closes `c` for breaking a fragment rule; always false.
+  bool fragment_violation(Connection& c, std::string why);
   void on_subscribe(Connection& c, const proto::Frame& f);
   void on_unsubscribe(Connection& c, const proto::Frame& f);
   /// MCAST_JOINED and MCAST_REPAIR; false if the connection was closed for it.

@@ -1,6 +1,12 @@
 #include "router/router.hpp"
 
+#include <optional>
+
 namespace rdmabroker::daemon {
+
+Router::Router(WorkerContext& ctx, Connections& connections) : ctx_(ctx), connections_(connections) {
+  connections_.on_message_cut([this](Connection& publisher) { abort_open_message(publisher); });
+}
 
 void Router::route_publish(Connection& publisher, const proto::Frame& f, const BufferRef& buf) {
   ctx_.assert_on_loop();
@@ -17,16 +23,18 @@ void Router::route_publish(Connection& publisher, const proto::Frame& f, const B
     return;
   }
   stats.routed.add(match.fanout());
-  // Stall watermark: three quarters of the bound leaves room for what the
-  // publishers already have in flight when they are slowed down.
-  auto watermark = [&](std::uint32_t slot) {
-    const std::uint64_t bound = ctx_.core.backlog_bound(slot, ctx_.options.max_pending_bytes);
-    return static_cast<std::int64_t>(bound - bound / 4);
-  };
+  const bool first_fragment = f.header.is_fragment();
   const Subscriber* backlogged = nullptr;
   auto deliver = [&](const Subscriber& s) {
-    if (!route_to(s, f, buf)) return;
-    if (backlogged == nullptr && ctx_.core.slots->queued(s.slot) > watermark(s.slot)) backlogged = &s;
+    if (first_fragment) {
+      if (s.worker == kChannelWorker) {
+        // A channel sequences whole messages into datagrams (SPEC.md §7): it carries none in fragments.
+        stats.dropped[static_cast<std::size_t>(DropReason::kNeedsFragments)].add();
+        return;
+      }
+      if (publisher.open_message.open) publisher.open_message.recipients.push_back(s);
+    }
+    if (route_to(s, f, buf) && backlogged == nullptr && over_watermark(s)) backlogged = &s;
   };
   for (const Subscriber& s : match.plain) deliver(s);
   for (std::size_t g = 0; g < match.groups.size(); ++g) {
@@ -38,6 +46,44 @@ void Router::route_publish(Connection& publisher, const proto::Frame& f, const B
     deliver(*chosen);
   }
   if (backlogged != nullptr) connections_.stall(publisher, backlogged->slot);
+}
+
+void Router::route_fragment(Connection& publisher, const proto::Frame& f, const BufferRef& buf) {
+  ctx_.assert_on_loop();
+  std::optional<std::uint32_t> backlogged_slot;
+  // By index and by value: routing may close the publisher itself (a slow
+  // consumer of its own subject), which aborts and clears this list.
+  for (std::size_t i = 0; i < publisher.open_message.recipients.size(); ++i) {
+    const Subscriber s = publisher.open_message.recipients[i];
+    if (route_to(s, f, buf) && !backlogged_slot && over_watermark(s)) backlogged_slot = s.slot;
+  }
+  if (backlogged_slot && publisher.is_up()) connections_.stall(publisher, *backlogged_slot);
+}
+
+void Router::abort_open_message(Connection& publisher) {
+  auto recipients = std::move(publisher.open_message.recipients);
+  publisher.open_message = {};
+  for (const Subscriber& s : recipients) send_to(s, make_abort(s.sid, publisher.id));
+}
+
+void Router::send_to(const Subscriber& s, OutItem item) {
+  ctx_.assert_on_loop();
+  if (s.worker != ctx_.index) {
+    remote_[s.worker].push_back({s.connection, s.slot, std::move(item)});
+    return;
+  }
+  if (Connection* c = connections_.find_up(s.connection)) {
+    connections_.enqueue(*c, std::move(item));
+  } else if (item.header.type == proto::FrameType::kAbort) {
+    ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kIncomplete)].add();  // it had begun; it is gone
+  }
+}
+
+bool Router::over_watermark(const Subscriber& s) const {
+  // Stall watermark: three quarters of the bound leaves room for what the
+  // publishers already have in flight when they are slowed down.
+  const std::uint64_t bound = ctx_.core.backlog_bound(s.slot, ctx_.options.max_pending_bytes);
+  return ctx_.core.slots->queued(s.slot) > static_cast<std::int64_t>(bound - bound / 4);
 }
 
 bool Router::is_live(const Subscriber& s) {
@@ -59,7 +105,8 @@ bool Router::route_to(const Subscriber& s, const proto::Frame& f, const BufferRe
   if (s.worker == ctx_.index) {
     Connection* c = connections_.find_up(s.connection);
     if (c == nullptr) {
-      ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add();
+      if (f.header.ends_message())
+        ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add();
       return false;
     }
     ctx_.core.slots->add_queued(s.slot, len);

@@ -5,7 +5,9 @@
 // it at the end of the loop turn, for a multicast channel in a batch for the
 // engine. Queue groups get one member per message, round robin. A request
 // nobody serves is answered NO_RESPONDERS; a publisher feeding a backlogged
-// subscriber is stalled (Connections::stall).
+// subscriber is stalled (Connections::stall). A message sent as fragments
+// (SPEC.md §3.7) is matched once, at its first fragment; the rest follow the
+// recipients pinned then, each fragment forwarded as it arrives.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +22,8 @@ namespace rdmabroker::daemon {
 
 class Router {
  public:
-  Router(WorkerContext& ctx, Connections& connections) : ctx_(ctx), connections_(connections) {}
+  /// Registers with `connections` to abort a closing publisher's open message.
+  Router(WorkerContext& ctx, Connections& connections);
 
   /// How many workers there are (known once all exist): one batch each.
   void set_worker_count(std::size_t n) { remote_.resize(n); }
@@ -29,6 +32,14 @@ class Router {
   /// was size-checked (proto::max_publish_frame), so every DELIVER built
   /// from it fits a subscriber's buffer.
   void route_publish(Connection& publisher, const proto::Frame& f, const BufferRef& buf);
+  /// Routes a fragment after the first of `publisher`'s open message to the
+  /// recipients its first fragment was routed to.
+  void route_fragment(Connection& publisher, const proto::Frame& f, const BufferRef& buf);
+  /// Ends `publisher`'s open message unfinished: each recipient gets ABORT
+  /// after the fragments it was sent (the message counts as dropped, reason
+  /// "incomplete", for each recipient that had fragments of it queued:
+  /// Connections::enqueue).
+  void abort_open_message(Connection& publisher);
 
   /// Hands the batches for other workers and the multicast engine over
   /// (once per loop turn, before the flush).
@@ -39,6 +50,10 @@ class Router {
  private:
   /// Queues one frame for `s`, locally or through its worker; false if it went nowhere (counted).
   bool route_to(const Subscriber& s, const proto::Frame& f, const BufferRef& buf);
+  /// Queues control frame `item` for `s` behind what was routed to it.
+  void send_to(const Subscriber& s, OutItem item);
+  /// Whether `s`'s queue is above the stall watermark.
+  bool over_watermark(const Subscriber& s) const;
   /// False only for a subscriber of this worker that is gone or closing.
   bool is_live(const Subscriber& s);
 

@@ -52,6 +52,9 @@ void Worker::on_command(DeliverCommand& cmd) {
   for (auto& d : cmd.items) {
     Connection* c = connections_.find_up(d.connection);
     if (c == nullptr) {
+      // An ABORT for a subscriber gone meanwhile: the message it had begun counts where ABORTs do.
+      if (d.item.header.type == proto::FrameType::kAbort)
+        ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kIncomplete)].add();
       ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add(d.item.messages);
       ctx_.core.slots->add_queued(d.slot, -static_cast<std::int64_t>(d.item.body_len));
       continue;

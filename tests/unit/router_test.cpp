@@ -3,7 +3,9 @@
 // a FakeLink that decodes and records what would have been sent.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,7 +30,10 @@ struct Received {
   std::uint32_t arg = 0;  // sid for DELIVER, code for ERROR
   std::string subject;
   std::string payload;
-  std::string headers;  // a PUBLISH's header block as text (zero padding included)
+  std::string headers;         // a PUBLISH's header block as text (zero padding included)
+  std::uint64_t sequence = 0;  // ABORT: the publisher's id
+  std::uint32_t fragment_offset = 0;
+  bool fragment = false;
 };
 
 class FakeLink final : public Link {
@@ -77,11 +82,13 @@ class FakeLink final : public Link {
                       f,
                       [&](const proto::Frame& inner) {
                         sent.push_back({FrameType::kDeliver, f.header.arg, std::string(inner.subject),
-                                        as_text(inner.payload), as_text(inner.headers)});
+                                        as_text(inner.payload), as_text(inner.headers), inner.header.sequence,
+                                        inner.header.fragment_offset, inner.header.is_fragment()});
                       }),
                   proto::DecodeStatus::kOk);
       } else {
-        sent.push_back({f.header.type, f.header.arg, std::string(f.subject), as_text(f.payload)});
+        sent.push_back(
+            {f.header.type, f.header.arg, std::string(f.subject), as_text(f.payload), {}, f.header.sequence});
       }
       off += f.header.frame_len();
     }
@@ -167,6 +174,20 @@ class RouterTest : public ::testing::Test {
   void publish(Client& p, std::string_view subject, std::string_view payload) {
     send(*p.c, frame(FrameType::kPublish, subject, "", payload, 0));
   }
+  /// A PUBLISH fragment (SPEC.md §3.7) of `p`'s `length`-byte message.
+  static std::vector<std::byte> fragment(const Client& p, std::uint32_t offset, std::uint32_t length,
+                                         std::string_view subject, std::string_view payload) {
+    proto::FrameHeader h;
+    h.type = FrameType::kPublish;
+    h.flags = proto::kFlagFragment;
+    h.arg = length;
+    h.fragment_offset = offset;
+    h.sequence = p.c->id;
+    std::vector<std::byte> out(proto::align_up(proto::kHeaderSize + subject.size() + payload.size()));
+    proto::encode_frame(out, h, subject, {}, std::as_bytes(std::span(payload.data(), payload.size())));
+    return out;
+  }
+  std::uint64_t dropped(DropReason r) const { return ctx_->stats.dropped[static_cast<std::size_t>(r)].get(); }
   static std::vector<std::string> payloads(const FakeLink& l, std::uint32_t sid) {
     std::vector<std::string> out;
     for (const auto& r : l.sent) {
@@ -365,6 +386,152 @@ TEST_F(RouterTest, FramesBeforeConnectAndFramesOnlyTheBrokerSendsCloseTheConnect
   send(*open.c, frame(FrameType::kPong, "", "", "", 0));
   EXPECT_EQ(open.c->reason, CloseReason::kProtocolError);
   EXPECT_EQ(open.link->sent.back().arg, static_cast<std::uint32_t>(proto::ErrorCode::kProtocolViolation));
+}
+
+TEST_F(RouterTest, AMessagesFragmentsFollowTheRecipientsOfItsFirstAsTheyArrive) {
+  Client early = connect(), g1 = connect(), g2 = connect(), late = connect(), pub = connect(),
+         other = connect();
+  subscribe(early, "big.file", 1);
+  subscribe(g1, "big.file", 2, "workers");
+  subscribe(g2, "big.file", 3, "workers");
+  send(*pub.c, fragment(pub, 0, 12, "big.file", "aaaa"));
+  subscribe(late, "big.file", 4);  // after the first fragment: none of this message
+  // Fragments go on as they arrive: another publisher's message is not held behind them.
+  publish(other, "big.file", "small");
+  send(*pub.c, fragment(pub, 4, 12, "", "bbbb"));
+  send(*pub.c, fragment(pub, 8, 12, "", "cccc"));
+  ASSERT_EQ(payloads(*early.link, 1), (std::vector<std::string>{"aaaa", "small", "bbbb", "cccc"}));
+  EXPECT_EQ(early.link->sent[2].fragment_offset, 4u);
+  EXPECT_EQ(early.link->sent[2].sequence, pub.c->id) << "a fragment names its publisher";
+  // The queue group's member is chosen once for the whole message.
+  const auto in_g1 = payloads(*g1.link, 2), in_g2 = payloads(*g2.link, 3);
+  const auto& chosen = std::count(in_g1.begin(), in_g1.end(), "aaaa") == 1 ? in_g1 : in_g2;
+  EXPECT_EQ(std::count(chosen.begin(), chosen.end(), "bbbb"), 1);
+  EXPECT_EQ(std::count(chosen.begin(), chosen.end(), "cccc"), 1);
+  EXPECT_EQ(in_g1.size() + in_g2.size(), 4u) << "three fragments and the small message, once each";
+  EXPECT_EQ(payloads(*late.link, 4), std::vector<std::string>{"small"});
+  EXPECT_FALSE(pub.c->open_message.open) << "complete";
+  EXPECT_EQ(ctx_->stats.messages_in.get(), 2u) << "a message counts once, not per fragment";
+  EXPECT_EQ(ctx_->stats.bytes_in.get(), 12u + 5u);
+  // The next message of the same publisher starts afresh.
+  send(*pub.c, fragment(pub, 0, 8, "big.file", "dddd"));
+  send(*pub.c, fragment(pub, 4, 8, "", "eeee"));
+  EXPECT_EQ(payloads(*late.link, 4), (std::vector<std::string>{"small", "dddd", "eeee"}));
+}
+
+TEST_F(RouterTest, AnOlderSubscriberIsSentNoFragmentsAndTheDropIsCounted) {
+  Client v3 = connect(3), v4 = connect(), pub = connect();
+  subscribe(v3, "big", 1);
+  subscribe(v4, "big", 2);
+  send(*pub.c, fragment(pub, 0, 8, "big", "abcd"));
+  send(*pub.c, fragment(pub, 4, 8, "", "efgh"));
+  publish(pub, "big", "fits");
+  EXPECT_EQ(payloads(*v3.link, 1), std::vector<std::string>{"fits"});
+  EXPECT_EQ(payloads(*v4.link, 2), (std::vector<std::string>{"abcd", "efgh", "fits"}));
+  EXPECT_EQ(dropped(DropReason::kNeedsFragments), 1u) << "once per message, not per fragment";
+  EXPECT_EQ(core_.slots->queued(v3.c->slot), 0) << "nothing left accounted as queued";
+  // One abandoned half-way counts once too (with its ABORT, which it is not sent either).
+  send(*pub.c, fragment(pub, 0, 8, "big", "abcd"));
+  send(*pub.c, frame(FrameType::kAbort, "", "", "", 0));
+  EXPECT_EQ(dropped(DropReason::kNeedsFragments), 2u);
+  EXPECT_EQ(payloads(*v3.link, 1), std::vector<std::string>{"fits"});
+  EXPECT_EQ(ctx_->stats.deliveries.get(), 3u)
+      << "v4: the whole message and the one completed in fragments; v3: one";
+}
+
+TEST_F(RouterTest, APublisherThatLeavesOrAbortsMidMessageAbortsItForEveryRecipient) {
+  Client sub = connect(), pub = connect(), quitter = connect();
+  subscribe(sub, "big", 1);
+  core_.index.add("big", Subscriber{1, 999, 5, 7}, "");  // and another worker's subscriber
+  send(*pub.c, fragment(pub, 0, 8, "big", "abcd"));
+  send(*pub.c, frame(FrameType::kAbort, "", "", "", 0));
+  ASSERT_EQ(sub.link->sent.size(), 2u);
+  EXPECT_EQ(sub.link->sent[1].type, FrameType::kAbort);
+  EXPECT_EQ(sub.link->sent[1].arg, 1u);
+  EXPECT_EQ(sub.link->sent[1].sequence, pub.c->id);
+  const auto& batch = router_->batch_for(1);
+  ASSERT_EQ(batch.size(), 2u) << "the other worker's ABORT follows its fragment";
+  EXPECT_EQ(batch[1].item.header.type, FrameType::kAbort);
+  EXPECT_TRUE(pub.c->is_up());
+  EXPECT_EQ(dropped(DropReason::kIncomplete), 1u)
+      << "counted where the ABORT is queued (worker 1 for its own)";
+  core_.slots->add_queued(7, -static_cast<std::int64_t>(batch[0].item.body_len));
+
+  send(*quitter.c, fragment(quitter, 0, 8, "big", "wxyz"));
+  connections_->peer_gone(*quitter.c, CloseReason::kPeerDisconnected);
+  connections_->flush_touched();
+  EXPECT_EQ(sub.link->sent.back().type, FrameType::kAbort);
+  EXPECT_EQ(sub.link->sent.back().sequence, quitter.c->id);
+  EXPECT_EQ(dropped(DropReason::kIncomplete), 2u);
+  publish(pub, "big", "after");
+  EXPECT_EQ(payloads(*sub.link, 1).back(), "after") << "the others go on";
+}
+
+TEST_F(RouterTest, EveryBrokenFragmentRuleClosesThatPublisherOnly) {
+  using Frames = std::vector<std::vector<std::byte>>;
+  Client sub = connect();
+  subscribe(sub, "big", 1);
+  struct Case {
+    const char* what;
+    std::function<Frames(const Client&)> frames;
+    proto::ErrorCode code;
+    const char* text;
+  };
+  const Case cases[] = {
+      {"out of order",
+       [](const Client& p) {
+         return Frames{fragment(p, 0, 12, "big", "aaaa"), fragment(p, 8, 12, "", "cccc")};
+       },
+       proto::ErrorCode::kProtocolViolation, "offset 4"},
+      {"duplicated",
+       [](const Client& p) {
+         return Frames{fragment(p, 0, 12, "big", "aaaa"), fragment(p, 4, 12, "", "bbbb"),
+                       fragment(p, 4, 12, "", "bbbb")};
+       },
+       proto::ErrorCode::kProtocolViolation, "offset 8"},
+      {"missing first", [](const Client& p) { return Frames{fragment(p, 4, 12, "", "bbbb")}; },
+       proto::ErrorCode::kProtocolViolation, "of no message"},
+      {"a new message over an open one",
+       [](const Client& p) {
+         return Frames{fragment(p, 0, 12, "big", "aaaa"), fragment(p, 0, 12, "big", "aaaa")};
+       },
+       proto::ErrorCode::kProtocolViolation, "a new message began"},
+      {"a whole message over an open one",
+       [](const Client& p) {
+         return Frames{fragment(p, 0, 12, "big", "aaaa"), frame(FrameType::kPublish, "big", "", "x", 0)};
+       },
+       proto::ErrorCode::kProtocolViolation, "back to back"},
+      {"another publisher's id",
+       [](const Client& p) {
+         auto f = fragment(p, 0, 12, "big", "aaaa");
+         proto::store<std::uint64_t>(f.data() + 24, p.c->id + 1000);
+         return Frames{f};
+       },
+       proto::ErrorCode::kProtocolViolation, "connection id"},
+      {"over limits.max_payload",
+       [](const Client& p) { return Frames{fragment(p, 0, (1u << 20) + 1, "big", "aaaa")}; },
+       proto::ErrorCode::kPayloadTooLarge, "limits.max_payload"},
+      {"ABORT of nothing", [](const Client&) { return Frames{frame(FrameType::kAbort, "", "", "", 0)}; },
+       proto::ErrorCode::kProtocolViolation, "ABORT without"},
+  };
+  for (const Case& k : cases) {
+    Client p = connect();
+    for (const auto& f : k.frames(p)) send(*p.c, f);
+    EXPECT_EQ(p.c->reason, CloseReason::kProtocolError) << k.what;
+    ASSERT_GE(p.link->sent.size(), 2u) << k.what;
+    const auto& error = p.link->sent[p.link->sent.size() - 2];
+    EXPECT_EQ(error.arg, static_cast<std::uint32_t>(k.code)) << k.what;
+    EXPECT_NE(error.payload.find(k.text), std::string::npos) << k.what << ": " << error.payload;
+  }
+  // A connection of version 3 has no fragments at all.
+  Client old = connect(3);
+  send(*old.c, fragment(old, 0, 12, "big", "aaaa"));
+  EXPECT_EQ(old.c->reason, CloseReason::kProtocolError);
+  EXPECT_NE(old.link->sent[old.link->sent.size() - 2].payload.find("version 4"), std::string::npos);
+  Client pub = connect();
+  publish(pub, "big", "still here");
+  EXPECT_TRUE(sub.c->is_up());
+  EXPECT_EQ(payloads(*sub.link, 1).back(), "still here");
 }
 
 }  // namespace
