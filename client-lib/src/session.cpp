@@ -91,6 +91,8 @@ Error Session::rejected(const std::string& where, const proto::ConnectReject& re
 void Session::init_send_buffers(const proto::ConnectAccept& accept, std::uint32_t count) {
   max_frame_ = accept.max_frame_size;
   protocol_version_ = accept.version;
+  max_message_ = accept.max_payload;
+  connection_id_ = accept.connection_id;
   send_count_ = count;
   send_mem_.reset(new std::byte[std::size_t{count} * max_frame_]);
   free_send_.clear();
@@ -158,7 +160,19 @@ Status Session::append_frame_locked(std::unique_lock<std::mutex>& lock, const pr
 Status Session::publish_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
                                std::string_view reply, std::span<const std::byte> payload,
                                std::uint16_t flags, std::span<const proto::HeaderField> headers) {
+  // A message in fragments goes out whole before anything else is published.
+  if (!wait_counted(cv_, lock, Clock::now() + opt_.publish_timeout, *app_wakeups_,
+                    [&] { return !fragmenting_ || closed_; })) {
+    return Error{ErrorKind::kTimeout, "another thread's large message still sending after " +
+                                          std::to_string(opt_.publish_timeout.count()) + " ms"};
+  }
   if (auto st = check_open_locked(); !st) return st;
+  if (abort_pending_) {
+    proto::FrameHeader abort;
+    abort.type = FrameType::kAbort;
+    if (auto st = append_frame_locked(lock, abort, {}, {}, {}); !st) return st;
+    abort_pending_ = false;
+  }
   if (!headers.empty() && protocol_version_ < proto::kHeadersVersion) {
     return Error{ErrorKind::kInvalidArgument,
                  "the broker speaks protocol version " + std::to_string(protocol_version_) +
@@ -171,6 +185,10 @@ Status Session::publish_locked(std::unique_lock<std::mutex>& lock, std::string_v
                                                   std::to_string(proto::kMaxHeaderBlock)};
   }
   const std::size_t room = max_payload(subject.size());
+  if (block + payload.size() + reply.size() > frame_room(subject.size(), 0) &&
+      protocol_version_ >= proto::kFragmentsVersion && block + payload.size() <= room) {
+    return publish_fragments_locked(lock, subject, reply, payload, flags, headers);
+  }
   if (block + payload.size() + reply.size() > room) {
     const std::size_t fixed = block + reply.size();
     return Error{ErrorKind::kPayloadTooLarge,
@@ -182,6 +200,41 @@ Status Session::publish_locked(std::unique_lock<std::mutex>& lock, std::string_v
   h.type = FrameType::kPublish;
   h.flags = flags;
   return append_frame_locked(lock, h, subject, reply, payload, 0, true, headers);
+}
+
+Status Session::publish_fragments_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
+                                         std::string_view reply, std::span<const std::byte> payload,
+                                         std::uint16_t flags, std::span<const proto::HeaderField> headers) {
+  const std::size_t block = proto::header_block_len(headers);
+  proto::FrameHeader h;
+  h.type = FrameType::kPublish;
+  h.flags = static_cast<std::uint16_t>(flags | proto::kFlagFragment);
+  h.arg = static_cast<std::uint32_t>(block + payload.size());
+  // The first fragment carries the strings and the header block, each later
+  // one a frame's worth of payload (SPEC.md §3.7).
+  const std::size_t first_room = frame_room(subject.size(), reply.size());
+  if (block >= first_room) {
+    return Error{ErrorKind::kPayloadTooLarge, "subject, reply and headers leave no room in a frame"};
+  }
+  fragmenting_ = true;
+  const std::size_t first = std::min(payload.size(), first_room - block);
+  Status st =
+      append_frame_locked(lock, h, subject, reply, payload.first(first), connection_id_, true, headers);
+  std::size_t sent = st ? first : 0;
+  h.flags = proto::kFlagFragment;
+  const std::size_t room = frame_room(0, 0);
+  while (st && sent < payload.size()) {
+    const std::size_t n = std::min(room, payload.size() - sent);
+    h.fragment_offset = static_cast<std::uint32_t>(block + sent);
+    st = append_frame_locked(lock, h, {}, {}, payload.subspan(sent, n), connection_id_);
+    if (st) sent += n;
+  }
+  // Begun and not finished (a full send queue for publish_timeout): the
+  // broker must hear that the message is abandoned before the next one.
+  if (!st && sent != 0 && !closed_) abort_pending_ = true;
+  fragmenting_ = false;
+  cv_.notify_all();
+  return st;
 }
 
 namespace {
@@ -525,6 +578,11 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
       case FrameType::kClose:
         on_error_frame(f, errors);
         break;
+      case FrameType::kAbort:
+        // The publisher left or gave up half-way: what came of it is no message.
+        if (reassembly_.erase({f.header.arg, f.header.sequence}) != 0)
+          aborted_messages_.fetch_add(1, std::memory_order_relaxed);
+        break;
       default:
         break;  // CREDIT is the transport's; client-to-broker types are never sent to us
     }
@@ -554,6 +612,7 @@ bool Session::on_deliver(const proto::Frame& f, Deliveries& deliveries, std::vec
       on_sequenced(f.header.arg, seq++, std::move(m), deliveries, false);
       return;
     }
+    if (inner.header.is_fragment()) return on_fragment(f.header.arg, inner, deliveries);
     fill_message(deliveries.add(), f.header.arg, inner);
   });
   if (st == proto::DecodeStatus::kOk) return true;
@@ -562,6 +621,38 @@ bool Session::on_deliver(const proto::Frame& f, Deliveries& deliveries, std::vec
                          "undecodable DELIVER from the broker: " + std::string(proto::to_string(st))});
   fail_locked(errors.back());
   return false;
+}
+
+void Session::on_fragment(std::uint32_t sid, const proto::Frame& inner, Deliveries& deliveries) {
+  const auto& h = inner.header;
+  const auto key = std::pair{sid, h.sequence};
+  if (h.arg > proto::kMaxMessageSize) return;  // no broker sends that: not a message we assemble
+  if (h.fragment_offset == 0) {
+    // A first fragment replaces what an earlier message of that publisher
+    // left unfinished (the broker sends ABORT first; this is belt and braces).
+    Reassembly& r = reassembly_[key];
+    fill_message(r.message, sid, inner);
+    r.message.payload.reserve(h.arg - h.header_len);
+    r.length = h.arg;
+    r.next = h.payload_len;
+    return;
+  }
+  auto it = reassembly_.find(key);
+  // Not begun here (subscribed after its first fragment was routed: the
+  // broker sends it none) or out of order (a broker fault): not a message.
+  if (it == reassembly_.end()) return;
+  Reassembly& r = it->second;
+  if (h.fragment_offset != r.next || h.arg != r.length) {
+    reassembly_.erase(it);
+    aborted_messages_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  r.message.payload.insert(r.message.payload.end(), inner.payload.begin(), inner.payload.end());
+  r.next += h.payload_len;
+  if (r.next == r.length) {
+    deliveries.add() = std::move(r.message);
+    reassembly_.erase(it);
+  }
 }
 
 void Session::on_error_frame(const proto::Frame& f, std::vector<Error>& errors) {
@@ -650,6 +741,7 @@ ClientStats Session::stats() const {
   s.messages_lost = messages_lost_.load(std::memory_order_relaxed);
   s.io_wakeups = io_wakeups_.load(std::memory_order_relaxed);
   s.app_wakeups = app_wakeups_->load(std::memory_order_relaxed);
+  s.aborted_messages = aborted_messages_.load(std::memory_order_relaxed);
   return s;
 }
 

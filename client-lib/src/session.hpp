@@ -136,7 +136,13 @@ class Session final : public Client {
   Status unsubscribe(std::uint32_t sid) override;
   Status flush(std::chrono::milliseconds timeout) override;
   std::size_t max_payload(std::size_t subject_len) const override {
-    return proto::max_payload(proto::max_publish_frame(max_frame_), subject_len);
+    // Version 4: the broker's limit, in fragments beyond one frame (SPEC.md §3.7).
+    if (protocol_version_ >= proto::kFragmentsVersion && max_message_ != 0) return max_message_;
+    return frame_room(subject_len, 0);
+  }
+  /// What one PUBLISH frame with this subject and reply can carry.
+  std::size_t frame_room(std::size_t subject_len, std::size_t reply_len) const {
+    return proto::max_payload(proto::max_publish_frame(max_frame_), subject_len, reply_len);
   }
   std::string transport_description() const override { return description_; }
   /// The broker's frame limit (its receive buffer size).
@@ -229,6 +235,8 @@ class Session final : public Client {
   std::uint8_t protocol_version_ = proto::kVersion;  // the broker's answer in the accept
   std::uint32_t max_frame_ = 0;                      // the broker's: largest frame/SEND we may send
   std::uint32_t recv_buffer_size_ = 0;               // ours: largest frame the broker sends us
+  std::uint32_t max_message_ = 0;    // version 4: the broker's limits.max_payload (0: one frame)
+  std::uint64_t connection_id_ = 0;  // the accept's: a fragment's sequence (SPEC.md §3.7)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;  // send buffer freed, PONG or reply received, closed
@@ -278,6 +286,25 @@ class Session final : public Client {
   Status publish_locked(std::unique_lock<std::mutex>& lock, std::string_view subject, std::string_view reply,
                         std::span<const std::byte> payload, std::uint16_t flags,
                         std::span<const proto::HeaderField> headers = {});
+  /// Sends a message larger than a frame as fragments, back to back (other
+  /// publishes wait meanwhile); one that fails half-way is abandoned with
+  /// ABORT before the next publish.
+  Status publish_fragments_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
+                                  std::string_view reply, std::span<const std::byte> payload,
+                                  std::uint16_t flags, std::span<const proto::HeaderField> headers);
+  bool fragmenting_ = false;    // a publish is sending fragments: other publishes wait (mu_)
+  bool abort_pending_ = false;  // a fragmented publish failed half-way: ABORT goes first (mu_)
+  /// A fragment of a DELIVER (I/O thread): reassembled per subscription and
+  /// publisher, delivered whole when its last fragment arrives.
+  void on_fragment(std::uint32_t sid, const proto::Frame& inner, Deliveries& deliveries);
+  struct Reassembly {
+    Message message;
+    std::uint32_t length = 0;  // of the whole message (header block included)
+    std::uint32_t next = 0;    // offset of the next fragment
+  };
+  std::map<std::pair<std::uint32_t, std::uint64_t>, Reassembly>
+      reassembly_;  // by (sid, publisher); I/O thread
+  std::atomic<std::uint64_t> aborted_messages_{0};
   /// The request() of both forms: `headers` already checked.
   Result<Message> request_with(std::string_view subject, std::span<const proto::HeaderField> headers,
                                std::span<const std::byte> payload, std::chrono::milliseconds timeout);

@@ -223,6 +223,10 @@ struct ClientStats {
   /// request(), a full send queue). Divided by messages, the bench's figure.
   std::uint64_t io_wakeups = 0;
   std::uint64_t app_wakeups = 0;
+  /// Messages larger than a frame whose fragments began to arrive and that
+  /// were never completed: their publisher left or gave up half-way (the
+  /// broker's ABORT). None of such a message reaches the application.
+  std::uint64_t aborted_messages = 0;
 };
 
 /// A subscription read with next(); created by Client::subscribe(subject).
@@ -307,7 +311,9 @@ class Client {
   virtual void close() = 0;
 
   /// Largest payload (header block included) a publish to a subject of this
-  /// length may carry.
+  /// length may carry: with a broker of protocol version 4, its
+  /// limits.max_payload (a larger message than one frame travels as
+  /// fragments and arrives whole); before, what one frame holds.
   virtual std::size_t max_payload(std::size_t subject_len) const = 0;
   /// e.g. "rdma rxe1 192.168.77.2 -> 192.168.77.1:7470" or "tcp 10.0.0.2:40112 -> 10.0.0.1:7471"
   virtual std::string transport_description() const = 0;
