@@ -717,6 +717,9 @@ void Session::dispatch(Deliveries& deliveries, std::vector<Error>& errors) {
       errors.push_back(Error{ErrorKind::kResource, "subscription " + std::to_string(queue->sid()) +
                                                        ": local queue limit reached, message dropped"});
     }
+    // A slot keeps its capacity for the next message, but not a large
+    // message's (up to 64 MiB, assembled from fragments).
+    if (m.payload.capacity() > Deliveries::kKeptPayloadCapacity) std::vector<std::byte>().swap(m.payload);
   }
   deliveries.count = 0;
   if (opt_.on_error) {

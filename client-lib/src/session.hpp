@@ -88,6 +88,9 @@ class QueueSubscription final : public Subscription {
 /// to batch, so their strings and payload vectors keep their capacity and
 /// decoding a message allocates nothing once the sizes have been seen.
 struct Deliveries {
+  /// A slot's payload keeps its capacity up to this (a frame's worth, and
+  /// more); a larger one, a large message's, is freed once handed over.
+  static constexpr std::size_t kKeptPayloadCapacity = 1u << 20;
   std::vector<Message> slots;
   std::size_t count = 0;
 

@@ -69,6 +69,12 @@ std::uint16_t next_port();
 /// Payload for message `seq` of a stream: size from a mix (mostly small, some
 /// medium, a few of the largest allowed), bytes derived from seq.
 std::vector<std::byte> make_payload(std::uint64_t seq, std::size_t max_payload);
+/// The largest payload one PUBLISH frame carries on the brokers' default
+/// 16 KiB buffers: the stream tests' largest message (a larger one travels
+/// as fragments, SPEC.md §3.7, which tests/rdma/fragments_test.cpp covers).
+constexpr std::size_t frame_room(std::size_t subject_len) {
+  return proto::max_payload(proto::max_publish_frame(16384), subject_len);
+}
 /// True if `data` is exactly make_payload(seq, max_payload).
 bool check_payload(std::uint64_t seq, std::size_t max_payload, std::span<const std::byte> data);
 

@@ -111,7 +111,7 @@ TEST_F(Relay, FanOutAcrossDevicesInOrderByteExact) {
     Sub s;
     s.client = connect(broker, host, bind);
     ASSERT_NE(s.client, nullptr);
-    s.check = std::make_unique<StreamChecker>(s.client->max_payload(subject.size()));
+    s.check = std::make_unique<StreamChecker>(frame_room(subject.size()));
     auto* check = s.check.get();
     ASSERT_TRUE(s.client->subscribe(subject, [check](const Message& m) { check->on_message(m); }).ok());
     ASSERT_TRUE(s.client->flush(10s).ok());
@@ -119,7 +119,7 @@ TEST_F(Relay, FanOutAcrossDevicesInOrderByteExact) {
   }
   auto pub = connect(broker, a1, a2);
   ASSERT_NE(pub, nullptr);
-  const std::size_t max_payload = pub->max_payload(subject.size());
+  const std::size_t max_payload = frame_room(subject.size());
   for (std::uint64_t seq = 0; seq < kMessages; ++seq) {
     auto st = pub->publish(subject, make_payload(seq, max_payload));
     if (!st.ok()) {
@@ -161,10 +161,10 @@ TEST_F(Relay, BusyPollingRelaysEverythingAndStaysResponsive) {
   auto sub = connect(broker, a1, a2, 2ms);
   auto pub = connect(broker, a1, a2, 2ms);
   ASSERT_TRUE(sub && pub);
-  StreamChecker check(sub->max_payload(subject.size()));
+  StreamChecker check(frame_room(subject.size()));
   ASSERT_TRUE(sub->subscribe(subject, [&check](const Message& m) { check.on_message(m); }).ok());
   ASSERT_TRUE(sub->flush(10s).ok());
-  const std::size_t max_payload = pub->max_payload(subject.size());
+  const std::size_t max_payload = frame_room(subject.size());
   std::uint64_t seq = 0;
   // Flat out (always within the spin), then with pauses longer than the spin
   // (each message wakes a sleeping worker and client).
@@ -205,7 +205,7 @@ TEST_F(Relay, KilledSubscriberDoesNotDisturbOthers) {
   auto s1 = connect(broker, a1, "");
   auto s2 = connect(broker, a2, a1);
   ASSERT_TRUE(s1 && s2);
-  StreamChecker c1(s1->max_payload(subject.size())), c2(s2->max_payload(subject.size()));
+  StreamChecker c1(frame_room(subject.size())), c2(frame_room(subject.size()));
   ASSERT_TRUE(s1->subscribe(subject, [&](const Message& m) { c1.on_message(m); }).ok());
   ASSERT_TRUE(s2->subscribe(subject, [&](const Message& m) { c2.on_message(m); }).ok());
   ASSERT_TRUE(s1->flush(10s).ok() && s2->flush(10s).ok());
@@ -214,7 +214,7 @@ TEST_F(Relay, KilledSubscriberDoesNotDisturbOthers) {
 
   auto pub = connect(broker, a1, a2);
   ASSERT_NE(pub, nullptr);
-  const std::size_t max_payload = pub->max_payload(subject.size());
+  const std::size_t max_payload = frame_room(subject.size());
   for (std::uint64_t seq = 0; seq < kMessages; ++seq) {
     if (seq == kMessages / 4) {
       kill(victim, SIGKILL);
