@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Large messages (proto/SPEC.md §3.7) on the broker's default 16 KiB buffers,
+# limits.max_payload raised to 64 MiB:
+#   host (TCP, loopback): rdmabroker against nats-server (max_payload 64 MB)
+#     at 1 MiB and 16 MiB, 1 -> 1 flat out, alternating, median of 3;
+#   guest (one Soft-RoCE boot): raw ib_send_bw rxe1 -> rxe0 at 16 KiB,
+#     256 KiB, 1 MiB, 16 MiB and 64 MiB, then the relay 1 -> 1 at the same
+#     sizes (bytes/s against raw), the time one 64 MiB message takes from the
+#     publish call to its delivery, and the memory: the broker's pinned
+#     memory (VmPin: its pool, whatever max_payload is) and peak RSS, and a
+#     client's pinned memory; and where the time goes at 1 MiB: the first
+#     hop alone (a publisher, no subscriber), the CPU the broker and the
+#     clients used per message.
+#   tests/bench/large.sh            (both parts)
+#   tests/bench/large.sh tcp|rdma   (one)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PART=${1:-both}
+BIN=${RDMABROKER_BIN:-build/release}
+source tests/bench/suite-lib.sh
+CLI="$BIN/client-lib/rdmabroker"
+CONFIG=/tmp/large-$$.yaml
+printf 'limits:\n  max_payload: 64MiB\n' >"$CONFIG"
+# bench URL SIZE COUNT [ARGS]: one 1 -> 1 run; prints "MB/s p50_us"
+bench() {
+  "$1" bench -s "$2" --size "$3" -n "$4" "${@:5}" --json --quiet |
+    python3 -c 'import json,sys; a=json.load(sys.stdin)["aggregate"]; print("%.1f %.0f" % (a["delivery_mb_per_s"], a["latency"]["p50_us"]))'
+}
+median() { sort -n | sed -n 2p; }
+
+if [ "$PART" = both ] || [ "$PART" = tcp ]; then
+  NATS_CONF=/tmp/large-nats-$$.conf
+  printf 'max_payload: 67108864\nmax_pending: 268435456\n' >"$NATS_CONF"
+  PORT=$((21000 + $$ % 4000))
+  SOCK=/tmp/large-host-$$.sock
+  start_broker --rdma off --tcp-port "$PORT" --config "$CONFIG"
+  nats-server -a 127.0.0.1 -p $((PORT + 1)) -c "$NATS_CONF" >/tmp/large-nats.log 2>&1 &
+  NATS=$!
+  trap 'kill $NATS 2>/dev/null; stop_broker' EXIT
+  for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$((PORT + 1))") 2>/dev/null && break; sleep 0.1; done
+  for s in 1048576 16777216; do
+    n=$(( s > 2000000 ? 40 : 500 ))
+    for _ in 1 2 3; do
+      echo "rb $(bench "$CLI" "tcp://127.0.0.1:$PORT" "$s" "$n")"
+      echo "nats $(bench "$BIN/tests/bench/drivers/nats_bench" "nats://127.0.0.1:$((PORT + 1))" "$s" "$n")"
+    done >/tmp/large-tcp-$s.txt
+    RB=$(awk '$1=="rb"{print $2}' /tmp/large-tcp-$s.txt | median)
+    NATS_MB=$(awk '$1=="nats"{print $2}' /tmp/large-tcp-$s.txt | median)
+    echo "large: TCP $s B 1 -> 1: rdmabroker $RB MB/s, nats-server $NATS_MB MB/s, ratio $(awk -v a="$RB" -v b="$NATS_MB" 'BEGIN{printf "%.2f", a/b}')" \
+      "(runs: rb $(awk '$1=="rb"{print $2}' /tmp/large-tcp-$s.txt | paste -sd/), nats $(awk '$1=="nats"{print $2}' /tmp/large-tcp-$s.txt | paste -sd/))"
+  done
+  kill "$NATS" 2>/dev/null || true
+  stop_broker
+  trap - EXIT
+fi
+[ "$PART" = both ] || [ "$PART" = rdma ] || exit 0
+in_guest_unless_rdma "$0" rdma
+
+A1=${RDMABROKER_GUEST_ADDR1:?}
+A2=${RDMABROKER_GUEST_ADDR2:?}
+SIZES=(16384 262144 1048576 16777216 67108864)
+count_for() { case $1 in 16384) echo 4000 ;; 262144) echo 400 ;; 1048576) echo 100 ;; 16777216) echo 8 ;; *) echo 3 ;; esac; }
+for s in "${SIZES[@]}"; do
+  port=$((18500 + RANDOM % 400))
+  iters=$(count_for "$s")
+  [ "$iters" -ge 5 ] || iters=5  # perftest's floor
+  ib_send_bw -R -d rxe0 -s "$s" -n "$iters" -p "$port" >/tmp/large-perf-server.txt 2>&1 &
+  server=$!
+  sleep 1
+  timeout 600 ib_send_bw -R -d rxe1 -s "$s" -n "$iters" -p "$port" "$A1" >/tmp/large-perf.txt 2>&1 || kill "$server" 2>/dev/null || true
+  wait "$server" || true
+  # columns: #bytes #iterations BW-peak BW-average[MB/s] MsgRate
+  RAW[$s]=$(awk -v s="$s" '$1==s && NF>=5 {print $4; exit}' /tmp/large-perf.txt)
+  echo "large: raw ib_send_bw $s B: ${RAW[$s]:-n/a} MB/s"
+done
+
+SOCK=/tmp/large-$$.sock
+start_broker --port 7492 --config "$CONFIG"
+URL=rdma://$A1:7492
+vm() { awk -v k="$2:" '$1==k{print $2}' "/proc/$1/status"; }
+PIN0=$(vm "$BROKER" VmPin)
+for s in "${SIZES[@]}"; do
+  runs=$(for _ in 1 2 3; do bench "$CLI" "$URL" "$s" "$(count_for "$s")" -b "$A2" | cut -d' ' -f1; done)
+  MB=$(median <<<"$runs")
+  echo "large: relay RDMA $s B 1 -> 1: $MB MB/s (runs $(paste -sd/ <<<"$runs")), raw ${RAW[$s]:-n/a} MB/s," \
+    "relay / raw $(awk -v a="$MB" -v b="${RAW[$s]:-0}" 'BEGIN{ if (b > 0) printf "%.2f", a/b; else print "n/a" }')"
+done
+# Where the time goes at 1 MiB: the first hop alone (nobody subscribes:
+# the broker takes every fragment and forwards none), then the 1 -> 1 run
+# again with the CPU the broker and the bench process used.
+HOP=$("$CLI" bench -s "$URL" -b "$A2" --size 1048576 -n 100 -m 0 --json --quiet |
+  python3 -c 'import json,sys; a=json.load(sys.stdin)["aggregate"]; print("%.1f" % (a["publish_msgs_per_s"] * 1048576 / 1e6))')
+echo "large: 1 MiB, first hop alone (publisher -> broker, no subscriber): $HOP MB/s"
+b0=$(cpu_ticks "$BROKER")
+t0=$(date +%s.%N)
+/usr/bin/time -f "%U %S" -o /tmp/large-time.txt "$CLI" bench -s "$URL" -b "$A2" --size 1048576 -n 100 --json --quiet >/tmp/large-1m.json
+t1=$(date +%s.%N)
+b1=$(cpu_ticks "$BROKER")
+awk -v b0="$b0" -v b1="$b1" -v t0="$t0" -v t1="$t1" -v hz="$(getconf CLK_TCK)" -v c="$(awk '{print $1 + $2}' /tmp/large-time.txt)" 'BEGIN {
+  w = t1 - t0; printf "large: 1 MiB 1 -> 1, %.1f s for 100 MiB: broker CPU %.1f s (%.0f%% of one vCPU), publisher+subscriber process CPU %.1f s (%.0f%%); the rest of the 2 vCPUs is rxe in the kernel\n",
+  w, (b1 - b0) / hz, 100 * (b1 - b0) / hz / w, c, 100 * c / w }'
+ONE=$(for _ in 1 2 3; do bench "$CLI" "$URL" 67108864 1 -b "$A2" | cut -d' ' -f2; done | median)
+echo "large: one 64 MiB message, publish call to delivery: $(awk -v u="$ONE" 'BEGIN{printf "%.2f", u/1e6}') s (median of 3)"
+# A client's pinned memory: a subscriber connected to this broker (max_payload 64 MiB).
+"$CLI" sub large.idle -s "$URL" -b "$A2" >/dev/null &
+SUB=$!
+for _ in $(seq 100); do [ "$(vm $SUB VmPin)" != "" ] && [ "$(vm $SUB VmPin)" != 0 ] && break; sleep 0.1; done
+sleep 0.5
+echo "large: pinned memory: client $(vm $SUB VmPin) kB; broker $PIN0 kB at start, $(vm "$BROKER" VmPin) kB after the runs;" \
+  "broker peak RSS $(vm "$BROKER" VmHWM) kB"
+kill $SUB 2>/dev/null || true
+stop_broker
+rm -f "$CONFIG"
