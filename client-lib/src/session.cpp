@@ -630,7 +630,9 @@ void Session::on_fragment(std::uint32_t sid, const proto::Frame& inner, Deliveri
   if (h.fragment_offset == 0) {
     // A first fragment replaces what an earlier message of that publisher
     // left unfinished (the broker sends ABORT first; this is belt and braces).
-    Reassembly& r = reassembly_[key];
+    auto [it, fresh] = reassembly_.try_emplace(key);
+    if (!fresh) aborted_messages_.fetch_add(1, std::memory_order_relaxed);
+    Reassembly& r = it->second;
     fill_message(r.message, sid, inner);
     r.message.payload.reserve(h.arg - h.header_len);
     r.length = h.arg;
