@@ -11,7 +11,7 @@ std::string_view host_of(std::string_view peer) {
   return colon == std::string_view::npos ? peer : peer.substr(0, colon);
 }
 
-std::optional<proto::RejectReason> Admission::check(std::span<const std::byte> request,
+std::optional<proto::RejectReason> Admission::check(Via via, std::span<const std::byte> request,
                                                     proto::ConnectRequest& out) const {
   switch (proto::decode(request, out)) {
     case proto::HandshakeStatus::kOk:
@@ -27,7 +27,11 @@ std::optional<proto::RejectReason> Admission::check(std::span<const std::byte> r
     default:
       return proto::RejectReason::kBadMagic;
   }
-  if (out.recv_buffer_size < buffer_size_) return proto::RejectReason::kBufferTooSmall;
+  // Over TCP no credits (SPEC.md §1.2): the version is the one asked for.
+  const std::uint8_t version =
+      via == Via::kRdma ? proto::connection_version(out) : proto::negotiate_version(out.max_version);
+  if (out.recv_buffer_size < buffer_size_ && version < proto::kFragmentsVersion)
+    return proto::RejectReason::kBufferTooSmall;
   return std::nullopt;
 }
 

@@ -56,8 +56,10 @@ class Admission {
       : slots_(slots), buffer_size_(buffer_size), holders_(max_connections) {}
 
   /// Checks a connect request: nothing, or the reason to refuse it (then
-  /// refuse() it). Every frame the broker sends must fit the client's buffers.
-  std::optional<proto::RejectReason> check(std::span<const std::byte> request,
+  /// refuse() it). Every frame the broker sends must fit the client's
+  /// buffers: a client of version 4 may have smaller ones than the broker
+  /// (it is sent fragments, SPEC.md §3.7), an older one may not.
+  std::optional<proto::RejectReason> check(Via via, std::span<const std::byte> request,
                                            proto::ConnectRequest& out) const;
   /// A connection slot for a new, unauthenticated connection, or the reason
   /// to refuse: shutting down, at the connection limit, or its address at

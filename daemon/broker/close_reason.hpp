@@ -70,6 +70,7 @@ enum class DropReason : unsigned char {
   kSubscriberClosed,  // queued for a subscriber whose connection then ended
   kIncomplete,        // a fragmented message whose publisher left or abandoned it (SPEC.md §3.7)
   kNeedsFragments,    // larger than a frame, for a client of version < 4 or a multicast channel
+  kBufferTooSmall,    // subject, reply and header block fill a smaller client receive buffer (SPEC.md §3.7)
   kCount,
 };
 
@@ -83,6 +84,8 @@ constexpr std::string_view to_string(DropReason r) {
       return "incomplete";
     case DropReason::kNeedsFragments:
       return "needs_fragments";
+    case DropReason::kBufferTooSmall:
+      return "buffer_too_small";
     case DropReason::kCount:
       break;
   }

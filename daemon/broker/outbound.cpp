@@ -63,7 +63,7 @@ bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, std
   // A sequenced run takes only the next message of its channel; a plain one only plain messages.
   const bool sequenced = (tail.header.flags & proto::kFlagSequenced) != 0;
   if (sequenced ? sequence != tail.header.sequence + tail.messages : sequence != 0) return false;
-  if (!tail.is_delivery() || tail.strip != 0 || tail.header.arg != sid || !tail.body ||
+  if (!tail.is_delivery() || tail.strip != 0 || tail.cut_start != 0 || tail.header.arg != sid || !tail.body ||
       tail.body.index() != buf.index() || tail.body_offset + tail.body_len != offset ||
       proto::kHeaderSize + tail.body_len + len > max_frame || fragment_at(buf, offset) ||
       fragment_at(tail.body, tail.body_offset)) {
@@ -134,6 +134,78 @@ std::vector<OutItem> split_without_headers(OutItem item) {
   return pieces;
 }
 
+std::vector<OutItem> cut_to_fit(OutItem item, std::uint32_t max_frame) {
+  std::vector<OutItem> pieces;
+  const std::uint32_t sid = item.header.arg;
+  // A piece's bytes after its two headers: a multiple of 8, so that every
+  // piece but a frame's last carries no padding and the next starts aligned.
+  const std::uint32_t room = (max_frame - 2 * proto::kHeaderSize) & ~std::uint32_t{7};
+  for (std::uint32_t off = 0; off < item.body_len;) {
+    const std::uint32_t at = item.body_offset + off;
+    const std::byte* frame = item.body.data() + at;
+    const InnerFrame f = inner_frame(frame);
+    off += f.len;
+    if (proto::kHeaderSize + f.len <= max_frame) {
+      if (pieces.empty() ||
+          !extend_delivery(pieces.back(), item.body, sid, at, f.len, f.payload_len, max_frame)) {
+        pieces.push_back(make_delivery(item.body.clone(), sid, at, f.len, f.payload_len, item.received_at));
+      }
+      continue;
+    }
+    OutItem whole = make_delivery(item.body.clone(), sid, at, f.len, f.payload_len, item.received_at);
+    const std::uint32_t strings =
+        proto::load<std::uint16_t>(frame + 6) + proto::load<std::uint16_t>(frame + 8);
+    // Rule 2 of §3.7: the first fragment holds the strings, the whole header block and a payload byte.
+    if (strings + f.header_len + 1 > room) {
+      pieces.push_back(std::move(whole));
+      continue;
+    }
+    const std::uint32_t body = f.len - proto::kHeaderSize;  // strings, payload, padding
+    const std::uint32_t payload_end = strings + f.payload_len;
+    for (std::uint32_t start = 0; start < body;) {
+      const std::uint32_t len = std::min(room, body - start);
+      OutItem piece = make_delivery(item.body.clone(), sid, at, 0, 0, item.received_at);
+      piece.cut_start = proto::kHeaderSize + start;
+      piece.header.payload_len = proto::kHeaderSize + len;
+      piece.body_len = (start == 0 ? proto::kHeaderSize : 0) + len;
+      const std::uint32_t from = std::max(start, strings), to = std::min(start + len, payload_end);
+      piece.payload_bytes = to > from ? to - from : 0;
+      start += len;
+      piece.messages = start == body ? whole.messages : 0;
+      pieces.push_back(std::move(piece));
+    }
+  }
+  return pieces;
+}
+
+proto::FrameHeader cut_header(const std::byte* frame, std::uint32_t start, std::uint32_t len) {
+  const auto flags = proto::load<std::uint16_t>(frame + 4);
+  const auto subject_len = proto::load<std::uint16_t>(frame + 6);
+  const auto reply_len = proto::load<std::uint16_t>(frame + 8);
+  const auto payload_len = proto::load<std::uint32_t>(frame + 12);
+  const bool was_fragment = (flags & proto::kFlagFragment) != 0;
+  const std::uint32_t strings_end = proto::kHeaderSize + subject_len + reply_len;
+  const std::uint32_t end = std::min(start + len, strings_end + payload_len);  // the padding is not payload
+  const std::uint32_t base = was_fragment ? proto::load<std::uint32_t>(frame + 20) : 0;
+  proto::FrameHeader h;
+  h.type = proto::FrameType::kPublish;
+  h.arg = was_fragment ? proto::load<std::uint32_t>(frame + 16) : payload_len;
+  h.sequence = was_fragment ? proto::load<std::uint64_t>(frame + 24) : 0;
+  if (start == proto::kHeaderSize) {
+    h.flags = flags | proto::kFlagFragment;
+    h.subject_len = subject_len;
+    h.reply_len = reply_len;
+    h.header_len = proto::load<std::uint16_t>(frame + 10);
+    h.payload_len = end - strings_end;
+    h.fragment_offset = base;
+  } else {
+    h.flags = static_cast<std::uint16_t>((flags | proto::kFlagFragment) & ~proto::kFlagRequest);
+    h.payload_len = end - start;
+    h.fragment_offset = base + (start - strings_end);
+  }
+  return h;
+}
+
 namespace {
 
 /// Appends [addr, addr+len) to the SGE list, merging with the previous entry
@@ -157,8 +229,9 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
   while (!queue.empty() && out.frames < kMaxFramesPerSend) {
     OutItem& item = queue.front();
     const std::size_t wire = item.wire_len();
-    // A stripped PUBLISH's rewritten header goes into the block after the DELIVER's.
-    const std::size_t in_block = item.body ? (item.strip != 0 ? 2 : 1) * proto::kHeaderSize : wire;
+    // A stripped or cut PUBLISH's rewritten header goes into the block after the DELIVER's.
+    const bool rewritten = item.strip != 0 || item.cut_start != 0;
+    const std::size_t in_block = item.body ? (rewritten ? 2 : 1) * proto::kHeaderSize : wire;
     const std::uint32_t sge_needed = item.body ? (item.strip != 0 ? 3 : 2) : 1;  // worst case, before merging
     if (out.bytes + wire > limits.max_bytes || block_used + in_block > block.size() ||
         out.num_sge + sge_needed > max_sge) {
@@ -172,7 +245,16 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
     } else {
       item.header.sequence = next_sequence++;
     }
-    if (item.body && item.strip != 0) {
+    if (item.body && item.cut_start != 0) {
+      // [DELIVER header][fragment header][the piece's bytes of the frame, as received]
+      const std::byte* frame = item.body.data() + item.body_offset;
+      proto::encode_header(dst, item.header);
+      proto::encode_header(dst + proto::kHeaderSize, cut_header(frame, item.cut_start, item.cut_len()));
+      add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(dst), 2 * proto::kHeaderSize, block_lkey);
+      add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(frame + item.cut_start), item.cut_len(),
+                body_lkey);
+      refs[out.frames] = std::move(item.body);
+    } else if (item.body && item.strip != 0) {
       // [DELIVER header][PUBLISH header, header_len 0][subject, reply][payload, padding]: the
       // block is a multiple of 8 bytes, so the padding that follows the payload stays right.
       const std::byte* frame = item.body.data() + item.body_offset;

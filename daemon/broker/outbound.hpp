@@ -35,16 +35,27 @@ struct OutItem {
   /// header block (SPEC.md §3.6), left out when it is packed (two body
   /// ranges around the block, the inner header rewritten). 0: sent as received.
   std::uint16_t strip = 0;
-  std::uint32_t messages = 0;  // deliveries: PUBLISH frames in the run (here: no padding to OutItem)
-  BufferRef body;              // deliveries: the received buffer holding the PUBLISH frames
+  /// A piece of one PUBLISH frame cut into fragments for a peer whose receive
+  /// buffers are smaller than the broker's (SPEC.md §3.7, "Smaller receive
+  /// buffers"): the frame's bytes [cut_start, cut_start + cut_len()) after
+  /// a fragment header written when it is packed. 0: not cut.
+  std::uint32_t cut_start = 0;
+  std::uint32_t messages = 0;       // deliveries: PUBLISH frames in the run (here: no padding to OutItem)
+  std::uint32_t payload_bytes = 0;  // deliveries: their payload bytes (a run is within one buffer)
+  BufferRef body;                   // deliveries: the received buffer holding the PUBLISH frames
   std::uint32_t body_offset = 0;
-  std::uint32_t body_len = 0;       // padded bytes after the header, as received (what queues count)
-  std::int64_t received_at = 0;     // deliveries: when the run's first frame reached the broker (steady ns)
-  std::uint64_t payload_bytes = 0;  // deliveries: their payload bytes
+  std::uint32_t body_len = 0;    // padded bytes after the header, as received (what queues count)
+  std::int64_t received_at = 0;  // deliveries: when the run's first frame reached the broker (steady ns)
   std::string
       text;  // control frames: their body (ERROR text, NO_RESPONDERS subject), copied into the send block
 
+  /// A cut piece's bytes of its frame: what it counts in the queue, less
+  /// the frame's header that its first piece counts (and replaces).
+  std::uint32_t cut_len() const {
+    return body_len - (cut_start == proto::kHeaderSize ? proto::kHeaderSize : 0);
+  }
   std::size_t wire_len() const {
+    if (cut_start != 0) return 2 * proto::kHeaderSize + cut_len();
     return proto::kHeaderSize + (body ? body_len - strip : proto::align_up(text.size()));
   }
   bool is_delivery() const { return header.type == proto::FrameType::kDeliver; }
@@ -107,6 +118,22 @@ bool carries_headers(const OutItem& item);
 /// queue accounting is unchanged: the pieces' body_len sum to the item's.
 std::vector<OutItem> split_without_headers(OutItem item);
 
+/// Delivery `item` as a peer whose receive buffers hold `max_frame` bytes
+/// can read it (SPEC.md §3.7, "Smaller receive buffers"), in order: runs of
+/// whole frames that fit as they are, each frame that does not fit cut into
+/// fragments (each a DELIVER of its own, 8-byte multiples but the last). A
+/// frame whose subject, reply and header block leave no payload room in a
+/// first fragment stays whole (its wire_len() exceeds `max_frame`): the
+/// caller drops it. Queue accounting is unchanged: the pieces' body_len sum
+/// to the item's, and a frame's messages count on its last piece. Not for
+/// sequenced deliveries (a client that cannot take them joins no channel).
+std::vector<OutItem> cut_to_fit(OutItem item, std::uint32_t max_frame);
+/// The fragment header of cut piece [start, start + len) of the PUBLISH
+/// frame at `frame`: the frame's own fields for its first piece, none of
+/// its strings for the others; a whole message cut by the broker has
+/// sequence 0, a publisher's fragment keeps its publisher's id.
+proto::FrameHeader cut_header(const std::byte* frame, std::uint32_t start, std::uint32_t len);
+
 /// One piece of a packed send: [addr, addr+length) in memory registered with
 /// `lkey` (0 where nothing is registered: TCP). The RDMA link posts it as an
 /// ibv_sge, the TCP link writes it as an iovec.
@@ -146,8 +173,9 @@ struct PackedSend {
 /// referenced with `body_lkey`, adjacent ranges merge into one SGE. Body
 /// references move to `refs` (at least kMaxFramesPerSend slots). Assigns
 /// sequence numbers from `next_sequence`. Packs nothing if the first frame
-/// does not fit (the caller guarantees it does: the handshake refuses peers
-/// whose buffers are smaller than the broker's frames).
+/// does not fit (the caller guarantees it does: a peer of version < 4 has
+/// buffers as large as the broker's frames, what does not fit a smaller
+/// one's is cut to fit by cut_to_fit()).
 PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::span<std::byte> block,
                      std::uint32_t block_lkey, std::uint32_t body_lkey, std::uint64_t& next_sequence,
                      Segment* sge, BufferRef* refs);

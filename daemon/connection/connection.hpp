@@ -182,6 +182,10 @@ struct Connection {
   std::uint32_t pending_messages = 0;  // messages in outq (deliveries, not control frames)
   std::uint64_t pending_bytes = 0;     // their PUBLISH frames' bytes: bounded by max_pending_bytes
   std::uint32_t queued_replies = 0;    // control frames in outq: bounded by kMaxQueuedReplies
+  /// Messages in fragments (subscription, publisher id) this subscriber is
+  /// sent nothing more of: the first did not fit its smaller receive buffers
+  /// (SPEC.md §3.7, "Smaller receive buffers"), so neither do the rest.
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> uncut_messages;
   std::chrono::steady_clock::time_point last_progress{};  // last send completion, or when the queue filled
   std::vector<InflightSend> inflight;                     // ring of send_window + 1 records
   std::uint32_t inflight_head = 0;

@@ -213,20 +213,15 @@ bool Connections::may_queue(const Connection& c, std::uint64_t len, std::uint32_
 void Connections::enqueue(Connection& c, OutItem item) {
   ctx_.assert_on_loop();
   if (c.protocol_version < proto::kFragmentsVersion && refuse_fragments(c, item)) return;
+  if (c.peer_buffer_size < ctx_.options.buffer_size && cut_for_peer(c, item)) return;
   if (item.header.type == FrameType::kAbort)
     ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kIncomplete)].add();
   if (item.is_delivery() && c.protocol_version < proto::kHeadersVersion && carries_headers(item)) {
     // A client of version 1 reads no header block: its messages go without
     // (counted), the rest as they are (SPEC.md §3.6).
     for (OutItem& piece : split_without_headers(std::move(item))) {
-      if (!c.is_up()) {
-        // Closed as a slow consumer by an earlier piece: the rest goes nowhere, like that piece.
-        ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kSlowConsumer)].add(piece.messages);
-        unqueue(c.slot, piece.body_len);
-        continue;
-      }
-      if (piece.strip != 0) ctx_.stats.headers_stripped.add();
-      enqueue(c, std::move(piece));
+      if (piece.strip != 0 && c.is_up()) ctx_.stats.headers_stripped.add();
+      enqueue_piece(c, std::move(piece));
     }
     return;
   }
@@ -280,11 +275,60 @@ bool Connections::refuse_fragments(Connection& c, const OutItem& item) {
   return true;
 }
 
+void Connections::enqueue_piece(Connection& c, OutItem piece) {
+  if (!c.is_up()) {
+    // Closed as a slow consumer by an earlier piece: the rest goes nowhere, like that piece.
+    ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kSlowConsumer)].add(piece.messages);
+    unqueue(c.slot, piece.body_len);
+    return;
+  }
+  enqueue(c, std::move(piece));
+}
+
+bool Connections::cut_for_peer(Connection& c, OutItem& item) {
+  auto& uncut = c.uncut_messages;
+  if (item.header.type == FrameType::kAbort) {
+    // The end of a message this subscriber was sent none of: nothing to say (counted at its first fragment).
+    const auto it = std::find(uncut.begin(), uncut.end(), std::pair{item.header.arg, item.header.sequence});
+    if (it == uncut.end()) return false;
+    uncut.erase(it);
+    return true;
+  }
+  if (!item.is_delivery()) return false;
+  const std::byte* frame = item.body.data() + item.body_offset;
+  if (!uncut.empty() && fragment_at(item.body, item.body_offset)) {
+    // A fragment travels alone (SPEC.md §3.4): the item is this one frame.
+    const auto it = std::find(uncut.begin(), uncut.end(),
+                              std::pair{item.header.arg, proto::load<std::uint64_t>(frame + 24)});
+    if (it != uncut.end()) {
+      if (completes_message_at(item.body, item.body_offset)) uncut.erase(it);
+      unqueue(c.slot, item.body_len);
+      return true;
+    }
+  }
+  if (item.wire_len() <= c.peer_buffer_size) return false;
+  for (OutItem& piece : cut_to_fit(std::move(item), c.peer_buffer_size)) {
+    if (piece.wire_len() > c.peer_buffer_size) {
+      // Its subject, reply and header block alone fill this client's receive buffer.
+      ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kBufferTooSmall)].add();
+      unqueue(c.slot, piece.body_len);
+      if (!completes_message_at(piece.body, piece.body_offset)) {
+        uncut.emplace_back(piece.header.arg,
+                           proto::load<std::uint64_t>(piece.body.data() + piece.body_offset + 24));
+      }
+      continue;
+    }
+    enqueue_piece(c, std::move(piece));
+  }
+  return true;
+}
+
 void Connections::deliver(Connection& c, const BufferRef& buf, std::uint32_t sid, std::uint32_t off,
                           std::uint32_t len, std::uint32_t payload_len) {
   const bool needs_strip = c.protocol_version < proto::kHeadersVersion && header_len_at(buf, off) != 0;
   if (!needs_strip && may_queue(c, len) && !c.outq.empty() &&
-      extend_delivery(c.outq.back(), buf, sid, off, len, payload_len, ctx_.options.buffer_size)) {
+      extend_delivery(c.outq.back(), buf, sid, off, len, payload_len,
+                      std::min(c.peer_buffer_size, ctx_.options.buffer_size))) {
     ++c.pending_messages;
     c.pending_bytes += len;
     ctx_.stats.pending_messages.add(1);

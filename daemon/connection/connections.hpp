@@ -132,6 +132,13 @@ class Connections {
   /// For a client of version < 4: true (and counted) if `item` is a fragment
   /// or an ABORT, which it cannot read and is not sent.
   bool refuse_fragments(Connection& c, const OutItem& item);
+  /// For a client whose receive buffers are smaller than the broker's: true
+  /// if `item` was cut to fit them and queued piece by piece, or dropped
+  /// (counted) because it cannot be (SPEC.md §3.7, "Smaller receive buffers").
+  bool cut_for_peer(Connection& c, OutItem& item);
+  /// One piece of an item split for `c`: queued, or dropped (counted) when
+  /// an earlier piece closed `c` as a slow consumer.
+  void enqueue_piece(Connection& c, OutItem piece);
   void destroy(Connection& c);
   void release_send(Connection& c, InflightSend& rec, bool success);
   void count_delivered(Connection& c, std::uint32_t messages, std::uint64_t payload);

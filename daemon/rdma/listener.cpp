@@ -128,7 +128,7 @@ void Listener::on_connect_request(rdma_cm_event* ev) {
   std::span<const std::byte> pdata(static_cast<const std::byte*>(ev->param.conn.private_data),
                                    ev->param.conn.private_data_len);
   proto::ConnectRequest req;
-  const auto refuse = core_.admission->check(pdata, req);
+  const auto refuse = core_.admission->check(Admission::Via::kRdma, pdata, req);
   // Ack before anything else: the private data is copied, and rdma_migrate_id
   // waits until every event of the id is acked.
   rdma_ack_cm_event(ev);

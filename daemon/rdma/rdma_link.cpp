@@ -94,10 +94,12 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   conn->protocol_version = version;
   l.by_demand_ = by_demand;
   l.last_data_ = ctx.now;
-  // Datagrams carry PUBLISH frames as received, header blocks included: a
-  // group is only for clients that can read them (SPEC.md §7).
-  conn->multicast_capable =
-      (cmd.request.flags & proto::kConnectMulticast) != 0 && conn->protocol_version >= proto::kHeadersVersion;
+  // Datagrams carry PUBLISH frames as received, header blocks included, and
+  // a member's sequenced DELIVERs are never cut: a group is only for clients
+  // that can read them whole (SPEC.md §7).
+  conn->multicast_capable = (cmd.request.flags & proto::kConnectMulticast) != 0 &&
+                            conn->protocol_version >= proto::kHeadersVersion &&
+                            cmd.request.recv_buffer_size >= opt.buffer_size;
   port.outstanding += grant;
   l.sync_charge();
 

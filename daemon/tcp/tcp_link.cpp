@@ -235,7 +235,7 @@ void TcpPort::on_handshake_readable(int fd, bool stopping) {
   if (h.got < h.bytes.size()) return;
 
   proto::ConnectRequest req;
-  if (auto refuse = admission.check(h.bytes, req)) {
+  if (auto refuse = admission.check(Admission::Via::kTcp, h.bytes, req)) {
     return drop(std::string(proto::to_string(*refuse)), *refuse);
   }
   if (stopping) return drop("shutting down", proto::RejectReason::kShuttingDown);

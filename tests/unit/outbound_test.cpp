@@ -261,5 +261,161 @@ TEST_F(OutboundTest, NothingFitsMeansNothingPacked) {
   EXPECT_EQ(seq_, 1u);
 }
 
+// A subscriber whose receive buffers are smaller than the broker's
+// (SPEC.md §3.7, "Smaller receive buffers"): every SEND it gets fits them,
+// and what it reassembles from the fragments is what was published.
+class CutToFitTest : public OutboundTest {
+ protected:
+  static constexpr std::uint32_t kFrame = 1024;  // the subscriber's receive buffer: the protocol's least
+
+  /// Packs every piece, as the broker would for that subscriber, and decodes
+  /// what it receives: each inner frame, in order.
+  std::vector<proto::Frame> receive(std::vector<OutItem> pieces) {
+    std::deque<OutItem> q(std::make_move_iterator(pieces.begin()), std::make_move_iterator(pieces.end()));
+    std::vector<proto::Frame> frames;
+    while (!q.empty()) {
+      for (auto& r : refs_) r.reset();
+      auto packed = pack_send(q, {kFrame, kMaxSendSge}, block_, kBlockKey, kBodyKey, seq_, sge_, refs_);
+      EXPECT_GT(packed.frames, 0u);
+      if (packed.frames == 0) break;
+      wires_.push_back(gather(sge_, packed.num_sge));
+      const auto& wire = wires_.back();
+      EXPECT_LE(wire.size(), kFrame);
+      for (std::size_t at = 0; at < wire.size();) {
+        proto::Frame f;
+        EXPECT_EQ(proto::decode_frame(std::span(wire).subspan(at), kFrame, f), proto::DecodeStatus::kOk);
+        EXPECT_EQ(f.header.type, proto::FrameType::kDeliver);
+        EXPECT_EQ(proto::for_each_delivered(f, [&](const proto::Frame& inner) { frames.push_back(inner); }),
+                  proto::DecodeStatus::kOk);
+        at += f.header.frame_len();
+      }
+    }
+    for (auto& r : refs_) r.reset();  // before big_, which the fixture's refs_ outlive, goes
+    return frames;
+  }
+  static std::string text(std::span<const std::byte> b) {
+    return {reinterpret_cast<const char*>(b.data()), b.size()};
+  }
+
+  std::unique_ptr<BufferPool> big_ = std::move(BufferPool::create(4, 16384).value());
+  std::deque<std::vector<std::byte>> wires_;  // what was received (the frames' views point here)
+};
+
+TEST_F(CutToFitTest, AWholeMessageArrivesAsFragmentsThatReassembleToIt) {
+  std::uint32_t idx;
+  ASSERT_EQ(big_->acquire(&idx, 1), 1u);
+  BufferRef buf(big_.get(), idx);
+  const proto::HeaderField trace[] = {{"Trace-Id", "abc"}};
+  std::string payload(5001, 'p');
+  for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>('a' + i % 26);
+  proto::FrameHeader h;
+  h.type = proto::FrameType::kPublish;
+  h.flags = proto::kFlagRequest;
+  h.sequence = 12345;  // the publisher's frame counter: not a fragment's publisher id
+  const std::size_t small = publish_at(buf, 0, "s.before", "tiny");
+  const std::size_t n = proto::encode_frame({buf.data() + small, 16384 - small}, h, "big.subject", "_INBOX.r",
+                                            std::as_bytes(std::span<const char>(payload)), trace);
+  const std::size_t tail = publish_at(buf, small + n, "s.after", "tail");
+  OutItem item = make_delivery(buf.clone(), 5, 0, static_cast<std::uint32_t>(small), 4);
+  ASSERT_TRUE(extend_delivery(item, buf, 5, static_cast<std::uint32_t>(small), static_cast<std::uint32_t>(n),
+                              static_cast<std::uint32_t>(payload.size() + 16), 16384));
+  ASSERT_TRUE(extend_delivery(item, buf, 5, static_cast<std::uint32_t>(small + n),
+                              static_cast<std::uint32_t>(tail), 4, 16384));
+  const std::uint32_t body_len = item.body_len;
+  const std::uint64_t payload_bytes = item.payload_bytes;
+
+  auto pieces = cut_to_fit(std::move(item), kFrame);
+  std::uint32_t sum = 0, messages = 0;
+  std::uint64_t payload_sum = 0;
+  for (const auto& p : pieces) {
+    EXPECT_LE(p.wire_len(), kFrame);
+    sum += p.body_len;
+    messages += p.messages;
+    payload_sum += p.payload_bytes;
+  }
+  EXPECT_EQ(sum, body_len);  // the queue bounds count what they counted before
+  EXPECT_EQ(messages, 3u);
+  EXPECT_EQ(payload_sum, payload_bytes);
+
+  const auto frames = receive(std::move(pieces));
+  ASSERT_GE(frames.size(), 3u + 5u);
+  EXPECT_EQ(text(frames.front().payload), "tiny");
+  EXPECT_EQ(text(frames.back().payload), "tail");
+  EXPECT_FALSE(frames.back().header.is_fragment());
+  // The fragments in between: SPEC.md §3.7's rules 1 to 3, as a subscriber reads them.
+  const proto::Frame& first = frames[1];
+  ASSERT_TRUE(first.header.is_fragment());
+  EXPECT_EQ(first.subject, "big.subject");
+  EXPECT_EQ(first.reply, "_INBOX.r");
+  EXPECT_NE(first.header.flags & proto::kFlagRequest, 0);
+  EXPECT_EQ(first.headers.size(), 16u);
+  const std::uint32_t length = first.header.arg;
+  EXPECT_EQ(length, payload.size() + 16);
+  std::string got;
+  std::uint32_t next = 0;
+  for (std::size_t i = 1; i + 1 < frames.size(); ++i) {
+    const auto& f = frames[i].header;
+    ASSERT_TRUE(f.is_fragment()) << i;
+    EXPECT_EQ(f.arg, length);
+    EXPECT_EQ(f.sequence, 0u) << "a message the broker cut carries no publisher id";
+    EXPECT_EQ(f.fragment_offset, next) << i;
+    if (i > 1) {
+      EXPECT_TRUE(frames[i].subject.empty() && frames[i].reply.empty());
+      EXPECT_EQ(f.flags & proto::kFlagRequest, 0) << "REQUEST goes with the reply, in the first fragment";
+    }
+    got += text(frames[i].payload);
+    next += f.payload_len;
+  }
+  EXPECT_EQ(next, length);
+  EXPECT_EQ(got, payload);
+}
+
+TEST_F(CutToFitTest, APublishersFragmentIsCutFurtherAndKeepsItsOffsetsAndPublisher) {
+  std::uint32_t idx;
+  ASSERT_EQ(big_->acquire(&idx, 1), 1u);
+  BufferRef buf(big_.get(), idx);
+  const std::string part(3000, 'q');
+  proto::FrameHeader h;
+  h.type = proto::FrameType::kPublish;
+  h.flags = proto::kFlagFragment;
+  h.arg = 100000;             // the message's length
+  h.fragment_offset = 40000;  // a middle fragment
+  h.sequence = 77;            // its publisher's connection id
+  const std::size_t n = proto::encode_frame({buf.data(), 16384}, h, "", "", std::as_bytes(std::span(part)));
+  auto pieces = cut_to_fit(make_delivery(buf.clone(), 3, 0, static_cast<std::uint32_t>(n), 3000), kFrame);
+  ASSERT_GT(pieces.size(), 3u);
+  EXPECT_EQ(pieces.back().messages, 0u);  // not the message's last fragment: nothing completes
+  const auto frames = receive(std::move(pieces));
+  std::uint32_t next = 40000;
+  std::string got;
+  for (const auto& f : frames) {
+    ASSERT_TRUE(f.header.is_fragment());
+    EXPECT_EQ(f.header.sequence, 77u);
+    EXPECT_EQ(f.header.arg, 100000u);
+    EXPECT_EQ(f.header.fragment_offset, next);
+    next += f.header.payload_len;
+    got += text(f.payload);
+  }
+  EXPECT_EQ(got, part);
+}
+
+TEST_F(CutToFitTest, AFrameWhoseHeadersFillTheBufferStaysWholeForTheCallerToDrop) {
+  std::uint32_t idx;
+  ASSERT_EQ(big_->acquire(&idx, 1), 1u);
+  BufferRef buf(big_.get(), idx);
+  const std::string value(1000, 'v');
+  const proto::HeaderField fat[] = {{"Fat", value}};
+  proto::FrameHeader h;
+  h.type = proto::FrameType::kPublish;
+  const std::string payload(2000, 'x');
+  const std::size_t n =
+      proto::encode_frame({buf.data(), 16384}, h, "s", "", std::as_bytes(std::span(payload)), fat);
+  auto pieces = cut_to_fit(make_delivery(buf.clone(), 3, 0, static_cast<std::uint32_t>(n), 3008), kFrame);
+  ASSERT_EQ(pieces.size(), 1u);
+  EXPECT_GT(pieces[0].wire_len(), kFrame);
+  EXPECT_EQ(pieces[0].cut_start, 0u);
+  EXPECT_EQ(pieces[0].messages, 1u);
+}
+
 }  // namespace
 }  // namespace rdmabroker::daemon

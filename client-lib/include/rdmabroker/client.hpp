@@ -145,8 +145,10 @@ using ConnectionEventHandler = std::function<void(const ConnectionEvent&)>;
 struct ClientOptions {
   /// Local address to bind (selects the RDMA device); empty: let routing choose.
   std::string bind_address;
-  /// Size of each receive buffer; must be at least the broker's buffer size
-  /// (a connect refused for that is retried once with the size it asks for).
+  /// Size of each receive buffer, 1024 bytes or more. A broker of protocol
+  /// version 4 with larger buffers cuts what does not fit into fragments,
+  /// reassembled here (SPEC.md §3.7); an older one refuses buffers smaller
+  /// than its own, and the connect is retried once with the size it names.
   std::uint32_t recv_buffer_size = 16384;
   /// Receives posted for the broker = credits granted to it.
   std::uint32_t recv_credits = 64;
