@@ -221,6 +221,63 @@ TEST_P(Fragments, SmallMessagesGoOnWhileABigOneIsOpenAndAPublisherThatLeavesCost
       << "each fragmented message, once: " << counts << broker_->admin("connections");
 }
 
+// A subscriber whose receive buffers are smaller than the broker's (SPEC.md
+// §3.7, "Smaller receive buffers"): every message reaches it whole and in
+// order, cut by the broker to fit; one whose subject, reply and header block
+// alone fill such a buffer does not (counted), and holds up nothing else.
+TEST_P(Fragments, ASubscriberWithSmallerBuffersGetsEveryMessageCutToFit) {
+  ClientOptions small;
+  small.recv_buffer_size = 2048;
+  auto sub = connect_via(*broker_, GetParam(), small);
+  auto pub = connect_via(*broker_, GetParam());
+  auto whole = connect_via(*broker_, GetParam());  // the broker's buffer size: everything as published
+  ASSERT_TRUE(sub && pub && whole);
+  auto s = sub->subscribe(std::string_view("cut.>"));
+  auto w = whole->subscribe(std::string_view("cut.>"));
+  ASSERT_TRUE(s && w && sub->flush(10s) && whole->flush(10s));
+
+  struct Sent {
+    std::string subject;
+    std::size_t size;
+    Headers headers;
+    std::string reply;
+  };
+  const Headers trace{{"Trace-Id", "t-1"}};
+  const Headers fat{{"Fat", std::string(2000, 'f')}};  // a block larger than a 2 KiB buffer's payload room
+  // Around the small buffer, one broker frame, a message in the publisher's fragments (each cut again).
+  const std::vector<Sent> sent = {
+      {"cut.a", 100, {}, ""},         {"cut.b", 1900, trace, "r.b"}, {"cut.c", 2100, {}, ""},
+      {"cut.fat", 5000, fat, ""},     {"cut.d", 16000, trace, ""},   {"cut.e", 100000, trace, "r.e"},
+      {"cut.fatter", 50000, fat, ""}, {"cut.f", 10, {}, ""},
+  };
+  for (std::size_t i = 0; i < sent.size(); ++i) {
+    ASSERT_TRUE(pub->publish(sent[i].subject, sent[i].headers,
+                             pattern(sent[i].size, static_cast<unsigned>(i)), sent[i].reply));
+  }
+  auto expect = [&](Subscription& from, bool small_buffers) {
+    SCOPED_TRACE(small_buffers ? "2 KiB buffers" : "16 KiB buffers");
+    for (std::size_t i = 0; i < sent.size(); ++i) {
+      if (small_buffers && sent[i].headers == fat) continue;
+      auto m = from.next(30s);
+      ASSERT_TRUE(m) << m.error().message;
+      EXPECT_EQ(m->subject, sent[i].subject);
+      EXPECT_EQ(m->headers, sent[i].headers);
+      EXPECT_EQ(m->reply, sent[i].reply);
+      EXPECT_TRUE(m->payload == pattern(sent[i].size, static_cast<unsigned>(i)))
+          << sent[i].subject << " arrived as " << m->payload.size() << " bytes";
+    }
+  };
+  expect(**s, true);
+  expect(**w, false);
+  // The two fat messages, each once (the fragmented one: none of its fragments went).
+  EXPECT_EQ(broker_->stats().at("messages.dropped.buffer_too_small"), 2);
+  EXPECT_EQ(sub->stats().aborted_messages, 0u);
+  ASSERT_TRUE(pub->publish("cut.last", std::string_view("still served")));
+  auto m = (*s)->next(10s);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->data(), "still served");
+}
+
 TEST_P(Fragments, EveryBrokenFragmentRuleClosesOnlyItsSender) {
   auto sub = connect_via(*broker_, GetParam());
   ASSERT_TRUE(sub);

@@ -549,11 +549,14 @@ TEST_F(Relay, BadHandshakesAreRejectedWithTheirReason) {
   auto v2 = proto::encode(proto::ConnectRequest{16384, 16});
   v2[4] = std::byte{2};
   EXPECT_EQ(reason_of(v2, 16384), proto::RejectReason::kUnsupportedVersion);
-  EXPECT_EQ(reason_of(proto::encode(proto::ConnectRequest{4096, 16}), 4096),
+  // Buffers smaller than the broker's: refused to a client of version 3,
+  // taken from one of version 4 (it is sent fragments, SPEC.md §3.7).
+  EXPECT_EQ(reason_of(proto::encode(proto::ConnectRequest{4096, 16, 0, 3}), 4096),
             proto::RejectReason::kBufferTooSmall);
+  EXPECT_EQ(reason_of(proto::encode(proto::ConnectRequest{4096, 16}), 4096), std::nullopt);
   EXPECT_EQ(broker.stats()["connections.rejected"], 3);
 
-  // librdmabroker asked for small buffers retries with the size the broker names.
+  // librdmabroker (version 4) connects with the small buffers it asked for.
   ClientOptions opt;
   opt.recv_buffer_size = 2048;
   auto c = Client::connect(broker.url(a1), opt);
