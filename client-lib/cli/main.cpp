@@ -545,6 +545,10 @@ Subcommand add_bench(CLI::App& app) {
   // broker's frame size: with very large frames, fewer of each.
   cmd->add_option("--recv-credits", a->client.recv_credits, "Receive buffers per client (ClientOptions)")
       ->capture_default_str();
+  cmd->add_option("--recv-buffer-size", a->client.recv_buffer_size,
+                  "Bytes per receive buffer (ClientOptions; below the broker's frame size, it cuts what it "
+                  "sends to fit)")
+      ->capture_default_str();
   cmd->add_option("--inflight-sends", a->client.max_inflight_sends,
                   "Sends in flight per client (ClientOptions)")
       ->capture_default_str();

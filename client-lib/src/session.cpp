@@ -206,10 +206,8 @@ Status Session::publish_fragments_locked(std::unique_lock<std::mutex>& lock, std
                                          std::string_view reply, std::span<const std::byte> payload,
                                          std::uint16_t flags, std::span<const proto::HeaderField> headers) {
   const std::size_t block = proto::header_block_len(headers);
-  proto::FrameHeader h;
-  h.type = FrameType::kPublish;
-  h.flags = static_cast<std::uint16_t>(flags | proto::kFlagFragment);
-  h.arg = static_cast<std::uint32_t>(block + payload.size());
+  auto h = proto::FrameHeader::fragment(static_cast<std::uint32_t>(block + payload.size()), 0, connection_id_,
+                                        flags);
   // The first fragment carries the strings and the header block, each later
   // one a frame's worth of payload (SPEC.md §3.7).
   const std::size_t first_room = frame_room(subject.size(), reply.size());

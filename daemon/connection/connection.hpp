@@ -243,6 +243,7 @@ struct Connection {
     std::uint32_t length = 0;       // the message's payload bytes (the fragments' arg)
     std::uint32_t next_offset = 0;  // where the next fragment must start
     std::vector<Subscriber> recipients;
+    bool accepted = false;  // permitted (not denied): its bytes count as received
   };
   OpenMessage open_message;
 

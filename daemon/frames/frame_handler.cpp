@@ -96,11 +96,9 @@ bool FrameHandler::on_publish(Connection& c, const proto::Frame& f, const Buffer
   const auto& h = f.header;
   const auto& opt = ctx_.options;
   if (h.frame_len() > proto::max_publish_frame(opt.buffer_size)) {
-    ctx_.stats.limit_payload.add();
-    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kPayloadTooLarge,
-                       "PUBLISH of " + std::to_string(h.frame_len()) + " bytes exceeds the limit of " +
-                           std::to_string(proto::max_publish_frame(opt.buffer_size)));
-    return false;
+    return refuse_too_large(c, "PUBLISH of " + std::to_string(h.frame_len()) +
+                                   " bytes exceeds the limit of " +
+                                   std::to_string(proto::max_publish_frame(opt.buffer_size)));
   }
   if (h.is_fragment()) return on_fragment(c, f, buf);
   if (c.open_message.open) {
@@ -110,11 +108,9 @@ bool FrameHandler::on_publish(Connection& c, const proto::Frame& f, const Buffer
                                      " bytes sent): a message's fragments go back to back");
   }
   if (opt.max_payload != 0 && h.payload_len > opt.max_payload) {
-    ctx_.stats.limit_payload.add();
-    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kPayloadTooLarge,
-                       "payload of " + std::to_string(h.payload_len) + " bytes exceeds limits.max_payload (" +
-                           std::to_string(opt.max_payload) + ")");
-    return false;
+    return refuse_too_large(c, "payload of " + std::to_string(h.payload_len) +
+                                   " bytes exceeds limits.max_payload (" + std::to_string(opt.max_payload) +
+                                   ")");
   }
   if (!may_publish(c, f.subject)) {
     deny(c, "publish", f.subject, 0);  // refused, not accepted: nothing was lost
@@ -130,6 +126,12 @@ bool FrameHandler::on_publish(Connection& c, const proto::Frame& f, const Buffer
 
 bool FrameHandler::fragment_violation(Connection& c, std::string why) {
   connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation, std::move(why));
+  return false;
+}
+
+bool FrameHandler::refuse_too_large(Connection& c, std::string why) {
+  ctx_.stats.limit_payload.add();
+  connections_.close(c, CloseReason::kProtocolError, ErrorCode::kPayloadTooLarge, std::move(why));
   return false;
 }
 
@@ -153,15 +155,12 @@ bool FrameHandler::on_fragment(Connection& c, const proto::Frame& f, const Buffe
     }
     const std::uint32_t limit = ctx_.options.max_payload;
     if (h.arg > limit) {
-      ctx_.stats.limit_payload.add();
-      connections_.close(c, CloseReason::kProtocolError, ErrorCode::kPayloadTooLarge,
-                         "message of " + std::to_string(h.arg) + " bytes exceeds limits.max_payload (" +
-                             std::to_string(limit) + ")");
-      return false;
+      return refuse_too_large(c, "message of " + std::to_string(h.arg) +
+                                     " bytes exceeds limits.max_payload (" + std::to_string(limit) + ")");
     }
-    open = Connection::OpenMessage{true, h.arg, 0, {}};
-    if (!may_publish(c, f.subject)) {
-      // Refused, not accepted: its fragments are taken and go nowhere.
+    open = Connection::OpenMessage{true, h.arg, 0, {}, may_publish(c, f.subject)};
+    if (!open.accepted) {
+      // Refused, not accepted: its fragments are taken and go nowhere (nor count as received).
       deny(c, "publish", f.subject, 0);
     } else {
       ctx_.stats.messages_in.add();
@@ -182,19 +181,17 @@ bool FrameHandler::on_fragment(Connection& c, const proto::Frame& f, const Buffe
     router_.route_fragment(c, f, buf);
   }
   if (!c.is_up()) return false;
-  ctx_.stats.bytes_in.add(h.payload_len);
-  c.bytes_in += h.payload_len;
+  if (open.accepted) {
+    ctx_.stats.bytes_in.add(h.payload_len);
+    c.bytes_in += h.payload_len;
+  }
   open.next_offset += h.payload_len;
   if (open.next_offset == open.length) open = {};
   return true;
 }
 
 bool FrameHandler::on_abort(Connection& c) {
-  if (!c.open_message.open) {
-    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
-                       "ABORT without a fragmented message in progress");
-    return false;
-  }
+  if (!c.open_message.open) return fragment_violation(c, "ABORT without a fragmented message in progress");
   router_.abort_open_message(c);
   return true;
 }

@@ -166,6 +166,8 @@ TEST_P(Auth, PermissionsAllowAndDenyPublishAndSubscribe) {
   // and the connection stays.
   ASSERT_TRUE(alice->publish("orders.secret", std::string_view("no")));
   ASSERT_TRUE(alice->publish("billing.x", std::string_view("no")));
+  // A denied message in fragments (SPEC.md §3.7): refused at its first, the rest go nowhere.
+  ASSERT_TRUE(alice->publish("billing.big", std::vector<std::byte>(100000, std::byte{'n'})));
   ASSERT_TRUE(alice->publish("orders.eu", std::string_view("yes")));
   ASSERT_TRUE(alice->flush(10s));
   auto m = everything.value()->next(10s);
@@ -177,16 +179,18 @@ TEST_P(Auth, PermissionsAllowAndDenyPublishAndSubscribe) {
   EXPECT_EQ(mine->subject, "orders.eu");
 
   const auto e = errors.get();
-  ASSERT_EQ(e.size(), 3u);
+  ASSERT_EQ(e.size(), 4u);
   EXPECT_EQ(e[0].kind, ErrorKind::kPermissionDenied);
   EXPECT_NE(e[1].message.find("publish to 'orders.secret' denied for user 'alice'"), std::string::npos)
       << e[1].message;
   EXPECT_NE(e[2].message.find("publish to 'billing.x' denied"), std::string::npos) << e[2].message;
+  EXPECT_NE(e[3].message.find("publish to 'billing.big' denied"), std::string::npos) << e[3].message;
   EXPECT_TRUE(alice->close_reason().message.empty()) << alice->close_reason().message;
   auto s = broker.stats();
-  EXPECT_EQ(s["permissions.denied.publish"], 2);
+  EXPECT_EQ(s["permissions.denied.publish"], 3);
   EXPECT_EQ(s["permissions.denied.subscribe"], 1);
   EXPECT_EQ(s["messages.in"], 1);  // refused publishes were never accepted
+  EXPECT_EQ(s["bytes.in"], 3);     // nor counted as received, in fragments either
   EXPECT_EQ(s["messages.dropped.slow_consumer"] + s["messages.dropped.subscriber_closed"], 0);
 }
 

@@ -45,14 +45,9 @@ class Fragments : public ::testing::TestWithParam<Via> {
   /// A PUBLISH fragment of a `length`-byte message by the connection `w` is.
   static std::vector<std::byte> fragment(const RawWire& w, std::uint32_t offset, std::uint32_t length,
                                          std::string_view subject, std::string_view payload) {
-    proto::FrameHeader h;
-    h.type = FrameType::kPublish;
-    h.flags = proto::kFlagFragment;
-    h.arg = length;
-    h.fragment_offset = offset;
-    h.sequence = w.accept.connection_id;
     std::vector<std::byte> out(proto::align_up(proto::kHeaderSize + subject.size() + payload.size()));
-    proto::encode_frame(out, h, subject, {}, std::as_bytes(std::span(payload.data(), payload.size())));
+    proto::encode_frame(out, proto::FrameHeader::fragment(length, offset, w.accept.connection_id), subject,
+                        {}, std::as_bytes(std::span(payload.data(), payload.size())));
     return out;
   }
 

@@ -297,14 +297,19 @@ class CutToFitTest : public OutboundTest {
     return {reinterpret_cast<const char*>(b.data()), b.size()};
   }
 
+  /// A 16 KiB buffer: room for frames larger than the subscriber's.
+  BufferRef big_buffer() {
+    std::uint32_t idx = 0;
+    EXPECT_EQ(big_->acquire(&idx, 1), 1u);
+    return BufferRef(big_.get(), idx);
+  }
+
   std::unique_ptr<BufferPool> big_ = std::move(BufferPool::create(4, 16384).value());
   std::deque<std::vector<std::byte>> wires_;  // what was received (the frames' views point here)
 };
 
 TEST_F(CutToFitTest, AWholeMessageArrivesAsFragmentsThatReassembleToIt) {
-  std::uint32_t idx;
-  ASSERT_EQ(big_->acquire(&idx, 1), 1u);
-  BufferRef buf(big_.get(), idx);
+  BufferRef buf = big_buffer();
   const proto::HeaderField trace[] = {{"Trace-Id", "abc"}};
   std::string payload(5001, 'p');
   for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>('a' + i % 26);
@@ -371,17 +376,12 @@ TEST_F(CutToFitTest, AWholeMessageArrivesAsFragmentsThatReassembleToIt) {
 }
 
 TEST_F(CutToFitTest, APublishersFragmentIsCutFurtherAndKeepsItsOffsetsAndPublisher) {
-  std::uint32_t idx;
-  ASSERT_EQ(big_->acquire(&idx, 1), 1u);
-  BufferRef buf(big_.get(), idx);
+  BufferRef buf = big_buffer();
   const std::string part(3000, 'q');
-  proto::FrameHeader h;
-  h.type = proto::FrameType::kPublish;
-  h.flags = proto::kFlagFragment;
-  h.arg = 100000;             // the message's length
-  h.fragment_offset = 40000;  // a middle fragment
-  h.sequence = 77;            // its publisher's connection id
-  const std::size_t n = proto::encode_frame({buf.data(), 16384}, h, "", "", std::as_bytes(std::span(part)));
+  // A middle fragment of a 100,000-byte message of the publisher whose connection id is 77.
+  const std::size_t n =
+      proto::encode_frame({buf.data(), 16384}, proto::FrameHeader::fragment(100000, 40000, 77), "", "",
+                          std::as_bytes(std::span(part)));
   auto pieces = cut_to_fit(make_delivery(buf.clone(), 3, 0, static_cast<std::uint32_t>(n), 3000), kFrame);
   ASSERT_GT(pieces.size(), 3u);
   EXPECT_EQ(pieces.back().messages, 0u);  // not the message's last fragment: nothing completes
@@ -400,9 +400,7 @@ TEST_F(CutToFitTest, APublishersFragmentIsCutFurtherAndKeepsItsOffsetsAndPublish
 }
 
 TEST_F(CutToFitTest, AFrameWhoseHeadersFillTheBufferStaysWholeForTheCallerToDrop) {
-  std::uint32_t idx;
-  ASSERT_EQ(big_->acquire(&idx, 1), 1u);
-  BufferRef buf(big_.get(), idx);
+  BufferRef buf = big_buffer();
   const std::string value(1000, 'v');
   const proto::HeaderField fat[] = {{"Fat", value}};
   proto::FrameHeader h;

@@ -177,14 +177,9 @@ class RouterTest : public ::testing::Test {
   /// A PUBLISH fragment (SPEC.md §3.7) of `p`'s `length`-byte message.
   static std::vector<std::byte> fragment(const Client& p, std::uint32_t offset, std::uint32_t length,
                                          std::string_view subject, std::string_view payload) {
-    proto::FrameHeader h;
-    h.type = FrameType::kPublish;
-    h.flags = proto::kFlagFragment;
-    h.arg = length;
-    h.fragment_offset = offset;
-    h.sequence = p.c->id;
     std::vector<std::byte> out(proto::align_up(proto::kHeaderSize + subject.size() + payload.size()));
-    proto::encode_frame(out, h, subject, {}, std::as_bytes(std::span(payload.data(), payload.size())));
+    proto::encode_frame(out, proto::FrameHeader::fragment(length, offset, p.c->id), subject, {},
+                        std::as_bytes(std::span(payload.data(), payload.size())));
     return out;
   }
   std::uint64_t dropped(DropReason r) const { return ctx_->stats.dropped[static_cast<std::size_t>(r)].get(); }

@@ -322,13 +322,8 @@ std::vector<std::byte> fragment(std::uint32_t offset, std::uint32_t length, std:
                                 std::string_view payload, std::string_view reply = {},
                                 std::uint16_t flags = 0) {
   std::vector<std::byte> buf(4096);
-  FrameHeader h;
-  h.type = FrameType::kPublish;
-  h.flags = static_cast<std::uint16_t>(kFlagFragment | flags);
-  h.arg = length;
-  h.fragment_offset = offset;
-  h.sequence = 7;
-  buf.resize(encode_frame(buf, h, subject, reply, bytes(payload)));
+  buf.resize(
+      encode_frame(buf, FrameHeader::fragment(length, offset, 7, flags), subject, reply, bytes(payload)));
   return buf;
 }
 

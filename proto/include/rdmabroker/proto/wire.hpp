@@ -219,6 +219,19 @@ struct FrameHeader {
   bool starts_message() const { return !is_fragment() || fragment_offset == 0; }
   /// A whole message, or the fragment that completes one.
   bool ends_message() const { return !is_fragment() || fragment_offset + payload_len == arg; }
+  /// The header of a PUBLISH fragment (§3.7): at `offset` of a `length`-byte
+  /// message of publisher `publisher` (its connection id), with `flags` too
+  /// (REQUEST, on a first fragment); the lengths are encode_frame()'s to set.
+  static constexpr FrameHeader fragment(std::uint32_t length, std::uint32_t offset, std::uint64_t publisher,
+                                        std::uint16_t flags = 0) {
+    FrameHeader h;
+    h.type = FrameType::kPublish;
+    h.flags = static_cast<std::uint16_t>(flags | kFlagFragment);
+    h.arg = length;
+    h.fragment_offset = offset;
+    h.sequence = publisher;
+    return h;
+  }
 
   /// Bytes after the header, before padding.
   std::size_t body_len() const { return std::size_t{subject_len} + reply_len + payload_len; }
