@@ -24,13 +24,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                again.initial_credits == req.initial_credits);
   }
   rdmabroker::daemon::ConnectionSlots slots(1);
+  using Via = rdmabroker::daemon::Admission::Via;
   for (std::uint32_t broker_buffer : {proto::kMinBufferSize, 16384u, proto::kMaxBufferSize}) {
-    proto::ConnectRequest admitted;
-    const auto refusal = rdmabroker::daemon::Admission(slots, 1, broker_buffer).check(b, admitted);
-    // Admitted only if it decodes and the client's buffers hold the broker's frames.
-    FUZZ_CHECK(refusal.has_value() ==
-               (req_status != proto::HandshakeStatus::kOk || req.recv_buffer_size < broker_buffer));
-    if (refusal) FUZZ_CHECK(!proto::to_string(*refusal).empty());
+    for (Via via : {Via::kRdma, Via::kTcp}) {
+      proto::ConnectRequest admitted;
+      const auto refusal = rdmabroker::daemon::Admission(slots, 1, broker_buffer).check(via, b, admitted);
+      // Admitted only if it decodes and the client's buffers hold the broker's frames, or it
+      // gets version 4 (fragments cut to fit its buffers, SPEC.md §3.7).
+      const std::uint8_t version =
+          via == Via::kRdma ? proto::connection_version(req) : proto::negotiate_version(req.max_version);
+      FUZZ_CHECK(refusal.has_value() ==
+                 (req_status != proto::HandshakeStatus::kOk ||
+                  (req.recv_buffer_size < broker_buffer && version < proto::kFragmentsVersion)));
+      if (refusal) FUZZ_CHECK(!proto::to_string(*refusal).empty());
+    }
   }
 
   proto::ConnectAccept acc;
