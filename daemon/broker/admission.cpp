@@ -27,10 +27,7 @@ std::optional<proto::RejectReason> Admission::check(Via via, std::span<const std
     default:
       return proto::RejectReason::kBadMagic;
   }
-  // Over TCP no credits (SPEC.md §1.2): the version is the one asked for.
-  const std::uint8_t version =
-      via == Via::kRdma ? proto::connection_version(out) : proto::negotiate_version(out.max_version);
-  if (out.recv_buffer_size < buffer_size_ && version < proto::kFragmentsVersion)
+  if (out.recv_buffer_size < buffer_size_ && version_for(via, out) < proto::kFragmentsVersion)
     return proto::RejectReason::kBufferTooSmall;
   return std::nullopt;
 }

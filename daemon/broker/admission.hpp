@@ -61,6 +61,13 @@ class Admission {
   /// (it is sent fragments, SPEC.md §3.7), an older one may not.
   std::optional<proto::RejectReason> check(Via via, std::span<const std::byte> request,
                                            proto::ConnectRequest& out) const;
+  /// The protocol version a connection made by `request` over `via` gets
+  /// (SPEC.md §2.1): over RDMA, §5.1's credits rule applies; over TCP there
+  /// are no credits (§1.2), so it is the version asked for.
+  static std::uint8_t version_for(Via via, const proto::ConnectRequest& request) {
+    return via == Via::kRdma ? proto::connection_version(request)
+                             : proto::negotiate_version(request.max_version);
+  }
   /// A connection slot for a new, unauthenticated connection, or the reason
   /// to refuse: shutting down, at the connection limit, or its address at
   /// its unauthenticated limit (the last two counted as limit refusals).

@@ -86,11 +86,8 @@ struct InnerFrame {
 
 /// The lengths of the (validated) PUBLISH frame at `p`.
 InnerFrame inner_frame(const std::byte* p) {
-  proto::FrameHeader h;
-  h.subject_len = proto::load<std::uint16_t>(p + 6);
-  h.reply_len = proto::load<std::uint16_t>(p + 8);
-  h.payload_len = proto::load<std::uint32_t>(p + 12);
-  return {static_cast<std::uint32_t>(h.frame_len()), h.payload_len, proto::load<std::uint16_t>(p + 10)};
+  const proto::FrameHeader h = proto::load_header(p);
+  return {static_cast<std::uint32_t>(h.frame_len()), h.payload_len, h.header_len};
 }
 
 }  // namespace
@@ -152,14 +149,14 @@ std::vector<OutItem> cut_to_fit(OutItem item, std::uint32_t max_frame) {
       }
       continue;
     }
-    OutItem whole = make_delivery(item.body.clone(), sid, at, f.len, f.payload_len, item.received_at);
-    const std::uint32_t strings =
-        proto::load<std::uint16_t>(frame + 6) + proto::load<std::uint16_t>(frame + 8);
+    const proto::FrameHeader h = proto::load_header(frame);
+    const std::uint32_t strings = std::uint32_t{h.subject_len} + h.reply_len;
     // Rule 2 of §3.7: the first fragment holds the strings, the whole header block and a payload byte.
     if (strings + f.header_len + 1 > room) {
-      pieces.push_back(std::move(whole));
+      pieces.push_back(make_delivery(item.body.clone(), sid, at, f.len, f.payload_len, item.received_at));
       continue;
     }
+    const std::uint32_t messages = h.ends_message() ? 1 : 0;
     const std::uint32_t body = f.len - proto::kHeaderSize;  // strings, payload, padding
     const std::uint32_t payload_end = strings + f.payload_len;
     for (std::uint32_t start = 0; start < body;) {
@@ -171,7 +168,7 @@ std::vector<OutItem> cut_to_fit(OutItem item, std::uint32_t max_frame) {
       const std::uint32_t from = std::max(start, strings), to = std::min(start + len, payload_end);
       piece.payload_bytes = to > from ? to - from : 0;
       start += len;
-      piece.messages = start == body ? whole.messages : 0;
+      piece.messages = start == body ? messages : 0;
       pieces.push_back(std::move(piece));
     }
   }
@@ -179,30 +176,25 @@ std::vector<OutItem> cut_to_fit(OutItem item, std::uint32_t max_frame) {
 }
 
 proto::FrameHeader cut_header(const std::byte* frame, std::uint32_t start, std::uint32_t len) {
-  const auto flags = proto::load<std::uint16_t>(frame + 4);
-  const auto subject_len = proto::load<std::uint16_t>(frame + 6);
-  const auto reply_len = proto::load<std::uint16_t>(frame + 8);
-  const auto payload_len = proto::load<std::uint32_t>(frame + 12);
-  const bool was_fragment = (flags & proto::kFlagFragment) != 0;
-  const std::uint32_t strings_end = proto::kHeaderSize + subject_len + reply_len;
-  const std::uint32_t end = std::min(start + len, strings_end + payload_len);  // the padding is not payload
-  const std::uint32_t base = was_fragment ? proto::load<std::uint32_t>(frame + 20) : 0;
-  proto::FrameHeader h;
-  h.type = proto::FrameType::kPublish;
-  h.arg = was_fragment ? proto::load<std::uint32_t>(frame + 16) : payload_len;
-  h.sequence = was_fragment ? proto::load<std::uint64_t>(frame + 24) : 0;
+  const proto::FrameHeader in = proto::load_header(frame);
+  const std::uint32_t strings_end = proto::kHeaderSize + in.subject_len + in.reply_len;
+  const std::uint32_t end =
+      std::min(start + len, strings_end + in.payload_len);  // the padding is not payload
   if (start == proto::kHeaderSize) {
-    h.flags = flags | proto::kFlagFragment;
-    h.subject_len = subject_len;
-    h.reply_len = reply_len;
-    h.header_len = proto::load<std::uint16_t>(frame + 10);
+    // The first piece: the frame's strings, REQUEST and header block go with it.
+    auto h = in.is_fragment()
+                 ? proto::FrameHeader::fragment(in.arg, in.fragment_offset, in.sequence, in.flags)
+                 : proto::FrameHeader::fragment(in.payload_len, 0, 0, in.flags);
+    h.subject_len = in.subject_len;
+    h.reply_len = in.reply_len;
+    h.header_len = in.header_len;
     h.payload_len = end - strings_end;
-    h.fragment_offset = base;
-  } else {
-    h.flags = static_cast<std::uint16_t>((flags | proto::kFlagFragment) & ~proto::kFlagRequest);
-    h.payload_len = end - start;
-    h.fragment_offset = base + (start - strings_end);
+    return h;
   }
+  const std::uint32_t offset = start - strings_end;  // of this piece's payload within the frame's
+  auto h = in.is_fragment() ? proto::FrameHeader::fragment(in.arg, in.fragment_offset + offset, in.sequence)
+                            : proto::FrameHeader::fragment(in.payload_len, offset, 0);
+  h.payload_len = end - start;
   return h;
 }
 

@@ -99,6 +99,10 @@ inline std::uint16_t header_len_at(const BufferRef& buf, std::uint32_t offset) {
 inline bool fragment_at(const BufferRef& buf, std::uint32_t offset) {
   return (proto::load<std::uint16_t>(buf.data() + offset + 4) & proto::kFlagFragment) != 0;
 }
+/// The publisher's connection id that the (validated) fragment at `offset` carries (SPEC.md §3.7).
+inline std::uint64_t fragment_publisher_at(const BufferRef& buf, std::uint32_t offset) {
+  return proto::load_header(buf.data() + offset).sequence;
+}
 /// Whether the PUBLISH frame at `offset` completes a message (a whole one,
 /// or a last fragment): the frame that counts it once in queues and
 /// statistics (a message abandoned before its last fragment counts as

@@ -295,11 +295,10 @@ bool Connections::cut_for_peer(Connection& c, OutItem& item) {
     return true;
   }
   if (!item.is_delivery()) return false;
-  const std::byte* frame = item.body.data() + item.body_offset;
   if (!uncut.empty() && fragment_at(item.body, item.body_offset)) {
     // A fragment travels alone (SPEC.md §3.4): the item is this one frame.
     const auto it = std::find(uncut.begin(), uncut.end(),
-                              std::pair{item.header.arg, proto::load<std::uint64_t>(frame + 24)});
+                              std::pair{item.header.arg, fragment_publisher_at(item.body, item.body_offset)});
     if (it != uncut.end()) {
       if (completes_message_at(item.body, item.body_offset)) uncut.erase(it);
       unqueue(c.slot, item.body_len);
@@ -313,8 +312,7 @@ bool Connections::cut_for_peer(Connection& c, OutItem& item) {
       ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kBufferTooSmall)].add();
       unqueue(c.slot, piece.body_len);
       if (!completes_message_at(piece.body, piece.body_offset)) {
-        uncut.emplace_back(piece.header.arg,
-                           proto::load<std::uint64_t>(piece.body.data() + piece.body_offset + 24));
+        uncut.emplace_back(piece.header.arg, fragment_publisher_at(piece.body, piece.body_offset));
       }
       continue;
     }

@@ -44,7 +44,7 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   // Every connection claims 2 credits of the port's SRQ here. A version-3
   // one grows by demand; an older one gets flow.credits at its login, or
   // what the port has left then (SPEC.md §5.1).
-  const std::uint8_t version = proto::connection_version(cmd.request);
+  const std::uint8_t version = Admission::version_for(Admission::Via::kRdma, cmd.request);
   const bool by_demand = version >= proto::kCreditsByDemandVersion;
   if (port.capacity_free() < RdmaPort::kMinWindow) {
     ctx.stats.credit_refusals.add();

@@ -240,7 +240,7 @@ void TcpPort::on_handshake_readable(int fd, bool stopping) {
   }
   if (stopping) return drop("shutting down", proto::RejectReason::kShuttingDown);
   const std::uint64_t id = h.id;
-  const std::uint8_t version = proto::negotiate_version(req.max_version);  // no credits over TCP (§1.2)
+  const std::uint8_t version = Admission::version_for(Admission::Via::kTcp, req);
   const auto accept =
       proto::encode(proto::ConnectAccept{ctx_.options.buffer_size, 0, id, version, ctx_.options.max_payload});
   if (!handshake_write(h, std::span(accept).first(proto::accept_size(version))))

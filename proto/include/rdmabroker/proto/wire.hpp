@@ -252,6 +252,21 @@ inline void encode_header(std::byte* out, const FrameHeader& h) {
   store<std::uint32_t>(out + 20, h.fragment_offset);
   store<std::uint64_t>(out + 24, h.sequence);
 }
+/// The header at `p` as encode_header() wrote it, field by field and without
+/// checks: for a frame that decode_frame() has already validated.
+inline FrameHeader load_header(const std::byte* p) {
+  FrameHeader h;
+  h.type = static_cast<FrameType>(load<std::uint8_t>(p + 3));
+  h.flags = load<std::uint16_t>(p + 4);
+  h.subject_len = load<std::uint16_t>(p + 6);
+  h.reply_len = load<std::uint16_t>(p + 8);
+  h.header_len = load<std::uint16_t>(p + 10);
+  h.payload_len = load<std::uint32_t>(p + 12);
+  h.arg = load<std::uint32_t>(p + 16);
+  h.fragment_offset = load<std::uint32_t>(p + 20);
+  h.sequence = load<std::uint64_t>(p + 24);
+  return h;
+}
 
 /// A decoded frame; the views point into the buffer that was decoded.
 struct Frame {
