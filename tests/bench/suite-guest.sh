@@ -96,9 +96,13 @@ for s in "${SIZES[@]}"; do
   if [ "$s" = "$MAX16" ]; then
     # limits.max_payload (1 MiB by default) raised for the one-frame 16 MiB message:
     # this table measures whole frames; tests/bench/large.sh the fragments.
+    # The write deadline (2 s by default) runs from one SEND completion to the
+    # next, and one 16 MiB SEND took over 2 s on a slow host (CI, 2026-11-27:
+    # raw ib_send_lat p50 815 ms, the relay's 3.2 s): the subscriber was cut
+    # as a slow consumer. 30 s, as the test harness gives its brokers.
     printf 'devices: [rxe0]\nlimits:\n  max_payload: 16MiB\n' >/tmp/bench-one-device.yaml
     start_broker --port 7490 --config /tmp/bench-one-device.yaml --workers 1 --buffer-size 16777216 --pool-buffers 24 \
-      --srq-depth 16 --credits 4
+      --srq-depth 16 --credits 4 --write-deadline-ms 30000
     client=(--recv-credits 2 --inflight-sends 1 --send-buffers 1)
   elif [ "$s" = "$MAX" ]; then
     start_broker --port 7490 --buffer-size 1048576 --pool-buffers 128 --srq-depth 16 --credits 8
