@@ -125,12 +125,15 @@ Status RdmaTransport::create_resources(std::uint32_t recv_buffer_size) {
   comp_channel_.reset(ibv_create_comp_channel(id->verbs));
   if (!comp_channel_) return sys_error(ErrorKind::kResource, "ibv_create_comp_channel");
   set_nonblocking(comp_channel_->fd);
-  const int cqe = static_cast<int>(session_.opt_.recv_credits + session_.opt_.max_inflight_sends + 2);
-  cq_.reset(ibv_create_cq(id->verbs, cqe, nullptr, comp_channel_.get(), 0));
-  if (!cq_) return sys_error(ErrorKind::kResource, "ibv_create_cq");
+  cq_.reset(ibv_create_cq(id->verbs, static_cast<int>(session_.opt_.recv_credits + 1), nullptr,
+                          comp_channel_.get(), 0));
+  send_cq_.reset(ibv_create_cq(id->verbs, static_cast<int>(session_.opt_.max_inflight_sends + 2), nullptr,
+                               comp_channel_.get(), 0));
+  if (!cq_ || !send_cq_) return sys_error(ErrorKind::kResource, "ibv_create_cq");
   acker_.attach(cq_.get());
+  send_acker_.attach(send_cq_.get());
   ibv_qp_init_attr attr{};
-  attr.send_cq = cq_.get();
+  attr.send_cq = send_cq_.get();
   attr.recv_cq = cq_.get();
   attr.qp_type = IBV_QPT_RC;
   attr.cap.max_send_wr = session_.opt_.max_inflight_sends + 1;
@@ -228,12 +231,16 @@ void RdmaTransport::teardown_resources() {
   send_mr_.reset();
   recv_mr_.reset();
   acker_.flush();
+  send_acker_.flush();
+  send_cq_.reset();
   cq_.reset();
   comp_channel_.reset();
   pd_.reset();
   id_.reset();
   cm_channel_.reset();
   inflight_.clear();
+  send_cq_armed_ = false;
+  send_errors_.clear();
 }
 
 void RdmaTransport::close() {
@@ -250,6 +257,7 @@ void RdmaTransport::close() {
 
 void RdmaTransport::transmit_locked() {
   if (session_.closed_) return;
+  reap_sends_locked();
   while (inflight_.size() < session_.opt_.max_inflight_sends) {
     if (!session_.has_ready_locked() || !credits_.can_send_data()) {
       // No data, or no credit for it: owed credits may still have to go back,
@@ -257,30 +265,85 @@ void RdmaTransport::transmit_locked() {
       // A broker asking for credits back (SPEC.md §5.1) gets them the same way.
       if ((credits_.should_return() || credits_.wants_release()) && credits_.can_send_credit_update())
         post_locked(Session::kNoBuffer, 0);
-      return;
+      break;
     }
     // Idle enough to post the buffer being filled right away: batching only
     // happens while sends are in flight, so it adds no latency at light load.
     const auto [buf, len] = session_.take_ready_locked();
     if (!post_locked(buf, len)) return;
   }
+  arm_sends_if_waited_locked();
+}
+
+void RdmaTransport::reclaim_locked() {
+  if (session_.closed_) return;
+  reap_sends_locked();
+  arm_sends_if_waited_locked();
+}
+
+bool RdmaTransport::send_events_wanted_locked() const {
+  // Someone waits for a SEND to complete: the I/O thread, to post buffers
+  // that the full window holds back; a publisher, for a free buffer; close(),
+  // for everything to leave. Nobody else needs to hear of one.
+  if (inflight_.empty()) return false;
+  return session_.closing_ || session_.out_of_buffers_locked() ||
+         (inflight_.size() >= session_.opt_.max_inflight_sends && session_.has_ready_locked());
+}
+
+void RdmaTransport::arm_sends_if_waited_locked() {
+  while (!send_cq_armed_ && send_events_wanted_locked()) {
+    ibv_req_notify_cq(send_cq_.get(), 0);
+    send_cq_armed_ = true;
+    // A completion between the last poll and the arming raises no event.
+    if (reap_sends_locked()) transmit_locked();
+  }
+}
+
+bool RdmaTransport::reap_sends_locked() {
+  ibv_wc wcs[16];
+  bool any = false;
+  int got;
+  while ((got = ibv_poll_cq(send_cq_.get(), 16, wcs)) > 0) {
+    any = true;
+    for (int i = 0; i < got; ++i) {
+      const ibv_wc& wc = wcs[i];
+      // This SEND and every one before it are done (an RC send queue
+      // completes in order; wr_id numbers the posts).
+      while (!inflight_.empty() && inflight_.front().wr <= wc.wr_id) {
+        session_.release_send_buffer_locked(inflight_.front().buffer);
+        inflight_.pop_front();
+      }
+      if (wc.status != IBV_WC_SUCCESS && !session_.closed_) {
+        const Error e{ErrorKind::kClosed, std::string("send failed: ") + ibv_wc_status_str(wc.status)};
+        if (wc.status != IBV_WC_WR_FLUSH_ERR) {
+          send_errors_.push_back(e);
+          std::uint64_t one = 1;
+          [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
+        }
+        session_.fail_locked(e);
+      }
+    }
+  }
+  if (any) session_.cv_.notify_all();  // close() waits for the last SEND, inline or not
+  return any;
 }
 
 bool RdmaTransport::post_locked(std::uint32_t buffer, std::uint32_t len) {
   ibv_sge sge{};
   ibv_send_wr wr{};
-  wr.wr_id = buffer;
+  wr.wr_id = next_wr_;
   wr.opcode = IBV_WR_SEND_WITH_IMM;
   const std::uint32_t returned = credits_.take_owed(proto::kMaxCreditsPerImm);
   wr.imm_data = htonl(by_demand() ? proto::encode_credit_imm({returned, credits_.take_release()}) : returned);
-  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.send_flags = IBV_SEND_SIGNALED;  // into the quiet send CQ: it wakes nobody
+  // A small send (a lone publish at light load) is copied by the device at
+  // post time instead of read by DMA afterwards: its buffer is free at once.
+  const bool inline_copy = buffer != Session::kNoBuffer && len <= max_inline_;
   if (buffer != Session::kNoBuffer) {
     sge = ibv_sge{reinterpret_cast<std::uint64_t>(session_.send_buf(buffer)), len, send_mr_->lkey};
     wr.sg_list = &sge;
     wr.num_sge = 1;
-    // A small send (a lone publish at light load) is copied by the device at
-    // post time instead of read by DMA afterwards.
-    if (len <= max_inline_) wr.send_flags |= IBV_SEND_INLINE;
+    if (inline_copy) wr.send_flags |= IBV_SEND_INLINE;
   }
   ibv_send_wr* bad = nullptr;
   if (ibv_post_send(qp_.get(), &wr, &bad) != 0) {
@@ -288,7 +351,11 @@ bool RdmaTransport::post_locked(std::uint32_t buffer, std::uint32_t len) {
     return false;
   }
   credits_.consume_send();
-  inflight_.push_back(buffer);
+  if (inline_copy) {
+    session_.release_send_buffer_locked(buffer);
+    buffer = Session::kNoBuffer;
+  }
+  inflight_.push_back(Posted{next_wr_++, buffer});
   return true;
 }
 
@@ -317,6 +384,7 @@ void RdmaTransport::run() {
     // its DISCONNECTED event, and it says why the connection ends.
     for (int pass = 0; pass < 2; ++pass) {
       ibv_wc wcs[32];
+      // The receive CQ only: sends are reaped under the lock (transmit_locked).
       int got;
       while ((got = ibv_poll_cq(cq_.get(), 32, wcs)) > 0) {
         for (int i = 0; i < got; ++i) on_completion(wcs[i], deliveries, errors);
@@ -329,6 +397,8 @@ void RdmaTransport::run() {
     {
       std::lock_guard lock(session_.mu_);
       transmit_locked();
+      errors.insert(errors.end(), send_errors_.begin(), send_errors_.end());
+      send_errors_.clear();
     }
     session_.dispatch(deliveries, errors);
   }
@@ -359,7 +429,15 @@ bool RdmaTransport::wait_for_events(int timeout_ms) {
     if (fd == comp_channel_->fd) {
       ibv_cq* cq = nullptr;
       void* ctx = nullptr;
-      while (ibv_get_cq_event(comp_channel_.get(), &cq, &ctx) == 0) acker_.add();
+      while (ibv_get_cq_event(comp_channel_.get(), &cq, &ctx) == 0) {
+        if (cq == send_cq_.get()) {
+          send_acker_.add();
+          std::lock_guard lock(session_.mu_);
+          send_cq_armed_ = false;  // one event per arming
+        } else {
+          acker_.add();
+        }
+      }
     } else if (fd == cm_channel_->fd) {
       cm_ready = true;
     } else if (ud_ && fd == ud_->channel->fd) {
@@ -391,57 +469,40 @@ void RdmaTransport::handle_cm_events(std::vector<Error>& errors) {
 }
 
 void RdmaTransport::on_completion(const ibv_wc& wc, Deliveries& deliveries, std::vector<Error>& errors) {
-  if ((wc.wr_id & kRecvFlag) != 0) {
-    const auto idx = static_cast<std::uint32_t>(wc.wr_id & ~kRecvFlag);
-    if (wc.status != IBV_WC_SUCCESS) {
-      std::lock_guard lock(session_.mu_);
-      if (!session_.closed_ && wc.status != IBV_WC_WR_FLUSH_ERR) {
-        errors.push_back(
-            Error{ErrorKind::kClosed, std::string("receive failed: ") + ibv_wc_status_str(wc.status)});
-      }
-      session_.fail_locked(
-          Error{ErrorKind::kClosed, std::string("receive failed: ") + ibv_wc_status_str(wc.status)});
-      return;
-    }
-    std::byte* buf = recv_mem_.get() + std::size_t{idx} * session_.recv_buffer_size_;
-    session_.on_frames({buf, wc.byte_len}, deliveries, errors);
-    // Repost at once: the frames were copied out.
+  const auto idx = static_cast<std::uint32_t>(wc.wr_id & ~kRecvFlag);
+  if (wc.status != IBV_WC_SUCCESS) {
     std::lock_guard lock(session_.mu_);
-    if (session_.closed_) return;
-    if (!verbs::post_receive(qp_.get(), buf, session_.recv_buffer_size_, recv_mr_->lkey, wc.wr_id)) {
-      session_.fail_locked(sys_error(ErrorKind::kClosed, "ibv_post_recv"));
-      return;
-    }
-    if (!credits_.on_receive()) {
-      session_.fail_locked(Error{ErrorKind::kClosed, "broker sent without a credit (protocol violation)"});
-      return;
-    }
-    if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) {
-      const std::uint32_t imm = ntohl(wc.imm_data);
-      if (by_demand()) {
-        const auto [returned, release] = proto::decode_credit_imm(imm);
-        credits_.add_send_credits(returned);
-        if (release > 0) credits_.on_release_request(release);
-      } else {
-        credits_.add_send_credits(imm);
-      }
-    }
-    return;
-  }
-  std::lock_guard lock(session_.mu_);
-  if (!inflight_.empty()) {
-    session_.release_send_buffer_locked(inflight_.front());
-    inflight_.pop_front();
-  }
-  if (wc.status != IBV_WC_SUCCESS && !session_.closed_) {
-    if (wc.status != IBV_WC_WR_FLUSH_ERR) {
+    if (!session_.closed_ && wc.status != IBV_WC_WR_FLUSH_ERR) {
       errors.push_back(
-          Error{ErrorKind::kClosed, std::string("send failed: ") + ibv_wc_status_str(wc.status)});
+          Error{ErrorKind::kClosed, std::string("receive failed: ") + ibv_wc_status_str(wc.status)});
     }
     session_.fail_locked(
-        Error{ErrorKind::kClosed, std::string("send failed: ") + ibv_wc_status_str(wc.status)});
+        Error{ErrorKind::kClosed, std::string("receive failed: ") + ibv_wc_status_str(wc.status)});
+    return;
   }
-  session_.cv_.notify_all();
+  std::byte* buf = recv_mem_.get() + std::size_t{idx} * session_.recv_buffer_size_;
+  session_.on_frames({buf, wc.byte_len}, deliveries, errors);
+  // Repost at once: the frames were copied out.
+  std::lock_guard lock(session_.mu_);
+  if (session_.closed_) return;
+  if (!verbs::post_receive(qp_.get(), buf, session_.recv_buffer_size_, recv_mr_->lkey, wc.wr_id)) {
+    session_.fail_locked(sys_error(ErrorKind::kClosed, "ibv_post_recv"));
+    return;
+  }
+  if (!credits_.on_receive()) {
+    session_.fail_locked(Error{ErrorKind::kClosed, "broker sent without a credit (protocol violation)"});
+    return;
+  }
+  if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) {
+    const std::uint32_t imm = ntohl(wc.imm_data);
+    if (by_demand()) {
+      const auto [returned, release] = proto::decode_credit_imm(imm);
+      credits_.add_send_credits(returned);
+      if (release > 0) credits_.on_release_request(release);
+    } else {
+      credits_.add_send_credits(imm);
+    }
+  }
 }
 
 // ---------------------------------------------------------------- multicast

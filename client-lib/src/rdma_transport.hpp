@@ -63,7 +63,16 @@ class RdmaTransport final : public Transport {
 
   void transmit_locked() override;
   bool drained_locked() const override { return inflight_.empty(); }
+  void reclaim_locked() override;
+  /// Posts one SEND: `buffer` (kNoBuffer: none, a credit update) with `len` bytes.
   bool post_locked(std::uint32_t buffer, std::uint32_t len);
+  /// Takes the send CQ's completions (any thread, with the session's lock):
+  /// their SENDs leave the window and their buffers are free. True if any.
+  bool reap_sends_locked();
+  /// Arms the send CQ when a thread waits on a send (send_events_wanted_locked).
+  void arm_sends_if_waited_locked();
+  bool send_events_wanted_locked() const;
+  /// A receive completion (the I/O thread; sends complete in send_cq_).
   void on_completion(const ibv_wc& wc, Deliveries& deliveries, std::vector<Error>& errors);
 
   // Multicast (SPEC.md §7): one UD QP, on the connection's device, joined to
@@ -92,8 +101,14 @@ class RdmaTransport final : public Transport {
   verbs::CmIdPtr id_;
   verbs::PdPtr pd_;
   verbs::CompChannelPtr comp_channel_;
+  // Two CQs on one completion channel. Receives: armed always, each arrival
+  // wakes the I/O thread. Sends: polled by whichever thread holds the
+  // session's lock next and armed only while a thread waits on a SEND
+  // (send_events_wanted_locked), so a publish at light load wakes nobody.
   verbs::CqPtr cq_;
   verbs::CqEventAcker acker_;
+  verbs::CqPtr send_cq_;
+  verbs::CqEventAcker send_acker_;
   verbs::CmQp qp_;
   std::uint32_t max_inline_ = 0;  // bytes a SEND may carry inline (what the device granted)
   std::unique_ptr<std::byte[]> recv_mem_;
@@ -117,7 +132,18 @@ class RdmaTransport final : public Transport {
 
   // Guarded by Session::mu_.
   CreditWindow credits_;
-  std::deque<std::uint32_t> inflight_;  // buffers posted (kNoBuffer: credit update)
+  /// A SEND posted and not yet known to be complete; `buffer` is kNoBuffer
+  /// for a credit update and for an inline send (its bytes were copied at post).
+  struct Posted {
+    std::uint64_t wr = 0;  // its wr_id: posts are numbered in order
+    std::uint32_t buffer = Session::kNoBuffer;
+  };
+  std::deque<Posted> inflight_;  // oldest first, as an RC send queue completes them
+  std::uint64_t next_wr_ = 0;
+  bool send_cq_armed_ = false;
+  /// A failed SEND that a thread other than the I/O thread reaped: the I/O
+  /// thread reports it (on_error) at its next turn.
+  std::vector<Error> send_errors_;
 };
 
 }  // namespace rdmabroker

@@ -138,6 +138,8 @@ Status Session::append_frame_locked(std::unique_lock<std::mutex>& lock, const pr
     if (open_buf_ != kNoBuffer) break;
     if (!wait) return Error{ErrorKind::kTimeout, "no free send buffer"};
     // Every send buffer is full or in flight: wait for one to come back.
+    transport_->reclaim_locked();
+    if (!free_send_.empty()) continue;
     if (!wait_counted(cv_, lock, deadline, *app_wakeups_, [&] { return !free_send_.empty() || closed_; }) &&
         free_send_.empty()) {
       return Error{ErrorKind::kTimeout, "send queue full for " +

@@ -197,6 +197,8 @@ class Session final : public Client {
   /// being filled (idle: no batching delay). kNoBuffer if there is none.
   std::pair<std::uint32_t, std::uint32_t> take_ready_locked();
   bool has_ready_locked() const { return !ready_.empty() || open_buf_ != kNoBuffer; }
+  /// No send buffer is free: the next frame waits for one.
+  bool out_of_buffers_locked() const { return free_send_.empty(); }
   /// A buffer the transport is done with (sent, or failed).
   void release_send_buffer_locked(std::uint32_t buffer);
 

@@ -31,6 +31,10 @@ class Transport {
   /// With the session's lock held: put the session's ready send buffers on
   /// the wire, as far as credits, the send window or the socket allow.
   virtual void transmit_locked() = 0;
+  /// With the session's lock held, before a thread waits for a free send
+  /// buffer: take back the buffers already sent, and make sure that the next
+  /// one sent wakes the I/O thread (which then notifies the waiter).
+  virtual void reclaim_locked() {}
   /// With the session's lock held: nothing waits to be sent, nothing is in flight.
   virtual bool drained_locked() const = 0;
   /// I/O thread: joins the group of `j` for subscription `sid` and answers
