@@ -82,6 +82,10 @@ class TcpTransport final : public Transport {
   void set_want_write_locked(bool want);
   /// I/O thread: writes every filled send buffer, or until the socket is full.
   void write_out();
+  /// Any thread, the socket idle: writes the filled buffers from here, with
+  /// the session's lock held; true if all were written. A buffer the socket
+  /// did not take whole (or an error) is left in current_ for the I/O thread.
+  bool write_directly_locked();
 
   void transmit_locked() override;
   bool drained_locked() const override { return current_ == Session::kNoBuffer; }
@@ -104,7 +108,8 @@ class TcpTransport final : public Transport {
   std::uint32_t current_off_ = 0;
   bool want_write_ = false;
   bool write_requested_ = false;  // the I/O thread has been woken to write
-  bool socket_watched_ = true;    // I/O thread only: fd_ is in the epoll set
+  Clock::time_point last_direct_write_{};
+  bool socket_watched_ = true;  // I/O thread only: fd_ is in the epoll set
 };
 
 // ---------------------------------------------------------------- connect
@@ -363,8 +368,22 @@ void TcpTransport::set_want_write_locked(bool want) {
 }
 
 void TcpTransport::transmit_locked() {
-  // Any thread: hand the filled buffers to the I/O thread, waking it once.
   if (write_requested_ || session_.closed_) return;
+  // A publish on an idle connection is written by the publishing thread: a
+  // hand-off to the I/O thread costs a wake-up per message at light load
+  // (issue 16). Not under TLS (one SSL object must not be read and written
+  // by two threads at once), and not within kDirectWriteGap of the last
+  // direct write: a busy publisher's frames are left to collect in the
+  // buffer for the I/O thread, a write(2) per batch instead of per message.
+  constexpr auto kDirectWriteGap = std::chrono::microseconds(50);
+  if (!tls_ && current_ == Session::kNoBuffer && !want_write_) {
+    const auto now = Clock::now();
+    if (now - last_direct_write_ >= kDirectWriteGap) {
+      last_direct_write_ = now;
+      if (write_directly_locked()) return;
+    }
+  }
+  // Hand the filled buffers to the I/O thread, waking it once.
   write_requested_ = true;
   std::uint64_t one = 1;
   [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
@@ -404,6 +423,24 @@ void TcpTransport::write_out() {
       set_want_write_locked(false);
     }
   }
+}
+
+bool TcpTransport::write_directly_locked() {
+  while (session_.has_ready_locked()) {
+    const auto [buffer, len] = session_.take_ready_locked();
+    const ssize_t n = write_some(session_.send_buf(buffer), len);  // plain TCP: send(2), not blocking
+    if (n == static_cast<ssize_t>(len)) {
+      session_.release_send_buffer_locked(buffer);
+      continue;
+    }
+    // Part of it, none, or an error: the I/O thread goes on from here (and
+    // meets the error itself, to report it as it reports any).
+    current_ = buffer;
+    current_len_ = len;
+    current_off_ = n > 0 ? static_cast<std::uint32_t>(n) : 0;
+    return false;
+  }
+  return true;
 }
 
 // ---------------------------------------------------------------- I/O thread

@@ -843,57 +843,5 @@ TEST_F(Relay, GivingBackCreditsNeverHeldIsAProtocolViolation) {
   EXPECT_TRUE(bystander->flush(10s).ok());
 }
 
-// A publish at light load posts from the publisher's thread and wakes
-// nobody: its SEND completes into a send CQ that is armed only while a
-// thread waits on it (issue 16: a wake-up is the unit cost of latency). The
-// publisher's I/O thread then wakes only for what the broker sends it
-// (credits). And a publisher whose few send buffers are all taken still
-// gets them back: waiting arms the send CQ.
-TEST_F(Relay, APublisherAtLightLoadWakesNothingAndStillGetsItsBuffersBack) {
-  BrokerProcess broker(next_port(), {"--workers", "1"});
-  ASSERT_TRUE(broker.running());
-  auto sub = connect(broker, a1, a2);
-  auto pub = connect(broker, a1, a2);
-  ASSERT_TRUE(sub && pub);
-  SeqSink got;
-  ASSERT_TRUE(sub->subscribe("light", got.handler()).ok());
-  ASSERT_TRUE(sub->flush(10s).ok());
-  ASSERT_TRUE(pub->flush(10s).ok());
-
-  constexpr int kLight = 100;
-  const auto before = pub->stats().io_wakeups;
-  for (int i = 0; i < kLight; ++i) {
-    ASSERT_TRUE(pub->publish("light", std::to_string(i)).ok());
-    std::this_thread::sleep_for(3ms);  // the SEND is long complete before the next
-  }
-  ASSERT_TRUE(wait_until([&] { return got.size() >= kLight; }, 30s)) << got.describe();
-  const auto woke = pub->stats().io_wakeups - before;
-  // Each SEND completion used to wake the I/O thread: kLight wake-ups.
-  EXPECT_LT(woke, kLight / 5u) << "the publisher's I/O thread woke " << woke << " times for " << kLight
-                               << " publishes";
-
-  // Larger than a SEND carries inline, and 3 send buffers in all: every
-  // publish after the third waits for a buffer that only a completion frees.
-  ClientOptions few;
-  few.bind_address = a2;
-  few.max_inflight_sends = 2;
-  few.send_queue_buffers = 1;
-  few.publish_timeout = 30s;
-  few.connect_timeout = 15s;
-  auto c = Client::connect(broker.url(a1), few);
-  ASSERT_TRUE(c.ok()) << c.error().message;
-  auto& tight = *c.value();
-  constexpr int kTight = volume(2000);
-  const std::string pad(4000, ' ');
-  for (int i = kLight; i < kLight + kTight; ++i) {
-    ASSERT_TRUE(tight.publish("light", std::to_string(i) + pad).ok()) << "publish " << i;
-  }
-  ASSERT_TRUE(tight.flush(60s).ok());
-  EXPECT_TRUE(wait_until([&] { return got.size() >= kLight + kTight; }, 60s)) << got.describe();
-  EXPECT_TRUE(got.exactly(0, kLight + kTight)) << got.describe();
-  tight.close();
-  EXPECT_EQ(tight.close_reason().message, "client closed the connection");
-}
-
 }  // namespace
 }  // namespace rdmabroker::test

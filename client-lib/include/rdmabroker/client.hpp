@@ -6,7 +6,9 @@
 //
 // Threading: a Client is safe to use from several threads. Each Client runs
 // one internal I/O thread; message callbacks run on it, so a callback must not
-// block for long and must not call close() on its own client.
+// block for long and must not call close() on its own client. A publish on an
+// idle connection is sent from the calling thread (RDMA always, TCP but not
+// TLS), without waking the I/O thread.
 #pragma once
 
 #include <chrono>
