@@ -93,11 +93,11 @@ OutItem make_sequenced_delivery(BufferRef buf, std::uint32_t sid, std::uint64_t 
 
 /// The header_len of the PUBLISH frame at `offset` of a received buffer.
 inline std::uint16_t header_len_at(const BufferRef& buf, std::uint32_t offset) {
-  return proto::load<std::uint16_t>(buf.data() + offset + 10);
+  return proto::load_header(buf.data() + offset).header_len;
 }
 /// Whether the (validated) PUBLISH frame at `offset` is a fragment (SPEC.md §3.7).
 inline bool fragment_at(const BufferRef& buf, std::uint32_t offset) {
-  return (proto::load<std::uint16_t>(buf.data() + offset + 4) & proto::kFlagFragment) != 0;
+  return proto::load_header(buf.data() + offset).is_fragment();
 }
 /// The publisher's connection id that the (validated) fragment at `offset` carries (SPEC.md §3.7).
 inline std::uint64_t fragment_publisher_at(const BufferRef& buf, std::uint32_t offset) {
@@ -108,10 +108,8 @@ inline std::uint64_t fragment_publisher_at(const BufferRef& buf, std::uint32_t o
 /// statistics (a message abandoned before its last fragment counts as
 /// dropped where its ABORT goes, or would have gone).
 inline bool completes_message_at(const BufferRef& buf, std::uint32_t offset) {
-  if (!fragment_at(buf, offset)) return true;
-  const std::byte* p = buf.data() + offset;
-  return std::uint64_t{proto::load<std::uint32_t>(p + 20)} + proto::load<std::uint32_t>(p + 12) ==
-         proto::load<std::uint32_t>(p + 16);
+  // Validated: a fragment's offset + length never passes its message's length.
+  return proto::load_header(buf.data() + offset).ends_message();
 }
 /// Whether any PUBLISH frame of delivery `item` carries a header block that
 /// would be sent (one left out by `strip` is not).
