@@ -122,6 +122,19 @@ int subscribe_cb(rb_client* c, const char* subject, const char* group, rb_messag
   return RB_OK;
 }
 
+int subscribe_view_cb(rb_client* c, const char* subject, const char* group, rb_view_cb cb, void* user,
+                      uint32_t* sid_out) {
+  auto r = c->impl->queue_subscribe_view(
+      subject, group != nullptr ? group : "", [cb, user](const rdmabroker::MessageView& m) {
+        const rb_message_view v{m.sid,          m.subject.data(), m.subject.size(), m.reply.data(),
+                                m.reply.size(), m.payload.data(), m.payload.size(), &m};
+        cb(&v, user);
+      });
+  if (!r) return fail(r.error());
+  if (sid_out != nullptr) *sid_out = r.value();
+  return RB_OK;
+}
+
 int subscribe_sync(rb_client* c, const char* subject, const char* group, rb_subscription** out) {
   auto r = c->impl->queue_subscribe(std::string_view(subject), group != nullptr ? group : "");
   if (!r) return fail(r.error());
@@ -268,6 +281,27 @@ int rb_queue_subscribe(rb_client* c, const char* subject, const char* group, rb_
     return invalid("rb_queue_subscribe: bad arguments");
   }
   return subscribe_cb(c, subject, group, cb, user, sid_out);
+}
+
+int rb_subscribe_view(rb_client* c, const char* subject, rb_view_cb cb, void* user, uint32_t* sid_out) {
+  if (c == nullptr || subject == nullptr || cb == nullptr) return invalid("rb_subscribe_view: bad arguments");
+  return subscribe_view_cb(c, subject, nullptr, cb, user, sid_out);
+}
+
+int rb_queue_subscribe_view(rb_client* c, const char* subject, const char* group, rb_view_cb cb, void* user,
+                            uint32_t* sid_out) {
+  if (c == nullptr || subject == nullptr || group == nullptr || cb == nullptr) {
+    return invalid("rb_queue_subscribe_view: bad arguments");
+  }
+  return subscribe_view_cb(c, subject, group, cb, user, sid_out);
+}
+
+const char* rb_view_header(const rb_message_view* m, const char* name, size_t* value_len) {
+  if (m == nullptr || m->internal_ == nullptr || name == nullptr) return nullptr;
+  const auto value = static_cast<const rdmabroker::MessageView*>(m->internal_)->header(name);
+  if (!value) return nullptr;
+  if (value_len != nullptr) *value_len = value->size();
+  return value->data();
 }
 
 int rb_subscribe_sync(rb_client* c, const char* subject, rb_subscription** out) {

@@ -1,8 +1,11 @@
 // rdmabroker::Headers: the fields of a message's header block (SPEC.md §3.6)
-// as the application sees them. The wire form is proto/headers.hpp's.
+// as the application sees them, and MessageView, a delivered message read in
+// place. The wire form is proto/headers.hpp's.
 #include <algorithm>
 
 #include "rdmabroker/client.hpp"
+#include "rdmabroker/proto/headers.hpp"
+#include "session.hpp"
 
 namespace rdmabroker {
 
@@ -57,6 +60,63 @@ std::size_t Headers::erase(std::string_view name) {
   const std::size_t removed = size() - kept.size();
   if (removed != 0) *this = std::move(kept);
   return removed;
+}
+
+// ---------------------------------------------------------------- MessageView
+
+MessageView::MessageView(const Message& m)
+    : sid(m.sid), subject(m.subject), reply(m.reply), payload(m.payload), message_(&m) {}
+
+MessageView detail::ViewAccess::of(std::uint32_t sid, const proto::Frame& publish) {
+  MessageView v;
+  v.sid = sid;
+  v.subject = publish.subject;
+  v.reply = publish.reply;
+  v.payload = publish.payload;
+  v.header_block_ = publish.headers;  // checked when the frame was decoded
+  return v;
+}
+
+bool MessageView::has_headers() const {
+  return message_ != nullptr ? !message_->headers.empty() : !header_block_.empty();
+}
+
+std::optional<std::string_view> MessageView::header(std::string_view name) const {
+  if (message_ != nullptr) return message_->headers.get(name);
+  std::optional<std::string_view> found;
+  proto::for_each_header(header_block_, [&](std::string_view n, std::string_view v) {
+    if (!found && same_name(n, name)) found = v;
+  });
+  return found;
+}
+
+Headers MessageView::headers() const {
+  if (message_ != nullptr) return message_->headers;
+  Headers h;
+  proto::for_each_header(header_block_, [&](std::string_view n, std::string_view v) { h.add(n, v); });
+  return h;
+}
+
+void MessageView::copy_to(Message& m) const {
+  if (message_ == &m) return;
+  m.sid = sid;
+  m.subject.assign(subject);
+  m.reply.assign(reply);
+  if (message_ != nullptr) {
+    m.headers = message_->headers;
+  } else {
+    // clear() keeps the storage of a recycled Message.
+    m.headers.clear();
+    proto::for_each_header(header_block_,
+                           [&](std::string_view n, std::string_view v) { m.headers.add(n, v); });
+  }
+  m.payload.assign(payload.begin(), payload.end());
+}
+
+Message MessageView::to_message() const {
+  Message m;
+  copy_to(m);
+  return m;
 }
 
 }  // namespace rdmabroker

@@ -394,13 +394,17 @@ void RdmaTransport::run() {
     }
     if (ud_) drain_ud(deliveries);
     if (cm_ready) handle_cm_events(errors);
+    // The handlers see in place what the held receive buffers hold; then the
+    // buffers go back to the broker, and the credits they owe with what is sent.
+    session_.dispatch(deliveries, errors);
     {
       std::lock_guard lock(session_.mu_);
+      repost_held_locked();
       transmit_locked();
       errors.insert(errors.end(), send_errors_.begin(), send_errors_.end());
       send_errors_.clear();
     }
-    session_.dispatch(deliveries, errors);
+    if (!errors.empty()) session_.dispatch(deliveries, errors);
   }
 }
 
@@ -469,7 +473,6 @@ void RdmaTransport::handle_cm_events(std::vector<Error>& errors) {
 }
 
 void RdmaTransport::on_completion(const ibv_wc& wc, Deliveries& deliveries, std::vector<Error>& errors) {
-  const auto idx = static_cast<std::uint32_t>(wc.wr_id & ~kRecvFlag);
   if (wc.status != IBV_WC_SUCCESS) {
     std::lock_guard lock(session_.mu_);
     if (!session_.closed_ && wc.status != IBV_WC_WR_FLUSH_ERR) {
@@ -480,20 +483,11 @@ void RdmaTransport::on_completion(const ibv_wc& wc, Deliveries& deliveries, std:
         Error{ErrorKind::kClosed, std::string("receive failed: ") + ibv_wc_status_str(wc.status)});
     return;
   }
-  std::byte* buf = recv_mem_.get() + std::size_t{idx} * session_.recv_buffer_size_;
-  session_.on_frames({buf, wc.byte_len}, deliveries, errors);
-  // Repost at once: the frames were copied out.
-  std::lock_guard lock(session_.mu_);
-  if (session_.closed_) return;
-  if (!verbs::post_receive(qp_.get(), buf, session_.recv_buffer_size_, recv_mr_->lkey, wc.wr_id)) {
-    session_.fail_locked(sys_error(ErrorKind::kClosed, "ibv_post_recv"));
-    return;
-  }
-  if (!credits_.on_receive()) {
-    session_.fail_locked(Error{ErrorKind::kClosed, "broker sent without a credit (protocol violation)"});
-    return;
-  }
+  session_.on_frames({recv_buf(wc.wr_id), wc.byte_len}, deliveries, errors);
+  held_.push_back(wc.wr_id);
   if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) {
+    std::lock_guard lock(session_.mu_);
+    if (session_.closed_) return;
     const std::uint32_t imm = ntohl(wc.imm_data);
     if (by_demand()) {
       const auto [returned, release] = proto::decode_credit_imm(imm);
@@ -503,6 +497,21 @@ void RdmaTransport::on_completion(const ibv_wc& wc, Deliveries& deliveries, std:
       credits_.add_send_credits(imm);
     }
   }
+}
+
+void RdmaTransport::repost_held_locked() {
+  for (const std::uint64_t wr_id : held_) {
+    if (session_.closed_) break;
+    if (!verbs::post_receive(qp_.get(), recv_buf(wr_id), session_.recv_buffer_size_, recv_mr_->lkey, wr_id)) {
+      session_.fail_locked(sys_error(ErrorKind::kClosed, "ibv_post_recv"));
+      break;
+    }
+    if (!credits_.on_receive()) {
+      session_.fail_locked(Error{ErrorKind::kClosed, "broker sent without a credit (protocol violation)"});
+      break;
+    }
+  }
+  held_.clear();
 }
 
 // ---------------------------------------------------------------- multicast

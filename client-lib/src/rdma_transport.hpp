@@ -72,8 +72,17 @@ class RdmaTransport final : public Transport {
   /// Arms the send CQ when a thread waits on a send (send_events_wanted_locked).
   void arm_sends_if_waited_locked();
   bool send_events_wanted_locked() const;
-  /// A receive completion (the I/O thread; sends complete in send_cq_).
+  /// A receive completion (the I/O thread; sends complete in send_cq_). Its
+  /// buffer is held (held_) until the deliveries have been dispatched.
   void on_completion(const ibv_wc& wc, Deliveries& deliveries, std::vector<Error>& errors);
+  /// I/O thread, after dispatch(), with the session's lock: posts the held
+  /// receive buffers again (their credits are then owed to the broker).
+  void repost_held_locked();
+  /// The receive buffer a receive's wr_id names.
+  std::byte* recv_buf(std::uint64_t wr_id) const {
+    return recv_mem_.get() +
+           std::size_t{static_cast<std::uint32_t>(wr_id & ~kRecvFlag)} * session_.recv_buffer_size_;
+  }
 
   // Multicast (SPEC.md §7): one UD QP, on the connection's device, joined to
   // the groups of the subscriptions the broker serves by multicast.
@@ -114,6 +123,9 @@ class RdmaTransport final : public Transport {
   std::unique_ptr<std::byte[]> recv_mem_;
   verbs::MrPtr recv_mr_;
   verbs::MrPtr send_mr_;  // registers Session's send buffers
+  // Receives completed and decoded, not posted again yet: messages delivered
+  // in place (MessageView) point into them until dispatch() has run. I/O thread.
+  std::vector<std::uint64_t> held_;
   // UD endpoint (created on the first MCAST_JOIN), in creation order.
   verbs::EventChannelPtr ud_cm_channel_;   // outlives the endpoint's id
   std::unique_ptr<verbs::UdEndpoint> ud_;  // receive slots of kUdBufferSize

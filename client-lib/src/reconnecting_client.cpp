@@ -64,6 +64,14 @@ class ReconnectingClient final : public Client {
   Result<std::uint32_t> queue_subscribe(std::string_view subject, std::string_view group,
                                         MessageHandler handler) override {
     if (!handler) return Error{ErrorKind::kInvalidArgument, "subscribe needs a handler"};
+    return queue_subscribe_view(subject, group, owning_handler(std::move(handler)));
+  }
+  Result<std::uint32_t> subscribe_view(std::string_view subject, MessageViewHandler handler) override {
+    return queue_subscribe_view(subject, {}, std::move(handler));
+  }
+  Result<std::uint32_t> queue_subscribe_view(std::string_view subject, std::string_view group,
+                                             MessageViewHandler handler) override {
+    if (!handler) return Error{ErrorKind::kInvalidArgument, "subscribe needs a handler"};
     auto added = add(subject, group, std::move(handler));
     if (!added) return added.error();
     return added->first;
@@ -150,7 +158,7 @@ class ReconnectingClient final : public Client {
   struct Entry {
     std::string subject;
     std::string group;
-    MessageHandler handler;                    // or
+    MessageViewHandler handler;                // or
     std::shared_ptr<QueueSubscription> queue;  // one of the two
     /// Made on a connection at least once: if that connection no longer had
     /// it when it failed, the broker refused or revoked it, and it stays ended.
@@ -174,7 +182,7 @@ class ReconnectingClient final : public Client {
   /// SUBSCRIBE of the same id on the same session is refused locally).
   Result<std::pair<std::uint32_t, std::shared_ptr<QueueSubscription>>> add(std::string_view subject,
                                                                            std::string_view group,
-                                                                           MessageHandler handler) {
+                                                                           MessageViewHandler handler) {
     if (!proto::valid_pattern(subject)) {
       return Error{ErrorKind::kInvalidArgument,
                    "invalid subject '" + std::string(subject) + "' (see docs/subjects.md)"};

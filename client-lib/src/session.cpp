@@ -296,18 +296,18 @@ Status Session::ensure_inbox_locked(std::unique_lock<std::mutex>& lock) {
   for (int i = 0; i < 16; ++i) inbox += kHex[rd() % 16];
   // The SUBSCRIBE precedes the request on the same connection, so the broker
   // has it before any responder can answer.
-  auto sid = subscribe_locked(lock, inbox + ".*", {}, [this](const Message& m) { on_inbox_message(m); });
+  auto sid = subscribe_locked(lock, inbox + ".*", {}, [this](const MessageView& m) { on_inbox_message(m); });
   if (!sid) return sid.error();
   inbox_ = std::move(inbox);
   return {};
 }
 
-void Session::on_inbox_message(const Message& m) {
+void Session::on_inbox_message(const MessageView& m) {
   std::lock_guard lock(mu_);
-  auto it = pending_.find(m.subject);
+  auto it = pending_.find(std::string(m.subject));
   if (it == pending_.end() || it->second.done) return;  // late or duplicate answer
   it->second.done = true;
-  it->second.reply = m;
+  m.copy_to(it->second.reply);
   cv_.notify_all();
 }
 
@@ -352,7 +352,7 @@ Result<Message> Session::request_with(std::string_view subject, std::span<const 
 // ---------------------------------------------------------------- subscriptions
 
 Result<std::uint32_t> Session::add_subscription(std::string_view subject, std::string_view group,
-                                                MessageHandler handler,
+                                                MessageViewHandler handler,
                                                 std::shared_ptr<QueueSubscription>* made) {
   if (auto st = check_subject(subject, true); !st) return st.error();
   if (!group.empty() && !proto::valid_subject(group)) {
@@ -365,13 +365,13 @@ Result<std::uint32_t> Session::add_subscription(std::string_view subject, std::s
 }
 
 Result<std::uint32_t> Session::subscribe_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
-                                                std::string_view group, MessageHandler handler,
+                                                std::string_view group, MessageViewHandler handler,
                                                 std::uint32_t sid, std::shared_ptr<QueueSubscription> queue,
                                                 std::shared_ptr<QueueSubscription>* made) {
   if (sid == 0) sid = next_sid_++;
   next_sid_ = std::max(next_sid_, sid + 1);
   SubscriptionEntry entry{std::string(subject),
-                          handler ? std::make_shared<const MessageHandler>(std::move(handler)) : nullptr,
+                          handler ? std::make_shared<const MessageViewHandler>(std::move(handler)) : nullptr,
                           nullptr};
   entry.borrowed_queue = queue != nullptr;
   if (!entry.handler)
@@ -392,7 +392,7 @@ Result<std::uint32_t> Session::subscribe_locked(std::unique_lock<std::mutex>& lo
 }
 
 Result<std::uint32_t> Session::restore_subscription(std::uint32_t sid, std::string_view subject,
-                                                    std::string_view group, MessageHandler handler,
+                                                    std::string_view group, MessageViewHandler handler,
                                                     std::shared_ptr<QueueSubscription> queue) {
   std::unique_lock lock(mu_);
   if (subs_.contains(sid))
@@ -411,7 +411,25 @@ Result<std::shared_ptr<Subscription>> Session::subscribe(std::string_view subjec
 Result<std::uint32_t> Session::queue_subscribe(std::string_view subject, std::string_view group,
                                                MessageHandler handler) {
   if (!handler) return Error{ErrorKind::kInvalidArgument, "subscribe needs a handler"};
+  return add_subscription(subject, group, owning_handler(std::move(handler)));
+}
+
+Result<std::uint32_t> Session::queue_subscribe_view(std::string_view subject, std::string_view group,
+                                                    MessageViewHandler handler) {
+  if (!handler) return Error{ErrorKind::kInvalidArgument, "subscribe needs a handler"};
   return add_subscription(subject, group, std::move(handler));
+}
+
+MessageViewHandler owning_handler(MessageHandler handler) {
+  if (!handler) return nullptr;
+  return [handler = std::move(handler)](const MessageView& v) {
+    if (const Message* owned = detail::ViewAccess::message(v)) return handler(*owned);
+    // Per thread, not per handler: a ReconnectingClient's handler may run on
+    // two sessions' I/O threads for a moment while one replaces the other.
+    thread_local Message copy;
+    v.copy_to(copy);  // at most a frame's worth: a larger message comes owned
+    handler(copy);
+  };
 }
 
 Result<std::shared_ptr<Subscription>> Session::queue_subscribe(std::string_view subject,
@@ -590,18 +608,6 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
   }
 }
 
-void fill_message(Message& m, std::uint32_t sid, const proto::Frame& publish) {
-  m.sid = sid;
-  m.subject.assign(publish.subject);
-  m.reply.assign(publish.reply);
-  // Checked when the frame was decoded (proto::decode_frame). clear() keeps
-  // the capacity of a recycled Message (Deliveries reuses them).
-  m.headers.clear();
-  proto::for_each_header(publish.headers,
-                         [&](std::string_view name, std::string_view value) { m.headers.add(name, value); });
-  m.payload.assign(publish.payload.begin(), publish.payload.end());
-}
-
 bool Session::on_deliver(const proto::Frame& f, Deliveries& deliveries, std::vector<Error>& errors) {
   const bool sequenced = (f.header.flags & proto::kFlagSequenced) != 0;
   std::uint64_t seq = f.header.sequence;
@@ -613,7 +619,7 @@ bool Session::on_deliver(const proto::Frame& f, Deliveries& deliveries, std::vec
       return;
     }
     if (inner.header.is_fragment()) return on_fragment(f.header.arg, inner, deliveries);
-    fill_message(deliveries.add(), f.header.arg, inner);
+    deliveries.add_in_place(detail::ViewAccess::of(f.header.arg, inner));
   });
   if (st == proto::DecodeStatus::kOk) return true;
   std::lock_guard lock(mu_);
@@ -652,7 +658,7 @@ void Session::on_fragment(std::uint32_t sid, const proto::Frame& inner, Deliveri
   r.message.payload.insert(r.message.payload.end(), inner.payload.begin(), inner.payload.end());
   r.next += h.payload_len;
   if (r.next == r.length) {
-    deliveries.add() = std::move(r.message);
+    deliveries.add_owned(sid) = std::move(r.message);
     reassembly_.erase(it);
   }
 }
@@ -698,32 +704,29 @@ void Session::on_error_frame(const proto::Frame& f, std::vector<Error>& errors) 
 void Session::dispatch(Deliveries& deliveries, std::vector<Error>& errors) {
   // The subscription is looked up once per run of messages for the same
   // subscription (a DELIVER's messages, or a read's worth), not per message.
-  messages_received_.fetch_add(deliveries.count, std::memory_order_relaxed);
+  messages_received_.fetch_add(deliveries.entries.size(), std::memory_order_relaxed);
   std::uint32_t sid = 0;
   bool looked_up = false;
-  std::shared_ptr<const MessageHandler> handler;
+  std::shared_ptr<const MessageViewHandler> handler;
   std::shared_ptr<QueueSubscription> queue;
-  for (std::size_t i = 0; i < deliveries.count; ++i) {
-    Message& m = deliveries.slots[i];
-    if (!looked_up || m.sid != sid) {
-      sid = m.sid;
+  for (const Deliveries::Entry& e : deliveries.entries) {
+    if (!looked_up || deliveries.sid(e) != sid) {
+      sid = deliveries.sid(e);
       looked_up = true;
       std::lock_guard lock(mu_);
       auto it = subs_.find(sid);
       handler = it != subs_.end() ? it->second.handler : nullptr;  // neither: unsubscribed while in flight
       queue = it != subs_.end() ? it->second.queue : nullptr;
     }
+    const bool in_place = e.owned == Deliveries::kInPlace;
     if (handler) {
-      (*handler)(m);
-    } else if (queue && !queue->push(std::move(m))) {
+      (*handler)(in_place ? e.view : MessageView(deliveries.owned[e.owned]));
+    } else if (queue && !queue->push(in_place ? e.view.to_message() : std::move(deliveries.owned[e.owned]))) {
       errors.push_back(Error{ErrorKind::kResource, "subscription " + std::to_string(queue->sid()) +
                                                        ": local queue limit reached, message dropped"});
     }
-    // A slot keeps its capacity for the next message, but not a large
-    // message's (up to 64 MiB, assembled from fragments).
-    if (m.payload.capacity() > Deliveries::kKeptPayloadCapacity) std::vector<std::byte>().swap(m.payload);
   }
-  deliveries.count = 0;
+  deliveries.clear();
   if (opt_.on_error) {
     for (const auto& e : errors) opt_.on_error(e);
   }

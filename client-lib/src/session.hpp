@@ -83,26 +83,68 @@ class QueueSubscription final : public Subscription {
   std::atomic<std::uint64_t> dropped_{0};
 };
 
-/// The messages decoded from one read or completion poll, on their way to
-/// the application (I/O thread only). The Message objects are kept from batch
-/// to batch, so their strings and payload vectors keep their capacity and
-/// decoding a message allocates nothing once the sizes have been seen.
-struct Deliveries {
-  /// A slot's payload keeps its capacity up to this (a frame's worth, and
-  /// more); a larger one, a large message's, is freed once handed over.
-  static constexpr std::size_t kKeptPayloadCapacity = 1u << 20;
-  std::vector<Message> slots;
-  std::size_t count = 0;
+namespace detail {
+/// What the library may see of a MessageView that the application may not.
+struct ViewAccess {
+  /// The PUBLISH frame `publish` (of a DELIVER) delivered on `sid`, in place.
+  static MessageView of(std::uint32_t sid, const proto::Frame& publish);
+  /// The owning message a view was made of; null for one in a receive buffer.
+  static const Message* message(const MessageView& v) { return v.message_; }
+};
+}  // namespace detail
 
-  Message& add() {
-    if (count == slots.size()) slots.emplace_back();
-    return slots[count++];
+/// An application's MessageHandler as the handler the session calls: a view
+/// of an owning message (reassembled, or put in order) is handed over as it
+/// is; one in a receive buffer is copied into a Message of the calling
+/// thread's that keeps its storage, so it allocates nothing once warm.
+MessageViewHandler owning_handler(MessageHandler handler);
+
+/// The messages decoded from one read or completion poll, on their way to
+/// the application (I/O thread only). Most are seen in place: their views
+/// point into the receive buffer, which the transport keeps from the broker
+/// until dispatch() has run. The others are owned here: a message reassembled
+/// from fragments, or one put in order from a multicast group. Owned messages
+/// are kept from batch to batch, so their strings and vectors keep their
+/// capacity.
+struct Deliveries {
+  /// An owned message's payload keeps its capacity up to this (a frame's
+  /// worth, and more); a larger one, a large message's, is freed once handed over.
+  static constexpr std::size_t kKeptPayloadCapacity = 1u << 20;
+  static constexpr std::size_t kInPlace = ~std::size_t{0};
+  struct Entry {
+    MessageView view;              // in place; or
+    std::size_t owned = kInPlace;  // the index of the owned message
+  };
+  std::vector<Entry> entries;
+  std::vector<Message> owned;
+  std::size_t owned_count = 0;
+
+  void add_in_place(const MessageView& view) { entries.push_back(Entry{view, kInPlace}); }
+  /// A message to fill (and hand over) on subscription `sid`.
+  Message& add_owned(std::uint32_t sid) {
+    if (owned_count == owned.size()) owned.emplace_back();
+    entries.push_back(Entry{MessageView{}, owned_count});
+    Message& m = owned[owned_count++];
+    m.sid = sid;
+    return m;
+  }
+  std::uint32_t sid(const Entry& e) const { return e.owned == kInPlace ? e.view.sid : owned[e.owned].sid; }
+  bool empty() const { return entries.empty(); }
+  /// Forgets what was handed over; keeps the storage.
+  void clear() {
+    for (std::size_t i = 0; i < owned_count; ++i) {
+      if (owned[i].payload.capacity() > kKeptPayloadCapacity) std::vector<std::byte>().swap(owned[i].payload);
+    }
+    owned_count = 0;
+    entries.clear();
   }
 };
 
 /// `m` as the application gets the PUBLISH frame `publish` (a decoded frame
 /// of a DELIVER or a datagram) on subscription `sid`.
-void fill_message(Message& m, std::uint32_t sid, const proto::Frame& publish);
+inline void fill_message(Message& m, std::uint32_t sid, const proto::Frame& publish) {
+  detail::ViewAccess::of(sid, publish).copy_to(m);
+}
 
 class Session final : public Client {
  public:
@@ -136,6 +178,11 @@ class Session final : public Client {
                                         MessageHandler handler) override;
   Result<std::shared_ptr<Subscription>> queue_subscribe(std::string_view subject,
                                                         std::string_view group) override;
+  Result<std::uint32_t> subscribe_view(std::string_view subject, MessageViewHandler handler) override {
+    return queue_subscribe_view(subject, {}, std::move(handler));
+  }
+  Result<std::uint32_t> queue_subscribe_view(std::string_view subject, std::string_view group,
+                                             MessageViewHandler handler) override;
   Status unsubscribe(std::uint32_t sid) override;
   Status flush(std::chrono::milliseconds timeout) override;
   std::size_t max_payload(std::size_t subject_len) const override {
@@ -154,7 +201,7 @@ class Session final : public Client {
   /// kept across connections), delivering to `handler` or into `queue`, a
   /// queue that outlives this session (its failure does not close it).
   Result<std::uint32_t> restore_subscription(std::uint32_t sid, std::string_view subject,
-                                             std::string_view group, MessageHandler handler,
+                                             std::string_view group, MessageViewHandler handler,
                                              std::shared_ptr<QueueSubscription> queue);
   /// Whether `sid` is still subscribed (not unsubscribed, refused or revoked).
   bool has_subscription(std::uint32_t sid) const {
@@ -259,8 +306,8 @@ class Session final : public Client {
     // Shared so that dispatch() can call it without mu_ while unsubscribe()
     // erases the entry, at the cost of one reference count per run of
     // messages rather than a copy of the function per message.
-    std::shared_ptr<const MessageHandler> handler;  // or
-    std::shared_ptr<QueueSubscription> queue;       // one of the two
+    std::shared_ptr<const MessageViewHandler> handler;  // or
+    std::shared_ptr<QueueSubscription> queue;           // one of the two
     bool borrowed_queue = false;  // a ReconnectingClient's: not closed when this session fails
   };
   struct PendingRequest {
@@ -317,11 +364,11 @@ class Session final : public Client {
   /// before its SUBSCRIBE leaves, so that a refusal arriving at once closes
   /// the queue the caller gets instead of racing it.
   Result<std::uint32_t> add_subscription(std::string_view subject, std::string_view group,
-                                         MessageHandler handler,
+                                         MessageViewHandler handler,
                                          std::shared_ptr<QueueSubscription>* made = nullptr);
   /// Registers a subscription (a queue when `handler` is empty) and sends its SUBSCRIBE.
   Result<std::uint32_t> subscribe_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
-                                         std::string_view group, MessageHandler handler,
+                                         std::string_view group, MessageViewHandler handler,
                                          std::uint32_t sid = 0,
                                          std::shared_ptr<QueueSubscription> queue = nullptr,
                                          std::shared_ptr<QueueSubscription>* made = nullptr);
@@ -329,7 +376,7 @@ class Session final : public Client {
   /// The broker refused or revoked subscription `sid`: a blocking reader's
   /// next() returns kClosed with `why`, a callback gets nothing more.
   void end_subscription(std::uint32_t sid, const std::string& why);
-  void on_inbox_message(const Message& m);
+  void on_inbox_message(const MessageView& m);
   /// A DELIVER's messages into `deliveries` (a sequenced one through its
   /// stream); false if it was malformed (the session then failed).
   bool on_deliver(const proto::Frame& f, Deliveries& deliveries, std::vector<Error>& errors);

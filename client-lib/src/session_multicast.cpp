@@ -57,7 +57,7 @@ void Session::on_sequenced(std::uint32_t sid, std::uint64_t seq, Message&& m, De
   if (from_group) multicast_messages_.fetch_add(1, std::memory_order_relaxed);
   s.tail = std::max(s.tail, seq);
   if (seq == s.next) {
-    deliveries.add() = std::move(m);
+    deliveries.add_owned(sid) = std::move(m);
     ++s.next;
     deliver_in_order(sid, s, deliveries);
     return;
@@ -66,11 +66,11 @@ void Session::on_sequenced(std::uint32_t sid, std::uint64_t seq, Message&& m, De
   if (s.gap_since == Clock::time_point{}) s.gap_since = Clock::now();
 }
 
-void Session::deliver_in_order(std::uint32_t /*sid*/, SequencedStream& s, Deliveries& deliveries) {
+void Session::deliver_in_order(std::uint32_t sid, SequencedStream& s, Deliveries& deliveries) {
   while (!s.early.empty() && s.early.begin()->first <= s.next) {
     auto node = s.early.extract(s.early.begin());
     if (node.key() == s.next) {
-      deliveries.add() = std::move(node.mapped());
+      deliveries.add_owned(sid) = std::move(node.mapped());
       ++s.next;
     }
   }

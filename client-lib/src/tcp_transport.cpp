@@ -475,6 +475,9 @@ void TcpTransport::read_available(Deliveries& deliveries, std::vector<Error>& er
     // too, and the session reports it as undecodable.
     const std::size_t whole = proto::whole_frames({rbuf_.data(), rlen_}, session_.recv_buffer_size_);
     session_.on_frames({rbuf_.data(), whole}, deliveries, errors);
+    // Messages delivered in place (MessageView) point into rbuf_: they are
+    // handed over before its bytes move.
+    session_.dispatch(deliveries, errors);
     std::memmove(rbuf_.data(), rbuf_.data() + whole, rlen_ - whole);
     rlen_ -= whole;
     {

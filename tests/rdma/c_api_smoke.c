@@ -1,6 +1,7 @@
 /* Exercises librdmabroker's C API from C (so the header is checked as C):
  * connect, subscribe (sync and callback), publish, flush, receive, queue
- * groups, request/reply (answered, no responders; with headers), close, connecting with
+ * groups, request/reply (answered, no responders; with headers), a callback
+ * that reads messages in place (rb_subscribe_view), close, connecting with
  * options (rb_connect_with).
  *   c_api_smoke URL   -> exit 0 when every step worked, else 1 with a message */
 #include <rdmabroker/rdmabroker.h>
@@ -28,6 +29,26 @@ static void on_request(const rb_message* m, void* user) {
   }
   rb_header fields[] = {{"Trace-Id", trace}, {"Answered-By", "c_api_smoke"}};
   rb_publish_headers((rb_client*)user, m->reply, NULL, fields, 2, "pong", 4);
+}
+
+/* In place: subject, reply, a header and the payload, read by their lengths. */
+static atomic_int view_count = 0;
+
+static void on_view(const rb_message_view* v, void* user) {
+  (void)user;
+  size_t n = 0;
+  const char* trace = rb_view_header(v, "TRACE-ID", &n);
+  if (v->subject_len == 6 && memcmp(v->subject, "c.view", 6) == 0 && v->reply_len == 5 &&
+      memcmp(v->reply, "c.ans", 5) == 0 && v->len == 4 && memcmp(v->data, "seen", 4) == 0 && trace != NULL &&
+      n == 3 && memcmp(trace, "abc", 3) == 0 && rb_view_header(v, "missing", &n) == NULL)
+    atomic_fetch_add(&view_count, 1);
+}
+
+static void wait_for(atomic_int* count) {
+  for (int i = 0; i < 1000 && atomic_load(count) == 0; ++i) {
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
 }
 
 #define CHECK(call)                                                         \
@@ -59,10 +80,7 @@ int main(int argc, char** argv) {
   rb_message_free(m);
   /* The callback subscription's copy may arrive in a later SEND: wait for it
    * (up to 10 s) before unsubscribing, which drops anything still in flight. */
-  for (int i = 0; i < 1000 && atomic_load(&callback_count) == 0; ++i) {
-    struct timespec ts = {0, 10 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
+  wait_for(&callback_count);
   /* Errors come back as codes with a message. */
   if (rb_publish(c, "bad..subject", "x", 1) != RB_ERR_INVALID_ARGUMENT ||
       strstr(rb_last_error(), "invalid subject") == NULL) {
@@ -116,6 +134,17 @@ int main(int argc, char** argv) {
     return 1;
   }
   rb_message_free(m);
+  uint32_t viewer = 0;
+  CHECK(rb_queue_subscribe_view(c, "c.view", "viewers", on_view, NULL, &viewer));
+  CHECK(rb_flush(c, 10000));
+  rb_header abc[] = {{"Trace-Id", "abc"}};
+  CHECK(rb_publish_headers(c, "c.view", "c.ans", abc, 1, "seen", 4));
+  wait_for(&view_count);
+  if (atomic_load(&view_count) != 1) {
+    fprintf(stderr, "the view callback saw %d matching messages, expected 1\n", atomic_load(&view_count));
+    return 1;
+  }
+  CHECK(rb_unsubscribe(c, viewer));
   CHECK(rb_unsubscribe(c, rb_subscription_sid(q)));
   rb_subscription_free(q);
   CHECK(rb_unsubscribe(c, responder));

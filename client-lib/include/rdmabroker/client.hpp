@@ -124,7 +124,50 @@ struct Message {
   std::string_view data() const { return {reinterpret_cast<const char*>(payload.data()), payload.size()}; }
 };
 
+class MessageView;
+namespace detail {
+struct ViewAccess;  // the library's: makes views of what it received
+}
+
+/// A delivered message seen in place (Client::subscribe_view): subject, reply,
+/// header fields and payload are views into the library's receive buffer (or
+/// its reassembly of a message larger than a frame), valid only while the
+/// handler runs; the buffer goes back to the broker after it returns. Nothing
+/// is copied or allocated to deliver it. To keep anything, copy it, or take
+/// the whole message with to_message() / copy_to().
+class MessageView {
+ public:
+  std::uint32_t sid = 0;  // the subscription it was delivered to
+  std::string_view subject;
+  std::string_view reply;  // where the publisher wants an answer; empty: none
+  std::span<const std::byte> payload;
+
+  MessageView() = default;
+  /// A view of `m` (valid while `m` is unchanged).
+  explicit MessageView(const Message& m);
+  std::string_view data() const { return {reinterpret_cast<const char*>(payload.data()), payload.size()}; }
+  /// Whether the publisher sent header fields.
+  bool has_headers() const;
+  /// The first value of header `name` (compared without regard to ASCII
+  /// case), read in place; nullopt if there is none.
+  std::optional<std::string_view> header(std::string_view name) const;
+  /// Every header field, copied.
+  Headers headers() const;
+  /// The whole message, copied.
+  Message to_message() const;
+  /// Copies the message into `m`, reusing its storage: a Message kept for
+  /// the purpose allocates nothing once it has seen the sizes.
+  void copy_to(Message& m) const;
+
+ private:
+  friend struct detail::ViewAccess;
+  std::span<const std::byte> header_block_;  // the header fields as received (SPEC.md §3.6), or
+  const Message* message_ = nullptr;         // the owning message this views
+};
+
 using MessageHandler = std::function<void(const Message&)>;
+/// A handler that sees each message in place (MessageView).
+using MessageViewHandler = std::function<void(const MessageView&)>;
 /// Asynchronous errors: ERROR frames from the broker, connection loss.
 using ErrorHandler = std::function<void(const Error&)>;
 
@@ -325,6 +368,14 @@ class Client {
   virtual Error close_reason() const = 0;
   /// Counts since the client was created (across reconnects).
   virtual ClientStats stats() const = 0;
+
+  /// Subscribes with a handler that sees each message in place
+  /// (MessageView, valid only during the call): no copy and no allocation per
+  /// message, on the client's I/O thread like any callback. A message larger
+  /// than a frame is seen once, whole.
+  virtual Result<std::uint32_t> subscribe_view(std::string_view subject, MessageViewHandler handler) = 0;
+  virtual Result<std::uint32_t> queue_subscribe_view(std::string_view subject, std::string_view group,
+                                                     MessageViewHandler handler) = 0;
 };
 
 }  // namespace rdmabroker

@@ -56,6 +56,27 @@ const char* rb_message_header(const rb_message* m, const char* name);
 
 typedef void (*rb_message_cb)(const rb_message* msg, void* user);
 
+/* A message seen in place (rb_subscribe_view): pointers into the library's
+ * receive buffer, valid only during the callback; nothing is copied or
+ * allocated to deliver it. The strings are NOT NUL-terminated: use the
+ * lengths. */
+typedef struct rb_message_view {
+  uint32_t sid;
+  const char* subject;
+  size_t subject_len;
+  const char* reply; /* reply_len 0: the publisher wants no answer */
+  size_t reply_len;
+  const void* data;
+  size_t len;
+  const void* internal_; /* for rb_view_header */
+} rb_message_view;
+
+/* The first value of header `name` (compared without regard to ASCII case),
+ * read in place, its length in *value_len; NULL if the message has none. */
+const char* rb_view_header(const rb_message_view* m, const char* name, size_t* value_len);
+
+typedef void (*rb_view_cb)(const rb_message_view* msg, void* user);
+
 /* bind_address may be NULL. Credentials go in the URL: "rdma://user:password@host"
  * or "rdma://token@host" (RB_ERR_AUTHENTICATION when the broker refuses them). */
 int rb_connect(const char* url, const char* bind_address, rb_client** out);
@@ -120,6 +141,10 @@ int rb_subscribe(rb_client* c, const char* subject, rb_message_cb cb, void* user
 /* Joins queue group `group`: each message goes to one member of the group. */
 int rb_queue_subscribe(rb_client* c, const char* subject, const char* group, rb_message_cb cb, void* user,
                        uint32_t* sid_out);
+/* Subscribes with a callback that sees each message in place (rb_message_view). */
+int rb_subscribe_view(rb_client* c, const char* subject, rb_view_cb cb, void* user, uint32_t* sid_out);
+int rb_queue_subscribe_view(rb_client* c, const char* subject, const char* group, rb_view_cb cb, void* user,
+                            uint32_t* sid_out);
 int rb_subscribe_sync(rb_client* c, const char* subject, rb_subscription** out);
 int rb_queue_subscribe_sync(rb_client* c, const char* subject, const char* group, rb_subscription** out);
 /* Waits up to timeout_ms for a message; free it with rb_message_free. */
