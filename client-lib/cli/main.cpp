@@ -206,7 +206,7 @@ class BrokerEndpoint final : public rdmabroker::bench::BenchEndpoint {
  public:
   static std::unique_ptr<BenchEndpoint> connect(const std::string& url, const std::string& bind,
                                                 const ClientOptions& base, const rdmabroker::Headers& headers,
-                                                std::string& error) {
+                                                bool copy, std::string& error) {
     ClientOptions co = base;
     co.bind_address = bind;
     co.publish_timeout = std::chrono::seconds(30);
@@ -216,12 +216,16 @@ class BrokerEndpoint final : public rdmabroker::bench::BenchEndpoint {
       error = c.error().message;
       return nullptr;
     }
-    return std::unique_ptr<BenchEndpoint>(new BrokerEndpoint(std::move(c.value()), headers));
+    return std::unique_ptr<BenchEndpoint>(new BrokerEndpoint(std::move(c.value()), headers, copy));
   }
   std::string subscribe(const std::string& subject, const std::string& queue, OnPayload on_payload) override {
-    // In place: the bench reads the payload and copies nothing.
-    auto sid = client_->queue_subscribe_view(
-        subject, queue, [f = std::move(on_payload)](const rdmabroker::MessageView& m) { f(m.payload); });
+    // In place, the bench reads the payload and copies nothing; --copy: as
+    // an owning Message.
+    auto sid =
+        copy_ ? client_->queue_subscribe(subject, queue,
+                                         [f = on_payload](const rdmabroker::Message& m) { f(m.payload); })
+              : client_->queue_subscribe_view(
+                    subject, queue, [f = on_payload](const rdmabroker::MessageView& m) { f(m.payload); });
     if (!sid) return sid.error().message;
     return flush(std::chrono::seconds(30));
   }
@@ -248,10 +252,11 @@ class BrokerEndpoint final : public rdmabroker::bench::BenchEndpoint {
   }
 
  private:
-  BrokerEndpoint(std::unique_ptr<Client> c, rdmabroker::Headers headers)
-      : client_(std::move(c)), headers_(std::move(headers)) {}
+  BrokerEndpoint(std::unique_ptr<Client> c, rdmabroker::Headers headers, bool copy)
+      : client_(std::move(c)), headers_(std::move(headers)), copy_(copy) {}
   std::unique_ptr<Client> client_;
   const rdmabroker::Headers headers_;  // on every message published (bench --header)
+  const bool copy_;                    // subscribers take owning Messages (bench --copy)
 };
 
 /// --header NAME=VALUE options as message headers; exits with a usage error on one without '='.
@@ -533,6 +538,7 @@ Subcommand add_bench(CLI::App& app) {
     ClientOptions client;
     std::string admin_socket;  // the broker's, to count its wake-ups too
     std::vector<std::string> headers;
+    bool copy = false;
   };
   auto a = std::make_shared<Args>();
   auto* cmd =
@@ -562,6 +568,9 @@ Subcommand add_bench(CLI::App& app) {
   cmd->add_option("-H,--header", a->headers,
                   "Publish every message with the header NAME=VALUE (repeatable): what headers cost")
       ->type_name("NAME=VALUE");
+  cmd->add_flag("--copy", a->copy,
+                "Subscribers take each message as an owning Message (subscribe) instead of reading it in "
+                "place (subscribe_view): what the copy costs");
   add_common(cmd, a->common);
   return {cmd, [a] {
             const rdmabroker::Headers headers = headers_or_die(a->headers);
@@ -580,7 +589,8 @@ Subcommand add_bench(CLI::App& app) {
             a->client.busy_poll = std::chrono::microseconds(a->busy_poll_us);
             a->common.set_credentials(a->client);
             return rdmabroker::bench::run_bench(a->bench, "rdmabroker", [a, headers](std::string& error) {
-              return BrokerEndpoint::connect(a->bench.url, a->common.bind, a->client, headers, error);
+              return BrokerEndpoint::connect(a->bench.url, a->common.bind, a->client, headers, a->copy,
+                                             error);
             });
           }};
 }
