@@ -31,6 +31,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "admin_client.hpp"
 #include "bench.hpp"
@@ -201,13 +202,25 @@ std::pair<std::unique_ptr<Client>, std::shared_ptr<rdmabroker::Subscription>> su
   return {std::move(client), std::move(sub.value())};
 }
 
+/// How `rdmabroker bench` uses the library beyond its ClientOptions.
+struct EndpointMode {
+  bool copy = false;  // subscribers take owning Messages (--copy)
+  /// --polled: ClientOptions::polled. A subscriber is driven by a thread of
+  /// the bench that calls poll(poll_timeout) (0: spins) until the end; a
+  /// publisher polls once after each publish, on its own thread (credits
+  /// and errors come in there), as a polled application's loop would.
+  bool polled = false;
+  std::chrono::microseconds poll_timeout{0};
+};
+
 /// `rdmabroker bench`'s connection: one librdmabroker client.
 class BrokerEndpoint final : public rdmabroker::bench::BenchEndpoint {
  public:
   static std::unique_ptr<BenchEndpoint> connect(const std::string& url, const std::string& bind,
                                                 const ClientOptions& base, const rdmabroker::Headers& headers,
-                                                bool copy, std::string& error) {
+                                                const EndpointMode& mode, std::string& error) {
     ClientOptions co = base;
+    co.polled = mode.polled;
     co.bind_address = bind;
     co.publish_timeout = std::chrono::seconds(30);
     co.connect_timeout = std::chrono::seconds(15);
@@ -216,17 +229,19 @@ class BrokerEndpoint final : public rdmabroker::bench::BenchEndpoint {
       error = c.error().message;
       return nullptr;
     }
-    return std::unique_ptr<BenchEndpoint>(new BrokerEndpoint(std::move(c.value()), headers, copy));
+    return std::unique_ptr<BenchEndpoint>(new BrokerEndpoint(std::move(c.value()), headers, mode));
   }
   std::string subscribe(const std::string& subject, const std::string& queue, OnPayload on_payload) override {
     // In place, the bench reads the payload and copies nothing; --copy: as
     // an owning Message.
     auto sid =
-        copy_ ? client_->queue_subscribe(subject, queue,
-                                         [f = on_payload](const rdmabroker::Message& m) { f(m.payload); })
-              : client_->queue_subscribe_view(
-                    subject, queue, [f = on_payload](const rdmabroker::MessageView& m) { f(m.payload); });
+        mode_.copy
+            ? client_->queue_subscribe(subject, queue,
+                                       [f = on_payload](const rdmabroker::Message& m) { f(m.payload); })
+            : client_->queue_subscribe_view(
+                  subject, queue, [f = on_payload](const rdmabroker::MessageView& m) { f(m.payload); });
     if (!sid) return sid.error().message;
+    start_polling();
     return flush(std::chrono::seconds(30));
   }
   std::string publish(const std::string& subject, std::span<const std::byte> payload, bool) override {
@@ -234,17 +249,23 @@ class BrokerEndpoint final : public rdmabroker::bench::BenchEndpoint {
     // in flight goes out together, an idle connection sends at once.
     auto st =
         headers_.empty() ? client_->publish(subject, payload) : client_->publish(subject, headers_, payload);
-    return st ? std::string() : st.error().message;
+    if (!st) return st.error().message;
+    if (mode_.polled && !poller_.joinable()) {
+      if (auto polled = client_->poll(); !polled) return polled.error().message;
+    }
+    return {};
   }
   std::string flush(std::chrono::milliseconds timeout) override {
     auto st = client_->flush(timeout);
     return st ? std::string() : st.error().message;
   }
   std::string close() override {
+    stop_polling();
     std::string why = client_->close_reason().message;
     client_->close();
     return why;
   }
+  ~BrokerEndpoint() override { stop_polling(); }
   std::string describe() const override { return client_->transport_description(); }
   std::optional<std::uint64_t> wakeups() const override {
     const auto s = client_->stats();
@@ -252,11 +273,27 @@ class BrokerEndpoint final : public rdmabroker::bench::BenchEndpoint {
   }
 
  private:
-  BrokerEndpoint(std::unique_ptr<Client> c, rdmabroker::Headers headers, bool copy)
-      : client_(std::move(c)), headers_(std::move(headers)), copy_(copy) {}
+  BrokerEndpoint(std::unique_ptr<Client> c, rdmabroker::Headers headers, const EndpointMode& mode)
+      : client_(std::move(c)), headers_(std::move(headers)), mode_(mode) {}
+  void start_polling() {
+    if (!mode_.polled || poller_.joinable()) return;
+    poller_ = std::thread([this] {
+      // Until close(), or until the connection ends (the bench then sees its
+      // messages missing and the close reason).
+      while (!stop_polling_.load(std::memory_order_relaxed) && client_->poll(mode_.poll_timeout)) {
+      }
+    });
+  }
+  void stop_polling() {
+    if (!poller_.joinable()) return;
+    stop_polling_ = true;
+    poller_.join();
+  }
   std::unique_ptr<Client> client_;
   const rdmabroker::Headers headers_;  // on every message published (bench --header)
-  const bool copy_;                    // subscribers take owning Messages (bench --copy)
+  const EndpointMode mode_;
+  std::atomic<bool> stop_polling_{false};
+  std::thread poller_;  // --polled: the thread that drives client_
 };
 
 /// --header NAME=VALUE options as message headers; exits with a usage error on one without '='.
@@ -538,7 +575,8 @@ Subcommand add_bench(CLI::App& app) {
     ClientOptions client;
     std::string admin_socket;  // the broker's, to count its wake-ups too
     std::vector<std::string> headers;
-    bool copy = false;
+    EndpointMode mode;
+    std::uint32_t poll_timeout_us = 0;
   };
   auto a = std::make_shared<Args>();
   auto* cmd =
@@ -568,9 +606,18 @@ Subcommand add_bench(CLI::App& app) {
   cmd->add_option("-H,--header", a->headers,
                   "Publish every message with the header NAME=VALUE (repeatable): what headers cost")
       ->type_name("NAME=VALUE");
-  cmd->add_flag("--copy", a->copy,
+  cmd->add_flag("--copy", a->mode.copy,
                 "Subscribers take each message as an owning Message (subscribe) instead of reading it in "
                 "place (subscribe_view): what the copy costs");
+  cmd->add_flag(
+      "--polled", a->mode.polled,
+      "Polled clients (ClientOptions::polled): no I/O thread; a thread of the bench per subscriber calls "
+      "poll() until the end, each publisher polls after each publish");
+  cmd->add_option(
+         "--poll-timeout-us", a->poll_timeout_us,
+         "With --polled: a subscriber's poll() waits this long when nothing has arrived (0: spins, a "
+         "core per subscriber)")
+      ->capture_default_str();
   add_common(cmd, a->common);
   return {cmd, [a] {
             const rdmabroker::Headers headers = headers_or_die(a->headers);
@@ -587,9 +634,10 @@ Subcommand add_bench(CLI::App& app) {
               };
             }
             a->client.busy_poll = std::chrono::microseconds(a->busy_poll_us);
+            a->mode.poll_timeout = std::chrono::microseconds(a->poll_timeout_us);
             a->common.set_credentials(a->client);
             return rdmabroker::bench::run_bench(a->bench, "rdmabroker", [a, headers](std::string& error) {
-              return BrokerEndpoint::connect(a->bench.url, a->common.bind, a->client, headers, a->copy,
+              return BrokerEndpoint::connect(a->bench.url, a->common.bind, a->client, headers, a->mode,
                                              error);
             });
           }};

@@ -187,6 +187,7 @@ int rb_connect_with(const char* url, const rb_options* options, rb_client** out)
   opt.tls_key_file = text(o.tls_key_file);
   opt.tls_server_name = text(o.tls_server_name);
   opt.reconnect = o.reconnect != 0;
+  opt.polled = o.polled != 0;
   opt.max_reconnect_attempts = static_cast<std::uint32_t>(o.max_reconnect_attempts);
   opt.connect_timeout = ms(o.connect_timeout_ms, opt.connect_timeout);
   opt.publish_timeout = ms(o.publish_timeout_ms, opt.publish_timeout);
@@ -343,6 +344,14 @@ int rb_flush(rb_client* c, int timeout_ms) {
   if (c == nullptr) return invalid("rb_flush: no client");
   auto st = c->impl->flush(std::chrono::milliseconds(timeout_ms));
   return st ? RB_OK : fail(st.error());
+}
+
+int rb_poll(rb_client* c, long timeout_us, size_t* delivered) {
+  if (c == nullptr) return invalid("rb_poll: no client");
+  auto n = c->impl->poll(std::chrono::microseconds(timeout_us));
+  if (!n) return fail(n.error());
+  if (delivered != nullptr) *delivered = n.value();
+  return RB_OK;
 }
 
 void rb_close(rb_client* c) {

@@ -57,7 +57,7 @@ Status RdmaTransport::connect() {
       [this](std::uint32_t size, proto::ConnectReject* reject) { return connect_once(size, reject); },
       [this] { teardown_resources(); });
   if (!st) return st;
-  io_thread_ = std::thread([this] { run(); });
+  if (!session_.opt_.polled) io_thread_ = std::thread([this] { run(); });
   return session_.authenticate();
 }
 
@@ -214,6 +214,7 @@ Status RdmaTransport::start_session(const proto::ConnectAccept& accept, const st
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &e);
   }
   ibv_req_notify_cq(cq_.get(), 0);
+  recv_cq_armed_ = true;
 
   char local[INET6_ADDRSTRLEN] = "?";
   auto* sa = reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(id_.get()));
@@ -240,6 +241,7 @@ void RdmaTransport::teardown_resources() {
   cm_channel_.reset();
   inflight_.clear();
   send_cq_armed_ = false;
+  recv_cq_armed_ = false;
   send_errors_.clear();
 }
 
@@ -362,50 +364,78 @@ bool RdmaTransport::post_locked(std::uint32_t buffer, std::uint32_t len) {
 // ---------------------------------------------------------------- I/O thread
 
 void RdmaTransport::run() {
-  Deliveries deliveries;
-  std::vector<Error> errors;
-  auto last_work = Clock::now();
-  while (!session_.stop_requested()) {
-    // Everything that needs this thread raises an fd event (completions, CM
-    // events, close()'s wake-up), so an idle client sleeps until one comes; a
-    // 100 ms tick made a process holding 1,000 idle clients wake 10,000 times
-    // a second for nothing.
-    int timeout_ms = -1;
-    if (session_.opt_.busy_poll.count() > 0 && spin_on_cq(last_work, deliveries, errors)) {
-      last_work = Clock::now();
-      timeout_ms = 0;  // found work: the events are only looked at, not waited for
-    }
-    // A multicast gap to ask for (or a frame to retry) bounds the sleep.
-    if (const int gap_ms = session_.check_gaps(); gap_ms >= 0)
-      timeout_ms = timeout_ms < 0 ? gap_ms : std::min(timeout_ms, gap_ms);
-    const bool cm_ready = wait_for_events(timeout_ms);
-    // Drain, re-arm, drain again (a completion between the two raises no event).
-    // Completions go first: a CLOSE frame from the broker completes here before
-    // its DISCONNECTED event, and it says why the connection ends.
-    for (int pass = 0; pass < 2; ++pass) {
-      ibv_wc wcs[32];
-      // The receive CQ only: sends are reaped under the lock (transmit_locked).
-      int got;
-      while ((got = ibv_poll_cq(cq_.get(), 32, wcs)) > 0) {
-        for (int i = 0; i < got; ++i) on_completion(wcs[i], deliveries, errors);
-        last_work = Clock::now();
-      }
-      if (pass == 0) ibv_req_notify_cq(cq_.get(), 0);
-    }
-    if (ud_) drain_ud(deliveries);
-    if (cm_ready) handle_cm_events(errors);
-    // The handlers see in place what the held receive buffers hold; then the
-    // buffers go back to the broker, and the credits they owe with what is sent.
-    session_.dispatch(deliveries, errors);
-    {
-      std::lock_guard lock(session_.mu_);
-      repost_held_locked();
-      transmit_locked();
-      errors.insert(errors.end(), send_errors_.begin(), send_errors_.end());
-      send_errors_.clear();
-    }
-    if (!errors.empty()) session_.dispatch(deliveries, errors);
+  // Everything that needs this thread raises an fd event (completions, CM
+  // events, close()'s wake-up), so an idle client sleeps until one comes; a
+  // 100 ms tick made a process holding 1,000 idle clients wake 10,000 times
+  // a second for nothing.
+  while (!session_.stop_requested()) progress(-1);
+}
+
+std::size_t RdmaTransport::progress(int timeout_ms) {
+  if (timeout_ms != 0 && session_.opt_.busy_poll.count() > 0 &&
+      spin_on_cq(last_work_, deliveries_, errors_)) {
+    last_work_ = Clock::now();
+    timeout_ms = 0;  // found work: the events are only looked at, not waited for
   }
+  // A multicast gap to ask for (or a frame to retry) bounds the sleep.
+  if (const int gap_ms = session_.check_gaps(); gap_ms >= 0)
+    timeout_ms = timeout_ms < 0 ? gap_ms : std::min(timeout_ms, gap_ms);
+  // Completions go first: a CLOSE frame from the broker completes here before
+  // its DISCONNECTED event, and it says why the connection ends.
+  bool found = poll_receives();
+  if (!found && timeout_ms != 0 && !recv_cq_armed_) {
+    // About to sleep: arm the CQ (a system call on some devices, so not on
+    // every turn), then look once more, since a completion between the poll
+    // and the arming raises no event.
+    ibv_req_notify_cq(cq_.get(), 0);
+    recv_cq_armed_ = true;
+    found = poll_receives();
+  }
+  if (found) timeout_ms = 0;
+  // The fds (CM events, wake-ups, multicast joins) when this turn may sleep;
+  // a turn that must not (work found, or a polled client spinning on
+  // poll(0)) looks at them every 16th time only: it costs a system call.
+  bool cm_ready = false;
+  if (timeout_ms != 0 || (++quick_turns_ & 15) == 0) {
+    cm_ready = wait_for_events(timeout_ms);
+    // What arrived meanwhile, before a CM event is acted on (the broker's
+    // CLOSE comes before its DISCONNECTED).
+    if (timeout_ms != 0 || cm_ready) poll_receives();
+  }
+  if (ud_) drain_ud(deliveries_);
+  if (cm_ready) handle_cm_events(errors_);
+  // The handlers see in place what the held receive buffers hold; then the
+  // buffers go back to the broker, and the credits they owe with what is sent.
+  std::size_t delivered = session_.dispatch(deliveries_, errors_);
+  {
+    std::lock_guard lock(session_.mu_);
+    repost_held_locked();
+    transmit_locked();
+    errors_.insert(errors_.end(), send_errors_.begin(), send_errors_.end());
+    send_errors_.clear();
+  }
+  if (!errors_.empty()) delivered += session_.dispatch(deliveries_, errors_);
+  return delivered;
+}
+
+bool RdmaTransport::poll_receives() {
+  // The receive CQ only: sends are reaped under the lock (transmit_locked).
+  // Bounded: a receive stays held (not posted again) until this turn's
+  // dispatch, so at most recv_credits complete.
+  ibv_wc wcs[32];
+  bool any = false;
+  int got;
+  while ((got = ibv_poll_cq(cq_.get(), 32, wcs)) > 0) {
+    for (int i = 0; i < got; ++i) on_completion(wcs[i], deliveries_, errors_);
+    any = true;
+  }
+  if (any) last_work_ = Clock::now();
+  return any;
+}
+
+void RdmaTransport::progress_sends() {
+  std::lock_guard lock(session_.mu_);
+  transmit_locked();  // reaps the send CQ first
 }
 
 bool RdmaTransport::spin_on_cq(Clock::time_point last_work, Deliveries& deliveries,
@@ -440,6 +470,7 @@ bool RdmaTransport::wait_for_events(int timeout_ms) {
           send_cq_armed_ = false;  // one event per arming
         } else {
           acker_.add();
+          recv_cq_armed_ = false;  // one event per arming
         }
       }
     } else if (fd == cm_channel_->fd) {

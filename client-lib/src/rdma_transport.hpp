@@ -52,7 +52,12 @@ class RdmaTransport final : public Transport {
   Result<rdma_cm_event_type> wait_cm_event(rdma_cm_event_type expected, Clock::time_point deadline,
                                            std::vector<std::byte>* private_data);
   void teardown_resources();
+  /// The I/O thread (none for a polled client): progress() until close().
   void run();
+  std::size_t progress(int timeout_ms) override;
+  void progress_sends() override;
+  /// progress()'s: takes every receive completion there is; true if any.
+  bool poll_receives();
   /// run()'s steps. Busy polling: spins on the CQ for up to busy_poll after
   /// `last_work`; true if it found completions (handled).
   bool spin_on_cq(Clock::time_point last_work, Deliveries& deliveries, std::vector<Error>& errors);
@@ -126,6 +131,12 @@ class RdmaTransport final : public Transport {
   // Receives completed and decoded, not posted again yet: messages delivered
   // in place (MessageView) point into them until dispatch() has run. I/O thread.
   std::vector<std::uint64_t> held_;
+  // The loop's state between turns (whoever runs progress()).
+  Deliveries deliveries_;
+  std::vector<Error> errors_;
+  Clock::time_point last_work_ = Clock::now();
+  bool recv_cq_armed_ = false;     // an event is requested for the next receive completion
+  std::uint32_t quick_turns_ = 0;  // turns that did not sleep (the fds are looked at every 16th)
   // UD endpoint (created on the first MCAST_JOIN), in creation order.
   verbs::EventChannelPtr ud_cm_channel_;   // outlives the endpoint's id
   std::unique_ptr<verbs::UdEndpoint> ud_;  // receive slots of kUdBufferSize

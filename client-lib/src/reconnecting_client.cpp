@@ -101,6 +101,10 @@ class ReconnectingClient final : public Client {
     if (!s) return s.error();
     return s.value()->flush(timeout);
   }
+  Result<std::size_t> poll(std::chrono::microseconds) override {
+    return Error{ErrorKind::kInvalidArgument,
+                 "poll() is for a polled client (ClientOptions::polled); this one has an I/O thread"};
+  }
   void close() override {
     std::shared_ptr<Session> s;
     {

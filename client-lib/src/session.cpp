@@ -1,7 +1,9 @@
 #include "session.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <random>
+#include <thread>
 
 namespace rdmabroker {
 
@@ -25,8 +27,18 @@ Status check_subject(std::string_view subject, bool pattern = false) {
 // ---------------------------------------------------------------- QueueSubscription
 
 Result<Message> QueueSubscription::next(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
   std::unique_lock lock(mu_);
-  wait_counted(cv_, lock, Clock::now() + timeout, *wakeups_, [&] { return !queue_.empty() || closed_; });
+  if (drive_) {
+    // A polled client: what this waits for arrives only through progress.
+    while (queue_.empty() && !closed_ && Clock::now() < deadline) {
+      lock.unlock();
+      drive_(deadline);
+      lock.lock();
+    }
+  } else {
+    wait_counted(cv_, lock, deadline, *wakeups_, [&] { return !queue_.empty() || closed_; });
+  }
   if (!queue_.empty()) {
     Message m = std::move(queue_.front());
     queue_.pop_front();
@@ -140,8 +152,7 @@ Status Session::append_frame_locked(std::unique_lock<std::mutex>& lock, const pr
     // Every send buffer is full or in flight: wait for one to come back.
     transport_->reclaim_locked();
     if (!free_send_.empty()) continue;
-    if (!wait_counted(cv_, lock, deadline, *app_wakeups_, [&] { return !free_send_.empty() || closed_; }) &&
-        free_send_.empty()) {
+    if (!wait_locked(lock, deadline, [&] { return !free_send_.empty() || closed_; }) && free_send_.empty()) {
       return Error{ErrorKind::kTimeout, "send queue full for " +
                                             std::to_string(opt_.publish_timeout.count()) +
                                             " ms (the broker is not taking data)"};
@@ -163,8 +174,7 @@ Status Session::publish_locked(std::unique_lock<std::mutex>& lock, std::string_v
                                std::string_view reply, std::span<const std::byte> payload,
                                std::uint16_t flags, std::span<const proto::HeaderField> headers) {
   // A message in fragments goes out whole before anything else is published.
-  if (!wait_counted(cv_, lock, Clock::now() + opt_.publish_timeout, *app_wakeups_,
-                    [&] { return !fragmenting_ || closed_; })) {
+  if (!wait_locked(lock, Clock::now() + opt_.publish_timeout, [&] { return !fragmenting_ || closed_; })) {
     return Error{ErrorKind::kTimeout, "another thread's large message still sending after " +
                                           std::to_string(opt_.publish_timeout.count()) + " ms"};
   }
@@ -335,8 +345,7 @@ Result<Message> Session::request_with(std::string_view subject, std::span<const 
     pending_.erase(reply);
     return st.error();
   }
-  wait_counted(cv_, lock, Clock::now() + timeout, *app_wakeups_,
-               [&] { return pending_[reply].done || closed_; });
+  wait_locked(lock, Clock::now() + timeout, [&] { return pending_[reply].done || closed_; });
   PendingRequest done = std::move(pending_[reply]);
   pending_.erase(reply);
   if (done.done && done.no_responders) {
@@ -375,9 +384,9 @@ Result<std::uint32_t> Session::subscribe_locked(std::unique_lock<std::mutex>& lo
                           nullptr};
   entry.borrowed_queue = queue != nullptr;
   if (!entry.handler)
-    entry.queue = queue
-                      ? std::move(queue)
-                      : std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit, app_wakeups_);
+    entry.queue = queue ? std::move(queue)
+                        : std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit,
+                                                              app_wakeups_, driver());
   if (made != nullptr) *made = entry.queue;
   subs_[sid] = std::move(entry);
   proto::FrameHeader h;
@@ -497,8 +506,7 @@ Status Session::flush(std::chrono::milliseconds timeout) {
   if (auto st = append_frame_locked(lock, h, {}, {}, {}); !st) return st;
   const std::uint64_t my_ping = ++pings_sent_;
   // PONGs come back in PING order: the n-th PONG answers the n-th PING.
-  if (!wait_counted(cv_, lock, Clock::now() + timeout, *app_wakeups_,
-                    [&] { return pongs_received_ >= my_ping || closed_; })) {
+  if (!wait_locked(lock, Clock::now() + timeout, [&] { return pongs_received_ >= my_ping || closed_; })) {
     return Error{ErrorKind::kTimeout, "flush: no PONG within " + std::to_string(timeout.count()) + " ms"};
   }
   if (pongs_received_ >= my_ping) return {};
@@ -516,8 +524,8 @@ bool Session::begin_close() {
     h.type = FrameType::kClose;
     if (append_frame_locked(lock, h, {}, {}, {})) {
       // Give what is queued a moment to leave before the disconnect.
-      cv_.wait_for(lock, std::chrono::seconds(2),
-                   [&] { return closed_ || (!has_ready_locked() && transport_->drained_locked()); });
+      wait_locked(lock, Clock::now() + std::chrono::seconds(2),
+                  [&] { return closed_ || (!has_ready_locked() && transport_->drained_locked()); });
     }
     fail_locked(Error{ErrorKind::kClosed, "client closed the connection"});
   }
@@ -701,10 +709,11 @@ void Session::on_error_frame(const proto::Frame& f, std::vector<Error>& errors) 
   errors.push_back(Error{kind, msg});
 }
 
-void Session::dispatch(Deliveries& deliveries, std::vector<Error>& errors) {
+std::size_t Session::dispatch(Deliveries& deliveries, std::vector<Error>& errors) {
   // The subscription is looked up once per run of messages for the same
   // subscription (a DELIVER's messages, or a read's worth), not per message.
-  messages_received_.fetch_add(deliveries.entries.size(), std::memory_order_relaxed);
+  const std::size_t delivered = deliveries.entries.size();
+  messages_received_.fetch_add(delivered, std::memory_order_relaxed);
   std::uint32_t sid = 0;
   bool looked_up = false;
   std::shared_ptr<const MessageViewHandler> handler;
@@ -736,6 +745,70 @@ void Session::dispatch(Deliveries& deliveries, std::vector<Error>& errors) {
     pongs_received_ += std::exchange(pongs_pending_, 0);
     cv_.notify_all();
   }
+  return delivered;
+}
+
+// ---------------------------------------------------------------- polled
+
+namespace {
+// The session whose loop this thread is running (a callback of it is on
+// the stack): it must not start another turn of that loop.
+thread_local const Session* tl_progressing = nullptr;
+}  // namespace
+
+void Session::close() {
+  if (!transport_) return;
+  if (!opt_.polled) return transport_->close();
+  // No other thread is in the loop while the transport goes; waits of the
+  // close itself (the last frames leaving) make only the sends progress.
+  std::lock_guard turn(progress_mu_);
+  const Session* outer = std::exchange(tl_progressing, this);
+  transport_->close();
+  tl_progressing = outer;
+}
+
+std::size_t Session::progress(int timeout_ms) {
+  const std::uint64_t seen = turns_.load(std::memory_order_relaxed);
+  std::lock_guard turn(progress_mu_);
+  // Another thread's turn ran while this one waited for it: what the caller
+  // waits for may have come in then, so it looks before it sleeps.
+  if (turns_.load(std::memory_order_relaxed) != seen) timeout_ms = 0;
+  turns_.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(mu_);
+    if (stop_) return 0;  // closed: the transport's resources are gone
+  }
+  const Session* outer = std::exchange(tl_progressing, this);
+  const std::size_t n = transport_->progress(timeout_ms);
+  tl_progressing = outer;
+  return n;
+}
+
+std::size_t Session::progress_until(Clock::time_point deadline) {
+  if (tl_progressing == this) {
+    transport_->progress_sends();
+    std::this_thread::yield();
+    return 0;
+  }
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return progress(static_cast<int>(std::clamp<std::int64_t>(left, 0, 100)));
+}
+
+Result<std::size_t> Session::poll(std::chrono::microseconds timeout) {
+  if (!opt_.polled) {
+    return Error{ErrorKind::kInvalidArgument,
+                 "poll() is for a polled client (ClientOptions::polled); this one has an I/O thread"};
+  }
+  if (tl_progressing == this)
+    return Error{ErrorKind::kInvalidArgument, "poll() from a callback of its own client"};
+  if (!transport_) return Error{ErrorKind::kClosed, "not connected"};
+  const auto ms =
+      std::chrono::ceil<std::chrono::milliseconds>(std::max(timeout, std::chrono::microseconds{0}));
+  const std::size_t delivered =
+      progress(static_cast<int>(std::min<std::int64_t>(ms.count(), std::numeric_limits<int>::max())));
+  std::lock_guard lock(mu_);
+  if (delivered == 0 && closed_) return close_error_;
+  return delivered;
 }
 
 ClientStats Session::stats() const {

@@ -55,11 +55,16 @@ bool wait_counted(std::condition_variable& cv, std::unique_lock<std::mutex>& loc
 /// session and its subscription queues (which may outlive it).
 using WakeupCounter = std::shared_ptr<std::atomic<std::uint64_t>>;
 
-/// Blocking subscription queue, filled by the I/O thread.
+/// A polled client's way to make progress while a thread waits in it: one
+/// turn of its loop, waiting no later than the deadline.
+using Driver = std::function<void(Clock::time_point deadline)>;
+
+/// Blocking subscription queue, filled by the I/O thread (or by whoever
+/// polls a polled client: then next() drives the client through `drive`).
 class QueueSubscription final : public Subscription {
  public:
-  QueueSubscription(std::uint32_t sid, std::size_t limit, WakeupCounter wakeups)
-      : Subscription(sid), limit_(limit), wakeups_(std::move(wakeups)) {}
+  QueueSubscription(std::uint32_t sid, std::size_t limit, WakeupCounter wakeups, Driver drive = nullptr)
+      : Subscription(sid), limit_(limit), wakeups_(std::move(wakeups)), drive_(std::move(drive)) {}
 
   Result<Message> next(std::chrono::milliseconds timeout) override;
   std::uint64_t dropped() const override { return dropped_.load(); }
@@ -75,6 +80,7 @@ class QueueSubscription final : public Subscription {
  private:
   const std::size_t limit_;
   const WakeupCounter wakeups_;
+  const Driver drive_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Message> queue_;
@@ -157,9 +163,8 @@ class Session final : public Client {
     transport_ = std::move(transport);
     return transport_->connect();
   }
-  void close() override {
-    if (transport_) transport_->close();
-  }
+  /// Polled: with the loop's turn held, so that no poll() runs meanwhile.
+  void close() override;
 
   Status publish(std::string_view subject, std::span<const std::byte> payload) override;
   Status publish_request(std::string_view subject, std::string_view reply,
@@ -185,6 +190,7 @@ class Session final : public Client {
                                              MessageViewHandler handler) override;
   Status unsubscribe(std::uint32_t sid) override;
   Status flush(std::chrono::milliseconds timeout) override;
+  Result<std::size_t> poll(std::chrono::microseconds timeout) override;
   std::size_t max_payload(std::size_t subject_len) const override {
     // Version 4: the broker's limit, in fragments beyond one frame (SPEC.md §3.7).
     if (protocol_version_ >= proto::kFragmentsVersion && max_message_ != 0) return max_message_;
@@ -257,9 +263,36 @@ class Session final : public Client {
   /// hands NO_RESPONDERS, PONG, ERROR and CLOSE to the session.
   void on_frames(std::span<const std::byte> data, Deliveries& deliveries, std::vector<Error>& errors);
   /// Runs callbacks and fills queues, reports errors, then counts the PONGs
-  /// that came after them (I/O thread, without mu_).
-  void dispatch(Deliveries& deliveries, std::vector<Error>& errors);
+  /// that came after them (I/O thread, without mu_). Returns the messages
+  /// handed over.
+  std::size_t dispatch(Deliveries& deliveries, std::vector<Error>& errors);
   void fail_locked(Error why);
+
+  /// Waits (mu_ held) until pred() or the deadline; false on timeout. A
+  /// thread of a threaded client sleeps on cv_; one of a polled client makes
+  /// progress meanwhile (progress()).
+  template <typename Pred>
+  bool wait_locked(std::unique_lock<std::mutex>& lock, Clock::time_point deadline, Pred pred) {
+    if (!opt_.polled) return wait_counted(cv_, lock, deadline, *app_wakeups_, pred);
+    while (!pred()) {
+      const auto now = Clock::now();
+      if (now >= deadline) return pred();
+      lock.unlock();
+      progress_until(deadline);
+      lock.lock();
+    }
+    return true;
+  }
+  /// Polled: one turn of the transport's loop from this thread, waiting no
+  /// later than `deadline` (at most 100 ms: another thread may be the one
+  /// that makes the progress waited for). From a callback of this client,
+  /// whose thread is in a turn already, only the sends progress.
+  std::size_t progress_until(Clock::time_point deadline);
+  /// Polled: how a queue subscription's next() drives this client.
+  Driver driver() {
+    if (!opt_.polled) return nullptr;
+    return [this](Clock::time_point deadline) { progress_until(deadline); };
+  }
 
   // ---- multicast (SPEC.md §7); I/O thread only
   /// Tells the broker (MCAST_JOINED); `error` empty: joined.
@@ -300,6 +333,12 @@ class Session final : public Client {
 
  private:
   std::unique_ptr<Transport> transport_;  // null until connect()
+  /// Polled: held by the thread that runs the transport's loop (lock order:
+  /// progress_mu_, then mu_).
+  std::mutex progress_mu_;
+  std::atomic<std::uint64_t> turns_{0};  // turns of the loop begun (polled)
+  /// One turn of the loop (polled): waits up to timeout_ms.
+  std::size_t progress(int timeout_ms);
 
   struct SubscriptionEntry {
     std::string subject;

@@ -76,8 +76,12 @@ class TcpTransport final : public Transport {
                    proto::ConnectAccept& accept, proto::ConnectReject* reject);
   /// Waits for `events` on fd_ until `deadline`; false on timeout.
   bool wait_fd(short events, Clock::time_point deadline);
+  /// The I/O thread (none for a polled client): progress() until close().
   void run();
-  void read_available(Deliveries& deliveries, std::vector<Error>& errors);
+  std::size_t progress(int timeout_ms) override;
+  void progress_sends() override { write_out(); }
+  /// Reads until the socket has no more; returns the messages delivered.
+  std::size_t read_available(Deliveries& deliveries, std::vector<Error>& errors);
   void lost_locked(std::vector<Error>& errors, const std::string& why);
   void set_want_write_locked(bool want);
   /// I/O thread: writes every filled send buffer, or until the socket is full.
@@ -101,6 +105,9 @@ class TcpTransport final : public Transport {
   std::thread io_thread_;
   std::vector<std::byte> rbuf_;  // I/O thread only: bytes of incomplete frames
   std::size_t rlen_ = 0;
+  // The loop's state between turns (whoever runs progress()).
+  Deliveries deliveries_;
+  std::vector<Error> errors_;
 
   // Guarded by Session::mu_: the buffer being written and how far.
   std::uint32_t current_ = Session::kNoBuffer;
@@ -133,7 +140,7 @@ Status TcpTransport::connect() {
         fd_.reset();
       });
   if (!st) return st;
-  io_thread_ = std::thread([this] { run(); });
+  if (!session_.opt_.polled) io_thread_ = std::thread([this] { run(); });
   return session_.authenticate();
 }
 
@@ -375,10 +382,11 @@ void TcpTransport::transmit_locked() {
   // by two threads at once), and not within kDirectWriteGap of the last
   // direct write: a busy publisher's frames are left to collect in the
   // buffer for the I/O thread, a write(2) per batch instead of per message.
+  // A polled client has no I/O thread to leave them to: it writes at once.
   constexpr auto kDirectWriteGap = std::chrono::microseconds(50);
   if (!tls_ && current_ == Session::kNoBuffer && !want_write_) {
     const auto now = Clock::now();
-    if (now - last_direct_write_ >= kDirectWriteGap) {
+    if (session_.opt_.polled || now - last_direct_write_ >= kDirectWriteGap) {
       last_direct_write_ = now;
       if (write_directly_locked()) return;
     }
@@ -451,7 +459,8 @@ void TcpTransport::lost_locked(std::vector<Error>& errors, const std::string& wh
   session_.fail_locked(Error{ErrorKind::kClosed, "connection to the broker lost (" + why + ")"});
 }
 
-void TcpTransport::read_available(Deliveries& deliveries, std::vector<Error>& errors) {
+std::size_t TcpTransport::read_available(Deliveries& deliveries, std::vector<Error>& errors) {
+  std::size_t delivered = 0;
   while (true) {
     const ssize_t n = read_some(rbuf_.data() + rlen_, rbuf_.size() - rlen_);
     if (n == 0) {
@@ -459,15 +468,17 @@ void TcpTransport::read_available(Deliveries& deliveries, std::vector<Error>& er
       std::lock_guard lock(session_.mu_);
       // Mid-frame: the broker cut the connection without its CLOSE reaching
       // us (we did not read for its whole drain time); its log says why.
-      return lost_locked(errors, rlen_ == 0 ? "closed by the broker"
-                                            : "closed by the broker in the middle of a frame, " +
-                                                  std::to_string(rlen_) + " bytes of it received");
+      lost_locked(errors, rlen_ == 0 ? "closed by the broker"
+                                     : "closed by the broker in the middle of a frame, " +
+                                           std::to_string(rlen_) + " bytes of it received");
+      return delivered;
     }
     if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) return;
+      if (errno == EAGAIN || errno == EINTR) return delivered;
       const int err = errno;
       std::lock_guard lock(session_.mu_);
-      return lost_locked(errors, err == EPROTO ? "TLS: " + tls_error_ : std::strerror(err));
+      lost_locked(errors, err == EPROTO ? "TLS: " + tls_error_ : std::strerror(err));
+      return delivered;
     }
     rlen_ += static_cast<std::size_t>(n);
     // Whole frames go to the session; an incomplete one waits for more bytes.
@@ -477,7 +488,7 @@ void TcpTransport::read_available(Deliveries& deliveries, std::vector<Error>& er
     session_.on_frames({rbuf_.data(), whole}, deliveries, errors);
     // Messages delivered in place (MessageView) point into rbuf_: they are
     // handed over before its bytes move.
-    session_.dispatch(deliveries, errors);
+    delivered += session_.dispatch(deliveries, errors);
     std::memmove(rbuf_.data(), rbuf_.data() + whole, rlen_ - whole);
     rlen_ -= whole;
     {
@@ -486,56 +497,58 @@ void TcpTransport::read_available(Deliveries& deliveries, std::vector<Error>& er
         // The broker sent CLOSE (or we failed): nothing more will be sent, so
         // our FIN lets the broker finish at once instead of at its deadline.
         ::shutdown(fd_.get(), SHUT_WR);
-        return;
+        return delivered;
       }
     }
   }
 }
 
 void TcpTransport::run() {
-  Deliveries deliveries;
-  std::vector<Error> errors;
-  while (!session_.stop_requested()) {
-    epoll_event evs[4];
-    // No tick: reads, EPOLLOUT, publishes and close() all raise an fd event.
-    const int n = ::epoll_wait(epoll_.get(), evs, 4, -1);
-    session_.io_wakeups_.fetch_add(1, std::memory_order_relaxed);
-    bool readable = false;
-    bool writable = false;
-    for (int i = 0; i < n; ++i) {
-      if (evs[i].data.fd == wake_fd_.get()) {
-        std::uint64_t v;
-        [[maybe_unused]] auto r = ::read(wake_fd_.get(), &v, sizeof v);
-        continue;
-      }
-      readable |= (evs[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0;
-      writable |= (evs[i].events & EPOLLOUT) != 0;
+  // No tick: reads, EPOLLOUT, publishes and close() all raise an fd event.
+  while (!session_.stop_requested()) progress(-1);
+}
+
+std::size_t TcpTransport::progress(int timeout_ms) {
+  std::size_t delivered = 0;
+  epoll_event evs[4];
+  const int n = ::epoll_wait(epoll_.get(), evs, 4, timeout_ms);
+  if (timeout_ms != 0) session_.io_wakeups_.fetch_add(1, std::memory_order_relaxed);
+  bool readable = false;
+  bool writable = false;
+  for (int i = 0; i < n; ++i) {
+    if (evs[i].data.fd == wake_fd_.get()) {
+      std::uint64_t v;
+      [[maybe_unused]] auto r = ::read(wake_fd_.get(), &v, sizeof v);
+      continue;
     }
-    bool closed;
-    {
-      std::lock_guard lock(session_.mu_);
-      closed = session_.closed_;
-    }
-    // Once closed, the socket is not read again, and it leaves the epoll set:
-    // its EOF stays readable (level-triggered), and this thread would spin on
-    // it until the application called close(). It sleeps on the wake-up fd.
-    if (readable && !closed) read_available(deliveries, errors);
-    {
-      std::lock_guard lock(session_.mu_);
-      closed = session_.closed_;
-    }
-    if (closed && socket_watched_) {
-      ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd_.get(), nullptr);
-      socket_watched_ = false;
-    }
-    bool write;
-    {
-      std::lock_guard lock(session_.mu_);
-      write = writable || (write_requested_ && !want_write_);
-    }
-    if (write) write_out();
-    session_.dispatch(deliveries, errors);
+    readable |= (evs[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0;
+    writable |= (evs[i].events & EPOLLOUT) != 0;
   }
+  bool closed;
+  {
+    std::lock_guard lock(session_.mu_);
+    closed = session_.closed_;
+  }
+  // Once closed, the socket is not read again, and it leaves the epoll set:
+  // its EOF stays readable (level-triggered), and this thread would spin on
+  // it until the application called close(). It sleeps on the wake-up fd.
+  if (readable && !closed) delivered += read_available(deliveries_, errors_);
+  {
+    std::lock_guard lock(session_.mu_);
+    closed = session_.closed_;
+  }
+  if (closed && socket_watched_) {
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd_.get(), nullptr);
+    socket_watched_ = false;
+  }
+  bool write;
+  {
+    std::lock_guard lock(session_.mu_);
+    write = writable || (write_requested_ && !want_write_);
+  }
+  if (write) write_out();
+  delivered += session_.dispatch(deliveries_, errors_);
+  return delivered;
 }
 
 }  // namespace

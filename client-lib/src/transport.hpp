@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 
 #include "rdmabroker/proto/multicast.hpp"
 #include "rdmabroker/result.hpp"
@@ -23,8 +24,20 @@ class Transport {
   Transport& operator=(const Transport&) = delete;
 
   /// Connects: the handshake (retried once with the broker's buffer size),
-  /// the I/O thread, then CONNECT and the broker's verdict.
+  /// the I/O thread (none for a polled client), then CONNECT and the
+  /// broker's verdict.
   virtual Status connect() = 0;
+  /// One turn of the I/O loop: waits up to `timeout_ms` (-1: until something
+  /// happens, 0: not at all) for completions, bytes or events, hands what
+  /// arrived to the session (Session::on_frames, dispatch: the callbacks run
+  /// here), and puts what is ready on the wire. Returns the messages
+  /// delivered. Run by the I/O thread, or for a polled client by the
+  /// application's threads, one at a time (Session::progress).
+  virtual std::size_t progress(int timeout_ms) = 0;
+  /// A polled client's callback waits for a send buffer (the thread is in
+  /// progress() already): takes back what was sent and sends what is ready,
+  /// receiving nothing.
+  virtual void progress_sends() = 0;
   /// Sends CLOSE (bounded wait), ends the connection and joins the I/O
   /// thread. Idempotent.
   virtual void close() = 0;

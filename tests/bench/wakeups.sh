@@ -10,6 +10,11 @@
 #   1 worker   --workers 1 (no hand-off between workers)
 #   spinning   --workers 1, the worker busy-polls (--busy-poll-us) and both
 #              clients' I/O threads too (bench --busy-poll-us), 1 ms and 10 ms
+#   polled     polled clients (bench --polled: the subscriber's thread spins
+#              on poll(0), the publisher polls after each publish), 1 worker;
+#              and fully polled: the worker spins too (10 ms)
+# and, in the same boot, raw ib_send_lat at 64 B (polled, and -e: events),
+# the references for the latencies.
 # Runs where RDMA devices exist; without one, through the Soft-RoCE guest:
 #   sudo tests/bench/wakeups.sh [RATE] [SECONDS]
 set -euo pipefail
@@ -57,3 +62,21 @@ run "1 worker" --workers 1 --
 # at 200 msg/s): 1 ms does not, 10 ms does.
 run "1 worker, all spin 1 ms" --workers 1 --busy-poll-us 1000 -- --busy-poll-us 1000
 run "1 worker, all spin 10 ms" --workers 1 --busy-poll-us 10000 -- --busy-poll-us 10000
+# Two spinning threads at most (the subscriber's and the worker's) on the
+# guest's two vCPUs; the publisher sleeps between publishes.
+run "polled clients, 1 worker" --workers 1 -- --polled
+run "fully polled: polled clients, 1 worker spins 10 ms" --workers 1 --busy-poll-us 10000 -- --polled
+
+# raw_lat [-e]: ib_send_lat, 64 B, rxe1 -> rxe0; its typical (median) one-way µs.
+raw_lat() {
+  local port=$((18500 + RANDOM % 400))
+  timeout 300 ib_send_lat -R ${1:-} -d rxe0 -s 64 -n 2000 -p "$port" >/dev/null 2>&1 &
+  local server=$!
+  sleep 1
+  timeout 300 ib_send_lat -R ${1:-} -d rxe1 -s 64 -n 2000 -p "$port" "$A1" >/tmp/raw-lat.txt 2>&1 ||
+    kill "$server" 2>/dev/null || true
+  wait "$server" || true
+  awk '$1 == 64 { print $5 }' /tmp/raw-lat.txt
+}
+echo
+echo "raw ib_send_lat 64 B, typical one-way µs: polled $(raw_lat), with events (-e) $(raw_lat -e)"

@@ -2,7 +2,7 @@
  * connect, subscribe (sync and callback), publish, flush, receive, queue
  * groups, request/reply (answered, no responders; with headers), a callback
  * that reads messages in place (rb_subscribe_view), close, connecting with
- * options (rb_connect_with).
+ * options (rb_connect_with), a polled client (rb_options.polled, rb_poll).
  *   c_api_smoke URL   -> exit 0 when every step worked, else 1 with a message */
 #include <rdmabroker/rdmabroker.h>
 #include <stdatomic.h>
@@ -42,6 +42,14 @@ static void on_view(const rb_message_view* v, void* user) {
       memcmp(v->reply, "c.ans", 5) == 0 && v->len == 4 && memcmp(v->data, "seen", 4) == 0 && trace != NULL &&
       n == 3 && memcmp(trace, "abc", 3) == 0 && rb_view_header(v, "missing", &n) == NULL)
     atomic_fetch_add(&view_count, 1);
+}
+
+/* A polled client's callback: runs inside rb_poll, on main's thread. */
+static int polled_count = 0;
+
+static void on_polled(const rb_message_view* v, void* user) {
+  (void)user;
+  if (v->len == 6 && memcmp(v->data, "polled", 6) == 0) ++polled_count;
 }
 
 static void wait_for(atomic_int* count) {
@@ -185,6 +193,27 @@ int main(int argc, char** argv) {
     fprintf(stderr, "expected a negative timeout to be refused\n");
     return 1;
   }
+  /* A polled client: no I/O thread; its callback runs inside rb_poll. */
+  rb_options po;
+  rb_options_init(&po);
+  po.polled = 1;
+  rb_client* p = NULL;
+  CHECK(rb_connect_with(argv[1], &po, &p));
+  uint32_t polled_sid = 0;
+  CHECK(rb_subscribe_view(p, "c.polled", on_polled, NULL, &polled_sid));
+  CHECK(rb_flush(p, 10000));
+  CHECK(rb_publish(p, "c.polled", "polled", 6));
+  for (int i = 0; i < 10000 && polled_count == 0; ++i) CHECK(rb_poll(p, 1000, NULL));
+  if (polled_count != 1) {
+    fprintf(stderr, "the polled client's callback saw %d messages, expected 1\n", polled_count);
+    return 1;
+  }
+  size_t delivered = 0;
+  if (rb_poll(p, 0, &delivered) != RB_OK || delivered != 0) {
+    fprintf(stderr, "an idle poll delivered %zu: %s\n", delivered, rb_last_error());
+    return 1;
+  }
+  rb_close(p);
   puts("c_api_smoke: ok");
   return 0;
 }

@@ -9,6 +9,11 @@
 // block for long and must not call close() on its own client. A publish on an
 // idle connection is sent from the calling thread (RDMA always, TCP but not
 // TLS), without waking the I/O thread.
+//
+// A polled client (ClientOptions::polled) has no I/O thread: the application
+// drives it by calling poll() from its own threads, callbacks run inside
+// poll(), and a call that waits (flush, request, next, a publish with every
+// send buffer taken, connect, close) makes progress itself while it waits.
 #pragma once
 
 #include <chrono>
@@ -250,6 +255,19 @@ struct ClientOptions {
   /// messages either way. If joining fails the broker sends over the
   /// connection instead (stats().join_failures counts it).
   bool multicast = true;
+  /// No I/O thread: the application calls Client::poll() (Aeron's and UCX's
+  /// model). Callbacks run inside poll() on the calling thread, and so do
+  /// those of whatever arrives while a call of this client waits (flush(),
+  /// request(), Subscription::next(), a publish with no free send buffer,
+  /// connect(), close()): a callback must not itself wait on its client
+  /// (flush or request from a callback time out). Where nothing calls
+  /// poll(), nothing is received, send buffers come back only as publishes
+  /// wait for them, and the broker treats the client as a slow consumer.
+  /// Spin with poll(0) on a core of its own for the lowest latency (no
+  /// wake-up at all), or poll(timeout) to sleep when idle. A polled client
+  /// does not reconnect by itself (with `reconnect`, connect() fails with
+  /// kInvalidArgument): when poll() reports kClosed, connect again.
+  bool polled = false;
   ErrorHandler on_error;
 };
 
@@ -376,6 +394,17 @@ class Client {
   virtual Result<std::uint32_t> subscribe_view(std::string_view subject, MessageViewHandler handler) = 0;
   virtual Result<std::uint32_t> queue_subscribe_view(std::string_view subject, std::string_view group,
                                                      MessageViewHandler handler) = 0;
+
+  /// A polled client (ClientOptions::polled): takes in what has arrived,
+  /// runs the callbacks and fills the queues for it, sends what publishes
+  /// left queued and the credits the broker is owed, and returns how many
+  /// messages it delivered. When nothing has arrived it waits up to
+  /// `timeout` (rounded up to the millisecond) for something to; 0 never
+  /// waits. One thread at a time makes progress: a second caller waits for
+  /// the first. kClosed once the connection has ended (its reason went to
+  /// on_error); kInvalidArgument for a client with an I/O thread, or from a
+  /// callback of this client.
+  virtual Result<std::size_t> poll(std::chrono::microseconds timeout = std::chrono::microseconds{0}) = 0;
 };
 
 }  // namespace rdmabroker

@@ -115,6 +115,9 @@ typedef struct rb_options {
   const char* tls_cert_file;   /* mutual TLS: this client's certificate (PEM) ... */
   const char* tls_key_file;    /* ... and its private key */
   const char* tls_server_name; /* the name the certificate must carry; NULL: the URL's host */
+  /* Non-zero: no I/O thread; the application calls rb_poll (ClientOptions::polled
+   * in client.hpp says how waits and callbacks then behave). Not with reconnect. */
+  int polled;
 } rb_options;
 
 void rb_options_init(rb_options* options);
@@ -156,6 +159,13 @@ uint32_t rb_subscription_sid(const rb_subscription* s);
 void rb_subscription_free(rb_subscription* s);
 int rb_unsubscribe(rb_client* c, uint32_t sid);
 int rb_flush(rb_client* c, int timeout_ms);
+/* A polled client (rb_options.polled): takes in what has arrived and runs its
+ * callbacks on this thread, sends what is queued; waits up to timeout_us
+ * (rounded up to the millisecond; 0: never) when nothing has arrived. The
+ * messages delivered go to *delivered (may be NULL). RB_ERR_CLOSED once the
+ * connection has ended; RB_ERR_INVALID_ARGUMENT for a client with an I/O
+ * thread or from one of its callbacks. */
+int rb_poll(rb_client* c, long timeout_us, size_t* delivered);
 /* Closes and frees the client. */
 void rb_close(rb_client* c);
 const char* rb_last_error(void);
