@@ -260,7 +260,9 @@ struct ClientOptions {
   /// those of whatever arrives while a call of this client waits (flush(),
   /// request(), Subscription::next(), a publish with no free send buffer,
   /// connect(), close()): a callback must not itself wait on its client
-  /// (flush or request from a callback time out). Where nothing calls
+  /// (flush or request from a callback time out), and a lock that callbacks
+  /// take must not be held across a call into the client that may make
+  /// progress (it waits for the turn that callback holds). Where nothing calls
   /// poll(), nothing is received, send buffers come back only as publishes
   /// wait for them, and the broker treats the client as a slow consumer.
   /// Spin with poll(0) on a core of its own for the lowest latency (no
