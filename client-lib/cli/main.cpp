@@ -586,6 +586,9 @@ Subcommand add_bench(CLI::App& app) {
                   "RDMA: each client's I/O thread spins on its CQ this long after a completion "
                   "(ClientOptions::busy_poll)")
       ->capture_default_str();
+  cmd->add_flag("--adaptive-poll", a->client.adaptive_poll,
+                "RDMA: each client spins before sleeping as long as its recent wake-ups say pays, up to "
+                "--busy-poll-us (0: 200 us) (ClientOptions::adaptive_poll)");
   // A client holds (recv credits + in-flight + queued sends) buffers of the
   // broker's frame size: with very large frames, fewer of each.
   cmd->add_option("--recv-credits", a->client.recv_credits, "Receive buffers per client (ClientOptions)")

@@ -188,6 +188,7 @@ int rb_connect_with(const char* url, const rb_options* options, rb_client** out)
   opt.tls_server_name = text(o.tls_server_name);
   opt.reconnect = o.reconnect != 0;
   opt.polled = o.polled != 0;
+  opt.adaptive_poll = o.adaptive_poll != 0;
   opt.max_reconnect_attempts = static_cast<std::uint32_t>(o.max_reconnect_attempts);
   opt.connect_timeout = ms(o.connect_timeout_ms, opt.connect_timeout);
   opt.publish_timeout = ms(o.publish_timeout_ms, opt.publish_timeout);

@@ -62,11 +62,6 @@ Result<ParsedUrl> parse_url(std::string_view url) {
 Result<std::unique_ptr<Client>> Client::connect(std::string_view url, ClientOptions options) {
   auto parsed = parse_url(url);
   if (!parsed) return parsed.error();
-  if (options.reconnect && options.polled) {
-    return Error{ErrorKind::kInvalidArgument,
-                 "a polled client does not reconnect by itself (ClientOptions::reconnect and ::polled): "
-                 "connect again when poll() reports kClosed"};
-  }
   if (options.reconnect) return connect_reconnecting(url, std::move(options));
   // Credentials in the URL stand in for those of the options.
   if (!parsed->user.empty() || !parsed->token.empty()) {

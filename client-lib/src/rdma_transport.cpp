@@ -372,8 +372,10 @@ void RdmaTransport::run() {
 }
 
 std::size_t RdmaTransport::progress(int timeout_ms) {
-  if (timeout_ms != 0 && session_.opt_.busy_poll.count() > 0 &&
-      spin_on_cq(last_work_, deliveries_, errors_)) {
+  if (timeout_ms != 0 && (session_.opt_.adaptive_poll
+                              ? adaptive_spin()
+                              : session_.opt_.busy_poll.count() > 0 &&
+                                    spin_on_cq(last_work_ + session_.opt_.busy_poll, deliveries_, errors_))) {
     last_work_ = Clock::now();
     timeout_ms = 0;  // found work: the events are only looked at, not waited for
   }
@@ -398,6 +400,7 @@ std::size_t RdmaTransport::progress(int timeout_ms) {
   bool cm_ready = false;
   if (timeout_ms != 0 || (++quick_turns_ & 15) == 0) {
     cm_ready = wait_for_events(timeout_ms);
+    if (timeout_ms != 0 && session_.opt_.adaptive_poll) adaptive_.slept(Clock::now() - idle_since_);
     // What arrived meanwhile, before a CM event is acted on (the broker's
     // CLOSE comes before its DISCONNECTED).
     if (timeout_ms != 0 || cm_ready) poll_receives();
@@ -438,11 +441,22 @@ void RdmaTransport::progress_sends() {
   transmit_locked();  // reaps the send CQ first
 }
 
-bool RdmaTransport::spin_on_cq(Clock::time_point last_work, Deliveries& deliveries,
-                               std::vector<Error>& errors) {
-  // Spin on the CQ (no system call) until a completion lands or busy_poll has
-  // passed since the last one; what it finds is handled at once.
-  const auto until = last_work + session_.opt_.busy_poll;
+bool RdmaTransport::adaptive_spin() {
+  // The spin slots of the process: however many clients it holds, no more
+  // of their I/O threads spin at once than it has cores but one.
+  static SpinSlots slots;
+  adaptive_.set_bound(session_.opt_.busy_poll.count() > 0 ? session_.opt_.busy_poll
+                                                          : AdaptiveSpin::kDefaultBound);
+  idle_since_ = Clock::now();
+  if (adaptive_.window().count() == 0 || !slots.try_take()) return false;
+  const bool found = spin_on_cq(idle_since_ + adaptive_.window(), deliveries_, errors_);
+  slots.release();
+  return found;
+}
+
+bool RdmaTransport::spin_on_cq(Clock::time_point until, Deliveries& deliveries, std::vector<Error>& errors) {
+  // Spin on the CQ (no system call) until a completion lands or `until`;
+  // what it finds is handled at once.
   ibv_wc wcs[32];
   int got = 0;
   for (int i = 0; got == 0 && Clock::now() < until; ++i) {

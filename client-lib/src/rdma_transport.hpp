@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "client_internal.hpp"
+#include "rdmabroker/common/adaptive_spin.hpp"
 #include "rdmabroker/common/credits.hpp"
 #include "rdmabroker/common/fd.hpp"
 #include "rdmabroker/common/ud_endpoint.hpp"
@@ -58,9 +59,12 @@ class RdmaTransport final : public Transport {
   void progress_sends() override;
   /// progress()'s: takes every receive completion there is; true if any.
   bool poll_receives();
-  /// run()'s steps. Busy polling: spins on the CQ for up to busy_poll after
-  /// `last_work`; true if it found completions (handled).
-  bool spin_on_cq(Clock::time_point last_work, Deliveries& deliveries, std::vector<Error>& errors);
+  /// run()'s steps. Busy polling: spins on the CQ until `until`; true if it
+  /// found completions (handled).
+  bool spin_on_cq(Clock::time_point until, Deliveries& deliveries, std::vector<Error>& errors);
+  /// ClientOptions::adaptive_poll: spins for the window AdaptiveSpin chose,
+  /// if one of the process's spin slots is free; true if it found completions.
+  bool adaptive_spin();
   /// Waits up to timeout_ms (-1: forever) for the fds; acknowledges CQ events
   /// and handles group events; true if the connection's CM channel is ready.
   bool wait_for_events(int timeout_ms);
@@ -135,8 +139,10 @@ class RdmaTransport final : public Transport {
   Deliveries deliveries_;
   std::vector<Error> errors_;
   Clock::time_point last_work_ = Clock::now();
-  bool recv_cq_armed_ = false;     // an event is requested for the next receive completion
-  std::uint32_t quick_turns_ = 0;  // turns that did not sleep (the fds are looked at every 16th)
+  Clock::time_point idle_since_{};  // adaptive_poll: when progress() last ran out of work
+  AdaptiveSpin adaptive_;           // adaptive_poll's window
+  bool recv_cq_armed_ = false;      // an event is requested for the next receive completion
+  std::uint32_t quick_turns_ = 0;   // turns that did not sleep (the fds are looked at every 16th)
   // UD endpoint (created on the first MCAST_JOIN), in creation order.
   verbs::EventChannelPtr ud_cm_channel_;   // outlives the endpoint's id
   std::unique_ptr<verbs::UdEndpoint> ud_;  // receive slots of kUdBufferSize

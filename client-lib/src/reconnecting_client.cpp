@@ -5,6 +5,13 @@
 // Session; while there is none, publish() and request() wait for one (up to
 // publish_timeout) and subscribe()/unsubscribe() change what will be
 // restored.
+//
+// Polled (ClientOptions::polled): each session is polled; poll() polls the
+// current one, and while there is none it waits (up to its timeout) for the
+// supervisor, which still does the reconnecting (connect, restore) on its
+// own thread: no message is taken in there, so every callback but the
+// connection events still runs inside the application's poll().
+#include <algorithm>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -101,9 +108,28 @@ class ReconnectingClient final : public Client {
     if (!s) return s.error();
     return s.value()->flush(timeout);
   }
-  Result<std::size_t> poll(std::chrono::microseconds) override {
-    return Error{ErrorKind::kInvalidArgument,
-                 "poll() is for a polled client (ClientOptions::polled); this one has an I/O thread"};
+  Result<std::size_t> poll(std::chrono::microseconds timeout) override {
+    if (!opt_.polled) {
+      return Error{ErrorKind::kInvalidArgument,
+                   "poll() is for a polled client (ClientOptions::polled); this one has an I/O thread"};
+    }
+    std::shared_ptr<Session> s;
+    {
+      std::unique_lock lock(mu_);
+      // Reconnecting: nothing to take in until the supervisor has the next connection.
+      const auto ready = [&] { return closed_ || (current_ && current_->close_reason().message.empty()); };
+      if (!ready()) cv_.wait_for(lock, timeout, ready);
+      if (closed_) return close_error_;
+      if (!ready()) return std::size_t{0};
+      s = current_;
+    }
+    auto n = s->poll(timeout);
+    if (n || n.error().kind == ErrorKind::kInvalidArgument) return n;
+    // This connection just ended: the supervisor notices and reconnects; the
+    // application polls on (on_connection_event says kDisconnected).
+    std::lock_guard lock(mu_);
+    if (closed_) return close_error_;
+    return std::size_t{0};
   }
   void close() override {
     std::shared_ptr<Session> s;
@@ -201,8 +227,12 @@ class ReconnectingClient final : public Client {
       std::lock_guard lock(mu_);
       if (closed_) return close_error_;
       sid = next_sid_++;
+      // Polled: the queue's next() polls this client while it waits.
+      Driver drive;
+      if (opt_.polled) drive = [this](Clock::time_point deadline) { drive_until(deadline); };
       if (!handler)
-        queue = std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit, app_wakeups_);
+        queue = std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit, app_wakeups_,
+                                                    std::move(drive));
       subs_.emplace(sid, Entry{std::string(subject), std::string(group), handler, queue});
       s = current_;
     }
@@ -252,6 +282,12 @@ class ReconnectingClient final : public Client {
       // that session has closed, the next one gets the operation.
       if (st.error().kind != ErrorKind::kClosed && s.value()->close_reason().message.empty()) return st;
     }
+  }
+
+  /// Polled: one poll, waiting no later than `deadline` (a queue's next()).
+  void drive_until(Clock::time_point deadline) {
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
+    (void)poll(std::clamp(left, std::chrono::microseconds(0), std::chrono::microseconds(100'000)));
   }
 
   void mark_placed(std::uint32_t sid) {
@@ -321,7 +357,10 @@ class ReconnectingClient final : public Client {
               ++restored;
             }
           }
-          if (next.value()->flush(opt_.connect_timeout)) {
+          // A polled session is not flushed here: its answers would run
+          // callbacks on this thread. The application's next polls take in
+          // the broker's verdict on what was restored.
+          if (opt_.polled || next.value()->flush(opt_.connect_timeout)) {
             const auto downtime = std::chrono::duration_cast<std::chrono::milliseconds>(
                 std::chrono::steady_clock::now() - down_since);
             {

@@ -239,6 +239,7 @@ const std::vector<Field>& fields() {
       uint_field("flow", "credits", false, &B::credits, 4, 65535),
       uint_field("flow", "max_inflight_sends", false, &B::max_inflight_sends, 1, 1024),
       uint_field("flow", "busy_poll_us", true, &B::busy_poll_us, 0, 1'000'000),
+      bool_field("flow", "adaptive_poll", true, [](Config& c) -> bool& { return c.broker.adaptive_poll; }),
       uint_field("limits", "max_connections", false, &B::max_connections, 1, 1u << 20),
       uint_field("limits", "max_unauthenticated", true, &B::max_unauthenticated, 0, 1u << 20),
       uint_field("limits", "max_unauthenticated_per_address", true, &B::max_unauthenticated_per_address, 1,

@@ -21,6 +21,7 @@
 #include "broker/subscription_index.hpp"
 #include "fault/fault.hpp"
 #include "ops/log_throttle.hpp"
+#include "rdmabroker/common/adaptive_spin.hpp"
 #include "tcp/tls_context.hpp"
 
 namespace rdmabroker::daemon {
@@ -57,10 +58,11 @@ struct BrokerCore {
   std::unique_ptr<Admission> admission;    // connect requests and slots, both transports
   SubscriptionBudget subscription_budget;  // limits.max_subscriptions_total / max_subscription_memory
   std::atomic<std::uint64_t> next_connection_id{1};  // broker-wide, both transports
-  std::shared_ptr<const AuthTable> auth;             // as started; reloads hand workers their successors
-  Authenticator* authenticator = nullptr;            // checks passwords and tokens off the workers
-  TlsHolder tls;                                     // TLS on the TCP listener (null: tls.mode off)
-  fault::Shared faults;                              // test builds: faults any worker may pick up
+  SpinSlots spin_slots;  // flow.adaptive_poll: workers spinning at once, at most the cores but one
+  std::shared_ptr<const AuthTable> auth;   // as started; reloads hand workers their successors
+  Authenticator* authenticator = nullptr;  // checks passwords and tokens off the workers
+  TlsHolder tls;                           // TLS on the TCP listener (null: tls.mode off)
+  fault::Shared faults;                    // test builds: faults any worker may pick up
   /// Close lines per reason, broker-wide (a flood of failed logins must not flood the journal).
   std::array<LogThrottle, kCloseReasonCount> close_log_throttles;
   LogThrottle auth_failure_log;          // "authentication failed" lines, broker-wide

@@ -163,6 +163,7 @@ struct Connection {
   bool close_received = false;     // the client sent CLOSE
   bool peer_disconnected = false;  // the transport's end (DISCONNECTED, FIN, connect error) was seen
   bool touched = false;            // on the worker's flush list
+  bool awaits_send = false;        // RDMA: has data and a credit, waits for a send slot or block
   bool reaping = false;            // queued for destruction at the end of the loop turn
   std::chrono::steady_clock::time_point deadline{};  // draining/disconnecting: when to give up waiting
 

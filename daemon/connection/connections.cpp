@@ -164,6 +164,7 @@ void Connections::destroy(Connection& c) {
         suppressed > 0 ? fmt::format(" ({} more closes for this reason not logged)", suppressed) : "");
   }
   if (c.touched) std::erase(touched_, &c);
+  set_awaits_send(c, false);
   table_.erase(c.id);  // the link destroys its transport (QP before cm_id; or the socket)
 }
 

@@ -122,6 +122,18 @@ class Connections {
   void check_deadlines();
   /// True while a stall or a closing connection needs the loop to look again soon.
   bool needs_prompt_check() const { return !stalled_.empty(); }
+  /// RDMA links: whether `c` now waits for a send completion to send more
+  /// (RdmaLink::flush says so after each flush).
+  void set_awaits_send(Connection& c, bool awaits) {
+    if (c.awaits_send == awaits) return;
+    c.awaits_send = awaits;
+    awaiting_send_ += awaits ? 1 : -1;
+  }
+  /// Whether a send completion is awaited: a connection waits for a send
+  /// slot or block, or a closing one for its last sends to leave. The loop
+  /// then arms its send CQs before sleeping; otherwise their completions
+  /// wake nobody and are reaped on the next turn.
+  bool sends_awaited() const { return awaiting_send_ > 0 || !closing_.empty(); }
 
  private:
   void flush(Connection& c);
@@ -166,6 +178,7 @@ class Connections {
   std::vector<std::uint64_t> closing_;          // draining or disconnecting: deadlines to check
   std::vector<std::uint64_t> reap_;             // to destroy at the end of the loop turn
   std::vector<std::uint64_t> stalled_;          // publishers whose links are paused for a while
+  std::int64_t awaiting_send_ = 0;              // connections with awaits_send
   std::chrono::steady_clock::time_point next_write_check_{};
   std::function<void(Connection&)> message_cut_;  // on_message_cut
 };

@@ -22,7 +22,7 @@
 //                            milliseconds, as a worker stuck in a system call
 //                            would be (liveness: /healthz, the watchdog)
 // and, at start (a CQ is sized when it is created), the environment variable
-//   RDMABROKER_FAULT_CQ_ENTRIES=N   every worker's CQs get N entries.
+//   RDMABROKER_FAULT_CQ_ENTRIES=N   every worker's send CQs get N entries.
 // What the broker must do under each is in docs/testing.md ("Fault injection").
 #pragma once
 

@@ -101,6 +101,8 @@ const std::vector<FlagDef>& flag_table() {
       key_flag("--max-inflight-sends", "Sends in flight per connection", "flow.max_inflight_sends"),
       key_flag("--busy-poll-us", "Spin on the CQs this long after the last work before sleeping (0: never)",
                "flow.busy_poll_us"),
+      key_flag("--adaptive-poll", "true: the spin tunes itself, up to --busy-poll-us (0: 200 us)",
+               "flow.adaptive_poll"),
       key_flag("--max-pending-bytes", "Bytes queued per subscriber before it is a slow consumer",
                "limits.max_pending_bytes"),
       key_flag("--write-deadline-ms", "Slow-consumer write deadline", "slow_consumer.write_deadline_ms"),

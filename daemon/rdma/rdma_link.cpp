@@ -67,8 +67,8 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
 
   ibv_qp_init_attr attr{};
   attr.qp_context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(cmd.connection_id));
-  attr.send_cq = port.cq();
-  attr.recv_cq = port.cq();
+  attr.send_cq = port.send_cq();
+  attr.recv_cq = port.recv_cq();
   attr.srq = port.srq();
   attr.qp_type = IBV_QPT_RC;
   attr.cap.max_send_wr = window;  // the send window + a credit update
@@ -267,6 +267,9 @@ void RdmaLink::flush(Connection& c) {
     stage_send(c, block, sge, packed.num_sge, take_imm(c), &refs, packed);
   }
   post_staged(c);
+  // Data left with a credit to carry it waits for a send slot or a send
+  // block: only a send completion frees one, so the send CQ must wake us.
+  connections_.set_awaits_send(c, !c.outq.empty() && credits.can_send_data());
 }
 
 void RdmaLink::stage_send(Connection& c, std::uint32_t block, const Segment* sge, std::uint32_t num_sge,

@@ -31,38 +31,48 @@ Result<std::unique_ptr<RdmaPort>> RdmaPort::create(Device& dev, WorkerContext& c
   const auto max_srq_wr = static_cast<std::uint32_t>(attr.max_srq_wr);
   port->srq_max_ = std::min(std::max(port->srq_depth_, ctx.core.pool->count() / (2 * ports_total)),
                             max_srq_wr > port->batch_ ? max_srq_wr - port->batch_ : 1u);
-  // Every signaled send and every receive needs a CQ slot: size for the SRQ
-  // plus a full send window on every connection this worker may hold.
+  // Two CQs on one completion channel. Every receive needs a slot on the
+  // receive CQ (the SRQ's size); every signaled send one on the send CQ (a
+  // full send window on every connection this worker may hold). The receive
+  // CQ is armed whenever the loop sleeps; the send CQ only while something
+  // waits on a send (arm()), so that a delivery's completion wakes nobody.
+  const auto max_cqe = static_cast<std::uint64_t>(attr.max_cqe);
   const std::uint32_t window = opt.max_inflight_sends + 1;
-  const std::uint64_t want =
-      std::uint64_t{port->srq_max_} + port->batch_ + std::uint64_t{max_connections} * window;
-  int cqe = static_cast<int>(std::min<std::uint64_t>(want, static_cast<std::uint64_t>(attr.max_cqe)));
-  if (const std::uint32_t forced = fault::cq_entries_override(); forced > 0) cqe = static_cast<int>(forced);
   port->channel_.reset(ibv_create_comp_channel(dev.context));
   if (!port->channel_) return sys_error("ibv_create_comp_channel(" + dev.name + ")");
   if (!set_nonblocking(port->channel_->fd)) return sys_error("O_NONBLOCK on the completion channel");
-  port->cq_.reset(ibv_create_cq(dev.context, cqe, nullptr, port->channel_.get(), 0));
-  if (!port->cq_) return sys_error("ibv_create_cq(" + dev.name + ", " + std::to_string(cqe) + ")");
-  port->acker_.attach(port->cq_.get());
-  // The device may round the size up; what it granted is the budget. The
-  // SRQ must fit with at least one connection's window beside it.
-  port->cq_capacity = static_cast<std::uint32_t>(port->cq_->cqe);
-  if (port->cq_capacity < port->srq_max_ + port->batch_ + window) {
-    if (port->cq_capacity < 2 * window + port->batch_) {
-      return Error{ErrorKind::kResource, "the CQ on " + dev.name + " has " +
-                                             std::to_string(port->cq_capacity) +
-                                             " entries: too few for a receive queue and one connection"};
+  const auto create_cq = [&](verbs::CqPtr& cq, verbs::CqEventAcker& acker, std::uint64_t want) -> Status {
+    const int cqe = static_cast<int>(std::min(want, max_cqe));
+    cq.reset(ibv_create_cq(dev.context, cqe, nullptr, port->channel_.get(), 0));
+    if (!cq) return sys_error("ibv_create_cq(" + dev.name + ", " + std::to_string(cqe) + ")");
+    acker.attach(cq.get());
+    return {};
+  };
+  if (auto s = create_cq(port->recv_cq_, port->recv_acker_, std::uint64_t{port->srq_max_} + port->batch_); !s)
+    return s.error();
+  // The device may grant less (its max_cqe): the SRQ must fit its CQ.
+  if (const auto granted = static_cast<std::uint32_t>(port->recv_cq_->cqe);
+      granted < port->srq_max_ + port->batch_) {
+    if (granted < 2 * port->batch_) {
+      return Error{ErrorKind::kResource, "the receive CQ on " + dev.name + " has " + std::to_string(granted) +
+                                             " entries: too few for a receive queue"};
     }
-    // A CQ smaller than wanted is shared: receives keep srq_depth (or half
-    // the CQ if more), the rest is for the connections' send windows.
-    const std::uint32_t cut = std::min(port->cq_capacity - window - port->batch_,
-                                       std::max(port->srq_depth_, port->cq_capacity / 2));
+    const std::uint32_t cut = granted - port->batch_;
     spdlog::warn("worker {}: {} has a CQ of {} entries: receive queue cut from {} to {}", ctx.index, dev.name,
-                 port->cq_capacity, port->srq_max_, cut);
+                 granted, port->srq_max_, cut);
     port->srq_max_ = cut;
     port->srq_depth_ = std::min(port->srq_depth_, cut);
   }
-  port->cq_reserved = port->srq_max_ + port->batch_;
+  std::uint64_t send_cqe = std::uint64_t{max_connections} * window;
+  if (const std::uint32_t forced = fault::cq_entries_override(); forced > 0) send_cqe = forced;
+  if (auto s = create_cq(port->send_cq_, port->send_acker_, send_cqe); !s) return s.error();
+  // What the device granted is the budget of send windows (cq_has_room).
+  port->cq_capacity = static_cast<std::uint32_t>(port->send_cq_->cqe);
+  if (port->cq_capacity < window) {
+    return Error{ErrorKind::kResource, "the send CQ on " + dev.name + " has " +
+                                           std::to_string(port->cq_capacity) +
+                                           " entries: too few for one connection"};
+  }
   ctx.stats.credit_capacity.add(port->srq_max_);
   ibv_srq_init_attr srq_attr{};
   srq_attr.attr.max_wr = port->srq_max_ + port->batch_;
@@ -85,42 +95,59 @@ RdmaPort::~RdmaPort() {
   }
 }
 
-void RdmaPort::arm() {
-  if (armed_) return;
-  ibv_req_notify_cq(cq_.get(), 0);
-  armed_ = true;
+void RdmaPort::arm(bool sends_awaited) {
+  if (!recv_armed_) {
+    ibv_req_notify_cq(recv_cq_.get(), 0);
+    recv_armed_ = true;
+  }
+  if (sends_awaited && !send_armed_) {
+    ibv_req_notify_cq(send_cq_.get(), 0);
+    send_armed_ = true;
+  }
 }
 
 void RdmaPort::take_channel_events() {
   ibv_cq* cq = nullptr;
   void* cq_context = nullptr;
   while (ibv_get_cq_event(channel_.get(), &cq, &cq_context) == 0) {
-    acker_.add();
-    armed_ = false;
+    if (cq == send_cq_.get()) {
+      send_acker_.add();
+      send_armed_ = false;
+    } else {
+      recv_acker_.add();
+      recv_armed_ = false;
+    }
   }
 }
 
-bool RdmaPort::poll(Connections& connections, FrameHandler& frames) {
+template <typename OnCompletion>
+bool RdmaPort::drain(ibv_cq* cq, bool receives, OnCompletion&& on_completion) {
   ibv_wc wcs[32];
   bool any = false;
   int n;
-  while ((n = ibv_poll_cq(cq_.get(), 32, wcs)) > 0) {
+  while ((n = ibv_poll_cq(cq, 32, wcs)) > 0) {
     any = true;
     ctx_.stats.completions_per_poll.observe(n);
     for (int i = 0; i < n; ++i) {
       if constexpr (fault::kEnabled) {
-        if (wc_faults_armed > 0) inject_wc_fault(wcs[i]);
+        if (wc_faults_armed > 0) inject_wc_fault(wcs[i], receives);
       }
-      if ((wcs[i].wr_id & kRecvFlag) != 0) {
-        on_receive(connections, frames, wcs[i]);
-      } else {
-        on_send_complete(connections, wcs[i]);
-      }
+      on_completion(wcs[i]);
     }
     if (n < 32) break;
   }
   if (n < 0) spdlog::error("worker {}: ibv_poll_cq on {} failed", ctx_.index, device.name);
   return any;
+}
+
+bool RdmaPort::poll(Connections& connections, FrameHandler& frames) {
+  const bool received =
+      drain(recv_cq_.get(), true, [&](const ibv_wc& wc) { on_receive(connections, frames, wc); });
+  return reap_sends(connections) || received;
+}
+
+bool RdmaPort::reap_sends(Connections& connections) {
+  return drain(send_cq_.get(), false, [&](const ibv_wc& wc) { on_send_complete(connections, wc); });
 }
 
 RdmaLink* RdmaPort::link_of(std::uint32_t qp_num, Connection** c) {
@@ -131,7 +158,7 @@ RdmaLink* RdmaPort::link_of(std::uint32_t qp_num, Connection** c) {
 }
 
 void RdmaPort::on_receive(Connections& connections, FrameHandler& frames, const ibv_wc& wc) {
-  const auto index = static_cast<std::uint32_t>(wc.wr_id & ~kRecvFlag);
+  const auto index = static_cast<std::uint32_t>(wc.wr_id);
   BufferRef buf(ctx_.core.pool, index);  // adopts the reference the SRQ held
   posted_flag_[index] = 0;
   --posted_;
@@ -244,7 +271,7 @@ void RdmaPort::refill(Connections& connections, std::uint32_t to_grant) {
   for (std::size_t i = 0; i < got; ++i) {
     sges[i] = ibv_sge{reinterpret_cast<std::uint64_t>(ctx_.core.pool->data(idx[i])),
                       ctx_.core.pool->buffer_size(), lkey};
-    wrs[i].wr_id = kRecvFlag | idx[i];
+    wrs[i].wr_id = idx[i];
     wrs[i].sg_list = &sges[i];
     wrs[i].num_sge = 1;
     wrs[i].next = i + 1 < got ? &wrs[i + 1] : nullptr;
@@ -271,7 +298,7 @@ void RdmaPort::refill(Connections& connections, std::uint32_t to_grant) {
   }
 }
 
-void RdmaPort::inject_wc_fault(ibv_wc& wc) {
+void RdmaPort::inject_wc_fault(ibv_wc& wc, bool receive) {
   Connection* c = nullptr;
   RdmaLink* link = link_of(wc.qp_num, &c);
   if (link == nullptr || !link->fail_next_wc) return;
@@ -280,7 +307,7 @@ void RdmaPort::inject_wc_fault(ibv_wc& wc) {
   // A failed work request leaves its QP in the error state; everything still
   // posted then completes as flushed. The completion itself reads as a
   // device error of its direction.
-  wc.status = (wc.wr_id & kRecvFlag) != 0 ? IBV_WC_LOC_PROT_ERR : IBV_WC_REM_ACCESS_ERR;
+  wc.status = receive ? IBV_WC_LOC_PROT_ERR : IBV_WC_REM_ACCESS_ERR;
   link->force_error();
   spdlog::warn("fault: a completion of connection {} reported as {}", c->id, ibv_wc_status_str(wc.status));
 }

@@ -1,8 +1,11 @@
-// A worker's resources on one RDMA device: a completion channel, a CQ shared
-// by every QP of the worker on that device, an SRQ fed from the broker's
-// pool, and the worker's send blocks registered there. The port drains its
-// CQ (receives go to the frame handler, send completions retire the
-// connection's in-flight sends) and refills its SRQ at a low watermark.
+// A worker's resources on one RDMA device: a completion channel, a receive
+// CQ and a send CQ shared by every QP of the worker on that device, an SRQ
+// fed from the broker's pool, and the worker's send blocks registered there.
+// The port drains its CQs (receives go to the frame handler, send
+// completions retire the connection's in-flight sends) and refills its SRQ
+// at a low watermark. The receive CQ is armed whenever the loop sleeps (an
+// arrival is work); the send CQ only while something waits on a send, so
+// that a delivery's completion wakes nobody: it is reaped on the next turn.
 //
 // Credits by demand (SPEC.md §5.1): the windows of the port's connections
 // together never exceed what its SRQ may hold (srq_max), and the SRQ is kept
@@ -34,12 +37,10 @@ class RdmaLink;
 
 class RdmaPort {
  public:
-  /// Receives carry this bit in their wr_id (the opcode of an error
-  /// completion is undefined): the rest is the pool buffer's index.
-  static constexpr std::uint64_t kRecvFlag = 1ull << 63;
-
-  /// Creates the port's CQ (sized for the SRQ plus a send window on each of
-  /// `max_connections` connections), SRQ and send-block registration.
+  /// Creates the port's CQs (the receive CQ sized for the SRQ, the send CQ
+  /// for a send window on each of `max_connections` connections), SRQ and
+  /// send-block registration. A receive's wr_id is its pool buffer's index,
+  /// a send's its slot in the connection's in-flight ring.
   static Result<std::unique_ptr<RdmaPort>> create(Device& device, WorkerContext& ctx,
                                                   const SendBlocks& blocks, std::uint32_t max_connections);
   /// SRQ first (returning the buffers still posted on it), then the CQ and channel.
@@ -48,10 +49,13 @@ class RdmaPort {
   RdmaPort& operator=(const RdmaPort&) = delete;
 
   int channel_fd() const { return channel_->fd; }
-  /// Drains the CQ; true if it found any completion.
+  /// Drains both CQs; true if it found any completion.
   bool poll(Connections& connections, FrameHandler& frames);
-  /// Requests an event for the next completion (before the loop sleeps).
-  void arm();
+  /// Drains the send CQ only (a worker lending its state, Worker::deliver_if_asleep).
+  bool reap_sends(Connections& connections);
+  /// Before the loop sleeps: requests an event for the next receive, and for
+  /// the next send completion if `sends_awaited` (Connections::sends_awaited).
+  void arm(bool sends_awaited);
   /// The completion channel woke the loop: takes its events (acked in batches).
   void take_channel_events();
   /// Posts receives up to srq_target() once it is a quarter of srq_depth
@@ -76,7 +80,7 @@ class RdmaPort {
 
   /// Receives that no client has a credit for: what may still be granted.
   std::uint32_t credit_budget() const { return posted_ > outstanding ? posted_ - outstanding : 0; }
-  /// Room on the CQ for another connection's send window.
+  /// Room on the send CQ for another connection's send window.
   bool cq_has_room(std::uint32_t window) const { return cq_reserved + window <= cq_capacity; }
 
   Device& device;
@@ -84,7 +88,7 @@ class RdmaPort {
   std::uint32_t outstanding = 0;    // credits granted to this port's clients, not yet used
   std::uint32_t windows_total = 0;  // the windows of this port's connections (RdmaLink::charged_)
   bool budget_short = false;        // a link had owed credits the budget could not cover
-  /// CQ entries, and those spoken for: the SRQ's receives plus a send window
+  /// Send CQ entries, and those spoken for: a send window
   /// (max_inflight_sends + 1) per connection. A connection that would
   /// overrun the CQ is refused: an overrun CQ breaks every QP on it.
   std::uint32_t cq_capacity = 0;
@@ -100,7 +104,8 @@ class RdmaPort {
   };
   std::vector<StagedSend> staged;
 
-  ibv_cq* cq() const { return cq_.get(); }
+  ibv_cq* recv_cq() const { return recv_cq_.get(); }
+  ibv_cq* send_cq() const { return send_cq_.get(); }
   ibv_srq* srq() const { return srq_.get(); }
   std::uint32_t send_blocks_lkey() const { return send_blocks_mr_->lkey; }
 
@@ -108,14 +113,19 @@ class RdmaPort {
   RdmaPort(Device& device, WorkerContext& ctx) : device(device), ctx_(ctx) {}
   void on_receive(Connections& connections, FrameHandler& frames, const ibv_wc& wc);
   void on_send_complete(Connections& connections, const ibv_wc& wc);
+  /// Takes every completion on `cq` (`receives`: the receive CQ); true if any.
+  template <typename OnCompletion>
+  bool drain(ibv_cq* cq, bool receives, OnCompletion&& on_completion);
   /// Test builds: turns a completion of a link with fail_next_wc into an error.
-  void inject_wc_fault(ibv_wc& wc);
+  void inject_wc_fault(ibv_wc& wc, bool receive);
   RdmaLink* link_of(std::uint32_t qp_num, Connection** c);
 
   WorkerContext& ctx_;
   verbs::CompChannelPtr channel_;  // members in creation order; reverse is a valid teardown
-  verbs::CqPtr cq_;
-  verbs::CqEventAcker acker_;  // acks before the CQ is destroyed
+  verbs::CqPtr recv_cq_;
+  verbs::CqEventAcker recv_acker_;  // acks before the CQ is destroyed
+  verbs::CqPtr send_cq_;
+  verbs::CqEventAcker send_acker_;
   verbs::SrqPtr srq_;
   verbs::MrPtr send_blocks_mr_;   // the worker's send blocks registered on this device
   std::uint32_t srq_depth_ = 0;   // receives always kept posted (buffers.srq_depth)
@@ -124,7 +134,8 @@ class RdmaPort {
   std::uint32_t posted_ = 0;      // receives on the SRQ
   std::uint32_t publishers_ = 0;  // connections with data in the last kIdleReclaim (rebalance)
   std::chrono::steady_clock::time_point next_rebalance_{};
-  bool armed_ = false;
+  bool recv_armed_ = false;
+  bool send_armed_ = false;
   std::vector<std::uint8_t> posted_flag_;  // by pool index: buffers sitting on this SRQ
 };
 

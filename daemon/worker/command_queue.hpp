@@ -33,10 +33,7 @@ class CommandQueue {
       items_.push_back(std::move(item));
       nonempty_.store(true, std::memory_order_release);
     }
-    if (was_empty) {
-      std::uint64_t one = 1;
-      [[maybe_unused]] auto n = ::write(wake_.get(), &one, sizeof one);
-    }
+    if (was_empty) wake();
   }
 
   /// Owner thread: swaps out everything posted so far (FIFO order).
@@ -52,6 +49,12 @@ class CommandQueue {
   /// Owner thread, without a system call: whether anything waits (a busy-
   /// polling owner checks this instead of its eventfd).
   bool pending() const { return nonempty_.load(std::memory_order_acquire); }
+
+  /// Any thread: wakes the owner's epoll without an item.
+  void wake() {
+    std::uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(wake_.get(), &one, sizeof one);
+  }
 
  private:
   UniqueFd wake_;

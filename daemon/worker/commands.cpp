@@ -49,7 +49,12 @@ void Worker::on_command(AcceptCommand& cmd) {
 }
 
 void Worker::on_command(DeliverCommand& cmd) {
-  for (auto& d : cmd.items) {
+  ctx_.stats.handoffs_queued.add();
+  deliver(cmd.items);
+}
+
+void Worker::deliver(std::vector<RemoteDelivery>& items) {
+  for (auto& d : items) {
     Connection* c = connections_.find_up(d.connection);
     if (c == nullptr) {
       // An ABORT for a subscriber gone meanwhile: the message it had begun counts where ABORTs do.

@@ -68,6 +68,7 @@ void Worker::join() {
 }
 
 void Worker::run() {
+  turn_held_.lock();
   ctx_.bind_to_this_thread();
   while (true) {
     ctx_.now = std::chrono::steady_clock::now();
@@ -84,8 +85,10 @@ void Worker::run() {
     if (tcp_ && tcp_->read_buffered()) busy = true;  // TLS: decrypted bytes epoll cannot see
     if (busy) {
       last_work_ = ctx_.now;
+    } else if (ctx_.options.adaptive_poll) {
+      busy = adaptive_spin();
     } else if (ctx_.options.busy_poll_us > 0) {
-      busy = spin_poll();
+      busy = spin_poll(last_work_ + std::chrono::microseconds(ctx_.options.busy_poll_us));
     }
     router_.post_batches();
     connections_.flush_touched();
@@ -115,6 +118,28 @@ void Worker::run() {
     }
   }
   spdlog::debug("worker {}: stopped", ctx_.index);
+  turn_held_.unlock();
+}
+
+bool Worker::deliver_if_asleep(std::vector<RemoteDelivery>& items) {
+  std::unique_lock turn(turn_, std::try_to_lock);
+  // Awake, or a command waits that these deliveries must not overtake (an
+  // earlier DeliverCommand of the same publisher): the queue it is.
+  if (!turn.owns_lock() || !asleep_ || commands_.pending()) return false;
+  ctx_.bind_to_this_thread();
+  ctx_.now = std::chrono::steady_clock::now();
+  ctx_.stats.handoffs_direct.add();
+  deliver(items);
+  connections_.flush_touched();
+  // The sends of earlier deliveries completed into a send CQ that woke
+  // nobody: reap them here (their buffers go back to the pool, windows open).
+  bool reaped = false;
+  for (auto& port : ports_) reaped |= port->reap_sends(connections_);
+  if (reaped) connections_.flush_touched();
+  // What cannot wait for the worker's next timeout (a connection that waits
+  // on a send, one that closed, a stalled publisher) wakes it after all.
+  if (connections_.sends_awaited() || connections_.needs_prompt_check()) commands_.wake();
+  return true;
 }
 
 bool Worker::poll_ports() {
@@ -123,35 +148,61 @@ bool Worker::poll_ports() {
   return busy;
 }
 
-bool Worker::spin_poll() {
-  // Busy polling (flow.busy_poll_us): within that time of the last work, a
-  // completion is picked up as it lands instead of after a wake-up through
-  // the completion channel, at the price of a core. Only the CQs are polled
-  // while spinning (no system call); commands, CM events and sockets are
-  // looked at when the spin ends or finds work.
-  const auto until = last_work_ + std::chrono::microseconds(ctx_.options.busy_poll_us);
+bool Worker::spin_poll(std::chrono::steady_clock::time_point until) {
+  // Busy polling: until then, a completion is picked up as it lands instead
+  // of after a wake-up through the completion channel, at the price of a
+  // core. Only the CQs are polled while spinning (no system call); commands,
+  // CM events and sockets are looked at when the spin ends or finds work.
+  if (std::chrono::steady_clock::now() >= until) return false;
   for (int i = 0; std::chrono::steady_clock::now() < until; ++i) {
-    if (poll_ports()) {
+    if (poll_ports() || ((i & 63) == 63 && commands_.pending())) {
       ctx_.now = std::chrono::steady_clock::now();
       last_work_ = ctx_.now;
+      ctx_.stats.spins[0].add();
       return true;
     }
-    if ((i & 63) == 63 && commands_.pending()) return true;
   }
+  ctx_.stats.spins[1].add();
   return false;
+}
+
+bool Worker::adaptive_spin() {
+  // flow.adaptive_poll: the window follows the last sleeps (AdaptiveSpin);
+  // wait_events() tells it how long each one lasted from here.
+  adaptive_.set_bound(ctx_.options.busy_poll_us > 0 ? std::chrono::microseconds(ctx_.options.busy_poll_us)
+                                                    : AdaptiveSpin::kDefaultBound);
+  idle_since_ = ctx_.now;
+  if (adaptive_.window().count() == 0 || !ctx_.core.spin_slots.try_take()) return false;
+  const bool found = spin_poll(ctx_.now + adaptive_.window());
+  ctx_.core.spin_slots.release();
+  return found;
 }
 
 void Worker::wait_events(int timeout_ms) {
   if (timeout_ms > 0) {
-    // Arm every CQ, then poll once more: a completion that arrived between
+    // Arm the CQs, then poll once more: a completion that arrived between
     // the last empty poll and the arm raises no event, and would otherwise
-    // sit in the CQ until something else woke us.
-    for (auto& port : ports_) port->arm();
+    // sit in the CQ until something else woke us. Send CQs only if a send
+    // completion is awaited: else a delivery's completion would wake us.
+    const bool sends_awaited = connections_.sends_awaited();
+    for (auto& port : ports_) port->arm(sends_awaited);
     if (poll_ports()) timeout_ms = 0;
   }
   epoll_event events[64];
-  const int n = ::epoll_wait(epoll_.get(), events, 64, timeout_ms);
+  int n;
+  if (timeout_ms == 0) {
+    n = ::epoll_wait(epoll_.get(), events, 64, 0);
+  } else {
+    // Asleep: the turn is free for a thread with deliveries for us.
+    asleep_ = true;
+    turn_held_.unlock();
+    n = ::epoll_wait(epoll_.get(), events, 64, timeout_ms);
+    turn_held_.lock();
+    asleep_ = false;
+    ctx_.bind_to_this_thread();
+  }
   ctx_.now = std::chrono::steady_clock::now();
+  if (timeout_ms != 0 && ctx_.options.adaptive_poll) adaptive_.slept(ctx_.now - idle_since_);
   if (timeout_ms != 0) count_wakeup(events, n);
   for (int i = 0; i < n; ++i) {
     const std::uint64_t tag = events[i].data.u64;
@@ -284,8 +335,14 @@ void BrokerCore::evict(const Admission::Eviction& e) const {
 }
 
 void BrokerCore::post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker) const {
+  // Never a worker's own deliveries (it routes those to its connections
+  // directly): deliver_if_asleep() must not take the caller's own turn.
   for (std::size_t w = 0; w < per_worker.size(); ++w) {
     if (per_worker[w].empty()) continue;
+    if (workers[w]->deliver_if_asleep(per_worker[w])) {
+      per_worker[w].clear();
+      continue;
+    }
     DeliverCommand cmd;
     cmd.items.swap(per_worker[w]);
     workers[w]->post(std::move(cmd));

@@ -7,12 +7,19 @@
 // router -> subscriber queues; send -> retire), the batches for other
 // workers, the flush of touched connections, SRQ refill, deadlines, reaping;
 // then re-arm, drain once more, and sleep in epoll.
+//
+// The one exception to "only its thread": the worker's turn (turn_) is a
+// mutex its thread holds except while it sleeps in epoll. Another thread with
+// deliveries for a sleeping worker takes the turn and makes them itself, as
+// the worker would on waking (deliver_if_asleep), instead of waking it
+// through the command queue: the hand-off between workers costs no wake-up.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_set>
@@ -112,6 +119,11 @@ class Worker {
 
   /// Any thread.
   void post(Command cmd) { commands_.post(std::move(cmd)); }
+  /// Any thread but this worker's: makes `items` (deliveries to this
+  /// worker's connections) on the calling thread if the worker sleeps and
+  /// no command waits for it (which they would overtake); true if done. Else
+  /// false, and the caller posts them as a DeliverCommand.
+  bool deliver_if_asleep(std::vector<RemoteDelivery>& items);
   rdma_event_channel* cm_channel() const { return cm_channel_.get(); }
   std::uint32_t index() const { return ctx_.index; }
   const WorkerStats& stats() const { return ctx_.stats; }
@@ -132,9 +144,15 @@ class Worker {
   /// Counts one wake-up of a blocking wait that returned these events.
   void count_wakeup(const epoll_event* events, int n);
   bool poll_ports();
-  /// Busy polling: spins on the CQs until one has work or flow.busy_poll_us
-  /// has passed since the last work; true when it found some.
-  bool spin_poll();
+  /// Busy polling: spins on the CQs until one has work (or a command
+  /// waits) or `until`; true when it found some.
+  bool spin_poll(std::chrono::steady_clock::time_point until);
+  /// flow.adaptive_poll: spins for the window AdaptiveSpin chose, if a spin
+  /// slot is free (BrokerCore::spin_slots); true when it found work.
+  bool adaptive_spin();
+
+  /// Queues deliveries for this worker's connections (they flush at the end of the turn).
+  void deliver(std::vector<RemoteDelivery>& items);
 
   // Commands (worker/commands.cpp), one handler each.
   void handle_commands();
@@ -156,6 +174,11 @@ class Worker {
   void deliver_delayed_cm_events();
 
   WorkerContext ctx_;
+  /// Held by the worker's thread while it runs, released while it sleeps in
+  /// epoll: whoever holds it may use everything the worker owns.
+  std::mutex turn_;
+  std::unique_lock<std::mutex> turn_held_{turn_, std::defer_lock};  // the worker thread's hold
+  bool asleep_ = false;  // guarded by turn_: released for epoll, not before start() or after run()
   std::atomic<std::int64_t> heartbeat_{0};
   SendBlocks blocks_;                  // registered by each port: outlives them
   verbs::EventChannelPtr cm_channel_;  // outlives the connections' cm_ids (null without RDMA)
@@ -168,6 +191,8 @@ class Worker {
   std::unique_ptr<TcpPort> tcp_;  // handshakes in progress, buffer waiters (null: no TCP)
 
   std::chrono::steady_clock::time_point last_work_{};          // the last loop turn that found completions
+  std::chrono::steady_clock::time_point idle_since_{};         // adaptive_poll: when the loop ran out of work
+  AdaptiveSpin adaptive_;                                      // flow.adaptive_poll's window
   std::chrono::steady_clock::time_point next_socket_check_{};  // busy loop: when to look at sockets
   std::vector<Command> command_scratch_;
   /// RDMA connections evicted before their AcceptCommand arrived (the

@@ -164,6 +164,18 @@ void WorkerStats::visit(StatsVisitor& v) const {
     labelled("wakeups.", to_string(static_cast<WakeCause>(c)), wakeups[c], "rdmabroker_worker_wakeups_total",
              "Times a worker's blocking wait returned, by what ended it (the first of its events).", "cause");
   }
+  constexpr std::string_view kSpins = "rdmabroker_worker_spins_total";
+  constexpr std::string_view kSpinsHelp =
+      "Spins on the completion queues before sleeping (flow.busy_poll_us, flow.adaptive_poll): found work "
+      "(a wake-up saved) or ran out (a core spent for nothing).";
+  labelled("spins.", "found", spins[0], kSpins, kSpinsHelp, "outcome");
+  labelled("spins.", "empty", spins[1], kSpins, kSpinsHelp, "outcome");
+  constexpr std::string_view kHandoffs = "rdmabroker_worker_handoffs_total";
+  constexpr std::string_view kHandoffsHelp =
+      "Batches of deliveries another thread had for this worker's connections: made by that thread while "
+      "this worker slept (direct), or queued for it (queued).";
+  labelled("handoffs.", "direct", handoffs_direct, kHandoffs, kHandoffsHelp, "how");
+  labelled("handoffs.", "queued", handoffs_queued, kHandoffs, kHandoffsHelp, "how");
 }
 
 }  // namespace rdmabroker::daemon

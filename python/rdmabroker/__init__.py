@@ -127,7 +127,9 @@ class _COptions(ctypes.Structure):
                 ("on_error_user", ctypes.c_void_p), ("on_connection_event", _CONNECTION_CB),
                 ("on_connection_event_user", ctypes.c_void_p), ("tls_ca_file", ctypes.c_char_p),
                 ("tls_cert_file", ctypes.c_char_p), ("tls_key_file", ctypes.c_char_p),
-                ("tls_server_name", ctypes.c_char_p)]
+                ("tls_server_name", ctypes.c_char_p),
+                # rb_options_init fills the whole C struct: every field must be here.
+                ("polled", ctypes.c_int), ("adaptive_poll", ctypes.c_int)]
 
 # rb_connection_event -> the name a callback is given.
 _CONNECTION_EVENTS = {0: "disconnected", 1: "reconnected", 2: "gave_up"}

@@ -6,7 +6,8 @@
 # fixed rate, through rdmabrokerd over RDMA; `rdmabroker bench --admin-socket`
 # counts the clients' wake-ups (ClientStats::io_wakeups + app_wakeups) and the
 # broker's (`wakeups.*` in stat) over the measurement, with the latency, for:
-#   default    two workers (publisher and subscriber on different workers)
+#   default    two workers (publisher and subscriber on different workers),
+#              and the same with adaptive waiting (broker and clients)
 #   1 worker   --workers 1 (no hand-off between workers)
 #   spinning   --workers 1, the worker busy-polls (--busy-poll-us) and both
 #              clients' I/O threads too (bench --busy-poll-us), 1 ms and 10 ms
@@ -57,6 +58,8 @@ echo
 echo "| mode | messages | wake-ups/msg: clients | broker | total | p50 µs (from publish) | p99 µs |"
 echo "|---|---|---|---|---|---|---|"
 run "default (2 workers)" --
+# Adaptive waiting spins only when recent sleeps were short (not at 200 msg/s).
+run "default, adaptive waiting (broker and clients)" --adaptive-poll true -- --adaptive-poll
 run "1 worker" --workers 1 --
 # Spinning only helps when the spin outlasts the gap between messages (5 ms
 # at 200 msg/s): 1 ms does not, 10 ms does.

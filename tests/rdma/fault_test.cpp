@@ -327,10 +327,10 @@ INSTANTIATE_TEST_SUITE_P(Faults, WorkerFaults, ::testing::Values(Via::kRdma, Via
 // ---------------------------------------------------------------- completion queue
 
 TEST_F(Faults, AFullCompletionQueueRefusesNewConnectionsNotOldOnes) {
-  // One worker whose CQs have 60 entries: a 32-receive SRQ and room for the
-  // send windows (8 + 1 entries) of three connections. A fourth would let the
-  // CQ overrun, which breaks every QP on it; it must be refused instead.
-  setenv("RDMABROKER_FAULT_CQ_ENTRIES", "60", 1);
+  // One worker whose send CQ has 28 entries: room for the send windows
+  // (8 + 1 entries) of three connections. A fourth would let the CQ
+  // overrun, which breaks every QP on it; it must be refused instead.
+  setenv("RDMABROKER_FAULT_CQ_ENTRIES", "28", 1);
   BrokerProcess broker(next_port(), {"--workers", "1", "--srq-depth", "32", "--credits", "4"});
   unsetenv("RDMABROKER_FAULT_CQ_ENTRIES");
   ASSERT_TRUE(broker.running());

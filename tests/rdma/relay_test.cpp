@@ -67,10 +67,11 @@ class StreamChecker {
 };
 
 std::unique_ptr<Client> connect(const BrokerProcess& b, const std::string& host, const std::string& bind,
-                                std::chrono::microseconds busy_poll = {}) {
+                                std::chrono::microseconds busy_poll = {}, bool adaptive_poll = false) {
   ClientOptions opt;
   opt.bind_address = bind;
   opt.busy_poll = busy_poll;
+  opt.adaptive_poll = adaptive_poll;
   opt.publish_timeout = 10s;
   opt.connect_timeout = 15s;
   auto c = Client::connect(b.url(host), opt);
@@ -154,12 +155,12 @@ TEST_F(Relay, FanOutAcrossDevicesInOrderByteExact) {
 // whether it lands while they spin or after the spin gave up and they slept,
 // a spinning worker still answers commands (stat's connection list is asked
 // of every worker), and the broker exits cleanly.
-TEST_F(Relay, BusyPollingRelaysEverythingAndStaysResponsive) {
-  BrokerProcess broker(next_port(), {"--workers", "1", "--busy-poll-us", "2000"});
+void relay_while_spinning(BrokerProcess& broker, const std::string& a1, const std::string& a2,
+                          bool adaptive) {
   ASSERT_TRUE(broker.running());
   const std::string subject = "relay.spin";
-  auto sub = connect(broker, a1, a2, 2ms);
-  auto pub = connect(broker, a1, a2, 2ms);
+  auto sub = connect(broker, a1, a2, 2ms, adaptive);
+  auto pub = connect(broker, a1, a2, 2ms, adaptive);
   ASSERT_TRUE(sub && pub);
   StreamChecker check(frame_room(subject.size()));
   ASSERT_TRUE(sub->subscribe(subject, [&check](const Message& m) { check.on_message(m); }).ok());
@@ -188,6 +189,33 @@ TEST_F(Relay, BusyPollingRelaysEverythingAndStaysResponsive) {
   auto [rc, out] = run({cli_path(), "stat", "--json", "--admin-socket", broker.admin_socket()});
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(nlohmann::json::parse(out)["connections"].size(), 2u) << out;
+}
+
+TEST_F(Relay, BusyPollingRelaysEverythingAndStaysResponsive) {
+  BrokerProcess broker(next_port(), {"--workers", "1", "--busy-poll-us", "2000"});
+  relay_while_spinning(broker, a1, a2, false);
+}
+
+// Adaptive waiting (flow.adaptive_poll, ClientOptions::adaptive_poll): the
+// same, and the spin follows the traffic. Under load, sleeps are shorter
+// than the bound (20 ms: long enough for the sanitizer trees' slow turns)
+// and the worker spins and finds work (a wake-up saved); idle, its window
+// shrinks to nothing within a few 200 ms sleeps and it stops spinning: an
+// idle broker costs no CPU.
+TEST_F(Relay, AdaptivePollingSpinsUnderLoadAndNotWhenIdle) {
+  BrokerProcess broker(next_port(), {"--workers", "1", "--adaptive-poll", "true", "--busy-poll-us", "20000"});
+  relay_while_spinning(broker, a1, a2, true);
+  const auto spins = [&] {
+    auto s = broker.stats();
+    return std::pair{s["spins.found"], s["spins.found"] + s["spins.empty"]};
+  };
+  EXPECT_GT(spins().first, 0) << "the worker never found work while spinning";
+  // Idle: a few 200 ms timer sleeps shrink the window to zero (and the
+  // credits an idle client is asked to give back after 1 s have come back).
+  std::this_thread::sleep_for(2s);
+  const auto idle_from = spins().second;
+  std::this_thread::sleep_for(1s);
+  EXPECT_EQ(spins().second, idle_from) << "an idle worker kept spinning";
 }
 
 // A subscriber process SIGKILLed mid-stream: the others get everything, and

@@ -71,6 +71,54 @@ TEST_P(LightLoad, APublishWakesNothingAndTheSendBuffersStillComeBack) {
   EXPECT_EQ(tight->close_reason().message, "client closed the connection");
 }
 
+// Two workers, publisher and subscriber on different ones (consecutive RDMA
+// connection ids always are; TCP ones stay where they were accepted, either
+// way). At light load the subscriber's worker sleeps between messages: the
+// publisher's worker makes the delivery itself (architecture.md, "Hand-off
+// between workers without a wake-up") instead of waking it through its
+// command queue, and the delivery's send completion wakes nobody either (the
+// send CQ is armed only while a send is awaited). So the broker wakes about
+// once per message, for its arrival, where it woke twice or three times.
+TEST_P(LightLoad, AHandOffBetweenWorkersWakesNoWorker) {
+  BrokerProcess broker(next_port(), {"--workers", "2"});
+  ASSERT_TRUE(broker.running());
+  auto sub = connect_via(broker, GetParam());
+  auto pub = connect_via(broker, GetParam());
+  ASSERT_TRUE(sub && pub);
+  SeqSink got;
+  ASSERT_TRUE(sub->subscribe("handoff", got.handler()).ok());
+  ASSERT_TRUE(sub->flush(10s).ok());
+  ASSERT_TRUE(pub->flush(10s).ok());
+
+  constexpr int kLight = 100;
+  auto before = broker.stats();
+  for (int i = 0; i < kLight; ++i) {
+    ASSERT_TRUE(pub->publish("handoff", std::to_string(i)).ok());
+    std::this_thread::sleep_for(3ms);
+  }
+  ASSERT_TRUE(wait_until([&] { return got.size() >= kLight; }, 30s)) << got.describe();
+  EXPECT_TRUE(got.exactly(0, kLight)) << got.describe();
+  auto after = broker.stats();
+  const auto delta = [&](const std::string& key) { return after[key] - before[key]; };
+  const std::string seen = "handoffs direct " + std::to_string(delta("handoffs.direct")) + ", queued " +
+                           std::to_string(delta("handoffs.queued")) + "; wake-ups: completion " +
+                           std::to_string(delta("wakeups.completion")) + ", command " +
+                           std::to_string(delta("wakeups.command")) + ", socket " +
+                           std::to_string(delta("wakeups.socket"));
+  // A command wake-up per message was the old hand-off.
+  EXPECT_LT(delta("wakeups.command"), kLight / 10) << seen;
+  EXPECT_LT(delta("handoffs.queued"), kLight / 10) << seen;
+  if (GetParam() == Via::kRdma) {
+    // The RDMA connections are on two workers: (nearly) every batch handed
+    // over directly (a batch may hold two messages when the worker is slow).
+    const auto direct = delta("handoffs.direct");
+    EXPECT_GT(direct, kLight / 4) << seen;
+    EXPECT_GE(direct, (direct + delta("handoffs.queued")) * 9 / 10) << seen;
+    // The arrival of each message; not also its delivery's completion.
+    EXPECT_LT(delta("wakeups.completion"), kLight * 5 / 4) << seen;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Via, LightLoad, ::testing::Values(Via::kRdma, Via::kTcp),
                          [](const auto& info) { return to_string(info.param); });
 

@@ -49,6 +49,7 @@ const std::map<std::string, Case> kCases = {
     {"--credits", {"flow: {credits: 16}\n", "8", {{"flow.credits", "8"}}}},
     {"--max-inflight-sends", {"flow: {max_inflight_sends: 4}\n", "2", {{"flow.max_inflight_sends", "2"}}}},
     {"--busy-poll-us", {"flow: {busy_poll_us: 10}\n", "50", {{"flow.busy_poll_us", "50"}}}},
+    {"--adaptive-poll", {"flow: {adaptive_poll: false}\n", "true", {{"flow.adaptive_poll", "true"}}}},
     {"--max-pending-bytes",
      {"limits: {max_pending_bytes: 16MiB}\n", "1048576", {{"limits.max_pending_bytes", "1048576"}}}},
     {"--write-deadline-ms",

@@ -212,6 +212,12 @@ struct ClientOptions {
   /// arriving meanwhile is handed over without a wake-up: lower latency at
   /// light load for a busy core. 0: never spin (the default).
   std::chrono::microseconds busy_poll{0};
+  /// RDMA only: the I/O thread (or poll() with a timeout) spins on the CQ
+  /// before it sleeps for as long as its recent wake-ups say pays, up to
+  /// busy_poll (0: 200 µs), and not at all once idle (the kernel's halt-
+  /// polling rule; docs/operations.md, "Adaptive waiting"). At most the
+  /// process's cores but one spin at once, across all its clients.
+  bool adaptive_poll = false;
   /// Credentials presented when connecting (docs/security.md): a user and
   /// password, or a token, or none (accepted only if the broker allows
   /// anonymous clients). A URL "rdma://user:password@host" or
@@ -266,9 +272,13 @@ struct ClientOptions {
   /// poll(), nothing is received, send buffers come back only as publishes
   /// wait for them, and the broker treats the client as a slow consumer.
   /// Spin with poll(0) on a core of its own for the lowest latency (no
-  /// wake-up at all), or poll(timeout) to sleep when idle. A polled client
-  /// does not reconnect by itself (with `reconnect`, connect() fails with
-  /// kInvalidArgument): when poll() reports kClosed, connect again.
+  /// wake-up at all), or poll(timeout) to sleep when idle. With `reconnect`
+  /// too, a thread of the library does the reconnecting (connect, restore
+  /// the subscriptions) and calls on_connection_event; poll() keeps
+  /// returning (0 while disconnected, having waited up to its timeout for the
+  /// next connection) and takes in everything, callbacks included, on the
+  /// caller's thread. Without `reconnect`, poll() reports kClosed at the end:
+  /// connect again.
   bool polled = false;
   ErrorHandler on_error;
 };

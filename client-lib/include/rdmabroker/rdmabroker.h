@@ -116,8 +116,11 @@ typedef struct rb_options {
   const char* tls_key_file;    /* ... and its private key */
   const char* tls_server_name; /* the name the certificate must carry; NULL: the URL's host */
   /* Non-zero: no I/O thread; the application calls rb_poll (ClientOptions::polled
-   * in client.hpp says how waits and callbacks then behave). Not with reconnect. */
+   * in client.hpp says how waits, callbacks and reconnecting then behave). */
   int polled;
+  /* Non-zero: spin before sleeping as long as recent wake-ups say pays
+   * (ClientOptions::adaptive_poll). */
+  int adaptive_poll;
 } rb_options;
 
 void rb_options_init(rb_options* options);

@@ -100,6 +100,7 @@ struct BrokerOptions {
   std::uint32_t credits = 32;            // most receive credits a client holds (SPEC.md §5.1)
   std::uint32_t max_inflight_sends = 8;  // SENDs in flight per connection before batching
   std::uint32_t busy_poll_us = 0;  // a worker spins on its CQs this long after its last work before sleeping
+  bool adaptive_poll = false;      // the spin tunes itself (AdaptiveSpin), bounded by busy_poll_us or 200 µs
   std::uint64_t max_pending_bytes = 64u
                                     << 20;  // queued frame bytes per subscriber before it is a slow consumer
   std::uint32_t write_deadline_ms =
