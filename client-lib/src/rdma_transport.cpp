@@ -400,7 +400,7 @@ std::size_t RdmaTransport::progress(int timeout_ms) {
   bool cm_ready = false;
   if (timeout_ms != 0 || (++quick_turns_ & 15) == 0) {
     cm_ready = wait_for_events(timeout_ms);
-    if (timeout_ms != 0 && session_.opt_.adaptive_poll) adaptive_.slept(Clock::now() - idle_since_);
+    if (timeout_ms != 0 && session_.opt_.adaptive_poll) adaptive_.woke(Clock::now());
     // What arrived meanwhile, before a CM event is acted on (the broker's
     // CLOSE comes before its DISCONNECTED).
     if (timeout_ms != 0 || cm_ready) poll_receives();
@@ -445,11 +445,10 @@ bool RdmaTransport::adaptive_spin() {
   // The spin slots of the process: however many clients it holds, no more
   // of their I/O threads spin at once than it has cores but one.
   static SpinSlots slots;
-  adaptive_.set_bound(session_.opt_.busy_poll.count() > 0 ? session_.opt_.busy_poll
-                                                          : AdaptiveSpin::kDefaultBound);
-  idle_since_ = Clock::now();
-  if (adaptive_.window().count() == 0 || !slots.try_take()) return false;
-  const bool found = spin_on_cq(idle_since_ + adaptive_.window(), deliveries_, errors_);
+  const auto now = Clock::now();
+  const auto until = adaptive_.ran_out(now, session_.opt_.busy_poll);
+  if (until <= now || !slots.try_take()) return false;
+  const bool found = spin_on_cq(until, deliveries_, errors_);
   slots.release();
   return found;
 }

@@ -139,10 +139,9 @@ class RdmaTransport final : public Transport {
   Deliveries deliveries_;
   std::vector<Error> errors_;
   Clock::time_point last_work_ = Clock::now();
-  Clock::time_point idle_since_{};  // adaptive_poll: when progress() last ran out of work
-  AdaptiveSpin adaptive_;           // adaptive_poll's window
-  bool recv_cq_armed_ = false;      // an event is requested for the next receive completion
-  std::uint32_t quick_turns_ = 0;   // turns that did not sleep (the fds are looked at every 16th)
+  AdaptiveSpin adaptive_;          // adaptive_poll's window
+  bool recv_cq_armed_ = false;     // an event is requested for the next receive completion
+  std::uint32_t quick_turns_ = 0;  // turns that did not sleep (the fds are looked at every 16th)
   // UD endpoint (created on the first MCAST_JOIN), in creation order.
   verbs::EventChannelPtr ud_cm_channel_;   // outlives the endpoint's id
   std::unique_ptr<verbs::UdEndpoint> ud_;  // receive slots of kUdBufferSize

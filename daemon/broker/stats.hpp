@@ -254,9 +254,10 @@ struct WorkerStats {
   Counter denied_subscribe;       // SUBSCRIBE frames refused by permissions (ERROR sent)
   Counter subscriptions_revoked;  // subscriptions removed because a reload took the permission away
   std::array<Counter, kWakeCauseCount> wakeups;  // blocking waits that returned, by what ended them
-  std::array<Counter, 2> spins;  // busy or adaptive polls that found work [0] (no wake-up), or none [1]
-  Counter handoffs_direct;       // deliveries from another thread made while this worker slept (no wake-up)
-  Counter handoffs_queued;       // DeliverCommands this worker took from its queue (woke it if it slept)
+  Counter spins_found;                           // busy or adaptive polls that found work (no wake-up)
+  Counter spins_empty;                           // ... that ran out without any
+  Counter handoffs_direct;  // deliveries from another thread made while this worker slept (no wake-up)
+  Counter handoffs_queued;  // DeliverCommands this worker took from its queue (woke it if it slept)
 };
 
 }  // namespace rdmabroker::daemon

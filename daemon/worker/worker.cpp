@@ -158,22 +158,20 @@ bool Worker::spin_poll(std::chrono::steady_clock::time_point until) {
     if (poll_ports() || ((i & 63) == 63 && commands_.pending())) {
       ctx_.now = std::chrono::steady_clock::now();
       last_work_ = ctx_.now;
-      ctx_.stats.spins[0].add();
+      ctx_.stats.spins_found.add();
       return true;
     }
   }
-  ctx_.stats.spins[1].add();
+  ctx_.stats.spins_empty.add();
   return false;
 }
 
 bool Worker::adaptive_spin() {
   // flow.adaptive_poll: the window follows the last sleeps (AdaptiveSpin);
   // wait_events() tells it how long each one lasted from here.
-  adaptive_.set_bound(ctx_.options.busy_poll_us > 0 ? std::chrono::microseconds(ctx_.options.busy_poll_us)
-                                                    : AdaptiveSpin::kDefaultBound);
-  idle_since_ = ctx_.now;
-  if (adaptive_.window().count() == 0 || !ctx_.core.spin_slots.try_take()) return false;
-  const bool found = spin_poll(ctx_.now + adaptive_.window());
+  const auto until = adaptive_.ran_out(ctx_.now, std::chrono::microseconds(ctx_.options.busy_poll_us));
+  if (until <= ctx_.now || !ctx_.core.spin_slots.try_take()) return false;
+  const bool found = spin_poll(until);
   ctx_.core.spin_slots.release();
   return found;
 }
@@ -202,7 +200,7 @@ void Worker::wait_events(int timeout_ms) {
     ctx_.bind_to_this_thread();
   }
   ctx_.now = std::chrono::steady_clock::now();
-  if (timeout_ms != 0 && ctx_.options.adaptive_poll) adaptive_.slept(ctx_.now - idle_since_);
+  if (timeout_ms != 0 && ctx_.options.adaptive_poll) adaptive_.woke(ctx_.now);
   if (timeout_ms != 0) count_wakeup(events, n);
   for (int i = 0; i < n; ++i) {
     const std::uint64_t tag = events[i].data.u64;

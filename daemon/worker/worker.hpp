@@ -191,7 +191,6 @@ class Worker {
   std::unique_ptr<TcpPort> tcp_;  // handshakes in progress, buffer waiters (null: no TCP)
 
   std::chrono::steady_clock::time_point last_work_{};          // the last loop turn that found completions
-  std::chrono::steady_clock::time_point idle_since_{};         // adaptive_poll: when the loop ran out of work
   AdaptiveSpin adaptive_;                                      // flow.adaptive_poll's window
   std::chrono::steady_clock::time_point next_socket_check_{};  // busy loop: when to look at sockets
   std::vector<Command> command_scratch_;

@@ -168,8 +168,8 @@ void WorkerStats::visit(StatsVisitor& v) const {
   constexpr std::string_view kSpinsHelp =
       "Spins on the completion queues before sleeping (flow.busy_poll_us, flow.adaptive_poll): found work "
       "(a wake-up saved) or ran out (a core spent for nothing).";
-  labelled("spins.", "found", spins[0], kSpins, kSpinsHelp, "outcome");
-  labelled("spins.", "empty", spins[1], kSpins, kSpinsHelp, "outcome");
+  labelled("spins.", "found", spins_found, kSpins, kSpinsHelp, "outcome");
+  labelled("spins.", "empty", spins_empty, kSpins, kSpinsHelp, "outcome");
   constexpr std::string_view kHandoffs = "rdmabroker_worker_handoffs_total";
   constexpr std::string_view kHandoffsHelp =
       "Batches of deliveries another thread had for this worker's connections: made by that thread while "

@@ -47,6 +47,18 @@ TEST(AdaptiveSpin, ALowerBoundCutsTheWindow) {
   EXPECT_EQ(spin.window(), 100us);
 }
 
+TEST(AdaptiveSpin, RanOutSaysUntilWhenToSpinAndWokeMeasuresTheSleepFromThere) {
+  AdaptiveSpin spin;
+  const auto t0 = AdaptiveSpin::Clock::time_point{} + std::chrono::hours(1);
+  EXPECT_EQ(spin.ran_out(t0, 0us), t0);  // no busy-poll setting: the default bound; no window yet
+  EXPECT_EQ(spin.bound(), AdaptiveSpin::kDefaultBound);
+  spin.woke(t0 + 80us);  // within the bound
+  EXPECT_EQ(spin.ran_out(t0 + 1ms, 0us), t0 + 1ms + 50us);
+  spin.woke(t0 + 1ms + 5ms);                           // far beyond it
+  EXPECT_EQ(spin.ran_out(t0 + 10ms, 2ms), t0 + 10ms);  // halved below the start value: none
+  EXPECT_EQ(spin.bound(), 2ms);
+}
+
 TEST(SpinSlots, NoMoreSpinnersThanSlots) {
   SpinSlots slots(2);
   EXPECT_TRUE(slots.try_take());

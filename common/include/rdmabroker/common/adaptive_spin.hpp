@@ -44,6 +44,16 @@ class AdaptiveSpin {
   /// How long to spin now (zero: sleep at once).
   std::chrono::nanoseconds window() const { return window_; }
 
+  /// The thread ran out of work at `now`; `bound` is its busy-poll setting
+  /// (zero: kDefaultBound). Returns until when to spin (`now`: do not).
+  Clock::time_point ran_out(Clock::time_point now, std::chrono::nanoseconds bound) {
+    set_bound(bound.count() > 0 ? bound : kDefaultBound);
+    idle_since_ = now;
+    return now + window_;
+  }
+  /// The thread woke at `now` from the sleep that followed ran_out().
+  void woke(Clock::time_point now) { slept(now - idle_since_); }
+
   /// The thread slept (after spinning its window, if any) and woke `waited`
   /// after it ran out of work: grows or shrinks the window.
   void slept(std::chrono::nanoseconds waited) {
@@ -61,6 +71,7 @@ class AdaptiveSpin {
 
   std::chrono::nanoseconds bound_{};
   std::chrono::nanoseconds window_{0};
+  Clock::time_point idle_since_{};  // the last ran_out()
 };
 
 /// At most `limit` threads spin at once; the others sleep at once.
