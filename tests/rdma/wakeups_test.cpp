@@ -105,15 +105,16 @@ TEST_P(LightLoad, AHandOffBetweenWorkersWakesNoWorker) {
                            std::to_string(delta("wakeups.completion")) + ", command " +
                            std::to_string(delta("wakeups.command")) + ", socket " +
                            std::to_string(delta("wakeups.socket"));
-  // A command wake-up per message was the old hand-off.
+  // A command wake-up per message was the old hand-off. A hand-off may still
+  // be queued when the subscriber's worker is awake (busy with the message
+  // before, which under TSan in the emulated guest took long enough for a
+  // fifth of them): it takes the delivery on its way to sleep, no wake-up.
   EXPECT_LT(delta("wakeups.command"), kLight / 10) << seen;
-  EXPECT_LT(delta("handoffs.queued"), kLight / 10) << seen;
   if (GetParam() == Via::kRdma) {
-    // The RDMA connections are on two workers: (nearly) every batch handed
-    // over directly (a batch may hold two messages when the worker is slow).
-    const auto direct = delta("handoffs.direct");
-    EXPECT_GT(direct, kLight / 4) << seen;
-    EXPECT_GE(direct, (direct + delta("handoffs.queued")) * 9 / 10) << seen;
+    // The RDMA connections are on two workers: the hand-offs to a sleeping
+    // worker were made by the publisher's (a batch may hold two messages
+    // when the worker is slow).
+    EXPECT_GT(delta("handoffs.direct"), kLight / 4) << seen;
     // The arrival of each message; not also its delivery's completion.
     EXPECT_LT(delta("wakeups.completion"), kLight * 5 / 4) << seen;
   }
