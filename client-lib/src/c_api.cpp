@@ -153,11 +153,17 @@ int rb_connect(const char* url, const char* bind_address, rb_client** out) {
   return rb_connect_with(url, &o, out);
 }
 
-void rb_options_init(rb_options* options) {
-  if (options == nullptr) return;
-  *options = rb_options{};
-  options->size = sizeof(rb_options);
+void rb_options_init_sized(rb_options* options, size_t size) {
+  if (options == nullptr || size < sizeof(options->size)) return;
+  // A newer caller's struct is longer: its fields past ours are zero too,
+  // and rb_connect_with reads only as far as it knows.
+  std::memset(static_cast<void*>(options), 0, size);
+  options->size = size;
 }
+
+// The function behind the header's macro (the parentheses keep it from
+// expanding), for programs compiled before it: their struct is ours.
+void(rb_options_init)(rb_options* options) { rb_options_init_sized(options, sizeof(rb_options)); }
 
 int rb_connect_with(const char* url, const rb_options* options, rb_client** out) {
   if (url == nullptr || out == nullptr) return invalid("rb_connect_with: url and out are required");

@@ -128,7 +128,8 @@ class _COptions(ctypes.Structure):
                 ("on_connection_event_user", ctypes.c_void_p), ("tls_ca_file", ctypes.c_char_p),
                 ("tls_cert_file", ctypes.c_char_p), ("tls_key_file", ctypes.c_char_p),
                 ("tls_server_name", ctypes.c_char_p),
-                # rb_options_init fills the whole C struct: every field must be here.
+                # rb_options_init_sized is told this struct's size; fields the
+                # library added later keep their defaults.
                 ("polled", ctypes.c_int), ("adaptive_poll", ctypes.c_int)]
 
 # rb_connection_event -> the name a callback is given.
@@ -141,7 +142,7 @@ def _load():
     msg_pp = ctypes.POINTER(ctypes.POINTER(_CMessage))
     for name, res, args in [
         ("rb_connect_with", I, [ctypes.c_char_p, ctypes.POINTER(_COptions), ctypes.POINTER(P)]),
-        ("rb_options_init", None, [ctypes.POINTER(_COptions)]),
+        ("rb_options_init_sized", None, [ctypes.POINTER(_COptions), ctypes.c_size_t]),
         ("rb_publish", I, [P, ctypes.c_char_p, ctypes.c_char_p, S]),
         ("rb_publish_request", I, [P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, S]),
         ("rb_request", I, [P, ctypes.c_char_p, ctypes.c_char_p, S, I, msg_pp]),
@@ -333,7 +334,7 @@ class Client:
                  on_error: Optional[Callable[["Error"], None]] = None,
                  on_connection_event: Optional[Callable[[str, str], None]] = None):
         o = _COptions()
-        _lib.rb_options_init(ctypes.byref(o))
+        _lib.rb_options_init_sized(ctypes.byref(o), ctypes.sizeof(o))
         text = lambda v: v.encode() if v else None  # noqa: E731
         o.bind_address, o.user, o.password, o.token = text(bind), text(user), text(password), text(token)
         o.tls_ca_file, o.tls_cert_file, o.tls_key_file = text(tls_ca), text(tls_cert), text(tls_key)

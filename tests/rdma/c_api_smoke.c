@@ -6,6 +6,7 @@
  *   c_api_smoke URL   -> exit 0 when every step worked, else 1 with a message */
 #include <rdmabroker/rdmabroker.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -192,6 +193,34 @@ int main(int argc, char** argv) {
   if (rb_connect_with(argv[1], &o, &c2) != RB_ERR_INVALID_ARGUMENT) {
     fprintf(stderr, "expected a negative timeout to be refused\n");
     return 1;
+  }
+  /* A program built against an older header, whose struct ends before
+   * `polled`: its initialization writes no byte past that struct, and it
+   * connects with the defaults of the fields it does not have. */
+  {
+    union {
+      rb_options options;
+      unsigned char bytes[sizeof(rb_options) + 16];
+    } older;
+    const size_t older_size = offsetof(rb_options, polled);
+    memset(older.bytes, 0xAB, sizeof older.bytes);
+    rb_options_init_sized(&older.options, older_size);
+    if (older.options.size != older_size || older.options.reconnect != 0 ||
+        older.options.tls_server_name != NULL) {
+      fprintf(stderr, "rb_options_init_sized did not set the older struct\n");
+      return 1;
+    }
+    for (size_t i = older_size; i < sizeof older.bytes; ++i) {
+      if (older.bytes[i] != 0xAB) {
+        fprintf(stderr, "rb_options_init_sized wrote byte %zu of a %zu-byte struct\n", i, older_size);
+        return 1;
+      }
+    }
+    rb_client* c3 = NULL;
+    CHECK(rb_connect_with(argv[1], &older.options, &c3));
+    CHECK(rb_publish(c3, "c.options", "y", 1));
+    CHECK(rb_flush(c3, 10000));
+    rb_close(c3);
   }
   /* A polled client: no I/O thread; its callback runs inside rb_poll. */
   rb_options po;

@@ -92,8 +92,9 @@ typedef void (*rb_connection_cb)(rb_connection_event event, const char* reason, 
 
 /* Options of rb_connect_with: rb_options_init() first, then set what you
  * need. `size` is sizeof(rb_options) as the caller was compiled: fields
- * added later go at the end, and a library never reads past `size`. Zero
- * and NULL mean the library's defaults (docs/cli.md and client.hpp name them). */
+ * added later go at the end, and a library never reads or writes past
+ * `size`. Zero and NULL mean the library's defaults (docs/cli.md and
+ * client.hpp name them). */
 typedef struct rb_options {
   size_t size;
   const char* bind_address; /* local address; over RDMA it selects the device */
@@ -123,7 +124,15 @@ typedef struct rb_options {
   int adaptive_poll;
 } rb_options;
 
+/* Sets the `size` bytes of *options to the defaults and options->size to
+ * `size`, sizeof(rb_options) as the caller was compiled; never writes past
+ * them, whichever of caller and library is the newer. */
+void rb_options_init_sized(rb_options* options, size_t size);
+/* rb_options_init(&o) is rb_options_init_sized(&o, sizeof o): a program
+ * passes its own struct's size. The function of that name, for programs
+ * built before the macro, writes sizeof(rb_options) of this library. */
 void rb_options_init(rb_options* options);
+#define rb_options_init(options) rb_options_init_sized((options), sizeof *(options))
 /* rb_connect with options (NULL: all defaults). */
 int rb_connect_with(const char* url, const rb_options* options, rb_client** out);
 /* url: "rdma://host[:port]", "tcp://host[:port]" or "tls://host[:port]". */
