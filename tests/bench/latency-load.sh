@@ -70,17 +70,6 @@ for rate in "${RATES[@]}"; do run default "$rate" --; done
 for rate in "${RATES[@]}"; do run adaptive "$rate" --adaptive-poll true -- --adaptive-poll; done
 for rate in "${RATES[@]}"; do run "fully polled" "$rate" --workers 1 --busy-poll-us 10000 -- --polled; done
 
-# raw_lat [-e]: ib_send_lat, 64 B, rxe1 -> rxe0; its typical (median) one-way µs.
-raw_lat() {
-  local port=$((18500 + RANDOM % 400))
-  timeout 300 ib_send_lat -R ${1:+"$1"} -d rxe0 -s 64 -n 2000 -p "$port" >/dev/null 2>&1 &
-  local server=$!
-  sleep 1
-  timeout 300 ib_send_lat -R ${1:+"$1"} -d rxe1 -s 64 -n 2000 -p "$port" "$A1" >/tmp/raw-lat.txt 2>&1 ||
-    kill "$server" 2>/dev/null || true
-  wait "$server" || true
-  awk '$1 == 64 { print $5 }' /tmp/raw-lat.txt
-}
 RAW_POLLED=$(raw_lat)
 RAW_EVENTS=$(raw_lat -e)
 echo

@@ -106,3 +106,16 @@ record_idle_rss() {
   defer_record "$file" /tmp/idle-rss.txt record-idle --transport "$1"
   echo "$2" | elapsed
 }
+
+# raw_lat [-e]: ib_send_lat, 64 B, rxe1 -> rxe0 (A1 is on rxe0); its typical
+# (median) one-way µs.
+raw_lat() {
+  local port=$((18500 + RANDOM % 400))
+  timeout 300 ib_send_lat -R ${1:+"$1"} -d rxe0 -s 64 -n 2000 -p "$port" >/dev/null 2>&1 &
+  local server=$!
+  sleep 1
+  timeout 300 ib_send_lat -R ${1:+"$1"} -d rxe1 -s 64 -n 2000 -p "$port" "$A1" >/tmp/raw-lat.txt 2>&1 ||
+    kill "$server" 2>/dev/null || true
+  wait "$server" || true
+  awk '$1 == 64 { print $5 }' /tmp/raw-lat.txt
+}

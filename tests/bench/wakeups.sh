@@ -70,16 +70,5 @@ run "1 worker, all spin 10 ms" --workers 1 --busy-poll-us 10000 -- --busy-poll-u
 run "polled clients, 1 worker" --workers 1 -- --polled
 run "fully polled: polled clients, 1 worker spins 10 ms" --workers 1 --busy-poll-us 10000 -- --polled
 
-# raw_lat [-e]: ib_send_lat, 64 B, rxe1 -> rxe0; its typical (median) one-way µs.
-raw_lat() {
-  local port=$((18500 + RANDOM % 400))
-  timeout 300 ib_send_lat -R ${1:-} -d rxe0 -s 64 -n 2000 -p "$port" >/dev/null 2>&1 &
-  local server=$!
-  sleep 1
-  timeout 300 ib_send_lat -R ${1:-} -d rxe1 -s 64 -n 2000 -p "$port" "$A1" >/tmp/raw-lat.txt 2>&1 ||
-    kill "$server" 2>/dev/null || true
-  wait "$server" || true
-  awk '$1 == 64 { print $5 }' /tmp/raw-lat.txt
-}
 echo
 echo "raw ib_send_lat 64 B, typical one-way µs: polled $(raw_lat), with events (-e) $(raw_lat -e)"

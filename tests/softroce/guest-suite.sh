@@ -15,7 +15,7 @@
 # admin thread). What TSan needs RDMA for, the worker's completion handling,
 # hand-offs between workers, the client library's transport threads, polled
 # clients, reconnects, QP and CM faults, fragments and the multicast engine,
-# it still runs (docs/testing.md, "CI time").
+# it still runs (docs/testing.md, "How the suite stays inside CI's 30 minutes").
 # RDMABROKER_GUEST_FILTER, a ctest -R pattern, runs only the tests it matches;
 # RDMABROKER_GUEST_RUNS (default 1) runs the whole set that many times in a row
 # in one boot (the flake loop: docs/testing.md).
