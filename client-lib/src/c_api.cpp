@@ -312,6 +312,18 @@ const char* rb_view_header(const rb_message_view* m, const char* name, size_t* v
   return value->data();
 }
 
+int64_t rb_view_received_ns(const rb_message_view* m) {
+  if (m == nullptr || m->internal_ == nullptr) return 0;
+  // libstdc++'s steady_clock is CLOCK_MONOTONIC, in nanoseconds.
+  return static_cast<const rdmabroker::MessageView*>(m->internal_)->received_at.time_since_epoch().count();
+}
+
+uint64_t rb_view_relay_ns(const rb_message_view* m) {
+  if (m == nullptr || m->internal_ == nullptr) return 0;
+  return static_cast<std::uint64_t>(
+      static_cast<const rdmabroker::MessageView*>(m->internal_)->relay_time.count());
+}
+
 int rb_subscribe_sync(rb_client* c, const char* subject, rb_subscription** out) {
   if (c == nullptr || subject == nullptr || out == nullptr)
     return invalid("rb_subscribe_sync: bad arguments");

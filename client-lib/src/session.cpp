@@ -235,7 +235,7 @@ Status Session::publish_fragments_locked(std::unique_lock<std::mutex>& lock, std
   const std::size_t room = frame_room(0, 0);
   while (st && sent < payload.size()) {
     const std::size_t n = std::min(room, payload.size() - sent);
-    h.fragment_offset = static_cast<std::uint32_t>(block + sent);
+    h.offset = static_cast<std::uint32_t>(block + sent);
     st = append_frame_locked(lock, h, {}, {}, payload.subspan(sent, n), connection_id_);
     if (st) sent += n;
   }
@@ -546,6 +546,7 @@ void Session::fail_locked(Error why) {
 // ---------------------------------------------------------------- receive
 
 void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries, std::vector<Error>& errors) {
+  deliveries.received_at = std::chrono::steady_clock::now();
   std::size_t off = 0;
   while (off < data.size()) {
     proto::Frame f;
@@ -626,8 +627,8 @@ bool Session::on_deliver(const proto::Frame& f, Deliveries& deliveries, std::vec
       on_sequenced(f.header.arg, seq++, std::move(m), deliveries, false);
       return;
     }
-    if (inner.header.is_fragment()) return on_fragment(f.header.arg, inner, deliveries);
-    deliveries.add_in_place(detail::ViewAccess::of(f.header.arg, inner));
+    if (inner.header.is_fragment()) return on_fragment(f.header.arg, inner, f.header.relay_ns(), deliveries);
+    deliveries.add_in_place(detail::ViewAccess::of(f.header.arg, inner), f.header.relay_ns());
   });
   if (st == proto::DecodeStatus::kOk) return true;
   std::lock_guard lock(mu_);
@@ -637,11 +638,12 @@ bool Session::on_deliver(const proto::Frame& f, Deliveries& deliveries, std::vec
   return false;
 }
 
-void Session::on_fragment(std::uint32_t sid, const proto::Frame& inner, Deliveries& deliveries) {
+void Session::on_fragment(std::uint32_t sid, const proto::Frame& inner, std::uint32_t relay_ns,
+                          Deliveries& deliveries) {
   const auto& h = inner.header;
   const auto key = std::pair{sid, h.sequence};
   if (h.arg > proto::kMaxMessageSize) return;  // no broker sends that: not a message we assemble
-  if (h.fragment_offset == 0) {
+  if (h.offset == 0) {
     // A first fragment replaces what an earlier message of that publisher
     // left unfinished (the broker sends ABORT first; this is belt and braces).
     auto [it, fresh] = reassembly_.try_emplace(key);
@@ -658,7 +660,7 @@ void Session::on_fragment(std::uint32_t sid, const proto::Frame& inner, Deliveri
   // broker sends it none) or out of order (a broker fault): not a message.
   if (it == reassembly_.end()) return;
   Reassembly& r = it->second;
-  if (h.fragment_offset != r.next || h.arg != r.length) {
+  if (h.offset != r.next || h.arg != r.length) {
     reassembly_.erase(it);
     aborted_messages_.fetch_add(1, std::memory_order_relaxed);
     return;
@@ -666,7 +668,7 @@ void Session::on_fragment(std::uint32_t sid, const proto::Frame& inner, Deliveri
   r.message.payload.insert(r.message.payload.end(), inner.payload.begin(), inner.payload.end());
   r.next += h.payload_len;
   if (r.next == r.length) {
-    deliveries.add_owned(sid) = std::move(r.message);
+    deliveries.add_owned(sid, relay_ns) = std::move(r.message);
     reassembly_.erase(it);
   }
 }
@@ -728,8 +730,13 @@ std::size_t Session::dispatch(Deliveries& deliveries, std::vector<Error>& errors
       queue = it != subs_.end() ? it->second.queue : nullptr;
     }
     const bool in_place = e.owned == Deliveries::kInPlace;
-    if (handler) {
-      (*handler)(in_place ? e.view : MessageView(deliveries.owned[e.owned]));
+    if (handler && in_place) {
+      (*handler)(e.view);
+    } else if (handler) {
+      MessageView view(deliveries.owned[e.owned]);
+      view.received_at = e.view.received_at;
+      view.relay_time = e.view.relay_time;
+      (*handler)(view);
     } else if (queue && !queue->push(in_place ? e.view.to_message() : std::move(deliveries.owned[e.owned]))) {
       errors.push_back(Error{ErrorKind::kResource, "subscription " + std::to_string(queue->sid()) +
                                                        ": local queue limit reached, message dropped"});

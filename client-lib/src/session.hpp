@@ -118,18 +118,29 @@ struct Deliveries {
   static constexpr std::size_t kKeptPayloadCapacity = 1u << 20;
   static constexpr std::size_t kInPlace = ~std::size_t{0};
   struct Entry {
-    MessageView view;              // in place; or
+    MessageView view;              // in place; or, of an owned message, only its timing
     std::size_t owned = kInPlace;  // the index of the owned message
   };
   std::vector<Entry> entries;
   std::vector<Message> owned;
   std::size_t owned_count = 0;
+  /// When the read or completion being decoded was taken (MessageView::received_at).
+  std::chrono::steady_clock::time_point received_at{};
 
-  void add_in_place(const MessageView& view) { entries.push_back(Entry{view, kInPlace}); }
-  /// A message to fill (and hand over) on subscription `sid`.
-  Message& add_owned(std::uint32_t sid) {
+  /// `view` as received now, `relay_ns` in the broker (SPEC.md §3.4).
+  void add_in_place(MessageView view, std::uint32_t relay_ns) {
+    view.received_at = received_at;
+    view.relay_time = std::chrono::nanoseconds(relay_ns);
+    entries.push_back(Entry{view, kInPlace});
+  }
+  /// A message to fill (and hand over) on subscription `sid`, completed
+  /// now; `relay_ns`: what its last DELIVER said (0: nothing, a datagram's).
+  Message& add_owned(std::uint32_t sid, std::uint32_t relay_ns = 0) {
     if (owned_count == owned.size()) owned.emplace_back();
-    entries.push_back(Entry{MessageView{}, owned_count});
+    MessageView timing;
+    timing.received_at = received_at;
+    timing.relay_time = std::chrono::nanoseconds(relay_ns);
+    entries.push_back(Entry{timing, owned_count});
     Message& m = owned[owned_count++];
     m.sid = sid;
     return m;
@@ -387,7 +398,8 @@ class Session final : public Client {
   bool abort_pending_ = false;  // a fragmented publish failed half-way: ABORT goes first (mu_)
   /// A fragment of a DELIVER (I/O thread): reassembled per subscription and
   /// publisher, delivered whole when its last fragment arrives.
-  void on_fragment(std::uint32_t sid, const proto::Frame& inner, Deliveries& deliveries);
+  void on_fragment(std::uint32_t sid, const proto::Frame& inner, std::uint32_t relay_ns,
+                   Deliveries& deliveries);
   struct Reassembly {
     Message message;
     std::uint32_t length = 0;  // of the whole message (header block included)

@@ -95,6 +95,7 @@ void Session::on_loss(std::uint32_t sid, std::uint64_t first, std::uint64_t coun
 }
 
 void Session::on_datagram(std::span<const std::byte> datagram, Deliveries& deliveries) {
+  deliveries.received_at = std::chrono::steady_clock::now();
   const auto h = proto::decode_datagram(datagram, recv_buffer_size_);
   if (!h) return;  // not ours, or malformed: a datagram is never trusted further than this
   std::vector<std::uint32_t> sids;

@@ -182,9 +182,8 @@ proto::FrameHeader cut_header(const std::byte* frame, std::uint32_t start, std::
       std::min(start + len, strings_end + in.payload_len);  // the padding is not payload
   if (start == proto::kHeaderSize) {
     // The first piece: the frame's strings, REQUEST and header block go with it.
-    auto h = in.is_fragment()
-                 ? proto::FrameHeader::fragment(in.arg, in.fragment_offset, in.sequence, in.flags)
-                 : proto::FrameHeader::fragment(in.payload_len, 0, 0, in.flags);
+    auto h = in.is_fragment() ? proto::FrameHeader::fragment(in.arg, in.offset, in.sequence, in.flags)
+                              : proto::FrameHeader::fragment(in.payload_len, 0, 0, in.flags);
     h.subject_len = in.subject_len;
     h.reply_len = in.reply_len;
     h.header_len = in.header_len;
@@ -192,7 +191,7 @@ proto::FrameHeader cut_header(const std::byte* frame, std::uint32_t start, std::
     return h;
   }
   const std::uint32_t offset = start - strings_end;  // of this piece's payload within the frame's
-  auto h = in.is_fragment() ? proto::FrameHeader::fragment(in.arg, in.fragment_offset + offset, in.sequence)
+  auto h = in.is_fragment() ? proto::FrameHeader::fragment(in.arg, in.offset + offset, in.sequence)
                             : proto::FrameHeader::fragment(in.payload_len, offset, 0);
   h.payload_len = end - start;
   return h;
@@ -212,6 +211,11 @@ void add_range(Segment* sge, std::uint32_t& n, std::uint64_t addr, std::uint32_t
 
 }  // namespace
 
+std::uint32_t relay_ns(std::int64_t received_at, std::int64_t posted_at) {
+  return static_cast<std::uint32_t>(
+      std::clamp<std::int64_t>(posted_at - received_at, 1, std::int64_t{proto::kMaxRelayNs}));
+}
+
 PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::span<std::byte> block,
                      std::uint32_t block_lkey, std::uint32_t body_lkey, std::uint64_t& next_sequence,
                      Segment* sge, BufferRef* refs) {
@@ -230,6 +234,9 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
       break;
     }
     std::byte* dst = block.data() + block_used;
+    if (limits.posted_at != 0 && item.is_delivery() && item.received_at != 0) {
+      item.header.set_relay_ns(relay_ns(item.received_at, limits.posted_at));
+    }
     // An ERROR's sequence field names the subscription it is about (SPEC.md
     // "Frame header"); every other frame carries the connection's counter.
     if (item.fixed_sequence) {

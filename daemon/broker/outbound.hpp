@@ -148,7 +148,14 @@ struct Segment {
 struct PackLimits {
   std::uint32_t max_bytes = 0;  // the peer's receive buffer size
   std::uint32_t max_sge = kMaxSendSge;
+  /// A peer of protocol version 5: the send's post time (steady ns), from
+  /// which each DELIVER's relay time is stamped (SPEC.md §3.4); 0: none.
+  std::int64_t posted_at = 0;
 };
+
+/// The relay time a DELIVER carries (SPEC.md §3.4): from its first message's
+/// arrival to `posted_at`, at least 1 (0 means not measured) and saturating.
+std::uint32_t relay_ns(std::int64_t received_at, std::int64_t posted_at);
 
 /// Where one packed frame ends in its send, and what it carries: a stream
 /// transport cut short mid-send counts what reached the peer by these.

@@ -368,8 +368,12 @@ std::uint32_t Connections::pack_next(Connection& c, std::uint32_t max_sge, std::
                                      std::array<BufferRef, kMaxFramesPerSend>& refs, PackedSend& packed) {
   const std::uint32_t block = blocks_.peek();
   if (block == SendBlocks::kNone) return block;  // flushed again when a block comes back
-  packed = pack_send(c.outq, PackLimits{c.peer_buffer_size, max_sge}, blocks_.block(block), block_lkey,
-                     body_lkey, c.next_sequence, sge, refs.data());
+  // Version 5's relay time (SPEC.md §3.4) ends here, a moment before the post.
+  const std::int64_t posted_at = c.protocol_version >= proto::kRelayTimeVersion
+                                     ? std::chrono::steady_clock::now().time_since_epoch().count()
+                                     : 0;
+  packed = pack_send(c.outq, PackLimits{c.peer_buffer_size, max_sge, posted_at}, blocks_.block(block),
+                     block_lkey, body_lkey, c.next_sequence, sge, refs.data());
   if (packed.frames == 0) {
     // Cannot happen: the handshake guarantees every frame fits a peer buffer.
     spdlog::error("connection {}: a {}-byte frame does not fit one send", c.id, c.outq.front().wire_len());

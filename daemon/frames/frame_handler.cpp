@@ -148,7 +148,7 @@ bool FrameHandler::on_fragment(Connection& c, const proto::Frame& f, const Buffe
     return fragment_violation(c, "a fragment's sequence must be the connection id from the accept (" +
                                      std::to_string(c.id) + "), not " + std::to_string(h.sequence));
   }
-  if (h.fragment_offset == 0) {
+  if (h.offset == 0) {
     if (open.open) {
       return fragment_violation(c, "a new message began while " + std::to_string(open.next_offset) + " of " +
                                        std::to_string(open.length) + " bytes of the last were sent");
@@ -169,12 +169,12 @@ bool FrameHandler::on_fragment(Connection& c, const proto::Frame& f, const Buffe
     }
   } else {
     if (!open.open) {
-      return fragment_violation(c, "a fragment at offset " + std::to_string(h.fragment_offset) +
+      return fragment_violation(c, "a fragment at offset " + std::to_string(h.offset) +
                                        " of no message (the first fragment has offset 0)");
     }
-    if (h.arg != open.length || h.fragment_offset != open.next_offset) {
+    if (h.arg != open.length || h.offset != open.next_offset) {
       return fragment_violation(
-          c, "a fragment at offset " + std::to_string(h.fragment_offset) + " of a " + std::to_string(h.arg) +
+          c, "a fragment at offset " + std::to_string(h.offset) + " of a " + std::to_string(h.arg) +
                  "-byte message where offset " + std::to_string(open.next_offset) + " of the " +
                  std::to_string(open.length) + "-byte message was due (fragments go in order, each once)");
     }

@@ -308,7 +308,7 @@ void MulticastEngine::handle(PublishBatch& c) {
       stats_.no_channel.add();
       continue;
     }
-    WindowEntry e{ch->next_sequence++, std::move(p.buf), p.offset, p.len, p.payload_len};
+    WindowEntry e{ch->next_sequence++, std::move(p.buf), p.offset, p.len, p.payload_len, p.received_at};
     stats_.messages.add();
     bool dropped = false;
     if constexpr (fault::kEnabled) dropped = ch->grouped && fault::Shared::take(core_.faults.mcast_drops);
@@ -348,7 +348,7 @@ void MulticastEngine::pack(Channel& ch, const WindowEntry& e) {
     send_datagrams(ch, std::span(&e, 1));
     return;
   }
-  ch.packed.push_back(WindowEntry{e.sequence, e.buf.clone(), e.offset, e.len, e.payload_len});
+  ch.packed.push_back(WindowEntry{e.sequence, e.buf.clone(), e.offset, e.len, e.payload_len, e.received_at});
   ch.packed_bytes += e.len;
 }
 
@@ -379,11 +379,12 @@ void MulticastEngine::unicast(const Member& m, const WindowEntry& e, bool repair
                       core_.options.buffer_size, seq)) {
     return;
   }
-  const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+  // From its arrival (SPEC.md §3.4): a repair's relay time includes its time in the window.
+  const std::int64_t at = e.received_at;
   batch.push_back(
       {m.info.connection, m.info.slot,
-       seq != 0 ? make_sequenced_delivery(e.buf.clone(), m.info.sid, seq, e.offset, e.len, e.payload_len, now)
-                : make_delivery(e.buf.clone(), m.info.sid, e.offset, e.len, e.payload_len, now)});
+       seq != 0 ? make_sequenced_delivery(e.buf.clone(), m.info.sid, seq, e.offset, e.len, e.payload_len, at)
+                : make_delivery(e.buf.clone(), m.info.sid, e.offset, e.len, e.payload_len, at)});
 }
 
 void MulticastEngine::post_to_workers() { core_.post_deliveries(remote_); }

@@ -208,6 +208,7 @@ class MulticastEngine {
     std::uint32_t offset = 0;
     std::uint32_t len = 0;
     std::uint32_t payload_len = 0;
+    std::int64_t received_at = 0;  // when its worker took it from the publisher (steady ns)
   };
   struct Channel {
     std::uint32_t id = 0;

@@ -35,13 +35,24 @@ static void on_request(const rb_message* m, void* user) {
 /* In place: subject, reply, a header and the payload, read by their lengths. */
 static atomic_int view_count = 0;
 
+/* CLOCK_MONOTONIC in nanoseconds: the clock of rb_view_received_ns. */
+static int64_t monotonic_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 static void on_view(const rb_message_view* v, void* user) {
   (void)user;
+  const int64_t now = monotonic_ns();
+  const int64_t received = rb_view_received_ns(v);
   size_t n = 0;
   const char* trace = rb_view_header(v, "TRACE-ID", &n);
   if (v->subject_len == 6 && memcmp(v->subject, "c.view", 6) == 0 && v->reply_len == 5 &&
       memcmp(v->reply, "c.ans", 5) == 0 && v->len == 4 && memcmp(v->data, "seen", 4) == 0 && trace != NULL &&
-      n == 3 && memcmp(trace, "abc", 3) == 0 && rb_view_header(v, "missing", &n) == NULL)
+      n == 3 && memcmp(trace, "abc", 3) == 0 && rb_view_header(v, "missing", &n) == NULL &&
+      rb_view_relay_ns(v) > 0 && received <= now && received > now - 60 * (int64_t)1000000000 &&
+      rb_view_relay_ns(NULL) == 0)
     atomic_fetch_add(&view_count, 1);
 }
 

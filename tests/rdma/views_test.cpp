@@ -18,6 +18,7 @@ namespace rdmabroker::test {
 namespace {
 
 using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
 
 class InPlace : public ::testing::TestWithParam<Via> {
  protected:
@@ -168,6 +169,73 @@ TEST_P(InPlace, QueueGroupsAndRequestsWorkWithViewHandlers) {
   for (std::uint64_t i = 0; i < kWork; ++i) ASSERT_EQ(got[i], i);
   EXPECT_GT(a_count.load(), 0);
   EXPECT_GT(b_count.load(), 0);
+}
+
+// SPEC.md §3.4, relay time (version 5): each view says when the library
+// took it and how long the broker held it, which fits inside what the
+// publisher and the subscriber saw; a client of version 4 is sent the word 0.
+TEST_P(InPlace, EachViewSaysWhenItCameAndHowLongTheBrokerHeldIt) {
+  BrokerProcess broker(next_port());
+  ASSERT_TRUE(broker.running());
+  auto sub = connect_via(broker, GetParam());
+  auto pub = connect_via(broker, GetParam());
+  auto v4 = raw_wire(broker, GetParam(), true, proto::ConnectRequest{16384, 16, 0, /*max_version=*/4});
+  ASSERT_TRUE(sub && pub && v4);
+  EXPECT_EQ(v4->accept.version, 4);
+  struct Seen {
+    Clock::time_point handler, received_at;
+    std::chrono::nanoseconds relay;
+    std::size_t size;
+  };
+  std::mutex mu;
+  std::vector<Seen> seen;
+  ASSERT_TRUE(sub->subscribe_view("relay.>",
+                                  [&](const MessageView& v) {
+                                    const auto now = Clock::now();
+                                    std::lock_guard lock(mu);
+                                    seen.push_back({now, v.received_at, v.relay_time, v.payload.size()});
+                                  })
+                  .ok());
+  // The raw client returns no credits: it takes the small messages only.
+  ASSERT_TRUE(v4->send(frame(proto::FrameType::kSubscribe, 1, "relay.small")));
+  ASSERT_TRUE(sub->flush(10s).ok());
+  ASSERT_EQ(broker.wait_stats([](auto& s) { return s["subscriptions"] == 2; }, 30s)["subscriptions"], 2);
+
+  // One at a time, each waited for; the last larger than a frame (its view
+  // is of the reassembled message, its relay time its last fragment's).
+  constexpr std::size_t kMessages = 12;
+  std::vector<Clock::time_point> published;
+  for (std::size_t i = 0; i < kMessages; ++i) {
+    const bool large = i + 1 == kMessages;
+    const std::string payload(large ? 100'000 : 64 + i, 'r');
+    published.push_back(Clock::now());
+    ASSERT_TRUE(pub->publish(large ? "relay.large" : "relay.small", payload).ok());
+    ASSERT_TRUE(wait_until(
+        [&] {
+          std::lock_guard lock(mu);
+          return seen.size() == i + 1;
+        },
+        30s));
+  }
+  std::lock_guard lock(mu);
+  for (std::size_t i = 0; i < kMessages; ++i) {
+    const Seen& s = seen[i];
+    EXPECT_EQ(s.size, i + 1 == kMessages ? 100'000u : 64 + i);
+    EXPECT_GE(s.received_at, published[i]) << i;
+    EXPECT_LE(s.received_at, s.handler) << i;
+    EXPECT_GT(s.relay.count(), 0) << i << ": a broker of version 5 measures every DELIVER";
+    EXPECT_LE(s.relay, s.received_at - published[i]) << i << ": the broker held it longer than it travelled";
+  }
+  // The version-4 client got the same messages with the word reserved, 0.
+  std::vector<std::uint32_t> words;
+  EXPECT_EQ(read_delivered(
+                *v4, kMessages - 1, 30s, [](const proto::Frame&) {},
+                [&](const proto::Frame& f) {
+                  if (f.header.type == proto::FrameType::kDeliver) words.push_back(f.header.relay_ns());
+                }),
+            kMessages - 1);
+  ASSERT_FALSE(words.empty());
+  EXPECT_EQ(std::count(words.begin(), words.end(), 0u), static_cast<std::ptrdiff_t>(words.size()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, InPlace, ::testing::Values(Via::kRdma, Via::kTcp),

@@ -102,6 +102,39 @@ TEST_F(OutboundTest, GatheredBytesDecodeToTheQueuedFrames) {
   EXPECT_TRUE(refs_[2]);
 }
 
+TEST_F(OutboundTest, StampsEachDeliverWithItsRelayTimeForAVersion5Peer) {
+  // SPEC.md §3.4: from its first message's arrival to the post, per DELIVER.
+  auto early = delivery("a", "1", 7);
+  early.received_at = 4'999'000'000;
+  auto late = delivery("b", "2", 8);
+  late.received_at = 4'999'900'000;
+  auto unknown = delivery("c", "3", 9);  // received_at 0: not measured, sent as 0
+  auto stale = delivery("d", "4", 10);
+  stale.received_at = 1;  // longer than the word holds: saturates
+  std::deque<OutItem> q;
+  for (auto* item : {&early, &late, &unknown, &stale}) q.push_back(std::move(*item));
+  q.push_back(make_control(proto::FrameType::kPong, 0));
+  const std::int64_t posted_at = 5'000'000'000;  // 5 s: more than the word holds since `stale`
+  auto packed = pack_send(q, {4096, kMaxSendSge, posted_at}, block_, kBlockKey, kBodyKey, seq_, sge_, refs_);
+  ASSERT_EQ(packed.frames, 5u);
+  auto wire = gather(sge_, packed.num_sge);
+  std::vector<std::uint32_t> relay;
+  proto::Frame f;
+  for (std::size_t off = 0; off < wire.size(); off += f.header.frame_len()) {
+    ASSERT_EQ(proto::decode_frame(std::span(wire).subspan(off), 4096, f), proto::DecodeStatus::kOk);
+    relay.push_back(f.header.relay_ns());
+  }
+  EXPECT_EQ(relay, (std::vector<std::uint32_t>{1'000'000, 100'000, 0, proto::kMaxRelayNs, 0}));
+  EXPECT_EQ(relay_ns(5, 5), 1u) << "0 would say 'not measured'";
+  // A peer of an older version (posted_at 0) gets the word reserved, 0.
+  q.push_back(delivery("e", "5", 11));
+  q.back().received_at = 1'000'000;
+  packed = pack_send(q, {4096, kMaxSendSge}, block_, kBlockKey, kBodyKey, seq_, sge_, refs_);
+  wire = gather(sge_, packed.num_sge);
+  ASSERT_EQ(proto::decode_frame(wire, 4096, f), proto::DecodeStatus::kOk);
+  EXPECT_EQ(f.header.relay_ns(), 0u);
+}
+
 TEST_F(OutboundTest, StopsAtThePeerBufferSize) {
   std::deque<OutItem> q;
   for (int i = 0; i < 3; ++i) q.push_back(delivery("s", std::string(1000, 'y'), 1));
@@ -363,7 +396,7 @@ TEST_F(CutToFitTest, AWholeMessageArrivesAsFragmentsThatReassembleToIt) {
     ASSERT_TRUE(f.is_fragment()) << i;
     EXPECT_EQ(f.arg, length);
     EXPECT_EQ(f.sequence, 0u) << "a message the broker cut carries no publisher id";
-    EXPECT_EQ(f.fragment_offset, next) << i;
+    EXPECT_EQ(f.offset, next) << i;
     if (i > 1) {
       EXPECT_TRUE(frames[i].subject.empty() && frames[i].reply.empty());
       EXPECT_EQ(f.flags & proto::kFlagRequest, 0) << "REQUEST goes with the reply, in the first fragment";
@@ -392,7 +425,7 @@ TEST_F(CutToFitTest, APublishersFragmentIsCutFurtherAndKeepsItsOffsetsAndPublish
     ASSERT_TRUE(f.header.is_fragment());
     EXPECT_EQ(f.header.sequence, 77u);
     EXPECT_EQ(f.header.arg, 100000u);
-    EXPECT_EQ(f.header.fragment_offset, next);
+    EXPECT_EQ(f.header.offset, next);
     next += f.header.payload_len;
     got += text(f.payload);
   }

@@ -83,7 +83,7 @@ class FakeLink final : public Link {
                       [&](const proto::Frame& inner) {
                         sent.push_back({FrameType::kDeliver, f.header.arg, std::string(inner.subject),
                                         as_text(inner.payload), as_text(inner.headers), inner.header.sequence,
-                                        inner.header.fragment_offset, inner.header.is_fragment()});
+                                        inner.header.offset, inner.header.is_fragment()});
                       }),
                   proto::DecodeStatus::kOk);
       } else {

@@ -1,6 +1,7 @@
 // The wire codec: round trips for every frame type and one case per class of
 // malformed input (proto/SPEC.md, "Validation").
 #include <gtest/gtest.h>
+#include <array>
 
 #include <string>
 #include <vector>
@@ -90,6 +91,31 @@ TEST(Wire, DeliverCarriesWholePublishFrames) {
                     std::string(reinterpret_cast<const char*>(ping.data()), ping.size()));
   ASSERT_EQ(decode(bad, f), DecodeStatus::kOk);
   EXPECT_EQ(for_each_delivered(f, [](const Frame&) {}), DecodeStatus::kBadType);
+}
+
+TEST(Wire, DeliverCarriesItsRelayTimeInWord20) {
+  // Version 5 (SPEC.md §3.4): a DELIVER's offset 20 is the relay time, which
+  // no other type has; a fragment keeps its offset there.
+  auto publish = encode(FrameType::kPublish, 0, "x", "1");
+  auto d = encode(FrameType::kDeliver, 9, "",
+                  std::string(reinterpret_cast<const char*>(publish.data()), publish.size()));
+  FrameHeader h = load_header(d.data());
+  h.set_relay_ns(123456789);
+  encode_header(d.data(), h);
+  EXPECT_EQ(load<std::uint32_t>(d.data() + 20), 123456789u);
+  Frame f;
+  ASSERT_EQ(decode(d, f), DecodeStatus::kOk);
+  EXPECT_EQ(f.header.relay_ns(), 123456789u);
+  EXPECT_EQ(load_header(d.data()).relay_ns(), 123456789u);
+  const FrameHeader piece = FrameHeader::fragment(100, 48, 7);
+  std::array<std::byte, kHeaderSize> raw{};
+  encode_header(raw.data(), piece);
+  EXPECT_EQ(load<std::uint32_t>(raw.data() + 20), 48u) << "a PUBLISH fragment's offset, not a relay time";
+  EXPECT_EQ(load_header(raw.data()).relay_ns(), 0u);
+  // Any other type still has the word reserved.
+  auto pong = encode(FrameType::kPong, 0, "", "");
+  store<std::uint32_t>(pong.data() + 20, 5);
+  EXPECT_EQ(decode(pong, f), DecodeStatus::kBadReserved);
 }
 
 TEST(Wire, SeveralFramesInOneBuffer) {
@@ -333,12 +359,12 @@ TEST(Wire, FragmentsCarryTheirOffsetAndTheMessagesLength) {
   ASSERT_EQ(decode(first, f), DecodeStatus::kOk);
   EXPECT_TRUE(f.header.is_fragment());
   EXPECT_EQ(f.header.arg, 10u);
-  EXPECT_EQ(f.header.fragment_offset, 0u);
+  EXPECT_EQ(f.header.offset, 0u);
   EXPECT_TRUE(f.header.starts_message());
   EXPECT_FALSE(f.header.ends_message());
   EXPECT_EQ(f.subject, "a.b");
   ASSERT_EQ(decode(fragment(5, 10, "", "world"), f), DecodeStatus::kOk);
-  EXPECT_EQ(f.header.fragment_offset, 5u);
+  EXPECT_EQ(f.header.offset, 5u);
   EXPECT_FALSE(f.header.starts_message());
   EXPECT_TRUE(f.header.ends_message());
   EXPECT_EQ(f.header.sequence, 7u);
@@ -578,19 +604,20 @@ TEST(WireHeaders, NamesAndValues) {
 }
 
 TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
-  // A client of this code asks for version 4 in byte 5, with version 1 in byte 4.
+  // A client of this code asks for version 5 in byte 5, with version 1 in byte 4.
   auto req = encode(ConnectRequest{16384, 64});
   EXPECT_EQ(std::to_integer<int>(req[4]), 1);
   EXPECT_EQ(std::to_integer<int>(req[5]), kProtocolVersion);
   ConnectRequest r;
   ASSERT_EQ(decode(std::span<const std::byte>(req), r), HandshakeStatus::kOk);
-  EXPECT_EQ(negotiate_version(r.max_version), 4);
-  EXPECT_EQ(connection_version(r), 4);
+  EXPECT_EQ(negotiate_version(r.max_version), 5);
+  EXPECT_EQ(connection_version(r), 5);
+  EXPECT_EQ(connection_version(r, 4), 4) << "a version-4 broker";
   EXPECT_EQ(connection_version(r, 3), 3) << "a version-3 broker";
   // Credits by demand need a client window of 4 (SPEC.md §5.1): with fewer
   // receives the connection is version 2.
   EXPECT_EQ(connection_version(ConnectRequest{16384, 3}), 2);
-  EXPECT_EQ(connection_version(ConnectRequest{16384, 4}), 4);
+  EXPECT_EQ(connection_version(ConnectRequest{16384, 4}), 5);
   EXPECT_EQ(connection_version(ConnectRequest{16384, 2, 0, 2}), 2);
   EXPECT_EQ(connection_version(ConnectRequest{16384, 64}, 2), 2) << "a version-2 broker";
   // A version-1 client sends 0 there.
@@ -600,7 +627,7 @@ TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
   // A later client asking for more gets what the broker has.
   EXPECT_EQ(negotiate_version(9), kProtocolVersion);
   EXPECT_EQ(negotiate_version(9, 1), 1) << "a version-1 broker";
-  // The accept carries the outcome; a client takes 1 to 4 and nothing else.
+  // The accept carries the outcome; a client takes 1 to 5 and nothing else.
   ConnectAccept a;
   ASSERT_EQ(decode(std::span<const std::byte>(encode(ConnectAccept{8192, 32, 77, 2})), a),
             HandshakeStatus::kOk);
@@ -624,7 +651,12 @@ TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
   EXPECT_EQ(decode(std::span<const std::byte>(too_big), a), HandshakeStatus::kBadValue);
   auto v5 = v4;
   v5[4] = std::byte{5};
-  EXPECT_EQ(decode(std::span<const std::byte>(v5), a), HandshakeStatus::kBadVersion);
+  ASSERT_EQ(decode(std::span<const std::byte>(v5), a), HandshakeStatus::kOk);
+  EXPECT_EQ(a.version, 5);
+  EXPECT_EQ(a.max_payload, 1u << 20) << "version 5's accept is version 4's";
+  auto v6 = v4;
+  v6[4] = std::byte{6};
+  EXPECT_EQ(decode(std::span<const std::byte>(v6), a), HandshakeStatus::kBadVersion);
   // Byte 4 of a request stays the base version: 2 there is not a request this broker takes.
   auto v2_in_byte4 = encode(ConnectRequest{16384, 64});
   v2_in_byte4[4] = std::byte{2};

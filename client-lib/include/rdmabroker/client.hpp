@@ -146,6 +146,18 @@ class MessageView {
   std::string_view subject;
   std::string_view reply;  // where the publisher wants an answer; empty: none
   std::span<const std::byte> payload;
+  /// When the library took the message from the transport (the receive
+  /// completion, or the read, that completed it): a latency budget measures
+  /// the library's own hand-over to the handler from here (`rdmabroker
+  /// bench --trace`). The epoch (zero) for a view made of a Message.
+  std::chrono::steady_clock::time_point received_at{};
+  /// How long the message spent in the broker, from the broker taking it
+  /// off the wire to the post of the send that brought it here (SPEC.md
+  /// §3.4, "Relay time"; of a DELIVER of several messages, its first's,
+  /// which the others spent at most). Zero where the broker does not say: a
+  /// broker or a connection of protocol version below 5, a message of a
+  /// multicast group, a view made of a Message.
+  std::chrono::nanoseconds relay_time{0};
 
   MessageView() = default;
   /// A view of `m` (valid while `m` is unchanged).

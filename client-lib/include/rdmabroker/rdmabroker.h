@@ -75,6 +75,13 @@ typedef struct rb_message_view {
  * read in place, its length in *value_len; NULL if the message has none. */
 const char* rb_view_header(const rb_message_view* m, const char* name, size_t* value_len);
 
+/* When the library took the message from the transport, in nanoseconds of
+ * CLOCK_MONOTONIC (MessageView::received_at); 0 if not known. */
+int64_t rb_view_received_ns(const rb_message_view* m);
+/* How long the message spent in the broker, in nanoseconds (protocol
+ * version 5, SPEC.md §3.4; MessageView::relay_time); 0 if the broker did not say. */
+uint64_t rb_view_relay_ns(const rb_message_view* m);
+
 typedef void (*rb_view_cb)(const rb_message_view* msg, void* user);
 
 /* bind_address may be NULL. Credentials go in the URL: "rdma://user:password@host"

@@ -27,14 +27,21 @@ inline constexpr std::uint16_t kFrameMagic = 0x4252;  // bytes "RB"
 inline constexpr std::uint8_t kVersion = 1;
 /// The highest protocol version this code speaks, negotiated in the
 /// handshake (SPEC.md §2.1): 2 adds message headers (§3.6), 3 credits by
-/// demand (§5.1), 4 messages larger than a frame, sent as fragments (§3.7).
-inline constexpr std::uint8_t kProtocolVersion = 4;
+/// demand (§5.1), 4 messages larger than a frame, sent as fragments (§3.7),
+/// 5 the relay time in every DELIVER (§3.4).
+inline constexpr std::uint8_t kProtocolVersion = 5;
 /// The first protocol version with message headers.
 inline constexpr std::uint8_t kHeadersVersion = 2;
 /// The first protocol version with credits by demand over RDMA (SPEC.md §5.1).
 inline constexpr std::uint8_t kCreditsByDemandVersion = 3;
 /// The first protocol version with fragmented messages (SPEC.md §3.7).
 inline constexpr std::uint8_t kFragmentsVersion = 4;
+/// The first protocol version whose DELIVERs say how long their first
+/// message spent in the broker (SPEC.md §3.4, "Relay time").
+inline constexpr std::uint8_t kRelayTimeVersion = 5;
+/// The largest relay time a DELIVER can carry, in nanoseconds (~4.3 s): a
+/// longer one is sent as this.
+inline constexpr std::uint32_t kMaxRelayNs = 0xffffffffu;
 /// The largest message (payload, header block included) a broker may be
 /// configured to take as fragments (limits.max_payload).
 inline constexpr std::uint32_t kMaxMessageSize = 64u << 20;
@@ -209,16 +216,23 @@ struct FrameHeader {
   std::uint16_t reply_len = 0;
   std::uint16_t header_len =
       0;  // PUBLISH, protocol version 2: the header block at the payload's start (§3.6)
-  std::uint32_t payload_len = 0;      // the header block included
-  std::uint32_t arg = 0;              // sid, credits or error code, by type; a fragment's message length
-  std::uint32_t fragment_offset = 0;  // a fragment (kFlagFragment): where its payload goes; else 0
+  std::uint32_t payload_len = 0;  // the header block included
+  std::uint32_t arg = 0;          // sid, credits or error code, by type; a fragment's message length
+  /// Offset 20 (SPEC.md §3.1): a fragment's (kFlagFragment) place in its
+  /// message; a DELIVER's relay time (relay_ns()); else 0.
+  std::uint32_t offset = 0;
   std::uint64_t sequence = 0;
+
+  /// A DELIVER on a connection of protocol version 5: nanoseconds its first
+  /// message spent in the broker (SPEC.md §3.4); 0: not measured or not said.
+  std::uint32_t relay_ns() const { return type == FrameType::kDeliver ? offset : 0; }
+  void set_relay_ns(std::uint32_t ns) { offset = ns; }  // a DELIVER's
 
   bool is_fragment() const { return (flags & kFlagFragment) != 0; }
   /// A whole message, or the fragment that starts one: what counts as one message.
-  bool starts_message() const { return !is_fragment() || fragment_offset == 0; }
+  bool starts_message() const { return !is_fragment() || offset == 0; }
   /// A whole message, or the fragment that completes one.
-  bool ends_message() const { return !is_fragment() || fragment_offset + payload_len == arg; }
+  bool ends_message() const { return !is_fragment() || offset + payload_len == arg; }
   /// The header of a PUBLISH fragment (§3.7): at `offset` of a `length`-byte
   /// message of publisher `publisher` (its connection id), with `flags` too
   /// (REQUEST, on a first fragment); the lengths are encode_frame()'s to set.
@@ -228,7 +242,7 @@ struct FrameHeader {
     h.type = FrameType::kPublish;
     h.flags = static_cast<std::uint16_t>(flags | kFlagFragment);
     h.arg = length;
-    h.fragment_offset = offset;
+    h.offset = offset;
     h.sequence = publisher;
     return h;
   }
@@ -249,7 +263,7 @@ inline void encode_header(std::byte* out, const FrameHeader& h) {
   store<std::uint16_t>(out + 10, h.header_len);
   store<std::uint32_t>(out + 12, h.payload_len);
   store<std::uint32_t>(out + 16, h.arg);
-  store<std::uint32_t>(out + 20, h.fragment_offset);
+  store<std::uint32_t>(out + 20, h.offset);
   store<std::uint64_t>(out + 24, h.sequence);
 }
 /// The header at `p` as encode_header() wrote it, field by field and without
@@ -263,7 +277,7 @@ inline FrameHeader load_header(const std::byte* p) {
   h.header_len = load<std::uint16_t>(p + 10);
   h.payload_len = load<std::uint32_t>(p + 12);
   h.arg = load<std::uint32_t>(p + 16);
-  h.fragment_offset = load<std::uint32_t>(p + 20);
+  h.offset = load<std::uint32_t>(p + 20);
   h.sequence = load<std::uint64_t>(p + 24);
   return h;
 }
@@ -395,9 +409,9 @@ constexpr bool arg_is_zero(const FrameHeader& h) {
 /// subject, reply and header block and is not the whole message; the others
 /// carry neither; every one carries payload inside the message's length.
 inline DecodeStatus check_fragment(const FrameHeader& h) {
-  const std::uint64_t end = std::uint64_t{h.fragment_offset} + h.payload_len;
+  const std::uint64_t end = std::uint64_t{h.offset} + h.payload_len;
   if (h.payload_len == 0 || end > h.arg) return DecodeStatus::kBadFragment;
-  if (h.fragment_offset == 0) return end < h.arg ? DecodeStatus::kOk : DecodeStatus::kBadFragment;
+  if (h.offset == 0) return end < h.arg ? DecodeStatus::kOk : DecodeStatus::kBadFragment;
   if (h.subject_len != 0 || h.reply_len != 0 || h.header_len != 0 || (h.flags & kFlagRequest) != 0)
     return DecodeStatus::kBadFragment;
   return DecodeStatus::kOk;
@@ -476,10 +490,14 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   h.type = static_cast<FrameType>(type);
   h.header_len = load<std::uint16_t>(p + 10);
   h.flags = load<std::uint16_t>(p + 4);
-  // Offset 10 is a PUBLISH's header_len, offset 20 a fragment's offset; both reserved elsewhere.
+  // Offset 10 is a PUBLISH's header_len; offset 20 a fragment's offset or a
+  // DELIVER's relay time (a client that negotiated less than version 5 is
+  // sent 0 there and may ignore it); both reserved elsewhere.
   const bool fragment = h.type == FrameType::kPublish && h.is_fragment();
-  h.fragment_offset = fragment ? load<std::uint32_t>(p + 20) : 0;
-  if ((h.header_len != 0 && h.type != FrameType::kPublish) || (!fragment && load<std::uint32_t>(p + 20) != 0))
+  const bool deliver = h.type == FrameType::kDeliver;
+  h.offset = fragment || deliver ? load<std::uint32_t>(p + 20) : 0;
+  if ((h.header_len != 0 && h.type != FrameType::kPublish) ||
+      (!fragment && !deliver && load<std::uint32_t>(p + 20) != 0))
     return DecodeStatus::kBadReserved;
   h.subject_len = load<std::uint16_t>(p + 6);
   h.reply_len = load<std::uint16_t>(p + 8);
