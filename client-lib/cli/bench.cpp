@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <sys/prctl.h>
 #include <cstdio>
@@ -36,6 +37,20 @@ struct PublisherResult {
   std::uint64_t sent = 0;
   double seconds = 0;
   std::string error;
+  /// --trace: each message's times (steady ns), by sequence.
+  struct Call {
+    std::int64_t due, call, returned;  // due: the schedule at a fixed rate, else the call
+  };
+  std::vector<Call> calls;
+};
+
+/// --trace: what a subscriber saw of one message.
+struct Arrival {
+  std::uint32_t publisher;
+  std::uint64_t seq;
+  std::int64_t received_ns;  // its client took it from the transport (0: unknown)
+  std::int64_t relay_ns;     // in the broker (0: unknown)
+  std::int64_t handler_ns;   // the handler had it
 };
 
 /// One subscriber's view, filled by its client's delivery thread.
@@ -50,16 +65,19 @@ struct SubscriberState {
   std::int64_t first_ns = 0, last_ns = 0;
   std::atomic<std::uint64_t> count{0};
   std::string error;
+  bool trace = false;
+  std::vector<Arrival> arrivals;  // --trace
 
-  void on_payload(std::span<const std::byte> payload) {
+  void on_payload(const Received& r) {
     const std::int64_t t = now_ns();
     std::lock_guard l(mu);
     Stamp s{};
-    if (payload.size() < sizeof s) {
+    if (r.payload.size() < sizeof s) {
       ++malformed;
       return;
     }
-    std::memcpy(&s, payload.data(), sizeof s);
+    std::memcpy(&s, r.payload.data(), sizeof s);
+    if (trace) arrivals.push_back({s.publisher, s.seq, r.received_ns, r.relay_ns, t});
     auto [it, fresh] = next_seq.try_emplace(s.publisher, 0);
     if (!fresh && s.seq < it->second) ++reordered;
     it->second = std::max(it->second, s.seq + 1);
@@ -81,6 +99,66 @@ nlohmann::json to_json(const LatencyHistogram& h) {
 }
 
 double per_second(double n, double seconds) { return seconds > 0 ? n / seconds : 0; }
+
+/// --trace: the latency budget. A message's path, by the times its publisher
+/// and its subscriber's client took and the relay time the broker put in its
+/// DELIVER (SPEC.md §3.4): schedule -> publish call -> publish returns ->
+/// [hop to the broker, the broker, hop to the subscriber] -> the client
+/// takes it from the transport -> the handler has it. The hops are what is
+/// left of the bracket once the broker's own time is taken out: devices,
+/// wire and every wake-up on the way (the broker worker's, the
+/// subscriber's I/O thread's).
+struct Budget {
+  struct Stage {
+    const char* key;
+    const char* label;
+    LatencyHistogram h;
+  };
+  std::array<Stage, 7> stages{{{"schedule_to_call", "schedule -> publish call", {}},
+                               {"publish_call", "publish call -> return", {}},
+                               {"return_to_client", "return -> subscriber's client", {}},
+                               {"broker", "  of it in the broker (relay time)", {}},
+                               {"hops", "  of it both hops: devices, wire, wake-ups", {}},
+                               {"client_to_handler", "client -> handler", {}},
+                               {"total", "publish call -> handler", {}}}};
+  std::uint64_t traced = 0;         // messages matched to their publish
+  std::uint64_t without_relay = 0;  // the broker said nothing (version < 5, multicast)
+
+  void add(const PublisherResult::Call& c, const Arrival& a) {
+    ++traced;
+    stages[0].h.record(c.call - c.due);
+    stages[1].h.record(c.returned - c.call);
+    stages[6].h.record(a.handler_ns - c.call);
+    if (a.received_ns == 0) return;  // a client that does not say when it took it
+    stages[2].h.record(a.received_ns - c.returned);
+    stages[5].h.record(a.handler_ns - a.received_ns);
+    if (a.relay_ns == 0) {
+      ++without_relay;
+      return;
+    }
+    stages[3].h.record(a.relay_ns);
+    stages[4].h.record(a.received_ns - c.returned - a.relay_ns);
+  }
+};
+
+void print_budget(const nlohmann::json& b) {
+  std::printf(
+      "latency budget, %llu messages (%llu without the broker's relay time); percentiles of each "
+      "stage, which do not add up:\n",
+      static_cast<unsigned long long>(b["messages"].get<std::uint64_t>()),
+      static_cast<unsigned long long>(b["without_relay_time"].get<std::uint64_t>()));
+  std::printf("  %-44s %10s %10s %10s %10s\n", "stage (us)", "p50", "p90", "p99", "p99.9");
+  for (const auto& s : b["stages"]) {
+    const auto label = s["stage"].get<std::string>();
+    if (s["latency"].is_null()) {
+      std::printf("  %-44s %10s\n", label.c_str(), "not known");
+      continue;
+    }
+    const auto& l = s["latency"];
+    std::printf("  %-44s %10.1f %10.1f %10.1f %10.1f\n", label.c_str(), l["p50_us"].get<double>(),
+                l["p90_us"].get<double>(), l["p99_us"].get<double>(), l["p99_9_us"].get<double>());
+  }
+}
 
 void print_text(const nlohmann::json& report, bool fixed_rate) {
   const auto& jp = report["publishers"];
@@ -138,6 +216,7 @@ void print_text(const nlohmann::json& report, bool fixed_rate) {
         f["p50_us"].get<double>(), f["p90_us"].get<double>(), f["p99_us"].get<double>(),
         f["p99_9_us"].get<double>(), f["max_us"].get<double>());
   }
+  if (a.contains("latency_budget")) print_budget(a["latency_budget"]);
 }
 
 }  // namespace
@@ -153,6 +232,9 @@ void add_bench_options(CLI::App& app, BenchOptions& opt) {
   app.add_option("-r,--rate", opt.rate,
                  "Messages/s per publisher (0: flat out); latency then counts from the schedule");
   app.add_flag("--json", opt.json, "JSON report");
+  app.add_flag("--trace", opt.trace,
+               "Latency budget: each message's time split into stages (publish call, the broker, both hops, "
+               "the client library's hand-over), percentiles per stage");
   app.add_flag("!--quiet", opt.progress, "No progress lines");
 }
 
@@ -197,8 +279,8 @@ class BenchRun {
       }
       states_.push_back(std::make_unique<SubscriberState>());
       SubscriberState* st = states_.back().get();
-      if (auto e = c->subscribe(opt_.subject, opt_.queue,
-                                [st](std::span<const std::byte> p) { st->on_payload(p); });
+      st->trace = opt_.trace;
+      if (auto e = c->subscribe(opt_.subject, opt_.queue, [st](const Received& r) { st->on_payload(r); });
           !e.empty()) {
         std::cerr << "bench: subscriber " << i << ": " << e << "\n";
         return false;
@@ -247,10 +329,12 @@ class BenchRun {
         s.sent_ns = now_ns();
       }
       std::memcpy(payload.data(), &s, sizeof s);
+      const std::int64_t call = opt_.trace ? now_ns() : 0;
       if (auto e = c.publish(opt_.subject, payload, opt_.rate <= 0); !e.empty()) {
         results_[p].error = e;
         break;
       }
+      if (opt_.trace) results_[p].calls.push_back({opt_.rate > 0 ? s.sent_ns : call, call, now_ns()});
       published_.fetch_add(1, std::memory_order_relaxed);
     }
     if (auto e = c.flush(60s); !e.empty() && results_[p].error.empty()) results_[p].error = e;
@@ -433,12 +517,33 @@ class BenchRun {
     report["aggregate"]["wakeups_per_message"] = {{"clients", per_message(wakeups_.clients)},
                                                   {"broker", per_message(wakeups_.broker)},
                                                   {"total", total}};
+    if (opt_.trace) report["aggregate"]["latency_budget"] = budget();
     if (opt_.json) {
       std::cout << report.dump(2) << "\n";
     } else {
       print_text(report, opt_.rate > 0);
     }
     return failed || lost > 0 || malformed > 0 ? 1 : 0;
+  }
+
+  /// --trace: every message received, joined to its publish call.
+  nlohmann::json budget() {
+    Budget b;
+    for (auto& s : states_) {
+      std::lock_guard l(s->mu);
+      for (const Arrival& a : s->arrivals) {
+        if (a.publisher >= results_.size()) continue;  // not a stamp of ours: counted as malformed
+        const auto& calls = results_[a.publisher].calls;
+        if (a.seq < calls.size()) b.add(calls[a.seq], a);
+      }
+    }
+    nlohmann::json stages = nlohmann::json::array();
+    for (const auto& st : b.stages) {
+      stages.push_back({{"key", st.key},
+                        {"stage", st.label},
+                        {"latency", st.h.count() == 0 ? nlohmann::json(nullptr) : to_json(st.h)}});
+    }
+    return {{"messages", b.traced}, {"without_relay_time", b.without_relay}, {"stages", stages}};
   }
 
   const BenchOptions& opt_;

@@ -39,6 +39,11 @@ struct BenchOptions {
   double rate = 0;               // messages/s per publisher; 0: flat out
   bool json = false;
   bool progress = true;
+  /// The latency budget (--trace): each message's time split into stages
+  /// (publish call, both hops, the broker, the library's hand-over), as a
+  /// table of percentiles per stage. Needs a client that tells when it took a
+  /// message and a broker that says its relay time (rdmabroker, protocol 5).
+  bool trace = false;
   /// The broker's wake-ups so far (its workers' blocking waits that
   /// returned), when the system under test can tell; read before and after
   /// the measurement.
@@ -47,9 +52,20 @@ struct BenchOptions {
 
 /// One connection to the system under test. Errors are returned as text
 /// (empty: success); the engine reports them per client.
+/// A message as a subscriber's client handed it over.
+struct Received {
+  /// Implicit: a client that tells nothing more hands over its payload.
+  Received(std::span<const std::byte> p) : payload(p) {}
+  Received(std::span<const std::byte> p, std::int64_t received, std::int64_t relay)
+      : payload(p), received_ns(received), relay_ns(relay) {}
+  std::span<const std::byte> payload;
+  std::int64_t received_ns = 0;  // steady clock: when the client took it from the transport; 0: unknown
+  std::int64_t relay_ns = 0;     // how long it spent in the broker, as the broker says; 0: unknown
+};
+
 class BenchEndpoint {
  public:
-  using OnPayload = std::function<void(std::span<const std::byte>)>;
+  using OnPayload = std::function<void(const Received&)>;
   virtual ~BenchEndpoint() = default;
   /// Subscribes (in `queue` when not empty) and returns once the system has
   /// the subscription, so nothing published afterwards is missed.

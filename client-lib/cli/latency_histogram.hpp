@@ -37,6 +37,7 @@ class LatencyHistogram {
     return static_cast<double>(max_) / 1000.0;
   }
   double max_us() const { return static_cast<double>(max_) / 1000.0; }
+  std::uint64_t count() const { return total_; }
 
  private:
   static constexpr unsigned kSubBits = 6;

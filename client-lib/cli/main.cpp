@@ -234,12 +234,16 @@ class BrokerEndpoint final : public rdmabroker::bench::BenchEndpoint {
   std::string subscribe(const std::string& subject, const std::string& queue, OnPayload on_payload) override {
     // In place, the bench reads the payload and copies nothing; --copy: as
     // an owning Message.
-    auto sid =
-        mode_.copy
-            ? client_->queue_subscribe(subject, queue,
-                                       [f = on_payload](const rdmabroker::Message& m) { f(m.payload); })
-            : client_->queue_subscribe_view(
-                  subject, queue, [f = on_payload](const rdmabroker::MessageView& m) { f(m.payload); });
+    auto sid = mode_.copy
+                   ? client_->queue_subscribe(subject, queue,
+                                              [f = on_payload](const rdmabroker::Message& m) {
+                                                f(rdmabroker::bench::Received(m.payload));
+                                              })
+                   : client_->queue_subscribe_view(
+                         subject, queue, [f = on_payload](const rdmabroker::MessageView& m) {
+                           f(rdmabroker::bench::Received(m.payload, m.received_at.time_since_epoch().count(),
+                                                         m.relay_time.count()));
+                         });
     if (!sid) return sid.error().message;
     start_polling();
     return flush(std::chrono::seconds(30));

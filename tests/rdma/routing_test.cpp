@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -381,6 +382,25 @@ TEST_P(Routing, CliBenchCountsEveryMessage) {
   EXPECT_EQ(queue["aggregate"]["received"], 3000);
   for (const auto& s : queue["subscribers"])
     EXPECT_EQ(s["received"], 1000);  // round robin from one publisher
+  // --trace: the latency budget, every message joined to its publish call.
+  // Per message, the broker's relay time (SPEC.md §3.4) and the library's
+  // hand-over lie inside the total, so each of their percentiles does too.
+  auto traced = bench({"b.trace", "-n", "200", "--rate", "1000", "--trace"});
+  ASSERT_FALSE(traced.is_discarded());
+  const auto& budget = traced["aggregate"]["latency_budget"];
+  EXPECT_EQ(budget["messages"], 200);
+  EXPECT_EQ(budget["without_relay_time"], 0) << "a broker of version 5 measures every DELIVER";
+  std::map<std::string, nlohmann::json> stage;
+  for (const auto& s : budget["stages"]) stage[s["key"].get<std::string>()] = s["latency"];
+  for (const char* key : {"schedule_to_call", "publish_call", "return_to_client", "broker", "hops",
+                          "client_to_handler", "total"}) {
+    ASSERT_TRUE(stage[key].is_object()) << key << " not measured: " << budget.dump();
+  }
+  EXPECT_GT(stage["broker"]["p50_us"].get<double>(), 0);
+  for (const char* q : {"p50_us", "p99_us"}) {
+    EXPECT_LE(stage["broker"][q].get<double>(), stage["total"][q].get<double>()) << q;
+    EXPECT_LE(stage["client_to_handler"][q].get<double>(), stage["total"][q].get<double>()) << q;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Routing, ::testing::Values(Via::kRdma, Via::kTcp),
