@@ -151,19 +151,31 @@ bool Worker::poll_ports() {
 bool Worker::spin_poll(std::chrono::steady_clock::time_point until) {
   // Busy polling: until then, a completion is picked up as it lands instead
   // of after a wake-up through the completion channel, at the price of a
-  // core. Only the CQs are polled while spinning (no system call); commands,
-  // CM events and sockets are looked at when the spin ends or finds work.
-  if (std::chrono::steady_clock::now() >= until) return false;
-  for (int i = 0; std::chrono::steady_clock::now() < until; ++i) {
-    if (poll_ports() || ((i & 63) == 63 && commands_.pending())) {
+  // core. The CQs are polled every turn (no system call); every 64th turn,
+  // the command queue and, on a worker with TCP, the epoll set (level
+  // triggered: a peek consumes nothing), so that a TCP client's frame waits
+  // for at most 64 turns of a spin, not for its end. CM events are looked
+  // at when the spin ends or finds work.
+  // ctx_.now follows the spin: what a poll finds was received now (its
+  // relay time and latency count from here), not when the spin began.
+  ctx_.now = std::chrono::steady_clock::now();
+  if (ctx_.now >= until) return false;
+  for (int i = 0; ctx_.now < until; ++i) {
+    if (poll_ports() || ((i & 63) == 63 && (commands_.pending() || (tcp_ && sockets_ready())))) {
       ctx_.now = std::chrono::steady_clock::now();
       last_work_ = ctx_.now;
       ctx_.stats.spins_found.add();
       return true;
     }
+    ctx_.now = std::chrono::steady_clock::now();
   }
   ctx_.stats.spins_empty.add();
   return false;
+}
+
+bool Worker::sockets_ready() {
+  epoll_event event;
+  return ::epoll_wait(epoll_.get(), &event, 1, 0) > 0;
 }
 
 bool Worker::adaptive_spin() {

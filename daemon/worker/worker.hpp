@@ -144,9 +144,11 @@ class Worker {
   /// Counts one wake-up of a blocking wait that returned these events.
   void count_wakeup(const epoll_event* events, int n);
   bool poll_ports();
-  /// Busy polling: spins on the CQs until one has work (or a command
-  /// waits) or `until`; true when it found some.
+  /// Busy polling: spins on the CQs until one has work (or a command or,
+  /// with TCP, a socket waits) or `until`; true when it found some.
   bool spin_poll(std::chrono::steady_clock::time_point until);
+  /// Whether anything in the epoll set is ready, without waiting or taking it.
+  bool sockets_ready();
   /// flow.adaptive_poll: spins for the window AdaptiveSpin chose, if a spin
   /// slot is free (BrokerCore::spin_slots); true when it found work.
   bool adaptive_spin();
