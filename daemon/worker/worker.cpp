@@ -174,8 +174,20 @@ bool Worker::spin_poll(std::chrono::steady_clock::time_point until) {
 }
 
 bool Worker::sockets_ready() {
-  epoll_event event;
-  return ::epoll_wait(epoll_.get(), &event, 1, 0) > 0;
+  epoll_event events[8];
+  const int n = ::epoll_wait(epoll_.get(), events, 8, 0);
+  bool ready = false;
+  for (int i = 0; i < n; ++i) {
+    const std::uint64_t tag = events[i].data.u64;
+    if ((tag & kTagMask) == 0) {
+      // A completion channel's event left from before the spin: taken here,
+      // or it would look like work every 64 turns until the next wait.
+      ports_[tag]->take_channel_events();
+    } else {
+      ready = true;  // a socket, a command or a CM event: the loop's to handle
+    }
+  }
+  return ready;
 }
 
 bool Worker::adaptive_spin() {

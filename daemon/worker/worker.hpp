@@ -147,7 +147,9 @@ class Worker {
   /// Busy polling: spins on the CQs until one has work (or a command or,
   /// with TCP, a socket waits) or `until`; true when it found some.
   bool spin_poll(std::chrono::steady_clock::time_point until);
-  /// Whether anything in the epoll set is ready, without waiting or taking it.
+  /// Whether a socket, a command or a CM event is ready (without waiting or
+  /// taking it: the epoll set is level triggered); takes completion
+  /// channel events on the way, which a spin has no use for.
   bool sockets_ready();
   /// flow.adaptive_poll: spins for the window AdaptiveSpin chose, if a spin
   /// slot is free (BrokerCore::spin_slots); true when it found work.

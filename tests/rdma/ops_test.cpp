@@ -20,6 +20,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "harness.hpp"
@@ -246,6 +247,44 @@ TEST_P(Ops, ClientWhoseBrokerLeftUsesNoCpu) {
   // A spinning I/O thread would have used about a second of CPU here.
   EXPECT_LT(cpu_seconds() - before, 0.2);
   a->close();
+}
+
+/// CPU seconds (user + system) process `pid` has used so far.
+double process_cpu_seconds(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  // Fields after the command name (which may hold spaces): utime and stime
+  // are the 12th and 13th of them.
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 1; i <= 13 && rest >> field; ++i) {
+    if (i >= 12) ticks += std::stod(field);
+  }
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// After traffic, a broker whose clients stay connected but quiet sleeps: a
+// worker that found work to flush on every turn would never sleep, and
+// would burn a core per worker with nothing to do.
+TEST_P(Ops, AnIdleBrokerWithClientsUsesNoCpu) {
+  BrokerProcess broker(next_port());
+  ASSERT_TRUE(broker.running());
+  auto sub = connect(broker);
+  auto pub = connect(broker);
+  ASSERT_TRUE(sub && pub);
+  std::atomic<int> received{0};
+  ASSERT_TRUE(sub->subscribe("idle.x", [&](const Message&) { received.fetch_add(1); }));
+  ASSERT_TRUE(sub->flush(10s));
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(pub->publish("idle.x", std::to_string(i)));
+  ASSERT_TRUE(pub->flush(10s));
+  ASSERT_TRUE(wait_until([&] { return received.load() == 200; }, 30s)) << received.load();
+  std::this_thread::sleep_for(300ms);  // the last credits and completions settle
+  const double before = process_cpu_seconds(broker.pid());
+  std::this_thread::sleep_for(1s);
+  // Two workers spinning would have used about two seconds here.
+  EXPECT_LT(process_cpu_seconds(broker.pid()) - before, 0.2);
 }
 
 TEST_P(Ops, StatListsConnectionsWithTheirTransport) {

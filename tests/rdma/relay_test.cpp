@@ -9,6 +9,7 @@
 #include <atomic>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "harness.hpp"
@@ -189,6 +190,35 @@ void relay_while_spinning(BrokerProcess& broker, const std::string& a1, const st
   auto [rc, out] = run({cli_path(), "stat", "--json", "--admin-socket", broker.admin_socket()});
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(nlohmann::json::parse(out)["connections"].size(), 2u) << out;
+}
+
+// Two workers that spin 1 s after their last work (the maximum), the
+// subscriber and the publisher on different ones (consecutive connection
+// ids): a message handed from one worker to the other goes out at once, not
+// when the receiving worker's spin ends (which would make these 20 take
+// about 20 s, where milliseconds are the norm).
+TEST_F(Relay, SpinningWorkersPassMessagesOnWithoutWaitingForTheirSpins) {
+  BrokerProcess broker(next_port(), {"--workers", "2", "--busy-poll-us", "1000000"});
+  ASSERT_TRUE(broker.running());
+  auto sub = connect(broker, a1, a2);
+  auto pub = connect(broker, a1, a2);
+  ASSERT_TRUE(sub && pub);
+  std::atomic<int> received{0};
+  ASSERT_TRUE(sub->subscribe("spin.pass", [&](const Message&) { received.fetch_add(1); }).ok());
+  ASSERT_TRUE(sub->flush(10s).ok());
+  const auto listed = nlohmann::json::parse(broker.admin("connections"));
+  std::set<int> workers;
+  for (const auto& c : listed["connections"]) workers.insert(c["worker"].get<int>());
+  ASSERT_EQ(workers.size(), 2u) << "publisher and subscriber on different workers: " << listed.dump();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(pub->publish("spin.pass", std::to_string(i)).ok());
+    ASSERT_TRUE(wait_until([&] { return received.load() == i + 1; }, 30s)) << i;
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(took, 5s) << "20 messages took "
+                      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                      << " ms: they waited for the receiving worker's spin";
 }
 
 TEST_F(Relay, BusyPollingRelaysEverythingAndStaysResponsive) {

@@ -310,6 +310,28 @@ TEST(Tcp, CApiWorksOverTcp) {
   EXPECT_EQ(out, "c_api_smoke: ok\n");
 }
 
+// A worker that spins (flow.busy_poll_us at its maximum, 1 s after its last
+// work) serves its TCP clients while it spins: it looks at its sockets every
+// 64 turns. Each of these round trips once waited for a spin to end (a
+// second each): 20 of them took 20 s, where a few milliseconds is the norm.
+TEST(Tcp, ASpinningWorkerAnswersItsTcpClientsWhileItSpins) {
+  BrokerProcess broker(next_port(), {"--workers", "1", "--busy-poll-us", "1000000"});
+  auto c = tcp_client(broker);
+  ASSERT_TRUE(c);
+  std::atomic<int> received{0};
+  ASSERT_TRUE(c->subscribe("spin.echo", [&](const Message&) { received.fetch_add(1); }).ok());
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(c->publish("spin.echo", std::to_string(i)).ok());
+    ASSERT_TRUE(c->flush(30s).ok());
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(took, 5s) << "20 round trips took "
+                      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                      << " ms: they waited for the spin";
+  EXPECT_TRUE(wait_until([&] { return received.load() == 20; }, 10s)) << received.load();
+}
+
 // Where RDMA is off (or, with the default --rdma auto, where no device
 // exists) the broker serves TCP only and says so; --rdma on refuses to start
 // without a device.
