@@ -33,7 +33,9 @@ struct WorkerContext {
   BrokerOptions options;                  // this worker's copy: reloads update the live settings
   std::shared_ptr<const AuthTable> auth;  // this worker's version of the users
   WorkerStats stats;
-  std::chrono::steady_clock::time_point now{};  // refreshed once per loop turn
+  /// Refreshed once per loop turn, and after each poll or read that
+  /// brought frames: what they route counts its relay time from here.
+  std::chrono::steady_clock::time_point now{};
 
  private:
   bool pool_starved_ = false;  // the last refill or read found the pool empty

@@ -127,6 +127,10 @@ bool RdmaPort::drain(ibv_cq* cq, bool receives, OnCompletion&& on_completion) {
   int n;
   while ((n = ibv_poll_cq(cq, 32, wcs)) > 0) {
     any = true;
+    // What these completions brought was received by now: its relay time
+    // (SPEC.md §3.4) counts from here, not from a clock reading taken
+    // before the poll, which a thread preempted in between took too early.
+    if (receives) ctx_.now = std::chrono::steady_clock::now();
     ctx_.stats.completions_per_poll.observe(n);
     for (int i = 0; i < n; ++i) {
       if constexpr (fault::kEnabled) {

@@ -515,6 +515,8 @@ void TcpLink::read_rounds(Connection& c) {
       return lost(c, "read", errno);
     }
     ctx.stats.tcp_reads.add();
+    ctx.now =
+        std::chrono::steady_clock::now();  // these bytes arrived by now: their relay time counts from here
     rlen_ += static_cast<std::uint32_t>(n);
 
     // Route every whole frame; an invalid one is handed over too, so that
