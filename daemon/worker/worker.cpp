@@ -156,8 +156,8 @@ bool Worker::spin_poll(std::chrono::steady_clock::time_point until) {
   // triggered: a peek consumes nothing), so that a TCP client's frame waits
   // for at most 64 turns of a spin, not for its end. CM events are looked
   // at when the spin ends or finds work.
-  // ctx_.now follows the spin: what a poll finds was received now (its
-  // relay time and latency count from here), not when the spin began.
+  // ctx_.now follows the spin, for its bound and for what reads the loop
+  // time after it (RdmaPort::drain stamps what a poll finds itself).
   ctx_.now = std::chrono::steady_clock::now();
   if (ctx_.now >= until) return false;
   for (int i = 0; ctx_.now < until; ++i) {
