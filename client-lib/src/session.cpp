@@ -486,7 +486,18 @@ Status Session::authenticate() {
     proto::FrameHeader h;
     h.type = FrameType::kConnect;
     h.arg = static_cast<std::uint32_t>(user.size());
-    const Status st = append_frame_locked(lock, h, {}, {}, as_payload(payload));
+    const bool route = !opt_.route_cluster.empty();
+    if (route) {
+      if (protocol_version_ < proto::kRouteVersion) {
+        return Error{ErrorKind::kRejected, "the broker speaks protocol version " +
+                                               std::to_string(protocol_version_) + ": routes need version " +
+                                               std::to_string(proto::kRouteVersion)};
+      }
+      h.flags = proto::kFlagRoute;
+    }
+    const Status st =
+        append_frame_locked(lock, h, route ? std::string_view(opt_.route_cluster) : "",
+                            route ? std::string_view(opt_.route_server) : "", as_payload(payload));
     explicit_bzero(payload.data(), payload.size());
     if (!st) return st;
   }

@@ -166,7 +166,7 @@ TEST(Wire, ReservedFieldsAndFlagsMustBeZero) {
   }
   // A flag bit the protocol does not define is a reserved bit...
   auto undefined = buf;
-  undefined[4] = std::byte{8};
+  undefined[4] = std::byte{16};
   EXPECT_EQ(decode(undefined, f), DecodeStatus::kBadReserved);
   // ...a defined one on the wrong type says which rule it broke.
   auto misplaced = buf;
@@ -174,7 +174,29 @@ TEST(Wire, ReservedFieldsAndFlagsMustBeZero) {
   EXPECT_EQ(decode(misplaced, f), DecodeStatus::kBadFlags);
   misplaced[4] = std::byte{4};  // FRAGMENT belongs to PUBLISH
   EXPECT_EQ(decode(misplaced, f), DecodeStatus::kBadFlags);
+  misplaced[4] = std::byte{8};  // ROUTE belongs to CONNECT
+  EXPECT_EQ(decode(misplaced, f), DecodeStatus::kBadFlags);
   EXPECT_EQ(error_for(DecodeStatus::kBadFlags), ErrorCode::kMalformedFrame);
+}
+
+TEST(Wire, ARouteConnectNamesItsClusterAndBrokerAndNothingElseDoes) {
+  // SPEC.md §8: CONNECT with ROUTE carries the cluster's name (subject) and
+  // the dialing broker's id (second string); a client's CONNECT carries neither.
+  Frame f;
+  auto route = encode(FrameType::kConnect, 0, "prod", "", "0123456789abcdef");
+  route[4] = std::byte{8};
+  ASSERT_EQ(decode(route, f), DecodeStatus::kOk);
+  EXPECT_EQ(f.subject, "prod");
+  EXPECT_EQ(f.reply, "0123456789abcdef");
+  auto unnamed = encode(FrameType::kConnect, 0, "", "");
+  unnamed[4] = std::byte{8};
+  EXPECT_EQ(decode(unnamed, f), DecodeStatus::kBadLength) << "a route names its cluster and broker";
+  auto no_server = encode(FrameType::kConnect, 0, "prod", "");
+  no_server[4] = std::byte{8};
+  EXPECT_EQ(decode(no_server, f), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(encode(FrameType::kConnect, 0, "prod", "", "0123456789abcdef"), f),
+            DecodeStatus::kBadLength)
+      << "without ROUTE a CONNECT has no strings";
 }
 
 TEST(Wire, ArgIsZeroWhereTheSpecSaysSo) {
@@ -604,20 +626,21 @@ TEST(WireHeaders, NamesAndValues) {
 }
 
 TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
-  // A client of this code asks for version 5 in byte 5, with version 1 in byte 4.
+  // A client of this code asks for version 6 in byte 5, with version 1 in byte 4.
   auto req = encode(ConnectRequest{16384, 64});
   EXPECT_EQ(std::to_integer<int>(req[4]), 1);
   EXPECT_EQ(std::to_integer<int>(req[5]), kProtocolVersion);
   ConnectRequest r;
   ASSERT_EQ(decode(std::span<const std::byte>(req), r), HandshakeStatus::kOk);
-  EXPECT_EQ(negotiate_version(r.max_version), 5);
-  EXPECT_EQ(connection_version(r), 5);
+  EXPECT_EQ(negotiate_version(r.max_version), 6);
+  EXPECT_EQ(connection_version(r), 6);
+  EXPECT_EQ(connection_version(r, 5), 5) << "a version-5 broker";
   EXPECT_EQ(connection_version(r, 4), 4) << "a version-4 broker";
   EXPECT_EQ(connection_version(r, 3), 3) << "a version-3 broker";
   // Credits by demand need a client window of 4 (SPEC.md §5.1): with fewer
   // receives the connection is version 2.
   EXPECT_EQ(connection_version(ConnectRequest{16384, 3}), 2);
-  EXPECT_EQ(connection_version(ConnectRequest{16384, 4}), 5);
+  EXPECT_EQ(connection_version(ConnectRequest{16384, 4}), 6);
   EXPECT_EQ(connection_version(ConnectRequest{16384, 2, 0, 2}), 2);
   EXPECT_EQ(connection_version(ConnectRequest{16384, 64}, 2), 2) << "a version-2 broker";
   // A version-1 client sends 0 there.
@@ -627,7 +650,7 @@ TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
   // A later client asking for more gets what the broker has.
   EXPECT_EQ(negotiate_version(9), kProtocolVersion);
   EXPECT_EQ(negotiate_version(9, 1), 1) << "a version-1 broker";
-  // The accept carries the outcome; a client takes 1 to 5 and nothing else.
+  // The accept carries the outcome; a client takes 1 to 6 and nothing else.
   ConnectAccept a;
   ASSERT_EQ(decode(std::span<const std::byte>(encode(ConnectAccept{8192, 32, 77, 2})), a),
             HandshakeStatus::kOk);
@@ -656,7 +679,11 @@ TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
   EXPECT_EQ(a.max_payload, 1u << 20) << "version 5's accept is version 4's";
   auto v6 = v4;
   v6[4] = std::byte{6};
-  EXPECT_EQ(decode(std::span<const std::byte>(v6), a), HandshakeStatus::kBadVersion);
+  ASSERT_EQ(decode(std::span<const std::byte>(v6), a), HandshakeStatus::kOk);
+  EXPECT_EQ(a.version, 6) << "version 6's accept is version 4's";
+  auto v7 = v4;
+  v7[4] = std::byte{7};
+  EXPECT_EQ(decode(std::span<const std::byte>(v7), a), HandshakeStatus::kBadVersion);
   // Byte 4 of a request stays the base version: 2 there is not a request this broker takes.
   auto v2_in_byte4 = encode(ConnectRequest{16384, 64});
   v2_in_byte4[4] = std::byte{2};

@@ -175,6 +175,11 @@ class MessageView {
   /// Copies the message into `m`, reusing its storage: a Message kept for
   /// the purpose allocates nothing once it has seen the sizes.
   void copy_to(Message& m) const;
+  /// The header block exactly as it arrived (SPEC.md §3.6), for code that
+  /// passes the message on unchanged (a broker's route); empty when the
+  /// message has none, or when this view is of an owning Message (then
+  /// headers() has them).
+  std::span<const std::byte> header_block() const { return header_block_; }
 
  private:
   friend struct detail::ViewAccess;
@@ -293,6 +298,12 @@ struct ClientOptions {
   /// connect again.
   bool polled = false;
   ErrorHandler on_error;
+  /// For brokers (rdmabrokerd's routes, SPEC.md §8), not applications: log
+  /// in as a route of cluster `route_cluster` (with user and password, the
+  /// cluster's route credentials), naming the dialing broker `route_server`.
+  /// Needs a broker of protocol version 6.
+  std::string route_cluster;
+  std::string route_server;
 };
 
 /// What a client counts about what it received (Client::stats()).

@@ -28,8 +28,8 @@ inline constexpr std::uint8_t kVersion = 1;
 /// The highest protocol version this code speaks, negotiated in the
 /// handshake (SPEC.md §2.1): 2 adds message headers (§3.6), 3 credits by
 /// demand (§5.1), 4 messages larger than a frame, sent as fragments (§3.7),
-/// 5 the relay time in every DELIVER (§3.4).
-inline constexpr std::uint8_t kProtocolVersion = 5;
+/// 5 the relay time in every DELIVER (§3.4), 6 routes between brokers (§8).
+inline constexpr std::uint8_t kProtocolVersion = 6;
 /// The first protocol version with message headers.
 inline constexpr std::uint8_t kHeadersVersion = 2;
 /// The first protocol version with credits by demand over RDMA (SPEC.md §5.1).
@@ -39,6 +39,9 @@ inline constexpr std::uint8_t kFragmentsVersion = 4;
 /// The first protocol version whose DELIVERs say how long their first
 /// message spent in the broker (SPEC.md §3.4, "Relay time").
 inline constexpr std::uint8_t kRelayTimeVersion = 5;
+/// The first protocol version in which a broker may log in to another as a
+/// route (a CONNECT with kFlagRoute, SPEC.md §8).
+inline constexpr std::uint8_t kRouteVersion = 6;
 /// The largest relay time a DELIVER can carry, in nanoseconds (~4.3 s): a
 /// longer one is sent as this.
 inline constexpr std::uint32_t kMaxRelayNs = 0xffffffffu;
@@ -89,6 +92,10 @@ inline constexpr std::uint16_t kFlagSequenced = 2;
 /// than a frame (SPEC.md §3.7): `arg` is the message's length, the reserved
 /// word its offset, `sequence` the publisher's connection id.
 inline constexpr std::uint16_t kFlagFragment = 4;
+/// CONNECT flag (version 6): the connection is a route from another broker of
+/// the same cluster (SPEC.md §8): the subject is the cluster's name, the
+/// second string the dialing broker's id, the payload the route credentials.
+inline constexpr std::uint16_t kFlagRoute = 8;
 /// Payload of MCAST_REPAIR and MCAST_LOSS: a u64 message count.
 inline constexpr std::size_t kMcastCountLen = 8;
 /// Payload of MCAST_JOIN (see multicast.hpp).
@@ -448,8 +455,11 @@ inline DecodeStatus check_parts(const FrameHeader& h) {
       break;
     case FrameType::kConnect:
       // Payload: the user name (arg bytes) then the password; arg 0: a token
-      // or, with an empty payload, no credentials (anonymous).
-      if (has_subject || h.reply_len != 0 || h.payload_len > kMaxCredentialsLen || h.arg > h.payload_len) {
+      // or, with an empty payload, no credentials (anonymous). A route's
+      // (kFlagRoute) also names its cluster (subject) and its broker (second string).
+      if (((h.flags & kFlagRoute) != 0) != (has_subject && h.reply_len != 0) ||
+          ((h.flags & kFlagRoute) == 0 && (has_subject || h.reply_len != 0)) ||
+          h.payload_len > kMaxCredentialsLen || h.arg > h.payload_len) {
         return DecodeStatus::kBadLength;
       }
       break;
@@ -504,15 +514,18 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   h.payload_len = load<std::uint32_t>(p + 12);
   h.arg = load<std::uint32_t>(p + 16);
   h.sequence = load<std::uint64_t>(p + 24);
-  // REQUEST belongs to PUBLISH frames with a reply subject, FRAGMENT to PUBLISH, SEQUENCED to DELIVER.
+  // REQUEST belongs to PUBLISH frames with a reply subject, FRAGMENT to
+  // PUBLISH, SEQUENCED to DELIVER, ROUTE to CONNECT.
   const std::uint16_t allowed_flags =
       h.type == FrameType::kPublish
           ? static_cast<std::uint16_t>((h.reply_len != 0 ? kFlagRequest : 0) | kFlagFragment)
       : h.type == FrameType::kDeliver ? kFlagSequenced
+      : h.type == FrameType::kConnect ? kFlagRoute
                                       : 0;
   if ((h.flags & ~allowed_flags) != 0)
-    return h.flags & ~(kFlagRequest | kFlagSequenced | kFlagFragment) ? DecodeStatus::kBadReserved
-                                                                      : DecodeStatus::kBadFlags;
+    return h.flags & ~(kFlagRequest | kFlagSequenced | kFlagFragment | kFlagRoute)
+               ? DecodeStatus::kBadReserved
+               : DecodeStatus::kBadFlags;
   if (detail::arg_is_zero(h) && h.arg != 0) return DecodeStatus::kBadArg;
   if (h.subject_len > kMaxSubjectLen || h.reply_len > kMaxSubjectLen) {
     return detail::carries_subject(h.type) ? DecodeStatus::kBadSubject : DecodeStatus::kBadLength;
