@@ -3,10 +3,12 @@
 #include "rdmabroker/config/config.hpp"
 #include "tcp/tcp_listener.hpp"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <ctime>
+#include <random>
 #include <thread>
 
 namespace rdmabroker::daemon {
@@ -69,6 +71,15 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
     if (!engine) return engine.error();
     b->multicast_ = std::move(engine.value());
     b->core_.multicast = b->multicast_.get();
+  }
+  {
+    std::random_device random;
+    b->core_.server_id = fmt::format("{:08x}{:08x}", random(), random());
+  }
+  if (!opt.cluster.name.empty()) {
+    b->interest_ = std::make_unique<ClusterInterest>();
+    b->core_.interest = b->interest_.get();
+    b->routes_ = std::make_unique<Routes>(b->core_, *b->interest_, b->core_.server_id);
   }
   if (*use_rdma) {
     b->listener_ = std::make_unique<Listener>(b->core_);
@@ -183,6 +194,13 @@ void Server::start() {
   authenticator_->start();
   if (multicast_) multicast_->start();
   for (auto& w : workers_) w->start();
+  if (routes_) {
+    spdlog::info("cluster '{}': this broker is {}; routes to {}", core_.options.cluster.name, core_.server_id,
+                 core_.options.cluster.routes.empty()
+                     ? std::string("none (others route here)")
+                     : fmt::format("{}", fmt::join(core_.options.cluster.routes, ", ")));
+    routes_->start(core_.options.cluster.routes);
+  }
   if (listener_) listener_->start();
 }
 
@@ -190,6 +208,8 @@ void Server::stop() {
   if (stopped_) return;
   stopped_ = true;
   if (listener_) listener_->stop();
+  // The routes hand messages to the workers: they end first.
+  if (routes_) routes_->stop();
   if (authenticator_) authenticator_->stop();  // a verdict still queued is moot: every connection is closing
   for (auto& w : workers_) w->post(ShutdownCommand{});
   for (auto& w : workers_) w->join();
@@ -255,6 +275,7 @@ void Server::apply_live(const BrokerOptions& next) {
   const auto deadline = std::chrono::steady_clock::now() + kWorkerAnswerTimeout;
   for (auto& a : applied) a.wait_until(deadline);
   if (multicast_) multicast_->reload(next.multicast);
+  if (routes_) routes_->set_urls(next.cluster.routes);
 }
 
 std::vector<std::pair<std::uint32_t, std::chrono::milliseconds>> Server::stuck_workers() const {
@@ -321,6 +342,7 @@ void Server::visit_stats(StatsVisitor& v) const {
   static const MulticastStats kOff;  // multicast off: every series is there, at 0
   const MulticastStats& m = multicast_ ? multicast_->stats() : kOff;
   m.visit(v);
+  if (routes_) routes_->visit(v);
   // A channel is one entry in the index for all of its members.
   v.gauge({"subscriptions", "rdmabroker_subscriptions", "Active subscriptions."},
           static_cast<std::int64_t>(core_.index.size()) - m.channels.get() + m.members.get());

@@ -16,6 +16,8 @@
 #include "rdma/device.hpp"
 #include "multicast/engine.hpp"
 #include "rdma/listener.hpp"
+#include "cluster/interest.hpp"
+#include "cluster/routes.hpp"
 #include "worker/worker.hpp"
 #include "rdmabroker/result.hpp"
 
@@ -84,14 +86,16 @@ class Server {
   static constexpr std::chrono::seconds kWorkerAnswerTimeout{2};
 
   BrokerCore core_;
-  std::unique_ptr<BufferPool> pool_;    // declaration order = creation order
-  std::unique_ptr<DeviceSet> devices_;  // null: TCP only
-  UniqueFd tcp_listen_;                 // -1: no TCP; outlives the workers that watch it
+  std::unique_ptr<BufferPool> pool_;           // declaration order = creation order
+  std::unique_ptr<DeviceSet> devices_;         // null: TCP only
+  UniqueFd tcp_listen_;                        // -1: no TCP; outlives the workers that watch it
+  std::unique_ptr<ClusterInterest> interest_;  // null: not in a cluster; outlives the workers' subscriptions
   std::vector<std::unique_ptr<Worker>> workers_;
   std::unique_ptr<MulticastEngine>
       multicast_;  // null: multicast off; stopped after the workers, before them destroyed
   std::unique_ptr<Listener> listener_;            // the RDMA CM listener; null: TCP only
   std::unique_ptr<Authenticator> authenticator_;  // after workers_: destroyed (joined) before them
+  std::unique_ptr<Routes> routes_;                // after workers_: stopped and destroyed before them
   bool stopped_ = false;
 };
 

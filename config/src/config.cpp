@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cctype>
 #include <charconv>
 #include <cstring>
 #include <fstream>
@@ -203,6 +204,33 @@ std::optional<std::string> check_group_range(const std::string& text) {
   return std::nullopt;
 }
 
+/// A route's URL: rdma://host[:port] or tcp://host[:port] (no TLS: routes
+/// run inside the cluster's network, docs/cluster.md).
+std::optional<std::string> check_route_url(const std::string& url) {
+  const auto sep = url.find("://");
+  const std::string scheme = sep == std::string::npos ? std::string() : url.substr(0, sep);
+  if (scheme != "rdma" && scheme != "tcp")
+    return "expected rdma://host[:port] or tcp://host[:port], got '" + url + "'";
+  const std::string rest = url.substr(sep + 3);
+  if (rest.empty() || rest.front() == ':') return "'" + url + "' names no host";
+  const auto colon = rest.rfind(':');
+  if (colon != std::string::npos && rest.find(']') == std::string::npos && rest.find(':') == colon) {
+    unsigned port = 0;
+    const char* end = rest.data() + rest.size();
+    if (std::from_chars(rest.data() + colon + 1, end, port).ptr != end || port == 0 || port > 65535)
+      return "'" + url + "': the port must be 1..65535";
+  }
+  return std::nullopt;
+}
+
+/// A cluster's name travels as a route's CONNECT subject (SPEC.md §8).
+bool valid_cluster_name(std::string_view name) {
+  if (name.empty() || name.size() > 255) return false;
+  return std::all_of(name.begin(), name.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) != 0 || ch == '-' || ch == '_' || ch == '.';
+  });
+}
+
 const std::vector<Field>& fields() {
   using B = BrokerOptions;
   static const std::vector<Field> kFields = {
@@ -322,6 +350,32 @@ const std::vector<Field>& fields() {
       uint_field<std::uint32_t>(
           "multicast", "retransmit_window", false,
           [](Config& c) -> std::uint32_t& { return c.broker.multicast.retransmit_window; }, 16, 1u << 20),
+      string_field("cluster", "name", false, [](Config& c) -> std::string& { return c.broker.cluster.name; }),
+      Field{"cluster", "routes", true,
+            [](const YAML::Node& n, Config& c) -> std::optional<std::string> {
+              if (!n.IsSequence())
+                return "expected a list of broker URLs, e.g. [rdma://broker-b:7470, tcp://broker-c:7471]";
+              c.broker.cluster.routes.clear();
+              for (const auto& r : n) {
+                if (!r.IsScalar()) return "expected broker URLs";
+                if (auto e = check_route_url(r.Scalar())) return e;
+                c.broker.cluster.routes.push_back(r.Scalar());
+              }
+              return std::nullopt;
+            },
+            [](const Config& c) {
+              std::string s = "[";
+              for (const auto& r : c.broker.cluster.routes) s += (s.size() > 1 ? ", " : "") + r;
+              return s + "]";
+            },
+            [](const Config& from, Config& to) { to.broker.cluster.routes = from.broker.cluster.routes; }},
+      string_field("cluster", "user", false, [](Config& c) -> std::string& { return c.broker.cluster.user; }),
+      Field{"cluster", "password", false,
+            [](const YAML::Node& n, Config& c) -> std::optional<std::string> {
+              return scalar_text(n, c.broker.cluster.password);
+            },
+            // Never shown (the effective configuration is printed and logged).
+            [](const Config& c) { return std::string(c.broker.cluster.password.empty() ? "" : "(set)"); }},
       string_field("metrics", "listen", false, [](Config& c) -> std::string& { return c.metrics_listen; }),
       string_field("admin", "socket", false, [](Config& c) -> std::string& { return c.broker.admin_socket; }),
       enum_field<std::string>("logging", "level", true, [](Config& c) -> std::string& { return c.log.level; },
@@ -442,6 +496,21 @@ void check_rules(const Config& c, const std::function<void(std::string_view, con
                  "' logs in with a client certificate, which needs tls.client_ca (and tls.mode)");
       break;
     }
+  }
+  const auto& cl = b.cluster;
+  if (!cl.name.empty() && !valid_cluster_name(cl.name)) {
+    report("cluster.name",
+           "'" + cl.name + "' is not a name: 1..255 of letters, digits, '-', '_' and '.', no spaces");
+  }
+  if (!cl.routes.empty() && cl.name.empty()) report("cluster.routes", "routes need cluster.name");
+  if (!cl.name.empty() && b.multicast.enabled) {
+    report("cluster.name",
+           "a cluster with multicast.enabled is not supported yet: routes do not reach "
+           "subscribers served by multicast channels (docs/cluster.md)");
+  }
+  if (!cl.name.empty() && (cl.user.empty() || cl.password.empty())) {
+    report(cl.user.empty() ? "cluster.user" : "cluster.password",
+           "a cluster's routes are authenticated: set cluster.user and cluster.password");
   }
   if (!c.metrics_listen.empty()) {
     if (auto hp = parse_host_port(c.metrics_listen, "metrics.listen"); !hp) {

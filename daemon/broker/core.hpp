@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "broker/admission.hpp"
@@ -29,6 +30,7 @@ namespace rdmabroker::daemon {
 class Worker;
 class MulticastEngine;
 class DeviceSet;
+class ClusterInterest;
 
 /// Heap a queued delivery may cost besides its frame bytes (its OutItem and
 /// queue slot; the payload itself sits in the registered pool): charged per
@@ -67,6 +69,10 @@ struct BrokerCore {
   std::array<LogThrottle, kCloseReasonCount> close_log_throttles;
   LogThrottle auth_failure_log;          // "authentication failed" lines, broker-wide
   MulticastEngine* multicast = nullptr;  // null: multicast off (or no RDMA device)
+  ClusterInterest* interest = nullptr;   // null: not in a cluster (cluster.name empty)
+  /// This broker's id in its cluster: random at each start, 16 hex digits. A
+  /// route login that names it comes from this broker itself (SPEC.md §8).
+  std::string server_id;
   /// The slot whose count is the multicast engine's backlog: messages
   /// workers routed to channels that the engine has not handled yet
   /// (messages, not bytes: each costs the engine at least one datagram).

@@ -23,6 +23,13 @@ struct Subscriber {
   std::uint32_t sid = 0;         // the client's subscription id
   std::uint32_t slot = 0;        // the connection's ConnectionSlots slot
   std::uint32_t group = 0;       // queue group id (SubscriptionIndex::add), 0: none
+  /// The ClusterInterest entry of a local client's subscription (0: no
+  /// cluster): a message a route brings for that entry is for it.
+  std::uint32_t interest = 0;
+  /// A route's subscription (another broker of the cluster, SPEC.md §8): it is
+  /// sent only what local clients publish, and a queue group's route members
+  /// only when no local member matches.
+  bool route = false;
   bool operator==(const Subscriber&) const = default;
 };
 

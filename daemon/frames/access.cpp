@@ -19,6 +19,18 @@ bool FrameHandler::before_authentication(Connection& c, const proto::Frame& f) {
       const std::string_view user(p, f.header.arg);
       const std::string_view secret(p + f.header.arg, f.payload.size() - f.header.arg);
       c.state = ConnState::kVerifying;
+      if ((f.header.flags & proto::kFlagRoute) != 0) {
+        if (c.protocol_version < proto::kRouteVersion) {
+          connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
+                             "flag not allowed: ROUTE needs protocol version " +
+                                 std::to_string(proto::kRouteVersion) + ", this connection negotiated " +
+                                 std::to_string(c.protocol_version));
+          return false;
+        }
+        AuthResultCommand verdict = route_login(c, f.subject, f.reply, user, secret);
+        on_auth_result(verdict);
+        return c.is_up();
+      }
       if (user.empty() && secret.empty()) {
         // No credentials: nothing slow to check, decided here. A verified
         // client certificate names its user (mutual TLS, docs/security.md).
@@ -42,6 +54,44 @@ bool FrameHandler::before_authentication(Connection& c, const proto::Frame& f) {
                      std::string(proto::to_string(f.header.type)) +
                          " before CONNECT: a connection's first frame must be CONNECT");
   return false;
+}
+
+namespace {
+/// Compares a presented secret with the configured one in time that does not
+/// depend on where they differ.
+bool same_secret(std::string_view presented, std::string_view expected) {
+  unsigned char diff = presented.size() == expected.size() ? 0 : 1;
+  for (std::size_t i = 0; i < presented.size(); ++i)
+    diff |= static_cast<unsigned char>(presented[i] ^ (expected.empty() ? 0 : expected[i % expected.size()]));
+  return diff == 0 && !expected.empty();
+}
+}  // namespace
+
+AuthResultCommand FrameHandler::route_login(Connection& c, std::string_view cluster, std::string_view server,
+                                            std::string_view user, std::string_view secret) {
+  // Routes are checked against cluster.user/password only, never against
+  // auth.users: a client credential does not open a route, nor a route's a
+  // client session (docs/cluster.md). Nothing slow: decided here.
+  const auto& settings = ctx_.core.options.cluster;
+  AuthResultCommand verdict{c.id, nullptr, {}};
+  if (settings.name.empty()) {
+    verdict.error = "route refused: this broker is not in a cluster (cluster.name is not set)";
+  } else if (cluster != settings.name) {
+    verdict.error = "route refused: cluster '" + std::string(cluster) + "' is not this broker's ('" +
+                    settings.name + "')";
+  } else if (server == ctx_.core.server_id) {
+    verdict.error = "route refused: a route from this broker to itself";
+  } else if (!(same_secret(user, settings.user) & same_secret(secret, settings.password))) {
+    verdict.error = "route refused: wrong route credentials";
+  } else {
+    auto id = std::make_shared<Identity>();
+    id->name = "route:" + std::string(server);
+    id->route = true;
+    id->permissions.publish.allow.clear();  // a route publishes nothing (SPEC.md §8)
+    id->subscribe_unrestricted = true;
+    verdict.identity = std::move(id);
+  }
+  return verdict;
 }
 
 void FrameHandler::hold_until_verified(Connection& c, const BufferRef& buf, std::uint32_t begin,
@@ -112,7 +162,8 @@ void FrameHandler::apply_auth(std::shared_ptr<const AuthTable> table) {
   ctx_.auth = std::move(table);
   std::vector<Connection*> affected;
   connections_.for_each([&](Connection& c) {
-    if (c.state == ConnState::kOpen) affected.push_back(&c);
+    // A route's credentials are cluster.*, which a reload does not change.
+    if (c.state == ConnState::kOpen && !c.identity->route) affected.push_back(&c);
   });
   for (Connection* c : affected) {
     auto renewed = ctx_.auth->renew(*c->identity);

@@ -95,6 +95,12 @@ bool FrameHandler::on_frame(Connection& c, const proto::Frame& f, const BufferRe
 bool FrameHandler::on_publish(Connection& c, const proto::Frame& f, const BufferRef& buf) {
   const auto& h = f.header;
   const auto& opt = ctx_.options;
+  if (c.identity->route) {
+    // A route only subscribes: its broker takes what it wants (SPEC.md §8).
+    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
+                       "PUBLISH on a route: a route only subscribes (SPEC.md §8)");
+    return false;
+  }
   if (h.frame_len() > proto::max_publish_frame(opt.buffer_size)) {
     return refuse_too_large(c, "PUBLISH of " + std::to_string(h.frame_len()) +
                                    " bytes exceeds the limit of " +
@@ -203,7 +209,8 @@ void FrameHandler::on_subscribe(Connection& c, const proto::Frame& f) {
     return reply_error(c, ErrorCode::kDuplicateSubscription,
                        "subscription id " + std::to_string(sid) + " is already in use");
   }
-  if (c.subscriptions.size() >= opt.max_subscriptions) {
+  // A route carries its whole broker's interest: the broker-wide budget bounds it, not the per-client limit.
+  if (c.subscriptions.size() >= opt.max_subscriptions && !c.identity->route) {
     ctx_.stats.limit_subscriptions.add();
     // Logged once per connection: a client looping over subscribe must not flood the log.
     if (!std::exchange(c.subscription_limit_logged, true)) {

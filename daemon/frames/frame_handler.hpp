@@ -62,6 +62,10 @@ class FrameHandler {
   bool before_authentication(Connection& c, const proto::Frame& f);
   /// Keeps [begin, end) of buf, received after CONNECT, until the verdict.
   void hold_until_verified(Connection& c, const BufferRef& buf, std::uint32_t begin, std::uint32_t end);
+  /// The verdict on a route's CONNECT (SPEC.md §8): its cluster's name, the
+  /// dialing broker's id and the route credentials against cluster.*.
+  AuthResultCommand route_login(Connection& c, std::string_view cluster, std::string_view server,
+                                std::string_view user, std::string_view secret);
   bool may_publish(Connection& c, std::string_view subject);
   /// ERROR(PERMISSION_DENIED) to the client, a log line, a count.
   void deny(Connection& c, std::string_view operation, std::string_view subject, std::uint32_t sid);

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "cluster/interest.hpp"
 #include "multicast/engine.hpp"
 
 namespace rdmabroker::daemon {
@@ -28,8 +29,13 @@ void add_subscription(WorkerContext& ctx, Connection& c, const proto::Frame& f, 
     c.subscriptions.emplace(sid, Connection::Subscription{std::string(f.subject), {}, channel, cost});
     return;
   }
-  // The reply field of a SUBSCRIBE names its queue group (SPEC.md §3.3).
-  const Subscriber stored = core.index.add(f.subject, Subscriber{ctx.index, c.id, sid, c.slot}, f.reply);
+  // The reply field of a SUBSCRIBE names its queue group (SPEC.md §3.3). In
+  // a cluster, a local client's subscription is interest the routes carry to
+  // the other brokers; a route's own is not (one hop, SPEC.md §8).
+  Subscriber s{ctx.index, c.id, sid, c.slot};
+  s.route = c.identity->route;
+  if (core.interest != nullptr && !s.route) s.interest = core.interest->acquire(f.subject, f.reply);
+  const Subscriber stored = core.index.add(f.subject, s, f.reply);
   c.subscriptions.emplace(sid, Connection::Subscription{std::string(f.subject), stored, 0, cost});
 }
 
@@ -40,6 +46,7 @@ void drop_subscription(WorkerContext& ctx, Connection& c, const Connection::Subs
     ctx.core.multicast->unsubscribe(sub.channel, c.id, sid);
   } else {
     ctx.core.index.remove(sub.pattern, sub.stored);
+    if (sub.stored.interest != 0) ctx.core.interest->release(sub.stored.interest);
   }
 }
 

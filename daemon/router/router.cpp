@@ -1,5 +1,6 @@
 #include "router/router.hpp"
 
+#include <algorithm>
 #include <optional>
 
 namespace rdmabroker::daemon {
@@ -39,9 +40,15 @@ void Router::route_publish(Connection& publisher, const proto::Frame& f, const B
   for (const Subscriber& s : match.plain) deliver(s);
   for (std::size_t g = 0; g < match.groups.size(); ++g) {
     // One member per message, round robin (docs/subjects.md); a member that
-    // this worker already knows to be closing is passed over.
+    // this worker already knows to be closing is passed over. In a cluster a
+    // local member is preferred: a route's (another broker's members) is
+    // chosen only when no local one matches (docs/cluster.md).
+    const auto& members = match.groups[g];
+    const bool local_member =
+        std::any_of(members.begin(), members.end(), [](const Subscriber& s) { return !s.route; });
     const Subscriber* chosen = &match.pick(g);
-    for (std::size_t tries = 1; tries < match.groups[g].size() && !is_live(*chosen); ++tries)
+    for (std::size_t tries = 1;
+         tries < 2 * members.size() && (!is_live(*chosen) || (local_member && chosen->route)); ++tries)
       chosen = &match.pick(g);
     deliver(*chosen);
   }

@@ -87,6 +87,19 @@ struct TlsSettings {
   bool operator==(const TlsSettings&) const = default;
 };
 
+/// Routes to the other brokers of a cluster (docs/cluster.md, SPEC.md §8):
+/// this broker logs in to each broker in `routes` as a route and takes the
+/// messages its own clients want from there; the other brokers do the same
+/// here. Routes present and are checked against `user` and `password`, never
+/// against auth.users: a client credential does not open a route.
+struct ClusterSettings {
+  std::string name;                 // the cluster's name; empty: not in a cluster (route logins refused)
+  std::vector<std::string> routes;  // the other brokers, rdma://host[:port] or tcp://host[:port] (live)
+  std::string user;                 // the route credentials, the same on every broker of the cluster
+  std::string password;
+  bool operator==(const ClusterSettings&) const = default;
+};
+
 struct BrokerOptions {
   std::string listen_address = "0.0.0.0";
   std::uint16_t port = 7470;  // RDMA CM port
@@ -127,6 +140,7 @@ struct BrokerOptions {
   AuthSettings auth;  // who may connect and what they may do (live)
   TlsSettings tls;    // TLS on the TCP listener (live: a reload reloads the files too)
   MulticastSettings multicast;
+  ClusterSettings cluster;
 
   /// The limits on connections not authenticated yet, as they take effect.
   std::uint32_t unauthenticated_limit() const {

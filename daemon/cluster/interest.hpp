@@ -1,0 +1,55 @@
+// What this broker's own clients subscribe to, as the other brokers of its
+// cluster must learn it (docs/cluster.md, SPEC.md §8): one entry per
+// distinct (pattern, queue group) of local subscriptions, counted. Each
+// route subscribes once per entry at its broker, so a message crosses a
+// route only when someone here wants it, and the entry's id says, when it
+// comes back, which local subscriptions it is for.
+//
+// Workers add and remove entries as their clients subscribe and unsubscribe
+// (one short lock); the route thread (cluster/routes.hpp) reads them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace rdmabroker::daemon {
+
+class ClusterInterest {
+ public:
+  struct Entry {
+    std::uint32_t id = 0;
+    std::string pattern;
+    std::string group;  // empty: plain subscriptions
+  };
+
+  /// Called, outside the lock, when an entry appears or goes away.
+  void on_change(std::function<void()> notify) { notify_ = std::move(notify); }
+  /// A local subscription to `pattern` in queue group `group` (empty: none)
+  /// began; returns its entry's id (never 0).
+  std::uint32_t acquire(std::string_view pattern, std::string_view group);
+  /// One ended (the id acquire() returned).
+  void release(std::uint32_t id);
+  /// Every entry now, by id.
+  std::vector<Entry> snapshot() const;
+  std::size_t size() const;
+
+ private:
+  struct Counted {
+    Entry entry;
+    std::size_t subscriptions = 0;
+  };
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, std::string>, std::uint32_t> by_key_;  // guarded by mu_
+  std::unordered_map<std::uint32_t, Counted> by_id_;                     // guarded by mu_
+  std::uint32_t next_id_ = 1;                                            // guarded by mu_
+  std::function<void()> notify_;                                         // set before any worker runs
+};
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,96 @@
+// This broker's routes to the other brokers of its cluster (docs/cluster.md,
+// SPEC.md §8). A route is pulled: this broker logs in to each broker of
+// cluster.routes as a route (librdmabroker, over RDMA or TCP, reconnecting
+// with back-off) and subscribes there once per entry of its ClusterInterest,
+// so the other broker sends it exactly what its own clients want, and only
+// messages that broker's clients published (one hop: no loop can form). The
+// other brokers do the same here; they arrive as connections whose
+// subscriptions are marked `route` in the index.
+//
+// A message that comes back over a route was published on that broker. It
+// is copied into a pool buffer as a PUBLISH frame and handed, like the
+// multicast engine hands its copies, to the workers of the local
+// subscriptions its entry stands for: the plain ones of that pattern, or one
+// member of that queue group (the other broker chose this one for the group
+// because it had no member of its own). Never to a route: one hop.
+//
+// One thread (the route thread) connects, subscribes and unsubscribes; the
+// messages arrive on each route client's own I/O thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "broker/core.hpp"
+#include "broker/stats.hpp"
+#include "cluster/interest.hpp"
+#include "rdmabroker/client.hpp"
+
+namespace rdmabroker::daemon {
+
+/// What `rdmabroker stat` and the metrics say about one route.
+struct RouteStatus {
+  std::string url;
+  std::string state;  // "connecting", "up", "down" (reconnecting), "itself" (this broker: not used)
+  std::uint64_t messages_in = 0;  // messages it brought
+  std::uint64_t bytes_in = 0;     // their payload bytes
+  std::uint64_t dropped = 0;      // ... that could not be passed on (counted, logged)
+  std::size_t interest = 0;       // entries subscribed there
+  std::uint64_t reconnects = 0;
+};
+
+class Routes {
+ public:
+  /// `server_id`: this broker's id, sent in every route login (so that a
+  /// route to itself is recognised and refused).
+  Routes(BrokerCore& core, ClusterInterest& interest, std::string server_id);
+  ~Routes();
+  Routes(const Routes&) = delete;
+  Routes& operator=(const Routes&) = delete;
+
+  void start(const std::vector<std::string>& urls);
+  /// Closes every route and joins the thread (before the workers stop).
+  void stop();
+  /// cluster.routes reloaded: routes no longer listed close, new ones open.
+  void set_urls(const std::vector<std::string>& urls);
+  std::vector<RouteStatus> status() const;
+  /// Declares the routes' statistics (docs/cluster.md, "Metrics"): per route,
+  /// labelled by its URL (bounded: the configured list), summed in the snapshot.
+  void visit(StatsVisitor& v) const;
+
+ private:
+  struct Route;
+  void run();
+  /// Makes `r`'s subscriptions there the entries of the interest now.
+  void reconcile(Route& r, const std::vector<ClusterInterest::Entry>& entries);
+  /// A message from route `r` for interest entry `entry` (group `group`).
+  void on_message(Route& r, std::uint32_t entry, const std::string& group, const MessageView& m);
+  void wake();
+
+  BrokerCore& core_;
+  ClusterInterest& interest_;
+  const std::string server_id_;
+  mutable std::mutex mu_;  // guards routes_ (the list), urls_, stop_, dirty_
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Route>> routes_;
+  std::vector<std::string> urls_;
+  bool stop_ = false;
+  bool dirty_ = true;  // the interest or the list changed since the last pass
+  std::thread thread_;
+  /// Routing what arrives: one route client's I/O thread at a time (the
+  /// match cache, the round robin and the batches are shared).
+  std::mutex routing_mu_;
+  MatchCache match_cache_;                                        // guarded by routing_mu_
+  std::vector<std::vector<RemoteDelivery>> batches_;              // guarded by routing_mu_, per worker
+  std::unordered_map<std::uint32_t, std::uint32_t> next_member_;  // per entry: the round robin
+};
+
+}  // namespace rdmabroker::daemon
