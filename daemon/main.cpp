@@ -171,6 +171,17 @@ class MainThread {
       reply["ok"] = true;
       reply["stats"] = s.snapshot;
       reply["config"] = {{"file", cl_.config_origin}, {"listeners", listeners_}};
+      nlohmann::json routes = nlohmann::json::array();
+      for (const auto& r : broker_.routes()) {
+        routes.push_back({{"url", r.url},
+                          {"state", r.state},
+                          {"interest", r.interest},
+                          {"messages_in", r.messages_in},
+                          {"bytes_in", r.bytes_in},
+                          {"dropped", r.dropped},
+                          {"reconnects", r.reconnects}});
+      }
+      reply["routes"] = routes;
     } else if (cmd == "connections") {
       reply["ok"] = true;
       reply["connections"] = connections_json(broker_.connections());

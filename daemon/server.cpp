@@ -305,11 +305,34 @@ HealthReport Server::liveness() const {
   return {{std::move(workers)}};
 }
 
+HealthCheck Server::routes_check() const {
+  // Ready once this broker has joined the mesh: at least one of its routes is
+  // up (or it has none to other brokers). Not "all of them": a peer that is
+  // gone for good must not make the brokers that survive it unready too; the
+  // routes that are down are named, and rdmabroker_route_up says which.
+  std::size_t configured = 0;
+  std::size_t up = 0;
+  std::string down;
+  for (const auto& r : routes_->status()) {
+    if (r.state == "itself") continue;
+    ++configured;
+    if (r.state == "up") {
+      ++up;
+    } else {
+      down += fmt::format("{}{} {}", down.empty() ? "" : ", ", r.url, r.state);
+    }
+  }
+  std::string detail = fmt::format("{} of {} routes up", up, configured);
+  if (!down.empty()) detail += " (" + down + ")";
+  return {"routes", configured == 0 || up > 0, std::move(detail)};
+}
+
 HealthReport Server::readiness() const {
   HealthReport report = liveness();
   const std::string where = listeners();
   report.checks.push_back(stopped_ || where.empty() ? HealthCheck{"listeners", false, "not listening"}
                                                     : HealthCheck{"listeners", true, where});
+  if (routes_) report.checks.push_back(routes_check());
   if (!devices_) {
     report.checks.push_back({"devices", true, "no RDMA device served (TCP only)"});
     return report;
@@ -342,7 +365,11 @@ void Server::visit_stats(StatsVisitor& v) const {
   static const MulticastStats kOff;  // multicast off: every series is there, at 0
   const MulticastStats& m = multicast_ ? multicast_->stats() : kOff;
   m.visit(v);
-  if (routes_) routes_->visit(v);
+  if (routes_) {
+    routes_->visit(v);
+  } else {
+    Routes::visit_no_cluster(v);
+  }
   // A channel is one entry in the index for all of its members.
   v.gauge({"subscriptions", "rdmabroker_subscriptions", "Active subscriptions."},
           static_cast<std::int64_t>(core_.index.size()) - m.channels.get() + m.members.get());

@@ -41,6 +41,8 @@ class Server {
   StatsSnapshot stats() const;
   /// Every open connection, asked of each worker (waits up to 2 s for them).
   std::vector<ConnectionInfo> connections() const;
+  /// The routes this broker pulls from, and their state (empty: not in a cluster).
+  std::vector<RouteStatus> routes() const { return routes_ ? routes_->status() : std::vector<RouteStatus>{}; }
   /// Hands the live settings of a reload to every worker (config::diff says
   /// which settings are live; the caller has refused any other change).
   void apply_live(const BrokerOptions& next);
@@ -74,6 +76,8 @@ class Server {
   /// for how long: what the watchdog and /healthz both judge by.
   std::vector<std::pair<std::uint32_t, std::chrono::milliseconds>> stuck_workers() const;
   static void warn_if_nobody_can_connect(const AuthTable& table);
+  /// Readiness in a cluster: at least one route up (or none to other brokers).
+  HealthCheck routes_check() const;
   /// Opens the RDMA devices (as rdma: auto/on/off and what is present say)
   /// and the TCP listening socket; true when RDMA is served.
   Result<bool> open_transports();

@@ -225,6 +225,9 @@ void add_bench_options(CLI::App& app, BenchOptions& opt) {
   app.add_option("subject", opt.subject, "Subject")->capture_default_str();
   app.add_option("-p,--pub", opt.publishers, "Publishers (each its own connection)")->capture_default_str();
   app.add_option("-m,--sub", opt.subscribers, "Subscribers (each its own connection)")->capture_default_str();
+  app.add_option("--sub-server", opt.sub_urls,
+                 "Subscribers connect here instead, in turn (comma-separated: brokers of a cluster)")
+      ->delimiter(',');
   app.add_option("-q,--queue", opt.queue, "Subscribers join this queue group (each message to one of them)");
   app.add_option("--size", opt.size, "Payload bytes (at least 24)")->capture_default_str();
   app.add_option("-n,--count", opt.count, "Messages per publisher")->capture_default_str();
@@ -272,7 +275,7 @@ class BenchRun {
   bool connect_all() {
     for (std::uint32_t i = 0; i < opt_.subscribers; ++i) {
       std::string error;
-      auto c = connect_(error);
+      auto c = connect_(error, opt_.sub_urls.empty() ? opt_.url : opt_.sub_urls[i % opt_.sub_urls.size()]);
       if (!c) {
         std::cerr << "bench: subscriber " << i << ": " << error << "\n";
         return false;
@@ -289,7 +292,7 @@ class BenchRun {
     }
     for (std::uint32_t i = 0; i < opt_.publishers; ++i) {
       std::string error;
-      auto c = connect_(error);
+      auto c = connect_(error, opt_.url);
       if (!c) {
         std::cerr << "bench: publisher " << i << ": " << error << "\n";
         return false;
@@ -429,15 +432,11 @@ class BenchRun {
     const double start_ns = static_cast<double>(start_.time_since_epoch().count());
     nlohmann::json report;
     report["system"] = system_;
-    report["config"] = {{"url", opt_.url},
-                        {"subject", opt_.subject},
-                        {"queue", opt_.queue},
-                        {"publishers", opt_.publishers},
-                        {"subscribers", opt_.subscribers},
-                        {"size", opt_.size},
-                        {"count", opt_.count},
-                        {"duration_s", opt_.duration_s},
-                        {"rate", opt_.rate}};
+    report["config"] = {
+        {"url", opt_.url},     {"sub_urls", opt_.sub_urls},     {"subject", opt_.subject},
+        {"queue", opt_.queue}, {"publishers", opt_.publishers}, {"subscribers", opt_.subscribers},
+        {"size", opt_.size},   {"count", opt_.count},           {"duration_s", opt_.duration_s},
+        {"rate", opt_.rate}};
     nlohmann::json jp = nlohmann::json::array();
     double pub_seconds = 0;
     std::uint64_t total_sent = 0;

@@ -29,6 +29,9 @@ namespace rdmabroker::bench {
 
 struct BenchOptions {
   std::string url;
+  /// Where the subscribers connect, in turn (subscriber i to i mod n): other
+  /// brokers of a cluster than the publishers' (docs/cluster.md); empty: url.
+  std::vector<std::string> sub_urls;
   std::string subject = "bench";
   std::string queue;  // subscribers join this queue group; empty: each gets everything
   std::uint32_t publishers = 1;
@@ -84,7 +87,9 @@ class BenchEndpoint {
   virtual std::optional<std::uint64_t> wakeups() const { return std::nullopt; }
 };
 
-using Connect = std::function<std::unique_ptr<BenchEndpoint>(std::string& error)>;
+/// Opens one connection to the system under test at `url` (the publishers'
+/// -s, or a subscriber's --sub-server).
+using Connect = std::function<std::unique_ptr<BenchEndpoint>(std::string& error, const std::string& url)>;
 
 /// Adds the shared options (everything but url/transport) to a command line.
 void add_bench_options(CLI::App& app, BenchOptions& opt);

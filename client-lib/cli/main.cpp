@@ -446,8 +446,10 @@ int run_stat(const std::string& socket, bool json) {
   const auto& s = stats.value()["stats"];
   const auto& c = conns.value()["connections"];
   const nlohmann::json cfg = stats.value().value("config", nlohmann::json::object());
+  const nlohmann::json routes = stats.value().value("routes", nlohmann::json::array());
   if (json) {
-    std::cout << nlohmann::json{{"config", cfg}, {"stats", s}, {"connections", c}}.dump(2) << "\n";
+    std::cout << nlohmann::json{{"config", cfg}, {"stats", s}, {"connections", c}, {"routes", routes}}.dump(2)
+              << "\n";
     return 0;
   }
   // Where the broker listens and why: the file, a flag or a default (docs/configuration.md, "Precedence").
@@ -474,6 +476,21 @@ int run_stat(const std::string& socket, bool json) {
                 static_cast<unsigned long long>(x.value("bytes_in", 0ull)),
                 static_cast<unsigned long long>(x.value("bytes_out", 0ull)),
                 static_cast<unsigned long long>(x.value("pending_messages", 0ull)));
+  }
+  // A broker of a cluster: the routes it pulls from (docs/cluster.md); the
+  // routes of the others to it are among the connections (user route:<id>).
+  if (!routes.empty()) {
+    std::cout << "\n" << routes.size() << " route(s)\n";
+    std::printf("%-32s %-10s %8s %12s %14s %8s %10s\n", "route", "state", "interest", "msgs_in", "bytes_in",
+                "dropped", "reconnects");
+  }
+  for (const auto& r : routes) {
+    std::printf("%-32s %-10s %8llu %12llu %14llu %8llu %10llu\n", r.value("url", "").c_str(),
+                r.value("state", "").c_str(), static_cast<unsigned long long>(r.value("interest", 0ull)),
+                static_cast<unsigned long long>(r.value("messages_in", 0ull)),
+                static_cast<unsigned long long>(r.value("bytes_in", 0ull)),
+                static_cast<unsigned long long>(r.value("dropped", 0ull)),
+                static_cast<unsigned long long>(r.value("reconnects", 0ull)));
   }
   return 0;
 }
@@ -643,10 +660,10 @@ Subcommand add_bench(CLI::App& app) {
             a->client.busy_poll = std::chrono::microseconds(a->busy_poll_us);
             a->mode.poll_timeout = std::chrono::microseconds(a->poll_timeout_us);
             a->common.set_credentials(a->client);
-            return rdmabroker::bench::run_bench(a->bench, "rdmabroker", [a, headers](std::string& error) {
-              return BrokerEndpoint::connect(a->bench.url, a->common.bind, a->client, headers, a->mode,
-                                             error);
-            });
+            return rdmabroker::bench::run_bench(
+                a->bench, "rdmabroker", [a, headers](std::string& error, const std::string& url) {
+                  return BrokerEndpoint::connect(url, a->common.bind, a->client, headers, a->mode, error);
+                });
           }};
 }
 

@@ -59,7 +59,39 @@ Result<ParsedUrl> parse_url(std::string_view url) {
   return out;
 }
 
+std::vector<std::string> split_urls(std::string_view urls) {
+  std::vector<std::string> out;
+  while (true) {
+    const auto comma = urls.find(',');
+    std::string_view one = urls.substr(0, comma);
+    while (!one.empty() && one.front() == ' ') one.remove_prefix(1);
+    while (!one.empty() && one.back() == ' ') one.remove_suffix(1);
+    out.emplace_back(one);
+    if (comma == std::string_view::npos) return out;
+    urls.remove_prefix(comma + 1);
+  }
+}
+
 Result<std::unique_ptr<Client>> Client::connect(std::string_view url, ClientOptions options) {
+  if (url.find(',') != std::string_view::npos) {
+    // A server list (brokers of one cluster, docs/cluster.md): every URL must
+    // be valid; the first that connects serves, and a reconnecting client
+    // moves to the next when its broker fails.
+    const auto urls = split_urls(url);
+    for (const auto& u : urls) {
+      if (auto parsed = parse_url(u); !parsed) return parsed.error();
+    }
+    if (options.reconnect) return connect_reconnecting(url, std::move(options));
+    Error last{ErrorKind::kConnectFailed, ""};
+    for (const auto& u : urls) {
+      auto c = connect(u, options);
+      if (c) return c;
+      last = c.error();
+      if (last.kind == ErrorKind::kAuthenticationFailed || last.kind == ErrorKind::kInvalidArgument) break;
+    }
+    return Error{last.kind,
+                 "no server of '" + std::string(url) + "' could be used; the last said: " + last.message};
+  }
   auto parsed = parse_url(url);
   if (!parsed) return parsed.error();
   if (options.reconnect) return connect_reconnecting(url, std::move(options));

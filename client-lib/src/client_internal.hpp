@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "rdmabroker/client.hpp"
@@ -30,6 +31,8 @@ inline Error sys_error(ErrorKind kind, const std::string& what) {
 
 /// Parses "scheme://[user:password@|token@]host[:port]"; the error says what is wrong.
 Result<ParsedUrl> parse_url(std::string_view url);
+/// A server list ("rdma://a:7470,rdma://b:7470"): its URLs in order; one URL alone is a list of one.
+std::vector<std::string> split_urls(std::string_view urls);
 
 Result<std::unique_ptr<Client>> connect_rdma(const ParsedUrl& url, ClientOptions options);
 Result<std::unique_ptr<Client>> connect_tcp(const ParsedUrl& url, ClientOptions options);

@@ -26,7 +26,7 @@ namespace {
 class ReconnectingClient final : public Client {
  public:
   ReconnectingClient(std::string url, ClientOptions options)
-      : url_(std::move(url)), opt_(std::move(options)) {}
+      : url_(std::move(url)), urls_(split_urls(url_)), opt_(std::move(options)) {}
   ~ReconnectingClient() override { close(); }
 
   Status start() {
@@ -195,10 +195,19 @@ class ReconnectingClient final : public Client {
     bool placed = false;
   };
 
+  /// One attempt at each server of the list, from the preferred one on.
   Result<std::shared_ptr<Session>> connect_once() {
     ClientOptions o = opt_;
     o.reconnect = false;
-    auto c = Client::connect(url_, o);
+    Result<std::unique_ptr<Client>> c = Error{ErrorKind::kConnectFailed, ""};
+    for (std::size_t i = 0; i < urls_.size(); ++i) {
+      const std::size_t at = (preferred_ + i) % urls_.size();
+      c = Client::connect(urls_[at], o);
+      if (c) {
+        preferred_ = at;
+        break;
+      }
+    }
     if (!c) return c.error();
     std::shared_ptr<Session> s(static_cast<Session*>(c.value().release()));
     std::lock_guard lock(mu_);
@@ -323,6 +332,9 @@ class ReconnectingClient final : public Client {
         failed = current_;
         outage_ = failed->close_reason();
       }
+      // With a server list, the next attempt begins with another server: the
+      // failed one may be gone for good (docs/cluster.md).
+      preferred_ = (preferred_ + 1) % urls_.size();
       const auto down_since = std::chrono::steady_clock::now();
       forget_ended(*failed);
       // Release the dead connection at once (its QP or socket, its I/O
@@ -405,6 +417,8 @@ class ReconnectingClient final : public Client {
   }
 
   const std::string url_;
+  const std::vector<std::string> urls_;  // url_ as a server list (one URL: a list of one)
+  std::size_t preferred_ = 0;            // the server tried first (supervisor thread, and start())
   const ClientOptions opt_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

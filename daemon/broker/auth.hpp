@@ -29,8 +29,10 @@ struct Identity {
   config::Permissions permissions;
   bool publish_unrestricted = false;  // allow covers everything, nothing denied: no check per message
   bool subscribe_unrestricted = false;
-  /// A route from another broker of the cluster (SPEC.md §8), not a client.
+  /// A route from another broker of the cluster (SPEC.md §8), not a client,
+  /// and that broker's id.
   bool route = false;
+  std::string route_server;
 
   /// A PUBLISH to `subject`: an allow pattern matches it and no deny pattern does.
   bool may_publish(std::string_view subject) const;

@@ -7,7 +7,9 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "broker/admission.hpp"
@@ -43,6 +45,27 @@ constexpr std::int64_t queued_charge(std::int64_t bytes, std::int64_t messages) 
   return bytes + kQueuedMessageCharge * messages;
 }
 
+/// The brokers that have a route open to this one, by their id (SPEC.md §8):
+/// a second route from the same broker (one broker listed twice under two
+/// names) would bring its subscribers every message twice, so it is refused.
+class RoutePeers {
+ public:
+  /// False if `server` already has a route open (another connection).
+  bool claim(const std::string& server, std::uint64_t connection) {
+    std::lock_guard lock(mu_);
+    return open_.try_emplace(server, connection).first->second == connection;
+  }
+  /// Connection `connection`, a route of `server`, is closing.
+  void release(const std::string& server, std::uint64_t connection) {
+    std::lock_guard lock(mu_);
+    if (auto it = open_.find(server); it != open_.end() && it->second == connection) open_.erase(it);
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, std::uint64_t> open_;  // guarded by mu_
+};
+
 /// Deliveries routed on one worker (or the multicast engine) to another worker's connection.
 struct RemoteDelivery {
   std::uint64_t connection = 0;
@@ -70,6 +93,7 @@ struct BrokerCore {
   LogThrottle auth_failure_log;          // "authentication failed" lines, broker-wide
   MulticastEngine* multicast = nullptr;  // null: multicast off (or no RDMA device)
   ClusterInterest* interest = nullptr;   // null: not in a cluster (cluster.name empty)
+  RoutePeers route_peers;                // the brokers with a route open here: one each
   /// This broker's id in its cluster: random at each start, 16 hex digits. A
   /// route login that names it comes from this broker itself (SPEC.md §8).
   std::string server_id;

@@ -22,8 +22,11 @@ constexpr int kPoolWaitMs = 1000;
 }  // namespace
 
 struct Routes::Route {
-  explicit Route(std::string u) : url(std::move(u)) {}
+  Route(std::string u, std::uint64_t id) : url(std::move(u)), publisher_id(id) {}
   const std::string url;
+  /// The publisher id its messages in fragments carry here (SPEC.md §3.7):
+  /// drawn like a connection's, so no two routes or connections share one.
+  const std::uint64_t publisher_id;
   std::unique_ptr<Client> client;                               // null until the first login succeeded
   std::unordered_map<std::uint32_t, std::uint32_t> subscribed;  // interest entry id -> sid there
   std::string state = "connecting";                             // guarded by Routes::mu_
@@ -35,6 +38,9 @@ struct Routes::Route {
   std::atomic<std::uint64_t> bytes_in{0};
   std::atomic<std::uint64_t> dropped{0};
   std::atomic<std::uint64_t> reconnects{0};
+  /// subscribed.size() for status(): `subscribed` itself is the route
+  /// thread's, changed while it calls into the library without mu_.
+  std::atomic<std::size_t> interest{0};
 };
 
 Routes::Routes(BrokerCore& core, ClusterInterest& interest, std::string server_id)
@@ -86,7 +92,7 @@ std::vector<RouteStatus> Routes::status() const {
   std::vector<RouteStatus> out;
   for (const auto& r : routes_) {
     out.push_back({r->url, r->state, r->messages_in.load(), r->bytes_in.load(), r->dropped.load(),
-                   r->subscribed.size(), r->reconnects.load()});
+                   r->interest.load(), r->reconnects.load()});
   }
   return out;
 }
@@ -120,9 +126,15 @@ void Routes::visit(StatsVisitor& v) const {
              "route", r.url},
             static_cast<std::int64_t>(r.interest));
   }
+  visit_broker_wide(v, configured, static_cast<std::int64_t>(interest_.size()));
+}
+
+void Routes::visit_no_cluster(StatsVisitor& v) { visit_broker_wide(v, 0, 0); }
+
+void Routes::visit_broker_wide(StatsVisitor& v, std::int64_t configured, std::int64_t interest) {
   v.level("cluster.routes", configured, "rdmabroker_routes",
           "Routes configured (cluster.routes, itself excluded).");
-  v.level("cluster.interest", static_cast<std::int64_t>(interest_.size()), "rdmabroker_cluster_interest",
+  v.level("cluster.interest", interest, "rdmabroker_cluster_interest",
           "Distinct patterns and queue groups this broker's clients subscribe to: what its routes carry.");
 }
 
@@ -147,7 +159,7 @@ void Routes::run() {
     }
     for (const auto& url : urls_) {
       if (std::none_of(routes_.begin(), routes_.end(), [&](const auto& r) { return r->url == url; }))
-        routes_.push_back(std::make_unique<Route>(url));
+        routes_.push_back(std::make_unique<Route>(url, core_.next_connection_id.fetch_add(1)));
     }
     const auto entries = interest_.snapshot();
     auto wake_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
@@ -182,7 +194,11 @@ void Routes::run() {
                          e.downtime.count(), e.subscriptions_restored);
           }
         };
-        opt.on_error = [route](const Error& e) { spdlog::warn("route {}: {}", route->url, e.message); };
+        opt.on_error = [this, route](const Error& e) {
+          // A refused login is reported by the connect that made it.
+          std::lock_guard guard(mu_);
+          if (route->state == "up") spdlog::warn("route {}: {}", route->url, e.message);
+        };
         const std::string url = r->url;
         lock.unlock();
         auto connected = Client::connect(url, std::move(opt));
@@ -249,6 +265,44 @@ void Routes::reconcile(Route& r, const std::vector<ClusterInterest::Entry>& entr
     (void)r.client->unsubscribe(it->second);  // a route that is down drops it when it reconnects
     it = r.subscribed.erase(it);
   }
+  r.interest.store(r.subscribed.size());
+}
+
+std::vector<Subscriber> Routes::recipients(std::uint32_t entry, const std::string& group,
+                                           std::string_view subject) {
+  std::vector<Subscriber> out;
+  Match& match = match_cache_.match(core_.index, subject);
+  // Only the local subscriptions this entry stands for (one hop: never a
+  // route's, and never one another entry brings its own copy to).
+  auto ours = [&](const Subscriber& s) {
+    return !s.route && s.interest == entry && s.worker != kChannelWorker;
+  };
+  if (group.empty()) {
+    for (const Subscriber& s : match.plain)
+      if (ours(s)) out.push_back(s);
+    return out;
+  }
+  // The other broker chose this one for the group: one member of it here.
+  std::vector<const Subscriber*> members;
+  for (const auto& g : match.groups)
+    for (const Subscriber& s : g)
+      if (ours(s)) members.push_back(&s);
+  if (!members.empty()) out.push_back(*members[next_member_[entry]++ % members.size()]);
+  return out;
+}
+
+BufferRef Routes::pool_buffer(Route& r, std::string_view subject) {
+  std::uint32_t index = 0;
+  for (int waited = 0; core_.pool->acquire(&index, 1) == 0; ++waited) {
+    if (waited == kPoolWaitMs) {
+      if (r.dropped.fetch_add(1) == 0)
+        spdlog::warn("route {}: no pool buffer for {} ms; a message to '{}' was dropped (counted)", r.url,
+                     kPoolWaitMs, subject);
+      return {};
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return BufferRef(core_.pool, index);
 }
 
 void Routes::on_message(Route& r, std::uint32_t entry, const std::string& group, const MessageView& m) {
@@ -262,76 +316,94 @@ void Routes::on_message(Route& r, std::uint32_t entry, const std::string& group,
     proto::encode_header_block(encoded.data(), fields);
     block = encoded;
   }
-  const std::size_t body = m.subject.size() + m.reply.size() + block.size() + m.payload.size();
-  const std::size_t len = proto::align_up(proto::kHeaderSize + body);
-  const std::uint32_t buffer_size = core_.options.buffer_size;
-  if (len > proto::max_publish_frame(buffer_size)) {
-    // Messages larger than one frame do not cross routes yet (docs/cluster.md).
+  // The message as PUBLISH frames in pool buffers: one whole frame, or
+  // fragments (SPEC.md §3.7) when it is larger than a frame, with the
+  // route's own publisher id so that a subscriber fed by two routes at once
+  // reassembles each message apart.
+  const std::size_t message_len = block.size() + m.payload.size();
+  const std::size_t strings = m.subject.size() + m.reply.size();
+  const std::size_t max_frame =
+      proto::max_publish_frame(core_.options.buffer_size) & ~(proto::kFrameAlign - 1);
+  const bool whole = proto::align_up(proto::kHeaderSize + strings + message_len) <= max_frame;
+  if (!whole && (message_len > core_.options.max_payload ||
+                 strings + block.size() + 8 > max_frame - proto::kHeaderSize)) {
     if (r.dropped.fetch_add(1) == 0)
       spdlog::warn(
-          "route {}: a message of {} bytes to '{}' is larger than a frame and was dropped; "
-          "routes carry messages of one frame (counted in the route's dropped messages)",
-          r.url, m.payload.size(), m.subject);
+          "route {}: a message of {} bytes to '{}' exceeds this broker's limits.max_payload ({}) "
+          "or leaves no room in a first fragment; dropped (counted)",
+          r.url, message_len, m.subject, core_.options.max_payload);
     return;
   }
-  std::uint32_t index = 0;
-  for (int waited = 0; core_.pool->acquire(&index, 1) == 0; ++waited) {
-    if (waited == kPoolWaitMs) {
-      if (r.dropped.fetch_add(1) == 0)
-        spdlog::warn("route {}: no pool buffer for {} ms; a message to '{}' was dropped", r.url, kPoolWaitMs,
-                     m.subject);
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  BufferRef buf(core_.pool, index);
-  proto::FrameHeader h;
-  h.type = proto::FrameType::kPublish;
-  h.subject_len = static_cast<std::uint16_t>(m.subject.size());
-  h.reply_len = static_cast<std::uint16_t>(m.reply.size());
-  h.header_len = static_cast<std::uint16_t>(block.size());
-  h.payload_len = static_cast<std::uint32_t>(block.size() + m.payload.size());
-  std::byte* p = buf.data();
-  proto::encode_header(p, h);
-  std::size_t off = proto::kHeaderSize;
-  auto put = [&](const void* from, std::size_t n) {
-    if (n != 0) std::memcpy(p + off, from, n);
-    off += n;
-  };
-  put(m.subject.data(), m.subject.size());
-  put(m.reply.data(), m.reply.size());
-  put(block.data(), block.size());
-  put(m.payload.data(), m.payload.size());
-  std::memset(p + off, 0, len - off);
+  std::lock_guard lock(routing_mu_);
+  const std::vector<Subscriber> to = recipients(entry, group, m.subject);
   r.messages_in.fetch_add(1, std::memory_order_relaxed);
   r.bytes_in.fetch_add(m.payload.size(), std::memory_order_relaxed);
-
-  const auto frame_len = static_cast<std::uint32_t>(len);
-  const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
-  std::lock_guard lock(routing_mu_);
-  Match& match = match_cache_.match(core_.index, m.subject);
-  auto deliver = [&](const Subscriber& s) {
-    core_.slots->add_queued(s.slot, frame_len);
-    batches_[s.worker].push_back(
-        {s.connection, s.slot, make_delivery(buf.clone(), s.sid, 0, frame_len, h.payload_len, now)});
+  if (to.empty()) return;  // its subscriber left meanwhile: nobody here wants it now
+  // The message's bytes after the strings: the header block, then the payload.
+  auto message_bytes = [&](std::size_t at, std::byte* into, std::size_t n) {
+    while (n > 0) {
+      const bool in_block = at < block.size();
+      const std::byte* from = in_block ? block.data() + at : m.payload.data() + (at - block.size());
+      const std::size_t piece = std::min(n, in_block ? block.size() - at : message_len - at);
+      std::memcpy(into, from, piece);
+      into += piece;
+      at += piece;
+      n -= piece;
+    }
   };
-  // Only the local subscriptions this entry stands for (one hop: never a
-  // route's, and never one another entry brings its own copy to).
-  auto ours = [&](const Subscriber& s) {
-    return !s.route && s.interest == entry && s.worker != kChannelWorker;
-  };
-  if (group.empty()) {
-    for (const Subscriber& s : match.plain)
-      if (ours(s)) deliver(s);
-  } else {
-    // The other broker chose this one for the group: one member of it here.
-    std::vector<const Subscriber*> members;
-    for (const auto& g : match.groups)
-      for (const Subscriber& s : g)
-        if (ours(s)) members.push_back(&s);
-    if (!members.empty()) deliver(*members[next_member_[entry]++ % members.size()]);
+  for (std::size_t offset = 0; offset < message_len || (whole && offset == 0);) {
+    const bool first = offset == 0;
+    proto::FrameHeader h;
+    h.type = proto::FrameType::kPublish;
+    h.subject_len = static_cast<std::uint16_t>(first ? m.subject.size() : 0);
+    h.reply_len = static_cast<std::uint16_t>(first ? m.reply.size() : 0);
+    h.header_len = static_cast<std::uint16_t>(first ? block.size() : 0);
+    std::size_t chunk = message_len;
+    if (!whole) {
+      // Every fragment but the last carries a multiple of 8 bytes.
+      const std::size_t room = max_frame - proto::kHeaderSize - (first ? strings : 0);
+      chunk = std::min(message_len - offset, room & ~(proto::kFrameAlign - 1));
+      h.flags = proto::kFlagFragment;
+      h.arg = static_cast<std::uint32_t>(message_len);
+      h.offset = static_cast<std::uint32_t>(offset);
+      h.sequence = r.publisher_id;
+    }
+    h.payload_len = static_cast<std::uint32_t>(chunk);
+    BufferRef buf = pool_buffer(r, m.subject);
+    if (!buf) {
+      // Recipients that have fragments of it get ABORT (SPEC.md §3.7).
+      if (!first) {
+        for (const Subscriber& s : to)
+          batches_[s.worker].push_back({s.connection, s.slot, make_abort(s.sid, r.publisher_id)});
+        core_.post_deliveries(batches_);
+      }
+      return;
+    }
+    std::byte* p = buf.data();
+    proto::encode_header(p, h);
+    std::size_t at = proto::kHeaderSize;
+    if (first) {
+      std::memcpy(p + at, m.subject.data(), m.subject.size());
+      at += m.subject.size();
+      if (!m.reply.empty()) std::memcpy(p + at, m.reply.data(), m.reply.size());
+      at += m.reply.size();
+    }
+    message_bytes(offset, p + at, chunk);
+    at += chunk;
+    const std::size_t len = proto::align_up(at);
+    std::memset(p + at, 0, len - at);
+    const auto frame_len = static_cast<std::uint32_t>(len);
+    const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+    for (const Subscriber& s : to) {
+      core_.slots->add_queued(s.slot, frame_len);
+      batches_[s.worker].push_back(
+          {s.connection, s.slot, make_delivery(buf.clone(), s.sid, 0, frame_len, h.payload_len, now)});
+    }
+    // Each fragment goes at once: the workers forward it while the next is made.
+    core_.post_deliveries(batches_);
+    offset += chunk;
+    if (whole) break;
   }
-  core_.post_deliveries(batches_);
 }
 
 }  // namespace rdmabroker::daemon

@@ -65,6 +65,9 @@ class Routes {
   /// Declares the routes' statistics (docs/cluster.md, "Metrics"): per route,
   /// labelled by its URL (bounded: the configured list), summed in the snapshot.
   void visit(StatsVisitor& v) const;
+  /// A broker not in a cluster: the broker-wide series, at 0.
+  static void visit_no_cluster(StatsVisitor& v);
+  static void visit_broker_wide(StatsVisitor& v, std::int64_t configured, std::int64_t interest);
 
  private:
   struct Route;
@@ -73,6 +76,12 @@ class Routes {
   void reconcile(Route& r, const std::vector<ClusterInterest::Entry>& entries);
   /// A message from route `r` for interest entry `entry` (group `group`).
   void on_message(Route& r, std::uint32_t entry, const std::string& group, const MessageView& m);
+  /// The local subscriptions entry `entry` stands for that match `subject`:
+  /// all of them, or one member of `group`. Under routing_mu_.
+  std::vector<Subscriber> recipients(std::uint32_t entry, const std::string& group, std::string_view subject);
+  /// A pool buffer, waiting up to a second for one (the route waits meanwhile:
+  /// its broker stops at the credits); empty after that (a counted drop).
+  BufferRef pool_buffer(Route& r, std::string_view subject);
   void wake();
 
   BrokerCore& core_;

@@ -79,14 +79,20 @@ AuthResultCommand FrameHandler::route_login(Connection& c, std::string_view clus
   } else if (cluster != settings.name) {
     verdict.error = "route refused: cluster '" + std::string(cluster) + "' is not this broker's ('" +
                     settings.name + "')";
-  } else if (server == ctx_.core.server_id) {
-    verdict.error = "route refused: a route from this broker to itself";
   } else if (!(same_secret(user, settings.user) & same_secret(secret, settings.password))) {
     verdict.error = "route refused: wrong route credentials";
+  } else if (server == ctx_.core.server_id) {
+    // Every broker may share one list that names itself (docs/cluster.md).
+    verdict.error = "route refused: a route from this broker to itself";
+    verdict.expected = true;
+  } else if (!ctx_.core.route_peers.claim(std::string(server), c.id)) {
+    verdict.error = "route refused: broker " + std::string(server) +
+                    " already has a route here (is it listed twice in cluster.routes, under two names?)";
   } else {
     auto id = std::make_shared<Identity>();
     id->name = "route:" + std::string(server);
     id->route = true;
+    id->route_server = std::string(server);
     id->permissions.publish.allow.clear();  // a route publishes nothing (SPEC.md §8)
     id->subscribe_unrestricted = true;
     verdict.identity = std::move(id);
@@ -104,6 +110,11 @@ void FrameHandler::hold_until_verified(Connection& c, const BufferRef& buf, std:
 void FrameHandler::on_auth_result(AuthResultCommand& r) {
   Connection* c = connections_.find(r.connection_id);
   if (c == nullptr || c->state != ConnState::kVerifying) return;
+  if (!r.identity && r.expected) {
+    spdlog::info("connection {} from {}: {}", c->id, c->peer, r.error);
+    connections_.close(*c, CloseReason::kAuthFailed, ErrorCode::kAuthenticationFailed, r.error);
+    return;
+  }
   if (!r.identity) {
     ctx_.stats.auth_failed.add();
     std::uint64_t suppressed = 0;  // a guesser must not flood the journal: throttled, every one counted

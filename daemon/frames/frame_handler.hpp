@@ -22,6 +22,9 @@ struct AuthResultCommand {
   std::uint64_t connection_id = 0;
   std::shared_ptr<const Identity> identity;  // null: refused
   std::string error;                         // why, as the client is told
+  /// A refusal that is part of normal operation (a broker's route to
+  /// itself, SPEC.md §8): logged at info, not counted as a failed login.
+  bool expected = false;
 };
 
 class FrameHandler {

@@ -51,6 +51,9 @@ void drop_subscription(WorkerContext& ctx, Connection& c, const Connection::Subs
 }
 
 void drop_all_subscriptions(WorkerContext& ctx, Connection& c) {
+  // A closing route frees its broker's place at once: its subscriptions are
+  // gone, so the route that replaces it cannot double anything.
+  if (c.identity && c.identity->route) ctx.core.route_peers.release(c.identity->route_server, c.id);
   for (const auto& [sid, sub] : c.subscriptions) drop_subscription(ctx, c, sub, sid);
   c.subscriptions.clear();
 }

@@ -18,7 +18,8 @@ set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 # dpkg-shlibdeps looks for librdmabroker.so.0 (needed by the CLI) in the build
-# tree; it has no shlibs file there, so the CLI's dependency on it is stated.
+# tree; it has no shlibs file there, so the dependencies on it are stated (the
+# CLI's, and the daemon's: its routes to other brokers use the library).
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${CMAKE_BINARY_DIR}/client-lib)
 # Stripped binaries. Debian would put their debug information in -dbgsym
 # packages; CPack 3.25's CPACK_DEBIAN_DEBUGINFO_PACKAGE makes ones that
@@ -29,7 +30,7 @@ set(same_version "(= ${PROJECT_VERSION})")
 
 set(CPACK_DEBIAN_DAEMON_PACKAGE_NAME rdmabroker)
 set(CPACK_DEBIAN_DAEMON_PACKAGE_SECTION net)
-set(CPACK_DEBIAN_DAEMON_PACKAGE_DEPENDS "rdma-core, ibverbs-providers, systemd")
+set(CPACK_DEBIAN_DAEMON_PACKAGE_DEPENDS "rdma-core, ibverbs-providers, systemd, librdmabroker0 ${same_version}")
 # The CLI is how an operator adds users (rdmabroker passwd) and reads the
 # broker's state (rdmabroker stat) through the admin socket.
 set(CPACK_DEBIAN_DAEMON_PACKAGE_RECOMMENDS "rdmabroker-clients")

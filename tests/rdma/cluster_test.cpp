@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -221,6 +223,118 @@ TEST_P(Cluster, ARequestOnOneBrokerIsAnsweredOnAnother) {
   EXPECT_EQ(reply.value().data(), "noon");
 }
 
+TEST_P(Cluster, MessagesLargerThanAFrameCrossARouteWholeWithTheirHeaders) {
+  // Up to limits.max_payload (1 MiB by default), on the default 16 KiB
+  // frames: the route's broker sends them in fragments, this one passes them
+  // on in fragments of its own (SPEC.md §3.7), the library reassembles.
+  std::mutex mu;
+  std::vector<Message> got;
+  auto sub = client(b_);
+  ASSERT_TRUE(sub);
+  ASSERT_TRUE(sub->subscribe("big.>",
+                             [&](const Message& m) {
+                               std::lock_guard l(mu);
+                               got.push_back(m);
+                             })
+                  .ok());
+  await_subscriptions(a_, 1);
+  // The last just under the 1 MiB limit with its header block.
+  const std::vector<std::size_t> sizes = {16 * 1024, 100 * 1000 + 3, (1u << 20) - 64};
+  auto pub = client(a_);
+  ASSERT_TRUE(pub);
+  std::vector<std::vector<std::byte>> sent;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<std::byte> payload(sizes[i]);
+    for (std::size_t j = 0; j < payload.size(); ++j)
+      payload[j] = std::byte(static_cast<unsigned char>(j * 31 + i));
+    const Headers headers{{"trace-id", "t-" + std::to_string(i)}};
+    ASSERT_TRUE(pub->publish("big." + std::to_string(i), headers, payload).ok()) << sizes[i];
+    sent.push_back(std::move(payload));
+  }
+  ASSERT_TRUE(pub->flush(60s).ok());
+  ASSERT_TRUE(wait_until(
+      [&] {
+        std::lock_guard l(mu);
+        return got.size() >= sizes.size();
+      },
+      120s));
+  std::lock_guard l(mu);
+  ASSERT_EQ(got.size(), sizes.size());
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_EQ(got[i].subject, "big." + std::to_string(i));
+    EXPECT_EQ(got[i].headers.get("trace-id"), "t-" + std::to_string(i));
+    EXPECT_TRUE(got[i].payload == sent[i]) << "message " << i << " of " << sizes[i] << " bytes differs";
+  }
+  EXPECT_EQ(b_.stat("cluster.route_dropped"), 0);
+}
+
+TEST_P(Cluster, ClientsOfAKilledBrokerMoveToAnotherAndTheOthersLoseNothing) {
+  // A publisher on A, subscribers on A and C, and a client given the list
+  // "B, C" that lands on B. B is killed mid-stream (SIGKILL: no CLOSE, its
+  // routes just vanish): A and C drop its interest and go on; the client
+  // moves to C and, its subscription restored there, gets what A publishes.
+  Received on_a, on_c, moving;
+  ConnectionEvents events;
+  ClientOptions opt = events.options();
+  opt.connect_timeout = 15s;
+  opt.publish_timeout = 10s;
+  if (GetParam() == Via::kRdma) opt.bind_address = guest_addr2();
+  auto mover = Client::connect(url_via(*b_.broker, GetParam()) + "," + url_via(*c_.broker, GetParam()), opt);
+  ASSERT_TRUE(mover.ok()) << mover.error().message;
+  auto port_of = [&](Member& m) {
+    return std::to_string(GetParam() == Via::kRdma ? m.broker->port() : m.broker->tcp_port());
+  };
+  EXPECT_NE(mover.value()->transport_description().find(port_of(b_)), std::string::npos)
+      << "the first server of the list serves: " << mover.value()->transport_description();
+  auto sub_a = client(a_);
+  auto sub_c = client(c_);
+  ASSERT_TRUE(sub_a && sub_c);
+  ASSERT_TRUE(mover.value()->subscribe("ticks", moving.handler()).ok());
+  ASSERT_TRUE(sub_a->subscribe("ticks", on_a.handler()).ok());
+  ASSERT_TRUE(sub_c->subscribe("ticks", on_c.handler()).ok());
+  await_subscriptions(a_, 3);  // its own, B's route's, C's route's
+  auto pub = client(a_);
+  ASSERT_TRUE(pub);
+  std::uint64_t seq = 0;
+  auto publish = [&](std::uint64_t n) {
+    for (std::uint64_t i = 0; i < n; ++i) {
+      ++seq;
+      ASSERT_TRUE(pub->publish("ticks", seq_payload(seq)).ok());
+      std::this_thread::sleep_for(1ms);
+    }
+  };
+  publish(100);
+  ASSERT_TRUE(wait_until([&] { return moving.count() >= 100; }, 60s)) << moving.count();
+  EXPECT_EQ(b_.broker->stop(SIGKILL, 10s), 128 + SIGKILL);
+  publish(100);
+  // The client notices, moves to C, restores its subscription; C's route to
+  // A carries it, and what A publishes from then on reaches it.
+  ASSERT_TRUE(wait_until([&] { return events.reconnected.load() >= 1; }, 60s));
+  EXPECT_NE(mover.value()->transport_description().find(port_of(c_)), std::string::npos)
+      << mover.value()->transport_description();
+  // B's routes are gone from A and C; C's interest in "ticks" (its own
+  // subscriber's entry, which the moved client's joins) is already at A.
+  ASSERT_TRUE(wait_until(
+      [&] { return a_.stat("cluster.routes_up") == 1 && c_.stat("cluster.routes_up") == 1; }, 60s));
+  const std::uint64_t before_last = seq;
+  publish(100);
+  ASSERT_TRUE(pub->flush(30s).ok());
+  for (Received* r : {&on_a, &on_c})
+    ASSERT_TRUE(wait_until([&] { return r->count() >= seq; }, 60s)) << r->count() << " of " << seq;
+  ASSERT_TRUE(wait_until([&] { return !moving.seqs().empty() && moving.seqs().back() == seq; }, 60s));
+  std::this_thread::sleep_for(300ms);
+  std::vector<std::uint64_t> all(seq);
+  for (std::uint64_t i = 0; i < seq; ++i) all[i] = i + 1;
+  EXPECT_EQ(on_a.seqs(), all) << "A's subscriber lost nothing";
+  EXPECT_EQ(on_c.seqs(), all) << "C's subscriber lost nothing";
+  // The client missed what was published while it moved (SPEC: at most
+  // once), never twice, always in order, and everything after it moved.
+  const auto got = moving.seqs();
+  EXPECT_TRUE(std::is_sorted(got.begin(), got.end()) &&
+              std::adjacent_find(got.begin(), got.end()) == got.end());
+  EXPECT_GE(std::count_if(got.begin(), got.end(), [&](std::uint64_t s) { return s > before_last; }), 100);
+}
+
 INSTANTIATE_TEST_SUITE_P(Via, Cluster, ::testing::Values(Via::kRdma, Via::kTcp),
                          [](const auto& info) { return to_string(info.param); });
 
@@ -246,10 +360,20 @@ TEST(ClusterRoutes, OnlyTheClustersCredentialsAndNameOpenARoute) {
   EXPECT_EQ(wrong_password.error().kind, ErrorKind::kAuthenticationFailed);
   auto right = attempt("prod", "route", "s3cret-route");
   ASSERT_TRUE(right.ok()) << right.error().message;
-  // A route only subscribes: a PUBLISH on it closes it (PROTOCOL_VIOLATION).
-  (void)right.value()->publish("x", std::as_bytes(std::span("1", 1)));
-  EXPECT_FALSE(right.value()->flush(10s).ok());
-  EXPECT_EQ(a.stat("auth.failed"), 2);
+  auto route = std::move(right).value();
+  // One route per broker: a second login of the same broker (listed twice
+  // under two names) would double its subscribers' messages; it is refused
+  // while the first is open.
+  auto second = attempt("prod", "route", "s3cret-route");
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.error().message.find("already has a route here"), std::string::npos)
+      << second.error().message;
+  // A route only subscribes: a PUBLISH on it closes it (PROTOCOL_VIOLATION)...
+  (void)route->publish("x", std::as_bytes(std::span("1", 1)));
+  EXPECT_FALSE(route->flush(10s).ok());
+  EXPECT_EQ(a.stat("auth.failed"), 3);
+  // ... and frees its broker's place for the next.
+  ASSERT_TRUE(wait_until([&] { return attempt("prod", "route", "s3cret-route").ok(); }, 10s));
 }
 
 }  // namespace

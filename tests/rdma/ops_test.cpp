@@ -214,6 +214,9 @@ TEST_P(Ops, MetricsPassPromtoolOnALiveScrape) {
     for (auto it = text.cbegin(); std::regex_search(it, text.cend(), m, std::regex("rdmabroker_[a-z_]+"));
          it = m.suffix().first) {
       std::string name = std::regex_replace(m.str(), std::regex("_(bucket|sum|count)$"), "");
+      // A route's series exist only on a broker of a cluster (one per
+      // route, labelled by it): this broker has none.
+      if (name.starts_with("rdmabroker_route_")) continue;
       EXPECT_NE(body.find("# TYPE " + name + " "), std::string::npos) << file << " uses " << m.str();
     }
   }

@@ -381,23 +381,70 @@ TEST(Config, ShippedConfigsAreValid) {
   EXPECT_EQ(shipped->broker.port, Config{}.broker.port);  // it documents the defaults
   EXPECT_FALSE(shipped->broker.auth.anonymous);
 
-  std::ifstream k8s(test::source_dir() + "/deploy/kubernetes/rdmabroker.yaml");
-  ASSERT_TRUE(k8s);
-  std::string line, embedded;
-  bool inside = false;
-  while (std::getline(k8s, line)) {
-    if (line.find("broker.yaml: |") != std::string::npos) {
-      inside = true;
-    } else if (inside && line.rfind("    ", 0) == 0) {
-      embedded += line.substr(4) + "\n";
-    } else if (inside && !line.empty()) {
-      break;
+  // The broker.yaml embedded in a Kubernetes manifest (a ConfigMap's or a Secret's).
+  auto embedded_config = [](const std::string& manifest) {
+    std::ifstream k8s(test::source_dir() + "/deploy/kubernetes/" + manifest);
+    EXPECT_TRUE(k8s) << manifest;
+    std::string line, embedded;
+    bool inside = false;
+    while (std::getline(k8s, line)) {
+      if (line.find("broker.yaml: |") != std::string::npos) {
+        inside = true;
+      } else if (inside && line.rfind("    ", 0) == 0) {
+        embedded += line.substr(4) + "\n";
+      } else if (inside && !line.empty()) {
+        break;
+      }
     }
-  }
-  ASSERT_FALSE(embedded.empty());
-  auto cm = parse(embedded, "ConfigMap rdmabroker-config");
+    EXPECT_FALSE(embedded.empty()) << manifest;
+    return parse(embedded, manifest);
+  };
+  auto cm = embedded_config("rdmabroker.yaml");
   ASSERT_TRUE(cm) << cm.error().message;
   EXPECT_EQ(cm->log.format, LogFormat::kJson);
+  // The StatefulSet's: a cluster of three whose seed list names every pod.
+  auto cluster = embedded_config("rdmabroker-cluster.yaml");
+  ASSERT_TRUE(cluster) << cluster.error().message;
+  EXPECT_EQ(cluster->broker.cluster.name, "prod");
+  ASSERT_EQ(cluster->broker.cluster.routes.size(), 3u);
+  EXPECT_EQ(cluster->broker.cluster.routes[2],
+            "rdma://rdmabroker-2.rdmabroker-routes.rdmabroker.svc.cluster.local:7470");
+}
+
+TEST(ConfigCluster, SectionIsReadAndItsRulesNameTheKey) {
+  auto c = parse(R"(
+cluster:
+  name: prod-eu.1
+  user: route
+  password: s3cret
+  routes: [rdma://broker-b:7470, tcp://broker-c]
+)",
+                 "broker.yaml");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->broker.cluster.name, "prod-eu.1");
+  EXPECT_EQ(c->broker.cluster.routes, (std::vector<std::string>{"rdma://broker-b:7470", "tcp://broker-c"}));
+  auto fails_with = [](const std::string& yaml, const std::string& what) {
+    auto r = parse(yaml, "broker.yaml");
+    EXPECT_FALSE(r.ok()) << yaml;
+    if (!r.ok()) {
+      EXPECT_NE(r.error().message.find(what), std::string::npos) << r.error().message;
+    }
+  };
+  fails_with("cluster: {name: 'a b', user: u, password: p}", "cluster.name");
+  fails_with("cluster: {routes: [tcp://b]}", "routes need cluster.name");
+  fails_with("cluster: {name: prod, user: u}", "cluster.password");
+  fails_with("cluster: {name: prod, user: u, password: p, routes: [http://b]}",
+             "expected rdma://host[:port]");
+  fails_with("cluster: {name: prod, user: u, password: p, routes: [tcp://b:0]}", "port must be 1..65535");
+  fails_with("cluster: {name: prod, user: u, password: p}\nmulticast: {enabled: true}", "not supported yet");
+  // The password is never shown, and only the route list may change live.
+  EXPECT_EQ(show(*c, "cluster.password"), "(set)");
+  auto next = *c;
+  next.broker.cluster.routes.push_back("tcp://broker-d");
+  next.broker.cluster.name = "other";
+  const auto changes = diff(*c, next);
+  ASSERT_EQ(changes.size(), 2u);
+  for (const auto& ch : changes) EXPECT_EQ(ch.live, ch.key == "cluster.routes") << ch.key;
 }
 
 TEST(ConfigTls, SectionIsReadAndItsRulesNameTheKey) {

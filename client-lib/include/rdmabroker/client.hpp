@@ -354,7 +354,10 @@ inline std::span<const std::byte> as_payload(std::string_view s) {
 class Client {
  public:
   /// Connects to "rdma://host[:port]" (default port 7470) or
-  /// "tcp://host[:port]" (default port 7471).
+  /// "tcp://host[:port]" (default port 7471). A comma-separated server list
+  /// (brokers of one cluster, docs/cluster.md) connects to the first that
+  /// answers; with `reconnect`, a client whose broker fails tries the next
+  /// one first, and restores its subscriptions there.
   static Result<std::unique_ptr<Client>> connect(std::string_view url, ClientOptions options = {});
   virtual ~Client() = default;
 

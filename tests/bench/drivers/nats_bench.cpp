@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
   if (const natsStatus s = nats_Open(-1); s != NATS_OK) return 1;
   const int rc = rdmabroker::bench::driver_main(
       argc, argv, "nats", "nats://127.0.0.1:4222", [](const rdmabroker::bench::BenchOptions& opt) {
-        return [url = opt.url, asap = opt.rate > 0](std::string& error) {
+        return [asap = opt.rate > 0](std::string& error, const std::string& url) {
           return NatsEndpoint::connect(url, asap, error);
         };
       });

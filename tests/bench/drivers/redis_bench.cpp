@@ -131,6 +131,9 @@ int main(int argc, char** argv) {
           port = std::stoi(rest.substr(colon + 1));
           rest.resize(colon);
         }
-        return [host = rest, port](std::string& error) { return RedisEndpoint::connect(host, port, error); };
+        // One server: --sub-server is not for Redis (its subscribers use -s).
+        return [host = rest, port](std::string& error, const std::string&) {
+          return RedisEndpoint::connect(host, port, error);
+        };
       });
 }
