@@ -41,6 +41,18 @@ struct Routes::Route {
   /// subscribed.size() for status(): `subscribed` itself is the route
   /// thread's, changed while it calls into the library without mu_.
   std::atomic<std::size_t> interest{0};
+
+  // ---- the route's poller thread: it alone runs the client's callbacks
+  // (polled client) and owns what follows, so routing takes no lock.
+  std::thread poller;
+  std::atomic<bool> stopping{false};
+  MatchCache match_cache;
+  std::vector<std::vector<RemoteDelivery>> batches;              // per worker, posted after each poll
+  std::unordered_map<std::uint32_t, std::uint32_t> next_member;  // per entry: a group's round robin
+  /// The pool buffer messages are copied into, back to back (a 64-byte
+  /// message does not hold a 16 KiB buffer), and how much of it is used.
+  BufferRef buffer;
+  std::uint32_t used = 0;
 };
 
 Routes::Routes(BrokerCore& core, ClusterInterest& interest, std::string server_id)
@@ -56,7 +68,6 @@ Routes::~Routes() {
 }
 
 void Routes::start(const std::vector<std::string>& urls) {
-  batches_.resize(core_.workers.size());
   urls_ = urls;
   thread_ = std::thread([this] { run(); });
 }
@@ -153,7 +164,7 @@ void Routes::run() {
       auto gone = std::move(*it);
       it = routes_.erase(it);
       lock.unlock();
-      if (gone->client) gone->client->close();
+      end(*gone);
       gone.reset();
       lock.lock();
     }
@@ -179,6 +190,9 @@ void Routes::run() {
         opt.multicast = false;  // a route takes its messages over its connection
         opt.connect_timeout = kConnectTimeout;
         opt.reconnect = true;  // once up, the library keeps it up and restores its subscriptions
+        // Polled: its own thread takes in what arrived and hands it over in
+        // one batch per worker after each poll (not one wake-up per message).
+        opt.polled = true;
         opt.reconnect_delay = kFirstRetry;
         opt.reconnect_max_delay = kLongestRetry;
         Route* route = r.get();
@@ -224,6 +238,8 @@ void Routes::run() {
         r->state = "up";
         r->last_error.clear();
         r->retry = kFirstRetry;
+        r->batches.resize(core_.workers.size());
+        r->poller = std::thread([this, route = r.get()] { poll(*route); });
         spdlog::info("route {}: up ({})", url, r->client->transport_description());
       }
       lock.unlock();
@@ -235,9 +251,30 @@ void Routes::run() {
   auto routes = std::move(routes_);
   routes_.clear();
   lock.unlock();
-  for (auto& r : routes) {
-    if (r->client) r->client->close();
+  for (auto& r : routes) end(*r);
+}
+
+void Routes::end(Route& r) {
+  r.stopping = true;
+  if (r.poller.joinable()) r.poller.join();
+  if (r.client) r.client->close();
+}
+
+void Routes::poll(Route& r) {
+  while (!r.stopping.load()) {
+    // Returns as soon as something arrived and was handed to on_message (or
+    // after 50 ms: the stop flag is looked at that often).
+    auto taken = r.client->poll(std::chrono::milliseconds(50));
+    hand_over(r);
+    if (!taken && taken.error().kind == ErrorKind::kClosed) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // closed for good: end() comes
+    }
   }
+}
+
+void Routes::hand_over(Route& r) {
+  if (std::any_of(r.batches.begin(), r.batches.end(), [](const auto& b) { return !b.empty(); }))
+    core_.post_deliveries(r.batches);
 }
 
 void Routes::reconcile(Route& r, const std::vector<ClusterInterest::Entry>& entries) {
@@ -268,10 +305,10 @@ void Routes::reconcile(Route& r, const std::vector<ClusterInterest::Entry>& entr
   r.interest.store(r.subscribed.size());
 }
 
-std::vector<Subscriber> Routes::recipients(std::uint32_t entry, const std::string& group,
+std::vector<Subscriber> Routes::recipients(Route& r, std::uint32_t entry, const std::string& group,
                                            std::string_view subject) {
   std::vector<Subscriber> out;
-  Match& match = match_cache_.match(core_.index, subject);
+  Match& match = r.match_cache.match(core_.index, subject);
   // Only the local subscriptions this entry stands for (one hop: never a
   // route's, and never one another entry brings its own copy to).
   auto ours = [&](const Subscriber& s) {
@@ -287,22 +324,29 @@ std::vector<Subscriber> Routes::recipients(std::uint32_t entry, const std::strin
   for (const auto& g : match.groups)
     for (const Subscriber& s : g)
       if (ours(s)) members.push_back(&s);
-  if (!members.empty()) out.push_back(*members[next_member_[entry]++ % members.size()]);
+  if (!members.empty()) out.push_back(*members[r.next_member[entry]++ % members.size()]);
   return out;
 }
 
-BufferRef Routes::pool_buffer(Route& r, std::string_view subject) {
+std::byte* Routes::room(Route& r, std::uint32_t len, std::string_view subject) {
+  if (r.buffer && r.used + len <= core_.options.buffer_size) return r.buffer.data() + r.used;
+  r.buffer.reset();
+  r.used = 0;
+  // What was handed over holds the buffers it references: hand it over now,
+  // so that sends (and their buffers' return) can begin while we wait.
+  hand_over(r);
   std::uint32_t index = 0;
   for (int waited = 0; core_.pool->acquire(&index, 1) == 0; ++waited) {
     if (waited == kPoolWaitMs) {
       if (r.dropped.fetch_add(1) == 0)
         spdlog::warn("route {}: no pool buffer for {} ms; a message to '{}' was dropped (counted)", r.url,
                      kPoolWaitMs, subject);
-      return {};
+      return nullptr;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  return BufferRef(core_.pool, index);
+  r.buffer = BufferRef(core_.pool, index);
+  return r.buffer.data();
 }
 
 void Routes::on_message(Route& r, std::uint32_t entry, const std::string& group, const MessageView& m) {
@@ -316,10 +360,10 @@ void Routes::on_message(Route& r, std::uint32_t entry, const std::string& group,
     proto::encode_header_block(encoded.data(), fields);
     block = encoded;
   }
-  // The message as PUBLISH frames in pool buffers: one whole frame, or
-  // fragments (SPEC.md §3.7) when it is larger than a frame, with the
-  // route's own publisher id so that a subscriber fed by two routes at once
-  // reassembles each message apart.
+  // The message as PUBLISH frames in pool buffers, back to back: one whole
+  // frame, or fragments (SPEC.md §3.7) when it is larger than a frame, with
+  // the route's own publisher id so that a subscriber fed by two routes at
+  // once reassembles each message apart.
   const std::size_t message_len = block.size() + m.payload.size();
   const std::size_t strings = m.subject.size() + m.reply.size();
   const std::size_t max_frame =
@@ -334,8 +378,7 @@ void Routes::on_message(Route& r, std::uint32_t entry, const std::string& group,
           r.url, message_len, m.subject, core_.options.max_payload);
     return;
   }
-  std::lock_guard lock(routing_mu_);
-  const std::vector<Subscriber> to = recipients(entry, group, m.subject);
+  const std::vector<Subscriber> to = recipients(r, entry, group, m.subject);
   r.messages_in.fetch_add(1, std::memory_order_relaxed);
   r.bytes_in.fetch_add(m.payload.size(), std::memory_order_relaxed);
   if (to.empty()) return;  // its subscriber left meanwhile: nobody here wants it now
@@ -361,25 +404,24 @@ void Routes::on_message(Route& r, std::uint32_t entry, const std::string& group,
     std::size_t chunk = message_len;
     if (!whole) {
       // Every fragment but the last carries a multiple of 8 bytes.
-      const std::size_t room = max_frame - proto::kHeaderSize - (first ? strings : 0);
-      chunk = std::min(message_len - offset, room & ~(proto::kFrameAlign - 1));
+      const std::size_t space = max_frame - proto::kHeaderSize - (first ? strings : 0);
+      chunk = std::min(message_len - offset, space & ~(proto::kFrameAlign - 1));
       h.flags = proto::kFlagFragment;
       h.arg = static_cast<std::uint32_t>(message_len);
       h.offset = static_cast<std::uint32_t>(offset);
       h.sequence = r.publisher_id;
     }
     h.payload_len = static_cast<std::uint32_t>(chunk);
-    BufferRef buf = pool_buffer(r, m.subject);
-    if (!buf) {
+    const auto len = static_cast<std::uint32_t>(h.frame_len());
+    std::byte* p = room(r, len, m.subject);
+    if (p == nullptr) {
       // Recipients that have fragments of it get ABORT (SPEC.md §3.7).
       if (!first) {
         for (const Subscriber& s : to)
-          batches_[s.worker].push_back({s.connection, s.slot, make_abort(s.sid, r.publisher_id)});
-        core_.post_deliveries(batches_);
+          r.batches[s.worker].push_back({s.connection, s.slot, make_abort(s.sid, r.publisher_id)});
       }
       return;
     }
-    std::byte* p = buf.data();
     proto::encode_header(p, h);
     std::size_t at = proto::kHeaderSize;
     if (first) {
@@ -390,19 +432,26 @@ void Routes::on_message(Route& r, std::uint32_t entry, const std::string& group,
     }
     message_bytes(offset, p + at, chunk);
     at += chunk;
-    const std::size_t len = proto::align_up(at);
     std::memset(p + at, 0, len - at);
-    const auto frame_len = static_cast<std::uint32_t>(len);
+    const std::uint32_t frame_at = r.used;
+    r.used += len;
     const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
     for (const Subscriber& s : to) {
-      core_.slots->add_queued(s.slot, frame_len);
-      batches_[s.worker].push_back(
-          {s.connection, s.slot, make_delivery(buf.clone(), s.sid, 0, frame_len, h.payload_len, now)});
+      core_.slots->add_queued(s.slot, len);
+      // A subscriber's consecutive messages in this buffer go as one DELIVER
+      // run, as a publisher's frames of one SEND do (Router::route_to).
+      auto& batch = r.batches[s.worker];
+      if (batch.empty() || batch.back().connection != s.connection ||
+          !extend_delivery(batch.back().item, r.buffer, s.sid, frame_at, len, h.payload_len,
+                           core_.options.buffer_size)) {
+        batch.push_back({s.connection, s.slot,
+                         make_delivery(r.buffer.clone(), s.sid, frame_at, len, h.payload_len, now)});
+      }
     }
-    // Each fragment goes at once: the workers forward it while the next is made.
-    core_.post_deliveries(batches_);
     offset += chunk;
     if (whole) break;
+    // A fragment goes at once: the workers forward it while the next is made.
+    hand_over(r);
   }
 }
 

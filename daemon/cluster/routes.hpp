@@ -14,8 +14,10 @@
 // member of that queue group (the other broker chose this one for the group
 // because it had no member of its own). Never to a route: one hop.
 //
-// One thread (the route thread) connects, subscribes and unsubscribes; the
-// messages arrive on each route client's own I/O thread.
+// One thread (the route thread) connects, subscribes and unsubscribes; each
+// route has a poller thread that polls its client (a polled client: the
+// callbacks run there) and hands what arrived to the workers in one batch
+// per worker after each poll, packed back to back in pool buffers.
 #pragma once
 
 #include <atomic>
@@ -74,14 +76,23 @@ class Routes {
   void run();
   /// Makes `r`'s subscriptions there the entries of the interest now.
   void reconcile(Route& r, const std::vector<ClusterInterest::Entry>& entries);
-  /// A message from route `r` for interest entry `entry` (group `group`).
+  /// A route's poller thread: polls its client, hands over after each poll.
+  void poll(Route& r);
+  /// Stops a route's poller and closes its client.
+  void end(Route& r);
+  /// Posts what `r` routed since the last hand-over to the workers.
+  void hand_over(Route& r);
+  /// A message from route `r` for interest entry `entry` (group `group`);
+  /// on r's poller thread.
   void on_message(Route& r, std::uint32_t entry, const std::string& group, const MessageView& m);
   /// The local subscriptions entry `entry` stands for that match `subject`:
-  /// all of them, or one member of `group`. Under routing_mu_.
-  std::vector<Subscriber> recipients(std::uint32_t entry, const std::string& group, std::string_view subject);
-  /// A pool buffer, waiting up to a second for one (the route waits meanwhile:
-  /// its broker stops at the credits); empty after that (a counted drop).
-  BufferRef pool_buffer(Route& r, std::string_view subject);
+  /// all of them, or one member of `group`.
+  std::vector<Subscriber> recipients(Route& r, std::uint32_t entry, const std::string& group,
+                                     std::string_view subject);
+  /// Where the next `len` bytes go in r's pool buffer (a fresh one when it is
+  /// full), waiting up to a second for one (the route waits meanwhile: its
+  /// broker stops at the credits); null after that (a counted drop).
+  std::byte* room(Route& r, std::uint32_t len, std::string_view subject);
   void wake();
 
   BrokerCore& core_;
@@ -94,12 +105,6 @@ class Routes {
   bool stop_ = false;
   bool dirty_ = true;  // the interest or the list changed since the last pass
   std::thread thread_;
-  /// Routing what arrives: one route client's I/O thread at a time (the
-  /// match cache, the round robin and the batches are shared).
-  std::mutex routing_mu_;
-  MatchCache match_cache_;                                        // guarded by routing_mu_
-  std::vector<std::vector<RemoteDelivery>> batches_;              // guarded by routing_mu_, per worker
-  std::unordered_map<std::uint32_t, std::uint32_t> next_member_;  // per entry: the round robin
 };
 
 }  // namespace rdmabroker::daemon

@@ -57,12 +57,18 @@ for name in a b c; do
 done
 URL_A="rdma://$A1:7510" URL_B="rdma://$A1:7512" URL_C="rdma://$A1:7514"
 
-# bench NAME ARGS...: one run, its JSON report in build/cluster-NAME.json.
+# bench NAME ARGS...: one run, its JSON report in build/cluster-NAME.json,
+# and the CPU seconds each broker spent in it in build/cluster-NAME.cpu.
 bench() {
-  local name=$1
+  local name=$1 before=() i=0
   shift
+  for p in "${PIDS[@]}"; do before+=("$(cpu_ticks "$p")"); done
   "$CLI" bench -b "$A2" --size 64 --quiet --json "$@" >"build/cluster-$name.json" ||
     echo "cluster.sh: run $name failed (exit $?)" >&2
+  for p in "${PIDS[@]}"; do
+    echo "$(( $(cpu_ticks "$p") - before[i] ))"
+    i=$((i + 1))
+  done | paste -sd' ' >"build/cluster-$name.cpu"
 }
 for i in $(seq "$RUNS"); do
   bench "rate-one-$i" c.rate -s "$URL_A" -n "$COUNT"
@@ -104,6 +110,20 @@ f1, f3 = agg("fan-one"), agg("fan-spread")
 def fan(a):
     return None if not a else a["delivery_msgs_per_s"]
 print(f"| 1 → 30 deliveries/s: 30 on A / 10 on each of A, B, C | {fmt(fan(f1))} | {fmt(fan(f3))} | {ratio(fan(f3), fan(f1))} |")
+tck = __import__("os").sysconf("SC_CLK_TCK")
+def cpu(name):
+    try:
+        ticks = [int(t) for t in open(f"build/cluster-{name}.cpu").read().split()]
+    except (OSError, ValueError):
+        return "n/a"
+    return " / ".join(f"{t / tck:.1f}" for t in ticks)
+print()
+print("CPU seconds of brokers A / B / C during each rate run (2 vCPUs shared by the three brokers and the bench):")
+print()
+print("| run | one broker | across a route |")
+print("|---|---|---|")
+for i in range(1, runs + 1):
+    print(f"| {i} | {cpu(f'rate-one-{i}')} | {cpu(f'rate-route-{i}')} |")
 for name, a in (("fan-one", f1), ("fan-spread", f3)):
     if a and a["lost"]:
         print(f"\n{name}: {a['lost']} lost")
