@@ -35,7 +35,9 @@ check_consumers() {
   pc=$(PKG_CONFIG_PATH="$prefix/$libdir/pkgconfig" pkg-config --cflags --libs rdmabroker) &&
     cc -std=c11 -Wall -Wextra -Werror tests/consumer/consumer.c $pc -o "$out/consumer_c" ||
     { echo "package.sh: pkg-config rdmabroker consumer did not build" >&2; return 1; }
-  "$prefix/sbin/rdmabrokerd" --config "$etc/rdmabroker/broker.yaml" --rdma off --listen 127.0.0.1 \
+  # The broker links librdmabroker too (its routes to other brokers), found
+  # here like the consumers' (a package's is in the linker's default path).
+  LD_LIBRARY_PATH="$prefix/$libdir" "$prefix/sbin/rdmabrokerd" --config "$etc/rdmabroker/broker.yaml" --rdma off --listen 127.0.0.1 \
     --tcp-port "$port" --metrics-listen "" --admin-socket "$out/admin.sock" --allow-anonymous --log-level warn &
   broker=$!
   for _ in $(seq 100); do [ -S "$out/admin.sock" ] && break; sleep 0.1; done
