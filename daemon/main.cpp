@@ -174,7 +174,7 @@ class MainThread {
       nlohmann::json routes = nlohmann::json::array();
       for (const auto& r : broker_.routes()) {
         routes.push_back({{"url", r.url},
-                          {"state", r.state},
+                          {"state", to_string(r.state)},
                           {"interest", r.interest},
                           {"messages_in", r.messages_in},
                           {"bytes_in", r.bytes_in},

@@ -314,12 +314,12 @@ HealthCheck Server::routes_check() const {
   std::size_t up = 0;
   std::string down;
   for (const auto& r : routes_->status()) {
-    if (r.state == "itself") continue;
+    if (r.state == RouteState::kItself) continue;
     ++configured;
-    if (r.state == "up") {
+    if (r.state == RouteState::kUp) {
       ++up;
     } else {
-      down += fmt::format("{}{} {}", down.empty() ? "" : ", ", r.url, r.state);
+      down += fmt::format("{}{} {}", down.empty() ? "" : ", ", r.url, to_string(r.state));
     }
   }
   std::string detail = fmt::format("{} of {} routes up", up, configured);

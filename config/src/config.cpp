@@ -3,6 +3,7 @@
 // unknown-key detection and diff() all walk that table, so a setting cannot
 // be parsed but forgotten by reload, or the other way round.
 #include "rdmabroker/config/config.hpp"
+#include "rdmabroker/common/url.hpp"
 
 #include <arpa/inet.h>
 #include <crypt.h>
@@ -211,15 +212,11 @@ std::optional<std::string> check_route_url(const std::string& url) {
   const std::string scheme = sep == std::string::npos ? std::string() : url.substr(0, sep);
   if (scheme != "rdma" && scheme != "tcp")
     return "expected rdma://host[:port] or tcp://host[:port], got '" + url + "'";
-  const std::string rest = url.substr(sep + 3);
-  if (rest.empty() || rest.front() == ':') return "'" + url + "' names no host";
-  const auto colon = rest.rfind(':');
-  if (colon != std::string::npos && rest.find(']') == std::string::npos && rest.find(':') == colon) {
-    unsigned port = 0;
-    const char* end = rest.data() + rest.size();
-    if (std::from_chars(rest.data() + colon + 1, end, port).ptr != end || port == 0 || port > 65535)
-      return "'" + url + "': the port must be 1..65535";
-  }
+  // Parsed as the route's client will parse it (the library's parser).
+  auto parsed = parse_url(url);
+  if (!parsed) return parsed.error().message;
+  if (!parsed->user.empty() || !parsed->token.empty())
+    return "'" + url + "': no credentials in a route URL (cluster.user and cluster.password are used)";
   return std::nullopt;
 }
 

@@ -21,6 +21,20 @@ constexpr auto kConnectTimeout = std::chrono::seconds(10);
 constexpr int kPoolWaitMs = 1000;
 }  // namespace
 
+std::string_view to_string(RouteState s) {
+  switch (s) {
+    case RouteState::kConnecting:
+      return "connecting";
+    case RouteState::kUp:
+      return "up";
+    case RouteState::kDown:
+      return "down";
+    case RouteState::kItself:
+      return "itself";
+  }
+  return "?";
+}
+
 struct Routes::Route {
   Route(std::string u, std::uint64_t id) : url(std::move(u)), publisher_id(id) {}
   const std::string url;
@@ -29,7 +43,7 @@ struct Routes::Route {
   const std::uint64_t publisher_id;
   std::unique_ptr<Client> client;                               // null until the first login succeeded
   std::unordered_map<std::uint32_t, std::uint32_t> subscribed;  // interest entry id -> sid there
-  std::string state = "connecting";                             // guarded by Routes::mu_
+  RouteState state = RouteState::kConnecting;                   // guarded by Routes::mu_
   bool itself = false;  // the URL leads back to this broker: never used
   std::chrono::steady_clock::time_point next_attempt{};
   std::chrono::milliseconds retry = kFirstRetry;
@@ -113,12 +127,12 @@ void Routes::visit(StatsVisitor& v) const {
   std::int64_t configured = 0;
   std::int64_t up = 0;
   for (const auto& r : routes) {
-    if (r.state == "itself") continue;
+    if (r.state == RouteState::kItself) continue;
     ++configured;
-    up += r.state == "up" ? 1 : 0;
+    up += r.state == RouteState::kUp ? 1 : 0;
     v.gauge({"cluster.routes_up", "rdmabroker_route_up", "1 while the route to that broker is up.", "route",
              r.url},
-            r.state == "up" ? 1 : 0);
+            r.state == RouteState::kUp ? 1 : 0);
     v.counter({"cluster.route_messages_in", "rdmabroker_route_messages_received_total",
                "Messages a route brought from its broker (published there, wanted here).", "route", r.url},
               r.messages_in);
@@ -199,10 +213,10 @@ void Routes::run() {
         opt.on_connection_event = [this, route](const ConnectionEvent& e) {
           std::lock_guard guard(mu_);
           if (e.kind == ConnectionEvent::Kind::kDisconnected) {
-            route->state = "down";
+            route->state = RouteState::kDown;
             spdlog::warn("route {}: down ({}); reconnecting", route->url, e.reason.message);
           } else if (e.kind == ConnectionEvent::Kind::kReconnected) {
-            route->state = "up";
+            route->state = RouteState::kUp;
             route->reconnects.fetch_add(1);
             spdlog::info("route {}: up again after {} ms, {} subscriptions restored", route->url,
                          e.downtime.count(), e.subscriptions_restored);
@@ -211,7 +225,7 @@ void Routes::run() {
         opt.on_error = [this, route](const Error& e) {
           // A refused login is reported by the connect that made it.
           std::lock_guard guard(mu_);
-          if (route->state == "up") spdlog::warn("route {}: {}", route->url, e.message);
+          if (route->state == RouteState::kUp) spdlog::warn("route {}: {}", route->url, e.message);
         };
         const std::string url = r->url;
         lock.unlock();
@@ -222,20 +236,20 @@ void Routes::run() {
           if (connected.error().kind == ErrorKind::kAuthenticationFailed &&
               why.find("itself") != std::string::npos) {
             r->itself = true;
-            r->state = "itself";
+            r->state = RouteState::kItself;
             spdlog::info("route {}: leads to this broker; not used", url);
             continue;
           }
           if (why != r->last_error) spdlog::warn("route {}: cannot connect: {}", url, why);
           r->last_error = why;
-          r->state = "down";
+          r->state = RouteState::kDown;
           r->next_attempt = std::chrono::steady_clock::now() + r->retry;
           r->retry = std::min<std::chrono::milliseconds>(r->retry * 2, kLongestRetry);
           wake_at = std::min(wake_at, r->next_attempt);
           continue;
         }
         r->client = std::move(connected).value();
-        r->state = "up";
+        r->state = RouteState::kUp;
         r->last_error.clear();
         r->retry = kFirstRetry;
         r->batches.resize(core_.workers.size());

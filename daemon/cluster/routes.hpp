@@ -38,10 +38,19 @@
 
 namespace rdmabroker::daemon {
 
+/// Where a route stands.
+enum class RouteState {
+  kConnecting,  // not logged in yet
+  kUp,
+  kDown,    // lost or refused: reconnecting with back-off
+  kItself,  // the URL leads to this broker: never used
+};
+std::string_view to_string(RouteState s);
+
 /// What `rdmabroker stat` and the metrics say about one route.
 struct RouteStatus {
   std::string url;
-  std::string state;  // "connecting", "up", "down" (reconnecting), "itself" (this broker: not used)
+  RouteState state = RouteState::kConnecting;
   std::uint64_t messages_in = 0;  // messages it brought
   std::uint64_t bytes_in = 0;     // their payload bytes
   std::uint64_t dropped = 0;      // ... that could not be passed on (counted, logged)

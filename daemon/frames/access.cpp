@@ -1,6 +1,7 @@
 // Authentication and permissions on a worker (docs/security.md): the CONNECT
 // a connection must send first, the authenticator's verdict, the checks on
 // PUBLISH and SUBSCRIBE, and what a reload changes for connected clients.
+#include <openssl/crypto.h>
 #include <spdlog/spdlog.h>
 
 #include "frames/frame_handler.hpp"
@@ -58,12 +59,11 @@ bool FrameHandler::before_authentication(Connection& c, const proto::Frame& f) {
 
 namespace {
 /// Compares a presented secret with the configured one in time that does not
-/// depend on where they differ.
+/// depend on where they differ (OpenSSL's CRYPTO_memcmp); a length that
+/// differs is told by the length alone.
 bool same_secret(std::string_view presented, std::string_view expected) {
-  unsigned char diff = presented.size() == expected.size() ? 0 : 1;
-  for (std::size_t i = 0; i < presented.size(); ++i)
-    diff |= static_cast<unsigned char>(presented[i] ^ (expected.empty() ? 0 : expected[i % expected.size()]));
-  return diff == 0 && !expected.empty();
+  return !expected.empty() && presented.size() == expected.size() &&
+         CRYPTO_memcmp(presented.data(), expected.data(), expected.size()) == 0;
 }
 }  // namespace
 

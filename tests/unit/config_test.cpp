@@ -435,7 +435,9 @@ cluster:
   fails_with("cluster: {name: prod, user: u}", "cluster.password");
   fails_with("cluster: {name: prod, user: u, password: p, routes: [http://b]}",
              "expected rdma://host[:port]");
-  fails_with("cluster: {name: prod, user: u, password: p, routes: [tcp://b:0]}", "port must be 1..65535");
+  fails_with("cluster: {name: prod, user: u, password: p, routes: [tcp://b:0]}", "bad port");
+  fails_with("cluster: {name: prod, user: u, password: p, routes: ['tcp://:7471']}", "no host");
+  fails_with("cluster: {name: prod, user: u, password: p, routes: ['tcp://u:pw@b']}", "no credentials");
   fails_with("cluster: {name: prod, user: u, password: p}\nmulticast: {enabled: true}", "not supported yet");
   // The password is never shown, and only the route list may change live.
   EXPECT_EQ(show(*c, "cluster.password"), "(set)");
