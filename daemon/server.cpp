@@ -62,7 +62,7 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
     b->core_.workers.push_back(b->workers_.back().get());
   }
   for (auto& w : b->workers_) {
-    if (auto st = w->init(b->tcp_listen_.get()); !st) return st.error();
+    if (auto st = w->init({b->tcp_listen_.get(), b->route_tcp_listen_.get()}); !st) return st.error();
   }
   if (opt.multicast.enabled && !*use_rdma) {
     spdlog::warn("multicast.enabled: no RDMA device, so no multicast: every subject is served by unicast");
@@ -101,6 +101,12 @@ Result<bool> Server::open_transports() {
     use_rdma = false;
     spdlog::warn("no RDMA device found: serving TCP only");
   }
+  if (opt.cluster.listen_rdma_port != 0 && !use_rdma) {
+    spdlog::warn(
+        "cluster.listen_rdma: no RDMA here, so no RDMA route listener; routes log in on "
+        "cluster.listen_tcp{}",
+        opt.cluster.listen_tcp_port != 0 ? "" : " (not set either: this broker takes no routes)");
+  }
   if (!use_rdma && opt.tcp_port == 0) {
     return Error{ErrorKind::kInvalidArgument,
                  "nothing to listen on: RDMA is off (or has no device) and TCP is disabled (--tcp-port 0)"};
@@ -115,6 +121,11 @@ Result<bool> Server::open_transports() {
     auto fd = listen_tcp(opt.tcp_listen_address, opt.tcp_port);
     if (!fd) return fd.error();
     tcp_listen_ = std::move(fd.value());
+  }
+  if (opt.cluster.listen_tcp_port != 0) {
+    auto fd = listen_tcp(opt.cluster.listen_tcp_address, opt.cluster.listen_tcp_port);
+    if (!fd) return fd.error();
+    route_tcp_listen_ = std::move(fd.value());
   }
 
   return use_rdma;
@@ -187,6 +198,14 @@ std::string Server::listeners() const {
     if (!out.empty()) out += ", ";
     out += "tcp://" + opt.tcp_listen_address + ":" + std::to_string(opt.tcp_port);
   }
+  const auto& cl = opt.cluster;
+  std::string routes;
+  if (devices_ && cl.listen_rdma_port != 0)
+    routes = "rdma://" + cl.listen_rdma_address + ":" + std::to_string(cl.listen_rdma_port);
+  if (route_tcp_listen_)
+    routes += (routes.empty() ? "" : ", ") + std::string("tcp://") + cl.listen_tcp_address + ":" +
+              std::to_string(cl.listen_tcp_port);
+  if (!routes.empty()) out += "; routes: " + routes;
   return out;
 }
 
@@ -218,6 +237,7 @@ void Server::stop() {
   // Connections still in the backlog are reset rather than left waiting for
   // a handshake reply that will never come.
   tcp_listen_.reset();
+  route_tcp_listen_.reset();
 }
 
 template <typename T, typename MakeCommand>

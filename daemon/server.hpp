@@ -93,6 +93,7 @@ class Server {
   std::unique_ptr<BufferPool> pool_;           // declaration order = creation order
   std::unique_ptr<DeviceSet> devices_;         // null: TCP only
   UniqueFd tcp_listen_;                        // -1: no TCP; outlives the workers that watch it
+  UniqueFd route_tcp_listen_;                  // cluster.listen_tcp; -1: none
   std::unique_ptr<ClusterInterest> interest_;  // null: not in a cluster; outlives the workers' subscriptions
   std::vector<std::unique_ptr<Worker>> workers_;
   std::unique_ptr<MulticastEngine>

@@ -139,9 +139,9 @@ Field enum_field(std::string_view section, std::string_view name, bool live, std
 }
 
 /// "host:port", or (when `optional`) "" to turn the listener off.
-Field listener_field(std::string_view name, bool optional, std::function<std::string&(Config&)> host,
-                     std::function<std::uint16_t&(Config&)> port) {
-  return Field{"listen", name, false,
+Field listener_field(std::string_view section, std::string_view name, bool optional,
+                     std::function<std::string&(Config&)> host, std::function<std::uint16_t&(Config&)> port) {
+  return Field{section, name, false,
                [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
                  std::string text;
                  if (auto e = scalar_text(n, text)) return e;
@@ -232,10 +232,10 @@ const std::vector<Field>& fields() {
   using B = BrokerOptions;
   static const std::vector<Field> kFields = {
       listener_field(
-          "rdma", false, [](Config& c) -> std::string& { return c.broker.listen_address; },
+          "listen", "rdma", false, [](Config& c) -> std::string& { return c.broker.listen_address; },
           [](Config& c) -> std::uint16_t& { return c.broker.port; }),
       listener_field(
-          "tcp", true, [](Config& c) -> std::string& { return c.broker.tcp_listen_address; },
+          "listen", "tcp", true, [](Config& c) -> std::string& { return c.broker.tcp_listen_address; },
           [](Config& c) -> std::uint16_t& { return c.broker.tcp_port; }),
       enum_field<RdmaMode>("", "rdma", false, [](Config& c) -> RdmaMode& { return c.broker.rdma; },
                            {{"auto", RdmaMode::kAuto}, {"on", RdmaMode::kOn}, {"off", RdmaMode::kOff}}),
@@ -373,6 +373,14 @@ const std::vector<Field>& fields() {
             },
             // Never shown (the effective configuration is printed and logged).
             [](const Config& c) { return std::string(c.broker.cluster.password.empty() ? "" : "(set)"); }},
+      listener_field(
+          "cluster", "listen_rdma", true,
+          [](Config& c) -> std::string& { return c.broker.cluster.listen_rdma_address; },
+          [](Config& c) -> std::uint16_t& { return c.broker.cluster.listen_rdma_port; }),
+      listener_field(
+          "cluster", "listen_tcp", true,
+          [](Config& c) -> std::string& { return c.broker.cluster.listen_tcp_address; },
+          [](Config& c) -> std::uint16_t& { return c.broker.cluster.listen_tcp_port; }),
       string_field("metrics", "listen", false, [](Config& c) -> std::string& { return c.metrics_listen; }),
       string_field("admin", "socket", false, [](Config& c) -> std::string& { return c.broker.admin_socket; }),
       enum_field<std::string>("logging", "level", true, [](Config& c) -> std::string& { return c.log.level; },
@@ -500,6 +508,16 @@ void check_rules(const Config& c, const std::function<void(std::string_view, con
            "'" + cl.name + "' is not a name: 1..255 of letters, digits, '-', '_' and '.', no spaces");
   }
   if (!cl.routes.empty() && cl.name.empty()) report("cluster.routes", "routes need cluster.name");
+  if (cl.has_route_listener() && cl.name.empty())
+    report(cl.listen_rdma_port != 0 ? "cluster.listen_rdma" : "cluster.listen_tcp",
+           "a route listener needs cluster.name");
+  // One port cannot serve both: the client listener of the same transport.
+  if (cl.listen_rdma_port != 0 && cl.listen_rdma_port == b.port)
+    report("cluster.listen_rdma",
+           "port " + std::to_string(b.port) + " is listen.rdma's: routes need a port of their own");
+  if (cl.listen_tcp_port != 0 && cl.listen_tcp_port == b.tcp_port)
+    report("cluster.listen_tcp",
+           "port " + std::to_string(b.tcp_port) + " is listen.tcp's: routes need a port of their own");
   if (!cl.name.empty() && b.multicast.enabled) {
     report("cluster.name",
            "a cluster with multicast.enabled is not supported yet: routes do not reach "

@@ -156,6 +156,9 @@ struct Connection {
   /// Mutual TLS: the CN of the client certificate the broker verified
   /// (a `certificate: true` user of that name logs in without a secret).
   std::string certificate_name;
+  /// Accepted on a route listener (cluster.listen_rdma/listen_tcp): only a
+  /// route may log in on it (docs/cluster.md).
+  bool route_listener = false;
 
   // ------------------------------------------------------------ state
   ConnState state;

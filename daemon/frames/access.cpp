@@ -20,7 +20,20 @@ bool FrameHandler::before_authentication(Connection& c, const proto::Frame& f) {
       const std::string_view user(p, f.header.arg);
       const std::string_view secret(p + f.header.arg, f.payload.size() - f.header.arg);
       c.state = ConnState::kVerifying;
-      if ((f.header.flags & proto::kFlagRoute) != 0) {
+      const bool route = (f.header.flags & proto::kFlagRoute) != 0;
+      if (route != c.route_listener && (c.route_listener || ctx_.core.options.cluster.has_route_listener())) {
+        // Routes and clients each have their door (cluster.listen_rdma/listen_tcp):
+        // a firewall between them means what it says (docs/cluster.md).
+        AuthResultCommand verdict{
+            c.id, nullptr,
+            route ? "route refused: this broker takes routes on its route listener (cluster.listen_rdma, "
+                    "cluster.listen_tcp), not on a client port"
+                  : "this port takes routes only (cluster.listen_rdma, cluster.listen_tcp): clients connect "
+                    "to listen.rdma or listen.tcp"};
+        on_auth_result(verdict);  // counted and logged (throttled) as a failed login
+        return false;
+      }
+      if (route) {
         if (c.protocol_version < proto::kRouteVersion) {
           connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
                              "flag not allowed: ROUTE needs protocol version " +

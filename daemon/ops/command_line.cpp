@@ -232,6 +232,11 @@ std::vector<std::string> describe_listeners(const Config& effective, const Comma
   if (tcp_host == "default" && b.tcp_listen_address.empty()) tcp_host = "listen.rdma's host, " + rdma_host;
   out.push_back(line("listen.tcp", *config::show(effective, "listen.tcp"),
                      "host: " + tcp_host + "; port: " + part_source("listen.tcp", "port")));
+  // The route listeners, when the file opens them (no flag sets them).
+  for (const char* key : {"cluster.listen_rdma", "cluster.listen_tcp"}) {
+    const auto value = config::show(effective, key);
+    if (value && !value->empty()) out.push_back(line(key, *value, file));
+  }
   for (const char* key : {"metrics.listen", "admin.socket"}) {
     const auto flag = cl.flag_for(key);
     out.push_back(line(key, *config::show(effective, key), flag ? *flag : from_file(key) ? file : "default"));

@@ -25,29 +25,24 @@ std::string peer_address(rdma_cm_id* id) {
 
 Listener::~Listener() { stop(); }
 
-Status Listener::listen() {
-  const auto& opt = core_.options;
-  const std::string where = opt.listen_address + ":" + std::to_string(opt.port);
+Result<verbs::CmIdPtr> Listener::listen_on(const std::string& address, std::uint16_t port) {
+  const std::string where = address + ":" + std::to_string(port);
   auto fail = [&](const char* what) {
     return Error{ErrorKind::kResource,
                  std::string(what) + " for rdma://" + where + ": " + std::strerror(errno)};
   };
-  channel_.reset(rdma_create_event_channel());
-  if (!channel_) return fail("rdma_create_event_channel");
-  if (!set_nonblocking(channel_->fd)) return fail("O_NONBLOCK");
-  rdma_cm_id* id = nullptr;
-  if (rdma_create_id(channel_.get(), &id, nullptr, RDMA_PS_TCP) != 0) return fail("rdma_create_id");
-  listen_id_.reset(id);
-
+  rdma_cm_id* raw = nullptr;
+  if (rdma_create_id(channel_.get(), &raw, nullptr, RDMA_PS_TCP) != 0) return fail("rdma_create_id");
+  verbs::CmIdPtr id(raw);
   addrinfo hints{};
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   hints.ai_family = AF_UNSPEC;
   addrinfo* res = nullptr;
-  const std::string port = std::to_string(opt.port);
-  if (int rc = getaddrinfo(opt.listen_address.c_str(), port.c_str(), &hints, &res); rc != 0) {
+  const std::string service = std::to_string(port);
+  if (int rc = getaddrinfo(address.c_str(), service.c_str(), &hints, &res); rc != 0) {
     return Error{ErrorKind::kInvalidArgument, "listen address " + where + ": " + gai_strerror(rc)};
   }
-  const int rc = rdma_bind_addr(id, res->ai_addr);
+  const int rc = rdma_bind_addr(id.get(), res->ai_addr);
   freeaddrinfo(res);
   if (rc != 0) {
     if (errno == ENODEV || errno == EADDRNOTAVAIL) {
@@ -57,7 +52,26 @@ Status Listener::listen() {
     }
     return fail("rdma_bind_addr");
   }
-  if (rdma_listen(id, 1024) != 0) return fail("rdma_listen");
+  if (rdma_listen(id.get(), 1024) != 0) return fail("rdma_listen");
+  return id;
+}
+
+Status Listener::listen() {
+  const auto& opt = core_.options;
+  auto fail = [&](const char* what) {
+    return Error{ErrorKind::kResource, std::string(what) + " for the RDMA listener: " + std::strerror(errno)};
+  };
+  channel_.reset(rdma_create_event_channel());
+  if (!channel_) return fail("rdma_create_event_channel");
+  if (!set_nonblocking(channel_->fd)) return fail("O_NONBLOCK");
+  auto clients = listen_on(opt.listen_address, opt.port);
+  if (!clients) return clients.error();
+  listen_id_ = std::move(clients.value());
+  if (opt.cluster.listen_rdma_port != 0) {
+    auto routes = listen_on(opt.cluster.listen_rdma_address, opt.cluster.listen_rdma_port);
+    if (!routes) return routes.error();
+    route_listen_id_ = std::move(routes.value());
+  }
   stop_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!stop_fd_) return fail("eventfd");
   for (const auto& dev : core_.devices->devices()) {
@@ -76,6 +90,7 @@ void Listener::stop() {
     [[maybe_unused]] auto n = ::write(stop_fd_.get(), &one, sizeof one);
   }
   if (thread_.joinable()) thread_.join();
+  route_listen_id_.reset();
   listen_id_.reset();
 }
 
@@ -124,6 +139,7 @@ void Listener::reject(rdma_cm_id* id, proto::RejectReason reason, const std::str
 
 void Listener::on_connect_request(rdma_cm_event* ev) {
   rdma_cm_id* id = ev->id;  // a new id, ours to accept, reject or hand over
+  const bool route_listener = route_listen_id_ && ev->listen_id == route_listen_id_.get();
   const std::string peer = peer_address(id);
   std::span<const std::byte> pdata(static_cast<const std::byte*>(ev->param.conn.private_data),
                                    ev->param.conn.private_data_len);
@@ -146,7 +162,7 @@ void Listener::on_connect_request(rdma_cm_event* ev) {
     core_.admission->release(*slot);
     return reject(id, proto::RejectReason::kNoResources, peer);
   }
-  worker.post(AcceptCommand{verbs::CmIdPtr(id), req, conn_id, *slot, peer});
+  worker.post(AcceptCommand{verbs::CmIdPtr(id), req, conn_id, *slot, peer, route_listener});
 }
 
 void Listener::on_async_event(Device& dev) {

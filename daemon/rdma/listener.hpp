@@ -1,4 +1,5 @@
-// The CM thread: owns the listening cm_id and its event channel, validates
+// The CM thread: owns the listening cm_ids (the clients', and the routes' if
+// cluster.listen_rdma is set) and their event channel, validates
 // each connect request's handshake, and hands the new cm_id to a worker
 // (rdma_migrate_id onto the worker's own event channel, then an
 // AcceptCommand). It also watches every device's asynchronous event fd and
@@ -35,10 +36,13 @@ class Listener {
   void on_connect_request(rdma_cm_event* ev);
   void on_async_event(Device& dev);
   void reject(rdma_cm_id* id, proto::RejectReason reason, const std::string& peer);
+  /// A listening cm_id on channel_ bound to address:port; the error names it.
+  Result<verbs::CmIdPtr> listen_on(const std::string& address, std::uint16_t port);
 
   BrokerCore& core_;
   verbs::EventChannelPtr channel_;
-  verbs::CmIdPtr listen_id_;  // after channel_: destroyed first
+  verbs::CmIdPtr listen_id_;        // after channel_: destroyed first
+  verbs::CmIdPtr route_listen_id_;  // cluster.listen_rdma; null: none
   UniqueFd stop_fd_;
   std::thread thread_;
 };

@@ -92,6 +92,7 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
                                            cmd.request.recv_buffer_size, opt.max_inflight_sends,
                                            ConnState::kAccepting);
   conn->protocol_version = version;
+  conn->route_listener = cmd.route_listener;
   l.by_demand_ = by_demand;
   l.last_data_ = ctx.now;
   // Datagrams carry PUBLISH frames as received, header blocks included, and

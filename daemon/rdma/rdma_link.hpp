@@ -28,6 +28,7 @@ struct AcceptCommand {
   std::uint64_t connection_id = 0;
   std::uint32_t slot = 0;
   std::string peer;
+  bool route_listener = false;  // came in on cluster.listen_rdma
 };
 
 /// Refuses a connect request with `reason` (SPEC.md §2: the reject's private

@@ -73,10 +73,11 @@ std::string_view to_string(TlsFailure f) {
 
 // ---------------------------------------------------------------- accept
 
-void TcpPort::accept(bool stopping) {
+void TcpPort::accept(bool routes, bool stopping) {
+  const int listen_fd = routes ? listeners_.routes : listeners_.clients;
   // Bounded per wake-up; the listening socket stays readable for the rest.
   for (int i = 0; i < 64; ++i) {
-    UniqueFd fd(::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    UniqueFd fd(::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (!fd) {
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
         spdlog::warn("worker {}: accept: {}", ctx_.index, std::strerror(errno));
@@ -89,7 +90,8 @@ void TcpPort::accept(bool stopping) {
     Admission& admission = *ctx_.core.admission;
     // On a TLS listener nothing is sent before the first byte shows whether
     // the client speaks TLS: a plain reject would be garbage to a TLS client.
-    const bool tls_listener = ctx_.core.tls.get() != nullptr;
+    // The route listener is plain TCP (routes run inside the cluster's network).
+    const bool tls_listener = !routes && ctx_.core.tls.get() != nullptr;
     auto refuse = [&](proto::RejectReason reason) {
       admission.refuse(Admission::Via::kTcp, peer, proto::to_string(reason),
                        tls_listener ? std::nullopt : std::optional(reason));
@@ -118,11 +120,15 @@ void TcpPort::accept(bool stopping) {
     h.fd = std::move(fd);
     h.slot = *slot;
     h.peer = peer;
+    h.route_listener = routes;
     h.deadline = ctx_.now + kHandshakeTimeout;
   }
 }
 
-void TcpPort::stop_listening() { ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr); }
+void TcpPort::stop_listening() {
+  for (const int fd : {listeners_.clients, listeners_.routes})
+    if (fd >= 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+}
 
 void TcpPort::watch_handshake(Handshake& h, bool write) {
   if (h.wants_write == write) return;
@@ -151,7 +157,7 @@ bool TcpPort::advance_tls(Handshakes::iterator it) {
   Handshake& h = it->second;
   const int fd = h.fd.get();
   if (!h.sniffed) {
-    const auto tls = ctx_.core.tls.get();
+    const auto tls = h.route_listener ? nullptr : ctx_.core.tls.get();
     if (!tls) {
       h.sniffed = true;  // a plain listener
       return true;
@@ -253,6 +259,7 @@ void TcpPort::on_handshake_readable(int fd, bool stopping) {
   Connection& c = connections_.add(std::make_unique<Connection>(
       id, h.slot, h.peer, std::move(link), req.recv_buffer_size, 1, ConnState::kAccepting));
   c.certificate_name = std::move(h.certificate_name);
+  c.route_listener = h.route_listener;
   c.protocol_version = version;
   handshakes_.erase(it);
   ctx_.stats.tcp_connections.add(1);

@@ -42,6 +42,7 @@
 #include "rdmabroker/common/fd.hpp"
 #include "rdmabroker/common/tls.hpp"
 #include "rdmabroker/proto/handshake.hpp"
+#include "tcp/tcp_listener.hpp"
 
 namespace rdmabroker::daemon {
 
@@ -144,13 +145,15 @@ class TcpPort {
   static constexpr std::uint64_t kTagHandshake = 1ull << 59;      // epoll data: | fd
   static constexpr std::uint64_t kTagTcpConnection = 1ull << 58;  // epoll data: | connection id (< 2^58)
 
-  TcpPort(WorkerContext& ctx, Connections& connections, FrameHandler& frames, int epoll_fd, int listen_fd)
-      : ctx_(ctx), connections_(connections), frames_(frames), epoll_fd_(epoll_fd), listen_fd_(listen_fd) {}
+  TcpPort(WorkerContext& ctx, Connections& connections, FrameHandler& frames, int epoll_fd,
+          TcpListeners listeners)
+      : ctx_(ctx), connections_(connections), frames_(frames), epoll_fd_(epoll_fd), listeners_(listeners) {}
 
-  /// Shutdown: this worker no longer takes connections from the listening socket.
+  /// Shutdown: this worker no longer takes connections from the listening sockets.
   void stop_listening();
-  /// Accepts what the listening socket has (bounded per wake-up).
-  void accept(bool stopping);
+  /// Accepts what a listening socket has (bounded per wake-up): the client
+  /// listener's, or with `routes` the route listener's (cluster.listen_tcp).
+  void accept(bool routes, bool stopping);
   /// A socket in its handshake is readable (or, in a TLS handshake, writable).
   void on_handshake_readable(int fd, bool stopping);
   /// Refuses handshakes past their deadline (all of them when stopping).
@@ -188,6 +191,7 @@ class TcpPort {
     bool tls_done = false;         // its TLS handshake completed
     bool wants_write = false;      // its TLS handshake waits for the socket to be writable
     std::string certificate_name;  // the verified client certificate's CN (mutual TLS)
+    bool route_listener = false;   // accepted on cluster.listen_tcp: plain TCP, routes only
     std::uint32_t slot = 0;
     std::string peer;
     std::array<std::byte, proto::kConnectRequestSize> bytes{};
@@ -214,7 +218,7 @@ class TcpPort {
   Connections& connections_;
   FrameHandler& frames_;
   int epoll_fd_;
-  int listen_fd_;  // the broker's; never closed here (-1: no TCP)
+  TcpListeners listeners_;  // the broker's; never closed here
   Handshakes handshakes_;
   std::vector<std::uint64_t> buffer_waiters_;  // connections that found the pool empty
   std::vector<std::uint64_t> partial_frames_;  // connections with a frame begun and not finished

@@ -11,6 +11,14 @@
 
 namespace rdmabroker::daemon {
 
+/// The broker's listening sockets a worker watches (-1: none): the clients'
+/// (listen.tcp) and the routes' (cluster.listen_tcp).
+struct TcpListeners {
+  int clients = -1;
+  int routes = -1;
+  bool any() const { return clients >= 0 || routes >= 0; }
+};
+
 /// Binds and listens on address:port (non-blocking, SO_REUSEADDR); the error
 /// names the address.
 Result<UniqueFd> listen_tcp(const std::string& address, std::uint16_t port);

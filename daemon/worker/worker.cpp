@@ -20,7 +20,7 @@ Worker::Worker(std::uint32_t index, BrokerCore& core)
 
 Worker::~Worker() { join(); }
 
-Status Worker::init(int tcp_listen_fd) {
+Status Worker::init(TcpListeners tcp) {
   auto sys_error = [](const std::string& what) {
     return Error{ErrorKind::kResource, what + ": " + std::strerror(errno)};
   };
@@ -50,11 +50,11 @@ Status Worker::init(int tcp_listen_fd) {
       ports_.push_back(std::move(port.value()));
     }
   }
-  if (tcp_listen_fd >= 0) {
-    // EPOLLEXCLUSIVE: one worker is woken per incoming connection.
-    if (!watch(tcp_listen_fd, kTagTcpListen, EPOLLEXCLUSIVE)) return sys_error("epoll_ctl");
-    tcp_ = std::make_unique<TcpPort>(ctx_, connections_, frames_, epoll_.get(), tcp_listen_fd);
-  }
+  // EPOLLEXCLUSIVE: one worker is woken per incoming connection.
+  if (tcp.clients >= 0 && !watch(tcp.clients, kTagTcpListen, EPOLLEXCLUSIVE)) return sys_error("epoll_ctl");
+  if (tcp.routes >= 0 && !watch(tcp.routes, kTagTcpRouteListen, EPOLLEXCLUSIVE))
+    return sys_error("epoll_ctl");
+  if (tcp.any()) tcp_ = std::make_unique<TcpPort>(ctx_, connections_, frames_, epoll_.get(), tcp);
   for (auto& port : ports_) port->refill(connections_);
   return {};
 }
@@ -233,7 +233,8 @@ void Worker::wait_events(int timeout_ms) {
       case kTagCm:
         continue;  // handled at the top of the loop
       case kTagTcpListen:
-        tcp_->accept(stopping_);
+      case kTagTcpRouteListen:
+        tcp_->accept((tag & kTagMask) == kTagTcpRouteListen, stopping_);
         continue;
       case TcpPort::kTagHandshake:
         tcp_->on_handshake_readable(static_cast<int>(tag & ~kTagMask), stopping_);
@@ -265,6 +266,7 @@ void Worker::count_wakeup(const epoll_event* events, int n) {
         c = WakeCause::kCm;
         break;
       case kTagTcpListen:
+      case kTagTcpRouteListen:
       case TcpPort::kTagHandshake:
       case TcpPort::kTagTcpConnection:
         c = WakeCause::kSocket;

@@ -32,6 +32,7 @@
 #include "connection/worker_context.hpp"
 #include "frames/frame_handler.hpp"
 #include "rdma/rdma_link.hpp"
+#include "tcp/tcp_listener.hpp"
 #include "rdma/rdma_port.hpp"
 #include "router/router.hpp"
 #include "tcp/tcp_link.hpp"
@@ -111,9 +112,9 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   /// Creates the per-device resources (calling thread, before start()).
-  /// `tcp_listen_fd`: the broker's listening socket, shared by all workers
-  /// (EPOLLEXCLUSIVE wakes one), or -1.
-  Status init(int tcp_listen_fd);
+  /// `tcp`: the broker's listening sockets, shared by all workers
+  /// (EPOLLEXCLUSIVE wakes one).
+  Status init(TcpListeners tcp);
   void start();
   void join();
 
@@ -135,6 +136,7 @@ class Worker {
   static constexpr std::uint64_t kTagCommands = 1ull << 62;
   static constexpr std::uint64_t kTagCm = 1ull << 61;
   static constexpr std::uint64_t kTagTcpListen = 1ull << 60;
+  static constexpr std::uint64_t kTagTcpRouteListen = 1ull << 63;
   static constexpr std::uint64_t kTagMask = 0x3full << 58;
 
   void run();

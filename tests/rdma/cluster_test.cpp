@@ -1,7 +1,8 @@
 // A cluster of three brokers in a full mesh of routes (docs/cluster.md,
 // SPEC.md §8), run over each transport: "/rdma" in the Soft-RoCE guest (the
-// routes and the clients over RDMA), "/tcp" on the host; Mixed: RDMA clients
-// on brokers routed over TCP.
+// routes and the clients over RDMA), "/tcp" on the host. RouteListeners:
+// brokers that take routes on ports of their own, over RDMA the mixed
+// cluster too (one route over RDMA, the other over TCP, RDMA clients).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -50,10 +51,14 @@ class Received {
 
 std::span<const std::byte> seq_payload(const std::uint64_t& seq) { return std::as_bytes(std::span(&seq, 1)); }
 
-/// A broker of cluster "test" with its config file (rewritten to add routes).
+/// A broker of cluster "test" with its config file (rewritten to add routes);
+/// with `route_listeners`, it takes routes on listeners of their own
+/// (cluster.listen_rdma and cluster.listen_tcp) and only there.
 struct Member {
-  explicit Member(const std::string& name, const std::string& cluster = "test")
-      : file("/tmp/rdmabroker-cluster-" + std::to_string(getpid()) + "-" + name + ".yaml") {
+  explicit Member(const std::string& name, const std::string& cluster = "test", bool route_listeners = false)
+      : file("/tmp/rdmabroker-cluster-" + std::to_string(getpid()) + "-" + name + ".yaml"),
+        route_rdma_port(route_listeners ? next_port() : 0),
+        route_tcp_port(route_listeners ? next_port() : 0) {
     write(cluster, {});
     broker = std::make_unique<BrokerProcess>(next_port(), std::vector<std::string>{"--config", file});
   }
@@ -67,7 +72,11 @@ struct Member {
     // SRQs that leave most of it free), patient deadlines (emulation, sanitizers).
     out << "logging: {level: warn}\nbuffers: {pool: 2048, srq_depth: 256}\n"
         << "auth: {anonymous: true, timeout_ms: 30000}\nslow_consumer: {write_deadline_ms: 30000}\n"
-        << "cluster:\n  name: " << cluster << "\n  user: route\n  password: s3cret-route\n  routes: [";
+        << "cluster:\n  name: " << cluster << "\n  user: route\n  password: s3cret-route\n";
+    if (route_rdma_port != 0)
+      out << "  listen_rdma: 0.0.0.0:" << route_rdma_port << "\n  listen_tcp: 0.0.0.0:" << route_tcp_port
+          << "\n";
+    out << "  routes: [";
     for (std::size_t i = 0; i < routes.size(); ++i) out << (i ? ", " : "") << routes[i];
     out << "]\n";
   }
@@ -76,7 +85,14 @@ struct Member {
     auto it = s.find(key);
     return it == s.end() ? 0 : it->second;
   }
+  /// Where its route listener of transport `via` is reached.
+  std::string route_url(Via via) const {
+    return via == Via::kRdma ? "rdma://" + guest_addr1() + ":" + std::to_string(route_rdma_port)
+                             : "tcp://127.0.0.1:" + std::to_string(route_tcp_port);
+  }
   std::string file;
+  std::uint16_t route_rdma_port;
+  std::uint16_t route_tcp_port;
   std::unique_ptr<BrokerProcess> broker;
 };
 
@@ -336,6 +352,87 @@ TEST_P(Cluster, ClientsOfAKilledBrokerMoveToAnotherAndTheOthersLoseNothing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Cluster, ::testing::Values(Via::kRdma, Via::kTcp),
+                         [](const auto& info) { return to_string(info.param); });
+
+class RouteListeners : public ::testing::TestWithParam<Via> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Via::kRdma) require_rdma();
+  }
+};
+
+TEST_P(RouteListeners, RoutesAndClientsEachHaveTheirOwnPortAndARouteMayTakeTheOtherTransport) {
+  const Via via = GetParam();
+  Member a("a", "test", true);
+  Member b("b", "test", true);
+  ClientOptions route_login;
+  route_login.route_cluster = "test";
+  route_login.route_server = "0123456789abcdef";
+  route_login.user = "route";
+  route_login.password = "s3cret-route";
+  // A client at a route port and a route at a client port are refused, each
+  // told where to go: a firewall between the two means what it says.
+  auto client_at_route_port = try_connect_url(a.route_url(via), via);
+  ASSERT_FALSE(client_at_route_port.ok());
+  EXPECT_EQ(client_at_route_port.error().kind, ErrorKind::kAuthenticationFailed);
+  EXPECT_NE(client_at_route_port.error().message.find("takes routes only"), std::string::npos)
+      << client_at_route_port.error().message;
+  auto route_at_client_port = try_connect_via(*a.broker, via, route_login);
+  ASSERT_FALSE(route_at_client_port.ok());
+  EXPECT_NE(route_at_client_port.error().message.find("on its route listener"), std::string::npos)
+      << route_at_client_port.error().message;
+  EXPECT_EQ(a.stat("auth.failed"), 2);
+  ASSERT_TRUE(try_connect_url(a.route_url(via), via, route_login).ok()) << "the route port takes the route";
+
+  // A's route to B over `via`; B's route to A over TCP whatever the clients
+  // use (in the guest: RDMA clients on brokers, one route each way, one of
+  // them TCP).
+  a.write("test", {b.route_url(via)});
+  b.write("test", {a.route_url(Via::kTcp)});
+  for (Member* m : {&a, &b}) {
+    const std::string reply = m->broker->admin("reload");
+    ASSERT_NE(reply.find("\"ok\":true"), std::string::npos) << reply;
+  }
+  for (Member* m : {&a, &b})
+    ASSERT_TRUE(wait_until([&] { return m->stat("cluster.routes_up") == 1; }, 60s)) << m->file;
+  constexpr std::uint64_t kMessages = 100;
+  Received on_a, on_b;
+  auto sub_a = connect_via(*a.broker, via);
+  auto sub_b = connect_via(*b.broker, via);
+  ASSERT_TRUE(sub_a && sub_b);
+  ASSERT_TRUE(sub_a->subscribe("east.>", on_a.handler()).ok());
+  ASSERT_TRUE(sub_b->subscribe("west.>", on_b.handler()).ok());
+  // Each broker: its client's subscription and the other's route's.
+  for (Member* m : {&a, &b})
+    ASSERT_TRUE(wait_until([&] { return m->stat("subscriptions") >= 2; }, 60s)) << m->stat("subscriptions");
+  auto pub_a = connect_via(*a.broker, via);
+  auto pub_b = connect_via(*b.broker, via);
+  ASSERT_TRUE(pub_a && pub_b);
+  for (std::uint64_t i = 1; i <= kMessages; ++i) {
+    ASSERT_TRUE(pub_b->publish("east.x", seq_payload(i)).ok());  // to A over A's route (`via`)
+    ASSERT_TRUE(pub_a->publish("west.x", seq_payload(i)).ok());  // to B over B's route (TCP)
+  }
+  ASSERT_TRUE(pub_a->flush(30s).ok() && pub_b->flush(30s).ok());
+  for (Received* r : {&on_a, &on_b})
+    ASSERT_TRUE(wait_until([&] { return r->count() >= kMessages; }, 60s)) << r->count();
+  std::this_thread::sleep_for(300ms);  // a duplicate would arrive by now
+  std::vector<std::uint64_t> expected(kMessages);
+  for (std::uint64_t i = 0; i < kMessages; ++i) expected[i] = i + 1;
+  EXPECT_EQ(on_a.seqs(), expected);
+  EXPECT_EQ(on_b.seqs(), expected);
+  EXPECT_EQ(a.stat("cluster.route_messages_in"), static_cast<std::int64_t>(kMessages));
+  EXPECT_EQ(b.stat("cluster.route_messages_in"), static_cast<std::int64_t>(kMessages));
+  // `rdmabroker stat` lists the route this broker pulls from and the listeners.
+  auto [rc, out] = run({cli_path(), "stat", "--admin-socket", a.broker->admin_socket()});
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("1 route(s)\n"), std::string::npos) << out;
+  EXPECT_NE(out.find(b.route_url(via) + " "), std::string::npos) << out;
+  EXPECT_NE(out.find("cluster.listen_tcp 0.0.0.0:" + std::to_string(a.route_tcp_port)), std::string::npos)
+      << "the route listeners are listed with the others\n"
+      << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Via, RouteListeners, ::testing::Values(Via::kRdma, Via::kTcp),
                          [](const auto& info) { return to_string(info.param); });
 
 /// Routes are authenticated against cluster.* only (TCP on the host: the

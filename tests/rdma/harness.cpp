@@ -214,12 +214,16 @@ std::vector<std::string> cli_where(const BrokerProcess& b, Via via) {
 }
 
 Result<std::unique_ptr<Client>> try_connect_via(const BrokerProcess& b, Via via, ClientOptions opt) {
+  return try_connect_url(url_via(b, via), via, std::move(opt));
+}
+
+Result<std::unique_ptr<Client>> try_connect_url(const std::string& url, Via via, ClientOptions opt) {
   // Generous timeouts for emulation, unless the test chose its own.
   const ClientOptions defaults;
   if (opt.publish_timeout == defaults.publish_timeout) opt.publish_timeout = std::chrono::seconds(10);
   if (opt.connect_timeout == defaults.connect_timeout) opt.connect_timeout = std::chrono::seconds(15);
   if (via == Via::kRdma) opt.bind_address = guest_addr2();
-  return Client::connect(url_via(b, via), opt);
+  return Client::connect(url, opt);
 }
 
 std::unique_ptr<Client> connect_via(const BrokerProcess& b, Via via, ClientOptions opt) {

@@ -184,6 +184,8 @@ std::vector<std::string> cli_where(const BrokerProcess& b, Via via);
 std::unique_ptr<Client> connect_via(const BrokerProcess& b, Via via, ClientOptions opt = {});
 /// The same, for a test that expects the connect to fail.
 Result<std::unique_ptr<Client>> try_connect_via(const BrokerProcess& b, Via via, ClientOptions opt = {});
+/// The same to any URL of a broker (e.g. a route listener's), over `via`.
+Result<std::unique_ptr<Client>> try_connect_url(const std::string& url, Via via, ClientOptions opt = {});
 
 /// Polls `pred` every 20 ms until it holds (true) or `timeout` passes (false).
 bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout);

@@ -145,6 +145,12 @@ TEST(CommandLine, ListenersSayWhereEachPartCameFrom) {
   config::Config d = file("");
   const auto plain = describe_listeners(d, parse({}), "");
   EXPECT_EQ(plain[1], "listen.tcp 0.0.0.0:7471 (host: listen.rdma's host, default; port: default)");
+  EXPECT_EQ(plain.size(), 4u) << "no route listener unless the file opens one";
+  // A cluster's route listeners, which only the file sets.
+  config::Config r = file("cluster: {name: prod, user: u, password: p, listen_tcp: '0.0.0.0:7473'}\n");
+  const auto routed = describe_listeners(r, parse({}), "broker.yaml");
+  ASSERT_EQ(routed.size(), 5u);
+  EXPECT_EQ(routed[2], "cluster.listen_tcp 0.0.0.0:7473 (file broker.yaml)");
 }
 
 TEST(CommandLine, NoConfigReadsNoFileAndContradictsConfig) {

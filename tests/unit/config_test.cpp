@@ -408,7 +408,8 @@ TEST(Config, ShippedConfigsAreValid) {
   EXPECT_EQ(cluster->broker.cluster.name, "prod");
   ASSERT_EQ(cluster->broker.cluster.routes.size(), 3u);
   EXPECT_EQ(cluster->broker.cluster.routes[2],
-            "rdma://rdmabroker-2.rdmabroker-routes.rdmabroker.svc.cluster.local:7470");
+            "rdma://rdmabroker-2.rdmabroker-routes.rdmabroker.svc.cluster.local:7472");
+  EXPECT_EQ(cluster->broker.cluster.listen_rdma_port, 7472) << "routes on a port of their own";
 }
 
 TEST(ConfigCluster, SectionIsReadAndItsRulesNameTheKey) {
@@ -439,6 +440,24 @@ cluster:
   fails_with("cluster: {name: prod, user: u, password: p, routes: ['tcp://:7471']}", "no host");
   fails_with("cluster: {name: prod, user: u, password: p, routes: ['tcp://u:pw@b']}", "no credentials");
   fails_with("cluster: {name: prod, user: u, password: p}\nmulticast: {enabled: true}", "not supported yet");
+  // Route listeners: a cluster's, on ports of their own.
+  fails_with("cluster: {listen_tcp: '0.0.0.0:7473'}", "a route listener needs cluster.name");
+  fails_with("cluster: {name: prod, user: u, password: p, listen_tcp: '0.0.0.0:7471'}",
+             "cluster.listen_tcp: port 7471 is listen.tcp's");
+  fails_with("cluster: {name: prod, user: u, password: p, listen_rdma: '0.0.0.0:7470'}",
+             "cluster.listen_rdma: port 7470 is listen.rdma's");
+  fails_with("cluster: {name: prod, user: u, password: p, listen_rdma: 'nowhere'}", "cluster.listen_rdma");
+  auto listeners = parse(
+      "cluster: {name: prod, user: u, password: p, listen_rdma: '10.0.0.1:7472', "
+      "listen_tcp: '0.0.0.0:7473'}",
+      "broker.yaml");
+  ASSERT_TRUE(listeners) << listeners.error().message;
+  EXPECT_EQ(listeners->broker.cluster.listen_rdma_address, "10.0.0.1");
+  EXPECT_EQ(listeners->broker.cluster.listen_rdma_port, 7472);
+  EXPECT_EQ(listeners->broker.cluster.listen_tcp_port, 7473);
+  EXPECT_TRUE(listeners->broker.cluster.has_route_listener());
+  EXPECT_FALSE(c->broker.cluster.has_route_listener()) << "none by default: routes use the client ports";
+  EXPECT_EQ(show(*listeners, "cluster.listen_tcp"), "0.0.0.0:7473");
   // The password is never shown, and only the route list may change live.
   EXPECT_EQ(show(*c, "cluster.password"), "(set)");
   auto next = *c;

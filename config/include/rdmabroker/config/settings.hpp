@@ -97,6 +97,14 @@ struct ClusterSettings {
   std::vector<std::string> routes;  // the other brokers, rdma://host[:port] or tcp://host[:port] (live)
   std::string user;                 // the route credentials, the same on every broker of the cluster
   std::string password;
+  // Listeners of their own for routes (cluster.listen_rdma, cluster.listen_tcp;
+  // port 0: none). With either set, routes log in only there and clients are
+  // refused there; with neither, routes log in on the client listeners.
+  std::string listen_rdma_address;
+  std::uint16_t listen_rdma_port = 0;
+  std::string listen_tcp_address;
+  std::uint16_t listen_tcp_port = 0;
+  bool has_route_listener() const { return listen_rdma_port != 0 || listen_tcp_port != 0; }
   bool operator==(const ClusterSettings&) const = default;
 };
 
