@@ -492,6 +492,21 @@ int run_stat(const std::string& socket, bool json) {
                 static_cast<unsigned long long>(r.value("dropped", 0ull)),
                 static_cast<unsigned long long>(r.value("reconnects", 0ull)));
   }
+  // The other way: the other brokers' routes here, and what this broker sent them.
+  std::vector<nlohmann::json> inbound;
+  for (const auto& x : c)
+    if (x.value("user", "").starts_with("route:")) inbound.push_back(x);
+  if (!inbound.empty()) {
+    std::cout << "\n" << inbound.size() << " route(s) from other brokers\n";
+    std::printf("%-24s %-22s %8s %12s %14s\n", "broker", "peer", "interest", "msgs_out", "bytes_out");
+  }
+  for (const auto& x : inbound) {
+    const std::string broker = x.value("user", "").substr(6);
+    std::printf("%-24s %-22s %8llu %12llu %14llu\n", broker.c_str(), x.value("peer", "").c_str(),
+                static_cast<unsigned long long>(x.value("subscriptions", 0ull)),
+                static_cast<unsigned long long>(x.value("messages_out", 0ull)),
+                static_cast<unsigned long long>(x.value("bytes_out", 0ull)));
+  }
   return 0;
 }
 

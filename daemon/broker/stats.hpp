@@ -212,6 +212,8 @@ struct WorkerStats {
   Counter routed;                                 // deliveries queued for subscribers (fan-out count)
   Counter deliveries;                             // DELIVER frames whose SEND completed successfully
   Counter bytes_out;                              // their payload bytes
+  Counter route_deliveries;                       // ... of them to other brokers' routes (cluster)
+  Counter route_bytes_out;                        // their payload bytes
   std::array<Counter, kDropReasonCount> dropped;  // accepted, not delivered, by DropReason
   Counter protocol_errors;                        // ERROR frames sent for bad input
   Counter sends_posted;                           // SEND work requests posted

@@ -433,6 +433,10 @@ void Connections::count_delivered(Connection& c, std::uint32_t messages, std::ui
   ctx_.stats.bytes_out.add(payload);
   c.messages_out += messages;
   c.bytes_out += payload;
+  if (c.identity && c.identity->route) {
+    ctx_.stats.route_deliveries.add(messages);
+    ctx_.stats.route_bytes_out.add(payload);
+  }
 }
 
 void Connections::unrecord_send(Connection& c) {

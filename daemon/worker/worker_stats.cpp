@@ -71,6 +71,11 @@ void WorkerStats::visit(StatsVisitor& v) const {
   v.count("messages.delivered", deliveries, "rdmabroker_messages_delivered_total",
           "Messages sent to subscribers (send completed).");
   v.count("bytes.out", bytes_out, "rdmabroker_delivered_bytes_total", "Payload bytes of delivered messages.");
+  v.count(
+      "cluster.route_messages_out", route_deliveries, "rdmabroker_route_messages_sent_total",
+      "Messages sent to other brokers' routes (published here, wanted there; in messages.delivered too).");
+  v.count("cluster.route_bytes_out", route_bytes_out, "rdmabroker_route_sent_bytes_total",
+          "Payload bytes of the messages sent to other brokers' routes.");
   for (std::size_t r = 0; r < kDropReasonCount; ++r) {
     labelled("messages.dropped.", to_string(static_cast<DropReason>(r)), dropped[r], kDropped, kDroppedHelp,
              "reason");

@@ -162,6 +162,9 @@ TEST_P(Cluster, EveryMessageOnceAndInOrderOnEveryBrokerThatWantsIt) {
   EXPECT_EQ(b_.stat("cluster.route_messages_in"), static_cast<std::int64_t>(kMessages));
   EXPECT_EQ(c_.stat("cluster.route_messages_in"), static_cast<std::int64_t>(2 * kMessages));
   EXPECT_EQ(a_.stat("cluster.route_messages_in"), 0) << "nobody published on B or C";
+  EXPECT_TRUE(wait_until(
+      [&] { return a_.stat("cluster.route_messages_out") == static_cast<std::int64_t>(3 * kMessages); }, 30s))
+      << "A sent B's route one copy and C's route two: " << a_.stat("cluster.route_messages_out");
 
   // One hop: a broker whose clients want nothing of a subject gets none of it.
   auto pub_b = client(b_);
@@ -422,11 +425,20 @@ TEST_P(RouteListeners, RoutesAndClientsEachHaveTheirOwnPortAndARouteMayTakeTheOt
   EXPECT_EQ(on_b.seqs(), expected);
   EXPECT_EQ(a.stat("cluster.route_messages_in"), static_cast<std::int64_t>(kMessages));
   EXPECT_EQ(b.stat("cluster.route_messages_in"), static_cast<std::int64_t>(kMessages));
-  // `rdmabroker stat` lists the route this broker pulls from and the listeners.
+  // Each way: what one broker brought over its route, the other sent.
+  for (Member* m : {&a, &b}) {
+    EXPECT_TRUE(wait_until(
+        [&] { return m->stat("cluster.route_messages_out") == static_cast<std::int64_t>(kMessages); }, 30s))
+        << m->stat("cluster.route_messages_out");
+    EXPECT_EQ(m->stat("cluster.route_bytes_out"), static_cast<std::int64_t>(8 * kMessages));
+  }
+  // `rdmabroker stat` lists both: the route this broker pulls from, and the
+  // other broker's route here with what was sent over it.
   auto [rc, out] = run({cli_path(), "stat", "--admin-socket", a.broker->admin_socket()});
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("1 route(s)\n"), std::string::npos) << out;
   EXPECT_NE(out.find(b.route_url(via) + " "), std::string::npos) << out;
+  EXPECT_NE(out.find("1 route(s) from other brokers"), std::string::npos) << out;
   EXPECT_NE(out.find("cluster.listen_tcp 0.0.0.0:" + std::to_string(a.route_tcp_port)), std::string::npos)
       << "the route listeners are listed with the others\n"
       << out;
