@@ -105,17 +105,23 @@ class Cluster : public ::testing::TestWithParam<Via> {
   /// Every broker routes to all three (itself included, as a StatefulSet's
   /// seed list would: a route to itself is recognised and not used), over `via`.
   void mesh(Via via) {
-    std::vector<std::string> urls;
-    for (auto* m : all()) urls.push_back(url_via(*m->broker, via));
     for (auto* m : all()) {
-      m->write("test", urls);
-      const std::string reply = m->broker->admin("reload");
-      ASSERT_NE(reply.find("\"ok\":true"), std::string::npos) << reply;
+      std::vector<std::string> urls;
+      for (auto* to : all()) urls.push_back(url_via(*to->broker, via));
+      route(*m, urls);
     }
-    for (auto* m : all()) {
-      ASSERT_TRUE(wait_until([&] { return m->stat("cluster.routes_up") == 2; }, 60s))
-          << "routes up: " << m->stat("cluster.routes_up") << " of " << m->stat("cluster.routes");
-    }
+    for (auto* m : all()) await_routes_up(*m, 2);
+  }
+  /// Gives `m` these routes (a reload: the live way to change them).
+  static void route(Member& m, const std::vector<std::string>& urls) {
+    m.write("test", urls);
+    const std::string reply = m.broker->admin("reload");
+    ASSERT_NE(reply.find("\"ok\":true"), std::string::npos) << reply;
+  }
+  static void await_routes_up(Member& m, std::int64_t n) {
+    ASSERT_TRUE(wait_until([&] { return m.stat("cluster.routes_up") == n; }, 60s))
+        << "routes up: " << m.stat("cluster.routes_up") << " of " << m.stat("cluster.routes") << ", expected "
+        << n;
   }
   std::vector<Member*> all() { return {&a_, &b_, &c_}; }
   std::unique_ptr<Client> client(Member& m) { return connect_via(*m.broker, GetParam()); }
@@ -352,6 +358,109 @@ TEST_P(Cluster, ClientsOfAKilledBrokerMoveToAnotherAndTheOthersLoseNothing) {
   EXPECT_TRUE(std::is_sorted(got.begin(), got.end()) &&
               std::adjacent_find(got.begin(), got.end()) == got.end());
   EXPECT_GE(std::count_if(got.begin(), got.end(), [&](std::uint64_t s) { return s > before_last; }), 100);
+}
+
+TEST_P(Cluster, APartitionHealsWithTheInterestResyncedAndNothingDeliveredTwice) {
+  // Subscribers on B and C, a publisher on A. A and B stop routing to each
+  // other (both sides: a partition between them; C still talks to both),
+  // B's clients change their interest meanwhile, then the routes come back.
+  Received on_b, on_c, on_b_later;
+  auto sub_b = client(b_);
+  auto sub_c = client(c_);
+  auto pub = client(a_);
+  ASSERT_TRUE(sub_b && sub_c && pub);
+  ASSERT_TRUE(sub_b->subscribe("p.>", on_b.handler()).ok());
+  ASSERT_TRUE(sub_c->subscribe("p.>", on_c.handler()).ok());
+  await_subscriptions(a_, 2);
+  std::uint64_t seq = 0;
+  auto publish = [&](const std::string& subject, std::uint64_t n) {
+    for (std::uint64_t i = 0; i < n; ++i) {
+      ++seq;
+      ASSERT_TRUE(pub->publish(subject, seq_payload(seq)).ok());
+    }
+    ASSERT_TRUE(pub->flush(30s).ok());
+  };
+  publish("p.x", 50);
+  ASSERT_TRUE(wait_until([&] { return on_b.count() >= 50 && on_c.count() >= 50; }, 60s));
+
+  // The partition: A's route to B and B's to A go; A drops B's interest.
+  const Via via = GetParam();
+  route(a_, {url_via(*a_.broker, via), url_via(*c_.broker, via)});
+  route(b_, {url_via(*b_.broker, via), url_via(*c_.broker, via)});
+  await_routes_up(a_, 1);
+  await_routes_up(b_, 1);
+  ASSERT_TRUE(wait_until([&] { return a_.stat("subscriptions") == 1; }, 60s))
+      << "A still holds " << a_.stat("subscriptions") << " subscriptions; only C's route's is left";
+  auto sub_b_later = client(b_);
+  ASSERT_TRUE(sub_b_later);
+  ASSERT_TRUE(sub_b_later->subscribe("q.>", on_b_later.handler()).ok());
+  // What A publishes now reaches C, not B: C never passes on what a route
+  // brought (one hop), and nothing waits to be replayed (at most once).
+  publish("p.x", 50);
+  ASSERT_TRUE(wait_until([&] { return on_c.count() >= 100; }, 60s)) << on_c.count();
+
+  // The heal: the routes come back with a full sync of the interest,
+  // B's new subscription included.
+  mesh(via);
+  await_subscriptions(a_, 3);  // C's p.>, B's p.> and q.>
+  const std::uint64_t healed_at = seq;
+  publish("p.x", 50);
+  publish("q.x", 10);
+  ASSERT_TRUE(wait_until([&] { return on_b.count() >= 100 && on_c.count() >= 150; }, 60s))
+      << on_b.count() << " " << on_c.count();
+  ASSERT_TRUE(wait_until([&] { return on_b_later.count() >= 10; }, 60s)) << on_b_later.count();
+  std::this_thread::sleep_for(300ms);  // a duplicate would arrive by now
+  std::vector<std::uint64_t> expected_b, expected_c;
+  for (std::uint64_t i = 1; i <= healed_at + 50; ++i) {
+    expected_c.push_back(i);
+    if (i <= 50 || i > healed_at) expected_b.push_back(i);
+  }
+  EXPECT_EQ(on_b.seqs(), expected_b) << "B: before the partition and after the heal, each once, in order";
+  EXPECT_EQ(on_c.seqs(), expected_c) << "C lost nothing";
+  EXPECT_EQ(on_b_later.count(), 10u);
+}
+
+TEST_P(Cluster, ARestartedBrokerIsRoutedAgainWithItsPeersInterestRestored) {
+  // A's subscriber wants what B's clients publish: A's route to B holds that
+  // interest at B. B is killed and started again on the same ports: A's
+  // route reconnects (back-off) and subscribes again there; B's own routes
+  // log in with its new id.
+  Received on_a, on_b;
+  auto sub_a = client(a_);
+  ASSERT_TRUE(sub_a);
+  ASSERT_TRUE(sub_a->subscribe("r.>", on_a.handler()).ok());
+  await_subscriptions(b_, 1);
+  EXPECT_EQ(b_.broker->restart(SIGKILL), 128 + SIGKILL);
+  ASSERT_TRUE(wait_until([&] { return a_.stat("cluster.route_reconnects") >= 1; }, 60s))
+      << "A's route to B did not come back";
+  await_routes_up(a_, 2);
+  await_routes_up(b_, 2);
+  await_subscriptions(b_, 1);  // A's r.>, restored by A's route
+  auto sub_b = client(b_);
+  ASSERT_TRUE(sub_b);
+  ASSERT_TRUE(sub_b->subscribe("r.>", on_b.handler()).ok());
+  await_subscriptions(a_, 2);  // B's new route's r.>, and A's own
+  auto pub_b = client(b_);
+  auto pub_a = client(a_);
+  ASSERT_TRUE(pub_b && pub_a);
+  constexpr std::uint64_t kMessages = 50;
+  for (std::uint64_t i = 1; i <= kMessages; ++i) ASSERT_TRUE(pub_b->publish("r.b", seq_payload(i)).ok());
+  for (std::uint64_t i = kMessages + 1; i <= 2 * kMessages; ++i)
+    ASSERT_TRUE(pub_a->publish("r.a", seq_payload(i)).ok());
+  ASSERT_TRUE(pub_b->flush(30s).ok() && pub_a->flush(30s).ok());
+  for (Received* r : {&on_a, &on_b})
+    ASSERT_TRUE(wait_until([&] { return r->count() >= 2 * kMessages; }, 60s)) << r->count();
+  std::this_thread::sleep_for(300ms);
+  for (Received* r : {&on_a, &on_b}) {
+    auto got = r->seqs();
+    std::sort(got.begin(), got.end());  // two publishers: in order per publisher, checked below
+    ASSERT_EQ(got.size(), 2 * kMessages) << "each message once";
+    for (std::uint64_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], i + 1);
+    const auto seqs = r->seqs();
+    std::vector<std::uint64_t> from_b, from_a;
+    for (auto s : seqs) (s <= kMessages ? from_b : from_a).push_back(s);
+    EXPECT_TRUE(std::is_sorted(from_b.begin(), from_b.end()) && std::is_sorted(from_a.begin(), from_a.end()));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Cluster, ::testing::Values(Via::kRdma, Via::kTcp),
