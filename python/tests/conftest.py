@@ -1,4 +1,8 @@
-"""A broker for each test, over the transport the run is for.
+"""The brokers of the tests, over the transport the run is for: one shared by
+the tests that only publish and subscribe (`broker`: each uses subjects of its
+own; starting a broker costs seconds in the emulated guest), one of its own
+for a test that stops or restarts it (`own_broker`) or configures it
+(`make_broker`).
 
 RDMABROKER_TEST_VIA=tcp (the host) or rdma (the Soft-RoCE guest: the broker on
 RDMABROKER_GUEST_ADDR1, clients bound to ADDR2, so traffic crosses rxe).
@@ -85,8 +89,7 @@ class Broker:
         return code
 
 
-@pytest.fixture
-def via() -> str:
+def _via() -> str:
     v = os.environ.get("RDMABROKER_TEST_VIA", "tcp")
     if v == "rdma" and not os.environ.get("RDMABROKER_GUEST_ADDR1"):
         pytest.fail("RDMA tests run in the Soft-RoCE guest (tests/softroce/run-in-guest.sh)")
@@ -94,7 +97,25 @@ def via() -> str:
 
 
 @pytest.fixture
-def broker(via):
+def via() -> str:
+    return _via()
+
+
+@pytest.fixture(scope="session")
+def _shared_broker():
+    b = Broker(_via())
+    yield b
+    assert b.stop() == 0, "rdmabrokerd did not exit cleanly"
+
+
+@pytest.fixture
+def broker(_shared_broker):
+    assert _shared_broker.process.poll() is None, "the shared broker died during an earlier test"
+    return _shared_broker
+
+
+@pytest.fixture
+def own_broker(via):
     b = Broker(via)
     yield b
     assert b.stop() == 0, "rdmabrokerd did not exit cleanly"

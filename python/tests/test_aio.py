@@ -15,14 +15,14 @@ def run(coroutine):
 def test_publish_subscribe_and_async_iteration(broker):
     async def main():
         async with await rdmabroker.aio.connect(broker.url(), bind=broker.bind) as client:
-            sub = await client.subscribe("aio.>")
+            sub = await client.subscribe("aio.it.>")
             await client.flush()
             with pytest.raises(rdmabroker.Timeout):
                 await sub.next(timeout=0.1)
             for i in range(50):
-                await client.publish(f"aio.{i}", str(i))
+                await client.publish(f"aio.it.{i}", str(i))
             first = await sub.next(timeout=10)
-            assert (first.subject, first.data) == ("aio.0", b"0")
+            assert (first.subject, first.data) == ("aio.it.0", b"0")
             rest = []
             async for m in sub:
                 rest.append(int(m.data))

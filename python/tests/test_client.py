@@ -228,7 +228,8 @@ def test_many_threads_share_one_client(broker):
         assert mine == list(range(100))
 
 
-def test_reconnect_restores_subscriptions_and_reports_the_outage(broker):
+def test_reconnect_restores_subscriptions_and_reports_the_outage(own_broker):
+    broker = own_broker
     events = []
     got = []
     with rdmabroker.connect(broker.url(), bind=broker.bind, reconnect=True, reconnect_delay=0.05,
@@ -247,7 +248,8 @@ def test_reconnect_restores_subscriptions_and_reports_the_outage(broker):
     assert events[0][0] == "disconnected" and "shutting down" in events[0][1], events
 
 
-def test_gave_up_closes_the_client(broker):
+def test_gave_up_closes_the_client(own_broker):
+    broker = own_broker
     events = []
     client = rdmabroker.connect(broker.url(), bind=broker.bind, reconnect=True, reconnect_delay=0.05,
                                 max_reconnect_attempts=2, on_connection_event=lambda k, w: events.append(k))

@@ -62,6 +62,13 @@ void require_rdma();
 /// in the sanitizer trees, where every message costs 5-10x under emulation
 /// and a race or memory error shows at any volume.
 constexpr std::uint64_t volume(std::uint64_t n) { return RDMABROKER_SANITIZED ? n / 4 : n; }
+/// The TSan tree: its RDMA tests run one at a time in the guest, so each of
+/// their seconds is a second of CI; its volume tests take less again.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kThreadSanitized = true;
+#else
+inline constexpr bool kThreadSanitized = false;
+#endif
 
 /// A unique port per broker started by this process.
 std::uint16_t next_port();
