@@ -9,7 +9,7 @@
 #   4. boots it once more with systemd as PID 1, installs the .debs and drives
 #      the real unit (tests/softroce/systemd-suite.sh);
 #   5. fuzzes each libFuzzer target (tests/fuzz/run.sh) for
-#      RDMABROKER_FUZZ_SECONDS (default 30, 0 skips) after replaying the
+#      RDMABROKER_FUZZ_SECONDS (default 20, 0 skips) after replaying the
 #      committed seed corpus and regressions;
 #   6. runs the benchmark suite in --quick mode (tests/bench/suite.sh): not
 #      to measure anything, but so that the suite, the NATS and Redis drivers
@@ -67,9 +67,9 @@ for t in $TREES; do
   stage "host tests $t (unit, tcp)" ctest --test-dir "build/$t" -L 'unit|tcp' -j 2 --output-on-failure
 done
 
-if [ "${RDMABROKER_FUZZ_SECONDS:-30}" != 0 ]; then
-  echo "=== fuzzing (libFuzzer, ASan+UBSan): ${RDMABROKER_FUZZ_SECONDS:-30} s per target"
-  stage "fuzz (${RDMABROKER_FUZZ_SECONDS:-30} s per target)" tests/fuzz/run.sh "${RDMABROKER_FUZZ_SECONDS:-30}"
+if [ "${RDMABROKER_FUZZ_SECONDS:-20}" != 0 ]; then
+  echo "=== fuzzing (libFuzzer, ASan+UBSan): ${RDMABROKER_FUZZ_SECONDS:-20} s per target"
+  stage "fuzz (${RDMABROKER_FUZZ_SECONDS:-20} s per target)" tests/fuzz/run.sh "${RDMABROKER_FUZZ_SECONDS:-20}"
 fi
 
 echo "=== RDMA integration tests (Soft-RoCE guest): $TREES"

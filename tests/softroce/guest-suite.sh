@@ -30,7 +30,7 @@ if [ "${RDMABROKER_GUEST:-}" != 1 ] || ! ibv_devices 2>/dev/null | grep -q rxe; 
   echo "guest-suite: no Soft-RoCE device here: run through tests/softroce/run-in-guest.sh" >&2
   exit 1
 fi
-TSAN_SKIP='^Via/(Auth|HeadersTest|Ops|Routing|Bounds|RouteListeners)\.|^Via/Cluster\.(AQueueGroup|ARequest)|^Via/Spec\.(EveryBroken|ConnectRequestsOutOfRange)|^Health\.|^Via/Fragments\.EveryBroken|^Relay\.(WrongFrames|BadHandshakes|MalformedFrame|FramesBeforeConnect|OversizedPublish|SendLarger|GivingBackCredits|ConnectionsThatNeverLogIn|Cli|CApi)'
+TSAN_SKIP='^Via/(Auth|HeadersTest|Ops|Routing|Bounds|RouteListeners)\.|^Via/Cluster\.(AQueueGroup|ARequest|MessagesLarger|APartition)|^Via/Resilience\.(ASubscriptionTheBrokerRefused|PublishingWhileDisconnected)|^Via/Spec\.FramesRightAfterConnect|^Via/Polled\.ItSays|^Via/Spec\.(EveryBroken|ConnectRequestsOutOfRange)|^Health\.|^Via/Fragments\.EveryBroken|^Relay\.(WrongFrames|BadHandshakes|MalformedFrame|FramesBeforeConnect|OversizedPublish|SendLarger|GivingBackCredits|ConnectionsThatNeverLogIn|Cli|CApi)'
 ASAN_SKIP='^Via/(Auth\.CliExitCodes|HeadersTest\.CliPublishes|Routing\.Cli)'
 passed=0 failed=0
 runs=${RDMABROKER_GUEST_RUNS:-1}
