@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <charconv>
 
 #include "client_internal.hpp"
@@ -15,6 +16,17 @@ std::vector<std::string> split_urls(std::string_view urls) {
     if (comma == std::string_view::npos) return out;
     urls.remove_prefix(comma + 1);
   }
+}
+
+std::vector<std::string> ServerInfo::client_urls() const {
+  std::vector<std::string> out;
+  auto add = [&](const std::vector<std::string>& urls) {
+    for (const auto& u : urls)
+      if (std::find(out.begin(), out.end(), u) == out.end()) out.push_back(u);
+  };
+  add(self.urls);
+  for (const auto& p : peers) add(p.urls);
+  return out;
 }
 
 Result<std::unique_ptr<Client>> Client::connect(std::string_view url, ClientOptions options) {

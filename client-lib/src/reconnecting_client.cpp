@@ -26,7 +26,9 @@ namespace {
 class ReconnectingClient final : public Client {
  public:
   ReconnectingClient(std::string url, ClientOptions options)
-      : url_(std::move(url)), urls_(split_urls(url_)), opt_(std::move(options)) {}
+      : url_(std::move(url)),
+        urls_(split_urls(url_)),
+        opt_(with_url_credentials(std::move(options), urls_)) {}
   ~ReconnectingClient() override { close(); }
 
   Status start() {
@@ -161,6 +163,10 @@ class ReconnectingClient final : public Client {
     std::lock_guard lock(mu_);
     return closed_ ? close_error_ : Error{ErrorKind::kClosed, ""};
   }
+  ServerInfo server_info() const override {
+    std::lock_guard lock(mu_);
+    return current_ ? current_->server_info() : last_info_;
+  }
   ClientStats stats() const override {
     std::lock_guard lock(mu_);
     ClientStats s = past_;
@@ -195,14 +201,52 @@ class ReconnectingClient final : public Client {
     bool placed = false;
   };
 
+  /// Credentials in the first URL serve every server, the announced ones
+  /// too (an announced URL carries none).
+  static ClientOptions with_url_credentials(ClientOptions o, const std::vector<std::string>& urls) {
+    if (!o.user.empty() || !o.token.empty() || urls.empty()) return o;
+    if (auto parsed = parse_url(urls.front())) {
+      o.user = parsed->user;
+      o.password = parsed->password;
+      o.token = parsed->token;
+    }
+    return o;
+  }
+
+  /// The servers to try: those given to connect(), then those the brokers
+  /// announced (ServerInfo::client_urls(); ClientOptions::ignore_announced_servers).
+  std::vector<std::string> servers() const {
+    std::lock_guard lock(mu_);
+    std::vector<std::string> out = urls_;
+    if (opt_.ignore_announced_servers) return out;
+    for (const auto& u : last_info_.client_urls()) {
+      const bool given = std::any_of(urls_.begin(), urls_.end(), [&](const std::string& g) {
+        auto parsed = parse_url(g);  // a given URL may carry credentials: compared without them
+        return g == u ||
+               (parsed && parsed->scheme + "://" + parsed->host + ":" + std::to_string(parsed->port) == u);
+      });
+      if (!given && std::find(out.begin(), out.end(), u) == out.end()) out.push_back(u);
+    }
+    return out;
+  }
+
+  /// What `s`'s broker announced last: the list for the next reconnect.
+  void remember_announced(const Session& s) {
+    ServerInfo info = s.server_info();
+    if (info.self.id.empty()) return;  // no INFO: what was known stays
+    std::lock_guard lock(mu_);
+    last_info_ = std::move(info);
+  }
+
   /// One attempt at each server of the list, from the preferred one on.
   Result<std::shared_ptr<Session>> connect_once() {
     ClientOptions o = opt_;
     o.reconnect = false;
     Result<std::unique_ptr<Client>> c = Error{ErrorKind::kConnectFailed, ""};
-    for (std::size_t i = 0; i < urls_.size(); ++i) {
-      const std::size_t at = (preferred_ + i) % urls_.size();
-      c = Client::connect(urls_[at], o);
+    const std::vector<std::string> list = servers();
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const std::size_t at = (preferred_ + i) % list.size();
+      c = Client::connect(list[at], o);
       if (c) {
         preferred_ = at;
         break;
@@ -210,6 +254,7 @@ class ReconnectingClient final : public Client {
     }
     if (!c) return c.error();
     std::shared_ptr<Session> s(static_cast<Session*>(c.value().release()));
+    remember_announced(*s);
     std::lock_guard lock(mu_);
     last_max_frame_ = s->max_frame();
     return s;
@@ -333,8 +378,10 @@ class ReconnectingClient final : public Client {
         outage_ = failed->close_reason();
       }
       // With a server list, the next attempt begins with another server: the
-      // failed one may be gone for good (docs/cluster.md).
-      preferred_ = (preferred_ + 1) % urls_.size();
+      // failed one may be gone for good (docs/cluster.md). The list includes
+      // what its broker announced until it failed.
+      remember_announced(*failed);
+      preferred_ = (preferred_ + 1) % servers().size();
       const auto down_since = std::chrono::steady_clock::now();
       forget_ended(*failed);
       // Release the dead connection at once (its QP or socket, its I/O
@@ -418,6 +465,7 @@ class ReconnectingClient final : public Client {
 
   const std::string url_;
   const std::vector<std::string> urls_;  // url_ as a server list (one URL: a list of one)
+  ServerInfo last_info_;                 // what the last broker announced (guarded by mu_)
   std::size_t preferred_ = 0;            // the server tried first (supervisor thread, and start())
   const ClientOptions opt_;
   mutable std::mutex mu_;

@@ -1,5 +1,7 @@
 #include "session.hpp"
 
+#include "rdmabroker/common/url.hpp"
+
 #include <algorithm>
 #include <limits>
 #include <random>
@@ -495,9 +497,12 @@ Status Session::authenticate() {
       }
       h.flags = proto::kFlagRoute;
     }
-    const Status st =
-        append_frame_locked(lock, h, route ? std::string_view(opt_.route_cluster) : "",
-                            route ? std::string_view(opt_.route_server) : "", as_payload(payload));
+    // Version 7: the dialing broker's route URLs after its id (SPEC.md §8, "Gossip").
+    const std::string route_name = protocol_version_ >= proto::kGossipVersion
+                                       ? proto::route_login_name(opt_.route_server, opt_.route_announce)
+                                       : opt_.route_server;
+    const Status st = append_frame_locked(lock, h, route ? std::string_view(opt_.route_cluster) : "",
+                                          route ? std::string_view(route_name) : "", as_payload(payload));
     explicit_bzero(payload.data(), payload.size());
     if (!st) return st;
   }
@@ -616,6 +621,9 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
       case FrameType::kClose:
         on_error_frame(f, errors);
         break;
+      case FrameType::kInfo:
+        if (!on_info(f, errors)) return;
+        break;
       case FrameType::kAbort:
         // The publisher left or gave up half-way: what came of it is no message.
         if (reassembly_.erase({f.header.arg, f.header.sequence}) != 0)
@@ -626,6 +634,50 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
     }
     off += f.header.frame_len();
   }
+}
+
+bool Session::on_info(const proto::Frame& f, std::vector<Error>& errors) {
+  std::string why;
+  std::optional<proto::Info> info;
+  if (protocol_version_ < proto::kGossipVersion) {
+    why = "INFO needs protocol version " + std::to_string(proto::kGossipVersion) +
+          ", this connection negotiated " + std::to_string(protocol_version_);
+  } else {
+    info = proto::decode_info(
+        std::string_view(reinterpret_cast<const char*>(f.payload.data()), f.payload.size()), &why);
+  }
+  ServerInfo out;
+  const auto broker = [&](const proto::BrokerInfo& b) -> std::optional<ServerInfo::Broker> {
+    // Every URL as connect() would take it: a broker announces nothing a client cannot use.
+    for (const auto* list : {&b.urls, &b.routes}) {
+      for (const auto& u : *list) {
+        if (auto parsed = parse_url(u); !parsed || !parsed->user.empty() || !parsed->token.empty()) {
+          why = "announces '" + u + "', not a broker URL without credentials";
+          return std::nullopt;
+        }
+      }
+    }
+    return ServerInfo::Broker{b.id, b.urls, b.routes};
+  };
+  if (info) {
+    auto self = broker(info->self);
+    if (self) out.self = std::move(*self);
+    for (const auto& p : info->peers) {
+      if (auto peer = broker(p)) out.peers.push_back(std::move(*peer));
+    }
+    out.cluster = info->cluster;
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (!why.empty()) {
+      errors.push_back(Error{ErrorKind::kBrokerError, "malformed INFO from the broker: " + why});
+      fail_locked(errors.back());
+      return false;
+    }
+    server_info_ = out;
+  }
+  if (opt_.on_server_info) opt_.on_server_info(out);  // without mu_: it may call into this client
+  return true;
 }
 
 bool Session::on_deliver(const proto::Frame& f, Deliveries& deliveries, std::vector<Error>& errors) {

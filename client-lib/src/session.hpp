@@ -31,6 +31,7 @@
 #include "rdmabroker/client.hpp"
 #include "rdmabroker/proto/multicast.hpp"
 #include "rdmabroker/proto/handshake.hpp"
+#include "rdmabroker/proto/info.hpp"
 #include "transport.hpp"
 
 namespace rdmabroker {
@@ -231,6 +232,10 @@ class Session final : public Client {
     return closed_ ? close_error_ : Error{ErrorKind::kClosed, ""};
   }
   ClientStats stats() const override;
+  ServerInfo server_info() const override {
+    std::lock_guard lock(mu_);
+    return server_info_;
+  }
 
   // ------------------------------------------------ the transport's side
   static constexpr std::uint32_t kNoBuffer = ~0u;
@@ -341,6 +346,7 @@ class Session final : public Client {
   bool stop_ = false;
   bool closing_ = false;  // close() has begun: a disconnect is ours, not an error
   Error close_error_{ErrorKind::kClosed, ""};
+  ServerInfo server_info_;  // the last INFO (SPEC.md §8, "Gossip"); guarded by mu_
 
  private:
   std::unique_ptr<Transport> transport_;  // null until connect()
@@ -431,6 +437,9 @@ class Session final : public Client {
   /// A DELIVER's messages into `deliveries` (a sequenced one through its
   /// stream); false if it was malformed (the session then failed).
   bool on_deliver(const proto::Frame& f, Deliveries& deliveries, std::vector<Error>& errors);
+  /// INFO (SPEC.md §8, "Gossip"): kept for server_info(), passed to
+  /// on_server_info. False (the session failed) when it breaks the rules.
+  bool on_info(const proto::Frame& f, std::vector<Error>& errors);
   /// ERROR or CLOSE from the broker: reported, and what it ends (a
   /// subscription, the authentication, the session) ends.
   void on_error_frame(const proto::Frame& f, std::vector<Error>& errors);

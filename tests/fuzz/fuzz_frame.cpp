@@ -4,13 +4,15 @@
 // (whole_frames) and the frame-by-frame decoder agree on where whole frames
 // end; a decoded frame (its header block parsed into fields) re-encodes to a
 // frame that decodes to the same fields;
-// a DELIVER's inner frames lie inside its payload.
+// a DELIVER's inner frames lie inside its payload; an INFO's text that reads
+// re-encodes to text that reads the same.
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <vector>
 
 #include "fuzz_check.hpp"
+#include "rdmabroker/proto/info.hpp"
 #include "rdmabroker/proto/wire.hpp"
 
 namespace proto = rdmabroker::proto;
@@ -82,6 +84,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         FUZZ_CHECK(inside(f.payload, inner.payload.data(), inner.payload.size()));
         FUZZ_CHECK(inside(f.payload, inner.subject.data(), inner.subject.size()));
       });
+    }
+    if (f.header.type == proto::FrameType::kInfo) {
+      // An INFO that reads re-encodes (known keys only) to one that reads the same.
+      const std::string_view text(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
+      if (auto info = proto::decode_info(text)) {
+        const std::string again = proto::encode_info(*info, 1u << 20);
+        FUZZ_CHECK(proto::decode_info(again) == info);
+      }
     }
     off += len;
   }

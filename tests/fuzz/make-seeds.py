@@ -10,6 +10,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "corpus")
 
 SUBSCRIBE, UNSUBSCRIBE, PUBLISH, DELIVER, CREDIT, PING, PONG, ERROR, CLOSE, NO_RESPONDERS, CONNECT = range(1, 12)
+INFO = 18
 
 
 def header_block(*fields):
@@ -62,6 +63,11 @@ def main():
         "stream_truncated": (pub + req)[:-13],
         "publish_headers": traced,
         "deliver_headers": frame(DELIVER, payload=pub + traced, arg=1),
+        "route_connect": frame(CONNECT, b"prod", b"0123456789abcdef,rdma://10.0.0.1:7472", b"routes3cret", arg=5,
+                               flags=8),
+        "info": frame(INFO, payload=b"id 0123456789abcdef\ncluster prod\nurl rdma://10.0.0.1:7470\n"
+                                    b"route rdma://10.0.0.1:7472\npeer_url fedcba9876543210 tcp://10.0.0.2:7471\n"
+                                    b"peer_route fedcba9876543210 tcp://10.0.0.2:7473\npeer 00000000000000aa\n"),
     }
     for name, data in seeds.items():
         write("fuzz_frame", name, data)

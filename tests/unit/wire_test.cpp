@@ -8,6 +8,7 @@
 
 #include "rdmabroker/proto/multicast.hpp"
 #include "rdmabroker/proto/handshake.hpp"
+#include "rdmabroker/proto/info.hpp"
 
 namespace rdmabroker::proto {
 namespace {
@@ -149,7 +150,7 @@ TEST(Wire, BadMagicVersionType) {
   v[2] = std::byte{2};
   EXPECT_EQ(decode(v, f), DecodeStatus::kBadVersion);
   EXPECT_EQ(error_for(DecodeStatus::kBadVersion), ErrorCode::kUnsupportedVersion);
-  for (std::uint8_t t : {0, 18, 255}) {
+  for (std::uint8_t t : {0, 19, 255}) {
     auto tt = buf;
     tt[3] = std::byte{t};
     EXPECT_EQ(decode(tt, f), DecodeStatus::kBadType) << int(t);
@@ -408,6 +409,64 @@ TEST(Wire, FragmentsCarryTheirOffsetAndTheMessagesLength) {
   EXPECT_EQ(decode(encode(FrameType::kAbort, 3, "", "x"), f), DecodeStatus::kBadLength);
 }
 
+TEST(Wire, InfoIsTextWithoutStringsAndArgZero) {
+  Frame f;
+  ASSERT_EQ(decode(encode(FrameType::kInfo, 0, "", "id 0123456789abcdef\n"), f), DecodeStatus::kOk);
+  EXPECT_EQ(to_string(FrameType::kInfo), "INFO");
+  EXPECT_EQ(decode(encode(FrameType::kInfo, 1, "", "id x\n"), f), DecodeStatus::kBadArg) << "arg 0";
+  EXPECT_EQ(decode(encode(FrameType::kInfo, 0, "a.b", "id x\n"), f), DecodeStatus::kBadLength) << "a subject";
+  EXPECT_EQ(decode(encode(FrameType::kInfo, 0, "", "id x\n", "r"), f), DecodeStatus::kBadLength) << "a reply";
+}
+
+TEST(Info, RoundTripsAndSkipsKeysItDoesNotKnow) {
+  Info info;
+  info.self = {"0123456789abcdef", {"rdma://10.0.0.1:7470", "tcp://10.0.0.1:7471"}, {"rdma://10.0.0.1:7472"}};
+  info.cluster = "prod";
+  info.peers = {{"fedcba9876543210", {"tcp://10.0.0.2:7471"}, {"tcp://10.0.0.2:7473"}},
+                {"00000000000000aa", {}, {}}};
+  const std::string text = encode_info(info, 4096);
+  EXPECT_EQ(text,
+            "id 0123456789abcdef\ncluster prod\nurl rdma://10.0.0.1:7470\nurl tcp://10.0.0.1:7471\n"
+            "route rdma://10.0.0.1:7472\npeer_url fedcba9876543210 tcp://10.0.0.2:7471\n"
+            "peer_route fedcba9876543210 tcp://10.0.0.2:7473\npeer 00000000000000aa\n");
+  auto back = decode_info(text);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(*back, info);
+  // A later version's keys are skipped; the rest still reads.
+  auto later = decode_info("id 1\nweight 5 7\nurl tcp://h:1\n");
+  ASSERT_TRUE(later);
+  EXPECT_EQ(later->self.urls, std::vector<std::string>{"tcp://h:1"});
+  // Peers that do not fit the receiver's buffer are left out, whole; the sender stays.
+  const std::size_t first = text.find("peer_url");
+  const std::string cut = encode_info(info, first + 10);
+  EXPECT_EQ(cut, text.substr(0, first));
+  EXPECT_EQ(encode_info(info, 8), "") << "not even the sender fits";
+}
+
+TEST(Info, EveryBrokenRuleIsRefusedWithWhy) {
+  std::string why;
+  for (std::string_view bad :
+       {"", "url tcp://h:1\n", "id 1\nid 2\n", "id 1", "id 1\nurl\n", "id 1\nurl a b\n", "id 1\n url x\n",
+        "id 1\npeer_url 2\n", "id 1\npeer 2 tcp://h:1\n", "id 1\nurl tab\there\n"}) {
+    why.clear();
+    EXPECT_FALSE(decode_info(bad, &why)) << bad;
+    EXPECT_FALSE(why.empty()) << bad;
+  }
+}
+
+TEST(Info, RouteLoginNamesTheBrokerThenItsRouteUrls) {
+  EXPECT_EQ(route_login_name("0123456789abcdef", {}), "0123456789abcdef");
+  const std::string s = route_login_name("0123456789abcdef", {"rdma://a:7472", "tcp://a:7473"});
+  EXPECT_EQ(s, "0123456789abcdef,rdma://a:7472,tcp://a:7473");
+  EXPECT_TRUE(valid_subject(s)) << "it travels where a subject does";
+  const BrokerInfo b = split_route_login(s);
+  EXPECT_EQ(b.id, "0123456789abcdef");
+  EXPECT_EQ(b.routes, (std::vector<std::string>{"rdma://a:7472", "tcp://a:7473"}));
+  EXPECT_EQ(split_route_login("0123456789abcdef").id, "0123456789abcdef");
+  for (std::string_view bad : {"", ",x", "x,", "x,,y", "x\ty", "x y"})
+    EXPECT_EQ(split_route_login(bad).id, "") << bad;
+}
+
 TEST(Wire, MaxPayloadFitsExactly) {
   const std::size_t max_frame = 1024;
   const std::size_t p = max_payload(max_frame, 5);
@@ -626,21 +685,22 @@ TEST(WireHeaders, NamesAndValues) {
 }
 
 TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
-  // A client of this code asks for version 6 in byte 5, with version 1 in byte 4.
+  // A client of this code asks for version 7 in byte 5, with version 1 in byte 4.
   auto req = encode(ConnectRequest{16384, 64});
   EXPECT_EQ(std::to_integer<int>(req[4]), 1);
   EXPECT_EQ(std::to_integer<int>(req[5]), kProtocolVersion);
   ConnectRequest r;
   ASSERT_EQ(decode(std::span<const std::byte>(req), r), HandshakeStatus::kOk);
-  EXPECT_EQ(negotiate_version(r.max_version), 6);
-  EXPECT_EQ(connection_version(r), 6);
+  EXPECT_EQ(negotiate_version(r.max_version), 7);
+  EXPECT_EQ(connection_version(r), 7);
+  EXPECT_EQ(connection_version(r, 6), 6) << "a version-6 broker";
   EXPECT_EQ(connection_version(r, 5), 5) << "a version-5 broker";
   EXPECT_EQ(connection_version(r, 4), 4) << "a version-4 broker";
   EXPECT_EQ(connection_version(r, 3), 3) << "a version-3 broker";
   // Credits by demand need a client window of 4 (SPEC.md §5.1): with fewer
   // receives the connection is version 2.
   EXPECT_EQ(connection_version(ConnectRequest{16384, 3}), 2);
-  EXPECT_EQ(connection_version(ConnectRequest{16384, 4}), 6);
+  EXPECT_EQ(connection_version(ConnectRequest{16384, 4}), 7);
   EXPECT_EQ(connection_version(ConnectRequest{16384, 2, 0, 2}), 2);
   EXPECT_EQ(connection_version(ConnectRequest{16384, 64}, 2), 2) << "a version-2 broker";
   // A version-1 client sends 0 there.
@@ -650,7 +710,7 @@ TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
   // A later client asking for more gets what the broker has.
   EXPECT_EQ(negotiate_version(9), kProtocolVersion);
   EXPECT_EQ(negotiate_version(9, 1), 1) << "a version-1 broker";
-  // The accept carries the outcome; a client takes 1 to 6 and nothing else.
+  // The accept carries the outcome; a client takes 1 to 7 and nothing else.
   ConnectAccept a;
   ASSERT_EQ(decode(std::span<const std::byte>(encode(ConnectAccept{8192, 32, 77, 2})), a),
             HandshakeStatus::kOk);
@@ -683,7 +743,11 @@ TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
   EXPECT_EQ(a.version, 6) << "version 6's accept is version 4's";
   auto v7 = v4;
   v7[4] = std::byte{7};
-  EXPECT_EQ(decode(std::span<const std::byte>(v7), a), HandshakeStatus::kBadVersion);
+  ASSERT_EQ(decode(std::span<const std::byte>(v7), a), HandshakeStatus::kOk);
+  EXPECT_EQ(a.version, 7) << "version 7's accept is version 4's";
+  auto v8 = v4;
+  v8[4] = std::byte{8};
+  EXPECT_EQ(decode(std::span<const std::byte>(v8), a), HandshakeStatus::kBadVersion);
   // Byte 4 of a request stays the base version: 2 there is not a request this broker takes.
   auto v2_in_byte4 = encode(ConnectRequest{16384, 64});
   v2_in_byte4[4] = std::byte{2};

@@ -209,6 +209,23 @@ struct ConnectionEvent {
 };
 using ConnectionEventHandler = std::function<void(const ConnectionEvent&)>;
 
+/// What a broker of a cluster says about itself and the brokers it has
+/// routes up to (an INFO frame: SPEC.md §8, "Gossip"; protocol version 7),
+/// when the client connects and again when that changes.
+struct ServerInfo {
+  struct Broker {
+    std::string id;                   // random at each start of that broker
+    std::vector<std::string> urls;    // where clients reach it
+    std::vector<std::string> routes;  // where other brokers' routes reach it
+  };
+  Broker self;  // the broker this client is connected to; empty id: no INFO (yet, or not in a cluster)
+  std::string cluster;
+  std::vector<Broker> peers;
+  /// Every client URL announced: the broker's own, then its peers', once each.
+  std::vector<std::string> client_urls() const;
+};
+using ServerInfoHandler = std::function<void(const ServerInfo&)>;
+
 struct ClientOptions {
   /// Local address to bind (selects the RDMA device); empty: let routing choose.
   std::string bind_address;
@@ -268,6 +285,14 @@ struct ClientOptions {
   std::chrono::milliseconds reconnect_max_delay{5000};
   std::uint32_t max_reconnect_attempts = 0;  // per outage; 0: no limit
   ConnectionEventHandler on_connection_event;
+  /// With `reconnect`, a broker of a cluster announces the cluster's brokers
+  /// (ServerInfo::client_urls()): a reconnect tries the URLs given to
+  /// connect() first, then those announced, so a client given one broker's
+  /// URL fails over to the others (docs/cluster.md). True: only the URLs given.
+  bool ignore_announced_servers = false;
+  /// Called with each INFO the broker sends (ServerInfo), on the I/O thread
+  /// (a polled client: inside poll() or the call that waits).
+  ServerInfoHandler on_server_info;
   std::chrono::milliseconds publish_timeout{5000};
   /// Messages a blocking Subscription buffers before it drops (counted).
   std::size_t subscription_queue_limit = 1u << 20;
@@ -304,6 +329,9 @@ struct ClientOptions {
   /// Needs a broker of protocol version 6.
   std::string route_cluster;
   std::string route_server;
+  /// Version 7: the dialing broker's own route URLs, announced in the login
+  /// so that the broker it dials can dial back (cluster.advertise).
+  std::vector<std::string> route_announce;
 };
 
 /// What a client counts about what it received (Client::stats()).
@@ -424,6 +452,9 @@ class Client {
   virtual Error close_reason() const = 0;
   /// Counts since the client was created (across reconnects).
   virtual ClientStats stats() const = 0;
+  /// The last INFO the broker sent (ServerInfo); an empty `self.id` when it
+  /// sent none: a broker not in a cluster, or of protocol version 6 or less.
+  virtual ServerInfo server_info() const = 0;
 
   /// Subscribes with a handler that sees each message in place
   /// (MessageView, valid only during the call): no copy and no allocation per

@@ -28,8 +28,9 @@ inline constexpr std::uint8_t kVersion = 1;
 /// The highest protocol version this code speaks, negotiated in the
 /// handshake (SPEC.md §2.1): 2 adds message headers (§3.6), 3 credits by
 /// demand (§5.1), 4 messages larger than a frame, sent as fragments (§3.7),
-/// 5 the relay time in every DELIVER (§3.4), 6 routes between brokers (§8).
-inline constexpr std::uint8_t kProtocolVersion = 6;
+/// 5 the relay time in every DELIVER (§3.4), 6 routes between brokers (§8),
+/// 7 gossip: INFO frames and route logins that announce route URLs (§8).
+inline constexpr std::uint8_t kProtocolVersion = 7;
 /// The first protocol version with message headers.
 inline constexpr std::uint8_t kHeadersVersion = 2;
 /// The first protocol version with credits by demand over RDMA (SPEC.md §5.1).
@@ -42,6 +43,10 @@ inline constexpr std::uint8_t kRelayTimeVersion = 5;
 /// The first protocol version in which a broker may log in to another as a
 /// route (a CONNECT with kFlagRoute, SPEC.md §8).
 inline constexpr std::uint8_t kRouteVersion = 6;
+/// The first protocol version with INFO frames (a broker of a cluster tells
+/// its clients and routes the cluster's brokers) and route logins that
+/// announce the dialing broker's route URLs (SPEC.md §8, "Gossip").
+inline constexpr std::uint8_t kGossipVersion = 7;
 /// The largest relay time a DELIVER can carry, in nanoseconds (~4.3 s): a
 /// longer one is sent as this.
 inline constexpr std::uint32_t kMaxRelayNs = 0xffffffffu;
@@ -76,8 +81,10 @@ enum class FrameType : std::uint8_t {
   kMcastLeave = 16,  // B -> C: subscription `arg`'s channel left its group: all further messages come over RC
   // Version 4 (SPEC.md §3.7): a fragmented message that will not be completed.
   kAbort = 17,  // C -> B: the open message is abandoned; B -> C: message `sequence` on subscription `arg` is
+  // Version 7 (SPEC.md §8, "Gossip"): B -> C, the broker and its cluster (info.hpp).
+  kInfo = 18,
 };
-inline constexpr std::uint8_t kMaxFrameType = 17;
+inline constexpr std::uint8_t kMaxFrameType = 18;
 /// Longest CONNECT payload (user name plus password, or a token).
 inline constexpr std::size_t kMaxCredentialsLen = 1024;
 
@@ -158,6 +165,8 @@ constexpr std::string_view to_string(FrameType t) {
       return "MCAST_LEAVE";
     case FrameType::kAbort:
       return "ABORT";
+    case FrameType::kInfo:
+      return "INFO";
   }
   return "UNKNOWN";
 }
@@ -409,7 +418,8 @@ constexpr bool carries_subject(FrameType t) {
 /// The frame types whose arg is always 0 (SPEC.md §3.3).
 constexpr bool arg_is_zero(const FrameHeader& h) {
   if (h.type == FrameType::kPublish) return !h.is_fragment();  // a fragment's arg is its message's length
-  return h.type == FrameType::kPing || h.type == FrameType::kPong || h.type == FrameType::kNoResponders;
+  return h.type == FrameType::kPing || h.type == FrameType::kPong || h.type == FrameType::kNoResponders ||
+         h.type == FrameType::kInfo;
 }
 
 /// A fragment's own rules (SPEC.md §3.7): the first (offset 0) carries the
@@ -446,6 +456,7 @@ inline DecodeStatus check_parts(const FrameHeader& h) {
       break;
     case FrameType::kError:
     case FrameType::kClose:
+    case FrameType::kInfo:
       if (has_subject || h.reply_len != 0) return DecodeStatus::kBadLength;
       break;
     case FrameType::kNoResponders:
