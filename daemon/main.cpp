@@ -175,6 +175,8 @@ class MainThread {
       for (const auto& r : broker_.routes()) {
         routes.push_back({{"url", r.url},
                           {"state", to_string(r.state)},
+                          {"broker", r.broker},
+                          {"discovered", r.discovered},
                           {"interest", r.interest},
                           {"messages_in", r.messages_in},
                           {"bytes_in", r.bytes_in},

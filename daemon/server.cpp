@@ -1,5 +1,6 @@
 #include "server.hpp"
 
+#include "rdmabroker/common/url.hpp"
 #include "rdmabroker/config/config.hpp"
 #include "tcp/tcp_listener.hpp"
 
@@ -79,7 +80,8 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
   if (!opt.cluster.name.empty()) {
     b->interest_ = std::make_unique<ClusterInterest>();
     b->core_.interest = b->interest_.get();
-    b->routes_ = std::make_unique<Routes>(b->core_, *b->interest_, b->core_.server_id);
+    b->routes_ = std::make_unique<Routes>(b->core_, *b->interest_, b->announcement());
+    b->core_.routes = b->routes_.get();
   }
   if (*use_rdma) {
     b->listener_ = std::make_unique<Listener>(b->core_);
@@ -189,24 +191,54 @@ void Server::warn_if_nobody_can_connect(const AuthTable& table) {
   }
 }
 
-std::string Server::listeners() const {
+Server::ListenerUrls Server::listener_urls() const {
   const auto& opt = core_.options;
-  std::string out;
-  if (devices_)
-    out = "rdma://" + opt.listen_address + ":" + std::to_string(opt.port) + " (" + devices_->names() + ")";
-  if (tcp_listen_) {
-    if (!out.empty()) out += ", ";
-    out += "tcp://" + opt.tcp_listen_address + ":" + std::to_string(opt.tcp_port);
-  }
   const auto& cl = opt.cluster;
-  std::string routes;
+  const auto url = [](std::string_view scheme, const std::string& host, std::uint16_t port) {
+    const bool v6 = host.find(':') != std::string::npos;
+    return std::string(scheme) + "://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  };
+  ListenerUrls out;
+  if (devices_) out.clients.push_back(url("rdma", opt.listen_address, opt.port));
+  if (tcp_listen_) out.clients.push_back(url("tcp", opt.tcp_listen_address, opt.tcp_port));
   if (devices_ && cl.listen_rdma_port != 0)
-    routes = "rdma://" + cl.listen_rdma_address + ":" + std::to_string(cl.listen_rdma_port);
-  if (route_tcp_listen_)
-    routes += (routes.empty() ? "" : ", ") + std::string("tcp://") + cl.listen_tcp_address + ":" +
-              std::to_string(cl.listen_tcp_port);
-  if (!routes.empty()) out += "; routes: " + routes;
+    out.routes.push_back(url("rdma", cl.listen_rdma_address, cl.listen_rdma_port));
+  if (route_tcp_listen_) out.routes.push_back(url("tcp", cl.listen_tcp_address, cl.listen_tcp_port));
   return out;
+}
+
+std::string Server::listeners() const {
+  const ListenerUrls urls = listener_urls();
+  std::string out;
+  for (const auto& u : urls.clients) {
+    out += (out.empty() ? "" : ", ") + u;
+    if (u.starts_with("rdma://")) out += " (" + devices_->names() + ")";
+  }
+  if (!urls.routes.empty()) out += fmt::format("; routes: {}", fmt::join(urls.routes, ", "));
+  return out;
+}
+
+proto::BrokerInfo Server::announcement() const {
+  const auto& opt = core_.options;
+  const auto& cl = opt.cluster;
+  const ListenerUrls listening = listener_urls();
+  // A listener on a wildcard address says nothing about where it is reached.
+  const auto named = [](std::vector<std::string> urls) {
+    std::erase_if(urls, [](const std::string& u) {
+      auto parsed = parse_url(u);
+      return !parsed || parsed->host == "0.0.0.0" || parsed->host == "::" || parsed->host.empty();
+    });
+    return urls;
+  };
+  std::vector<std::string> clients = listening.clients;
+  if (opt.tls.mode == config::TlsMode::kRequired) {
+    for (auto& u : clients)
+      if (u.starts_with("tcp://")) u.replace(0, 3, "tls");
+  }
+  return proto::BrokerInfo{
+      core_.server_id, cl.client_advertise.empty() ? named(clients) : cl.client_advertise,
+      cl.advertise.empty() ? named(cl.has_route_listener() ? listening.routes : listening.clients)
+                           : cl.advertise};
 }
 
 void Server::start() {
@@ -218,6 +250,17 @@ void Server::start() {
                  core_.options.cluster.routes.empty()
                      ? std::string("none (others route here)")
                      : fmt::format("{}", fmt::join(core_.options.cluster.routes, ", ")));
+    const proto::BrokerInfo self = announcement();
+    if (self.routes.empty()) {
+      spdlog::info(
+          "cluster '{}': this broker announces no route URL (its listeners are on wildcard addresses; set "
+          "cluster.advertise): brokers that do not list it route here, but it is not dialed back",
+          core_.options.cluster.name);
+    } else {
+      spdlog::info("cluster '{}': announces routes at {} and clients at {}", core_.options.cluster.name,
+                   fmt::join(self.routes, ", "),
+                   self.urls.empty() ? "(none)" : fmt::format("{}", fmt::join(self.urls, ", ")));
+    }
     routes_->start(core_.options.cluster.routes);
   }
   if (listener_) listener_->start();

@@ -66,6 +66,15 @@ class Server {
   const BrokerOptions& options() const { return core_.options; }
   /// "rdma://0.0.0.0:7470 (rxe0, rxe1), tcp://0.0.0.0:7471": what it listens on.
   std::string listeners() const;
+  /// The URLs of its listeners: the clients' and the routes' own (cluster.listen_*).
+  struct ListenerUrls {
+    std::vector<std::string> clients;
+    std::vector<std::string> routes;
+  };
+  ListenerUrls listener_urls() const;
+  /// What this broker announces (SPEC.md §8, "Gossip"): cluster.advertise and
+  /// cluster.client_advertise, or its listeners that name a host.
+  proto::BrokerInfo announcement() const;
   bool rdma_enabled() const { return devices_ != nullptr; }
   /// Test builds (fault/fault.hpp): arms one fault; the admin command `fault`.
   /// Main thread only.

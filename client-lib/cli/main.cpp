@@ -481,12 +481,16 @@ int run_stat(const std::string& socket, bool json) {
   // routes of the others to it are among the connections (user route:<id>).
   if (!routes.empty()) {
     std::cout << "\n" << routes.size() << " route(s)\n";
-    std::printf("%-32s %-10s %8s %12s %14s %8s %10s\n", "route", "state", "interest", "msgs_in", "bytes_in",
-                "dropped", "reconnects");
+    std::printf("%-32s %-10s %-16s %-10s %8s %12s %14s %8s %10s\n", "route", "state", "broker", "from",
+                "interest", "msgs_in", "bytes_in", "dropped", "reconnects");
   }
   for (const auto& r : routes) {
-    std::printf("%-32s %-10s %8llu %12llu %14llu %8llu %10llu\n", r.value("url", "").c_str(),
-                r.value("state", "").c_str(), static_cast<unsigned long long>(r.value("interest", 0ull)),
+    // "from": cluster.routes ("config"), or announced by another broker ("gossip").
+    const std::string broker = r.value("broker", "");
+    std::printf("%-32s %-10s %-16s %-10s %8llu %12llu %14llu %8llu %10llu\n", r.value("url", "").c_str(),
+                r.value("state", "").c_str(), broker.empty() ? "-" : broker.c_str(),
+                r.value("discovered", false) ? "gossip" : "config",
+                static_cast<unsigned long long>(r.value("interest", 0ull)),
                 static_cast<unsigned long long>(r.value("messages_in", 0ull)),
                 static_cast<unsigned long long>(r.value("bytes_in", 0ull)),
                 static_cast<unsigned long long>(r.value("dropped", 0ull)),

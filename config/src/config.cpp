@@ -21,6 +21,7 @@
 #include <set>
 #include <sstream>
 
+#include "rdmabroker/proto/info.hpp"
 #include "rdmabroker/proto/wire.hpp"
 #include "structured.hpp"
 
@@ -205,19 +206,29 @@ std::optional<std::string> check_group_range(const std::string& text) {
   return std::nullopt;
 }
 
-/// A route's URL: rdma://host[:port] or tcp://host[:port] (no TLS: routes
-/// run inside the cluster's network, docs/cluster.md).
-std::optional<std::string> check_route_url(const std::string& url) {
-  const auto sep = url.find("://");
-  const std::string scheme = sep == std::string::npos ? std::string() : url.substr(0, sep);
-  if (scheme != "rdma" && scheme != "tcp")
-    return "expected rdma://host[:port] or tcp://host[:port], got '" + url + "'";
-  // Parsed as the route's client will parse it (the library's parser).
-  auto parsed = parse_url(url);
-  if (!parsed) return parsed.error().message;
-  if (!parsed->user.empty() || !parsed->token.empty())
-    return "'" + url + "': no credentials in a route URL (cluster.user and cluster.password are used)";
-  return std::nullopt;
+/// A list of cluster URLs (cluster.routes, cluster.advertise, cluster.client_advertise).
+Field url_list_field(std::string_view name, bool live, bool for_routes,
+                     std::function<std::vector<std::string>&(Config&)> get) {
+  return Field{"cluster",
+               name,
+               live,
+               [=](const YAML::Node& n, Config& c) -> std::optional<std::string> {
+                 if (!n.IsSequence())
+                   return "expected a list of broker URLs, e.g. [rdma://broker-b:7470, tcp://broker-c:7471]";
+                 get(c).clear();
+                 for (const auto& r : n) {
+                   if (!r.IsScalar()) return "expected broker URLs";
+                   if (auto e = check_cluster_url(r.Scalar(), for_routes)) return e;
+                   get(c).push_back(r.Scalar());
+                 }
+                 return std::nullopt;
+               },
+               [=](const Config& c) {
+                 std::string s = "[";
+                 for (const auto& r : get(const_cast<Config&>(c))) s += (s.size() > 1 ? ", " : "") + r;
+                 return s + "]";
+               },
+               [=](const Config& from, Config& to) { get(to) = get(const_cast<Config&>(from)); }};
 }
 
 /// A cluster's name travels as a route's CONNECT subject (SPEC.md §8).
@@ -348,24 +359,13 @@ const std::vector<Field>& fields() {
           "multicast", "retransmit_window", false,
           [](Config& c) -> std::uint32_t& { return c.broker.multicast.retransmit_window; }, 16, 1u << 20),
       string_field("cluster", "name", false, [](Config& c) -> std::string& { return c.broker.cluster.name; }),
-      Field{"cluster", "routes", true,
-            [](const YAML::Node& n, Config& c) -> std::optional<std::string> {
-              if (!n.IsSequence())
-                return "expected a list of broker URLs, e.g. [rdma://broker-b:7470, tcp://broker-c:7471]";
-              c.broker.cluster.routes.clear();
-              for (const auto& r : n) {
-                if (!r.IsScalar()) return "expected broker URLs";
-                if (auto e = check_route_url(r.Scalar())) return e;
-                c.broker.cluster.routes.push_back(r.Scalar());
-              }
-              return std::nullopt;
-            },
-            [](const Config& c) {
-              std::string s = "[";
-              for (const auto& r : c.broker.cluster.routes) s += (s.size() > 1 ? ", " : "") + r;
-              return s + "]";
-            },
-            [](const Config& from, Config& to) { to.broker.cluster.routes = from.broker.cluster.routes; }},
+      url_list_field("routes", true, true,
+                     [](Config& c) -> std::vector<std::string>& { return c.broker.cluster.routes; }),
+      url_list_field("advertise", false, true,
+                     [](Config& c) -> std::vector<std::string>& { return c.broker.cluster.advertise; }),
+      url_list_field(
+          "client_advertise", false, false,
+          [](Config& c) -> std::vector<std::string>& { return c.broker.cluster.client_advertise; }),
       string_field("cluster", "user", false, [](Config& c) -> std::string& { return c.broker.cluster.user; }),
       Field{"cluster", "password", false,
             [](const YAML::Node& n, Config& c) -> std::optional<std::string> {
@@ -428,6 +428,23 @@ class Problems {
 };
 
 }  // namespace
+
+// Routes get no TLS: they run inside the cluster's network (docs/cluster.md).
+std::optional<std::string> check_cluster_url(const std::string& url, bool for_routes) {
+  const auto sep = url.find("://");
+  const std::string scheme = sep == std::string::npos ? std::string() : url.substr(0, sep);
+  if (scheme != "rdma" && scheme != "tcp" && (for_routes || scheme != "tls")) {
+    return for_routes ? "expected rdma://host[:port] or tcp://host[:port], got '" + url + "'"
+                      : "expected rdma://, tcp:// or tls://host[:port], got '" + url + "'";
+  }
+  auto parsed = parse_url(url);
+  if (!parsed) return parsed.error().message;
+  if (!parsed->user.empty() || !parsed->token.empty()) {
+    return "'" + url + "': no credentials in " +
+           (for_routes ? "a route URL (cluster.user and cluster.password are used)" : "an announced URL");
+  }
+  return std::nullopt;
+}
 
 Result<HostPort> parse_host_port(std::string_view text, std::string_view what) {
   auto bad = [&](const std::string& why) {
@@ -508,6 +525,23 @@ void check_rules(const Config& c, const std::function<void(std::string_view, con
            "'" + cl.name + "' is not a name: 1..255 of letters, digits, '-', '_' and '.', no spaces");
   }
   if (!cl.routes.empty() && cl.name.empty()) report("cluster.routes", "routes need cluster.name");
+  if (!cl.advertise.empty() && cl.name.empty())
+    report("cluster.advertise", "announcing routes needs cluster.name");
+  if (!cl.client_advertise.empty() && cl.name.empty())
+    report("cluster.client_advertise", "announcing to clients needs cluster.name");
+  // They travel in the route login's second string (SPEC.md §8): the id,
+  // then each after a comma, within the subject rules of §3.2.
+  const std::string login = proto::route_login_name(std::string(16, '0'), cl.advertise);
+  if (login.size() > proto::kMaxSubjectLen) {
+    report("cluster.advertise", "the route URLs take " + std::to_string(login.size() - 16) +
+                                    " bytes in a route login, which has room for " +
+                                    std::to_string(proto::kMaxSubjectLen - 16) +
+                                    " (with the commas): announce fewer");
+  } else if (!proto::valid_subject(login)) {
+    report("cluster.advertise",
+           "a route login carries these URLs as a subject (SPEC.md §3.2): no empty token between dots, no "
+           "'*' or '>'");
+  }
   if (cl.has_route_listener() && cl.name.empty())
     report(cl.listen_rdma_port != 0 ? "cluster.listen_rdma" : "cluster.listen_tcp",
            "a route listener needs cluster.name");

@@ -33,6 +33,7 @@ class Worker;
 class MulticastEngine;
 class DeviceSet;
 class ClusterInterest;
+class Routes;
 
 /// Heap a queued delivery may cost besides its frame bytes (its OutItem and
 /// queue slot; the payload itself sits in the registered pool): charged per
@@ -66,6 +67,24 @@ class RoutePeers {
   std::unordered_map<std::string, std::uint64_t> open_;  // guarded by mu_
 };
 
+/// The payload of the INFO this broker sends now (SPEC.md §8, "Gossip"):
+/// Routes sets it when what it says changes, workers read it for each login.
+class AnnouncedInfo {
+ public:
+  std::shared_ptr<const std::string> get() const {
+    std::lock_guard lock(mu_);
+    return text_;
+  }
+  void set(std::shared_ptr<const std::string> text) {
+    std::lock_guard lock(mu_);
+    text_ = std::move(text);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::shared_ptr<const std::string> text_;  // guarded by mu_; null: nothing to announce (not in a cluster)
+};
+
 /// Deliveries routed on one worker (or the multicast engine) to another worker's connection.
 struct RemoteDelivery {
   std::uint64_t connection = 0;
@@ -94,6 +113,8 @@ struct BrokerCore {
   MulticastEngine* multicast = nullptr;  // null: multicast off (or no RDMA device)
   ClusterInterest* interest = nullptr;   // null: not in a cluster (cluster.name empty)
   RoutePeers route_peers;                // the brokers with a route open here: one each
+  Routes* routes = nullptr;              // null: not in a cluster; learns the route URLs logins announce
+  AnnouncedInfo announced;               // the INFO a client of version 7 gets
   /// This broker's id in its cluster: random at each start, 16 hex digits. A
   /// route login that names it comes from this broker itself (SPEC.md §8).
   std::string server_id;

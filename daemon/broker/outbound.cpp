@@ -17,6 +17,14 @@ OutItem make_control(proto::FrameType type, std::uint32_t arg, std::string text,
   return item;
 }
 
+OutItem make_info(std::string text) {
+  OutItem item;
+  item.header.type = proto::FrameType::kInfo;
+  item.header.payload_len = static_cast<std::uint32_t>(text.size());
+  item.text = std::move(text);
+  return item;
+}
+
 OutItem make_no_responders(std::string_view reply) {
   OutItem item;
   item.header.type = proto::FrameType::kNoResponders;

@@ -27,6 +27,9 @@ inline constexpr std::uint32_t kMaxSendSge = 2 * kMaxFramesPerSend;
 inline constexpr std::uint32_t kSendBlockSize = 1024;
 /// Longest ERROR/CLOSE text; keeps a control frame well inside a send block.
 inline constexpr std::size_t kMaxControlText = 200;
+/// Longest INFO payload (SPEC.md §8, "Gossip"): a frame that fits an empty
+/// send block and the smallest receive buffer a client may post.
+inline constexpr std::size_t kMaxInfoText = kSendBlockSize - 2 * proto::kHeaderSize;
 
 struct OutItem {
   proto::FrameHeader header;    // sequence is assigned when packed, unless fixed_sequence
@@ -64,6 +67,8 @@ struct OutItem {
 /// A control frame (ERROR, CLOSE, PONG, ...). An ERROR about one subscription
 /// carries its id in the sequence field (SPEC.md §3.5): the client ends it.
 OutItem make_control(proto::FrameType type, std::uint32_t arg, std::string text = {}, std::uint32_t sid = 0);
+/// INFO with `text` (at most kMaxInfoText bytes: proto::encode_info's bound).
+OutItem make_info(std::string text);
 /// NO_RESPONDERS for the request whose reply subject is `reply` (≤ 255 bytes).
 OutItem make_no_responders(std::string_view reply);
 /// ABORT (SPEC.md §3.7): the message publisher `publisher_id` was sending to

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "multicast/engine.hpp"
+#include "worker/worker.hpp"
 #include "rdmabroker/proto/headers.hpp"
 #include "rdmabroker/proto/wire.hpp"
 
@@ -36,7 +37,8 @@ std::string_view to_string(RouteState s) {
 }
 
 struct Routes::Route {
-  Route(std::string u, std::uint64_t id) : url(std::move(u)), publisher_id(id) {}
+  Route(std::string u, std::uint64_t id, std::string announced_as = {})
+      : url(std::move(u)), publisher_id(id), announced_id(std::move(announced_as)) {}
   const std::string url;
   /// The publisher id its messages in fragments carry here (SPEC.md §3.7):
   /// drawn like a connection's, so no two routes or connections share one.
@@ -44,7 +46,11 @@ struct Routes::Route {
   std::unique_ptr<Client> client;                               // null until the first login succeeded
   std::unordered_map<std::uint32_t, std::uint32_t> subscribed;  // interest entry id -> sid there
   RouteState state = RouteState::kConnecting;                   // guarded by Routes::mu_
-  bool itself = false;  // the URL leads back to this broker: never used
+  /// Not in cluster.routes: the id of the broker that was announced with
+  /// this URL (gossip); empty for a configured route. Guarded by mu_.
+  std::string announced_id;
+  bool forget = false;     // a discovered route that failed: ended and forgotten on the next pass (mu_)
+  proto::BrokerInfo peer;  // its broker, as its INFO says (mu_); empty id: no INFO (yet)
   std::chrono::steady_clock::time_point next_attempt{};
   std::chrono::milliseconds retry = kFirstRetry;
   std::string last_error;  // logged when it changes, not on every attempt
@@ -69,9 +75,11 @@ struct Routes::Route {
   std::uint32_t used = 0;
 };
 
-Routes::Routes(BrokerCore& core, ClusterInterest& interest, std::string server_id)
-    : core_(core), interest_(interest), server_id_(std::move(server_id)) {
+Routes::Routes(BrokerCore& core, ClusterInterest& interest, proto::BrokerInfo self)
+    : core_(core), interest_(interest), self_(std::move(self)) {
   interest_.on_change([this] { wake(); });
+  std::lock_guard lock(mu_);
+  announce_locked();  // before the first client logs in
 }
 
 Routes::~Routes() {
@@ -116,8 +124,8 @@ std::vector<RouteStatus> Routes::status() const {
   std::lock_guard lock(mu_);
   std::vector<RouteStatus> out;
   for (const auto& r : routes_) {
-    out.push_back({r->url, r->state, r->messages_in.load(), r->bytes_in.load(), r->dropped.load(),
-                   r->interest.load(), r->reconnects.load()});
+    out.push_back({r->url, r->state, r->peer.id, !r->announced_id.empty(), r->messages_in.load(),
+                   r->bytes_in.load(), r->dropped.load(), r->interest.load(), r->reconnects.load()});
   }
   return out;
 }
@@ -158,7 +166,7 @@ void Routes::visit_no_cluster(StatsVisitor& v) { visit_broker_wide(v, 0, 0); }
 
 void Routes::visit_broker_wide(StatsVisitor& v, std::int64_t configured, std::int64_t interest) {
   v.level("cluster.routes", configured, "rdmabroker_routes",
-          "Routes configured (cluster.routes, itself excluded).");
+          "Routes to other brokers: configured (cluster.routes, itself excluded) and discovered.");
   v.level("cluster.interest", interest, "rdmabroker_cluster_interest",
           "Distinct patterns and queue groups this broker's clients subscribe to: what its routes carry.");
 }
@@ -168,13 +176,24 @@ void Routes::run() {
   while (!stop_) {
     dirty_ = false;
     // The list: routes no longer configured close (their I/O threads are
-    // joined, so no message of theirs is being routed), new ones are added.
+    // joined, so no message of theirs is being routed), and discovered ones
+    // that failed; new ones are added.
     for (auto it = routes_.begin(); it != routes_.end();) {
-      if (std::find(urls_.begin(), urls_.end(), (*it)->url) != urls_.end()) {
+      Route& r = **it;
+      const bool listed = std::find(urls_.begin(), urls_.end(), r.url) != urls_.end();
+      if (listed) {  // listed now: configured (reconnecting for good), whatever announced it
+        r.announced_id.clear();
+        r.forget = false;
+      }
+      if (r.announced_id.empty() ? listed : !r.forget) {
         ++it;
         continue;
       }
-      spdlog::info("route {}: removed by a reload", (*it)->url);
+      if (r.announced_id.empty())
+        spdlog::info("route {}: removed by a reload", r.url);
+      else
+        spdlog::info("route {} (discovered, broker {}): forgotten until announced again", r.url,
+                     r.announced_id);
       auto gone = std::move(*it);
       it = routes_.erase(it);
       lock.unlock();
@@ -186,11 +205,12 @@ void Routes::run() {
       if (std::none_of(routes_.begin(), routes_.end(), [&](const auto& r) { return r->url == url; }))
         routes_.push_back(std::make_unique<Route>(url, core_.next_connection_id.fetch_add(1)));
     }
+    add_discovered_locked();
     const auto entries = interest_.snapshot();
     auto wake_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     for (auto& r : routes_) {
       if (stop_) break;
-      if (r->itself) continue;
+      if (r->state == RouteState::kItself || r->forget) continue;
       if (!r->client) {
         if (std::chrono::steady_clock::now() < r->next_attempt) {
           wake_at = std::min(wake_at, r->next_attempt);
@@ -200,7 +220,8 @@ void Routes::run() {
         opt.user = core_.options.cluster.user;
         opt.password = core_.options.cluster.password;
         opt.route_cluster = core_.options.cluster.name;
-        opt.route_server = server_id_;
+        opt.route_server = self_.id;
+        opt.route_announce = self_.routes;
         opt.multicast = false;  // a route takes its messages over its connection
         opt.connect_timeout = kConnectTimeout;
         opt.reconnect = true;  // once up, the library keeps it up and restores its subscriptions
@@ -211,17 +232,29 @@ void Routes::run() {
         opt.reconnect_max_delay = kLongestRetry;
         Route* route = r.get();
         opt.on_connection_event = [this, route](const ConnectionEvent& e) {
-          std::lock_guard guard(mu_);
-          if (e.kind == ConnectionEvent::Kind::kDisconnected) {
-            route->state = RouteState::kDown;
-            spdlog::warn("route {}: down ({}); reconnecting", route->url, e.reason.message);
-          } else if (e.kind == ConnectionEvent::Kind::kReconnected) {
-            route->state = RouteState::kUp;
-            route->reconnects.fetch_add(1);
-            spdlog::info("route {}: up again after {} ms, {} subscriptions restored", route->url,
-                         e.downtime.count(), e.subscriptions_restored);
+          {
+            std::lock_guard guard(mu_);
+            if (e.kind == ConnectionEvent::Kind::kDisconnected) {
+              route->state = RouteState::kDown;
+              if (!route->announced_id.empty()) {
+                // Its broker announces itself again when it is back (it dials its routes).
+                spdlog::warn("route {} (discovered): down ({})", route->url, e.reason.message);
+                route->forget = true;
+                announced_.erase(route->announced_id);
+              } else {
+                spdlog::warn("route {}: down ({}); reconnecting", route->url, e.reason.message);
+              }
+            } else if (e.kind == ConnectionEvent::Kind::kReconnected) {
+              route->state = RouteState::kUp;
+              route->reconnects.fetch_add(1);
+              spdlog::info("route {}: up again after {} ms, {} subscriptions restored", route->url,
+                           e.downtime.count(), e.subscriptions_restored);
+            }
+            dirty_ = true;  // what this broker announces changes with it
           }
+          cv_.notify_all();
         };
+        opt.on_server_info = [this, route](const ServerInfo& info) { on_info(*route, info); };
         opt.on_error = [this, route](const Error& e) {
           // A refused login is reported by the connect that made it.
           std::lock_guard guard(mu_);
@@ -235,9 +268,15 @@ void Routes::run() {
           const auto& why = connected.error().message;
           if (connected.error().kind == ErrorKind::kAuthenticationFailed &&
               why.find("itself") != std::string::npos) {
-            r->itself = true;
             r->state = RouteState::kItself;
             spdlog::info("route {}: leads to this broker; not used", url);
+            continue;
+          }
+          if (!r->announced_id.empty()) {
+            spdlog::info("route {} (discovered, broker {}): cannot connect: {}", url, r->announced_id, why);
+            r->forget = true;
+            announced_.erase(r->announced_id);
+            dirty_ = true;
             continue;
           }
           if (why != r->last_error) spdlog::warn("route {}: cannot connect: {}", url, why);
@@ -254,18 +293,72 @@ void Routes::run() {
         r->retry = kFirstRetry;
         r->batches.resize(core_.workers.size());
         r->poller = std::thread([this, route = r.get()] { poll(*route); });
-        spdlog::info("route {}: up ({})", url, r->client->transport_description());
+        spdlog::info("route {}{}: up ({}), broker {}", url, r->announced_id.empty() ? "" : " (discovered)",
+                     r->client->transport_description(), r->peer.id.empty() ? "?" : r->peer.id);
       }
       lock.unlock();
       reconcile(*r, entries);
       lock.lock();
     }
+    announce_locked();
     cv_.wait_until(lock, wake_at, [&] { return stop_ || dirty_; });
   }
   auto routes = std::move(routes_);
   routes_.clear();
   lock.unlock();
   for (auto& r : routes) end(*r);
+}
+
+void Routes::announced(const proto::BrokerInfo& b) {
+  {
+    std::lock_guard lock(mu_);
+    if (b.id == self_.id || b.routes.empty()) return;
+    announced_[b.id] = b.routes;
+    dirty_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Routes::on_info(Route& r, const ServerInfo& info) {
+  {
+    std::lock_guard lock(mu_);
+    r.peer = {info.self.id, info.self.urls, info.self.routes};
+    for (const auto& p : info.peers) {
+      // The brokers it has routes up to: one this broker has no route to is dialed.
+      if (p.id != self_.id && !p.routes.empty()) announced_.try_emplace(p.id, p.routes);
+    }
+    dirty_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Routes::add_discovered_locked() {
+  for (const auto& [id, urls] : announced_) {
+    const bool covered = std::any_of(routes_.begin(), routes_.end(), [&](const auto& r) {
+      return r->peer.id == id || r->announced_id == id ||
+             std::find(urls.begin(), urls.end(), r->url) != urls.end();
+    });
+    if (covered) continue;
+    // The first URL: the broker lists the one it prefers first (cluster.advertise).
+    spdlog::info("route {}: discovered (broker {} was announced); dialing it", urls.front(), id);
+    routes_.push_back(std::make_unique<Route>(urls.front(), core_.next_connection_id.fetch_add(1), id));
+  }
+}
+
+void Routes::announce_locked() {
+  proto::Info info;
+  info.self = self_;
+  info.cluster = core_.options.cluster.name;
+  for (const auto& r : routes_) {
+    if (r->state != RouteState::kUp || r->peer.id.empty()) continue;
+    if (std::none_of(info.peers.begin(), info.peers.end(), [&](const auto& p) { return p.id == r->peer.id; }))
+      info.peers.push_back(r->peer);
+  }
+  auto text = std::make_shared<const std::string>(proto::encode_info(info, kMaxInfoText));
+  if (info_ && *info_ == *text) return;
+  info_ = text;
+  core_.announced.set(text);
+  for (Worker* w : core_.workers) w->post(InfoCommand{text});
 }
 
 void Routes::end(Route& r) {

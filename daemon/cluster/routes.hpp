@@ -14,6 +14,14 @@
 // member of that queue group (the other broker chose this one for the group
 // because it had no member of its own). Never to a route: one hop.
 //
+// Gossip (protocol version 7, SPEC.md §8): a route's login announces this
+// broker's route URLs (cluster.advertise), and the broker it dials sends INFO
+// with its own and those of the brokers it has routes up to. A broker that
+// learns of one it has no route to dials it ("discovered"), so a full mesh
+// forms from partial lists. A discovered route that fails is forgotten until
+// it is announced again. What this broker announces (its INFO) is rebuilt
+// when its routes change and sent to every client of version 7.
+//
 // One thread (the route thread) connects, subscribes and unsubscribes; each
 // route has a poller thread that polls its client (a polled client: the
 // callbacks run there) and hands what arrived to the workers in one batch
@@ -35,6 +43,7 @@
 #include "broker/stats.hpp"
 #include "cluster/interest.hpp"
 #include "rdmabroker/client.hpp"
+#include "rdmabroker/proto/info.hpp"
 
 namespace rdmabroker::daemon {
 
@@ -51,6 +60,8 @@ std::string_view to_string(RouteState s);
 struct RouteStatus {
   std::string url;
   RouteState state = RouteState::kConnecting;
+  std::string broker;             // the id of the broker it leads to (its INFO); empty: not known yet
+  bool discovered = false;        // not in cluster.routes: announced (gossip)
   std::uint64_t messages_in = 0;  // messages it brought
   std::uint64_t bytes_in = 0;     // their payload bytes
   std::uint64_t dropped = 0;      // ... that could not be passed on (counted, logged)
@@ -60,9 +71,9 @@ struct RouteStatus {
 
 class Routes {
  public:
-  /// `server_id`: this broker's id, sent in every route login (so that a
-  /// route to itself is recognised and refused).
-  Routes(BrokerCore& core, ClusterInterest& interest, std::string server_id);
+  /// `self`: this broker's id (sent in every route login, so that a route to
+  /// itself is recognised and refused), the client and route URLs it announces.
+  Routes(BrokerCore& core, ClusterInterest& interest, proto::BrokerInfo self);
   ~Routes();
   Routes(const Routes&) = delete;
   Routes& operator=(const Routes&) = delete;
@@ -73,6 +84,9 @@ class Routes {
   /// cluster.routes reloaded: routes no longer listed close, new ones open.
   void set_urls(const std::vector<std::string>& urls);
   std::vector<RouteStatus> status() const;
+  /// A route login announced the route URLs of broker `b` (any thread): a
+  /// broker with no route to it dials it.
+  void announced(const proto::BrokerInfo& b);
   /// Declares the routes' statistics (docs/cluster.md, "Metrics"): per route,
   /// labelled by its URL (bounded: the configured list), summed in the snapshot.
   void visit(StatsVisitor& v) const;
@@ -103,16 +117,26 @@ class Routes {
   /// broker stops at the credits); null after that (a counted drop).
   std::byte* room(Route& r, std::uint32_t len, std::string_view subject);
   void wake();
+  /// Route `r` brought its broker's INFO.
+  void on_info(Route& r, const ServerInfo& info);
+  /// Adds routes to the announced brokers that no route leads to; under mu_.
+  void add_discovered_locked();
+  /// Rebuilds this broker's INFO and, when it changed, sends it to every
+  /// client (through the workers); under mu_.
+  void announce_locked();
 
   BrokerCore& core_;
   ClusterInterest& interest_;
-  const std::string server_id_;
+  const proto::BrokerInfo self_;
   mutable std::mutex mu_;  // guards routes_ (the list), urls_, stop_, dirty_
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Route>> routes_;
   std::vector<std::string> urls_;
   bool stop_ = false;
   bool dirty_ = true;  // the interest or the list changed since the last pass
+  /// Route URLs of brokers announced to this one, by broker id (guarded by mu_).
+  std::unordered_map<std::string, std::vector<std::string>> announced_;
+  std::shared_ptr<const std::string> info_;  // what this broker announces now (guarded by mu_)
   std::thread thread_;
 };
 

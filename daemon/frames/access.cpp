@@ -5,6 +5,9 @@
 #include <spdlog/spdlog.h>
 
 #include "frames/frame_handler.hpp"
+#include "cluster/routes.hpp"
+#include "rdmabroker/config/config.hpp"
+#include "rdmabroker/proto/info.hpp"
 #include "router/interest.hpp"
 
 namespace rdmabroker::daemon {
@@ -41,7 +44,27 @@ bool FrameHandler::before_authentication(Connection& c, const proto::Frame& f) {
                                  std::to_string(c.protocol_version));
           return false;
         }
-        AuthResultCommand verdict = route_login(c, f.subject, f.reply, user, secret);
+        // Version 7: the dialing broker's id, then its route URLs (SPEC.md §8, "Gossip").
+        proto::BrokerInfo dialer = c.protocol_version >= proto::kGossipVersion
+                                       ? proto::split_route_login(f.reply)
+                                       : proto::BrokerInfo{std::string(f.reply), {}, {}};
+        std::string bad = dialer.id.empty() ? "a route login's second string is its broker's id, then each "
+                                              "route URL after a comma"
+                                            : "";
+        for (const auto& url : dialer.routes) {
+          if (bad.empty() && config::check_cluster_url(url, true))
+            bad = "a route login announces '" + url +
+                  "', not a route URL: " + *config::check_cluster_url(url, true);
+        }
+        if (!bad.empty()) {
+          connections_.close(c, CloseReason::kProtocolError, ErrorCode::kMalformedFrame,
+                             bad + " (SPEC.md §8)");
+          return false;
+        }
+        AuthResultCommand verdict = route_login(c, f.subject, dialer.id, user, secret);
+        // A route in: its broker may be one this one does not know (gossip: dial back).
+        if (verdict.identity && ctx_.core.routes != nullptr && !dialer.routes.empty())
+          ctx_.core.routes->announced(dialer);
         on_auth_result(verdict);
         return c.is_up();
       }
@@ -143,6 +166,8 @@ void FrameHandler::on_auth_result(AuthResultCommand& r) {
   ctx_.core.admission->authenticated(c->slot);
   c->link->on_authenticated(*c);
   ctx_.stats.auth_ok.add();
+  // Before the login's PONG: a client knows the cluster once connected.
+  send_info(*c, ctx_.core.announced.get());
   spdlog::log(c->identity->anonymous ? spdlog::level::debug : spdlog::level::info,
               "connection {} from {} authenticated as {}", c->id, c->peer, c->identity->name);
   // What the client sent after CONNECT, taken now as if it had just arrived

@@ -85,6 +85,7 @@ bool FrameHandler::on_frame(Connection& c, const proto::Frame& f, const BufferRe
     case FrameType::kMcastJoin:
     case FrameType::kMcastLoss:
     case FrameType::kMcastLeave:
+    case FrameType::kInfo:
       break;
   }
   connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
@@ -261,6 +262,10 @@ bool FrameHandler::on_multicast(Connection& c, const proto::Frame& f) {
     engine->repair(c.id, f.header.arg, f.header.sequence, proto::decode_count(f.payload));
   }
   return true;
+}
+
+void FrameHandler::send_info(Connection& c, const std::shared_ptr<const std::string>& text) {
+  if (text && c.protocol_version >= proto::kGossipVersion) connections_.enqueue(c, make_info(*text));
 }
 
 void FrameHandler::reply_error(Connection& c, ErrorCode code, std::string text, std::uint32_t sid) {

@@ -41,6 +41,9 @@ class FrameHandler {
   /// Reload: renews every identity from the new table; revokes subscriptions
   /// and connections that lost their permission.
   void apply_auth(std::shared_ptr<const AuthTable> table);
+  /// INFO with `text` to `c` if it speaks version 7 (SPEC.md §8, "Gossip");
+  /// null `text`: nothing to announce.
+  void send_info(Connection& c, const std::shared_ptr<const std::string>& text);
 
  private:
   /// Handles frame `f` of an open connection; false once the connection closed.

@@ -83,6 +83,12 @@ void Worker::on_command(ReloadCommand& cmd) {
   if (cmd.applied) cmd.applied->set_value();
 }
 
+void Worker::on_command(InfoCommand& cmd) {
+  connections_.for_each([&](Connection& c) {
+    if (c.state == ConnState::kOpen) frames_.send_info(c, cmd.text);
+  });
+}
+
 void Worker::on_command(ListConnectionsCommand& cmd) {
   std::vector<ConnectionInfo> out;
   connections_.for_each([&](Connection& c) {

@@ -96,8 +96,14 @@ struct FaultCommand {
   fault::Spec spec;
   std::shared_ptr<std::promise<Status>> reply;
 };
-using Command = std::variant<AcceptCommand, DeliverCommand, QpFatalCommand, ShutdownCommand, ReloadCommand,
-                             ListConnectionsCommand, AuthResultCommand, FaultCommand, EvictCommand>;
+/// What this broker announces changed (SPEC.md §8, "Gossip"): every open
+/// connection of version 7 gets the new INFO.
+struct InfoCommand {
+  std::shared_ptr<const std::string> text;
+};
+using Command =
+    std::variant<AcceptCommand, DeliverCommand, QpFatalCommand, ShutdownCommand, ReloadCommand,
+                 ListConnectionsCommand, AuthResultCommand, FaultCommand, EvictCommand, InfoCommand>;
 
 // ---------------------------------------------------------------- worker
 
@@ -172,6 +178,7 @@ class Worker {
   /// Test builds: a fault aimed at a connection.
   void on_command(FaultCommand& cmd);
   void on_command(EvictCommand& cmd);
+  void on_command(InfoCommand& cmd);
 
   void handle_cm_events();
   /// One CM event of a connection (copied out of the acked rdma_cm_event).

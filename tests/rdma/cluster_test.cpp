@@ -14,7 +14,10 @@
 #include <mutex>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "harness.hpp"
+#include "rdmabroker/proto/info.hpp"
 #include "rdmabroker/client.hpp"
 
 namespace rdmabroker::test {
@@ -53,14 +56,22 @@ std::span<const std::byte> seq_payload(const std::uint64_t& seq) { return std::a
 
 /// A broker of cluster "test" with its config file (rewritten to add routes);
 /// with `route_listeners`, it takes routes on listeners of their own
-/// (cluster.listen_rdma and cluster.listen_tcp) and only there.
+/// (cluster.listen_rdma and cluster.listen_tcp) and only there. With
+/// `announce`, it announces where routes and clients reach it over that
+/// transport (cluster.advertise, cluster.client_advertise: its listeners are
+/// on 0.0.0.0, which says nothing).
 struct Member {
-  explicit Member(const std::string& name, const std::string& cluster = "test", bool route_listeners = false)
+  explicit Member(const std::string& name, const std::string& cluster = "test", bool route_listeners = false,
+                  std::optional<Via> announce = std::nullopt)
       : file("/tmp/rdmabroker-cluster-" + std::to_string(getpid()) + "-" + name + ".yaml"),
         route_rdma_port(route_listeners ? next_port() : 0),
-        route_tcp_port(route_listeners ? next_port() : 0) {
+        route_tcp_port(route_listeners ? next_port() : 0),
+        client_rdma_port(next_port()),
+        client_tcp_port(next_port()),
+        announce_via(announce) {
     write(cluster, {});
-    broker = std::make_unique<BrokerProcess>(next_port(), std::vector<std::string>{"--config", file});
+    broker = std::make_unique<BrokerProcess>(client_rdma_port, std::vector<std::string>{"--config", file},
+                                             true, client_tcp_port);
   }
   ~Member() {
     broker.reset();
@@ -76,6 +87,10 @@ struct Member {
     if (route_rdma_port != 0)
       out << "  listen_rdma: 0.0.0.0:" << route_rdma_port << "\n  listen_tcp: 0.0.0.0:" << route_tcp_port
           << "\n";
+    if (announce_via) {
+      const std::string route = route_rdma_port != 0 ? route_url(*announce_via) : client_url(*announce_via);
+      out << "  advertise: [" << route << "]\n  client_advertise: [" << client_url(*announce_via) << "]\n";
+    }
     out << "  routes: [";
     for (std::size_t i = 0; i < routes.size(); ++i) out << (i ? ", " : "") << routes[i];
     out << "]\n";
@@ -85,6 +100,11 @@ struct Member {
     auto it = s.find(key);
     return it == s.end() ? 0 : it->second;
   }
+  /// Where its clients of transport `via` reach it (url_via, before the broker runs).
+  std::string client_url(Via via) const {
+    return via == Via::kRdma ? "rdma://" + guest_addr1() + ":" + std::to_string(client_rdma_port)
+                             : "tcp://127.0.0.1:" + std::to_string(client_tcp_port);
+  }
   /// Where its route listener of transport `via` is reached.
   std::string route_url(Via via) const {
     return via == Via::kRdma ? "rdma://" + guest_addr1() + ":" + std::to_string(route_rdma_port)
@@ -93,8 +113,23 @@ struct Member {
   std::string file;
   std::uint16_t route_rdma_port;
   std::uint16_t route_tcp_port;
+  std::uint16_t client_rdma_port;
+  std::uint16_t client_tcp_port;
+  std::optional<Via> announce_via;
   std::unique_ptr<BrokerProcess> broker;
 };
+
+/// Gives `m` these routes (a reload: the live way to change them).
+void route(Member& m, const std::vector<std::string>& urls) {
+  m.write("test", urls);
+  const std::string reply = m.broker->admin("reload");
+  ASSERT_NE(reply.find("\"ok\":true"), std::string::npos) << reply;
+}
+void await_routes_up(Member& m, std::int64_t n) {
+  ASSERT_TRUE(wait_until([&] { return m.stat("cluster.routes_up") == n; }, 60s))
+      << "routes up: " << m.stat("cluster.routes_up") << " of " << m.stat("cluster.routes") << ", expected "
+      << n;
+}
 
 class Cluster : public ::testing::TestWithParam<Via> {
  protected:
@@ -111,17 +146,6 @@ class Cluster : public ::testing::TestWithParam<Via> {
       route(*m, urls);
     }
     for (auto* m : all()) await_routes_up(*m, 2);
-  }
-  /// Gives `m` these routes (a reload: the live way to change them).
-  static void route(Member& m, const std::vector<std::string>& urls) {
-    m.write("test", urls);
-    const std::string reply = m.broker->admin("reload");
-    ASSERT_NE(reply.find("\"ok\":true"), std::string::npos) << reply;
-  }
-  static void await_routes_up(Member& m, std::int64_t n) {
-    ASSERT_TRUE(wait_until([&] { return m.stat("cluster.routes_up") == n; }, 60s))
-        << "routes up: " << m.stat("cluster.routes_up") << " of " << m.stat("cluster.routes") << ", expected "
-        << n;
   }
   std::vector<Member*> all() { return {&a_, &b_, &c_}; }
   std::unique_ptr<Client> client(Member& m) { return connect_via(*m.broker, GetParam()); }
@@ -593,6 +617,196 @@ TEST(ClusterRoutes, OnlyTheClustersCredentialsAndNameOpenARoute) {
   // ... and frees its broker's place for the next.
   ASSERT_TRUE(wait_until([&] { return attempt("prod", "route", "s3cret-route").ok(); }, 10s));
 }
+
+TEST(ClusterRoutes, ARouteLoginMayAnnounceOnlyRouteUrls) {
+  Member a("a", "prod");
+  ClientOptions opt;
+  opt.route_cluster = "prod";
+  opt.route_server = "0123456789abcdef";
+  opt.user = "route";
+  opt.password = "s3cret-route";
+  // Version 7 (SPEC.md §8, "Gossip"): what follows the id must be route
+  // URLs, which the broker will dial; anything else closes the login.
+  for (const std::string bad : {"tls://b:7471", "http://b", "tcp://user:pw@b:7471"}) {
+    opt.route_announce = {bad};
+    auto refused = try_connect_via(*a.broker, Via::kTcp, opt);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.error().message.find("not a route URL"), std::string::npos) << refused.error().message;
+  }
+  // The broker serves on, and dials back what a right login announces: a
+  // broker there is none of, so the dial fails and it is forgotten.
+  opt.route_announce = {"tcp://127.0.0.1:" + std::to_string(next_port())};
+  auto route = try_connect_via(*a.broker, Via::kTcp, opt);
+  ASSERT_TRUE(route.ok()) << route.error().message;
+  ServerInfo info = route.value()->server_info();
+  EXPECT_EQ(info.cluster, "prod") << "a route gets INFO like a client";
+  EXPECT_EQ(info.self.id.size(), 16u);
+  EXPECT_TRUE(info.self.urls.empty()) << "listeners on 0.0.0.0 announce nothing";
+}
+
+/// Gossip (SPEC.md §8, protocol version 7): brokers that announce where they
+/// are reached form a full mesh from partial lists, and clients learn every
+/// broker of the cluster from the one they connect to.
+class Gossip : public ::testing::TestWithParam<Via> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Via::kRdma) require_rdma();
+    // B lists nobody, A and C list only B: B learns both from their route
+    // logins and dials back; A and C learn of each other from B's INFO.
+    route(a_, {b_.client_url(GetParam())});
+    route(c_, {b_.client_url(GetParam())});
+    for (Member* m : {&a_, &b_, &c_}) await_routes_up(*m, 2);
+  }
+  /// `m`'s routes by URL, as its admin socket lists them.
+  static std::map<std::string, nlohmann::json> routes_of(const Member& m) {
+    std::map<std::string, nlohmann::json> out;
+    const auto stats = nlohmann::json::parse(m.broker->admin("stats"));
+    for (const auto& r : stats["routes"]) out[r["url"]] = r;
+    return out;
+  }
+  std::unique_ptr<Client> client(Member& m, ClientOptions opt = {}) {
+    return connect_via(*m.broker, GetParam(), std::move(opt));
+  }
+  Member a_{"a", "test", false, GetParam()};
+  Member b_{"b", "test", false, GetParam()};
+  Member c_{"c", "test", false, GetParam()};
+};
+
+TEST_P(Gossip, AFullMeshFormsFromPartialListsAndClientsLearnEveryBroker) {
+  const Via via = GetParam();
+  // Each broker's routes: the one it lists and those it discovered, each
+  // naming the broker it leads to (the same id whoever dialed it).
+  auto on_a = routes_of(a_), on_b = routes_of(b_), on_c = routes_of(c_);
+  ASSERT_EQ(on_a.size(), 2u);
+  ASSERT_EQ(on_b.size(), 2u);
+  ASSERT_EQ(on_c.size(), 2u);
+  EXPECT_EQ(on_a[b_.client_url(via)]["discovered"], false);
+  EXPECT_EQ(on_a[c_.client_url(via)]["discovered"], true);
+  EXPECT_EQ(on_b[a_.client_url(via)]["discovered"], true);
+  EXPECT_EQ(on_b[c_.client_url(via)]["discovered"], true);
+  EXPECT_EQ(on_c[a_.client_url(via)]["discovered"], true);
+  const std::string id_of_c = on_a[c_.client_url(via)]["broker"];
+  EXPECT_EQ(id_of_c.size(), 16u);
+  EXPECT_EQ(on_b[c_.client_url(via)]["broker"], id_of_c);
+  EXPECT_NE(on_b[a_.client_url(via)]["broker"], id_of_c);
+
+  // One hop over the discovered route: what A publishes reaches C's
+  // subscriber once and in order, and B, with no subscriber, gets nothing.
+  constexpr std::uint64_t kMessages = 200;
+  Received got;
+  auto sub = client(c_);
+  ASSERT_TRUE(sub && sub->subscribe("g.>", got.handler()).ok());
+  ASSERT_TRUE(wait_until([&] { return a_.stat("subscriptions") >= 1; }, 60s));
+  auto pub = client(a_);
+  ASSERT_TRUE(pub);
+  for (std::uint64_t i = 1; i <= kMessages; ++i) ASSERT_TRUE(pub->publish("g.x", seq_payload(i)).ok());
+  ASSERT_TRUE(pub->flush(30s).ok());
+  ASSERT_TRUE(wait_until([&] { return got.count() >= kMessages; }, 60s)) << got.count();
+  std::this_thread::sleep_for(300ms);  // a duplicate would arrive by now
+  std::vector<std::uint64_t> expected(kMessages);
+  for (std::uint64_t i = 0; i < kMessages; ++i) expected[i] = i + 1;
+  EXPECT_EQ(got.seqs(), expected);
+  EXPECT_EQ(c_.stat("cluster.route_messages_in"), static_cast<std::int64_t>(kMessages));
+  EXPECT_EQ(b_.stat("cluster.route_messages_in"), 0);
+
+  // A client of A learns the whole cluster from A's INFO (before connect() returns).
+  ServerInfo info = pub->server_info();
+  EXPECT_EQ(info.cluster, "test");
+  EXPECT_EQ(info.self.urls, std::vector<std::string>{a_.client_url(via)});
+  EXPECT_EQ(info.self.routes, std::vector<std::string>{a_.client_url(via)});
+  auto urls = info.client_urls();
+  std::sort(urls.begin(), urls.end());
+  std::vector<std::string> all = {a_.client_url(via), b_.client_url(via), c_.client_url(via)};
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(urls, all);
+  ASSERT_EQ(info.peers.size(), 2u);
+  EXPECT_TRUE(info.peers[0].id == id_of_c || info.peers[1].id == id_of_c);
+}
+
+TEST_P(Gossip, AClientGivenOneBrokerFailsOverToAnAnnouncedOne) {
+  const Via via = GetParam();
+  // A client given only A's URL; A is killed: it moves to a broker A
+  // announced, restores its subscription there, and gets what C publishes.
+  Received moving;
+  ConnectionEvents events;
+  ClientOptions opt = events.options();
+  opt.connect_timeout = 15s;
+  opt.publish_timeout = 10s;
+  std::atomic<int> infos{0};
+  opt.on_server_info = [&](const ServerInfo&) { infos.fetch_add(1); };
+  if (via == Via::kRdma) opt.bind_address = guest_addr2();
+  auto connected = Client::connect(a_.client_url(via), opt);
+  ASSERT_TRUE(connected.ok()) << connected.error().message;
+  auto mover = std::move(connected).value();
+  EXPECT_GE(infos.load(), 1);
+  ASSERT_TRUE(mover->subscribe("t", moving.handler()).ok());
+  ASSERT_TRUE(wait_until([&] { return c_.stat("subscriptions") >= 1; }, 60s));  // A's route's
+  auto pub = client(c_);
+  ASSERT_TRUE(pub);
+  std::uint64_t seq = 0;
+  auto publish = [&](std::uint64_t n) {
+    for (std::uint64_t i = 0; i < n; ++i) ASSERT_TRUE(pub->publish("t", seq_payload(++seq)).ok());
+    ASSERT_TRUE(pub->flush(30s).ok());
+  };
+  publish(50);
+  ASSERT_TRUE(wait_until([&] { return moving.count() >= 50; }, 60s)) << moving.count();
+  EXPECT_EQ(a_.broker->stop(SIGKILL, 10s), 128 + SIGKILL);
+  ASSERT_TRUE(wait_until([&] { return events.reconnected.load() >= 1; }, 60s)) << "never reconnected";
+  const std::string now = mover->transport_description();
+  const auto port = [&](Member& m) {
+    return ":" + std::to_string(via == Via::kRdma ? m.client_rdma_port : m.client_tcp_port);
+  };
+  EXPECT_TRUE(now.find(port(b_)) != std::string::npos || now.find(port(c_)) != std::string::npos) << now;
+  // A's routes were discovered on B and C: forgotten, not redialed forever.
+  ASSERT_TRUE(
+      wait_until([&] { return b_.stat("cluster.routes") == 1 && c_.stat("cluster.routes") == 1; }, 60s))
+      << b_.stat("cluster.routes") << " " << c_.stat("cluster.routes");
+  // Its new broker's INFO no longer names A.
+  ASSERT_TRUE(wait_until([&] { return mover->server_info().client_urls().size() == 2; }, 60s));
+  ASSERT_TRUE(mover->flush(30s).ok());
+  ASSERT_TRUE(wait_until([&] { return b_.stat("subscriptions") + c_.stat("subscriptions") >= 2; }, 60s));
+  const std::uint64_t before = seq;
+  publish(100);
+  ASSERT_TRUE(wait_until([&] { return !moving.seqs().empty() && moving.seqs().back() == seq; }, 60s))
+      << moving.count();
+  std::this_thread::sleep_for(300ms);
+  const auto seqs = moving.seqs();
+  EXPECT_TRUE(std::is_sorted(seqs.begin(), seqs.end()) &&
+              std::adjacent_find(seqs.begin(), seqs.end()) == seqs.end());
+  EXPECT_EQ(std::count_if(seqs.begin(), seqs.end(), [&](std::uint64_t s) { return s > before; }), 100);
+}
+
+TEST_P(Gossip, AClientOfVersion7GetsInfoBeforeItsLoginsPongAndAnOlderClientNone) {
+  const Via via = GetParam();
+  auto ping = frame(proto::FrameType::kPing, 0, "");
+  auto first_frame = [&](RawWire& w) {
+    EXPECT_TRUE(w.send(ping).ok());
+    const auto sends = w.receive(30s);
+    const auto decoded = sends.empty() ? std::vector<proto::Frame>{} : frames(sends.front());
+    EXPECT_FALSE(decoded.empty());
+    if (decoded.empty()) return std::pair{proto::FrameType::kClose, std::string()};
+    const proto::Frame& f = decoded.front();
+    return std::pair{f.header.type,
+                     std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size())};
+  };
+  auto current = raw_wire(*a_.broker, via);
+  ASSERT_TRUE(current);
+  ASSERT_EQ(current->accept.version, proto::kProtocolVersion);
+  auto [type, text] = first_frame(*current);
+  ASSERT_EQ(type, proto::FrameType::kInfo);
+  auto info = proto::decode_info(text);
+  ASSERT_TRUE(info) << text;
+  EXPECT_EQ(info->cluster, "test");
+  EXPECT_EQ(info->self.urls, std::vector<std::string>{a_.client_url(via)});
+  EXPECT_EQ(info->peers.size(), 2u) << text;
+  auto older = raw_wire(*a_.broker, via, true, proto::ConnectRequest{16384, 16, 0, /*max_version=*/6});
+  ASSERT_TRUE(older);
+  ASSERT_EQ(older->accept.version, 6);
+  EXPECT_EQ(first_frame(*older).first, proto::FrameType::kPong) << "version 6 knows no INFO";
+}
+
+INSTANTIATE_TEST_SUITE_P(Via, Gossip, ::testing::Values(Via::kRdma, Via::kTcp),
+                         [](const auto& info) { return to_string(info.param); });
 
 }  // namespace
 }  // namespace rdmabroker::test

@@ -266,9 +266,10 @@ bool ConnectionEvents::saw(ConnectionEvent::Kind kind) {
 
 // ---------------------------------------------------------------- broker
 
-BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_args, bool allow_anonymous)
+BrokerProcess::BrokerProcess(std::uint16_t port, std::vector<std::string> extra_args, bool allow_anonymous,
+                             std::uint16_t tcp_port)
     : port_(port),
-      tcp_port_(next_port()),
+      tcp_port_(tcp_port != 0 ? tcp_port : next_port()),
       admin_socket_("/tmp/rdmabroker-test-" + std::to_string(getpid()) + "-" + std::to_string(port) +
                     ".sock") {
   args_ = {broker_path(),

@@ -127,8 +127,9 @@ class BrokerProcess {
   /// extra flags; waits until its admin socket answers. Where there is no RDMA
   /// device the broker serves TCP only.
   /// `allow_anonymous`: passes --allow-anonymous (tests of authentication turn it off).
+  /// `tcp_port`: 0, a port of its own (next_port()).
   explicit BrokerProcess(std::uint16_t port, std::vector<std::string> extra_args = {},
-                         bool allow_anonymous = true);
+                         bool allow_anonymous = true, std::uint16_t tcp_port = 0);
   ~BrokerProcess();
   BrokerProcess(const BrokerProcess&) = delete;
   BrokerProcess& operator=(const BrokerProcess&) = delete;

@@ -457,6 +457,28 @@ cluster:
   EXPECT_EQ(listeners->broker.cluster.listen_tcp_port, 7473);
   EXPECT_TRUE(listeners->broker.cluster.has_route_listener());
   EXPECT_FALSE(c->broker.cluster.has_route_listener()) << "none by default: routes use the client ports";
+  // Gossip: what this broker announces, as a route login and a client can use it.
+  auto announced = parse(
+      "cluster: {name: prod, user: u, password: p, advertise: [rdma://10.0.0.1:7472, tcp://a.example:7473], "
+      "client_advertise: [rdma://10.0.0.1, tls://a.example:7471]}",
+      "broker.yaml");
+  ASSERT_TRUE(announced) << announced.error().message;
+  EXPECT_EQ(announced->broker.cluster.advertise,
+            (std::vector<std::string>{"rdma://10.0.0.1:7472", "tcp://a.example:7473"}));
+  EXPECT_EQ(announced->broker.cluster.client_advertise,
+            (std::vector<std::string>{"rdma://10.0.0.1", "tls://a.example:7471"}));
+  EXPECT_EQ(show(*announced, "cluster.advertise"), "[rdma://10.0.0.1:7472, tcp://a.example:7473]");
+  fails_with("cluster: {advertise: [tcp://a:7473]}", "announcing routes needs cluster.name");
+  fails_with("cluster: {client_advertise: [tcp://a:7471]}", "announcing to clients needs cluster.name");
+  fails_with("cluster: {name: prod, user: u, password: p, advertise: [tls://a:7471]}",
+             "expected rdma://host[:port] or tcp://host[:port]");
+  fails_with("cluster: {name: prod, user: u, password: p, client_advertise: [http://a]}",
+             "expected rdma://, tcp:// or tls://");
+  fails_with("cluster: {name: prod, user: u, password: p, client_advertise: ['tcp://u:pw@a']}",
+             "no credentials in an announced URL");
+  fails_with("cluster: {name: prod, user: u, password: p, advertise: ['tcp://a..b:7473']}", "as a subject");
+  fails_with("cluster: {name: prod, user: u, password: p, advertise: [tcp://" + std::string(240, 'h') + "]}",
+             "announce fewer");
   EXPECT_EQ(show(*listeners, "cluster.listen_tcp"), "0.0.0.0:7473");
   // The password is never shown, and only the route list may change live.
   EXPECT_EQ(show(*c, "cluster.password"), "(set)");

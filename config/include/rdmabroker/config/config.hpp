@@ -59,6 +59,12 @@ struct HostPort {
 };
 Result<HostPort> parse_host_port(std::string_view text, std::string_view what);
 
+/// What is wrong with `url` as a broker URL of the cluster section (parsed as
+/// the library parses it, no credentials); nullopt when nothing. A route's
+/// (`for_routes`: cluster.routes, cluster.advertise, the URLs a route login
+/// announces) is rdma:// or tcp://; a client's may also be tls://.
+std::optional<std::string> check_cluster_url(const std::string& url, bool for_routes);
+
 std::string_view to_string(RdmaMode m);
 std::string_view to_string(TlsMode m);
 std::string_view to_string(LogFormat f);

@@ -105,6 +105,14 @@ struct ClusterSettings {
   std::string listen_tcp_address;
   std::uint16_t listen_tcp_port = 0;
   bool has_route_listener() const { return listen_rdma_port != 0 || listen_tcp_port != 0; }
+  // Gossip (SPEC.md §8, protocol version 7): where other brokers' routes
+  // reach this one (announced in its route logins and INFO, so brokers it
+  // does not list dial back and a full mesh forms from partial lists), and
+  // where clients reach it (announced to clients, their failover list).
+  // Empty: the route (or client) listeners that name a host; a listener on
+  // a wildcard address (0.0.0.0, ::) is not announced.
+  std::vector<std::string> advertise;
+  std::vector<std::string> client_advertise;
   bool operator==(const ClusterSettings&) const = default;
 };
 
