@@ -21,13 +21,35 @@ Result<std::unique_ptr<RdmaPort>> RdmaPort::create(Device& dev, WorkerContext& c
   const auto& attr = dev.attr;
   port->srq_depth_ = std::min<std::uint32_t>(opt.srq_depth, static_cast<std::uint32_t>(attr.max_srq_wr));
   port->max_sge = std::min<std::uint32_t>(kMaxSendSge, static_cast<std::uint32_t>(attr.max_sge));
+  const std::uint32_t ports_total = static_cast<std::uint32_t>(std::max<std::size_t>(
+      1, ctx.core.workers.size() * (ctx.core.devices ? ctx.core.devices->devices().size() : 1)));
+  // What every SRQ keeps posted must leave half the pool to queued messages,
+  // TCP reads and routes: 8 workers x 2 devices x 1,024 receives would take
+  // all of the default 8,192 buffers, and the SRQs created first would
+  // starve the others and every TCP client.
+  const std::uint32_t share = ctx.core.pool->count() / (2 * ports_total);
+  if (share < kMinSrqDepth) {
+    return Error{ErrorKind::kResource,
+                 "buffers.pool " + std::to_string(ctx.core.pool->count()) + " is too small for " +
+                     std::to_string(ports_total) + " receive queues (workers x devices): each needs " +
+                     std::to_string(kMinSrqDepth) + " receives from half the pool; raise buffers.pool to " +
+                     std::to_string(2 * ports_total * kMinSrqDepth) + " or run fewer workers"};
+  }
+  if (port->srq_depth_ > share) {
+    if (ctx.index == 0 && dev.index == 0) {  // said once
+      spdlog::warn(
+          "buffers.srq_depth {} x {} receive queues ({} workers x {} devices) would keep {} of the pool's {} "
+          "buffers posted: each keeps {} (half the pool; raise buffers.pool or lower buffers.srq_depth)",
+          port->srq_depth_, ports_total, ctx.core.workers.size(), ports_total / ctx.core.workers.size(),
+          std::uint64_t{port->srq_depth_} * ports_total, ctx.core.pool->count(), share);
+    }
+    port->srq_depth_ = share;
+  }
   // The SRQ may grow to hold the windows of credits by demand (srq_max):
   // up to half the pool's share of this port (the rest carries queued
   // messages and TCP), never below srq_depth; plus one refill batch, so that
   // refills stay batched when the windows reach srq_max.
   port->batch_ = std::max(1u, port->srq_depth_ / 4);
-  const std::uint32_t ports_total = static_cast<std::uint32_t>(std::max<std::size_t>(
-      1, ctx.core.workers.size() * (ctx.core.devices ? ctx.core.devices->devices().size() : 1)));
   const auto max_srq_wr = static_cast<std::uint32_t>(attr.max_srq_wr);
   port->srq_max_ = std::min(std::max(port->srq_depth_, ctx.core.pool->count() / (2 * ports_total)),
                             max_srq_wr > port->batch_ ? max_srq_wr - port->batch_ : 1u);

@@ -67,6 +67,9 @@ class RdmaPort {
 
   /// A version-3 connection's window never shrinks below this (its CONNECT and one more frame).
   static constexpr std::uint32_t kMinWindow = 2;
+  /// The fewest receives an SRQ keeps posted (buffers.srq_depth is cut to
+  /// its share of half the pool, not below this).
+  static constexpr std::uint32_t kMinSrqDepth = 4;
   /// Without data this long, a version-3 connection is asked to give back all but kMinWindow.
   static constexpr std::chrono::milliseconds kIdleReclaim{1000};
   /// Windows may still grow by this much on this port.

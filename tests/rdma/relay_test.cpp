@@ -828,6 +828,38 @@ TEST_F(Relay, ClientsStartSmallSoAPortTakesManyMoreThanItsFullWindows) {
   EXPECT_EQ(few.version(), 2);
 }
 
+// An srq_depth the pool cannot hold on every receive queue is cut to each
+// queue's share of half the pool (logged): before, the queues created first
+// took the whole pool, and the others, TCP clients and routes got nothing.
+TEST_F(Relay, AnSrqDepthThePoolCannotHoldIsCutSoEveryQueueAndTcpStillRelay) {
+  BrokerProcess broker(next_port(), {"--workers", "2", "--srq-depth", "1024", "--pool-buffers", "512"});
+  ASSERT_TRUE(broker.running());
+  auto st = broker.wait_stats([](auto& s) { return s["rdma.srq_posted"] > 0; }, 30s);
+  EXPECT_LE(st["rdma.srq_posted"], 256) << "at most half the pool posted";
+  EXPECT_GE(st["rdma.srq_posted"], 2 * 64) << "every receive queue keeps its share (64 or 128)";
+  // An RDMA pair on each worker (clients are spread by connection id) and a TCP pair.
+  for (const Via via : {Via::kRdma, Via::kRdma, Via::kTcp}) {
+    auto sub = connect_via(broker, via);
+    auto pub = connect_via(broker, via);
+    ASSERT_TRUE(sub && pub);
+    SeqSink got;
+    ASSERT_TRUE(sub->subscribe("share.pool", got.handler()).ok());
+    ASSERT_TRUE(sub->flush(10s).ok());
+    constexpr int kCount = 300;
+    for (int i = 0; i < kCount; ++i) ASSERT_TRUE(pub->publish("share.pool", std::to_string(i)).ok());
+    ASSERT_TRUE(pub->flush(60s).ok());
+    EXPECT_TRUE(wait_until([&] { return got.size() >= kCount; }, 60s)) << to_string(via) << " " << got.size();
+    EXPECT_TRUE(got.exactly(0, kCount)) << got.describe();
+  }
+  // A pool too small for 4 receives per queue is refused at start, saying what to raise.
+  auto [rc, out] =
+      run({broker_path(), "--no-config", "--workers", "4", "--pool-buffers", "16", "--port",
+           std::to_string(next_port()), "--tcp-port", "0", "--metrics-listen", "", "--admin-socket",
+           "/tmp/rdmabroker-test-" + std::to_string(getpid()) + "-small-pool.sock"});
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("too small for"), std::string::npos) << out;
+}
+
 // A publisher earns credits while it publishes and gives them back once it
 // has been idle for a second (the library answers the broker's ask); it then
 // earns them again. Nothing is lost on the way.
