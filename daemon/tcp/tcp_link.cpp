@@ -90,8 +90,7 @@ void TcpPort::accept(bool routes, bool stopping) {
     Admission& admission = *ctx_.core.admission;
     // On a TLS listener nothing is sent before the first byte shows whether
     // the client speaks TLS: a plain reject would be garbage to a TLS client.
-    // The route listener is plain TCP (routes run inside the cluster's network).
-    const bool tls_listener = !routes && ctx_.core.tls.get() != nullptr;
+    const bool tls_listener = tls_for(routes) != nullptr;
     auto refuse = [&](proto::RejectReason reason) {
       admission.refuse(Admission::Via::kTcp, peer, proto::to_string(reason),
                        tls_listener ? std::nullopt : std::optional(reason));
@@ -153,11 +152,16 @@ void TcpPort::tls_failed(Handshakes::iterator it, TlsFailure kind, const std::st
   drop_handshake(it, "TLS handshake failed: " + why, std::nullopt);
 }
 
+std::shared_ptr<const TlsContext> TcpPort::tls_for(bool route_listener) const {
+  // The route listener is plain TCP (routes run inside the cluster's network).
+  return route_listener ? nullptr : ctx_.core.tls.get();
+}
+
 bool TcpPort::advance_tls(Handshakes::iterator it) {
   Handshake& h = it->second;
   const int fd = h.fd.get();
   if (!h.sniffed) {
-    const auto tls = h.route_listener ? nullptr : ctx_.core.tls.get();
+    const auto tls = tls_for(h.route_listener);
     if (!tls) {
       h.sniffed = true;  // a plain listener
       return true;

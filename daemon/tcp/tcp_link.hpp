@@ -204,6 +204,9 @@ class TcpPort {
   /// if given), gives its slot back and closes it; returns the next entry.
   Handshakes::iterator drop_handshake(Handshakes::iterator it, std::string_view why,
                                       std::optional<proto::RejectReason> reason);
+  /// What a connection accepted on the route listener (or a client listener)
+  /// speaks TLS with: null, plain TCP.
+  std::shared_ptr<const TlsContext> tls_for(bool route_listener) const;
   /// On a TLS listener: decides TLS or plain, runs the TLS handshake. False
   /// while it must wait for the socket, or when it dropped the handshake.
   bool advance_tls(Handshakes::iterator it);
