@@ -48,6 +48,8 @@ nlohmann::json connections_json(const std::vector<ConnectionInfo>& conns) {
                     {"pending_messages", c.pending_messages},
                     {"pending_bytes", c.pending_bytes},
                     {"credits", c.credits}});
+    // Another broker's route here: which broker (SPEC.md §8).
+    if (!c.route_broker.empty()) list.back()["broker"] = c.route_broker;
   }
   return list;
 }

@@ -28,6 +28,7 @@
 #include <cstring>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -477,39 +478,43 @@ int run_stat(const std::string& socket, bool json) {
                 static_cast<unsigned long long>(x.value("bytes_out", 0ull)),
                 static_cast<unsigned long long>(x.value("pending_messages", 0ull)));
   }
-  // A broker of a cluster: the routes it pulls from (docs/cluster.md); the
-  // routes of the others to it are among the connections (user route:<id>).
+  // A broker of a cluster (docs/cluster.md): one row per other broker, both
+  // ways. Its route there (the broker's id from that broker's INFO) says
+  // what it brought; that broker's route here (a connection naming the same
+  // broker) what was sent to it.
+  std::map<std::string, nlohmann::json> inbound;  // by broker id
+  for (const auto& x : c)
+    if (!x.value("broker", "").empty()) inbound[x["broker"].get<std::string>()] = x;
+  const auto u64 = [](const nlohmann::json& j, const char* key) {
+    return static_cast<unsigned long long>(j.value(key, 0ull));
+  };
   if (!routes.empty()) {
     std::cout << "\n" << routes.size() << " route(s)\n";
-    std::printf("%-32s %-10s %-16s %-10s %8s %12s %14s %8s %10s\n", "route", "state", "broker", "from",
-                "interest", "msgs_in", "bytes_in", "dropped", "reconnects");
+    std::printf("%-32s %-10s %-16s %-6s %8s %12s %14s %12s %14s %8s %10s\n", "route", "state", "broker",
+                "from", "interest", "msgs_in", "bytes_in", "msgs_out", "bytes_out", "dropped", "reconnects");
   }
   for (const auto& r : routes) {
     // "from": cluster.routes ("config"), or announced by another broker ("gossip").
     const std::string broker = r.value("broker", "");
-    std::printf("%-32s %-10s %-16s %-10s %8llu %12llu %14llu %8llu %10llu\n", r.value("url", "").c_str(),
-                r.value("state", "").c_str(), broker.empty() ? "-" : broker.c_str(),
-                r.value("discovered", false) ? "gossip" : "config",
-                static_cast<unsigned long long>(r.value("interest", 0ull)),
-                static_cast<unsigned long long>(r.value("messages_in", 0ull)),
-                static_cast<unsigned long long>(r.value("bytes_in", 0ull)),
-                static_cast<unsigned long long>(r.value("dropped", 0ull)),
-                static_cast<unsigned long long>(r.value("reconnects", 0ull)));
+    nlohmann::json back = nlohmann::json::object();
+    if (auto it = inbound.find(broker); !broker.empty() && it != inbound.end()) {
+      back = it->second;
+      inbound.erase(it);
+    }
+    std::printf("%-32s %-10s %-16s %-6s %8llu %12llu %14llu %12llu %14llu %8llu %10llu\n",
+                r.value("url", "").c_str(), r.value("state", "").c_str(),
+                broker.empty() ? "-" : broker.c_str(), r.value("discovered", false) ? "gossip" : "config",
+                u64(r, "interest"), u64(r, "messages_in"), u64(r, "bytes_in"), u64(back, "messages_out"),
+                u64(back, "bytes_out"), u64(r, "dropped"), u64(r, "reconnects"));
   }
-  // The other way: the other brokers' routes here, and what this broker sent them.
-  std::vector<nlohmann::json> inbound;
-  for (const auto& x : c)
-    if (x.value("user", "").starts_with("route:")) inbound.push_back(x);
+  // Brokers that route here but are not routed to (or not known yet).
   if (!inbound.empty()) {
-    std::cout << "\n" << inbound.size() << " route(s) from other brokers\n";
+    std::cout << "\n" << inbound.size() << " route(s) from other brokers only\n";
     std::printf("%-24s %-22s %8s %12s %14s\n", "broker", "peer", "interest", "msgs_out", "bytes_out");
   }
-  for (const auto& x : inbound) {
-    const std::string broker = x.value("user", "").substr(6);
+  for (const auto& [broker, x] : inbound) {
     std::printf("%-24s %-22s %8llu %12llu %14llu\n", broker.c_str(), x.value("peer", "").c_str(),
-                static_cast<unsigned long long>(x.value("subscriptions", 0ull)),
-                static_cast<unsigned long long>(x.value("messages_out", 0ull)),
-                static_cast<unsigned long long>(x.value("bytes_out", 0ull)));
+                u64(x, "subscriptions"), u64(x, "messages_out"), u64(x, "bytes_out"));
   }
   return 0;
 }

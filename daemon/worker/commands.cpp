@@ -95,7 +95,8 @@ void Worker::on_command(ListConnectionsCommand& cmd) {
     out.push_back(ConnectionInfo{
         c.id, std::string(c.link->protocol()), c.protocol_version, c.peer, std::string(to_string(c.state)),
         c.identity ? c.identity->name : "", ctx_.index, c.subscriptions.size(), c.messages_in, c.messages_out,
-        c.bytes_in, c.bytes_out, c.pending_messages, c.pending_bytes, c.link->receive_window()});
+        c.bytes_in, c.bytes_out, c.pending_messages, c.pending_bytes, c.link->receive_window(),
+        c.identity && c.identity->route ? c.identity->route_server : std::string()});
   });
   cmd.reply->set_value(std::move(out));
 }

@@ -86,6 +86,7 @@ struct ConnectionInfo {
   std::uint64_t pending_messages = 0;
   std::uint64_t pending_bytes = 0;
   std::uint32_t credits = 0;  // RDMA: the receive credits it holds (SPEC.md §5.1); TCP: 0
+  std::string route_broker;   // another broker's route: that broker's id; empty for a client
 };
 /// Asks a worker for its connections; it answers through the promise.
 struct ListConnectionsCommand {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -565,13 +566,25 @@ TEST_P(RouteListeners, RoutesAndClientsEachHaveTheirOwnPortAndARouteMayTakeTheOt
         << m->stat("cluster.route_messages_out");
     EXPECT_EQ(m->stat("cluster.route_bytes_out"), static_cast<std::int64_t>(8 * kMessages));
   }
-  // `rdmabroker stat` lists both: the route this broker pulls from, and the
-  // other broker's route here with what was sent over it.
+  // `rdmabroker stat`: one row for B, both ways: what A's route brought from
+  // B and what A sent to B's route here (the same broker, by its id).
   auto [rc, out] = run({cli_path(), "stat", "--admin-socket", a.broker->admin_socket()});
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("1 route(s)\n"), std::string::npos) << out;
-  EXPECT_NE(out.find(b.route_url(via) + " "), std::string::npos) << out;
-  EXPECT_NE(out.find("1 route(s) from other brokers"), std::string::npos) << out;
+  const auto at = out.find(b.route_url(via) + " ");
+  ASSERT_NE(at, std::string::npos) << out;
+  std::istringstream row(out.substr(at, out.find('\n', at) - at));
+  std::string url, state, broker, from;
+  std::uint64_t interest = 0, msgs_in = 0, bytes_in = 0, msgs_out = 0, bytes_out = 0;
+  row >> url >> state >> broker >> from >> interest >> msgs_in >> bytes_in >> msgs_out >> bytes_out;
+  EXPECT_EQ(state, "up");
+  EXPECT_EQ(broker.size(), 16u) << out;
+  EXPECT_EQ(from, "config");
+  EXPECT_EQ(msgs_in, kMessages) << out;
+  EXPECT_EQ(msgs_out, kMessages) << out;
+  EXPECT_EQ(bytes_out, 8 * kMessages) << out;
+  EXPECT_EQ(out.find("from other brokers only"), std::string::npos) << "B is routed to: no row of its own\n"
+                                                                    << out;
   EXPECT_NE(out.find("cluster.listen_tcp 0.0.0.0:" + std::to_string(a.route_tcp_port)), std::string::npos)
       << "the route listeners are listed with the others\n"
       << out;
