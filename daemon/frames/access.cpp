@@ -52,9 +52,9 @@ bool FrameHandler::before_authentication(Connection& c, const proto::Frame& f) {
                                               "route URL after a comma"
                                             : "";
         for (const auto& url : dialer.routes) {
-          if (bad.empty() && config::check_cluster_url(url, true))
-            bad = "a route login announces '" + url +
-                  "', not a route URL: " + *config::check_cluster_url(url, true);
+          if (!bad.empty()) break;
+          if (auto why = config::check_cluster_url(url, true))
+            bad = "a route login announces '" + url + "', not a route URL: " + *why;
         }
         if (!bad.empty()) {
           connections_.close(c, CloseReason::kProtocolError, ErrorCode::kMalformedFrame,
