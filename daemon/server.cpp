@@ -179,6 +179,12 @@ Status Server::inject(const fault::Spec& spec) {
       spdlog::warn("fault: a worker loop stops for {} ms", spec.delay_ms);
       core_.faults.worker_stall_ms.store(spec.delay_ms);
       break;
+    case fault::Kind::kRouteStall:
+      if (routes_ == nullptr)
+        return Error{ErrorKind::kInvalidArgument, "route-stall: this broker is in no cluster"};
+      spdlog::warn("fault: the route thread's next pass with new interest waits {} ms", spec.delay_ms);
+      core_.faults.route_stall_ms.store(spec.delay_ms);
+      break;
   }
   return {};
 }

@@ -35,11 +35,12 @@ void ClusterInterest::release(std::uint32_t id) {
   if (removed && notify_) notify_();
 }
 
-std::vector<ClusterInterest::Entry> ClusterInterest::snapshot() const {
+ClusterInterest::Snapshot ClusterInterest::snapshot() const {
   std::lock_guard lock(mu_);
-  std::vector<Entry> out;
-  out.reserve(by_id_.size());
-  for (const auto& [id, counted] : by_id_) out.push_back(counted.entry);
+  Snapshot out;
+  out.entries.reserve(by_id_.size());
+  for (const auto& [id, counted] : by_id_) out.entries.push_back(counted.entry);
+  out.through = next_id_ - 1;
   return out;
 }
 

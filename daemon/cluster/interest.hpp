@@ -7,8 +7,15 @@
 //
 // Workers add and remove entries as their clients subscribe and unsubscribe
 // (one short lock); the route thread (cluster/routes.hpp) reads them.
+//
+// Entry ids only grow, so "every entry up to id N is in effect at the other
+// brokers" is one number (synced()): the route thread raises it once its
+// routes have subscribed to a snapshot's entries and their brokers answered
+// a PING after that; a worker holds a client's PONG until it covers the
+// entries that client's subscriptions use (SPEC.md §8, "Interest in effect").
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -36,8 +43,14 @@ class ClusterInterest {
   std::uint32_t acquire(std::string_view pattern, std::string_view group);
   /// One ended (the id acquire() returned).
   void release(std::uint32_t id);
-  /// Every entry now, by id.
-  std::vector<Entry> snapshot() const;
+  struct Snapshot {
+    std::vector<Entry> entries;  // every entry now
+    std::uint32_t through = 0;   // the highest id handed out so far (entries above it are newer)
+  };
+  Snapshot snapshot() const;
+  /// Every entry up to `through` is in effect at every route that is up.
+  void set_synced(std::uint32_t through) { synced_.store(through, std::memory_order_release); }
+  std::uint32_t synced() const { return synced_.load(std::memory_order_acquire); }
   std::size_t size() const;
 
  private:
@@ -50,6 +63,7 @@ class ClusterInterest {
   std::unordered_map<std::uint32_t, Counted> by_id_;                     // guarded by mu_
   std::uint32_t next_id_ = 1;                                            // guarded by mu_
   std::function<void()> notify_;                                         // set before any worker runs
+  std::atomic<std::uint32_t> synced_{0};
 };
 
 }  // namespace rdmabroker::daemon

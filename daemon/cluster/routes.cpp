@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
+#include "fault/fault.hpp"
 #include "multicast/engine.hpp"
 #include "worker/worker.hpp"
 #include "rdmabroker/proto/headers.hpp"
@@ -20,6 +22,10 @@ constexpr auto kConnectTimeout = std::chrono::seconds(10);
 /// the message as dropped: waiting holds the route (its broker stops sending
 /// once the credits run out), which is the back-pressure we want.
 constexpr int kPoolWaitMs = 1000;
+/// How long a route's broker may take to answer the PING that confirms new
+/// subscriptions there: clients' PONGs wait for it (SPEC.md §8, "Interest
+/// in effect"), so a route that does not answer must not hold them longer.
+constexpr auto kSyncTimeout = std::chrono::seconds(2);
 }  // namespace
 
 std::string_view to_string(RouteState s) {
@@ -54,6 +60,11 @@ struct Routes::Route {
   std::chrono::steady_clock::time_point next_attempt{};
   std::chrono::milliseconds retry = kFirstRetry;
   std::string last_error;  // logged when it changes, not on every attempt
+  /// A connect under way on `connector` (mu_), and its outcome until this
+  /// broker's route thread takes it (mu_).
+  bool connecting = false;
+  std::optional<Result<std::unique_ptr<Client>>> attempt;
+  std::thread connector;
   std::atomic<std::uint64_t> messages_in{0};
   std::atomic<std::uint64_t> bytes_in{0};
   std::atomic<std::uint64_t> dropped{0};
@@ -62,9 +73,13 @@ struct Routes::Route {
   /// thread's, changed while it calls into the library without mu_.
   std::atomic<std::size_t> interest{0};
 
-  // ---- the route's poller thread: it alone runs the client's callbacks
-  // (polled client) and owns what follows, so routing takes no lock.
+  // ---- what the client's callbacks use. The poller thread runs them
+  // (a polled client), and so does the route thread while it waits on the
+  // client (confirm(), a subscribe that waits for a send buffer): the
+  // client lets one of them at a time in. `batches` is also handed over by
+  // the poller between polls, hence io_mu.
   std::thread poller;
+  std::mutex io_mu;
   std::atomic<bool> stopping{false};
   MatchCache match_cache;
   std::vector<std::vector<RemoteDelivery>> batches;              // per worker, posted after each poll
@@ -206,99 +221,59 @@ void Routes::run() {
         routes_.push_back(std::make_unique<Route>(url, core_.next_connection_id.fetch_add(1)));
     }
     add_discovered_locked();
-    const auto entries = interest_.snapshot();
+    const auto interest = interest_.snapshot();
+    if (interest.through > interest_.synced()) stall_if_armed(lock);
+    // The routes that are connected first: their subscriptions, and on those
+    // that are up a PING answered there, before a connect can make anyone wait.
+    std::vector<std::pair<Route*, bool>> open_routes;  // route, up
+    for (auto& r : routes_) {
+      if (r->client && r->state != RouteState::kItself && !r->forget)
+        open_routes.emplace_back(r.get(), r->state == RouteState::kUp);
+    }
+    lock.unlock();
+    for (auto [r, up] : open_routes) {
+      if (reconcile(*r, interest.entries) && up) confirm(*r);
+    }
+    lock.lock();
+    if (interest.through > interest_.synced()) {
+      interest_.set_synced(interest.through);
+      for (Worker* w : core_.workers) w->post(InterestSyncedCommand{interest.through});
+    }
+    // Connecting happens on a thread per attempt (a broker that does not
+    // answer takes kConnectTimeout): this thread stays free to carry new
+    // interest to the routes that are up, and clients' PONGs wait for that.
     auto wake_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     for (auto& r : routes_) {
       if (stop_) break;
-      if (r->state == RouteState::kItself || r->forget) continue;
-      if (!r->client) {
-        if (std::chrono::steady_clock::now() < r->next_attempt) {
-          wake_at = std::min(wake_at, r->next_attempt);
+      if (r->state == RouteState::kItself || r->forget || r->client || r->connecting) continue;
+      if (r->attempt) {
+        if (r->connector.joinable()) r->connector.join();
+        auto outcome = std::move(*r->attempt);
+        r->attempt.reset();
+        if (!connected(*r, std::move(outcome))) {
+          if (r->state == RouteState::kDown) wake_at = std::min(wake_at, r->next_attempt);
           continue;
         }
-        ClientOptions opt;
-        opt.user = core_.options.cluster.user;
-        opt.password = core_.options.cluster.password;
-        opt.route_cluster = core_.options.cluster.name;
-        opt.route_server = self_.id;
-        opt.route_announce = self_.routes;
-        opt.multicast = false;  // a route takes its messages over its connection
-        opt.connect_timeout = kConnectTimeout;
-        opt.reconnect = true;  // once up, the library keeps it up and restores its subscriptions
-        // Polled: its own thread takes in what arrived and hands it over in
-        // one batch per worker after each poll (not one wake-up per message).
-        opt.polled = true;
-        opt.reconnect_delay = kFirstRetry;
-        opt.reconnect_max_delay = kLongestRetry;
-        Route* route = r.get();
-        opt.on_connection_event = [this, route](const ConnectionEvent& e) {
-          {
-            std::lock_guard guard(mu_);
-            if (e.kind == ConnectionEvent::Kind::kDisconnected) {
-              route->state = RouteState::kDown;
-              if (!route->announced_id.empty()) {
-                // Its broker announces itself again when it is back (it dials its routes).
-                spdlog::warn("route {} (discovered): down ({})", route->url, e.reason.message);
-                route->forget = true;
-                announced_.erase(route->announced_id);
-              } else {
-                spdlog::warn("route {}: down ({}); reconnecting", route->url, e.reason.message);
-              }
-            } else if (e.kind == ConnectionEvent::Kind::kReconnected) {
-              route->state = RouteState::kUp;
-              route->reconnects.fetch_add(1);
-              spdlog::info("route {}: up again after {} ms, {} subscriptions restored", route->url,
-                           e.downtime.count(), e.subscriptions_restored);
-            }
-            dirty_ = true;  // what this broker announces changes with it
-          }
-          cv_.notify_all();
-        };
-        opt.on_server_info = [this, route](const ServerInfo& info) { on_info(*route, info); };
-        opt.on_error = [this, route](const Error& e) {
-          // A refused login is reported by the connect that made it.
-          std::lock_guard guard(mu_);
-          if (route->state == RouteState::kUp) spdlog::warn("route {}: {}", route->url, e.message);
-        };
-        const std::string url = r->url;
         lock.unlock();
-        auto connected = Client::connect(url, std::move(opt));
+        reconcile(*r, interest.entries);
         lock.lock();
-        if (!connected) {
-          const auto& why = connected.error().message;
-          if (connected.error().kind == ErrorKind::kAuthenticationFailed &&
-              why.find("itself") != std::string::npos) {
-            r->state = RouteState::kItself;
-            spdlog::info("route {}: leads to this broker; not used", url);
-            continue;
-          }
-          if (!r->announced_id.empty()) {
-            spdlog::info("route {} (discovered, broker {}): cannot connect: {}", url, r->announced_id, why);
-            r->forget = true;
-            announced_.erase(r->announced_id);
-            dirty_ = true;
-            continue;
-          }
-          if (why != r->last_error) spdlog::warn("route {}: cannot connect: {}", url, why);
-          r->last_error = why;
-          r->state = RouteState::kDown;
-          r->next_attempt = std::chrono::steady_clock::now() + r->retry;
-          r->retry = std::min<std::chrono::milliseconds>(r->retry * 2, kLongestRetry);
-          wake_at = std::min(wake_at, r->next_attempt);
-          continue;
-        }
-        r->client = std::move(connected).value();
-        r->state = RouteState::kUp;
-        r->last_error.clear();
-        r->retry = kFirstRetry;
-        r->batches.resize(core_.workers.size());
-        r->poller = std::thread([this, route = r.get()] { poll(*route); });
-        spdlog::info("route {}{}: up ({}), broker {}", url, r->announced_id.empty() ? "" : " (discovered)",
-                     r->client->transport_description(), r->peer.id.empty() ? "?" : r->peer.id);
+        continue;
       }
-      lock.unlock();
-      reconcile(*r, entries);
-      lock.lock();
+      if (std::chrono::steady_clock::now() < r->next_attempt) {
+        wake_at = std::min(wake_at, r->next_attempt);
+        continue;
+      }
+      r->connecting = true;
+      r->connector = std::thread([this, route = r.get(), opt = options_for(*r)]() mutable {
+        auto outcome = Client::connect(route->url, std::move(opt));
+        {
+          std::lock_guard guard(mu_);
+          route->attempt = std::move(outcome);
+          route->connecting = false;
+          dirty_ = true;
+        }
+        cv_.notify_all();
+      });
     }
     announce_locked();
     cv_.wait_until(lock, wake_at, [&] { return stop_ || dirty_; });
@@ -307,6 +282,87 @@ void Routes::run() {
   routes_.clear();
   lock.unlock();
   for (auto& r : routes) end(*r);
+}
+
+ClientOptions Routes::options_for(Route& r) {
+  ClientOptions opt;
+  opt.user = core_.options.cluster.user;
+  opt.password = core_.options.cluster.password;
+  opt.route_cluster = core_.options.cluster.name;
+  opt.route_server = self_.id;
+  opt.route_announce = self_.routes;
+  opt.multicast = false;  // a route takes its messages over its connection
+  opt.connect_timeout = kConnectTimeout;
+  opt.reconnect = true;  // once up, the library keeps it up and restores its subscriptions
+  // Polled: its own thread takes in what arrived and hands it over in
+  // one batch per worker after each poll (not one wake-up per message).
+  opt.polled = true;
+  opt.reconnect_delay = kFirstRetry;
+  opt.reconnect_max_delay = kLongestRetry;
+  Route* route = &r;
+  opt.on_connection_event = [this, route](const ConnectionEvent& e) {
+    {
+      std::lock_guard guard(mu_);
+      if (e.kind == ConnectionEvent::Kind::kDisconnected) {
+        route->state = RouteState::kDown;
+        if (!route->announced_id.empty()) {
+          // Its broker announces itself again when it is back (it dials its routes).
+          spdlog::warn("route {} (discovered): down ({})", route->url, e.reason.message);
+          route->forget = true;
+          announced_.erase(route->announced_id);
+        } else {
+          spdlog::warn("route {}: down ({}); reconnecting", route->url, e.reason.message);
+        }
+      } else if (e.kind == ConnectionEvent::Kind::kReconnected) {
+        route->state = RouteState::kUp;
+        route->reconnects.fetch_add(1);
+        spdlog::info("route {}: up again after {} ms, {} subscriptions restored", route->url,
+                     e.downtime.count(), e.subscriptions_restored);
+      }
+      dirty_ = true;  // what this broker announces changes with it
+    }
+    cv_.notify_all();
+  };
+  opt.on_server_info = [this, route](const ServerInfo& info) { on_info(*route, info); };
+  opt.on_error = [this, route](const Error& e) {
+    // A refused login is reported by the connect that made it.
+    std::lock_guard guard(mu_);
+    if (route->state == RouteState::kUp) spdlog::warn("route {}: {}", route->url, e.message);
+  };
+  return opt;
+}
+
+bool Routes::connected(Route& r, Result<std::unique_ptr<Client>> outcome) {
+  if (!outcome) {
+    const auto& why = outcome.error().message;
+    if (outcome.error().kind == ErrorKind::kAuthenticationFailed && why.find("itself") != std::string::npos) {
+      r.state = RouteState::kItself;
+      spdlog::info("route {}: leads to this broker; not used", r.url);
+      return false;
+    }
+    if (!r.announced_id.empty()) {
+      spdlog::info("route {} (discovered, broker {}): cannot connect: {}", r.url, r.announced_id, why);
+      r.forget = true;
+      announced_.erase(r.announced_id);
+      dirty_ = true;
+      return false;
+    }
+    if (why != r.last_error) spdlog::warn("route {}: cannot connect: {}", r.url, why);
+    r.last_error = why;
+    r.state = RouteState::kDown;
+    r.next_attempt = std::chrono::steady_clock::now() + r.retry;
+    r.retry = std::min<std::chrono::milliseconds>(r.retry * 2, kLongestRetry);
+    return false;
+  }
+  r.client = std::move(outcome).value();
+  r.state = RouteState::kUp;
+  r.last_error.clear();
+  r.retry = kFirstRetry;
+  r.batches.resize(core_.workers.size());
+  r.poller = std::thread([this, route = &r] { poll(*route); });
+  spdlog::info("route {}{}: up ({}), broker {}", r.url, r.announced_id.empty() ? "" : " (discovered)",
+               r.client->transport_description(), r.peer.id.empty() ? "?" : r.peer.id);
+  return true;
 }
 
 void Routes::announced(const proto::BrokerInfo& b) {
@@ -362,9 +418,29 @@ void Routes::announce_locked() {
 }
 
 void Routes::end(Route& r) {
+  if (r.connector.joinable()) r.connector.join();  // an attempt under way: its outcome is discarded
+  r.attempt.reset();
   r.stopping = true;
   if (r.poller.joinable()) r.poller.join();
   if (r.client) r.client->close();
+}
+
+void Routes::stall_if_armed(std::unique_lock<std::mutex>& lock) {
+  if constexpr (fault::kEnabled) {
+    if (const auto ms = core_.faults.route_stall_ms.exchange(0); ms > 0) {
+      lock.unlock();
+      spdlog::warn("fault: the route thread waits {} ms before it subscribes to new interest", ms);
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      lock.lock();
+    }
+  }
+}
+
+void Routes::confirm(Route& r) {
+  // The broker answers in order: its PONG means the SUBSCRIBEs before it
+  // are in its index. Whatever arrives meanwhile runs on_message here.
+  if (auto st = r.client->flush(kSyncTimeout); !st)
+    spdlog::debug("route {}: new subscriptions not confirmed: {}", r.url, st.error().message);
 }
 
 void Routes::poll(Route& r) {
@@ -372,7 +448,10 @@ void Routes::poll(Route& r) {
     // Returns as soon as something arrived and was handed to on_message (or
     // after 50 ms: the stop flag is looked at that often).
     auto taken = r.client->poll(std::chrono::milliseconds(50));
-    hand_over(r);
+    {
+      std::lock_guard io(r.io_mu);
+      hand_over(r);
+    }
     if (!taken && taken.error().kind == ErrorKind::kClosed) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));  // closed for good: end() comes
     }
@@ -384,7 +463,8 @@ void Routes::hand_over(Route& r) {
     core_.post_deliveries(r.batches);
 }
 
-void Routes::reconcile(Route& r, const std::vector<ClusterInterest::Entry>& entries) {
+bool Routes::reconcile(Route& r, const std::vector<ClusterInterest::Entry>& entries) {
+  bool subscribed = false;
   for (const auto& e : entries) {
     if (r.subscribed.contains(e.id)) continue;
     auto handler = [this, route = &r, id = e.id, group = e.group](const MessageView& m) {
@@ -398,6 +478,7 @@ void Routes::reconcile(Route& r, const std::vector<ClusterInterest::Entry>& entr
       continue;
     }
     r.subscribed.emplace(e.id, sid.value());
+    subscribed = true;
   }
   for (auto it = r.subscribed.begin(); it != r.subscribed.end();) {
     const bool wanted =
@@ -410,6 +491,7 @@ void Routes::reconcile(Route& r, const std::vector<ClusterInterest::Entry>& entr
     it = r.subscribed.erase(it);
   }
   r.interest.store(r.subscribed.size());
+  return subscribed;
 }
 
 std::vector<Subscriber> Routes::recipients(Route& r, std::uint32_t entry, const std::string& group,
@@ -457,6 +539,7 @@ std::byte* Routes::room(Route& r, std::uint32_t len, std::string_view subject) {
 }
 
 void Routes::on_message(Route& r, std::uint32_t entry, const std::string& group, const MessageView& m) {
+  std::lock_guard io(r.io_mu);
   std::span<const std::byte> block = m.header_block();
   std::vector<std::byte> encoded;  // the block of a view of an owning Message, made again
   if (block.empty() && m.has_headers()) {

@@ -97,10 +97,22 @@ class Routes {
  private:
   struct Route;
   void run();
-  /// Makes `r`'s subscriptions there the entries of the interest now.
-  void reconcile(Route& r, const std::vector<ClusterInterest::Entry>& entries);
+  /// Makes `r`'s subscriptions there the entries of the interest now; true
+  /// if it subscribed to any.
+  bool reconcile(Route& r, const std::vector<ClusterInterest::Entry>& entries);
+  /// Waits (a bounded time) until r's broker has processed what was sent on
+  /// it so far: a PING and its PONG.
+  void confirm(Route& r);
+  /// Fault injection: the route-stall the admin armed, taken before the pass
+  /// subscribes to new interest (lock released meanwhile).
+  void stall_if_armed(std::unique_lock<std::mutex>& lock);
   /// A route's poller thread: polls its client, hands over after each poll.
   void poll(Route& r);
+  /// The options of r's client (its callbacks report to this object).
+  ClientOptions options_for(Route& r);
+  /// A connect of r ended with `outcome`: r is up (true), or it is down until
+  /// its next attempt, leads to this broker, or is forgotten; under mu_.
+  bool connected(Route& r, Result<std::unique_ptr<Client>> outcome);
   /// Stops a route's poller and closes its client.
   void end(Route& r);
   /// Posts what `r` routed since the last hand-over to the workers.

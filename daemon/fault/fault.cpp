@@ -29,7 +29,8 @@ Error usage(const std::string& why) {
   return Error{ErrorKind::kInvalidArgument,
                why +
                    " (usage: fault wc-error CONN | qp-error CONN | cm-duplicate N | cm-delay MS N | "
-                   "pool-exhaust | pool-release | mcast-drop N | mcast-join-fail N | worker-stall MS)"};
+                   "pool-exhaust | pool-release | mcast-drop N | mcast-join-fail N | worker-stall MS | "
+                   "route-stall MS)"};
 }
 
 }  // namespace
@@ -56,10 +57,10 @@ Result<Spec> parse(std::string_view args) {
     if (!want(2) || !number(w[1], spec.delay_ms) || !number(w[2], spec.count) || spec.count == 0) {
       return usage("cm-delay needs milliseconds and a count");
     }
-  } else if (name == "worker-stall") {
-    spec.kind = Kind::kWorkerStall;
+  } else if (name == "worker-stall" || name == "route-stall") {
+    spec.kind = name == "worker-stall" ? Kind::kWorkerStall : Kind::kRouteStall;
     if (!want(1) || !number(w[1], spec.delay_ms) || spec.delay_ms == 0)
-      return usage("worker-stall needs milliseconds");
+      return usage(std::string(name) + " needs milliseconds");
   } else if (name == "pool-exhaust") {
     spec.kind = Kind::kPoolExhaust;
     if (!want(0)) return usage("pool-exhaust takes no argument");

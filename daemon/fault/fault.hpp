@@ -21,6 +21,10 @@
 //   fault worker-stall MS    the first worker loop to see it sleeps MS
 //                            milliseconds, as a worker stuck in a system call
 //                            would be (liveness: /healthz, the watchdog)
+//   fault route-stall MS     the route thread's next pass that finds new
+//                            cluster interest waits MS milliseconds before it
+//                            subscribes to it, as a busy route thread would
+//                            (clients' PONGs must wait for it: SPEC.md §8)
 // and, at start (a CQ is sized when it is created), the environment variable
 //   RDMABROKER_FAULT_CQ_ENTRIES=N   every worker's send CQs get N entries.
 // What the broker must do under each is in docs/testing.md ("Fault injection").
@@ -46,14 +50,15 @@ enum class Kind : std::uint8_t {
   kPoolRelease,
   kMcastDrop,
   kMcastJoinFail,
-  kWorkerStall
+  kWorkerStall,
+  kRouteStall
 };
 
 struct Spec {
   Kind kind = Kind::kWcError;
   std::uint64_t connection = 0;  // wc-error, qp-error
   std::uint32_t count = 1;       // cm-duplicate, cm-delay, mcast-drop, mcast-join-fail
-  std::uint32_t delay_ms = 0;    // cm-delay, worker-stall
+  std::uint32_t delay_ms = 0;    // cm-delay, worker-stall, route-stall
 };
 
 /// Parses the words after `fault`; the error names what is wrong.
@@ -67,6 +72,7 @@ struct Shared {
   std::atomic<std::uint32_t> mcast_drops{0};       // channel messages not to send to their groups
   std::atomic<std::uint32_t> mcast_join_fails{0};  // group joins to fail
   std::atomic<std::uint32_t> worker_stall_ms{0};   // taken whole by one worker, which sleeps that long
+  std::atomic<std::uint32_t> route_stall_ms{0};    // taken by the route thread's next pass with new interest
 
   /// Takes one from `counter` if any is left.
   static bool take(std::atomic<std::uint32_t>& counter);

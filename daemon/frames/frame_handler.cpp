@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "cluster/interest.hpp"
 #include "multicast/engine.hpp"
 #include "rdmabroker/proto/multicast.hpp"
 #include "router/interest.hpp"
@@ -68,7 +69,7 @@ bool FrameHandler::on_frame(Connection& c, const proto::Frame& f, const BufferRe
     case FrameType::kMcastRepair:
       return on_multicast(c, f);
     case FrameType::kPing:
-      connections_.enqueue(c, make_control(FrameType::kPong, 0));
+      answer_ping(c);
       return true;
     case FrameType::kAbort:
       return on_abort(c);
@@ -266,6 +267,29 @@ bool FrameHandler::on_multicast(Connection& c, const proto::Frame& f) {
 
 void FrameHandler::send_info(Connection& c, const std::shared_ptr<const std::string>& text) {
   if (text && c.protocol_version >= proto::kGossipVersion) connections_.enqueue(c, make_info(*text));
+}
+
+void FrameHandler::answer_ping(Connection& c) {
+  // In a cluster a PONG also means "the other brokers have your
+  // subscriptions' interest" (SPEC.md §8): a request's reply, or a message
+  // published elsewhere right after, then finds its way here. Held PONGs
+  // keep their order: a later PING waits behind an earlier one.
+  const ClusterInterest* interest = ctx_.core.interest;
+  if (c.pongs_held == 0 && (interest == nullptr || c.interest_through <= interest->synced())) {
+    connections_.enqueue(c, make_control(FrameType::kPong, 0));
+    return;
+  }
+  if (c.pongs_held++ == 0) pongs_held_.push_back(c.id);
+}
+
+void FrameHandler::release_pongs(std::uint32_t through) {
+  std::erase_if(pongs_held_, [&](std::uint64_t id) {
+    Connection* c = connections_.find(id);
+    if (c == nullptr || !c->is_up()) return true;  // gone, or closing: nobody waits for it
+    if (c->interest_through > through) return false;
+    for (; c->pongs_held > 0; --c->pongs_held) connections_.enqueue(*c, make_control(FrameType::kPong, 0));
+    return true;
+  });
 }
 
 void FrameHandler::reply_error(Connection& c, ErrorCode code, std::string text, std::uint32_t sid) {

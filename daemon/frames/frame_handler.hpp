@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "broker/subscription_budget.hpp"
 #include "connection/connections.hpp"
@@ -44,8 +45,14 @@ class FrameHandler {
   /// INFO with `text` to `c` if it speaks version 7 (SPEC.md §8, "Gossip");
   /// null `text`: nothing to announce.
   void send_info(Connection& c, const std::shared_ptr<const std::string>& text);
+  /// The routes have every cluster interest entry up to `through` in effect:
+  /// the PONGs held for it go out (SPEC.md §8, "Interest in effect").
+  void release_pongs(std::uint32_t through);
 
  private:
+  /// PONG now, or, in a cluster, once the interest of the connection's
+  /// subscriptions is in effect at the other brokers.
+  void answer_ping(Connection& c);
   /// Handles frame `f` of an open connection; false once the connection closed.
   bool on_frame(Connection& c, const proto::Frame& f, const BufferRef& buf);
   bool on_publish(Connection& c, const proto::Frame& f, const BufferRef& buf);
@@ -83,6 +90,7 @@ class FrameHandler {
   WorkerContext& ctx_;
   Connections& connections_;
   Router& router_;
+  std::vector<std::uint64_t> pongs_held_;  // connections with held PONGs, in the order they began waiting
 };
 
 }  // namespace rdmabroker::daemon

@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "cluster/interest.hpp"
@@ -34,7 +35,10 @@ void add_subscription(WorkerContext& ctx, Connection& c, const proto::Frame& f, 
   // the other brokers; a route's own is not (one hop, SPEC.md §8).
   Subscriber s{ctx.index, c.id, sid, c.slot};
   s.route = c.identity->route;
-  if (core.interest != nullptr && !s.route) s.interest = core.interest->acquire(f.subject, f.reply);
+  if (core.interest != nullptr && !s.route) {
+    s.interest = core.interest->acquire(f.subject, f.reply);
+    c.interest_through = std::max(c.interest_through, s.interest);
+  }
   const Subscriber stored = core.index.add(f.subject, s, f.reply);
   c.subscriptions.emplace(sid, Connection::Subscription{std::string(f.subject), stored, 0, cost});
 }

@@ -89,6 +89,8 @@ void Worker::on_command(InfoCommand& cmd) {
   });
 }
 
+void Worker::on_command(InterestSyncedCommand& cmd) { frames_.release_pongs(cmd.through); }
+
 void Worker::on_command(ListConnectionsCommand& cmd) {
   std::vector<ConnectionInfo> out;
   connections_.for_each([&](Connection& c) {

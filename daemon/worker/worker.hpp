@@ -102,9 +102,14 @@ struct FaultCommand {
 struct InfoCommand {
   std::shared_ptr<const std::string> text;
 };
-using Command =
-    std::variant<AcceptCommand, DeliverCommand, QpFatalCommand, ShutdownCommand, ReloadCommand,
-                 ListConnectionsCommand, AuthResultCommand, FaultCommand, EvictCommand, InfoCommand>;
+/// The routes have every cluster interest entry up to `through` in effect
+/// (cluster/interest.hpp): PONGs held for it go out.
+struct InterestSyncedCommand {
+  std::uint32_t through = 0;
+};
+using Command = std::variant<AcceptCommand, DeliverCommand, QpFatalCommand, ShutdownCommand, ReloadCommand,
+                             ListConnectionsCommand, AuthResultCommand, FaultCommand, EvictCommand,
+                             InfoCommand, InterestSyncedCommand>;
 
 // ---------------------------------------------------------------- worker
 
@@ -180,6 +185,7 @@ class Worker {
   void on_command(FaultCommand& cmd);
   void on_command(EvictCommand& cmd);
   void on_command(InfoCommand& cmd);
+  void on_command(InterestSyncedCommand& cmd);
 
   void handle_cm_events();
   /// One CM event of a connection (copied out of the acked rdma_cm_event).

@@ -32,12 +32,17 @@ TEST(FaultSpec, ParsesEveryFault) {
   ASSERT_TRUE(stall);
   EXPECT_EQ(stall.value().kind, Kind::kWorkerStall);
   EXPECT_EQ(stall.value().delay_ms, 3000u);
+  auto route = parse("route-stall 500");
+  ASSERT_TRUE(route);
+  EXPECT_EQ(route.value().kind, Kind::kRouteStall);
+  EXPECT_EQ(route.value().delay_ms, 500u);
 }
 
 TEST(FaultSpec, RefusesAnythingElseSayingWhy) {
-  for (const char* bad : {"", "bogus", "wc-error", "wc-error x", "wc-error 1 2", "qp-error -1",
-                          "cm-duplicate 0", "cm-delay 10", "cm-delay ten 1", "pool-exhaust now",
-                          "pool-release 1", "worker-stall", "worker-stall 0", "worker-stall 1 2"}) {
+  for (const char* bad :
+       {"", "bogus", "wc-error", "wc-error x", "wc-error 1 2", "qp-error -1", "cm-duplicate 0", "cm-delay 10",
+        "cm-delay ten 1", "pool-exhaust now", "pool-release 1", "worker-stall", "worker-stall 0",
+        "worker-stall 1 2", "route-stall", "route-stall 0"}) {
     auto r = parse(bad);
     ASSERT_FALSE(r) << "'" << bad << "' was accepted";
     EXPECT_EQ(r.error().kind, ErrorKind::kInvalidArgument);
