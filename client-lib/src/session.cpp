@@ -299,7 +299,7 @@ Status Session::publish_request(std::string_view subject, std::string_view reply
 
 // ---------------------------------------------------------------- request/reply
 
-Status Session::ensure_inbox_locked(std::unique_lock<std::mutex>& lock) {
+Status Session::ensure_inbox_locked(std::unique_lock<std::mutex>& lock, Clock::time_point deadline) {
   if (!inbox_.empty()) return {};
   // Unguessable per connection, so no other client's subscription catches replies by accident.
   std::random_device rd;
@@ -307,11 +307,14 @@ Status Session::ensure_inbox_locked(std::unique_lock<std::mutex>& lock) {
   std::string inbox = "_INBOX.";
   for (int i = 0; i < 16; ++i) inbox += kHex[rd() % 16];
   // The SUBSCRIBE precedes the request on the same connection, so the broker
-  // has it before any responder can answer.
+  // has it before any responder of its own can answer. One round trip more,
+  // once per connection, covers responders on other brokers of a cluster: a
+  // request travels there on their routes, the inbox's interest on this
+  // broker's, and the PONG comes once that has arrived.
   auto sid = subscribe_locked(lock, inbox + ".*", {}, [this](const MessageView& m) { on_inbox_message(m); });
   if (!sid) return sid.error();
-  inbox_ = std::move(inbox);
-  return {};
+  inbox_ = std::move(inbox);  // kept if the PONG is late: the next request uses it
+  return flush_locked(lock, deadline);
 }
 
 void Session::on_inbox_message(const MessageView& m) {
@@ -340,14 +343,20 @@ Result<Message> Session::request_with(std::string_view subject, std::span<const 
   if (auto st = check_subject(subject); !st) return st.error();
   std::unique_lock lock(mu_);
   if (auto st = check_open_locked(); !st) return st.error();
-  if (auto st = ensure_inbox_locked(lock); !st) return st.error();
+  const auto deadline = Clock::now() + timeout;
+  if (auto st = ensure_inbox_locked(lock, deadline); !st) {
+    if (st.error().kind != ErrorKind::kTimeout) return st.error();
+    return Error{ErrorKind::kTimeout, "request to '" + std::string(subject) + "': no reply within " +
+                                          std::to_string(timeout.count()) + " ms (" + st.error().message +
+                                          ")"};
+  }
   const std::string reply = inbox_ + "." + std::to_string(next_request_++);
   pending_.emplace(reply, PendingRequest{});
   if (auto st = publish_locked(lock, subject, reply, payload, proto::kFlagRequest, headers); !st) {
     pending_.erase(reply);
     return st.error();
   }
-  wait_locked(lock, Clock::now() + timeout, [&] { return pending_[reply].done || closed_; });
+  wait_locked(lock, deadline, [&] { return pending_[reply].done || closed_; });
   PendingRequest done = std::move(pending_[reply]);
   pending_.erase(reply);
   if (done.done && done.no_responders) {
@@ -517,14 +526,21 @@ Status Session::authenticate() {
 
 Status Session::flush(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
+  if (auto st = flush_locked(lock, Clock::now() + timeout); !st) {
+    if (st.error().kind != ErrorKind::kTimeout) return st;
+    return Error{ErrorKind::kTimeout, "flush: no PONG within " + std::to_string(timeout.count()) + " ms"};
+  }
+  return {};
+}
+
+Status Session::flush_locked(std::unique_lock<std::mutex>& lock, Clock::time_point deadline) {
   proto::FrameHeader h;
   h.type = FrameType::kPing;
   if (auto st = append_frame_locked(lock, h, {}, {}, {}); !st) return st;
   const std::uint64_t my_ping = ++pings_sent_;
   // PONGs come back in PING order: the n-th PONG answers the n-th PING.
-  if (!wait_locked(lock, Clock::now() + timeout, [&] { return pongs_received_ >= my_ping || closed_; })) {
-    return Error{ErrorKind::kTimeout, "flush: no PONG within " + std::to_string(timeout.count()) + " ms"};
-  }
+  if (!wait_locked(lock, deadline, [&] { return pongs_received_ >= my_ping || closed_; }))
+    return Error{ErrorKind::kTimeout, "no PONG from the broker in time"};
   if (pongs_received_ >= my_ping) return {};
   return close_error_;
 }

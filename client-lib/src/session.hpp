@@ -429,7 +429,13 @@ class Session final : public Client {
                                          std::uint32_t sid = 0,
                                          std::shared_ptr<QueueSubscription> queue = nullptr,
                                          std::shared_ptr<QueueSubscription>* made = nullptr);
-  Status ensure_inbox_locked(std::unique_lock<std::mutex>& lock);
+  /// Makes the inbox at the first request, and waits (until `deadline`)
+  /// for the broker's PONG after its SUBSCRIBE: in a cluster that PONG says
+  /// the other brokers have its interest too, so a reply from any of them
+  /// finds its way back (SPEC.md §8, "Interest in effect").
+  Status ensure_inbox_locked(std::unique_lock<std::mutex>& lock, Clock::time_point deadline);
+  /// PING, and wait for its PONG until `deadline`.
+  Status flush_locked(std::unique_lock<std::mutex>& lock, Clock::time_point deadline);
   /// The broker refused or revoked subscription `sid`: a blocking reader's
   /// next() returns kClosed with `why`, a callback gets nothing more.
   void end_subscription(std::uint32_t sid, const std::string& why);
