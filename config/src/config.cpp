@@ -552,11 +552,6 @@ void check_rules(const Config& c, const std::function<void(std::string_view, con
   if (cl.listen_tcp_port != 0 && cl.listen_tcp_port == b.tcp_port)
     report("cluster.listen_tcp",
            "port " + std::to_string(b.tcp_port) + " is listen.tcp's: routes need a port of their own");
-  if (!cl.name.empty() && b.multicast.enabled) {
-    report("cluster.name",
-           "a cluster with multicast.enabled is not supported yet: routes do not reach "
-           "subscribers served by multicast channels (docs/cluster.md)");
-  }
   if (!cl.name.empty() && (cl.user.empty() || cl.password.empty())) {
     report(cl.user.empty() ? "cluster.user" : "cluster.password",
            "a cluster's routes are authenticated: set cluster.user and cluster.password");

@@ -83,6 +83,7 @@ struct Routes::Route {
   std::atomic<bool> stopping{false};
   MatchCache match_cache;
   std::vector<std::vector<RemoteDelivery>> batches;              // per worker, posted after each poll
+  std::vector<ChannelPublish> channel_batch;                     // for the multicast engine, likewise
   std::unordered_map<std::uint32_t, std::uint32_t> next_member;  // per entry: a group's round robin
   /// The pool buffer messages are copied into, back to back (a 64-byte
   /// message does not hold a 16 KiB buffer), and how much of it is used.
@@ -461,6 +462,7 @@ void Routes::poll(Route& r) {
 void Routes::hand_over(Route& r) {
   if (std::any_of(r.batches.begin(), r.batches.end(), [](const auto& b) { return !b.empty(); }))
     core_.post_deliveries(r.batches);
+  if (!r.channel_batch.empty()) core_.multicast->publish(std::exchange(r.channel_batch, {}));
 }
 
 bool Routes::reconcile(Route& r, const std::vector<ClusterInterest::Entry>& entries) {
@@ -499,10 +501,9 @@ std::vector<Subscriber> Routes::recipients(Route& r, std::uint32_t entry, const 
   std::vector<Subscriber> out;
   Match& match = r.match_cache.match(core_.index, subject);
   // Only the local subscriptions this entry stands for (one hop: never a
-  // route's, and never one another entry brings its own copy to).
-  auto ours = [&](const Subscriber& s) {
-    return !s.route && s.interest == entry && s.worker != kChannelWorker;
-  };
+  // route's, and never one another entry brings its own copy to). A
+  // multicast channel stands for all of its members.
+  auto ours = [&](const Subscriber& s) { return !s.route && s.interest == entry; };
   if (group.empty()) {
     for (const Subscriber& s : match.plain)
       if (ours(s)) out.push_back(s);
@@ -568,9 +569,18 @@ void Routes::on_message(Route& r, std::uint32_t entry, const std::string& group,
           r.url, message_len, m.subject, core_.options.max_payload);
     return;
   }
-  const std::vector<Subscriber> to = recipients(r, entry, group, m.subject);
+  std::vector<Subscriber> to = recipients(r, entry, group, m.subject);
   r.messages_in.fetch_add(1, std::memory_order_relaxed);
   r.bytes_in.fetch_add(m.payload.size(), std::memory_order_relaxed);
+  if (!whole && std::erase_if(to, [](const Subscriber& s) { return s.worker == kChannelWorker; }) > 0) {
+    // A channel sequences whole messages into datagrams (SPEC.md §7), as for
+    // a local publisher's message in fragments: counted, logged once.
+    if (r.dropped.fetch_add(1) == 0)
+      spdlog::warn(
+          "route {}: a message of {} bytes to multicast subject '{}' needs fragments, which a "
+          "multicast channel does not carry; its channel's members get none (counted)",
+          r.url, message_len, m.subject);
+  }
   if (to.empty()) return;  // its subscriber left meanwhile: nobody here wants it now
   // The message's bytes after the strings: the header block, then the payload.
   auto message_bytes = [&](std::size_t at, std::byte* into, std::size_t n) {
@@ -627,6 +637,13 @@ void Routes::on_message(Route& r, std::uint32_t entry, const std::string& group,
     r.used += len;
     const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
     for (const Subscriber& s : to) {
+      if (s.worker == kChannelWorker) {
+        // Its engine sequences it and sends it to the group (Router::route_to).
+        core_.slots->add_queued(s.slot, 1);
+        r.channel_batch.push_back(
+            {static_cast<std::uint32_t>(s.connection), r.buffer.clone(), frame_at, len, h.payload_len, now});
+        continue;
+      }
       core_.slots->add_queued(s.slot, len);
       // A subscriber's consecutive messages in this buffer go as one DELIVER
       // run, as a publisher's frames of one SEND do (Router::route_to).

@@ -228,7 +228,7 @@ struct Connection {
   // ------------------------------------------------------------ subscriptions
   struct Subscription {
     std::string pattern;
-    Subscriber stored;          // as the index holds it (with its queue group id)
+    Subscriber stored;  // as the index holds it (with its queue group id); a channel's: its interest only
     std::uint32_t channel = 0;  // served by this multicast channel instead (not in the index itself)
     std::uint64_t cost = 0;     // taken from BrokerCore::subscription_budget, given back when it ends
   };

@@ -84,14 +84,17 @@ bool MulticastEngine::eligible(const config::MulticastSettings& settings, std::s
                      [&](const std::string& p) { return proto::pattern_matches(p, subject); });
 }
 
-std::uint32_t MulticastEngine::subscribe(std::string_view subject, const ChannelMember& member) {
+std::uint32_t MulticastEngine::subscribe(std::string_view subject, const ChannelMember& member,
+                                         std::uint32_t interest) {
   std::lock_guard lock(registry_mutex_);
   auto it = by_subject_.find(std::string(subject));
   if (it == by_subject_.end()) {
     Registered r;
     r.id = next_channel_++;
     // The channel stands in the index for all its members: one route per publish.
-    r.entry = core_.index.add(subject, Subscriber{kChannelWorker, r.id, 0, core_.multicast_slot, 0});
+    Subscriber channel{kChannelWorker, r.id, 0, core_.multicast_slot, 0};
+    channel.interest = interest;
+    r.entry = core_.index.add(subject, channel);
     it = by_subject_.emplace(std::string(subject), r).first;
     subject_of_[r.id] = std::string(subject);
   }

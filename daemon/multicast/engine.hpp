@@ -119,7 +119,11 @@ class MulticastEngine {
   static bool eligible(const config::MulticastSettings& settings, std::string_view subject);
   /// Adds the member to `subject`'s channel (created, and entered in the
   /// subscription index, for its first member). Returns the channel id.
-  std::uint32_t subscribe(std::string_view subject, const ChannelMember& member);
+  /// `interest`: the subject's ClusterInterest entry (0: no cluster), which
+  /// the channel's index entry carries so that what a route brings for that
+  /// entry reaches the channel (cluster/routes.hpp); the same for every
+  /// member while the channel lives, since each member holds the entry.
+  std::uint32_t subscribe(std::string_view subject, const ChannelMember& member, std::uint32_t interest);
   /// Removes a member; the channel goes (index entry, group) with its last.
   void unsubscribe(std::uint32_t channel, std::uint64_t connection, std::uint32_t sid);
   /// Messages routed to channels by one worker, in the order it routed them.

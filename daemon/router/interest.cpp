@@ -13,9 +13,20 @@ namespace rdmabroker::daemon {
 void add_subscription(WorkerContext& ctx, Connection& c, const proto::Frame& f, std::uint64_t cost) {
   BrokerCore& core = ctx.core;
   const std::uint32_t sid = f.header.arg;
-  // An exact subscription (no wildcard, no queue group) to a multicast-backed
-  // subject is served by the subject's channel (multicast/engine.hpp).
-  if (core.multicast != nullptr && f.reply.empty() && proto::valid_subject(f.subject) &&
+  // In a cluster, a local client's subscription is interest the routes
+  // carry to the other brokers; a route's own is not (one hop, SPEC.md §8).
+  // The reply field of a SUBSCRIBE names its queue group (SPEC.md §3.3).
+  const bool route = c.identity->route;
+  std::uint32_t interest = 0;
+  if (core.interest != nullptr && !route) {
+    interest = core.interest->acquire(f.subject, f.reply);
+    c.interest_through = std::max(c.interest_through, interest);
+  }
+  // An exact subscription (no wildcard, no queue group) of a client to a
+  // multicast-backed subject is served by the subject's channel
+  // (multicast/engine.hpp). A route's is not: its broker passes what it
+  // brings to its own channel.
+  if (core.multicast != nullptr && !route && f.reply.empty() && proto::valid_subject(f.subject) &&
       MulticastEngine::eligible(ctx.options.multicast, f.subject)) {
     ChannelMember m{c.id, ctx.index, c.slot, sid, c.multicast_capable};
     if (c.multicast_capable) {
@@ -26,19 +37,15 @@ void add_subscription(WorkerContext& ctx, Connection& c, const proto::Frame& f, 
         m.can_join = false;
       }
     }
-    const std::uint32_t channel = core.multicast->subscribe(f.subject, m);
-    c.subscriptions.emplace(sid, Connection::Subscription{std::string(f.subject), {}, channel, cost});
+    const std::uint32_t channel = core.multicast->subscribe(f.subject, m, interest);
+    Subscriber held;
+    held.interest = interest;  // given back when the subscription ends
+    c.subscriptions.emplace(sid, Connection::Subscription{std::string(f.subject), held, channel, cost});
     return;
   }
-  // The reply field of a SUBSCRIBE names its queue group (SPEC.md §3.3). In
-  // a cluster, a local client's subscription is interest the routes carry to
-  // the other brokers; a route's own is not (one hop, SPEC.md §8).
   Subscriber s{ctx.index, c.id, sid, c.slot};
-  s.route = c.identity->route;
-  if (core.interest != nullptr && !s.route) {
-    s.interest = core.interest->acquire(f.subject, f.reply);
-    c.interest_through = std::max(c.interest_through, s.interest);
-  }
+  s.route = route;
+  s.interest = interest;
   const Subscriber stored = core.index.add(f.subject, s, f.reply);
   c.subscriptions.emplace(sid, Connection::Subscription{std::string(f.subject), stored, 0, cost});
 }
@@ -50,8 +57,8 @@ void drop_subscription(WorkerContext& ctx, Connection& c, const Connection::Subs
     ctx.core.multicast->unsubscribe(sub.channel, c.id, sid);
   } else {
     ctx.core.index.remove(sub.pattern, sub.stored);
-    if (sub.stored.interest != 0) ctx.core.interest->release(sub.stored.interest);
   }
+  if (sub.stored.interest != 0) ctx.core.interest->release(sub.stored.interest);
 }
 
 void drop_all_subscriptions(WorkerContext& ctx, Connection& c) {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <numeric>
 #include <sstream>
 #include <thread>
 
@@ -60,11 +61,12 @@ std::span<const std::byte> seq_payload(const std::uint64_t& seq) { return std::a
 /// (cluster.listen_rdma and cluster.listen_tcp) and only there. With
 /// `announce`, it announces where routes and clients reach it over that
 /// transport (cluster.advertise, cluster.client_advertise: its listeners are
-/// on 0.0.0.0, which says nothing).
+/// on 0.0.0.0, which says nothing). `extra`: more of the config (a section).
 struct Member {
   explicit Member(const std::string& name, const std::string& cluster = "test", bool route_listeners = false,
-                  std::optional<Via> announce = std::nullopt)
-      : file("/tmp/rdmabroker-cluster-" + std::to_string(getpid()) + "-" + name + ".yaml"),
+                  std::optional<Via> announce = std::nullopt, std::string extra = {})
+      : extra_yaml(std::move(extra)),
+        file("/tmp/rdmabroker-cluster-" + std::to_string(getpid()) + "-" + name + ".yaml"),
         route_rdma_port(route_listeners ? next_port() : 0),
         route_tcp_port(route_listeners ? next_port() : 0),
         client_rdma_port(next_port()),
@@ -84,7 +86,7 @@ struct Member {
     // SRQs that leave most of it free), patient deadlines (emulation, sanitizers).
     out << "logging: {level: warn}\nbuffers: {pool: 2048, srq_depth: 256}\n"
         << "auth: {anonymous: true, timeout_ms: 30000}\nslow_consumer: {write_deadline_ms: 30000}\n"
-        << "cluster:\n  name: " << cluster << "\n  user: route\n  password: s3cret-route\n";
+        << extra_yaml << "cluster:\n  name: " << cluster << "\n  user: route\n  password: s3cret-route\n";
     if (route_rdma_port != 0)
       out << "  listen_rdma: 0.0.0.0:" << route_rdma_port << "\n  listen_tcp: 0.0.0.0:" << route_tcp_port
           << "\n";
@@ -111,6 +113,7 @@ struct Member {
     return via == Via::kRdma ? "rdma://" + guest_addr1() + ":" + std::to_string(route_rdma_port)
                              : "tcp://127.0.0.1:" + std::to_string(route_tcp_port);
   }
+  std::string extra_yaml;
   std::string file;
   std::uint16_t route_rdma_port;
   std::uint16_t route_tcp_port;
@@ -600,6 +603,91 @@ TEST_P(RouteListeners, RoutesAndClientsEachHaveTheirOwnPortAndARouteMayTakeTheOt
 
 INSTANTIATE_TEST_SUITE_P(Via, RouteListeners, ::testing::Values(Via::kRdma, Via::kTcp),
                          [](const auto& info) { return to_string(info.param); });
+
+/// Brokers with multicast channels in a cluster (docs/cluster.md,
+/// docs/multicast.md): what a route brings for a multicast-backed subject
+/// goes to the subject's channel there, which sends it to the group; what a
+/// channel's subject gets published crosses the routes like any message.
+TEST(ClusterMulticast, RouteMessagesReachAChannelsGroupAndAChannelsPublishesCrossTheRoutes) {
+  require_rdma();
+  const std::string multicast =
+      "multicast: {enabled: true, subjects: ['mc.>'], threshold: 1, leave_below: 1}\n";
+  Member a("a", "test", false, std::nullopt, multicast);
+  Member c("c", "test", false, std::nullopt, multicast);
+  route(a, {c.client_url(Via::kRdma)});
+  route(c, {a.client_url(Via::kRdma)});
+  await_routes_up(a, 1);
+  await_routes_up(c, 1);
+  // Declared before the clients: destroyed after them (their threads write here).
+  Received on_a;
+  Received on_c1;
+  Received on_c2;
+  Received on_c_tcp;
+  auto rdma = [](Member& m) {
+    ClientOptions opt;
+    opt.bind_address = guest_addr1();  // the device its group is joined on
+    auto cl = Client::connect(m.client_url(Via::kRdma), opt);
+    EXPECT_TRUE(cl.ok()) << (cl.ok() ? "" : cl.error().message);
+    return cl.ok() ? std::move(cl).value() : nullptr;
+  };
+  auto sub_a = rdma(a);
+  auto sub_c1 = rdma(c);
+  auto sub_c2 = rdma(c);
+  auto sub_c_tcp = connect_via(*c.broker, Via::kTcp);  // served by the channel over its connection
+  ASSERT_TRUE(sub_a && sub_c1 && sub_c2 && sub_c_tcp);
+  ASSERT_TRUE(sub_a->subscribe("mc.feed", on_a.handler()));
+  ASSERT_TRUE(sub_c1->subscribe("mc.feed", on_c1.handler()));
+  ASSERT_TRUE(sub_c2->subscribe("mc.feed", on_c2.handler()));
+  ASSERT_TRUE(sub_c_tcp->subscribe("mc.feed", on_c_tcp.handler()));
+  // Each PONG comes once the other broker has the subscription's interest
+  // (SPEC.md §8, "Interest in effect").
+  for (Client* s : {sub_a.get(), sub_c1.get(), sub_c2.get(), sub_c_tcp.get()}) ASSERT_TRUE(s->flush(30s));
+  auto joined = c.broker->wait_stats([](auto& s) { return s["multicast.members_joined"] == 2; }, 60s);
+  ASSERT_EQ(joined["multicast.members_joined"], 2) << "C's RDMA subscribers did not join the group";
+  ASSERT_EQ(joined["multicast.members"], 3);
+
+  // Published on A: A's channel and the route to C; C's channel sends it to its group.
+  const std::uint64_t n = RDMABROKER_SANITIZED ? 300 : 2'000;
+  auto pub_a = connect_via(*a.broker, Via::kRdma);
+  ASSERT_TRUE(pub_a);
+  for (std::uint64_t i = 0; i < n; ++i) ASSERT_TRUE(pub_a->publish("mc.feed", seq_payload(i)));
+  ASSERT_TRUE(pub_a->flush(30s));
+  for (Received* got : {&on_a, &on_c1, &on_c2, &on_c_tcp})
+    ASSERT_TRUE(wait_until([&] { return got->count() >= n; }, 120s)) << got->count() << " of " << n;
+  // Published on C: C's channel and the route to A, never back to C.
+  auto pub_c = connect_via(*c.broker, Via::kRdma);
+  ASSERT_TRUE(pub_c);
+  for (std::uint64_t i = n; i < 2 * n; ++i) ASSERT_TRUE(pub_c->publish("mc.feed", seq_payload(i)));
+  ASSERT_TRUE(pub_c->flush(30s));
+
+  std::vector<std::uint64_t> all(2 * n);
+  std::iota(all.begin(), all.end(), 0);
+  for (Received* got : {&on_a, &on_c1, &on_c2, &on_c_tcp}) {
+    EXPECT_TRUE(wait_until([&] { return got->count() >= 2 * n; }, 120s)) << got->count() << " of " << 2 * n;
+  }
+  std::this_thread::sleep_for(300ms);  // a duplicate would show now
+  for (Received* got : {&on_a, &on_c1, &on_c2, &on_c_tcp}) {
+    const auto seqs = got->seqs();
+    std::size_t at = 0;
+    while (at < seqs.size() && at < all.size() && seqs[at] == all[at]) ++at;
+    EXPECT_EQ(seqs, all) << "size " << seqs.size() << ", first difference at " << at << ": "
+                         << (at < seqs.size() ? std::to_string(seqs[at]) : "none") << " (subscriber "
+                         << (got == &on_a    ? "a"
+                             : got == &on_c1 ? "c1"
+                             : got == &on_c2 ? "c2"
+                                             : "c_tcp")
+                         << ")";
+  }
+  auto s = c.broker->stats();
+  EXPECT_EQ(s["multicast.messages"], static_cast<std::int64_t>(2 * n)) << "C's channel: A's and C's messages";
+  EXPECT_GE(s["multicast.group_messages"], static_cast<std::int64_t>(2 * n));
+  EXPECT_EQ(s["multicast.losses"], 0);
+  EXPECT_EQ(s["cluster.route_messages_in"], static_cast<std::int64_t>(n));
+  EXPECT_EQ(s["cluster.route_dropped"], 0);
+  EXPECT_EQ(a.stat("cluster.route_messages_in"), static_cast<std::int64_t>(n));
+  EXPECT_GT(sub_c1->stats().multicast_messages, n)
+      << "C's subscriber got most messages over RC, not the group";
+}
 
 /// Routes are authenticated against cluster.* only (TCP on the host: the
 /// rules are the frame handler's, the same for both transports).

@@ -439,7 +439,11 @@ cluster:
   fails_with("cluster: {name: prod, user: u, password: p, routes: [tcp://b:0]}", "bad port");
   fails_with("cluster: {name: prod, user: u, password: p, routes: ['tcp://:7471']}", "no host");
   fails_with("cluster: {name: prod, user: u, password: p, routes: ['tcp://u:pw@b']}", "no credentials");
-  fails_with("cluster: {name: prod, user: u, password: p}\nmulticast: {enabled: true}", "not supported yet");
+  // Routes pass what they bring to multicast channels too (docs/cluster.md).
+  auto with_multicast =
+      parse("cluster: {name: prod, user: u, password: p}\nmulticast: {enabled: true}", "b.yaml");
+  ASSERT_TRUE(with_multicast) << with_multicast.error().message;
+  EXPECT_TRUE(with_multicast->broker.multicast.enabled);
   // Route listeners: a cluster's, on ports of their own.
   fails_with("cluster: {listen_tcp: '0.0.0.0:7473'}", "a route listener needs cluster.name");
   fails_with("cluster: {name: prod, user: u, password: p, listen_tcp: '0.0.0.0:7471'}",
