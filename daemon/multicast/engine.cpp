@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <random>
 
 #include "rdmabroker/proto/multicast.hpp"
 #include "rdmabroker/proto/subjects.hpp"
@@ -40,6 +41,9 @@ Result<std::unique_ptr<MulticastEngine>> MulticastEngine::create(BrokerCore& cor
   std::from_chars(range.data() + slash + 1, range.data() + range.size(), bits);
   e->group_count_ = bits >= 32 ? 1 : (1u << (32 - bits)) - 1;  // the range's first address is not used
   e->group_base_ = (ntohl(base.s_addr) & ~((bits >= 32 ? 0u : (1u << (32 - bits))) - 1)) + 1;
+  std::random_device random;
+  e->last_channel_ = random();
+  e->next_group_ = random() % e->group_count_;
   e->cm_channel_.reset(rdma_create_event_channel());
   if (!e->cm_channel_)
     return Error{ErrorKind::kResource, std::string("rdma_create_event_channel: ") + std::strerror(errno)};
@@ -90,7 +94,10 @@ std::uint32_t MulticastEngine::subscribe(std::string_view subject, const Channel
   auto it = by_subject_.find(std::string(subject));
   if (it == by_subject_.end()) {
     Registered r;
-    r.id = next_channel_++;
+    do {
+      ++last_channel_;
+    } while (last_channel_ == 0 || subject_of_.contains(last_channel_));
+    r.id = last_channel_;
     // The channel stands in the index for all its members: one route per publish.
     Subscriber channel{kChannelWorker, r.id, 0, core_.multicast_slot, 0};
     channel.interest = interest;

@@ -278,7 +278,11 @@ class MulticastEngine {
   std::mutex registry_mutex_;
   std::unordered_map<std::string, Registered> by_subject_;
   std::unordered_map<std::uint32_t, std::string> subject_of_;
-  std::uint32_t next_channel_ = 1;
+  /// The last channel id given. Ids start at a random number (never 0), as
+  /// does next_group_: brokers on one fabric with the same multicast.groups
+  /// send to the same groups, where each client's UD QP also receives the
+  /// other brokers' datagrams; it keeps only its channels' (SPEC.md §7.3).
+  std::uint32_t last_channel_ = 0;
 
   // ---- engine thread
   config::MulticastSettings settings_;

@@ -9,10 +9,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
+#include <numeric>
 #include <sstream>
 #include <thread>
 
@@ -566,6 +569,96 @@ TEST_F(Multicast, ASubjectMovesToMulticastAndBackUnderTrafficWithoutLossOrDuplic
   wildcard->close();
   pub->close();
   expect_clean_shutdown(broker);
+}
+
+// ---------------------------------------------------------------- brokers sharing groups
+
+// Brokers on one fabric with the same multicast.groups (the default, a
+// cluster's brokers) send to the same groups, and a client's UD QP receives
+// every datagram sent to a group it joined: it must keep only its own
+// channel's (SPEC.md §7.3). Three subjects on a range of three groups: both
+// brokers use every group, so each of their channels shares its group with
+// one of the other broker's. Their messages differ (the second broker's are
+// numbered from a million), so one taken from the other broker shows.
+TEST_F(Multicast, BrokersSharingGroupsKeepTheirChannelsApart) {
+  McastConfig cfg(mcast_yaml("[\"mc.>\"]") + "  groups: 239.77.9.0/30\n");
+  constexpr std::size_t kPayload = 200;
+  const std::vector<std::string> subjects{"mc.a", "mc.b", "mc.c"};
+  const std::uint64_t n = RDMABROKER_SANITIZED ? 300 : 1'000;
+  struct Side {
+    std::unique_ptr<BrokerProcess> broker;
+    std::vector<std::unique_ptr<Received>> got;  // per subject; outlives the clients
+    std::unique_ptr<Client> sub;
+    std::unique_ptr<Client> pub;
+    std::uint64_t base = 0;
+  };
+  std::array<Side, 2> sides;
+  for (std::size_t k = 0; k < sides.size(); ++k) {
+    Side& side = sides[k];
+    side.base = k * 1'000'000;
+    side.broker = std::make_unique<BrokerProcess>(next_port(), cfg.args());
+    ASSERT_TRUE(side.broker->running());
+    side.sub = connect_on(*side.broker, guest_addr1());
+    side.pub = connect_on(*side.broker, guest_addr2());
+    ASSERT_TRUE(side.sub && side.pub);
+    for (const auto& subject : subjects) {
+      side.got.push_back(std::make_unique<Received>());
+      side.got.back()->max_payload = kPayload;
+      ASSERT_TRUE(side.sub->subscribe(subject, side.got.back()->handler()));
+    }
+    ASSERT_TRUE(side.sub->flush(10s));
+  }
+  for (Side& side : sides) {
+    auto s = side.broker->wait_stats([](auto& s) { return s["multicast.members_joined"] == 3; }, 30s);
+    ASSERT_EQ(s["multicast.members_joined"], 3) << "a subscription did not join its group";
+    ASSERT_EQ(s["multicast.groups"], 3) << "one group per subject, all three of the range";
+  }
+  // Both brokers publish at once: their datagrams meet in every group.
+  std::vector<std::jthread> publishers;
+  for (Side& side : sides) {
+    publishers.emplace_back([&side, &subjects, n] {
+      for (std::uint64_t i = 0; i < n; ++i) {
+        for (const auto& subject : subjects) {
+          if (!publish_numbered(*side.pub, subject, side.base + i, kPayload)) return;
+        }
+      }
+      EXPECT_TRUE(side.pub->flush(60s));
+    });
+  }
+  publishers.clear();  // joined
+  for (Side& side : sides) {
+    for (std::size_t j = 0; j < subjects.size(); ++j) {
+      Received& got = *side.got[j];
+      EXPECT_TRUE(wait_until([&] { return got.size() >= n; }, 120s)) << subjects[j] << ": " << got.describe();
+    }
+  }
+  std::this_thread::sleep_for(300ms);  // a duplicate, or the other broker's message, would show now
+  for (Side& side : sides) {
+    std::vector<std::uint64_t> expected(n);
+    std::iota(expected.begin(), expected.end(), side.base);
+    for (std::size_t j = 0; j < subjects.size(); ++j) {
+      Received& got = *side.got[j];
+      EXPECT_EQ(got.corrupt.load(), 0u) << subjects[j];
+      std::vector<std::uint64_t> seqs;
+      {
+        std::lock_guard l(got.mu);
+        seqs = got.seqs;
+      }
+      const auto [mine, want] = std::mismatch(seqs.begin(), seqs.end(), expected.begin(), expected.end());
+      EXPECT_TRUE(seqs == expected) << subjects[j] << " on broker " << side.base / 1'000'000 << ": "
+                                    << seqs.size() << " messages, message " << (mine - seqs.begin()) << " is "
+                                    << (mine == seqs.end() ? std::string("missing") : std::to_string(*mine))
+                                    << ", not " << (want == expected.end() ? 0 : *want);
+    }
+    const ClientStats cs = side.sub->stats();
+    EXPECT_GT(cs.multicast_messages, 0u) << "nothing came from the groups";
+    EXPECT_EQ(cs.messages_lost, 0u);
+  }
+  for (Side& side : sides) {
+    side.sub->close();
+    side.pub->close();
+    expect_clean_shutdown(*side.broker);
+  }
 }
 
 // ---------------------------------------------------------------- reload
