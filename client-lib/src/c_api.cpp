@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,47 @@ std::span<const std::byte> bytes(const void* data, size_t len) {
   return {static_cast<const std::byte*>(data), len};
 }
 
+/// A ServerInfo and its C view, which points into it.
+struct OwnedServerInfo {
+  rb_server_info view{};
+  rdmabroker::ServerInfo info;
+  std::vector<std::string> client_urls;
+  std::vector<const char*> strings;  // every list's pointers, back to back
+  std::vector<rb_broker_info> peers;
+};
+
+OwnedServerInfo* owned_info(rdmabroker::ServerInfo info) {
+  auto* o = new OwnedServerInfo{};
+  o->info = std::move(info);
+  o->client_urls = o->info.client_urls();
+  // Offsets first: `strings` must not move once views point into it.
+  std::size_t total = o->client_urls.size();
+  auto count = [&](const rdmabroker::ServerInfo::Broker& b) { total += b.urls.size() + b.routes.size(); };
+  count(o->info.self);
+  for (const auto& p : o->info.peers) count(p);
+  o->strings.reserve(total);
+  auto list = [&](const std::vector<std::string>& from) {
+    const char* const* at = o->strings.data() + o->strings.size();
+    for (const auto& s : from) o->strings.push_back(s.c_str());
+    return from.empty() ? nullptr : at;
+  };
+  auto broker = [&](const rdmabroker::ServerInfo::Broker& b) {
+    rb_broker_info v{b.id.c_str(), nullptr, b.urls.size(), nullptr, b.routes.size()};
+    v.urls = list(b.urls);
+    v.routes = list(b.routes);
+    return v;
+  };
+  o->view.self = broker(o->info.self);
+  for (const auto& p : o->info.peers) o->peers.push_back(broker(p));
+  o->view.cluster = o->info.cluster.c_str();
+  o->view.peers = o->peers.empty() ? nullptr : o->peers.data();
+  o->view.peer_count = o->peers.size();
+  o->view.client_urls = list(o->client_urls);
+  o->view.client_url_count = o->client_urls.size();
+  o->view.owner_ = o;
+  return o;
+}
+
 int subscribe_cb(rb_client* c, const char* subject, const char* group, rb_message_cb cb, void* user,
                  uint32_t* sid_out) {
   auto r = c->impl->queue_subscribe(subject, group != nullptr ? group : "",
@@ -195,6 +237,13 @@ int rb_connect_with(const char* url, const rb_options* options, rb_client** out)
   opt.reconnect = o.reconnect != 0;
   opt.polled = o.polled != 0;
   opt.adaptive_poll = o.adaptive_poll != 0;
+  opt.ignore_announced_servers = o.ignore_announced_servers != 0;
+  if (o.on_server_info != nullptr) {
+    opt.on_server_info = [cb = o.on_server_info, user = o.on_server_info_user](const rdmabroker::ServerInfo& i) {
+      const std::unique_ptr<OwnedServerInfo> owned(owned_info(i));
+      cb(&owned->view, user);
+    };
+  }
   opt.max_reconnect_attempts = static_cast<std::uint32_t>(o.max_reconnect_attempts);
   opt.connect_timeout = ms(o.connect_timeout_ms, opt.connect_timeout);
   opt.publish_timeout = ms(o.publish_timeout_ms, opt.publish_timeout);
@@ -371,6 +420,16 @@ int rb_poll(rb_client* c, long timeout_us, size_t* delivered) {
   if (!n) return fail(n.error());
   if (delivered != nullptr) *delivered = n.value();
   return RB_OK;
+}
+
+int rb_server_info_get(rb_client* c, rb_server_info** out) {
+  if (c == nullptr || out == nullptr) return invalid("rb_server_info_get: bad arguments");
+  *out = &owned_info(c->impl->server_info())->view;
+  return RB_OK;
+}
+
+void rb_server_info_free(rb_server_info* info) {
+  if (info != nullptr) delete static_cast<OwnedServerInfo*>(info->owner_);
 }
 
 void rb_close(rb_client* c) {

@@ -23,10 +23,10 @@ import sys
 import threading
 import traceback
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping, Optional, Tuple, Union
+from typing import Callable, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 __all__ = [
-    "connect", "Client", "Subscription", "Message", "Headers", "Error", "InvalidArgument", "ConnectFailed",
+    "connect", "Client", "Subscription", "Message", "Headers", "ServerInfo", "BrokerInfo", "Error", "InvalidArgument", "ConnectFailed",
     "Rejected", "Timeout", "Closed", "BrokerError", "ResourceError", "PayloadTooLarge",
     "NoResponders", "AuthenticationFailed", "PermissionDenied", "MessagesLost",
 ]
@@ -113,7 +113,19 @@ class _CMessage(ctypes.Structure):
                 ("headers", ctypes.POINTER(_CHeader)), ("header_count", ctypes.c_size_t)]
 
 
+class _CBrokerInfo(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_char_p), ("urls", ctypes.POINTER(ctypes.c_char_p)), ("url_count", ctypes.c_size_t),
+                ("routes", ctypes.POINTER(ctypes.c_char_p)), ("route_count", ctypes.c_size_t)]
+
+
+class _CServerInfo(ctypes.Structure):
+    _fields_ = [("self", _CBrokerInfo), ("cluster", ctypes.c_char_p), ("peers", ctypes.POINTER(_CBrokerInfo)),
+                ("peer_count", ctypes.c_size_t), ("client_urls", ctypes.POINTER(ctypes.c_char_p)),
+                ("client_url_count", ctypes.c_size_t), ("owner_", ctypes.c_void_p)]
+
+
 _MESSAGE_CB = ctypes.CFUNCTYPE(None, ctypes.POINTER(_CMessage), ctypes.c_void_p)
+_SERVER_INFO_CB = ctypes.CFUNCTYPE(None, ctypes.POINTER(_CServerInfo), ctypes.c_void_p)
 _ERROR_CB = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 _CONNECTION_CB = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 
@@ -130,7 +142,9 @@ class _COptions(ctypes.Structure):
                 ("tls_server_name", ctypes.c_char_p),
                 # rb_options_init_sized is told this struct's size; fields the
                 # library added later keep their defaults.
-                ("polled", ctypes.c_int), ("adaptive_poll", ctypes.c_int)]
+                ("polled", ctypes.c_int), ("adaptive_poll", ctypes.c_int),
+                ("ignore_announced_servers", ctypes.c_int), ("on_server_info", _SERVER_INFO_CB),
+                ("on_server_info_user", ctypes.c_void_p)]
 
 # rb_connection_event -> the name a callback is given.
 _CONNECTION_EVENTS = {0: "disconnected", 1: "reconnected", 2: "gave_up"}
@@ -158,6 +172,8 @@ def _load():
         ("rb_subscription_free", None, [P]),
         ("rb_unsubscribe", I, [P, U32]),
         ("rb_flush", I, [P, I]),
+        ("rb_server_info_get", I, [P, ctypes.POINTER(ctypes.POINTER(_CServerInfo))]),
+        ("rb_server_info_free", None, [ctypes.POINTER(_CServerInfo)]),
         ("rb_close", None, [P]),
         ("rb_last_error", ctypes.c_char_p, []),
     ]:
@@ -240,6 +256,39 @@ def _c_headers(headers: Headers):
 
 
 # ---------------------------------------------------------------- subscriptions
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    """A broker of a cluster as an INFO names it."""
+    id: str                # random at each start of that broker
+    urls: List[str]        # where clients reach it
+    routes: List[str]      # where other brokers' routes reach it
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What the broker of a cluster says about itself and the brokers it has
+    routes up to (docs/cluster.md). `broker.id` is "" before any INFO, or
+    when the broker is not in a cluster."""
+    broker: BrokerInfo       # the one this client is connected to
+    cluster: str
+    peers: List[BrokerInfo]
+    client_urls: List[str]   # every client URL announced: the broker's, then its peers', once each
+
+
+def _strings(array, count: int) -> List[str]:
+    return [array[i].decode() for i in range(count)]
+
+
+def _broker_info(b: "_CBrokerInfo") -> BrokerInfo:
+    return BrokerInfo((b.id or b"").decode(), _strings(b.urls, b.url_count), _strings(b.routes, b.route_count))
+
+
+def _server_info(i: "_CServerInfo") -> ServerInfo:
+    return ServerInfo(_broker_info(i.self), (i.cluster or b"").decode(),
+                      [_broker_info(i.peers[k]) for k in range(i.peer_count)],
+                      _strings(i.client_urls, i.client_url_count))
 
 
 class Subscription:
@@ -332,7 +381,9 @@ class Client:
                  tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
                  tls_server_name: Optional[str] = None,
                  on_error: Optional[Callable[["Error"], None]] = None,
-                 on_connection_event: Optional[Callable[[str, str], None]] = None):
+                 on_connection_event: Optional[Callable[[str, str], None]] = None,
+                 ignore_announced_servers: bool = False,
+                 on_server_info: Optional[Callable[["ServerInfo"], None]] = None):
         o = _COptions()
         _lib.rb_options_init_sized(ctypes.byref(o), ctypes.sizeof(o))
         text = lambda v: v.encode() if v else None  # noqa: E731
@@ -340,6 +391,7 @@ class Client:
         o.tls_ca_file, o.tls_cert_file, o.tls_key_file = text(tls_ca), text(tls_cert), text(tls_key)
         o.tls_server_name = text(tls_server_name)
         o.reconnect = int(bool(reconnect))
+        o.ignore_announced_servers = int(bool(ignore_announced_servers))
         o.max_reconnect_attempts = max_reconnect_attempts
         for field, seconds in (("connect_timeout_ms", connect_timeout), ("publish_timeout_ms", publish_timeout),
                                ("reconnect_delay_ms", reconnect_delay),
@@ -347,7 +399,7 @@ class Client:
             if seconds is not None:
                 setattr(o, field, max(1, _ms(seconds)))
         # The C callbacks live as long as the client: the library may call them until close().
-        self._c_on_error = self._c_on_connection_event = None
+        self._c_on_error = self._c_on_connection_event = self._c_on_server_info = None
         if on_error is not None:
             def error(status, message, _user):
                 _guarded(on_error, _ERRORS.get(status, Error)((message or b"").decode("utf-8", "replace"), status))
@@ -357,6 +409,10 @@ class Client:
                 _guarded(on_connection_event, _CONNECTION_EVENTS.get(kind, str(kind)),
                          (reason or b"").decode("utf-8", "replace"))
             self._c_on_connection_event = o.on_connection_event = _CONNECTION_CB(event)
+        if on_server_info is not None:
+            def info(c_info, _user):
+                _guarded(on_server_info, _server_info(c_info.contents))
+            self._c_on_server_info = o.on_server_info = _SERVER_INFO_CB(info)
         handle = ctypes.c_void_p()
         _check(_lib.rb_connect_with(url.encode(), ctypes.byref(o), ctypes.byref(handle)))
         self._handle = handle
@@ -423,6 +479,16 @@ class Client:
         self._callbacks[sid.value] = c_callback
         return Subscription(self, sid.value, callback=c_callback)
 
+    def server_info(self) -> ServerInfo:
+        """The last INFO the broker sent: the brokers of its cluster, which a
+        reconnecting client also tries (docs/cluster.md)."""
+        out = ctypes.POINTER(_CServerInfo)()
+        _check(_lib.rb_server_info_get(self._h(), ctypes.byref(out)))
+        try:
+            return _server_info(out.contents)
+        finally:
+            _lib.rb_server_info_free(out)
+
     def flush(self, timeout: float = 10.0) -> None:
         """Waits until the broker has processed everything sent before."""
         _check(_lib.rb_flush(self._h(), _ms(timeout)))
@@ -475,5 +541,10 @@ def connect(url: str, bind: Optional[str] = None, **options) -> Client:
     on_connection_event(kind, reason)
                             "disconnected", "reconnected" or "gave_up", and
                             why the connection was lost
+    ignore_announced_servers
+                            with reconnect: try only `url`, never the brokers
+                            a broker of a cluster announces (False)
+    on_server_info(info)    each INFO of a broker of a cluster (ServerInfo);
+                            Client.server_info() gives the last one
     Callbacks run on the library's thread."""
     return Client(url, bind, **options)

@@ -26,9 +26,12 @@ def _free_port() -> int:
 
 
 class Broker:
+    """`config`: YAML, where @URL@ stands for the broker's own url()."""
+
     def __init__(self, via: str, config: str = "", anonymous: bool = True):
         self.via = via
         self.port, self.tcp_port = _free_port(), _free_port()
+        config = config.replace("@URL@", self.url())
         self.dir = tempfile.TemporaryDirectory(prefix="rdmabroker-py-")
         self.admin = os.path.join(self.dir.name, "admin.sock")
         args = [os.environ["RDMABROKERD"], "--port", str(self.port), "--tcp-port", str(self.tcp_port),

@@ -276,3 +276,42 @@ def test_options_carry_credentials_and_errors_reach_on_error(make_broker, hash_s
     assert "py.not.allowed" in errors[0].message
     with pytest.raises(rdmabroker.AuthenticationFailed):
         rdmabroker.connect(broker.url(), bind=broker.bind, user="bob", password="wrong")
+
+
+CLUSTER = ("cluster:\n  name: py\n  user: route\n  password: s3cret-route\n"
+           "  advertise: [@URL@]\n  client_advertise: [@URL@]\n")
+
+
+def test_a_client_learns_the_cluster_and_fails_over_unless_told_not_to(make_broker):
+    # B is A's seed route; B dials back the URL A advertises (docs/cluster.md).
+    b = make_broker(CLUSTER + "  routes: []\n")
+    a = make_broker(CLUSTER + f"  routes: [{b.url()}]\n")
+    infos, fixed_events, got = [], [], []
+    options = dict(bind=a.bind, reconnect=True, reconnect_delay=0.05, reconnect_max_delay=0.2,
+                   publish_timeout=30)
+    with rdmabroker.connect(a.url(), on_server_info=infos.append, **options) as mover, \
+            rdmabroker.connect(a.url(), ignore_announced_servers=True, max_reconnect_attempts=3,
+                               on_connection_event=lambda kind, _why: fixed_events.append(kind),
+                               **options) as fixed:
+        assert wait_for(lambda: len(mover.server_info().peers) == 1, 30), mover.server_info()
+        info = mover.server_info()
+        assert info.cluster == "py"
+        assert len(info.broker.id) == 16
+        assert info.broker.urls == [a.url()] and info.broker.routes == [a.url()]
+        assert [(p.urls, p.routes) for p in info.peers] == [([b.url()], [b.url()])]
+        assert info.peers[0].id != info.broker.id
+        assert info.client_urls == [a.url(), b.url()]
+        assert wait_for(lambda: infos and infos[-1] == info), infos  # the callback saw the same
+        mover.subscribe("py.cluster", callback=got.append)
+        mover.flush()
+        assert a.stop() == 0
+        # The one given only A's URL moves to B, which A announced; the one
+        # told to ignore announcements tries A alone, and gives up.
+        assert wait_for(lambda: mover.server_info().broker.urls == [b.url()], 60), mover.server_info()
+        assert wait_for(lambda: "gave_up" in fixed_events, 60), fixed_events
+        with pytest.raises(rdmabroker.Closed):
+            fixed.publish("py.cluster", b"never")
+        mover.publish("py.cluster", b"on B")  # its subscription came along
+        mover.flush(timeout=30)
+        assert wait_for(lambda: len(got) == 1, 30)
+    assert got[0].data == b"on B"

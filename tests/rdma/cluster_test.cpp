@@ -21,6 +21,7 @@
 #include "harness.hpp"
 #include "rdmabroker/proto/info.hpp"
 #include "rdmabroker/client.hpp"
+#include "rdmabroker/rdmabroker.h"
 
 namespace rdmabroker::test {
 namespace {
@@ -645,6 +646,8 @@ TEST(ClusterMulticast, RouteMessagesReachAChannelsGroupAndAChannelsPublishesCros
   auto joined = c.broker->wait_stats([](auto& s) { return s["multicast.members_joined"] == 2; }, 60s);
   ASSERT_EQ(joined["multicast.members_joined"], 2) << "C's RDMA subscribers did not join the group";
   ASSERT_EQ(joined["multicast.members"], 3);
+  joined = a.broker->wait_stats([](auto& s) { return s["multicast.members_joined"] == 1; }, 60s);
+  ASSERT_EQ(joined["multicast.members_joined"], 1) << "A's subscriber did not join the group";
 
   // Published on A: A's channel and the route to C; C's channel sends it to its group.
   const std::uint64_t n = RDMABROKER_SANITIZED ? 300 : 2'000;
@@ -830,6 +833,40 @@ TEST_P(Gossip, AFullMeshFormsFromPartialListsAndClientsLearnEveryBroker) {
   EXPECT_EQ(urls, all);
   ASSERT_EQ(info.peers.size(), 2u);
   EXPECT_TRUE(info.peers[0].id == id_of_c || info.peers[1].id == id_of_c);
+
+  // The C API (rdmabroker.h) shows the same: the callback, then rb_server_info_get.
+  std::atomic<int> c_infos{0};
+  rb_options o;
+  rb_options_init(&o);
+  const std::string bind = guest_addr2();
+  if (via == Via::kRdma) o.bind_address = bind.c_str();
+  o.connect_timeout_ms = 15'000;
+  o.on_server_info = [](const rb_server_info* i, void* user) {
+    if (i->self.id[0] != '\0' && i->peer_count == 2) static_cast<std::atomic<int>*>(user)->fetch_add(1);
+  };
+  o.on_server_info_user = &c_infos;
+  rb_client* c_client = nullptr;
+  ASSERT_EQ(rb_connect_with(a_.client_url(via).c_str(), &o, &c_client), RB_OK) << rb_last_error();
+  EXPECT_GE(c_infos.load(), 1) << "no INFO before rb_connect_with returned";
+  rb_server_info* c_info = nullptr;
+  ASSERT_EQ(rb_server_info_get(c_client, &c_info), RB_OK);
+  EXPECT_STREQ(c_info->cluster, "test");
+  EXPECT_EQ(std::string(c_info->self.id), info.self.id);
+  ASSERT_EQ(c_info->self.url_count, 1u);
+  EXPECT_EQ(c_info->self.urls[0], a_.client_url(via));
+  ASSERT_EQ(c_info->self.route_count, 1u);
+  EXPECT_EQ(c_info->self.routes[0], a_.client_url(via));
+  ASSERT_EQ(c_info->peer_count, 2u);
+  for (std::size_t i = 0; i < c_info->peer_count; ++i) {
+    EXPECT_EQ(std::string(c_info->peers[i].id), info.peers[i].id);
+    ASSERT_EQ(c_info->peers[i].url_count, 1u);
+    EXPECT_EQ(c_info->peers[i].urls[0], info.peers[i].urls[0]);
+  }
+  std::vector<std::string> c_urls(c_info->client_urls, c_info->client_urls + c_info->client_url_count);
+  std::sort(c_urls.begin(), c_urls.end());
+  EXPECT_EQ(c_urls, all);
+  rb_server_info_free(c_info);
+  rb_close(c_client);
 }
 
 TEST_P(Gossip, AClientGivenOneBrokerFailsOverToAnAnnouncedOne) {

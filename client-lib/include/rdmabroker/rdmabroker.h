@@ -97,6 +97,31 @@ typedef void (*rb_error_cb)(int status, const char* message, void* user);
  * on; `reason` says why it was lost. Called on the library's thread. */
 typedef void (*rb_connection_cb)(rb_connection_event event, const char* reason, void* user);
 
+/* A broker as an INFO names it (ServerInfo::Broker in client.hpp). */
+typedef struct rb_broker_info {
+  const char* id;            /* random at each start of that broker */
+  const char* const* urls;   /* where clients reach it */
+  size_t url_count;
+  const char* const* routes; /* where other brokers' routes reach it */
+  size_t route_count;
+} rb_broker_info;
+
+/* What the broker of a cluster says about itself and the brokers it has
+ * routes up to (SPEC.md §8, "Gossip"; docs/cluster.md). Valid for the
+ * duration of a callback, or until rb_server_info_free for one returned by
+ * rb_server_info_get. */
+typedef struct rb_server_info {
+  rb_broker_info self;            /* self.id "": no INFO (yet, or not in a cluster) */
+  const char* cluster;
+  const rb_broker_info* peers;
+  size_t peer_count;
+  const char* const* client_urls; /* every client URL announced: the broker's, then its peers', once each */
+  size_t client_url_count;
+  void* owner_;                   /* internal */
+} rb_server_info;
+/* Each INFO the broker sends, on the library's thread. */
+typedef void (*rb_server_info_cb)(const rb_server_info* info, void* user);
+
 /* Options of rb_connect_with: rb_options_init() first, then set what you
  * need. `size` is sizeof(rb_options) as the caller was compiled: fields
  * added later go at the end, and a library never reads or writes past
@@ -129,6 +154,11 @@ typedef struct rb_options {
   /* Non-zero: spin before sleeping as long as recent wake-ups say pays
    * (ClientOptions::adaptive_poll). */
   int adaptive_poll;
+  /* With `reconnect`: non-zero tries only the URLs given to rb_connect_with,
+   * never those a broker of a cluster announces (ClientOptions::ignore_announced_servers). */
+  int ignore_announced_servers;
+  rb_server_info_cb on_server_info;
+  void* on_server_info_user;
 } rb_options;
 
 /* Sets the `size` bytes of *options to the defaults and options->size to
@@ -185,6 +215,10 @@ int rb_flush(rb_client* c, int timeout_ms);
  * connection has ended; RB_ERR_INVALID_ARGUMENT for a client with an I/O
  * thread or from one of its callbacks. */
 int rb_poll(rb_client* c, long timeout_us, size_t* delivered);
+/* The last INFO the broker sent (free it with rb_server_info_free); its
+ * self.id is "" when none came. */
+int rb_server_info_get(rb_client* c, rb_server_info** out);
+void rb_server_info_free(rb_server_info* info);
 /* Closes and frees the client. */
 void rb_close(rb_client* c);
 const char* rb_last_error(void);
