@@ -80,7 +80,7 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
   if (!opt.cluster.name.empty()) {
     b->interest_ = std::make_unique<ClusterInterest>();
     b->core_.interest = b->interest_.get();
-    b->routes_ = std::make_unique<Routes>(b->core_, *b->interest_, b->announcement());
+    b->routes_ = std::make_unique<Routes>(b->core_, *b->interest_, b->announcement(b->core_.options));
     b->core_.routes = b->routes_.get();
   }
   if (*use_rdma) {
@@ -224,8 +224,7 @@ std::string Server::listeners() const {
   return out;
 }
 
-proto::BrokerInfo Server::announcement() const {
-  const auto& opt = core_.options;
+proto::BrokerInfo Server::announcement(const BrokerOptions& opt) const {
   const auto& cl = opt.cluster;
   const ListenerUrls listening = listener_urls();
   // A listener on a wildcard address says nothing about where it is reached.
@@ -256,20 +255,23 @@ void Server::start() {
                  core_.options.cluster.routes.empty()
                      ? std::string("none (others route here)")
                      : fmt::format("{}", fmt::join(core_.options.cluster.routes, ", ")));
-    const proto::BrokerInfo self = announcement();
-    if (self.routes.empty()) {
-      spdlog::info(
-          "cluster '{}': this broker announces no route URL (its listeners are on wildcard addresses; set "
-          "cluster.advertise): brokers that do not list it route here, but it is not dialed back",
-          core_.options.cluster.name);
-    } else {
-      spdlog::info("cluster '{}': announces routes at {} and clients at {}", core_.options.cluster.name,
-                   fmt::join(self.routes, ", "),
-                   self.urls.empty() ? "(none)" : fmt::format("{}", fmt::join(self.urls, ", ")));
-    }
+    log_announcement(announcement(core_.options));
     routes_->start(core_.options.cluster.routes);
   }
   if (listener_) listener_->start();
+}
+
+void Server::log_announcement(const proto::BrokerInfo& self) const {
+  if (self.routes.empty()) {
+    spdlog::info(
+        "cluster '{}': this broker announces no route URL (its listeners are on wildcard addresses; set "
+        "cluster.advertise): brokers that do not list it route here, but it is not dialed back",
+        core_.options.cluster.name);
+  } else {
+    spdlog::info("cluster '{}': announces routes at {} and clients at {}", core_.options.cluster.name,
+                 fmt::join(self.routes, ", "),
+                 self.urls.empty() ? "(none)" : fmt::format("{}", fmt::join(self.urls, ", ")));
+  }
 }
 
 void Server::stop() {
@@ -344,7 +346,12 @@ void Server::apply_live(const BrokerOptions& next) {
   const auto deadline = std::chrono::steady_clock::now() + kWorkerAnswerTimeout;
   for (auto& a : applied) a.wait_until(deadline);
   if (multicast_) multicast_->reload(next.multicast);
-  if (routes_) routes_->set_urls(next.cluster.routes);
+  if (routes_) {
+    routes_->set_urls(next.cluster.routes);
+    // cluster.advertise and client_advertise: the next INFO says them, to
+    // clients and, over the routes, to the other brokers, which pass them on.
+    if (auto self = announcement(next); routes_->set_self(self)) log_announcement(self);
+  }
 }
 
 std::vector<std::pair<std::uint32_t, std::chrono::milliseconds>> Server::stuck_workers() const {

@@ -72,9 +72,12 @@ class Server {
     std::vector<std::string> routes;
   };
   ListenerUrls listener_urls() const;
-  /// What this broker announces (SPEC.md §8, "Gossip"): cluster.advertise and
-  /// cluster.client_advertise, or its listeners that name a host.
-  proto::BrokerInfo announcement() const;
+  /// What this broker announces (SPEC.md §8, "Gossip") with settings `opt`:
+  /// cluster.advertise and cluster.client_advertise, or its listeners that
+  /// name a host.
+  proto::BrokerInfo announcement(const BrokerOptions& opt) const;
+  /// Logs what `self` announces (at start, and after a reload changed it).
+  void log_announcement(const proto::BrokerInfo& self) const;
   bool rdma_enabled() const { return devices_ != nullptr; }
   /// Test builds (fault/fault.hpp): arms one fault; the admin command `fault`.
   /// Main thread only.

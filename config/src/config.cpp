@@ -361,10 +361,10 @@ const std::vector<Field>& fields() {
       string_field("cluster", "name", false, [](Config& c) -> std::string& { return c.broker.cluster.name; }),
       url_list_field("routes", true, true,
                      [](Config& c) -> std::vector<std::string>& { return c.broker.cluster.routes; }),
-      url_list_field("advertise", false, true,
+      url_list_field("advertise", true, true,
                      [](Config& c) -> std::vector<std::string>& { return c.broker.cluster.advertise; }),
       url_list_field(
-          "client_advertise", false, false,
+          "client_advertise", true, false,
           [](Config& c) -> std::vector<std::string>& { return c.broker.cluster.client_advertise; }),
       string_field("cluster", "user", false, [](Config& c) -> std::string& { return c.broker.cluster.user; }),
       Field{"cluster", "password", false,

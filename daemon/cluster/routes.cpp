@@ -128,6 +128,18 @@ void Routes::set_urls(const std::vector<std::string>& urls) {
   cv_.notify_all();
 }
 
+bool Routes::set_self(proto::BrokerInfo self) {
+  {
+    std::lock_guard lock(mu_);
+    self.id = self_.id;
+    if (self.urls == self_.urls && self.routes == self_.routes) return false;
+    self_ = std::move(self);
+    dirty_ = true;  // the pass announces it
+  }
+  cv_.notify_all();
+  return true;
+}
+
 void Routes::wake() {
   {
     std::lock_guard lock(mu_);

@@ -83,6 +83,10 @@ class Routes {
   void stop();
   /// cluster.routes reloaded: routes no longer listed close, new ones open.
   void set_urls(const std::vector<std::string>& urls);
+  /// cluster.advertise or client_advertise reloaded: what this broker
+  /// announces from its next INFO on, and in its routes' next logins (the
+  /// id stays). False if nothing changed.
+  bool set_self(proto::BrokerInfo self);
   std::vector<RouteStatus> status() const;
   /// A route login announced the route URLs of broker `b` (any thread): a
   /// broker with no route to it dials it.
@@ -139,8 +143,8 @@ class Routes {
 
   BrokerCore& core_;
   ClusterInterest& interest_;
-  const proto::BrokerInfo self_;
-  mutable std::mutex mu_;  // guards routes_ (the list), urls_, stop_, dirty_
+  mutable std::mutex mu_;  // guards self_, routes_ (the list), urls_, stop_, dirty_
+  proto::BrokerInfo self_;
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Route>> routes_;
   std::vector<std::string> urls_;

@@ -93,7 +93,11 @@ struct Member {
           << "\n";
     if (announce_via) {
       const std::string route = route_rdma_port != 0 ? route_url(*announce_via) : client_url(*announce_via);
-      out << "  advertise: [" << route << "]\n  client_advertise: [" << client_url(*announce_via) << "]\n";
+      out << "  advertise: [" << route;
+      for (const auto& u : extra_advertise) out << ", " << u;
+      out << "]\n  client_advertise: [" << client_url(*announce_via);
+      for (const auto& u : extra_advertise) out << ", " << u;
+      out << "]\n";
     }
     out << "  routes: [";
     for (std::size_t i = 0; i < routes.size(); ++i) out << (i ? ", " : "") << routes[i];
@@ -115,6 +119,8 @@ struct Member {
                              : "tcp://127.0.0.1:" + std::to_string(route_tcp_port);
   }
   std::string extra_yaml;
+  /// Announced after its own URL, as a route URL and a client URL (never dialed in the tests).
+  std::vector<std::string> extra_advertise;
   std::string file;
   std::uint16_t route_rdma_port;
   std::uint16_t route_tcp_port;
@@ -949,6 +955,36 @@ TEST_P(Gossip, AClientOfVersion7GetsInfoBeforeItsLoginsPongAndAnOlderClientNone)
   ASSERT_TRUE(older);
   ASSERT_EQ(older->accept.version, 6);
   EXPECT_EQ(first_frame(*older).first, proto::FrameType::kPong) << "version 6 knows no INFO";
+}
+
+TEST_P(Gossip, AReloadedAdvertiseReachesItsClientsAndThoseOfTheOtherBrokers) {
+  const Via via = GetParam();
+  auto of_a = client(a_);
+  auto of_c = client(c_);
+  ASSERT_TRUE(of_a && of_c);
+  const std::string id_of_a = of_a->server_info().self.id;
+  ASSERT_EQ(id_of_a.size(), 16u);
+  // A as C's INFO names it (C has a route up to A).
+  auto a_seen_by_c = [&] {
+    for (const auto& p : of_c->server_info().peers)
+      if (p.id == id_of_a) return p;
+    return ServerInfo::Broker{};
+  };
+  ASSERT_TRUE(wait_until([&] { return a_seen_by_c().urls == std::vector{a_.client_url(via)}; }, 60s));
+  // A reload (cluster.advertise and client_advertise are live) adds a URL to both.
+  const std::string added = "tcp://a.example:7471";
+  a_.extra_advertise = {added};
+  route(a_, {b_.client_url(via)});
+  const std::vector<std::string> now{a_.client_url(via), added};
+  EXPECT_TRUE(wait_until([&] { return of_a->server_info().self.urls == now; }, 30s));
+  EXPECT_EQ(of_a->server_info().self.routes, now) << "cluster.advertise";
+  EXPECT_TRUE(wait_until([&] { return a_seen_by_c().urls == now && a_seen_by_c().routes == now; }, 30s))
+      << "C's clients learn it from C, which learned it over its route from A";
+  const auto urls = of_c->server_info().client_urls();
+  EXPECT_NE(std::find(urls.begin(), urls.end(), added), urls.end()) << "a failover candidate for C's clients";
+  // Nothing else moved: the same broker, every route still up.
+  EXPECT_EQ(of_a->server_info().self.id, id_of_a);
+  for (Member* m : {&a_, &b_, &c_}) EXPECT_EQ(m->stat("cluster.routes_up"), 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Gossip, ::testing::Values(Via::kRdma, Via::kTcp),
