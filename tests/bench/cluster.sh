@@ -8,7 +8,8 @@
 #     of A, B and C.
 # Every figure comes from `rdmabroker bench` (--sub-server puts the
 # subscribers on other brokers than the publisher's -s). Writes a markdown
-# table to stdout and the reports to build/cluster-*.json.
+# table to stdout, the reports to build/cluster-*.json and the brokers' logs to
+# build/cluster-{a,b,c}.log.
 #   sudo tests/bench/cluster.sh [COUNT] [RUNS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -42,7 +43,8 @@ logging: {level: warn}
 auth: {anonymous: true}
 cluster: {name: bench, user: route, password: bench-route-secret, routes: $ROUTES}
 YAML
-  "$BIN/daemon/rdmabrokerd" --config "$DIR/$name.yaml" &
+  # Their logs (route warnings at shutdown among them) stay out of the report.
+  "$BIN/daemon/rdmabrokerd" --config "$DIR/$name.yaml" >"build/cluster-$name.log" 2>&1 &
   PIDS+=($!)
   port=$((port + 2))
 done
