@@ -253,6 +253,9 @@ struct Connection {
     std::uint32_t next_offset = 0;  // where the next fragment must start
     std::vector<Subscriber> recipients;
     bool accepted = false;  // permitted (not denied): its bytes count as received
+    /// Its last fragment, or when the broker last held the publisher back:
+    /// limits.fragment_timeout_ms counts from here (Connections::check_open_messages).
+    std::chrono::steady_clock::time_point waiting_since{};
   };
   OpenMessage open_message;
 

@@ -497,6 +497,7 @@ void Connections::check_deadlines() {
   ctx_.now = std::chrono::steady_clock::now();
   if (!stalled_.empty()) check_stalls();
   if (!unauthenticated_.empty()) check_auth_deadlines();
+  if (!open_messages_.empty()) check_open_messages();
   if (!closing_.empty()) check_closing();
   check_write_deadlines();
 }
@@ -535,6 +536,33 @@ void Connections::check_auth_deadlines() {
     ctx_.stats.auth_failed.add();
     close(*c, CloseReason::kAuthTimeout, ErrorCode::kAuthenticationRequired,
           "not authenticated within " + std::to_string(ctx_.options.auth.timeout_ms) + " ms of connecting");
+    return true;
+  });
+}
+
+void Connections::watch_open_message(Connection& c) {
+  c.open_message.waiting_since = ctx_.now;
+  if (std::find(open_messages_.begin(), open_messages_.end(), c.id) == open_messages_.end())
+    open_messages_.push_back(c.id);
+}
+
+void Connections::check_open_messages() {
+  const auto timeout = std::chrono::milliseconds(ctx_.options.fragment_timeout_ms);
+  std::erase_if(open_messages_, [&](std::uint64_t id) {
+    Connection* c = find(id);
+    if (c == nullptr || !c->is_up() || !c->open_message.open) return true;
+    // Time the broker keeps the publisher from sending is not its delay:
+    // a stall (its link paused for a backlogged subscriber), or, over RDMA,
+    // no receive credit granted to it.
+    const bool held = c->input_held() || (c->transport() == Transport::kRdma && c->link->receive_window() == 0);
+    if (held) c->open_message.waiting_since = ctx_.now;
+    if (ctx_.now - c->open_message.waiting_since < timeout) return false;
+    const auto& open = c->open_message;
+    close(*c, CloseReason::kFragmentTimeout, ErrorCode::kProtocolViolation,
+          "a message in fragments was left open: " + std::to_string(open.next_offset) + " of its " +
+              std::to_string(open.length) + " bytes came, and no fragment for " +
+              std::to_string(ctx_.options.fragment_timeout_ms) +
+              " ms (limits.fragment_timeout_ms); send ABORT to abandon a message");
     return true;
   });
 }

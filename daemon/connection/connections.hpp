@@ -118,8 +118,11 @@ class Connections {
   void stall(Connection& publisher, std::uint32_t slot);
 
   // ------------------------------------------------------------ deadlines
-  /// Stalls, authentication, drains and write deadlines; once per loop turn.
+  /// Stalls, authentication, open messages, drains and write deadlines; once per loop turn.
   void check_deadlines();
+  /// `c` opened a message in fragments: its next fragments are due within
+  /// limits.fragment_timeout_ms of each other (SPEC.md §3.7).
+  void watch_open_message(Connection& c);
   /// True while a stall or a closing connection needs the loop to look again soon.
   bool needs_prompt_check() const { return !stalled_.empty(); }
   /// RDMA links: whether `c` now waits for a send completion to send more
@@ -165,6 +168,9 @@ class Connections {
   }
   void check_stalls();
   void check_auth_deadlines();
+  /// Closes a publisher whose open message waited longer than
+  /// limits.fragment_timeout_ms for its next fragment while it could send.
+  void check_open_messages();
   void check_closing();
   void check_write_deadlines();
   /// The connections now, for a walk that may close some of them.
@@ -178,6 +184,7 @@ class Connections {
   std::vector<std::uint64_t> closing_;          // draining or disconnecting: deadlines to check
   std::vector<std::uint64_t> reap_;             // to destroy at the end of the loop turn
   std::vector<std::uint64_t> stalled_;          // publishers whose links are paused for a while
+  std::vector<std::uint64_t> open_messages_;    // publishers with a message in fragments open
   std::int64_t awaiting_send_ = 0;              // connections with awaits_send
   std::chrono::steady_clock::time_point next_write_check_{};
   std::function<void(Connection&)> message_cut_;  // on_message_cut

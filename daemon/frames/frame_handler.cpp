@@ -166,7 +166,8 @@ bool FrameHandler::on_fragment(Connection& c, const proto::Frame& f, const Buffe
       return refuse_too_large(c, "message of " + std::to_string(h.arg) +
                                      " bytes exceeds limits.max_payload (" + std::to_string(limit) + ")");
     }
-    open = Connection::OpenMessage{true, h.arg, 0, {}, may_publish(c, f.subject)};
+    open = Connection::OpenMessage{true, h.arg, 0, {}, may_publish(c, f.subject), ctx_.now};
+    connections_.watch_open_message(c);
     if (!open.accepted) {
       // Refused, not accepted: its fragments are taken and go nowhere (nor count as received).
       deny(c, "publish", f.subject, 0);
@@ -187,6 +188,7 @@ bool FrameHandler::on_fragment(Connection& c, const proto::Frame& f, const Buffe
                  std::to_string(open.length) + "-byte message was due (fragments go in order, each once)");
     }
     router_.route_fragment(c, f, buf);
+    open.waiting_since = ctx_.now;
   }
   if (!c.is_up()) return false;
   if (open.accepted) {

@@ -116,6 +116,8 @@ const std::vector<FlagDef>& flag_table() {
                "limits.max_unauthenticated_per_address"),
       key_flag("--frame-timeout-ms", "A TCP frame begun must be complete within this",
                "limits.frame_timeout_ms"),
+      key_flag("--fragment-timeout-ms", "The next fragment of a message must come within this",
+               "limits.fragment_timeout_ms"),
       key_flag("--auth-timeout-ms", "From connecting until CONNECT is accepted", "auth.timeout_ms"),
       key_flag("--auth-failure-delay-ms", "After a failed login, the address's next check waits this long",
                "auth.failure_delay_ms"),

@@ -3,7 +3,8 @@
 // arrive whole and byte for byte, across transports both ways; the broker
 // forwards each fragment as it comes, so another publisher's small message
 // is not held behind a big one; a publisher that leaves half-way costs its
-// subscribers nothing but a counted drop; a client of version 3 is sent no
+// subscribers nothing but a counted drop, as does one that leaves a message
+// open past limits.fragment_timeout_ms; a client of version 3 is sent no
 // fragment (counted); every broken fragment rule closes only its sender.
 #include <gtest/gtest.h>
 
@@ -332,6 +333,55 @@ TEST_P(Fragments, EveryBrokenFragmentRuleClosesOnlyItsSender) {
   ASSERT_TRUE(m) << m.error().message;
   EXPECT_EQ(m->data(), "fine");
   EXPECT_EQ(sub->stats().aborted_messages, 2u) << "the two whose first fragment it had";
+}
+
+// SPEC.md §3.7 rule 4: a message is not left open. The deadline is between
+// fragments, not for the whole message: a publisher that sends slowly but
+// steadily finishes; one that stops half-way is closed at the deadline, and
+// its subscribers get ABORT, never a part of it.
+TEST_P(Fragments, AMessageLeftOpenIsAbandonedAtItsDeadlineASlowOneIsNot) {
+  write_file(config_, "limits:\n  max_payload: 16MiB\n  fragment_timeout_ms: 1000\n");  // live
+  const std::string reloaded = broker_->admin("reload");
+  ASSERT_NE(reloaded.find("\"ok\":true"), std::string::npos) << reloaded;
+  auto sub = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(sub);
+  auto s = sub->subscribe(std::string_view("slow"));
+  ASSERT_TRUE(s && sub->flush(10s));
+
+  // Six fragments 200 ms apart: 1.2 s in all, each well within the deadline.
+  auto slow = raw_wire(*broker_, GetParam());
+  ASSERT_TRUE(slow);
+  std::string whole;
+  for (std::uint32_t i = 0; i < 6; ++i) {
+    const std::string part(500, static_cast<char>('a' + i));
+    ASSERT_TRUE(slow->send(fragment(*slow, i * 500, 3000, i == 0 ? "slow" : "", part)));
+    whole += part;
+    if (i < 5) std::this_thread::sleep_for(200ms);
+  }
+  auto m = (*s)->next(10s);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->data(), whole);
+
+  // Half a message, then nothing: closed at the deadline, the subscriber gets ABORT.
+  auto stuck = raw_wire(*broker_, GetParam());
+  ASSERT_TRUE(stuck);
+  const auto sent = std::chrono::steady_clock::now();
+  ASSERT_TRUE(stuck->send(fragment(*stuck, 0, 3000, "slow", std::string(1500, 's'))));
+  auto [code, text] = expect_error_then_close(*stuck, 10s);
+  const auto after = std::chrono::steady_clock::now() - sent;
+  EXPECT_EQ(code, ErrorCode::kProtocolViolation) << text;
+  EXPECT_NE(text.find("limits.fragment_timeout_ms"), std::string::npos) << text;
+  EXPECT_NE(text.find("1500 of its 3000 bytes"), std::string::npos) << text;
+  EXPECT_GE(after, 1s) << "not before the deadline";
+  auto st = broker_->wait_stats([](auto& s) { return s["messages.dropped.incomplete"] >= 1; }, 10s);
+  EXPECT_EQ(st["messages.dropped.incomplete"], 1);
+  EXPECT_EQ(st["connections.closed.fragment_timeout"], 1) << "the stuck publisher only";
+  auto pub = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(pub && pub->publish("slow", std::string_view("after the stuck one")));
+  m = (*s)->next(10s);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->data(), "after the stuck one") << "nothing of the abandoned message came first";
+  EXPECT_EQ(sub->stats().aborted_messages, 1u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Fragments, ::testing::Values(Via::kRdma, Via::kTcp),

@@ -67,6 +67,8 @@ const std::map<std::string, Case> kCases = {
       {{"limits.max_unauthenticated_per_address", "6"}}}},
     {"--frame-timeout-ms",
      {"limits: {frame_timeout_ms: 500}\n", "600", {{"limits.frame_timeout_ms", "600"}}}},
+    {"--fragment-timeout-ms",
+     {"limits: {fragment_timeout_ms: 500}\n", "600", {{"limits.fragment_timeout_ms", "600"}}}},
     {"--auth-timeout-ms", {"auth: {timeout_ms: 500}\n", "600", {{"auth.timeout_ms", "600"}}}},
     {"--auth-failure-delay-ms", {"auth: {failure_delay_ms: 50}\n", "60", {{"auth.failure_delay_ms", "60"}}}},
     {"--auth-cache-ttl-s", {"auth: {cache_ttl_s: 5}\n", "0", {{"auth.cache_ttl_s", "0"}}}},
