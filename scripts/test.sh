@@ -63,8 +63,10 @@ if [[ " $TREES " == *" release "* ]]; then
 fi
 for t in $TREES; do
   echo "=== unit and TCP integration tests ($t, host)"
-  # Two at a time: every test process takes its own ports and paths.
-  stage "host tests $t (unit, tcp)" ctest --test-dir "build/$t" -L 'unit|tcp' -j 2 --output-on-failure
+  # Four at a time on two cores: every test process takes its own ports and
+  # paths, and the TCP tests spend much of their time waiting for brokers and
+  # sockets (2026-11-28: release 48 -> 26 s, ASan 80 -> 46 s, TSan 92 -> 58 s).
+  stage "host tests $t (unit, tcp)" ctest --test-dir "build/$t" -L 'unit|tcp' -j 4 --output-on-failure
 done
 
 if [ "${RDMABROKER_FUZZ_SECONDS:-20}" != 0 ]; then

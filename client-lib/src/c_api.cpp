@@ -239,7 +239,8 @@ int rb_connect_with(const char* url, const rb_options* options, rb_client** out)
   opt.adaptive_poll = o.adaptive_poll != 0;
   opt.ignore_announced_servers = o.ignore_announced_servers != 0;
   if (o.on_server_info != nullptr) {
-    opt.on_server_info = [cb = o.on_server_info, user = o.on_server_info_user](const rdmabroker::ServerInfo& i) {
+    opt.on_server_info = [cb = o.on_server_info,
+                          user = o.on_server_info_user](const rdmabroker::ServerInfo& i) {
       const std::unique_ptr<OwnedServerInfo> owned(owned_info(i));
       cb(&owned->view, user);
     };

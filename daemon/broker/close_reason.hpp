@@ -22,7 +22,7 @@ enum class CloseReason : unsigned char {
   kAuthTimeout,             // no accepted CONNECT within auth.timeout_ms of connecting
   kUnauthenticatedEvicted,  // closed, not authenticated yet, to admit a newer connection
   kFrameTimeout,            // a TCP frame begun and not finished within limits.frame_timeout_ms
-  kFragmentTimeout,         // a message in fragments left open past limits.fragment_timeout_ms (SPEC.md §3.7)
+  kFragmentTimeout,  // a message in fragments left open past limits.fragment_timeout_ms (SPEC.md §3.7)
   kCount,
 };
 

@@ -554,7 +554,8 @@ void Connections::check_open_messages() {
     // Time the broker keeps the publisher from sending is not its delay:
     // a stall (its link paused for a backlogged subscriber), or, over RDMA,
     // no receive credit granted to it.
-    const bool held = c->input_held() || (c->transport() == Transport::kRdma && c->link->receive_window() == 0);
+    const bool held =
+        c->input_held() || (c->transport() == Transport::kRdma && c->link->receive_window() == 0);
     if (held) c->open_message.waiting_since = ctx_.now;
     if (ctx_.now - c->open_message.waiting_since < timeout) return false;
     const auto& open = c->open_message;

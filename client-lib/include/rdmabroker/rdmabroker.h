@@ -99,8 +99,8 @@ typedef void (*rb_connection_cb)(rb_connection_event event, const char* reason, 
 
 /* A broker as an INFO names it (ServerInfo::Broker in client.hpp). */
 typedef struct rb_broker_info {
-  const char* id;            /* random at each start of that broker */
-  const char* const* urls;   /* where clients reach it */
+  const char* id;          /* random at each start of that broker */
+  const char* const* urls; /* where clients reach it */
   size_t url_count;
   const char* const* routes; /* where other brokers' routes reach it */
   size_t route_count;
@@ -111,13 +111,13 @@ typedef struct rb_broker_info {
  * duration of a callback, or until rb_server_info_free for one returned by
  * rb_server_info_get. */
 typedef struct rb_server_info {
-  rb_broker_info self;            /* self.id "": no INFO (yet, or not in a cluster) */
+  rb_broker_info self; /* self.id "": no INFO (yet, or not in a cluster) */
   const char* cluster;
   const rb_broker_info* peers;
   size_t peer_count;
   const char* const* client_urls; /* every client URL announced: the broker's, then its peers', once each */
   size_t client_url_count;
-  void* owner_;                   /* internal */
+  void* owner_; /* internal */
 } rb_server_info;
 /* Each INFO the broker sends, on the library's thread. */
 typedef void (*rb_server_info_cb)(const rb_server_info* info, void* user);

@@ -139,7 +139,7 @@ struct BrokerOptions {
   // Connections that have not authenticated yet, broker-wide and from one address (docs/security.md).
   std::uint32_t max_unauthenticated = 0;               // 0: a quarter of max_connections
   std::uint32_t max_unauthenticated_per_address = 32;  // at most max_unauthenticated
-  std::uint32_t frame_timeout_ms = 10000;   // a TCP frame begun and not finished within this is an error
+  std::uint32_t frame_timeout_ms = 10000;  // a TCP frame begun and not finished within this is an error
   /// A message in fragments whose next fragment does not come within this,
   /// while its publisher could send it, is abandoned (SPEC.md §3.7).
   std::uint32_t fragment_timeout_ms = 10000;
