@@ -106,6 +106,10 @@ class Link {
   virtual void on_authenticated(Connection& c) { (void)c; }
   /// RDMA: the credits granted to the client now (SPEC.md §5); 0 for TCP.
   virtual std::uint32_t receive_window() const { return 0; }
+  /// The broker is not taking the peer's frames now, whatever the reason
+  /// (TCP: its socket is not read; RDMA: it holds no credit to send data):
+  /// deadlines on what the peer sends do not run meanwhile.
+  virtual bool input_paused() const = 0;
   /// Where the connection lives, for its log lines ("on rxe0, qp 17").
   virtual std::string where() const = 0;
   /// The address a multicast member receives on and its device index, for

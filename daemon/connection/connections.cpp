@@ -552,10 +552,9 @@ void Connections::check_open_messages() {
     Connection* c = find(id);
     if (c == nullptr || !c->is_up() || !c->open_message.open) return true;
     // Time the broker keeps the publisher from sending is not its delay:
-    // a stall (its link paused for a backlogged subscriber), or, over RDMA,
-    // no receive credit granted to it.
-    const bool held =
-        c->input_held() || (c->transport() == Transport::kRdma && c->link->receive_window() == 0);
+    // a stall (a backlogged subscriber), TCP not read (no pool buffer), or,
+    // over RDMA, no credit left to send with.
+    const bool held = c->input_held() || c->link->input_paused();
     if (held) c->open_message.waiting_since = ctx_.now;
     if (ctx_.now - c->open_message.waiting_since < timeout) return false;
     const auto& open = c->open_message;

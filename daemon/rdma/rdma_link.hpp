@@ -59,6 +59,8 @@ class RdmaLink final : public Link {
   /// flow.credits; a version-3 connection grows by demand instead.
   void on_authenticated(Connection& c) override;
   std::uint32_t receive_window() const override { return credits.window(); }
+  /// Its last credit is the one a peer keeps for credit updates (CreditWindow::kReserve).
+  bool input_paused() const override { return credits.outstanding() <= CreditWindow::kReserve; }
   /// Moves the QP to the error state: posted sends complete as flushed.
   void disconnect(Connection& c) override;
   void release(Connection& c) override;

@@ -93,6 +93,7 @@ class TcpLink final : public Link {
   std::uint32_t partial_bytes() const { return rlen_ - rstart_; }
   /// Not read now (a stalled publisher, or no pool buffer): its frame cannot progress.
   bool paused() const { return !reading_; }
+  bool input_paused() const override { return paused(); }
   void restart_partial_clock(std::chrono::steady_clock::time_point now) { partial_since_ = now; }
   /// TLS: decrypted bytes wait in OpenSSL, which epoll cannot see; reads them.
   void read_buffered(Connection& c);

@@ -61,6 +61,7 @@ class FakeLink final : public Link {
   }
   void pause(Connection&) override { paused = true; }
   void resume(Connection&) override { paused = false; }
+  bool input_paused() const override { return paused; }
   void add_send_credits(std::uint32_t) override {}
   void disconnect(Connection&) override { disconnected = true; }
   void release(Connection&) override {}
@@ -460,6 +461,38 @@ TEST_F(RouterTest, APublisherThatLeavesOrAbortsMidMessageAbortsItForEveryRecipie
   EXPECT_EQ(dropped(DropReason::kIncomplete), 2u);
   publish(pub, "big", "after");
   EXPECT_EQ(payloads(*sub.link, 1).back(), "after") << "the others go on";
+}
+
+// SPEC.md §3.7 rule 4: an open message's next fragment is due within
+// limits.fragment_timeout_ms, a clock that does not run while the broker
+// holds the publisher back. (Time passes by moving the last fragment back.)
+TEST_F(RouterTest, AMessageLeftOpenIsAbandonedAtItsDeadlineButNotWhileItsPublisherIsHeldBack) {
+  Client sub = connect(), pub = connect();
+  subscribe(sub, "big", 1);
+  send(*pub.c, fragment(pub, 0, 8, "big", "abcd"));
+  ASSERT_TRUE(pub.c->open_message.open);
+  const auto long_ago = std::chrono::steady_clock::now() - std::chrono::hours(1);
+  pub.c->open_message.waiting_since = long_ago;
+  pub.link->paused = true;  // the broker does not take its frames (TCP: no pool buffer; RDMA: no credit)
+  connections_->check_deadlines();
+  EXPECT_TRUE(pub.c->is_up()) << "held back: not the publisher's delay";
+  EXPECT_GT(pub.c->open_message.waiting_since, long_ago) << "the clock starts again from the hold";
+  pub.link->paused = false;
+  connections_->check_deadlines();
+  EXPECT_TRUE(pub.c->is_up()) << "within the deadline since the hold ended";
+
+  pub.c->open_message.waiting_since = long_ago;
+  connections_->check_deadlines();
+  connections_->flush_touched();
+  EXPECT_FALSE(pub.c->is_up());
+  ASSERT_FALSE(pub.link->sent.empty());
+  const auto error = std::find_if(pub.link->sent.begin(), pub.link->sent.end(),
+                                  [](const auto& r) { return r.type == FrameType::kError; });
+  ASSERT_NE(error, pub.link->sent.end());
+  EXPECT_EQ(error->arg, static_cast<std::uint32_t>(proto::ErrorCode::kProtocolViolation));
+  EXPECT_NE(error->payload.find("limits.fragment_timeout_ms"), std::string::npos) << error->payload;
+  EXPECT_EQ(sub.link->sent.back().type, FrameType::kAbort) << "its recipient discards the part it has";
+  EXPECT_EQ(dropped(DropReason::kIncomplete), 1u);
 }
 
 TEST_F(RouterTest, EveryBrokenFragmentRuleClosesThatPublisherOnly) {
