@@ -23,7 +23,7 @@ options of connect() and the exceptions are those of rdmabroker
 import asyncio
 from typing import AsyncIterator, Optional, Union
 
-from . import Client, Closed, Headers, Message, Timeout
+from . import Client, Closed, Headers, Message, ServerInfo, Timeout
 
 _END = object()  # put in a subscription's queue when the client closes
 
@@ -101,6 +101,10 @@ class AsyncClient:
         sub = AsyncSubscription(self, subject, queue)
         self._subs.append(sub)
         return sub
+
+    def server_info(self) -> ServerInfo:
+        """The last INFO the broker sent (Client.server_info; no waiting)."""
+        return self._client.server_info()
 
     def close(self) -> None:
         """Closes the connection; every subscription's iteration ends."""

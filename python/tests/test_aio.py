@@ -15,6 +15,8 @@ def run(coroutine):
 def test_publish_subscribe_and_async_iteration(broker):
     async def main():
         async with await rdmabroker.aio.connect(broker.url(), bind=broker.bind) as client:
+            info = client.server_info()
+            assert (info.broker.id, info.peers, info.client_urls) == ("", [], []), "not in a cluster"
             sub = await client.subscribe("aio.it.>")
             await client.flush()
             with pytest.raises(rdmabroker.Timeout):
