@@ -541,7 +541,6 @@ void Connections::check_auth_deadlines() {
 }
 
 void Connections::watch_open_message(Connection& c) {
-  c.open_message.waiting_since = ctx_.now;
   if (std::find(open_messages_.begin(), open_messages_.end(), c.id) == open_messages_.end())
     open_messages_.push_back(c.id);
 }

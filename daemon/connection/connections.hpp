@@ -120,8 +120,9 @@ class Connections {
   // ------------------------------------------------------------ deadlines
   /// Stalls, authentication, open messages, drains and write deadlines; once per loop turn.
   void check_deadlines();
-  /// `c` opened a message in fragments: its next fragments are due within
-  /// limits.fragment_timeout_ms of each other (SPEC.md §3.7).
+  /// `c` opened a message in fragments (its waiting_since set by the caller):
+  /// its next fragments are due within limits.fragment_timeout_ms of each
+  /// other (SPEC.md §3.7).
   void watch_open_message(Connection& c);
   /// True while a stall or a closing connection needs the loop to look again soon.
   bool needs_prompt_check() const { return !stalled_.empty(); }
