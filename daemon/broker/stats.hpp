@@ -225,6 +225,7 @@ struct WorkerStats {
   Counter orphan_receives;                        // receives for a QP that was already gone
   Counter wc_errors;                              // completions with an error status other than flush
   Counter srq_refills;                            // SRQ refills at the low watermark
+  Counter srq_limit_events;                       // IBV_EVENT_SRQ_LIMIT_REACHED: a refill batch or less left
   Counter pool_exhausted;     // times a worker found the buffer pool empty (once per shortage)
   Counter cq_full;            // connections refused because their CQ had no room for them
   Gauge srq_posted;           // receives posted on this worker's SRQs

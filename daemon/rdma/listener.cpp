@@ -195,8 +195,13 @@ void Listener::on_async_event(Device& dev) {
             true});
         break;
       }
-      case IBV_EVENT_SRQ_LIMIT_REACHED:
+      case IBV_EVENT_SRQ_LIMIT_REACHED: {
+        // srq_context holds the index of the worker that owns the queue
+        // (RdmaPort::create); the queue outlives the listener's event loop.
+        const auto worker = reinterpret_cast<std::uintptr_t>(ev.element.srq->srq_context);
+        if (worker < core_.workers.size()) core_.workers[worker]->post(SrqLimitCommand{ev.element.srq});
         break;
+      }
       default:
         spdlog::info("device {}: async event {}", dev.name, ibv_event_type_str(ev.event_type));
         break;

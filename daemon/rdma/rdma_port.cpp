@@ -99,6 +99,7 @@ Result<std::unique_ptr<RdmaPort>> RdmaPort::create(Device& dev, WorkerContext& c
   ibv_srq_init_attr srq_attr{};
   srq_attr.attr.max_wr = port->srq_max_ + port->batch_;
   srq_attr.attr.max_sge = 1;
+  srq_attr.srq_context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(ctx.index));  // Listener
   port->srq_.reset(ibv_create_srq(dev.pd.get(), &srq_attr));
   if (!port->srq_) return sys_error("ibv_create_srq(" + dev.name + ")");
   const auto region = blocks.region();
@@ -286,11 +287,23 @@ void RdmaPort::refill(Connections& connections, std::uint32_t to_grant) {
   // unless a window (or `to_grant` more) has no receive behind it.
   const std::uint32_t target = srq_target();
   if (posted_ >= target || (target - posted_ < batch_ && posted_ >= windows_total + to_grant)) return;
-  const std::uint32_t want = target - posted_;
+  if (post_receives(target - posted_) == 0) return;  // pool empty: retried on the next loop turn
+  if (!limit_armed_ && limit_usable_ && posted_ > batch_) arm_limit();
+  // Credits that waited for budget can go back now (a scan of every
+  // connection: only after a shortage, not on every refill).
+  if (budget_short) {
+    budget_short = false;
+    for (auto& [qp, c] : by_qp) {
+      if (static_cast<RdmaLink&>(*c->link).credits.owed() > 0) connections.touch(*c);
+    }
+  }
+}
+
+std::size_t RdmaPort::post_receives(std::uint32_t want) {
   std::vector<std::uint32_t> idx(want);
   const std::size_t got = ctx_.core.pool->acquire(idx.data(), want);
   ctx_.note_pool_starved(got == 0);
-  if (got == 0) return;  // pool empty: retried on the next loop turn
+  if (got == 0) return 0;
   std::vector<ibv_recv_wr> wrs(got);
   std::vector<ibv_sge> sges(got);
   const std::uint32_t lkey = device.pool_mr->lkey;
@@ -314,14 +327,28 @@ void RdmaPort::refill(Connections& connections, std::uint32_t to_grant) {
   posted_ += static_cast<std::uint32_t>(posted);
   ctx_.stats.srq_posted.add(static_cast<std::int64_t>(posted));
   ctx_.stats.srq_refills.add();
-  // Credits that waited for budget can go back now (a scan of every
-  // connection: only after a shortage, not on every refill).
-  if (budget_short) {
-    budget_short = false;
-    for (auto& [qp, c] : by_qp) {
-      if (static_cast<RdmaLink&>(*c->link).credits.owed() > 0) connections.touch(*c);
-    }
+  return posted;
+}
+
+void RdmaPort::arm_limit() {
+  ibv_srq_attr attr{};
+  attr.srq_limit = batch_;
+  if (const int rc = ibv_modify_srq(srq_.get(), &attr, IBV_SRQ_LIMIT); rc != 0) {
+    limit_usable_ = false;
+    spdlog::info("worker {}: {} takes no receive queue limit ({}); its low-receives alarm is off", ctx_.index,
+                 device.name, std::strerror(rc));
+    return;
   }
+  limit_armed_ = true;
+}
+
+void RdmaPort::on_srq_limit() {
+  limit_armed_ = false;
+  ctx_.stats.srq_limit_events.add();
+  spdlog::warn(
+      "worker {}: {}'s receive queue is down to less than {} receives (of {} posted when last polled; "
+      "pool: {} of {} in use): the worker is behind its senders or the pool is short",
+      ctx_.index, device.name, batch_, posted_, ctx_.core.pool->in_use(), ctx_.core.pool->count());
 }
 
 void RdmaPort::inject_wc_fault(ibv_wc& wc, bool receive) {

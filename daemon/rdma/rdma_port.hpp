@@ -61,6 +61,11 @@ class RdmaPort {
   /// Posts receives up to srq_target() once it is a quarter of srq_depth
   /// short, or sooner if fewer are posted than the windows plus `to_grant`.
   void refill(Connections& connections, std::uint32_t to_grant = 0);
+  /// The device found fewer than a refill batch of receives on the SRQ
+  /// (IBV_EVENT_SRQ_LIMIT_REACHED, on the listener's async fd): counted and
+  /// logged; the next refill that leaves more than a batch posted arms the
+  /// limit again (the device disarms it when it fires).
+  void on_srq_limit();
   /// At most every 100 ms: counts the connections that publish (their fair
   /// share) and asks those idle for a second to give credits back.
   void rebalance(Connections& connections, std::chrono::steady_clock::time_point now);
@@ -122,6 +127,10 @@ class RdmaPort {
   /// Test builds: turns a completion of a link with fail_next_wc into an error.
   void inject_wc_fault(ibv_wc& wc, bool receive);
   RdmaLink* link_of(std::uint32_t qp_num, Connection** c);
+  /// Posts receives for refill(); returns what it posted.
+  std::size_t post_receives(std::uint32_t want);
+  /// Asks the device for IBV_EVENT_SRQ_LIMIT_REACHED below batch_ receives.
+  void arm_limit();
 
   WorkerContext& ctx_;
   verbs::CompChannelPtr channel_;  // members in creation order; reverse is a valid teardown
@@ -138,6 +147,11 @@ class RdmaPort {
   std::uint32_t publishers_ = 0;  // connections with data in the last kIdleReclaim (rebalance)
   std::chrono::steady_clock::time_point next_rebalance_{};
   bool recv_armed_ = false;
+  // The SRQ limit: a safety net, since credits never let senders use more
+  // receives than are posted; it fires when the worker falls behind them or
+  // the pool cannot refill. Off on a device that refuses it.
+  bool limit_usable_ = true;
+  bool limit_armed_ = false;
   bool send_armed_ = false;
   std::vector<std::uint8_t> posted_flag_;  // by pool index: buffers sitting on this SRQ
 };

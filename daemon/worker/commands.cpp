@@ -91,6 +91,12 @@ void Worker::on_command(InfoCommand& cmd) {
 
 void Worker::on_command(InterestSyncedCommand& cmd) { frames_.release_pongs(cmd.through); }
 
+void Worker::on_command(SrqLimitCommand& cmd) {
+  for (auto& port : ports_) {
+    if (port->srq() == cmd.srq) port->on_srq_limit();
+  }
+}
+
 void Worker::on_command(ListConnectionsCommand& cmd) {
   std::vector<ConnectionInfo> out;
   connections_.for_each([&](Connection& c) {

@@ -56,6 +56,10 @@ struct QpFatalCommand {
   /// only for a connection that is open; closing ones cause it themselves.
   bool only_if_open = false;
 };
+/// IBV_EVENT_SRQ_LIMIT_REACHED on one of this worker's receive queues.
+struct SrqLimitCommand {
+  const ibv_srq* srq = nullptr;  // compared only: which port's queue
+};
 struct ShutdownCommand {};
 /// Close this connection if it is still unauthenticated: the broker-wide
 /// bound on unauthenticated connections made room for a newer one (Admission).
@@ -109,7 +113,7 @@ struct InterestSyncedCommand {
 };
 using Command = std::variant<AcceptCommand, DeliverCommand, QpFatalCommand, ShutdownCommand, ReloadCommand,
                              ListConnectionsCommand, AuthResultCommand, FaultCommand, EvictCommand,
-                             InfoCommand, InterestSyncedCommand>;
+                             InfoCommand, InterestSyncedCommand, SrqLimitCommand>;
 
 // ---------------------------------------------------------------- worker
 
@@ -186,6 +190,7 @@ class Worker {
   void on_command(EvictCommand& cmd);
   void on_command(InfoCommand& cmd);
   void on_command(InterestSyncedCommand& cmd);
+  void on_command(SrqLimitCommand& cmd);
 
   void handle_cm_events();
   /// One CM event of a connection (copied out of the acked rdma_cm_event).

@@ -112,6 +112,9 @@ void WorkerStats::visit(StatsVisitor& v) const {
           "RDMA connections refused because the credit windows already filled their port's receive queue.");
   v.count("rdma.srq_refills", srq_refills, "rdmabroker_srq_refills_total",
           "Shared receive queue refills at the low watermark.");
+  v.count("rdma.srq_limit_events", srq_limit_events, "rdmabroker_srq_limit_events_total",
+          "Times a device reported a shared receive queue down to less than a refill batch "
+          "(IBV_EVENT_SRQ_LIMIT_REACHED): the worker fell behind its senders or the pool ran short.");
   v.level("rdma.srq_posted", srq_posted.get(), "rdmabroker_srq_posted_receives",
           "Receives posted on the shared receive queues.");
   v.level("rdma.credits_granted", credits_granted.get(), "rdmabroker_credits_granted",

@@ -253,6 +253,12 @@ TEST_P(PoolFaults, AnExhaustedPoolStallsPublishersAndLosesNothing) {
   });
   auto s = broker.wait_stats([](auto& s) { return s["pool.exhausted"] >= 1; }, 30s);
   EXPECT_GE(s["pool.exhausted"], 1) << "the broker never noticed the empty pool";
+  if (GetParam() == Via::kRdma) {
+    // Nothing refills the receive queue, so the publisher's sends take it
+    // below a refill batch (16 of 64): the device says so.
+    s = broker.wait_stats([](auto& s) { return s["rdma.srq_limit_events"] >= 1; }, 30s);
+    EXPECT_EQ(s["rdma.srq_limit_events"], 1) << "IBV_EVENT_SRQ_LIMIT_REACHED, once per shortage";
+  }
   std::this_thread::sleep_for(1s);
   EXPECT_LT(got.size(), kCount) << "the publisher was not held back";
 
@@ -264,6 +270,25 @@ TEST_P(PoolFaults, AnExhaustedPoolStallsPublishersAndLosesNothing) {
   EXPECT_TRUE(got.exactly(0, kCount)) << got.describe();
   s = broker.stats();
   EXPECT_EQ(s["messages.dropped.subscriber_closed"] + s["messages.dropped.slow_consumer"], 0);
+  EXPECT_EQ(s["rdma.srq_limit_events"], GetParam() == Via::kRdma ? 1 : 0);
+
+  if (GetParam() == Via::kRdma) {
+    // The refill after the shortage armed the limit again: a second shortage is reported too.
+    ASSERT_TRUE(armed(broker, "pool-exhaust"));
+    std::jthread more([&] {
+      for (std::uint64_t i = kCount; i < kCount + 200; ++i) {
+        if (!pub->publish("pool.t", numbered(i, 2048))) publish_failed = true;
+      }
+    });
+    s = broker.wait_stats([](auto& s) { return s["rdma.srq_limit_events"] >= 2; }, 30s);
+    EXPECT_EQ(s["rdma.srq_limit_events"], 2);
+    ASSERT_TRUE(armed(broker, "pool-release"));
+    more.join();
+    EXPECT_FALSE(publish_failed);
+    ASSERT_TRUE(pub->flush(60s));
+    EXPECT_TRUE(wait_until([&] { return got.size() >= kCount + 200; }, 60s)) << got.describe();
+    EXPECT_TRUE(got.exactly(0, kCount + 200)) << got.describe();
+  }
 
   sub->close();
   pub->close();
