@@ -285,6 +285,7 @@ void Server::stop() {
   for (auto& w : workers_) w->join();
   // Closing connections removed their channel members; now the groups go.
   if (multicast_) multicast_->stop();
+  core_.announced.set(nullptr);  // its INFO's pool buffer goes back before the pool does
   // Connections still in the backlog are reset rather than left waiting for
   // a handshake reply that will never come.
   tcp_listen_.reset();

@@ -67,22 +67,23 @@ class RoutePeers {
   std::unordered_map<std::string, std::uint64_t> open_;  // guarded by mu_
 };
 
-/// The payload of the INFO this broker sends now (SPEC.md §8, "Gossip"):
-/// Routes sets it when what it says changes, workers read it for each login.
+/// The INFO this broker sends now (SPEC.md §8, "Gossip"): Routes sets it
+/// when what it says changes, workers read it for each login. It holds a
+/// pool buffer: the Server clears it before the pool goes.
 class AnnouncedInfo {
  public:
-  std::shared_ptr<const std::string> get() const {
+  std::shared_ptr<const Announcement> get() const {
     std::lock_guard lock(mu_);
-    return text_;
+    return info_;
   }
-  void set(std::shared_ptr<const std::string> text) {
+  void set(std::shared_ptr<const Announcement> info) {
     std::lock_guard lock(mu_);
-    text_ = std::move(text);
+    info_ = std::move(info);
   }
 
  private:
   mutable std::mutex mu_;
-  std::shared_ptr<const std::string> text_;  // guarded by mu_; null: nothing to announce (not in a cluster)
+  std::shared_ptr<const Announcement> info_;  // guarded by mu_; null: nothing to announce (not in a cluster)
 };
 
 /// Deliveries routed on one worker (or the multicast engine) to another worker's connection.

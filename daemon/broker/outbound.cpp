@@ -25,6 +25,17 @@ OutItem make_info(std::string text) {
   return item;
 }
 
+OutItem make_info(const Announcement& a, std::uint32_t peer_buffer_size) {
+  const auto padded = static_cast<std::uint32_t>(proto::align_up(a.text.size()));
+  if (!a.body || proto::kHeaderSize + padded > peer_buffer_size) return make_info(a.short_text);
+  OutItem item;
+  item.header.type = proto::FrameType::kInfo;
+  item.header.payload_len = static_cast<std::uint32_t>(a.text.size());
+  item.body = a.body.clone();  // not a delivery: no queue bound counts it (Connections::enqueue)
+  item.body_len = padded;
+  return item;
+}
+
 OutItem make_no_responders(std::string_view reply) {
   OutItem item;
   item.header.type = proto::FrameType::kNoResponders;

@@ -27,8 +27,9 @@ inline constexpr std::uint32_t kMaxSendSge = 2 * kMaxFramesPerSend;
 inline constexpr std::uint32_t kSendBlockSize = 1024;
 /// Longest ERROR/CLOSE text; keeps a control frame well inside a send block.
 inline constexpr std::size_t kMaxControlText = 200;
-/// Longest INFO payload (SPEC.md §8, "Gossip"): a frame that fits an empty
-/// send block and the smallest receive buffer a client may post.
+/// Longest INFO payload for a client whose receive buffers are smaller than
+/// the whole INFO (SPEC.md §8, "Gossip"): a frame that fits an empty send
+/// block and the smallest receive buffer a client may post.
 inline constexpr std::size_t kMaxInfoText = kSendBlockSize - 2 * proto::kHeaderSize;
 
 struct OutItem {
@@ -67,8 +68,21 @@ struct OutItem {
 /// A control frame (ERROR, CLOSE, PONG, ...). An ERROR about one subscription
 /// carries its id in the sequence field (SPEC.md §3.5): the client ends it.
 OutItem make_control(proto::FrameType type, std::uint32_t arg, std::string text = {}, std::uint32_t sid = 0);
+/// What this broker's INFO says (SPEC.md §8, "Gossip"), made once per
+/// change and shared by every connection: whole, in a pool buffer that each
+/// connection's INFO references like a delivery's body (an INFO may be as
+/// long as a pool buffer, too long for a send block), and cut to
+/// kMaxInfoText for a client with smaller receive buffers.
+struct Announcement {
+  std::string text;        // whole (at most a pool buffer less a header)
+  std::string short_text;  // at most kMaxInfoText bytes; what does not fit is left out
+  BufferRef body;  // `text` and its zero padding; empty: the short text is all (or no buffer was free)
+};
 /// INFO with `text` (at most kMaxInfoText bytes: proto::encode_info's bound).
 OutItem make_info(std::string text);
+/// The INFO of `a` for a peer whose receive buffers hold `peer_buffer_size`
+/// bytes: the whole text if it has a body that fits them, else the short one.
+OutItem make_info(const Announcement& a, std::uint32_t peer_buffer_size);
 /// NO_RESPONDERS for the request whose reply subject is `reply` (≤ 255 bytes).
 OutItem make_no_responders(std::string_view reply);
 /// ABORT (SPEC.md §3.7): the message publisher `publisher_id` was sending to

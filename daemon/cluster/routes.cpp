@@ -423,11 +423,27 @@ void Routes::announce_locked() {
     if (std::none_of(info.peers.begin(), info.peers.end(), [&](const auto& p) { return p.id == r->peer.id; }))
       info.peers.push_back(r->peer);
   }
-  auto text = std::make_shared<const std::string>(proto::encode_info(info, kMaxInfoText));
-  if (info_ && *info_ == *text) return;
-  info_ = text;
-  core_.announced.set(text);
-  for (Worker* w : core_.workers) w->post(InfoCommand{text});
+  auto next = std::make_shared<Announcement>();
+  next->text = proto::encode_info(info, core_.pool->buffer_size() - proto::kHeaderSize);
+  // Unchanged, and whole (a pool buffer was free last time, or none was needed).
+  if (info_ && info_->text == next->text && (info_->body || info_->text == info_->short_text)) return;
+  next->short_text = proto::encode_info(info, kMaxInfoText);
+  if (next->short_text != next->text) {
+    std::uint32_t index = 0;
+    if (core_.pool->acquire(&index, 1) == 1) {
+      next->body = BufferRef(core_.pool, index);
+      const std::size_t n = next->text.size();
+      std::memcpy(next->body.data(), next->text.data(), n);
+      std::memset(next->body.data() + n, 0, proto::align_up(n) - n);
+    } else {
+      spdlog::warn(
+          "cluster: the buffer pool is empty; INFO goes out cut to {} of its {} bytes until it changes",
+          next->short_text.size(), next->text.size());
+    }
+  }
+  info_ = std::move(next);
+  core_.announced.set(info_);
+  for (Worker* w : core_.workers) w->post(InfoCommand{info_});
 }
 
 void Routes::end(Route& r) {

@@ -152,7 +152,7 @@ class Routes {
   bool dirty_ = true;  // the interest or the list changed since the last pass
   /// Route URLs of brokers announced to this one, by broker id (guarded by mu_).
   std::unordered_map<std::string, std::vector<std::string>> announced_;
-  std::shared_ptr<const std::string> info_;  // what this broker announces now (guarded by mu_)
+  std::shared_ptr<const Announcement> info_;  // what this broker announces now (guarded by mu_)
   std::thread thread_;
 };
 

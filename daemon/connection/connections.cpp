@@ -254,10 +254,12 @@ void Connections::enqueue(Connection& c, OutItem item) {
     ++c.queued_replies;
   }
   if (c.pending_bytes == 0) c.last_progress = ctx_.now;  // the write deadline counts from here
+  // Queue bounds count messages: a reply with a body (a long INFO) is bounded by queued_replies.
+  const std::uint32_t bytes = item.is_delivery() ? item.body_len : 0;
   c.pending_messages += item.messages;
-  c.pending_bytes += item.body_len;
+  c.pending_bytes += bytes;
   ctx_.stats.pending_messages.add(item.messages);
-  ctx_.stats.pending_bytes.add(item.body_len);
+  ctx_.stats.pending_bytes.add(bytes);
   c.outq.push_back(std::move(item));
   touch(c);
 }

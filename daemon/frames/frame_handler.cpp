@@ -267,8 +267,9 @@ bool FrameHandler::on_multicast(Connection& c, const proto::Frame& f) {
   return true;
 }
 
-void FrameHandler::send_info(Connection& c, const std::shared_ptr<const std::string>& text) {
-  if (text && c.protocol_version >= proto::kGossipVersion) connections_.enqueue(c, make_info(*text));
+void FrameHandler::send_info(Connection& c, const std::shared_ptr<const Announcement>& info) {
+  if (info && c.protocol_version >= proto::kGossipVersion)
+    connections_.enqueue(c, make_info(*info, c.peer_buffer_size));
 }
 
 void FrameHandler::answer_ping(Connection& c) {

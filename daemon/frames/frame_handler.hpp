@@ -44,7 +44,7 @@ class FrameHandler {
   void apply_auth(std::shared_ptr<const AuthTable> table);
   /// INFO with `text` to `c` if it speaks version 7 (SPEC.md §8, "Gossip");
   /// null `text`: nothing to announce.
-  void send_info(Connection& c, const std::shared_ptr<const std::string>& text);
+  void send_info(Connection& c, const std::shared_ptr<const Announcement>& info);
   /// The routes have every cluster interest entry up to `through` in effect:
   /// the PONGs held for it go out (SPEC.md §8, "Interest in effect").
   void release_pongs(std::uint32_t through);

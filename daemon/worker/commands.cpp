@@ -85,7 +85,7 @@ void Worker::on_command(ReloadCommand& cmd) {
 
 void Worker::on_command(InfoCommand& cmd) {
   connections_.for_each([&](Connection& c) {
-    if (c.state == ConnState::kOpen) frames_.send_info(c, cmd.text);
+    if (c.state == ConnState::kOpen) frames_.send_info(c, cmd.info);
   });
 }
 

@@ -104,7 +104,7 @@ struct FaultCommand {
 /// What this broker announces changed (SPEC.md §8, "Gossip"): every open
 /// connection of version 7 gets the new INFO.
 struct InfoCommand {
-  std::shared_ptr<const std::string> text;
+  std::shared_ptr<const Announcement> info;
 };
 /// The routes have every cluster interest entry up to `through` in effect
 /// (cluster/interest.hpp): PONGs held for it go out.

@@ -97,6 +97,7 @@ struct Member {
       for (const auto& u : extra_advertise) out << ", " << u;
       out << "]\n  client_advertise: [" << client_url(*announce_via);
       for (const auto& u : extra_advertise) out << ", " << u;
+      for (const auto& u : extra_client_advertise) out << ", " << u;
       out << "]\n";
     }
     out << "  routes: [";
@@ -121,6 +122,8 @@ struct Member {
   std::string extra_yaml;
   /// Announced after its own URL, as a route URL and a client URL (never dialed in the tests).
   std::vector<std::string> extra_advertise;
+  /// Announced after those as client URLs only (a route login has room for few route URLs).
+  std::vector<std::string> extra_client_advertise;
   std::string file;
   std::uint16_t route_rdma_port;
   std::uint16_t route_tcp_port;
@@ -971,17 +974,45 @@ TEST_P(Gossip, AReloadedAdvertiseReachesItsClientsAndThoseOfTheOtherBrokers) {
     return ServerInfo::Broker{};
   };
   ASSERT_TRUE(wait_until([&] { return a_seen_by_c().urls == std::vector{a_.client_url(via)}; }, 60s));
-  // A reload (cluster.advertise and client_advertise are live) adds a URL to both.
-  const std::string added = "tcp://a.example:7471";
-  a_.extra_advertise = {added};
+  // A reload (cluster.advertise and client_advertise are live) adds a URL
+  // to both, and 24 more client URLs: INFO grows past what a send block
+  // holds (SPEC.md §8), and goes whole to every client whose receive
+  // buffers hold it.
+  const std::string route_added = "tcp://a.example:7471";
+  std::vector<std::string> added;
+  for (int i = 0; i < 24; ++i) added.push_back("tcp://a-" + std::to_string(i) + ".example.internal:7471");
+  a_.extra_advertise = {route_added};
+  a_.extra_client_advertise = added;
   route(a_, {b_.client_url(via)});
-  const std::vector<std::string> now{a_.client_url(via), added};
+  std::vector<std::string> now{a_.client_url(via), route_added};
+  now.insert(now.end(), added.begin(), added.end());
+  const std::vector<std::string> routes_now{a_.client_url(via), route_added};
   EXPECT_TRUE(wait_until([&] { return of_a->server_info().self.urls == now; }, 30s));
-  EXPECT_EQ(of_a->server_info().self.routes, now) << "cluster.advertise";
-  EXPECT_TRUE(wait_until([&] { return a_seen_by_c().urls == now && a_seen_by_c().routes == now; }, 30s))
+  EXPECT_EQ(of_a->server_info().self.routes, routes_now) << "cluster.advertise";
+  EXPECT_TRUE(
+      wait_until([&] { return a_seen_by_c().urls == now && a_seen_by_c().routes == routes_now; }, 30s))
       << "C's clients learn it from C, which learned it over its route from A";
   const auto urls = of_c->server_info().client_urls();
-  EXPECT_NE(std::find(urls.begin(), urls.end(), added), urls.end()) << "a failover candidate for C's clients";
+  EXPECT_NE(std::find(urls.begin(), urls.end(), added.back()), urls.end())
+      << "a failover candidate for C's clients";
+  // A client with 1 KiB receive buffers gets it cut to fit: A's id, its first URLs.
+  auto small = raw_wire(*a_.broker, via, true, proto::ConnectRequest{1024, 16, 0});
+  ASSERT_TRUE(small);
+  const auto sends = small->receive(30s);
+  ASSERT_FALSE(sends.empty());
+  const auto decoded = frames(sends.front());
+  ASSERT_FALSE(decoded.empty());
+  ASSERT_EQ(decoded.front().header.type, proto::FrameType::kInfo);
+  const std::string cut(reinterpret_cast<const char*>(decoded.front().payload.data()),
+                        decoded.front().payload.size());
+  EXPECT_LE(cut.size(), 960u);
+  const auto cut_info = proto::decode_info(cut);
+  ASSERT_TRUE(cut_info) << cut;
+  EXPECT_EQ(cut_info->self.id, id_of_a);
+  ASSERT_FALSE(cut_info->self.urls.empty());
+  EXPECT_EQ(cut_info->self.urls.front(), a_.client_url(via));
+  EXPECT_LT(cut_info->self.urls.size(), now.size());
+  EXPECT_EQ(a_.stat("messages.pending_bytes"), 0) << "an INFO is no message in the queues' count";
   // Nothing else moved: the same broker, every route still up.
   EXPECT_EQ(of_a->server_info().self.id, id_of_a);
   for (Member* m : {&a_, &b_, &c_}) EXPECT_EQ(m->stat("cluster.routes_up"), 2);

@@ -440,7 +440,11 @@ TEST(Info, RoundTripsAndSkipsKeysItDoesNotKnow) {
   const std::size_t first = text.find("peer_url");
   const std::string cut = encode_info(info, first + 10);
   EXPECT_EQ(cut, text.substr(0, first));
-  EXPECT_EQ(encode_info(info, 8), "") << "not even the sender fits";
+  // Then the sender's own URLs, one by one: its id and cluster always go.
+  const std::string head = "id 0123456789abcdef\ncluster prod\nurl rdma://10.0.0.1:7470\n";
+  EXPECT_EQ(encode_info(info, head.size() + 20), head);
+  EXPECT_EQ(encode_info(info, 33), "id 0123456789abcdef\ncluster prod\n");
+  EXPECT_EQ(encode_info(info, 8), "") << "not even the sender's id fits";
 }
 
 TEST(Info, EveryBrokenRuleIsRefusedWithWhy) {

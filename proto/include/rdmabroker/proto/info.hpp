@@ -37,14 +37,20 @@ inline bool info_word(std::string_view s) {
 }
 }  // namespace detail
 
-/// The payload for `info`, at most `max_len` bytes: whole peers that do not
-/// fit are left out (a client with 1 KiB buffers still learns the sender and
-/// what fits of the rest).
+/// The payload for `info`, at most `max_len` bytes: the sender's URLs that
+/// do not fit are left out one by one, then whole peers (a client with 1 KiB
+/// buffers still learns the sender and what fits of the rest). Empty when
+/// not even the id and cluster fit.
 inline std::string encode_info(const Info& info, std::size_t max_len) {
   std::string out = "id " + info.self.id + "\n";
   if (!info.cluster.empty()) out += "cluster " + info.cluster + "\n";
-  for (const auto& u : info.self.urls) out += "url " + u + "\n";
-  for (const auto& r : info.self.routes) out += "route " + r + "\n";
+  if (out.size() > max_len) return {};
+  const auto add = [&](std::string_view key, const std::string& value) {
+    if (out.size() + key.size() + value.size() + 2 <= max_len)
+      out.append(key).append(" ").append(value) += '\n';
+  };
+  for (const auto& u : info.self.urls) add("url", u);
+  for (const auto& r : info.self.routes) add("route", r);
   for (const auto& p : info.peers) {
     std::string lines;
     for (const auto& u : p.urls) lines += "peer_url " + p.id + " " + u + "\n";
@@ -53,7 +59,7 @@ inline std::string encode_info(const Info& info, std::size_t max_len) {
     if (out.size() + lines.size() > max_len) continue;
     out += lines;
   }
-  return out.size() <= max_len ? out : std::string();
+  return out;
 }
 
 /// Reads an INFO payload: lines of "key value" (one space, printable ASCII,
