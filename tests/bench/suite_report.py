@@ -96,7 +96,10 @@ def summary(path):
     if "error" in r and r.get("kind") != "bench":
         return "%s: ERROR %s" % (os.path.basename(path), r["error"])
     if r["kind"] == "idle_rss":
-        return "idle RSS %s: %d connections, %.1f KiB each" % (r["transport"], r["connections"], r["kib_per_connection"])
+        # RSS before and after too: a few connections may reuse heap pages
+        # already freed (0.0 KiB each); the full run's 1,000 show the cost.
+        return "idle RSS %s: %d connections, RSS %.1f -> %.1f MiB, %.1f KiB each" % (
+            r["transport"], r["connections"], r["rss_before_mib"], r["rss_after_mib"], r["kib_per_connection"])
     what = "%s %s %s %d B %d->%d" % (r["system"], r["transport"], r.get("group", r.get("tool")), r["size"],
                                      r.get("publishers", 1), r.get("subscribers", 1))
     if "error" in r and "msgs_per_s" not in r and "p50_us" not in r:
