@@ -423,6 +423,12 @@ int rb_poll(rb_client* c, long timeout_us, size_t* delivered) {
   return RB_OK;
 }
 
+int rb_wake(rb_client* c) {
+  if (c == nullptr) return invalid("rb_wake: no client");
+  if (auto st = c->impl->wake(); !st) return fail(st.error());
+  return RB_OK;
+}
+
 int rb_server_info_get(rb_client* c, rb_server_info** out) {
   if (c == nullptr || out == nullptr) return invalid("rb_server_info_get: bad arguments");
   *out = &owned_info(c->impl->server_info())->view;

@@ -245,11 +245,15 @@ void RdmaTransport::teardown_resources() {
   send_errors_.clear();
 }
 
+void RdmaTransport::wake() {
+  const std::uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
+}
+
 void RdmaTransport::close() {
   if (!session_.begin_close()) return;
   rdma_disconnect(id_.get());
-  std::uint64_t one = 1;
-  [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
+  wake();
   if (io_thread_.joinable()) io_thread_.join();
   session_.established_ = false;
   teardown_resources();
@@ -319,8 +323,7 @@ bool RdmaTransport::reap_sends_locked() {
         const Error e{ErrorKind::kClosed, std::string("send failed: ") + ibv_wc_status_str(wc.status)};
         if (wc.status != IBV_WC_WR_FLUSH_ERR) {
           send_errors_.push_back(e);
-          std::uint64_t one = 1;
-          [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
+          wake();
         }
         session_.fail_locked(e);
       }

@@ -38,6 +38,7 @@ class RdmaTransport final : public Transport {
 
   Status connect() override;
   void close() override;
+  void wake() override;
 
  private:
   /// One attempt: resolve, create the QP and buffers, exchange the

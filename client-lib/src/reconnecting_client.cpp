@@ -118,11 +118,14 @@ class ReconnectingClient final : public Client {
     std::shared_ptr<Session> s;
     {
       std::unique_lock lock(mu_);
-      // Reconnecting: nothing to take in until the supervisor has the next connection.
-      const auto ready = [&] { return closed_ || (current_ && current_->close_reason().message.empty()); };
+      // Reconnecting: nothing to take in until the supervisor has the next
+      // connection, or wake() asks this poll() to return.
+      const auto ready = [&] {
+        return closed_ || wake_pending_ || (current_ && current_->close_reason().message.empty());
+      };
       if (!ready()) cv_.wait_for(lock, timeout, ready);
       if (closed_) return close_error_;
-      if (!ready()) return std::size_t{0};
+      if (std::exchange(wake_pending_, false) || !ready()) return std::size_t{0};
       s = current_;
     }
     auto n = s->poll(timeout);
@@ -132,6 +135,30 @@ class ReconnectingClient final : public Client {
     std::lock_guard lock(mu_);
     if (closed_) return close_error_;
     return std::size_t{0};
+  }
+  Status wake() override {
+    if (!opt_.polled) {
+      return Error{ErrorKind::kInvalidArgument,
+                   "wake() is for a polled client (ClientOptions::polled); this one has an I/O thread"};
+    }
+    std::shared_ptr<Session> s;
+    {
+      std::lock_guard lock(mu_);
+      if (closed_) return close_error_;
+      // A connected session keeps the wake-up (its eventfd) for the poll()
+      // in it or the next; without one, poll() waits on cv_ and takes it here.
+      if (current_ && current_->close_reason().message.empty()) {
+        s = current_;
+      } else {
+        wake_pending_ = true;
+      }
+    }
+    if (!s) {
+      cv_.notify_all();
+      return {};
+    }
+    (void)s->wake();  // a session that ends meanwhile ends its poll() too
+    return {};
   }
   void close() override {
     std::shared_ptr<Session> s;
@@ -474,6 +501,7 @@ class ReconnectingClient final : public Client {
   std::unordered_map<std::uint32_t, Entry> subs_;
   std::uint32_t next_sid_ = 1;
   bool closed_ = false;
+  bool wake_pending_ = false;  // wake() while there was no connection to poll: for the next poll()
   Error close_error_{ErrorKind::kClosed, ""};
   Error outage_{ErrorKind::kClosed, ""};  // why the last connection failed, or the last attempt
   std::uint32_t last_max_frame_ = 0;

@@ -847,26 +847,46 @@ void Session::close() {
   if (!opt_.polled) return transport_->close();
   // No other thread is in the loop while the transport goes; waits of the
   // close itself (the last frames leaving) make only the sends progress.
-  std::lock_guard turn(progress_mu_);
+  auto turn = take_turn();
   const Session* outer = std::exchange(tl_progressing, this);
   transport_->close();
   tl_progressing = outer;
 }
 
-std::size_t Session::progress(int timeout_ms) {
+std::unique_lock<std::mutex> Session::take_turn() {
+  std::unique_lock turn(progress_mu_, std::try_to_lock);
+  if (turn.owns_lock()) return turn;
+  // Announced before polling_ is read, and a poll() sets polling_ before it
+  // reads wanting_turn_ (both sequentially consistent): either this thread
+  // sees the poll() and wakes it, or the poll() sees this thread and does
+  // not sleep.
+  wanting_turn_.fetch_add(1);
+  if (polling_.load()) transport_->wake();
+  turn.lock();
+  wanting_turn_.fetch_sub(1);
+  return turn;
+}
+
+std::size_t Session::progress(int timeout_ms, Turn kind) {
   const std::uint64_t seen = turns_.load(std::memory_order_relaxed);
-  std::lock_guard turn(progress_mu_);
+  auto turn = kind == Turn::kWait ? take_turn() : std::unique_lock(progress_mu_);
   // Another thread's turn ran while this one waited for it: what the caller
   // waits for may have come in then, so it looks before it sleeps.
   if (turns_.load(std::memory_order_relaxed) != seen) timeout_ms = 0;
   turns_.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard lock(mu_);
-    if (stop_) return 0;  // closed: the transport's resources are gone
+    if (stop_) return 0;          // closed: the transport's resources are gone
+    if (closed_) timeout_ms = 0;  // ended: what is left is taken in, nothing more comes
+  }
+  if (kind == Turn::kPoll) {
+    polling_.store(true);
+    if (wanting_turn_.load() > 0) timeout_ms = 0;  // a wait inside the library is next
   }
   const Session* outer = std::exchange(tl_progressing, this);
   const std::size_t n = transport_->progress(timeout_ms);
   tl_progressing = outer;
+  polling_.store(false);
   return n;
 }
 
@@ -890,11 +910,25 @@ Result<std::size_t> Session::poll(std::chrono::microseconds timeout) {
   if (!transport_) return Error{ErrorKind::kClosed, "not connected"};
   const auto ms =
       std::chrono::ceil<std::chrono::milliseconds>(std::max(timeout, std::chrono::microseconds{0}));
-  const std::size_t delivered =
-      progress(static_cast<int>(std::min<std::int64_t>(ms.count(), std::numeric_limits<int>::max())));
+  const std::size_t delivered = progress(
+      static_cast<int>(std::min<std::int64_t>(ms.count(), std::numeric_limits<int>::max())), Turn::kPoll);
   std::lock_guard lock(mu_);
   if (delivered == 0 && closed_) return close_error_;
   return delivered;
+}
+
+Status Session::wake() {
+  if (!opt_.polled) {
+    return Error{ErrorKind::kInvalidArgument,
+                 "wake() is for a polled client (ClientOptions::polled); this one has an I/O thread"};
+  }
+  if (!transport_) return Error{ErrorKind::kClosed, "not connected"};
+  // The eventfd outlives close() (the transport goes with the session), so
+  // a wake-up racing a close() writes to an fd that is still ours.
+  transport_->wake();
+  std::lock_guard lock(mu_);
+  if (stop_) return close_error_;
+  return {};
 }
 
 ClientStats Session::stats() const {

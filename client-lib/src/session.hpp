@@ -203,6 +203,7 @@ class Session final : public Client {
   Status unsubscribe(std::uint32_t sid) override;
   Status flush(std::chrono::milliseconds timeout) override;
   Result<std::size_t> poll(std::chrono::microseconds timeout) override;
+  Status wake() override;
   std::size_t max_payload(std::size_t subject_len) const override {
     // Version 4: the broker's limit, in fragments beyond one frame (SPEC.md §3.7).
     if (protocol_version_ >= proto::kFragmentsVersion && max_message_ != 0) return max_message_;
@@ -354,8 +355,18 @@ class Session final : public Client {
   /// progress_mu_, then mu_).
   std::mutex progress_mu_;
   std::atomic<std::uint64_t> turns_{0};  // turns of the loop begun (polled)
+  /// The turn is a poll()'s (which may sleep for its whole timeout), and how
+  /// many threads wait inside the library for the turn: each ends such a
+  /// poll's sleep (take_turn). A poll() never ends another thread's sleep:
+  /// two waits ending each other's would spin.
+  std::atomic<bool> polling_{false};
+  std::atomic<int> wanting_turn_{0};
+  enum class Turn { kPoll, kWait };
   /// One turn of the loop (polled): waits up to timeout_ms.
-  std::size_t progress(int timeout_ms);
+  std::size_t progress(int timeout_ms, Turn turn = Turn::kWait);
+  /// progress_mu_, for a wait inside the library or close(): a poll()
+  /// holding it is woken rather than waited out.
+  std::unique_lock<std::mutex> take_turn();
 
   struct SubscriptionEntry {
     std::string subject;

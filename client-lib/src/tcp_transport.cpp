@@ -60,6 +60,10 @@ class TcpTransport final : public Transport {
 
   Status connect() override;
   void close() override;
+  void wake() override {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
+  }
 
  private:
   Status connect_once(std::uint32_t recv_buffer_size, proto::ConnectReject* reject);
@@ -355,8 +359,7 @@ void TcpTransport::close() {
   if (!session_.begin_close()) return;
   // FIN after the CLOSE frame; the broker answers with its own.
   ::shutdown(fd_.get(), SHUT_WR);
-  std::uint64_t one = 1;
-  [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
+  wake();
   if (io_thread_.joinable()) io_thread_.join();
   std::lock_guard lock(session_.mu_);
   session_.established_ = false;
@@ -393,8 +396,7 @@ void TcpTransport::transmit_locked() {
   }
   // Hand the filled buffers to the I/O thread, waking it once.
   write_requested_ = true;
-  std::uint64_t one = 1;
-  [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
+  wake();
 }
 
 void TcpTransport::write_out() {

@@ -48,6 +48,9 @@ class Transport {
   /// buffer: take back the buffers already sent, and make sure that the next
   /// one sent wakes the I/O thread (which then notifies the waiter).
   virtual void reclaim_locked() {}
+  /// Any thread: the wait in progress() now, or the next one, returns at
+  /// once (an eventfd: the wake-up is kept until a turn takes it).
+  virtual void wake() = 0;
   /// With the session's lock held: nothing waits to be sent, nothing is in flight.
   virtual bool drained_locked() const = 0;
   /// I/O thread: joins the group of `j` for subscription `sid` and answers

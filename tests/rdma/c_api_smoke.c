@@ -172,6 +172,10 @@ int main(int argc, char** argv) {
   CHECK(rb_unsubscribe(c, rb_subscription_sid(sub)));
   CHECK(rb_flush(c, 10000));
   rb_subscription_free(sub);
+  if (rb_wake(c) != RB_ERR_INVALID_ARGUMENT) {
+    fprintf(stderr, "rb_wake on a client with an I/O thread: %s\n", rb_last_error());
+    return 1;
+  }
   rb_close(c);
   if (atomic_load(&callback_count) != 1) {
     fprintf(stderr, "callback saw %d messages, expected 1\n", atomic_load(&callback_count));
@@ -251,6 +255,16 @@ int main(int argc, char** argv) {
   size_t delivered = 0;
   if (rb_poll(p, 0, &delivered) != RB_OK || delivered != 0) {
     fprintf(stderr, "an idle poll delivered %zu: %s\n", delivered, rb_last_error());
+    return 1;
+  }
+  /* rb_wake before a long poll: it returns at once, having delivered nothing. */
+  CHECK(rb_wake(p));
+  const int64_t before_wake = monotonic_ns();
+  delivered = 1;
+  CHECK(rb_poll(p, 60 * 1000000L, &delivered));
+  if (delivered != 0 || monotonic_ns() - before_wake > 10 * 1000000000LL) {
+    fprintf(stderr, "a woken poll delivered %zu after %lld ms\n", delivered,
+            (long long)((monotonic_ns() - before_wake) / 1000000));
     return 1;
   }
   rb_close(p);

@@ -44,6 +44,19 @@ int threads_now() {
   return -1;
 }
 
+/// How long `f` took.
+template <typename F>
+std::chrono::milliseconds took(F&& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+}
+
+/// A poll() that waits this long only returns early because of wake() or a
+/// wait of another thread: the tests bound what a wake-up takes well below it.
+constexpr auto kLongPoll = 60s;
+constexpr auto kWokenWithin = 10s;
+
 /// Polls `c` (spinning, poll(0)) until `done()` or the timeout; false on timeout.
 bool poll_until(Client& c, const std::function<bool()>& done, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -118,7 +131,8 @@ TEST_P(Polled, APolledClientPublishesSubscribesAndRequestsWithNoThreadOfItsOwn) 
   ASSERT_TRUE(answer.ok()) << answer.error().message;
   EXPECT_EQ(answer.value().data(), "re:a");
   // ... and answers from its callback, run by a thread of the application's
-  // that polls with a timeout (sleeping when idle).
+  // that polls with a long timeout (sleeping when idle: requests wake it,
+  // and so do this thread's flush() and wake()).
   Client* responder = p.get();
   ASSERT_TRUE(p->subscribe_view("svc.polled", [&](const MessageView& q) {
                  EXPECT_TRUE(responder->publish(q.reply, "from polled").ok());
@@ -127,7 +141,7 @@ TEST_P(Polled, APolledClientPublishesSubscribesAndRequestsWithNoThreadOfItsOwn) 
   ASSERT_TRUE(p->flush(10s).ok());
   std::atomic<bool> stop{false};
   std::thread poller([&] {
-    while (!stop) EXPECT_TRUE(p->poll(10ms).ok());
+    while (!stop) EXPECT_TRUE(p->poll(kLongPoll).ok());
   });
   for (int i = 0; i < 5; ++i) {
     auto r = other->request("svc.polled", "q", 10s);
@@ -148,7 +162,9 @@ TEST_P(Polled, APolledClientPublishesSubscribesAndRequestsWithNoThreadOfItsOwn) 
   };
   ASSERT_TRUE(p->queue_subscribe_view("work", "g", member(true)).ok());
   ASSERT_TRUE(other->queue_subscribe_view("work", "g", member(false)).ok());
-  ASSERT_TRUE(p->flush(10s).ok());  // from this thread while the poller runs: one turn at a time
+  // From this thread while the poller sleeps in its poll(): the flush ends
+  // that sleep and takes the next turn (else it would wait out the minute).
+  ASSERT_TRUE(p->flush(10s).ok());
   ASSERT_TRUE(other->flush(10s).ok());
   auto publisher = connect_via(broker, GetParam());
   ASSERT_TRUE(publisher);
@@ -162,7 +178,18 @@ TEST_P(Polled, APolledClientPublishesSubscribesAndRequestsWithNoThreadOfItsOwn) 
       },
       30s));
   stop = true;
-  poller.join();
+  EXPECT_LT(took([&] {
+              EXPECT_TRUE(p->wake().ok());
+              poller.join();
+            }),
+            kWokenWithin)
+      << "wake() did not end the poller's poll()";
+  // A wake-up with no poll() waiting is kept for the next one.
+  ASSERT_TRUE(p->wake().ok());
+  Result<std::size_t> woken = std::size_t{1};
+  EXPECT_LT(took([&] { woken = p->poll(kLongPoll); }), kWokenWithin);
+  ASSERT_TRUE(woken.ok());
+  EXPECT_EQ(woken.value(), 0u);
   {
     // Not held across the close() below: the callbacks that take it run
     // inside the client's turn, which close() takes too (lock order).
@@ -172,11 +199,25 @@ TEST_P(Polled, APolledClientPublishesSubscribesAndRequestsWithNoThreadOfItsOwn) 
     for (std::uint64_t i = 0; i < kWork; ++i) ASSERT_EQ(members[i], i);
   }
   EXPECT_GT(polled_share.load(), 0);
-  p->close();
+  // close() from this thread while another sleeps in poll(): the close ends
+  // that sleep and takes the turn (nothing arrives to end it otherwise: the
+  // CLOSE frame waits for the turn), and the poller then hears kClosed.
+  Result<std::size_t> last_poll = std::size_t{0};
+  std::thread sleeper([&] {
+    while (last_poll.ok()) last_poll = p->poll(kLongPoll);
+  });
+  std::this_thread::sleep_for(300ms);  // into its poll()
+  EXPECT_LT(took([&] { p->close(); }), kWokenWithin) << "close() waited out the poller's poll()";
+  sleeper.join();
+  ASSERT_FALSE(last_poll.ok());
+  EXPECT_EQ(last_poll.error().kind, ErrorKind::kClosed);
   EXPECT_EQ(p->close_reason().message, "client closed the connection");
   auto after_close = p->poll();
   ASSERT_FALSE(after_close.ok());
   EXPECT_EQ(after_close.error().kind, ErrorKind::kClosed);
+  auto wake_closed = p->wake();
+  ASSERT_FALSE(wake_closed.ok());
+  EXPECT_EQ(wake_closed.error().kind, ErrorKind::kClosed);
 }
 
 TEST_P(Polled, ItSaysWhenItEndsAndRefusesWhatItCannotDo) {
@@ -187,6 +228,9 @@ TEST_P(Polled, ItSaysWhenItEndsAndRefusesWhatItCannotDo) {
   auto not_polled = threaded->poll();
   ASSERT_FALSE(not_polled.ok());
   EXPECT_EQ(not_polled.error().kind, ErrorKind::kInvalidArgument);
+  auto not_woken = threaded->wake();
+  ASSERT_FALSE(not_woken.ok());
+  EXPECT_EQ(not_woken.error().kind, ErrorKind::kInvalidArgument);
 
   // The broker goes away: poll() reports it (and on_error got it first).
   std::mutex mu;
@@ -198,14 +242,44 @@ TEST_P(Polled, ItSaysWhenItEndsAndRefusesWhatItCannotDo) {
   };
   auto p = connect_via(broker, GetParam(), o);
   ASSERT_TRUE(p);
+  // And one that reconnects: with its broker gone, its poll() waits for the
+  // next connection, and wake() ends that wait too.
+  ConnectionEvents events;
+  ClientOptions ro = events.options();
+  ro.polled = true;
+  auto rp = connect_via(broker, GetParam(), ro);
+  ASSERT_TRUE(rp);
   broker.stop(SIGTERM, 10s);
   Result<std::size_t> last = std::size_t{0};
   const auto deadline = std::chrono::steady_clock::now() + 30s;
   while (last.ok() && std::chrono::steady_clock::now() < deadline) last = p->poll(50ms);
   ASSERT_FALSE(last.ok()) << "poll() never reported the end";
   EXPECT_EQ(last.error().kind, ErrorKind::kClosed);
-  std::lock_guard lock(mu);
-  EXPECT_FALSE(errors.empty());
+  {
+    std::lock_guard lock(mu);
+    EXPECT_FALSE(errors.empty());
+  }
+
+  ASSERT_TRUE(poll_until(
+      *rp, [&] { return events.saw(ConnectionEvent::Kind::kDisconnected); }, 30s));
+  std::atomic<bool> stop{false};
+  std::atomic<int> polls{0};
+  std::thread poller([&] {
+    while (!stop) {
+      EXPECT_TRUE(rp->poll(kLongPoll).ok()) << "an outage is no error of poll()";
+      ++polls;
+    }
+  });
+  std::this_thread::sleep_for(300ms);  // into its wait for a connection
+  stop = true;
+  EXPECT_LT(took([&] {
+              EXPECT_TRUE(rp->wake().ok());
+              poller.join();
+            }),
+            kWokenWithin)
+      << "wake() did not end a reconnecting client's wait";
+  EXPECT_GE(polls.load(), 1);
+  rp->close();
 }
 
 // A polled client that reconnects (ClientOptions::polled + reconnect): the
@@ -240,14 +314,15 @@ TEST_P(Polled, APolledClientReconnectsAndRestoresItsSubscriptions) {
   ASSERT_TRUE(poll_until(
       *p, [&] { return handled == 1; }, 20s));
 
-  // The restart, while a thread polls on (poll(10ms) never fails meanwhile:
-  // the outage is the library's to mend).
+  // The restart, while a thread polls on (poll() never fails meanwhile: the
+  // outage is the library's to mend). It polls with a long timeout: the
+  // reconnection and wake() end its waits.
   std::atomic<bool> stop{false};
   std::string poll_error;
   std::thread poller([&] {
     polling = std::this_thread::get_id();
     while (!stop) {
-      auto n = p->poll(10ms);
+      auto n = p->poll(kLongPoll);
       if (!n) {
         poll_error = n.error().message;
         break;
@@ -257,7 +332,11 @@ TEST_P(Polled, APolledClientReconnectsAndRestoresItsSubscriptions) {
   broker.restart(SIGTERM);
   const bool back = wait_until([&] { return events.reconnected >= 2; }, 60s);  // the publisher and ours
   stop = true;
-  poller.join();
+  EXPECT_LT(took([&] {
+              EXPECT_TRUE(p->wake().ok());
+              poller.join();
+            }),
+            kWokenWithin);
   polling = std::this_thread::get_id();
   EXPECT_EQ(poll_error, "");
   ASSERT_TRUE(back) << "reconnected " << events.reconnected;

@@ -472,8 +472,21 @@ class Client {
   /// waits. One thread at a time makes progress: a second caller waits for
   /// the first. kClosed once the connection has ended (its reason went to
   /// on_error); kInvalidArgument for a client with an I/O thread, or from a
-  /// callback of this client.
+  /// callback of this client. It may return 0 before its timeout: after
+  /// wake(), or when another thread's wait inside the library (a flush, a
+  /// request, a publish waiting for a send buffer, close()) needs the turn.
   virtual Result<std::size_t> poll(std::chrono::microseconds timeout = std::chrono::microseconds{0}) = 0;
+
+  /// A polled client: makes the poll() waiting now on another thread return
+  /// (0 if nothing arrived), or if none waits, the next one: a wake-up is
+  /// kept until a poll() takes it, and several make one (UCX's
+  /// ucp_worker_signal). A thread may then poll with a long timeout and
+  /// still stop, or look at work of its own, when another thread asks it
+  /// to. Safe from any thread and from a callback; while a reconnecting
+  /// client has no connection it ends poll()'s wait for one. A poll() that
+  /// busy-polls (busy_poll, adaptive_poll) sees it when its spin ends.
+  /// kInvalidArgument for a client with an I/O thread; kClosed after close().
+  virtual Status wake() = 0;
 };
 
 }  // namespace rdmabroker

@@ -215,6 +215,11 @@ int rb_flush(rb_client* c, int timeout_ms);
  * connection has ended; RB_ERR_INVALID_ARGUMENT for a client with an I/O
  * thread or from one of its callbacks. */
 int rb_poll(rb_client* c, long timeout_us, size_t* delivered);
+/* A polled client: the rb_poll waiting now on another thread returns, or if
+ * none waits, the next one (Client::wake in client.hpp). Any thread, or a
+ * callback. RB_ERR_INVALID_ARGUMENT for a client with an I/O thread,
+ * RB_ERR_CLOSED after rb_close. */
+int rb_wake(rb_client* c);
 /* The last INFO the broker sent (free it with rb_server_info_free); its
  * self.id is "" when none came. */
 int rb_server_info_get(rb_client* c, rb_server_info** out);
