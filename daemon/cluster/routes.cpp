@@ -26,6 +26,10 @@ constexpr int kPoolWaitMs = 1000;
 /// subscriptions there: clients' PONGs wait for it (SPEC.md §8, "Interest
 /// in effect"), so a route that does not answer must not hold them longer.
 constexpr auto kSyncTimeout = std::chrono::seconds(2);
+/// How long an idle route's poller sleeps in one poll(): data, end() (a
+/// wake()) and the route thread's own waits on the client end it sooner,
+/// so nothing depends on it; a minute only bounds a wake-up that got lost.
+constexpr auto kIdlePoll = std::chrono::seconds(60);
 }  // namespace
 
 std::string_view to_string(RouteState s) {
@@ -450,6 +454,7 @@ void Routes::end(Route& r) {
   if (r.connector.joinable()) r.connector.join();  // an attempt under way: its outcome is discarded
   r.attempt.reset();
   r.stopping = true;
+  if (r.client) (void)r.client->wake();
   if (r.poller.joinable()) r.poller.join();
   if (r.client) r.client->close();
 }
@@ -470,21 +475,26 @@ void Routes::confirm(Route& r) {
   // are in its index. Whatever arrives meanwhile runs on_message here.
   if (auto st = r.client->flush(kSyncTimeout); !st)
     spdlog::debug("route {}: new subscriptions not confirmed: {}", r.url, st.error().message);
+  hand_over_taken(r);
 }
 
 void Routes::poll(Route& r) {
   while (!r.stopping.load()) {
-    // Returns as soon as something arrived and was handed to on_message (or
-    // after 50 ms: the stop flag is looked at that often).
-    auto taken = r.client->poll(std::chrono::milliseconds(50));
-    {
-      std::lock_guard io(r.io_mu);
-      hand_over(r);
-    }
+    // Returns as soon as something arrived and was handed to on_message,
+    // when end() wakes it, or when the route thread waits on the client
+    // (confirm(), a subscribe waiting for a send buffer) and needs the turn.
+    // An idle route's poller sleeps: the timeout is a backstop only.
+    auto taken = r.client->poll(kIdlePoll);
+    hand_over_taken(r);
     if (!taken && taken.error().kind == ErrorKind::kClosed) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));  // closed for good: end() comes
     }
   }
+}
+
+void Routes::hand_over_taken(Route& r) {
+  std::lock_guard io(r.io_mu);
+  hand_over(r);
 }
 
 void Routes::hand_over(Route& r) {
@@ -521,6 +531,8 @@ bool Routes::reconcile(Route& r, const std::vector<ClusterInterest::Entry>& entr
     it = r.subscribed.erase(it);
   }
   r.interest.store(r.subscribed.size());
+  // A subscribe that waited for a send buffer ran turns of the client here.
+  hand_over_taken(r);
   return subscribed;
 }
 

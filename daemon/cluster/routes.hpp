@@ -119,10 +119,15 @@ class Routes {
   bool connected(Route& r, Result<std::unique_ptr<Client>> outcome);
   /// Stops a route's poller and closes its client.
   void end(Route& r);
-  /// Posts what `r` routed since the last hand-over to the workers.
+  /// Posts what `r` routed since the last hand-over to the workers (r.io_mu
+  /// held); hand_over_taken takes r.io_mu. Whichever thread ran a turn of
+  /// r's client hands over what it took in: the poller after each poll(),
+  /// the route thread after it waited on the client (confirm, reconcile),
+  /// since the poller may sleep in its poll() meanwhile.
   void hand_over(Route& r);
+  void hand_over_taken(Route& r);
   /// A message from route `r` for interest entry `entry` (group `group`);
-  /// on r's poller thread.
+  /// on r's poller thread, or the route thread while it waits on the client.
   void on_message(Route& r, std::uint32_t entry, const std::string& group, const MessageView& m);
   /// The local subscriptions entry `entry` stands for that match `subject`:
   /// all of them, or one member of `group`.
