@@ -320,7 +320,7 @@ void TcpPort::check_partial_frames() {
     if (c == nullptr) return true;
     auto& link = static_cast<TcpLink&>(*c->link);
     if (link.partial_since() == std::chrono::steady_clock::time_point{}) return true;  // finished
-    if (link.paused()) {
+    if (link.input_paused()) {
       link.restart_partial_clock(ctx_.now);  // we are not reading it: not the client's delay
       return false;
     }

@@ -92,8 +92,7 @@ class TcpLink final : public Link {
   std::chrono::steady_clock::time_point partial_since() const { return partial_since_; }
   std::uint32_t partial_bytes() const { return rlen_ - rstart_; }
   /// Not read now (a stalled publisher, or no pool buffer): its frame cannot progress.
-  bool paused() const { return !reading_; }
-  bool input_paused() const override { return paused(); }
+  bool input_paused() const override { return !reading_; }
   void restart_partial_clock(std::chrono::steady_clock::time_point now) { partial_since_ = now; }
   /// TLS: decrypted bytes wait in OpenSSL, which epoll cannot see; reads them.
   void read_buffered(Connection& c);
