@@ -57,6 +57,15 @@ std::chrono::milliseconds took(F&& f) {
 constexpr auto kLongPoll = 60s;
 constexpr auto kWokenWithin = 10s;
 
+/// Wakes `c` and joins `poller`, a thread in c.poll(kLongPoll): true if that
+/// took less than kWokenWithin (its poll() could otherwise sleep a minute).
+bool woken_and_joined(Client& c, std::thread& poller) {
+  return took([&] {
+           EXPECT_TRUE(c.wake().ok());
+           poller.join();
+         }) < kWokenWithin;
+}
+
 /// Polls `c` (spinning, poll(0)) until `done()` or the timeout; false on timeout.
 bool poll_until(Client& c, const std::function<bool()>& done, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -178,12 +187,7 @@ TEST_P(Polled, APolledClientPublishesSubscribesAndRequestsWithNoThreadOfItsOwn) 
       },
       30s));
   stop = true;
-  EXPECT_LT(took([&] {
-              EXPECT_TRUE(p->wake().ok());
-              poller.join();
-            }),
-            kWokenWithin)
-      << "wake() did not end the poller's poll()";
+  EXPECT_TRUE(woken_and_joined(*p, poller)) << "wake() did not end the poller's poll()";
   // A wake-up with no poll() waiting is kept for the next one.
   ASSERT_TRUE(p->wake().ok());
   Result<std::size_t> woken = std::size_t{1};
@@ -272,12 +276,7 @@ TEST_P(Polled, ItSaysWhenItEndsAndRefusesWhatItCannotDo) {
   });
   std::this_thread::sleep_for(300ms);  // into its wait for a connection
   stop = true;
-  EXPECT_LT(took([&] {
-              EXPECT_TRUE(rp->wake().ok());
-              poller.join();
-            }),
-            kWokenWithin)
-      << "wake() did not end a reconnecting client's wait";
+  EXPECT_TRUE(woken_and_joined(*rp, poller)) << "wake() did not end a reconnecting client's wait";
   EXPECT_GE(polls.load(), 1);
   rp->close();
 }
@@ -332,11 +331,7 @@ TEST_P(Polled, APolledClientReconnectsAndRestoresItsSubscriptions) {
   broker.restart(SIGTERM);
   const bool back = wait_until([&] { return events.reconnected >= 2; }, 60s);  // the publisher and ours
   stop = true;
-  EXPECT_LT(took([&] {
-              EXPECT_TRUE(p->wake().ok());
-              poller.join();
-            }),
-            kWokenWithin);
+  EXPECT_TRUE(woken_and_joined(*p, poller));
   polling = std::this_thread::get_id();
   EXPECT_EQ(poll_error, "");
   ASSERT_TRUE(back) << "reconnected " << events.reconnected;
