@@ -245,11 +245,6 @@ void RdmaTransport::teardown_resources() {
   send_errors_.clear();
 }
 
-void RdmaTransport::wake() {
-  const std::uint64_t one = 1;
-  [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
-}
-
 void RdmaTransport::close() {
   if (!session_.begin_close()) return;
   rdma_disconnect(id_.get());
@@ -498,8 +493,7 @@ bool RdmaTransport::wait_for_events(int timeout_ms) {
     } else if (ud_cm_channel_ && fd == ud_cm_channel_->fd) {
       handle_group_events();
     } else {
-      std::uint64_t v;
-      [[maybe_unused]] auto r = ::read(wake_fd_.get(), &v, sizeof v);
+      take_wakeups();
     }
   }
   return cm_ready;

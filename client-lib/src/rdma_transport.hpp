@@ -38,7 +38,6 @@ class RdmaTransport final : public Transport {
 
   Status connect() override;
   void close() override;
-  void wake() override;
 
  private:
   /// One attempt: resolve, create the QP and buffers, exchange the
@@ -152,7 +151,6 @@ class RdmaTransport final : public Transport {
   /// connecting thread: the I/O thread never calls getenv).
   bool fail_joins_ = false;
   std::string ud_error_;
-  UniqueFd wake_fd_;
   UniqueFd epoll_;
   std::thread io_thread_;
 

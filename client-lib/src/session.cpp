@@ -923,8 +923,6 @@ Status Session::wake() {
                  "wake() is for a polled client (ClientOptions::polled); this one has an I/O thread"};
   }
   if (!transport_) return Error{ErrorKind::kClosed, "not connected"};
-  // The eventfd outlives close() (the transport goes with the session), so
-  // a wake-up racing a close() writes to an fd that is still ours.
   transport_->wake();
   std::lock_guard lock(mu_);
   if (stop_) return close_error_;

@@ -60,10 +60,6 @@ class TcpTransport final : public Transport {
 
   Status connect() override;
   void close() override;
-  void wake() override {
-    const std::uint64_t one = 1;
-    [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
-  }
 
  private:
   Status connect_once(std::uint32_t recv_buffer_size, proto::ConnectReject* reject);
@@ -104,7 +100,6 @@ class TcpTransport final : public Transport {
   tls::UniqueSslCtx tls_ctx_;
   tls::UniqueSsl ssl_;     // after fd_: freed first (it never closes the socket)
   std::string tls_error_;  // what the last TLS failure said
-  UniqueFd wake_fd_;
   UniqueFd epoll_;
   std::thread io_thread_;
   std::vector<std::byte> rbuf_;  // I/O thread only: bytes of incomplete frames
@@ -519,8 +514,7 @@ std::size_t TcpTransport::progress(int timeout_ms) {
   bool writable = false;
   for (int i = 0; i < n; ++i) {
     if (evs[i].data.fd == wake_fd_.get()) {
-      std::uint64_t v;
-      [[maybe_unused]] auto r = ::read(wake_fd_.get(), &v, sizeof v);
+      take_wakeups();
       continue;
     }
     readable |= (evs[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0;

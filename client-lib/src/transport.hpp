@@ -6,9 +6,12 @@
 // the Session's, written once for both.
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstddef>
 
+#include "rdmabroker/common/fd.hpp"
 #include "rdmabroker/proto/multicast.hpp"
 #include "rdmabroker/result.hpp"
 
@@ -50,7 +53,10 @@ class Transport {
   virtual void reclaim_locked() {}
   /// Any thread: the wait in progress() now, or the next one, returns at
   /// once (an eventfd: the wake-up is kept until a turn takes it).
-  virtual void wake() = 0;
+  void wake() {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
+  }
   /// With the session's lock held: nothing waits to be sent, nothing is in flight.
   virtual bool drained_locked() const = 0;
   /// I/O thread: joins the group of `j` for subscription `sid` and answers
@@ -61,7 +67,17 @@ class Transport {
   virtual void leave_group(std::uint32_t /*sid*/) {}
 
  protected:
+  /// The loop's turn takes the wake-ups (wake_fd_ was readable).
+  void take_wakeups() {
+    std::uint64_t count;
+    [[maybe_unused]] auto n = ::read(wake_fd_.get(), &count, sizeof count);
+  }
+
   Session& session_;
+  /// Made by connect() and watched by the loop's epoll. It lives as long as
+  /// the transport (past close()), so a wake() racing a close() writes to
+  /// an fd that is still ours.
+  UniqueFd wake_fd_;
 };
 
 }  // namespace rdmabroker
