@@ -18,6 +18,15 @@ inline Error sys_error(ErrorKind kind, const std::string& what) {
   return Error{kind, what + ": " + std::strerror(errno)};
 }
 
+/// What poll() and wake() of a client with an I/O thread say: `call` is
+/// for a polled client only.
+inline Error not_polled(std::string_view call) {
+  return Error{ErrorKind::kInvalidArgument,
+               std::string(call) +
+                   " is for a polled client (ClientOptions::polled); this one has "
+                   "an I/O thread"};
+}
+
 /// A server list ("rdma://a:7470,rdma://b:7470"): its URLs in order; one URL alone is a list of one.
 std::vector<std::string> split_urls(std::string_view urls);
 

@@ -111,10 +111,7 @@ class ReconnectingClient final : public Client {
     return s.value()->flush(timeout);
   }
   Result<std::size_t> poll(std::chrono::microseconds timeout) override {
-    if (!opt_.polled) {
-      return Error{ErrorKind::kInvalidArgument,
-                   "poll() is for a polled client (ClientOptions::polled); this one has an I/O thread"};
-    }
+    if (!opt_.polled) return not_polled("poll()");
     std::shared_ptr<Session> s;
     {
       std::unique_lock lock(mu_);
@@ -137,10 +134,7 @@ class ReconnectingClient final : public Client {
     return std::size_t{0};
   }
   Status wake() override {
-    if (!opt_.polled) {
-      return Error{ErrorKind::kInvalidArgument,
-                   "wake() is for a polled client (ClientOptions::polled); this one has an I/O thread"};
-    }
+    if (!opt_.polled) return not_polled("wake()");
     std::shared_ptr<Session> s;
     {
       std::lock_guard lock(mu_);

@@ -1,5 +1,6 @@
 #include "session.hpp"
 
+#include "client_internal.hpp"
 #include "rdmabroker/common/url.hpp"
 
 #include <algorithm>
@@ -901,10 +902,7 @@ std::size_t Session::progress_until(Clock::time_point deadline) {
 }
 
 Result<std::size_t> Session::poll(std::chrono::microseconds timeout) {
-  if (!opt_.polled) {
-    return Error{ErrorKind::kInvalidArgument,
-                 "poll() is for a polled client (ClientOptions::polled); this one has an I/O thread"};
-  }
+  if (!opt_.polled) return not_polled("poll()");
   if (tl_progressing == this)
     return Error{ErrorKind::kInvalidArgument, "poll() from a callback of its own client"};
   if (!transport_) return Error{ErrorKind::kClosed, "not connected"};
@@ -918,10 +916,7 @@ Result<std::size_t> Session::poll(std::chrono::microseconds timeout) {
 }
 
 Status Session::wake() {
-  if (!opt_.polled) {
-    return Error{ErrorKind::kInvalidArgument,
-                 "wake() is for a polled client (ClientOptions::polled); this one has an I/O thread"};
-  }
+  if (!opt_.polled) return not_polled("wake()");
   if (!transport_) return Error{ErrorKind::kClosed, "not connected"};
   transport_->wake();
   std::lock_guard lock(mu_);
