@@ -47,6 +47,7 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
   if (!pool) return pool.error();
   b->pool_ = std::move(pool.value());
   b->core_.pool = b->pool_.get();
+  b->core_.pool_shares.configure(opt.pool_buffers);
   if (opt.tcp_listen_address.empty()) opt.tcp_listen_address = opt.listen_address;
 
   if (auto tls = b->load_tls(opt.tls); !tls) {
@@ -454,6 +455,12 @@ void Server::visit_stats(StatsVisitor& v) const {
            "Estimated heap held by subscriptions (limits.max_subscription_memory bounds it)."},
           static_cast<std::int64_t>(core_.subscription_budget.bytes()));
   v.gauge({"pool.buffers", "rdmabroker_pool_buffers", "Buffers in the registered pool."}, pool_->count());
+  v.gauge({"pool.reserve", "rdmabroker_pool_reserve_buffers",
+           "Pool buffers only receive-queue refills may take (TCP reads, compaction and routes leave them)."},
+          core_.pool_shares.reserve());
+  v.gauge({"pool.out_queue_budget", "rdmabroker_pool_out_queue_budget_buffers",
+           "Pool buffers subscribers' out-queues may hold together before the largest holders are cut."},
+          core_.pool_shares.queue_budget());
   v.gauge({"pool.in_use", "rdmabroker_pool_buffers_in_use", "Pool buffers posted, queued or being sent."},
           pool_->in_use());
   v.gauge({"workers", "rdmabroker_workers", "Worker threads."}, static_cast<std::int64_t>(workers_.size()));

@@ -290,6 +290,8 @@ const std::vector<Field>& fields() {
                  1ull << 40, true),
       uint_field("limits", "max_pending_bytes_total", true, &B::max_pending_bytes_total, 64u << 10,
                  1ull << 44, true),
+      uint_field("limits", "pool_share_percent", true, &B::pool_share_percent, 1, 50),
+      uint_field("limits", "user_pool_share_percent", true, &B::user_pool_share_percent, 1, 50),
       uint_field("slow_consumer", "write_deadline_ms", true, &B::write_deadline_ms, 10, 3'600'000),
       uint_field("slow_consumer", "producer_stall_ms", true, &B::producer_stall_ms, 0, 60'000),
       uint_field("slow_consumer", "drain_timeout_ms", true, &B::drain_timeout_ms, 100, 60'000),

@@ -37,14 +37,14 @@ BufferPool::BufferPool(std::byte* base, std::uint32_t count, std::uint32_t buffe
 
 BufferPool::~BufferPool() { ::munmap(base_, std::size_t{count_} * buffer_size_); }
 
-std::size_t BufferPool::acquire(std::uint32_t* out, std::size_t n) {
+std::size_t BufferPool::acquire(std::uint32_t* out, std::size_t n, std::uint32_t keep_free) {
   std::size_t got = 0;
   if constexpr (fault::kEnabled) {
     if (exhausted_.load(std::memory_order_relaxed)) return 0;
   }
   {
     std::lock_guard lock(free_mutex_);
-    while (got < n && !free_.empty()) {
+    while (got < n && free_.size() > keep_free) {
       out[got++] = free_.back();
       free_.pop_back();
     }

@@ -31,8 +31,10 @@ class BufferPool {
   /// The whole region, for memory registration.
   std::span<std::byte> region() const { return {base_, std::size_t{count_} * buffer_size_}; }
 
-  /// Takes up to `n` free buffers (reference count 1 each); returns how many.
-  std::size_t acquire(std::uint32_t* out, std::size_t n);
+  /// Takes up to `n` free buffers (reference count 1 each), leaving at least
+  /// `keep_free` on the free list (the reserve that only receive-queue
+  /// refills may take: broker/pool_shares.hpp); returns how many.
+  std::size_t acquire(std::uint32_t* out, std::size_t n, std::uint32_t keep_free = 0);
   void add_ref(std::uint32_t index) { refs_[index].fetch_add(1, std::memory_order_relaxed); }
   /// Drops one reference; the last one puts the buffer back on the free list.
   void release(std::uint32_t index);
@@ -43,6 +45,8 @@ class BufferPool {
   void set_exhausted(bool on) { exhausted_.store(on, std::memory_order_relaxed); }
   /// True when acquire() would hand out nothing.
   bool exhausted() const { return in_use() >= count_ || exhausted_.load(std::memory_order_relaxed); }
+  /// True when acquire(..., keep_free) would hand out something.
+  bool has_free_above(std::uint32_t keep_free) const { return !exhausted() && count_ - in_use() > keep_free; }
 
  private:
   BufferPool(std::byte* base, std::uint32_t count, std::uint32_t buffer_size);

@@ -19,6 +19,7 @@
 #include "broker/buffer_pool.hpp"
 #include "broker/connection_slots.hpp"
 #include "broker/options.hpp"
+#include "broker/pool_shares.hpp"
 #include "broker/outbound.hpp"
 #include "broker/subscription_budget.hpp"
 #include "broker/subscription_index.hpp"
@@ -102,6 +103,7 @@ struct BrokerCore {
   std::unique_ptr<ConnectionSlots> slots;  // one per open connection, all workers
   std::unique_ptr<Admission> admission;    // connect requests and slots, both transports
   SubscriptionBudget subscription_budget;  // limits.max_subscriptions_total / max_subscription_memory
+  PoolShares pool_shares;                  // each client's share of the pool, the reserve, the queue budget
   std::atomic<std::uint64_t> next_connection_id{1};  // broker-wide, both transports
   SpinSlots spin_slots;  // flow.adaptive_poll: workers spinning at once, at most the cores but one
   std::shared_ptr<const AuthTable> auth;   // as started; reloads hand workers their successors

@@ -319,6 +319,7 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
     } else {
       ++out.replies;
     }
+    if (item.pinned) ++out.pins;
     block_used += in_block;
     out.bytes += static_cast<std::uint32_t>(wire);
     out.frame[out.frames] = PackedFrame{out.bytes, item.is_delivery() ? item.messages : 0,

@@ -35,6 +35,9 @@ inline constexpr std::size_t kMaxInfoText = kSendBlockSize - 2 * proto::kHeaderS
 struct OutItem {
   proto::FrameHeader header;    // sequence is assigned when packed, unless fixed_sequence
   bool fixed_sequence = false;  // header.sequence means something (ERROR's sid, a channel sequence): kept
+  /// Counted in its connection's pool share: the first queued item that
+  /// holds its body buffer (Connections::enqueue, broker/pool_shares.hpp).
+  bool pinned = false;
   /// A single PUBLISH to a client of protocol version 1: the bytes of its
   /// header block (SPEC.md §3.6), left out when it is packed (two body
   /// ranges around the block, the inner header rewritten). 0: sent as received.
@@ -194,6 +197,7 @@ struct PackedSend {
   std::uint64_t delivered_payload = 0;  // their payload bytes
   std::uint64_t delivery_bytes = 0;     // the PUBLISH frames' bytes (what queue bounds count)
   std::uint32_t replies = 0;            // control frames (PONG, ERROR, NO_RESPONDERS, CLOSE)
+  std::uint32_t pins = 0;               // items counted in the connection's pool share (OutItem::pinned)
 };
 
 /// Moves frames from the front of `queue` into one SEND: headers and control

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "broker/close_reason.hpp"
+#include "broker/pool_shares.hpp"
 
 namespace rdmabroker::daemon {
 
@@ -226,16 +227,19 @@ struct WorkerStats {
   Counter wc_errors;                              // completions with an error status other than flush
   Counter srq_refills;                            // SRQ refills at the low watermark
   Counter srq_limit_events;                       // IBV_EVENT_SRQ_LIMIT_REACHED: a refill batch or less left
-  Counter pool_exhausted;     // times a worker found the buffer pool empty (once per shortage)
-  Counter cq_full;            // connections refused because their CQ had no room for them
-  Gauge srq_posted;           // receives posted on this worker's SRQs
-  Gauge credits_granted;      // the credit windows of this worker's RDMA connections (SPEC.md §5.1)
-  Gauge credit_capacity;      // what those windows may add up to: the SRQs' bound (RdmaPort::srq_max)
-  Counter credit_reclaims;    // idle version-3 connections asked to give credits back
-  Counter credit_refusals;    // RDMA connections refused because their port's windows were full
-  Gauge pending_messages;     // queued for subscribers, not yet posted
-  Gauge pending_bytes;        // their frame bytes (limits.max_pending_bytes_total bounds the sum)
-  Counter accept_failures;    // connections handed over but never accepted
+  Counter pool_exhausted;      // times a worker found the buffer pool empty (once per shortage)
+  Counter cq_full;             // connections refused because their CQ had no room for them
+  Gauge srq_posted;            // receives posted on this worker's SRQs
+  Gauge credits_granted;       // the credit windows of this worker's RDMA connections (SPEC.md §5.1)
+  Gauge credit_capacity;       // what those windows may add up to: the SRQs' bound (RdmaPort::srq_max)
+  Counter credit_reclaims;     // idle version-3 connections asked to give credits back
+  Counter credit_refusals;     // RDMA connections refused because their port's windows were full
+  Gauge pending_messages;      // queued for subscribers, not yet posted
+  Gauge pending_bytes;         // their frame bytes (limits.max_pending_bytes_total bounds the sum)
+  Gauge queue_pins;            // pool buffers those queues hold (broker/pool_shares.hpp)
+  Counter compacted_messages;  // waiting messages copied out of their receive buffers (Connections::compact)
+  std::array<Counter, kShareScopeCount> share_cuts;  // subscribers cut above a pool share, by ShareScope
+  Counter accept_failures;                           // connections handed over but never accepted
   Counter no_responders;      // requests (PUBLISH with REQUEST flag) nobody was subscribed to
   Counter headers_stripped;   // messages delivered without their header block to version-1 clients
   Gauge tcp_connections;      // TCP connections open on this worker

@@ -566,7 +566,8 @@ std::byte* Routes::room(Route& r, std::uint32_t len, std::string_view subject) {
   // so that sends (and their buffers' return) can begin while we wait.
   hand_over(r);
   std::uint32_t index = 0;
-  for (int waited = 0; core_.pool->acquire(&index, 1) == 0; ++waited) {
+  // The reserve is left to the receive queues (broker/pool_shares.hpp).
+  for (int waited = 0; core_.pool->acquire(&index, 1, core_.pool_shares.reserve()) == 0; ++waited) {
     if (waited == kPoolWaitMs) {
       if (r.dropped.fetch_add(1) == 0)
         spdlog::warn("route {}: no pool buffer for {} ms; a message to '{}' was dropped (counted)", r.url,

@@ -22,6 +22,7 @@
 #include "broker/buffer_pool.hpp"
 #include "broker/close_reason.hpp"
 #include "broker/outbound.hpp"
+#include "broker/pool_shares.hpp"
 #include "broker/subscription_index.hpp"
 
 struct sockaddr;
@@ -190,6 +191,19 @@ struct Connection {
   std::uint32_t pending_messages = 0;  // messages in outq (deliveries, not control frames)
   std::uint64_t pending_bytes = 0;     // their PUBLISH frames' bytes: bounded by max_pending_bytes
   std::uint32_t queued_replies = 0;    // control frames in outq: bounded by kMaxQueuedReplies
+  /// Pool buffers outq holds (its items with `pinned`): bounded by the
+  /// connection's and its tenant's pool shares (broker/pool_shares.hpp).
+  std::int64_t pins = 0;
+  /// Items at the back of outq that no flush has left waiting yet: the next
+  /// compaction looks at these (Connections::compact).
+  std::uint32_t unexamined = 0;
+  /// The buffer of this connection's own that waiting small messages are
+  /// copied into, and how much of it is used (Connections::compact).
+  BufferRef compact_buffer;
+  std::uint32_t compact_used = 0;
+  /// Whose share the pins count against too: the user, or an anonymous
+  /// client's address (set at authentication; null before).
+  std::shared_ptr<TenantUsage> tenant;
   /// Messages in fragments (subscription, publisher id) this subscriber is
   /// sent nothing more of: the first did not fit its smaller receive buffers
   /// (SPEC.md §3.7, "Smaller receive buffers"), so neither do the rest.

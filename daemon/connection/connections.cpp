@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "router/interest.hpp"
 
@@ -129,6 +130,19 @@ void Connections::drop_queue(Connection& c, DropReason why) {
   c.pending_bytes = 0;
   c.queued_replies = 0;
   c.outq.clear();
+  pin(c, -c.pins);
+  c.unexamined = 0;
+  c.compact_buffer.reset();
+  c.compact_used = 0;
+}
+
+void Connections::pin(Connection& c, std::int64_t n) {
+  if (n == 0) return;
+  ctx_.core.pool_shares.moved(c.pins, n);
+  c.pins += n;
+  ctx_.core.slots->set_pins(c.slot, c.pins);
+  if (c.tenant) c.tenant->pins.fetch_add(n, std::memory_order_relaxed);
+  ctx_.stats.queue_pins.add(n);
 }
 
 void Connections::try_finish(Connection& c) {
@@ -260,6 +274,14 @@ void Connections::enqueue(Connection& c, OutItem item) {
   c.pending_bytes += bytes;
   ctx_.stats.pending_messages.add(item.messages);
   ctx_.stats.pending_bytes.add(bytes);
+  // A delivery holds its body's pool buffer; one right behind an item of the
+  // same buffer (a cut or split message, a run) holds nothing more.
+  if (item.is_delivery() && item.body &&
+      (c.outq.empty() || !c.outq.back().body || c.outq.back().body.index() != item.body.index())) {
+    item.pinned = true;
+    pin(c, 1);
+  }
+  ++c.unexamined;
   c.outq.push_back(std::move(item));
   touch(c);
 }
@@ -361,6 +383,128 @@ void Connections::flush_touched() {
 void Connections::flush(Connection& c) {
   if (c.is_up() || c.state == ConnState::kDraining) c.link->flush(c);
   if (c.state == ConnState::kDraining && c.outq.empty() && c.inflight_count == 0) disconnect(c);
+  if (!c.is_up()) return;
+  if (c.unexamined > 0) {
+    compact(c);
+    over_pool_share(c);
+  } else if (c.outq.empty() && c.compact_buffer) {
+    c.compact_buffer.reset();  // what was copied into it has gone (or goes with its sends)
+    c.compact_used = 0;
+  }
+}
+
+namespace {
+
+/// Whether a waiting delivery is worth copying out of its receive buffer:
+/// at most half a buffer, and as received (not a piece of a frame).
+bool compactable(const OutItem& item, std::uint32_t buffer_size) {
+  return item.is_delivery() && item.body && item.strip == 0 && item.cut_start == 0 &&
+         item.body_len <= buffer_size / 2;
+}
+
+/// Appends delivery `b` to delivery `a` when b's frames follow a's in the
+/// same buffer, for the same subscription, within `max_frame`: one DELIVER
+/// then carries both runs. Fragments travel alone (SPEC.md §3.7).
+bool merge_run(OutItem& a, OutItem& b, std::uint32_t max_frame) {
+  if (!compactable(a, UINT32_MAX) || !compactable(b, UINT32_MAX) || a.header.arg != b.header.arg ||
+      a.body.index() != b.body.index() || a.body_offset + a.body_len != b.body_offset ||
+      proto::kHeaderSize + a.body_len + b.body_len > max_frame) {
+    return false;
+  }
+  const bool sequenced = (a.header.flags & proto::kFlagSequenced) != 0;
+  if (sequenced != ((b.header.flags & proto::kFlagSequenced) != 0)) return false;
+  if (sequenced && b.header.sequence != a.header.sequence + a.messages) return false;
+  if (fragment_at(a.body, a.body_offset) || fragment_at(b.body, b.body_offset)) return false;
+  a.body_len += b.body_len;
+  a.header.payload_len += b.body_len;
+  a.messages += b.messages;
+  a.payload_bytes += b.payload_bytes;
+  if (b.received_at != 0 && (a.received_at == 0 || b.received_at < a.received_at))
+    a.received_at = b.received_at;
+  return true;
+}
+
+}  // namespace
+
+void Connections::compact(Connection& c) {
+  auto& q = c.outq;
+  const std::size_t first = q.size() - std::min<std::size_t>(c.unexamined, q.size());
+  c.unexamined = 0;
+  // A few waiting buffers are not worth the copies: a subscriber that is
+  // merely waiting for its next credit holds that much for a moment.
+  if (c.pins < kCompactAbovePins) return;
+  BufferPool& pool = *ctx_.core.pool;
+  const std::uint32_t size = pool.buffer_size();
+  const std::uint32_t max_frame = std::min(c.peer_buffer_size, size);
+  const std::uint32_t reserve = ctx_.core.pool_shares.reserve();
+  std::vector<OutItem> kept;
+  kept.reserve(q.size() - first);
+  std::uint64_t copied = 0;
+  for (std::size_t i = first; i < q.size(); ++i) {
+    OutItem item = std::move(q[i]);
+    if (!compactable(item, size)) {
+      kept.push_back(std::move(item));
+      continue;
+    }
+    bool fresh = false;
+    if (!c.compact_buffer || c.compact_used + item.body_len > size) {
+      std::uint32_t index = 0;
+      if (pool.acquire(&index, 1, reserve) == 0) {  // short of buffers: it stays where it is
+        kept.push_back(std::move(item));
+        continue;
+      }
+      c.compact_buffer = BufferRef(&pool, index);
+      c.compact_used = 0;
+      fresh = true;
+    }
+    std::memcpy(c.compact_buffer.data() + c.compact_used, item.body.data() + item.body_offset, item.body_len);
+    if (item.pinned) pin(c, -1);
+    item.body = c.compact_buffer.clone();
+    item.body_offset = c.compact_used;
+    item.pinned = fresh;
+    if (fresh) pin(c, 1);
+    c.compact_used += item.body_len;
+    copied += item.messages;
+    if (!kept.empty() && merge_run(kept.back(), item, max_frame)) continue;
+    kept.push_back(std::move(item));
+  }
+  q.erase(q.begin() + static_cast<std::ptrdiff_t>(first), q.end());
+  for (OutItem& item : kept) q.push_back(std::move(item));
+  ctx_.stats.compacted_messages.add(copied);
+}
+
+bool Connections::over_pool_share(Connection& c) {
+  if (c.pins < PoolShares::kBacklogPins) return false;
+  const auto& shares = ctx_.core.pool_shares;
+  const auto& opt = ctx_.options;
+  ShareScope scope;
+  std::int64_t limit = 0;
+  std::string what;
+  if (c.pins > (limit = shares.share(opt.pool_share_percent))) {
+    scope = ShareScope::kConnection;
+    what = "its share of the buffer pool (limits.pool_share_percent " +
+           std::to_string(opt.pool_share_percent) + "%: " + std::to_string(limit) + " buffers)";
+  } else if (c.tenant && c.tenant->pins.load(std::memory_order_relaxed) >
+                             (limit = shares.share(opt.user_pool_share_percent))) {
+    scope = ShareScope::kUser;
+    what = "its user's share of the buffer pool (limits.user_pool_share_percent " +
+           std::to_string(opt.user_pool_share_percent) + "%: " + std::to_string(limit) +
+           " buffers for the user's connections together)";
+  } else if (shares.queued() > shares.queue_budget() && c.pins > (limit = shares.fair_part())) {
+    scope = ShareScope::kBroker;
+    what = "its part of the pool while the broker's queues hold more than their budget (" +
+           std::to_string(shares.queue_budget()) + " buffers, shared by " +
+           std::to_string(shares.backlogged()) + " backlogged subscribers: " + std::to_string(limit) +
+           " each)";
+  } else {
+    return false;
+  }
+  const std::string why = std::to_string(c.pending_messages) + " messages queued hold " +
+                          std::to_string(c.pins) + " pool buffers, above " + what;
+  spdlog::warn("connection {} ({}): slow consumer, {}", c.id, c.peer, why);
+  ctx_.stats.share_cuts[static_cast<std::size_t>(scope)].add();
+  close(c, CloseReason::kSlowConsumer, ErrorCode::kSlowConsumer, why);
+  return true;
 }
 
 // ---------------------------------------------------------------- sending
@@ -386,6 +530,8 @@ std::uint32_t Connections::pack_next(Connection& c, std::uint32_t max_sge, std::
   c.queued_replies -= std::min(c.queued_replies, packed.replies);  // close()'s own frame is not counted
   c.pending_messages -= packed.deliveries;
   c.pending_bytes -= packed.delivery_bytes;
+  pin(c, -static_cast<std::int64_t>(packed.pins));
+  c.unexamined = std::min<std::uint32_t>(c.unexamined, static_cast<std::uint32_t>(c.outq.size()));
   ctx_.stats.pending_messages.add(-static_cast<std::int64_t>(packed.deliveries));
   ctx_.stats.pending_bytes.add(-static_cast<std::int64_t>(packed.delivery_bytes));
   unqueue(c.slot, packed.delivery_bytes);
@@ -520,7 +666,10 @@ void Connections::check_stalls() {
       c->stall_queued = queued;
       c->stalled_until = now + patience;
     }
-    if (now < c->stalled_until && queued > low) return false;
+    // Drained means below half the byte bound and a quarter of the pool share.
+    const bool pins_high = ctx_.core.slots->pins(c->stall_slot) >
+                           ctx_.core.pool_shares.share(ctx_.options.pool_share_percent) / 4;
+    if (now < c->stalled_until && (queued > low || pins_high)) return false;
     c->stalled = false;
     c->link->resume(*c);
     touch(*c);

@@ -28,6 +28,9 @@ class Connections {
   /// never reads would grow its queue without limit. Beyond it the client is
   /// cut off as a slow consumer.
   static constexpr std::uint32_t kMaxQueuedReplies = 1024;
+  /// A connection whose waiting items hold fewer pool buffers than this
+  /// keeps them where they are (compact()).
+  static constexpr std::int64_t kCompactAbovePins = 4;
 
   Connections(WorkerContext& ctx, SendBlocks& blocks) : ctx_(ctx), blocks_(blocks) {}
   ~Connections();
@@ -141,6 +144,18 @@ class Connections {
 
  private:
   void flush(Connection& c);
+  /// Counts `n` more (or fewer) pool buffers held by c's out-queue, in c,
+  /// its slot, its tenant and the broker-wide totals.
+  void pin(Connection& c, std::int64_t n);
+  /// The items a flush left waiting in c's out-queue (those it had not
+  /// looked at yet): small messages are copied compactly into a buffer of
+  /// c's own, so that the receive buffers they arrived in go back to the
+  /// pool, and runs of them to one subscription merge into one DELIVER.
+  void compact(Connection& c);
+  /// Cuts c as a slow consumer if its out-queue holds more pool buffers than
+  /// its share, its tenant's, or (the out-queues together over the queue
+  /// budget) its equal part of that budget; true if it did.
+  bool over_pool_share(Connection& c);
   void disconnect(Connection& c);
   void drop_queue(Connection& c, DropReason why);
   /// A closing connection's fragmented message in progress: aborted for its recipients.

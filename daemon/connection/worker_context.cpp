@@ -13,7 +13,7 @@ void WorkerContext::note_pool_starved(bool starved) {
     stats.pool_exhausted.add();
     spdlog::warn(
         "worker {}: the buffer pool is empty ({} buffers, all in use): receives wait for buffers to come "
-        "back (raise buffers.count if this recurs)",
+        "back (raise buffers.pool if this recurs)",
         index, core.pool->count());
   } else {
     spdlog::info("worker {}: buffers available again", index);

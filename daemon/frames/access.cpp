@@ -162,6 +162,12 @@ void FrameHandler::on_auth_result(AuthResultCommand& r) {
     return;
   }
   c->identity = std::move(r.identity);
+  // Whose pool share its queue counts against too: its user's, or for an
+  // anonymous client its address's (a route: the broker it comes from).
+  const Identity& who = *c->identity;
+  c->tenant = ctx_.core.pool_shares.tenant(who.route       ? "route " + who.route_server
+                                           : who.anonymous ? "address " + std::string(host_of(c->peer))
+                                                           : "user " + who.name);
   c->state = ConnState::kOpen;
   ctx_.core.admission->authenticated(c->slot);
   c->link->on_authenticated(*c);

@@ -88,9 +88,12 @@ void Router::send_to(const Subscriber& s, OutItem item) {
 
 bool Router::over_watermark(const Subscriber& s) const {
   // Stall watermark: three quarters of the bound leaves room for what the
-  // publishers already have in flight when they are slowed down.
+  // publishers already have in flight when they are slowed down. The pool
+  // share counts too: half of it, since a subscriber that reaches its share
+  // is cut (Connections::over_pool_share).
   const std::uint64_t bound = ctx_.core.backlog_bound(s.slot, ctx_.options.max_pending_bytes);
-  return ctx_.core.slots->queued(s.slot) > static_cast<std::int64_t>(bound - bound / 4);
+  return ctx_.core.slots->queued(s.slot) > static_cast<std::int64_t>(bound - bound / 4) ||
+         ctx_.core.slots->pins(s.slot) > ctx_.core.pool_shares.share(ctx_.options.pool_share_percent) / 2;
 }
 
 bool Router::is_live(const Subscriber& s) {

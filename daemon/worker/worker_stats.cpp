@@ -19,6 +19,9 @@ constexpr std::string_view kAuth = "rdmabroker_authentications_total";
 constexpr std::string_view kAuthHelp = "Connections that presented credentials, by outcome.";
 constexpr std::string_view kDenied = "rdmabroker_permission_denied_total";
 constexpr std::string_view kDeniedHelp = "Publishes and subscriptions refused by the user's permissions.";
+constexpr std::string_view kPoolHeld = "rdmabroker_pool_buffers_held";
+constexpr std::string_view kPoolHeldHelp =
+    "Pool buffers held, by holder: posted on the receive queues, or queued for subscribers (out-queues).";
 
 }  // namespace
 
@@ -88,6 +91,18 @@ void WorkerStats::visit(StatsVisitor& v) const {
           "rdmabroker_pending_charged_bytes",
           "Queued frame bytes plus 128 bytes of bookkeeping per queued message: what "
           "limits.max_pending_bytes_total bounds.");
+  v.gauge({"pool.held.out_queues", kPoolHeld, kPoolHeldHelp, "holder", "out_queues"}, queue_pins.get());
+  v.gauge({"", kPoolHeld, kPoolHeldHelp, "holder", "receive_queues"}, srq_posted.get());
+  v.count("messages.compacted", compacted_messages, "rdmabroker_messages_compacted_total",
+          "Messages waiting for a subscriber copied out of the receive buffers they arrived in, into a "
+          "buffer of the subscriber's own, so that those return to the pool.");
+  for (std::size_t s = 0; s < kShareScopeCount; ++s) {
+    labelled("slow_consumers.pool_share.", to_string(static_cast<ShareScope>(s)), share_cuts[s],
+             "rdmabroker_pool_share_cuts_total",
+             "Subscribers cut as slow consumers for holding more of the buffer pool than a share: their "
+             "connection's, their user's, or their part of the broker's queue budget.",
+             "share");
+  }
   v.count("protocol_errors", protocol_errors, "rdmabroker_protocol_errors_total",
           "Connections closed for a protocol error.");
   v.count("producer_stalls", producer_stalls, "rdmabroker_producer_stalls_total",

@@ -137,7 +137,7 @@ class RouterTest : public ::testing::Test {
     FakeLink* l = link.get();
     const std::uint64_t id = next_id_++;
     auto conn =
-        std::make_unique<Connection>(id, *core_.slots->acquire(), "peer-" + std::to_string(id),
+        std::make_unique<Connection>(id, *core_.slots->acquire(), "peer:" + std::to_string(id),
                                      std::move(link), core_.options.buffer_size, 4, ConnState::kAccepting);
     conn->protocol_version = version;
     Connection& c = connections_->add(std::move(conn));
@@ -342,6 +342,89 @@ TEST_F(RouterTest, ABackloggedSubscriberStallsItsPublisherThenIsCutOff) {
   EXPECT_TRUE(pub.c->is_up());
   EXPECT_TRUE(bystander.c->is_up());
   EXPECT_EQ(payloads(*bystander.link, 2).size(), static_cast<std::size_t>(ctx_->stats.messages_in.get()));
+}
+
+// Each message in a receive buffer of its own, for a subscriber that takes
+// nothing: before, each held its whole buffer until sent, and one slow
+// subscriber of small messages took the pool (issue 48). Waiting, they are
+// copied back to back into buffers of the subscriber's own; once it takes
+// again, it gets every one, in order, in fewer DELIVERs.
+TEST_F(RouterTest, WaitingSmallMessagesAreCopiedOutOfTheirReceiveBuffers) {
+  core_.pool_shares.configure(pool_->count());
+  Client sub = connect(), pub = connect();
+  sub.link->stuck = true;
+  subscribe(sub, "small", 1);
+  const std::uint32_t baseline = pool_->in_use();
+  constexpr int kMessages = 120;
+  for (int i = 0; i < kMessages; ++i) publish(pub, "small", "m" + std::to_string(i));
+  EXPECT_TRUE(sub.c->is_up());
+  // 120 receive buffers, or a few compact ones (and the few sends in flight).
+  EXPECT_LE(pool_->in_use(), baseline + 12) << "waiting messages still hold their receive buffers";
+  EXPECT_LE(sub.c->pins, 6);  // a few left where they are (kCompactAbovePins), two compact buffers
+  EXPECT_EQ(core_.slots->pins(sub.c->slot), sub.c->pins);
+  EXPECT_GT(ctx_->stats.compacted_messages.get(), 100u);
+  // The subscriber takes again: its sends complete, the rest follows.
+  sub.link->stuck = false;
+  while (sub.c->inflight_count > 0) connections_->retire_send(*sub.c, true);
+  connections_->touch(*sub.c);
+  connections_->flush_touched();
+  const auto got = payloads(*sub.link, 1);
+  ASSERT_EQ(got.size(), static_cast<std::size_t>(kMessages));
+  for (int i = 0; i < kMessages; ++i) EXPECT_EQ(got[i], "m" + std::to_string(i));
+  EXPECT_EQ(sub.c->pins, 0);
+  EXPECT_EQ(core_.pool_shares.queued(), 0);
+  EXPECT_EQ(pool_->in_use(), baseline) << "a compact buffer outlived its messages";
+}
+
+// Messages too large to copy hold a buffer each: the subscriber's share of
+// the pool (limits.pool_share_percent) bounds them. Its publisher is slowed
+// at half the share, the subscriber cut at the share; the bytes bound
+// (64 MiB) is nowhere near.
+TEST_F(RouterTest, ASubscriberPastItsPoolShareStallsItsPublisherThenIsCutOff) {
+  core_.pool_shares.configure(pool_->count());
+  ctx_->options.pool_share_percent = 10;  // 25 of the 256 buffers
+  Client sub = connect(), bystander = connect(), pub = connect();
+  sub.link->stuck = true;
+  subscribe(sub, "large", 1);
+  subscribe(bystander, "large", 2);
+  const std::string payload(3000, 'L');  // more than half a 4 KiB buffer: not copied
+  int published = 0;
+  while (!pub.link->paused && published < 100) {
+    publish(pub, "large", payload);
+    ++published;
+  }
+  ASSERT_TRUE(pub.link->paused);
+  EXPECT_LE(sub.c->pins, 14);
+  EXPECT_TRUE(sub.c->is_up());
+  for (int i = 0; i < 40 && sub.c->is_up(); ++i) publish(pub, "large", payload);
+  EXPECT_EQ(sub.c->reason, CloseReason::kSlowConsumer);
+  EXPECT_EQ(ctx_->stats.share_cuts[static_cast<std::size_t>(ShareScope::kConnection)].get(), 1u);
+  EXPECT_GT(ctx_->stats.dropped[static_cast<std::size_t>(DropReason::kSlowConsumer)].get(), 0u);
+  EXPECT_EQ(sub.c->pins, 0);
+  EXPECT_TRUE(pub.c->is_up());
+  EXPECT_TRUE(bystander.c->is_up());
+  EXPECT_EQ(payloads(*bystander.link, 2).size(), static_cast<std::size_t>(ctx_->stats.messages_in.get()));
+}
+
+// One user's connections together are bounded too: two stuck subscribers of
+// one tenant, each within its own share, pass the tenant's.
+TEST_F(RouterTest, ATenantsConnectionsTogetherAreBoundedByItsShare) {
+  core_.pool_shares.configure(pool_->count());
+  ctx_->options.pool_share_percent = 40;       // 102 buffers each
+  ctx_->options.user_pool_share_percent = 15;  // 38 for the tenant
+  Client a = connect(), b = connect(), pub = connect();
+  ASSERT_EQ(a.c->tenant, b.c->tenant) << "anonymous clients of one address are one tenant";
+  a.link->stuck = b.link->stuck = true;
+  subscribe(a, "t.a", 1);
+  subscribe(b, "t.b", 2);
+  const std::string payload(3000, 'T');
+  for (int i = 0; i < 30 && a.c->is_up() && b.c->is_up(); ++i) {
+    publish(pub, "t.a", payload);
+    publish(pub, "t.b", payload);
+  }
+  EXPECT_TRUE(!a.c->is_up() || !b.c->is_up());
+  EXPECT_EQ(ctx_->stats.share_cuts[static_cast<std::size_t>(ShareScope::kUser)].get(), 1u);
+  EXPECT_LE(a.c->tenant->pins.load(), 40);
 }
 
 TEST_F(RouterTest, AnotherWorkersSubscriberIsReachedThroughItsBatch) {

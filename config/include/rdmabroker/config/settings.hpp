@@ -149,6 +149,11 @@ struct BrokerOptions {
   std::uint64_t max_subscription_memory = 256u << 20;  // their estimated heap (SubscriptionBudget::cost)
   std::uint64_t max_pending_bytes_total = 256u
                                           << 20;  // frame bytes (+128 per message) queued for all subscribers
+  // Each client's share of the buffer pool (docs/security.md, "Pool shares"):
+  // the most of it that one connection's out-queue, and one user's (an
+  // anonymous address's) connections together, may hold, in percent.
+  std::uint32_t pool_share_percent = 12;
+  std::uint32_t user_pool_share_percent = 25;
   std::uint32_t send_blocks = 4096;       // registered send blocks per worker (headers/control frames)
   std::uint32_t drain_timeout_ms = 2000;  // how long a closing connection may flush its last frames
   std::string admin_socket = "/run/rdmabroker/admin.sock";  // `rdmabroker stat`/`reload`; empty: none
