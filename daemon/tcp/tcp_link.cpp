@@ -344,7 +344,7 @@ bool TcpPort::read_buffered() {
 }
 
 void TcpPort::retry_buffer_waiters() {
-  if (buffer_waiters_.empty() || ctx_.core.pool->exhausted()) return;
+  if (buffer_waiters_.empty() || !ctx_.core.pool->has_free_above(ctx_.core.pool_shares.reserve())) return;
   std::vector<std::uint64_t> ids;
   ids.swap(buffer_waiters_);
   for (std::uint64_t id : ids) {
@@ -355,7 +355,8 @@ void TcpPort::retry_buffer_waiters() {
 
 BufferRef TcpPort::read_buffer(Connection& c) {
   std::uint32_t index = 0;
-  const bool empty = ctx_.core.pool->acquire(&index, 1) == 0;
+  // The reserve is left to the receive queues (broker/pool_shares.hpp).
+  const bool empty = ctx_.core.pool->acquire(&index, 1, ctx_.core.pool_shares.reserve()) == 0;
   ctx_.note_pool_starved(empty);
   if (empty) {
     // Pool exhausted: stop reading until buffers come back (TCP's window
@@ -517,7 +518,10 @@ void TcpLink::read_rounds(Connection& c) {
       rbuf_ = transport_.read_buffer(c);
       if (!rbuf_) return;
       rstart_ = rlen_ = 0;
+    } else if (rlen_ == buffer_size && !move_partial_frame(c)) {
+      return;  // full, and no buffer to move its incomplete frame to: paused until one comes back
     }
+    // Never 0: a read of 0 bytes returns 0, which is the peer's end of stream.
     const std::uint32_t room = buffer_size - rlen_;
     const ssize_t n = receive(c, rbuf_.data() + rlen_, room);
     if (n == 0) return lost(c, "read", 0);
@@ -551,19 +555,27 @@ void TcpLink::read_rounds(Connection& c) {
     }
     if (rstart_ == rlen_) {
       rbuf_.reset();  // idle connections hold no buffer
-    } else if (rlen_ == buffer_size) {
-      // Full, with an incomplete frame at the end: move it to a fresh buffer.
-      BufferRef fresh = transport_.read_buffer(c);
-      if (!fresh) return;
-      std::memcpy(fresh.data(), rbuf_.data() + rstart_, rlen_ - rstart_);
-      rlen_ -= rstart_;
-      rstart_ = 0;
-      rbuf_ = std::move(fresh);
+    } else if (rlen_ == buffer_size && !move_partial_frame(c)) {
+      return;
     }
     if (c.input_held()) return;  // the router paused us, or the login is being checked
     if (static_cast<std::uint32_t>(n) < room && !(ssl_ && SSL_has_pending(ssl_.get()) == 1))
       return;  // drained the socket
   }
+}
+
+bool TcpLink::move_partial_frame(Connection& c) {
+  // Full, with an incomplete frame at the end (a whole frame fits a buffer,
+  // so it does not start at 0): move it to a fresh buffer. With none free,
+  // read_buffer() pauses the link until buffers come back, and this buffer
+  // stays as it is: the publisher is held back, never taken for gone.
+  BufferRef fresh = transport_.read_buffer(c);
+  if (!fresh) return false;
+  std::memcpy(fresh.data(), rbuf_.data() + rstart_, rlen_ - rstart_);
+  rlen_ -= rstart_;
+  rstart_ = 0;
+  rbuf_ = std::move(fresh);
+  return true;
 }
 
 // ---------------------------------------------------------------- write

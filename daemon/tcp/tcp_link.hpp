@@ -100,6 +100,9 @@ class TcpLink final : public Link {
  private:
   void read(Connection& c);
   void read_rounds(Connection& c);
+  /// rbuf_ is full with an incomplete frame at its end: moves that frame to a
+  /// fresh buffer; false (the link paused) when there is none.
+  bool move_partial_frame(Connection& c);
   /// read(2), or SSL_read on a TLS link: > 0 bytes, 0 at the peer's end,
   /// < 0 with errno (EAGAIN: wait; EPROTO: a TLS error, logged here).
   ssize_t receive(Connection& c, std::byte* to, std::size_t n);
