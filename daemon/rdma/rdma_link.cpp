@@ -17,14 +17,57 @@ void reject_connect_request(rdma_cm_id* id, proto::RejectReason reason, std::uin
 }
 
 RdmaLink::RdmaLink(RdmaPort& port, WorkerContext& ctx, Connections& connections, verbs::CmIdPtr id,
-                   std::uint32_t max_inline)
+                   verbs::QpPtr qp, std::uint32_t max_inline)
     : port_(port),
       ctx_(ctx),
       connections_(connections),
       cm_id_(std::move(id)),
-      qp_(cm_id_.get()),
-      qp_num_(cm_id_->qp->qp_num),
+      qp_(std::move(qp)),
+      qp_num_(qp_->qp_num),
       max_inline_(max_inline) {}
+
+namespace {
+
+/// Moves a new QP of connection request `id` through INIT, RTR and RTS with
+/// the attributes rdma_cm derives from the request, as rdma_accept does for
+/// a QP of its own, with two exceptions: the RNR retry count, which the
+/// client's request sets for the broker's QP, is at most kMaxRnrRetry; and
+/// the QP allows no remote access (the protocol uses SEND only, SPEC.md §1.1).
+/// Returns the count the client asked for, or the failed step.
+Result<std::uint8_t> ready_qp(rdma_cm_id* id, ibv_qp* qp) {
+  std::uint8_t asked = 0;
+  for (const ibv_qp_state state : {IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS}) {
+    ibv_qp_attr attr{};
+    int mask = 0;
+    attr.qp_state = state;
+    if (rdma_init_qp_attr(id, &attr, &mask) != 0) {
+      return Error{ErrorKind::kResource, std::string("rdma_init_qp_attr: ") + std::strerror(errno)};
+    }
+    switch (state) {
+      case IBV_QPS_INIT:
+        attr.qp_access_flags = 0;
+        break;
+      case IBV_QPS_RTR:
+        attr.max_dest_rd_atomic = 0;  // the accept offers no responder resources
+        break;
+      default:
+        attr.max_rd_atomic = 0;
+        asked = attr.rnr_retry;
+        attr.rnr_retry = std::min(attr.rnr_retry, RdmaLink::kMaxRnrRetry);
+        break;
+    }
+    if (const int rc = ibv_modify_qp(qp, &attr, mask); rc != 0) {
+      return Error{ErrorKind::kResource, "ibv_modify_qp to " +
+                                             std::string(state == IBV_QPS_INIT  ? "INIT"
+                                                         : state == IBV_QPS_RTR ? "RTR"
+                                                                                : "RTS") +
+                                             ": " + std::strerror(rc)};
+    }
+  }
+  return asked;
+}
+
+}  // namespace
 
 // QP before cm_id: the members' reverse order.
 RdmaLink::~RdmaLink() = default;
@@ -74,16 +117,26 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   attr.cap.max_send_wr = window;  // the send window + a credit update
   attr.cap.max_send_sge = port.max_sge;
   attr.cap.max_inline_data = verbs::kInlineWanted;
-  if (rdma_create_qp(id.get(), port.device.pd.get(), &attr) != 0) {
+  // The QP is ours, not rdma_cm's (rdma_create_qp): rdma_accept would move
+  // it to RTS with the RNR retry count the client asked for (ready_qp).
+  verbs::QpPtr qp(ibv_create_qp(port.device.pd.get(), &attr));
+  if (!qp) {
     // A device that cannot inline (or not that much) still gets the QP.
     attr.cap.max_inline_data = 0;
-    if (rdma_create_qp(id.get(), port.device.pd.get(), &attr) != 0) {
-      return fail(proto::RejectReason::kNoResources, std::string("rdma_create_qp: ") + std::strerror(errno));
-    }
+    qp.reset(ibv_create_qp(port.device.pd.get(), &attr));
+    if (!qp)
+      return fail(proto::RejectReason::kNoResources, std::string("ibv_create_qp: ") + std::strerror(errno));
+  }
+  if (auto ready = ready_qp(id.get(), qp.get()); !ready) {
+    return fail(proto::RejectReason::kNoResources, ready.error().message);
+  } else if (*ready > kMaxRnrRetry) {
+    spdlog::debug("connection {} from {}: RNR retry count {} asked for, {} kept", cmd.connection_id, cmd.peer,
+                  *ready, kMaxRnrRetry);
   }
   rdma_cm_id* raw = id.get();
+  const std::uint32_t qp_num = qp->qp_num;
   std::unique_ptr<RdmaLink> link(
-      new RdmaLink(port, ctx, connections, std::move(id), attr.cap.max_inline_data));
+      new RdmaLink(port, ctx, connections, std::move(id), std::move(qp), attr.cap.max_inline_data));
   link->credits = CreditWindow(grant);
   link->credits.grant_initial(grant);
   link->credits.add_send_credits(cmd.request.initial_credits);
@@ -109,7 +162,9 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   rdma_conn_param param{};
   param.private_data = data.data();
   param.private_data_len = static_cast<std::uint8_t>(proto::accept_size(conn->protocol_version));
-  param.rnr_retry_count = 7;  // a safety net only: credits mean a receive is always posted
+  param.rnr_retry_count = 7;  // the client's QP's: a safety net only, credits keep a receive posted
+  param.qp_num = qp_num;      // a QP of our own (ready_qp) on an SRQ
+  param.srq = 1;
   if (rdma_accept(raw, &param) != 0) {
     spdlog::warn("connection {} from {}: rdma_accept: {}", conn->id, conn->peer, std::strerror(errno));
     ctx.stats.accept_failures.add();
@@ -144,6 +199,9 @@ void RdmaLink::release(Connection& c) {
 }
 
 void RdmaLink::disconnect(Connection& c) {
+  // rdma_cm puts only QPs of its own in the error state: ours goes now, so
+  // that what is still posted completes as flushed.
+  force_error();
   if (!c.peer_disconnected) rdma_disconnect(cm_id_.get());
 }
 

@@ -42,6 +42,11 @@ class RdmaLink final : public Link {
   /// never authenticate then claims little of the SRQ's credit budget; the
   /// rest of flow.credits comes once the client has authenticated.
   static constexpr std::uint32_t kUnauthenticatedCredits = 2;
+  /// The most RNR retries the broker's QP makes before a SEND to a client
+  /// that posted no receive fails (SPEC.md §5): the client's connect request
+  /// asks for a count (7: for ever), and a client that grants credits it has
+  /// no receives for must not hold the broker's sends for longer than this.
+  static constexpr std::uint8_t kMaxRnrRetry = 3;
 
   /// Creates the QP for `cmd` on `port` and accepts the connection; on any
   /// failure rejects it (logged, counted, slot released) and returns null.
@@ -87,7 +92,7 @@ class RdmaLink final : public Link {
   bool fail_next_wc = false;  // test builds: fault wc-error armed on this link
 
  private:
-  RdmaLink(RdmaPort& port, WorkerContext& ctx, Connections& connections, verbs::CmIdPtr id,
+  RdmaLink(RdmaPort& port, WorkerContext& ctx, Connections& connections, verbs::CmIdPtr id, verbs::QpPtr qp,
            std::uint32_t max_inline);
   /// The immediate value of the next SEND: credits owed to the client that
   /// may go back now (none while stalled) and, in version 3, a pending ask.
@@ -107,7 +112,7 @@ class RdmaLink final : public Link {
   WorkerContext& ctx_;
   Connections& connections_;
   verbs::CmIdPtr cm_id_;  // declared before the QP: destroyed after it
-  verbs::CmQp qp_;
+  verbs::QpPtr qp_;       // ours, not rdma_cm's (ready_qp): disconnect() puts it in error
   std::uint32_t qp_num_ = 0;
   std::uint32_t max_inline_ = 0;  // bytes a SEND may carry inline (the QP's cap)
   bool by_demand_ = false;        // version 3: credits by demand (SPEC.md §5.1)

@@ -31,6 +31,9 @@ struct SrqDeleter {
 struct MrDeleter {
   void operator()(ibv_mr* p) const noexcept { ibv_dereg_mr(p); }
 };
+struct QpDeleter {
+  void operator()(ibv_qp* p) const noexcept { ibv_destroy_qp(p); }
+};
 struct AhDeleter {
   void operator()(ibv_ah* p) const noexcept { ibv_destroy_ah(p); }
 };
@@ -49,6 +52,9 @@ using CqPtr = std::unique_ptr<ibv_cq, CqDeleter>;
 using CompChannelPtr = std::unique_ptr<ibv_comp_channel, CompChannelDeleter>;
 using SrqPtr = std::unique_ptr<ibv_srq, SrqDeleter>;
 using MrPtr = std::unique_ptr<ibv_mr, MrDeleter>;
+/// A QP created with ibv_create_qp and moved through its states by its
+/// owner (rdma_cm then never touches it: the broker's accepted QPs).
+using QpPtr = std::unique_ptr<ibv_qp, QpDeleter>;
 
 /// The only way rdmabroker registers memory (docs/security.md): for local
 /// access by the NIC (receives land in it, sends gather from it), never for
