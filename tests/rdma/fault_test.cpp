@@ -154,13 +154,7 @@ TEST_F(Faults, RnrFromAPeerWithoutReceivesEndsOnlyThatPeer) {
   RawPeer peer;
   peer.rnr_retry_count = 0;
   peer.receives_posted = 0;
-  auto accepted = peer.connect(guest_addr1(), broker.port(), guest_addr2(),
-                               proto::encode(proto::ConnectRequest{16384, 16}), 16384, 16);
-  ASSERT_TRUE(accepted.ok() && accepted->accepted);
-  auto both = frame(proto::FrameType::kConnect, 0, "", "");
-  const auto subscribe = frame(proto::FrameType::kSubscribe, 1, "fault.rnr");
-  both.insert(both.end(), subscribe.begin(), subscribe.end());
-  ASSERT_TRUE(peer.send(both));
+  ASSERT_TRUE(connect_and_subscribe(peer, broker, "fault.rnr"));
 
   constexpr std::uint64_t kCount = 1000;
   for (std::uint64_t i = 0; i < kCount; ++i) ASSERT_TRUE(publisher->publish("fault.rnr", numbered(i)));

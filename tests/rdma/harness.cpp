@@ -531,6 +531,17 @@ Status RawPeer::connect_ok(const std::string& host, std::uint16_t port, const st
   return send(frame(proto::FrameType::kConnect, 0, "", ""));
 }
 
+Status connect_and_subscribe(RawPeer& peer, const BrokerProcess& broker, const std::string& subject) {
+  auto accepted = peer.connect(guest_addr1(), broker.port(), guest_addr2(),
+                               proto::encode(proto::ConnectRequest{16384, 16}), 16384, 16);
+  if (!accepted) return accepted.error();
+  if (!accepted->accepted) return Error{ErrorKind::kRejected, accepted->event};
+  auto both = frame(proto::FrameType::kConnect, 0, "", "");
+  const auto subscribe = frame(proto::FrameType::kSubscribe, 1, subject);
+  both.insert(both.end(), subscribe.begin(), subscribe.end());
+  return peer.send(both);
+}
+
 Status RawPeer::send(std::span<const std::byte> bytes, std::uint32_t imm) {
   std::byte* buf = mem_.data() + std::size_t{recv_count_} * recv_size_;
   if (bytes.size() > kMaxRawSend) return Error{ErrorKind::kInvalidArgument, "too big for the raw peer"};

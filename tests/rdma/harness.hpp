@@ -294,6 +294,10 @@ struct SeqSink {
 /// Encodes one frame into a vector.
 std::vector<std::byte> frame(proto::FrameType type, std::uint32_t arg, std::string_view subject,
                              std::string_view payload = {});
+/// Connects `peer` to `broker` advertising 16 receive credits of 16 KiB
+/// (it posts as many as peer.receives_posted says) and sends CONNECT and
+/// SUBSCRIBE(sid 1, `subject`) in one SEND: a subscriber made to misbehave.
+Status connect_and_subscribe(RawPeer& peer, const BrokerProcess& broker, const std::string& subject);
 /// Decodes every frame in a SEND's bytes.
 std::vector<proto::Frame> frames(const std::vector<std::byte>& bytes);
 

@@ -191,13 +191,7 @@ TEST_F(Isolation, TheBrokersRnrRetriesAreBoundedWhateverTheClientAsks) {
   RawPeer peer;
   peer.rnr_retry_count = 7;
   peer.receives_posted = 0;
-  auto accepted = peer.connect(guest_addr1(), broker.port(), guest_addr2(),
-                               proto::encode(proto::ConnectRequest{16384, 16}), 16384, 16);
-  ASSERT_TRUE(accepted.ok() && accepted->accepted);
-  auto both = frame(proto::FrameType::kConnect, 0, "", "");
-  const auto subscribe = frame(proto::FrameType::kSubscribe, 1, "rnr.clamp");
-  both.insert(both.end(), subscribe.begin(), subscribe.end());
-  ASSERT_TRUE(peer.send(both));
+  ASSERT_TRUE(connect_and_subscribe(peer, broker, "rnr.clamp"));
   auto publisher = connect_via(broker, Via::kRdma);
   ASSERT_TRUE(publisher);
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(publisher->publish("rnr.clamp", "x"));
