@@ -480,20 +480,27 @@ bool Connections::over_pool_share(Connection& c) {
   ShareScope scope;
   std::int64_t limit = 0;
   std::string what;
+  // The user's and the broker's bounds count buffers that subscribers of
+  // one message share once per subscriber: they apply only while the pool
+  // itself runs short (no more free than twice the reserve), so a fan-out
+  // of large messages to subscribers that keep up is never cut for them.
+  const BufferPool& pool = *ctx_.core.pool;
+  const bool pool_short = pool.count() - pool.in_use() <= 2 * shares.reserve();
   if (c.pins > (limit = shares.share(opt.pool_share_percent))) {
     scope = ShareScope::kConnection;
     what = "its share of the buffer pool (limits.pool_share_percent " +
            std::to_string(opt.pool_share_percent) + "%: " + std::to_string(limit) + " buffers)";
-  } else if (c.tenant && c.tenant->pins.load(std::memory_order_relaxed) >
-                             (limit = shares.share(opt.user_pool_share_percent))) {
+  } else if (pool_short && c.tenant &&
+             c.tenant->pins.load(std::memory_order_relaxed) >
+                 (limit = shares.share(opt.user_pool_share_percent))) {
     scope = ShareScope::kUser;
     what = "its user's share of the buffer pool (limits.user_pool_share_percent " +
            std::to_string(opt.user_pool_share_percent) + "%: " + std::to_string(limit) +
-           " buffers for the user's connections together)";
-  } else if (shares.queued() > shares.queue_budget() && c.pins > (limit = shares.fair_part())) {
+           " buffers for the user's connections together) while the pool runs short";
+  } else if (pool_short && c.pins > (limit = shares.fair_part())) {
     scope = ShareScope::kBroker;
-    what = "its part of the pool while the broker's queues hold more than their budget (" +
-           std::to_string(shares.queue_budget()) + " buffers, shared by " +
+    what = "its part of the pool while the pool runs short (the subscribers' budget of " +
+           std::to_string(shares.queue_budget()) + " buffers shared by " +
            std::to_string(shares.backlogged()) + " backlogged subscribers: " + std::to_string(limit) +
            " each)";
   } else {

@@ -153,8 +153,9 @@ class Connections {
   /// pool, and runs of them to one subscription merge into one DELIVER.
   void compact(Connection& c);
   /// Cuts c as a slow consumer if its out-queue holds more pool buffers than
-  /// its share, its tenant's, or (the out-queues together over the queue
-  /// budget) its equal part of that budget; true if it did.
+  /// its share, or, while the pool runs short, if its tenant's hold more
+  /// than the tenant's share or c more than its equal part of the
+  /// out-queues' budget; true if it did.
   bool over_pool_share(Connection& c);
   void disconnect(Connection& c);
   void drop_queue(Connection& c, DropReason why);

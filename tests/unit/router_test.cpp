@@ -406,25 +406,30 @@ TEST_F(RouterTest, ASubscriberPastItsPoolShareStallsItsPublisherThenIsCutOff) {
   EXPECT_EQ(payloads(*bystander.link, 2).size(), static_cast<std::size_t>(ctx_->stats.messages_in.get()));
 }
 
-// One user's connections together are bounded too: two stuck subscribers of
-// one tenant, each within its own share, pass the tenant's.
-TEST_F(RouterTest, ATenantsConnectionsTogetherAreBoundedByItsShare) {
+// One user's connections together are bounded too, once the pool runs
+// short: two stuck subscribers of one tenant, each within its own share,
+// pass the tenant's; one is cut when free buffers are down to twice the
+// reserve (32 of 256), not before.
+TEST_F(RouterTest, ATenantsConnectionsTogetherAreBoundedByItsShareWhenThePoolRunsShort) {
   core_.pool_shares.configure(pool_->count());
-  ctx_->options.pool_share_percent = 40;       // 102 buffers each
+  ctx_->options.pool_share_percent = 50;       // 128 buffers each
   ctx_->options.user_pool_share_percent = 15;  // 38 for the tenant
   Client a = connect(), b = connect(), pub = connect();
   ASSERT_EQ(a.c->tenant, b.c->tenant) << "anonymous clients of one address are one tenant";
   a.link->stuck = b.link->stuck = true;
   subscribe(a, "t.a", 1);
   subscribe(b, "t.b", 2);
-  const std::string payload(3000, 'T');
-  for (int i = 0; i < 30 && a.c->is_up() && b.c->is_up(); ++i) {
+  const std::string payload(3000, 'T');  // not copied: a buffer each
+  std::uint32_t free_at_cut = 0;
+  for (int i = 0; i < 120 && a.c->is_up() && b.c->is_up(); ++i) {
+    free_at_cut = pool_->count() - pool_->in_use();
     publish(pub, "t.a", payload);
     publish(pub, "t.b", payload);
   }
   EXPECT_TRUE(!a.c->is_up() || !b.c->is_up());
   EXPECT_EQ(ctx_->stats.share_cuts[static_cast<std::size_t>(ShareScope::kUser)].get(), 1u);
-  EXPECT_LE(a.c->tenant->pins.load(), 40);
+  EXPECT_LE(free_at_cut, 2 * core_.pool_shares.reserve() + 2) << "cut before the pool ran short";
+  EXPECT_GT(a.c->tenant->pins.load(), 38) << "the tenant's share alone does not cut while buffers are plenty";
 }
 
 TEST_F(RouterTest, AnotherWorkersSubscriberIsReachedThroughItsBatch) {
