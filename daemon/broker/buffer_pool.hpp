@@ -36,6 +36,9 @@ class BufferPool {
   /// refills may take: broker/pool_shares.hpp); returns how many.
   std::size_t acquire(std::uint32_t* out, std::size_t n, std::uint32_t keep_free = 0);
   void add_ref(std::uint32_t index) { refs_[index].fetch_add(1, std::memory_order_relaxed); }
+  /// Whether more than one reference holds buffer `index` now (a hint: another
+  /// thread may let go of its reference at any moment).
+  bool shared(std::uint32_t index) const { return refs_[index].load(std::memory_order_relaxed) > 1; }
   /// Drops one reference; the last one puts the buffer back on the free list.
   void release(std::uint32_t index);
 

@@ -440,9 +440,19 @@ void Connections::compact(Connection& c) {
   std::vector<OutItem> kept;
   kept.reserve(q.size() - first);
   std::uint64_t copied = 0;
+  std::size_t first_shared = q.size();  // the first item left for a later look, by its index in q
   for (std::size_t i = first; i < q.size(); ++i) {
     OutItem item = std::move(q[i]);
     if (!compactable(item, size)) {
+      kept.push_back(std::move(item));
+      continue;
+    }
+    if (pool.shared(item.body.index())) {
+      // Other subscribers (or sends in flight) hold its buffer too: a copy
+      // would free nothing now, and subscribers that lag together share
+      // one buffer rather than each holding a copy. Looked at again at the
+      // next flush, when the others may have let go.
+      first_shared = std::min(first_shared, first + kept.size());
       kept.push_back(std::move(item));
       continue;
     }
@@ -471,6 +481,9 @@ void Connections::compact(Connection& c) {
   q.erase(q.begin() + static_cast<std::ptrdiff_t>(first), q.end());
   for (OutItem& item : kept) q.push_back(std::move(item));
   ctx_.stats.compacted_messages.add(copied);
+  // Bounded, so that a long queue of shared buffers is not walked at every flush.
+  if (first_shared < q.size())
+    c.unexamined = static_cast<std::uint32_t>(std::min(q.size() - first_shared, kCompactLookBack));
 }
 
 bool Connections::over_pool_share(Connection& c) {

@@ -31,6 +31,9 @@ class Connections {
   /// A connection whose waiting items hold fewer pool buffers than this
   /// keeps them where they are (compact()).
   static constexpr std::int64_t kCompactAbovePins = 4;
+  /// Waiting items whose buffers others still hold are looked at again at
+  /// the next flush: at most this many of the newest (compact()).
+  static constexpr std::size_t kCompactLookBack = 1024;
 
   Connections(WorkerContext& ctx, SendBlocks& blocks) : ctx_(ctx), blocks_(blocks) {}
   ~Connections();
