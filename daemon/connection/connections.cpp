@@ -429,10 +429,22 @@ bool merge_run(OutItem& a, OutItem& b, std::uint32_t max_frame) {
 void Connections::compact(Connection& c) {
   auto& q = c.outq;
   const std::size_t first = q.size() - std::min<std::size_t>(c.unexamined, q.size());
-  c.unexamined = 0;
   // A few waiting buffers are not worth the copies: a subscriber that is
   // merely waiting for its next credit holds that much for a moment.
-  if (c.pins < kCompactAbovePins) return;
+  if (c.pins < kCompactAbovePins) {
+    c.unexamined = 0;
+    return;
+  }
+  // Only what has waited kCompactAfter: by then a subscriber that keeps up
+  // has sent it, and so have the others that share its buffer (a copy made
+  // sooner would free nothing, and subscribers that lag together would each
+  // hold a copy of one shared buffer). The younger ones, at the back, wait
+  // for a later flush; each item is looked at once.
+  const std::int64_t young = (ctx_.now - kCompactAfter).time_since_epoch().count();
+  std::size_t end = first;
+  while (end < q.size() && q[end].received_at <= young) ++end;
+  c.unexamined = static_cast<std::uint32_t>(q.size() - end);
+  if (end == first) return;
   BufferPool& pool = *ctx_.core.pool;
   const std::uint32_t size = pool.buffer_size();
   const std::uint32_t max_frame = std::min(c.peer_buffer_size, size);
@@ -440,19 +452,10 @@ void Connections::compact(Connection& c) {
   std::vector<OutItem> kept;
   kept.reserve(q.size() - first);
   std::uint64_t copied = 0;
-  std::size_t first_shared = q.size();  // the first item left for a later look, by its index in q
-  for (std::size_t i = first; i < q.size(); ++i) {
+  for (std::size_t i = first; i < end; ++i) {
     OutItem item = std::move(q[i]);
-    if (!compactable(item, size)) {
-      kept.push_back(std::move(item));
-      continue;
-    }
-    if (pool.shared(item.body.index())) {
-      // Other subscribers (or sends in flight) hold its buffer too: a copy
-      // would free nothing now, and subscribers that lag together share
-      // one buffer rather than each holding a copy. Looked at again at the
-      // next flush, when the others may have let go.
-      first_shared = std::min(first_shared, first + kept.size());
+    // Not worth a copy, or still shared: a subscriber that lags with others.
+    if (!compactable(item, size) || pool.shared(item.body.index())) {
       kept.push_back(std::move(item));
       continue;
     }
@@ -478,12 +481,10 @@ void Connections::compact(Connection& c) {
     if (!kept.empty() && merge_run(kept.back(), item, max_frame)) continue;
     kept.push_back(std::move(item));
   }
+  for (std::size_t i = end; i < q.size(); ++i) kept.push_back(std::move(q[i]));
   q.erase(q.begin() + static_cast<std::ptrdiff_t>(first), q.end());
   for (OutItem& item : kept) q.push_back(std::move(item));
   ctx_.stats.compacted_messages.add(copied);
-  // Bounded, so that a long queue of shared buffers is not walked at every flush.
-  if (first_shared < q.size())
-    c.unexamined = static_cast<std::uint32_t>(std::min(q.size() - first_shared, kCompactLookBack));
 }
 
 bool Connections::over_pool_share(Connection& c) {

@@ -31,9 +31,9 @@ class Connections {
   /// A connection whose waiting items hold fewer pool buffers than this
   /// keeps them where they are (compact()).
   static constexpr std::int64_t kCompactAbovePins = 4;
-  /// Waiting items whose buffers others still hold are looked at again at
-  /// the next flush: at most this many of the newest (compact()).
-  static constexpr std::size_t kCompactLookBack = 1024;
+  /// A delivery is copied out of its receive buffer once it has waited this
+  /// long (compact()).
+  static constexpr std::chrono::milliseconds kCompactAfter{2};
 
   Connections(WorkerContext& ctx, SendBlocks& blocks) : ctx_(ctx), blocks_(blocks) {}
   ~Connections();
@@ -151,9 +151,10 @@ class Connections {
   /// its slot, its tenant and the broker-wide totals.
   void pin(Connection& c, std::int64_t n);
   /// The items a flush left waiting in c's out-queue (those it had not
-  /// looked at yet): small messages are copied compactly into a buffer of
-  /// c's own, so that the receive buffers they arrived in go back to the
-  /// pool, and runs of them to one subscription merge into one DELIVER.
+  /// looked at yet, once they have waited kCompactAfter): small messages
+  /// whose receive buffers no one else holds are copied compactly into a
+  /// buffer of c's own, so that those buffers go back to the pool, and runs
+  /// of them to one subscription merge into one DELIVER.
   void compact(Connection& c);
   /// Cuts c as a slow consumer if its out-queue holds more pool buffers than
   /// its share, or, while the pool runs short, if its tenant's hold more
