@@ -24,10 +24,12 @@ class ConnectionSlots {
   /// feeding a backlogged subscriber).
   explicit ConnectionSlots(std::uint32_t max, std::uint32_t reserved = 0)
       : queued_(new std::atomic<std::int64_t>[max + reserved]),
-        pins_(new std::atomic<std::int64_t>[max + reserved]) {
+        pins_(new std::atomic<std::int64_t>[max + reserved]),
+        sent_(new std::atomic<std::int64_t>[max + reserved]) {
     for (std::uint32_t s = 0; s < max + reserved; ++s) {
       queued_[s].store(0, std::memory_order_relaxed);
       pins_[s].store(0, std::memory_order_relaxed);
+      sent_[s].store(0, std::memory_order_relaxed);
     }
     free_.reserve(max);
     for (std::uint32_t s = max; s-- > 0;) free_.push_back(s);
@@ -58,10 +60,16 @@ class ConnectionSlots {
   /// its owner sets it, the routers of every worker read it to slow publishers.
   void set_pins(std::uint32_t slot, std::int64_t n) { pins_[slot].store(n, std::memory_order_relaxed); }
   std::int64_t pins(std::uint32_t slot) const { return pins_[slot].load(std::memory_order_relaxed); }
+  /// Frames handed to the connection's transport since the slot was taken:
+  /// only grows, so a stalled publisher sees its subscriber's progress even
+  /// while what is already in flight to the broker keeps its queue as long.
+  void add_sent(std::uint32_t slot, std::int64_t n) { sent_[slot].fetch_add(n, std::memory_order_relaxed); }
+  std::int64_t sent(std::uint32_t slot) const { return sent_[slot].load(std::memory_order_relaxed); }
 
  private:
   std::unique_ptr<std::atomic<std::int64_t>[]> queued_;
   std::unique_ptr<std::atomic<std::int64_t>[]> pins_;
+  std::unique_ptr<std::atomic<std::int64_t>[]> sent_;
   mutable std::mutex mutex_;
   std::vector<std::uint32_t> free_;  // guarded by mutex_
   std::uint32_t in_use_ = 0;         // guarded by mutex_

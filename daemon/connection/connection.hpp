@@ -184,6 +184,7 @@ struct Connection {
   bool stalled = false;
   std::uint32_t stall_slot = 0;
   std::int64_t stall_queued = 0;  // the subscriber's queue when last seen shrinking
+  std::int64_t stall_sent = 0;    // the frames sent to it when last seen sending (ConnectionSlots::sent)
   std::chrono::steady_clock::time_point stalled_until{};
 
   // ------------------------------------------------------------ out-queue and in-flight ring

@@ -556,6 +556,7 @@ std::uint32_t Connections::pack_next(Connection& c, std::uint32_t max_sge, std::
   ctx_.stats.pending_messages.add(-static_cast<std::int64_t>(packed.deliveries));
   ctx_.stats.pending_bytes.add(-static_cast<std::int64_t>(packed.delivery_bytes));
   unqueue(c.slot, packed.delivery_bytes);
+  ctx_.core.slots->add_sent(c.slot, packed.frames);
   return block;
 }
 
@@ -653,6 +654,7 @@ void Connections::stall(Connection& publisher, std::uint32_t slot) {
   publisher.stalled = true;
   publisher.stall_slot = slot;
   publisher.stall_queued = ctx_.core.slots->queued(slot);
+  publisher.stall_sent = ctx_.core.slots->sent(slot);
   publisher.stalled_until = ctx_.now + std::chrono::milliseconds(ctx_.options.producer_stall_ms);
   stalled_.push_back(publisher.id);
   publisher.link->pause(publisher);
@@ -683,8 +685,13 @@ void Connections::check_stalls() {
     const auto low =
         static_cast<std::int64_t>(ctx_.core.backlog_bound(c->stall_slot, ctx_.options.max_pending_bytes) / 2);
     const std::int64_t queued = ctx_.core.slots->queued(c->stall_slot);
-    if (queued < c->stall_queued) {  // progress: keep waiting
-      c->stall_queued = queued;
+    // Progress (keep waiting): its queue shrank (the multicast engine's
+    // backlog), or it was sent frames, whatever what the publisher still had
+    // in flight added meanwhile.
+    const std::int64_t sent = ctx_.core.slots->sent(c->stall_slot);
+    if (queued < c->stall_queued || sent != c->stall_sent) {
+      c->stall_queued = std::min(queued, c->stall_queued);
+      c->stall_sent = sent;
       c->stalled_until = now + patience;
     }
     // Drained means below half the byte bound and a quarter of the pool share.
