@@ -101,8 +101,10 @@ TEST(Authenticator, FailuresDelayTheirAddressOnlyAndASuccessResetsIt) {
   auth.submit(request(3, "10.0.0.7", "right"));   // another address: not delayed
   ASSERT_TRUE(v.wait_for(3));
   auto list = v.get();
+  // Checked before the delayed one submitted ahead of it, and not delayed
+  // itself (a bound on its time would fail on a loaded machine).
   EXPECT_EQ(list[1].connection, 3u);
-  EXPECT_LT(list[1].at - failed_at, 190ms);
+  EXPECT_EQ(stats(auth)["auth.delayed"], 1) << "only the failing address's second check waits";
   EXPECT_EQ(list[2].connection, 2u);
   EXPECT_GE(list[2].at - failed_at, 190ms);
   // Two failures: the next check of that address waits 400 ms (doubled), and
@@ -119,8 +121,7 @@ TEST(Authenticator, FailuresDelayTheirAddressOnlyAndASuccessResetsIt) {
   // The success reset it: no delay now.
   auth.submit(request(5, "10.0.0.66", "right"));
   ASSERT_TRUE(v.wait_for(5));
-  EXPECT_LT(v.get()[4].at - v.get()[3].at, 200ms);
-  EXPECT_GE(stats(auth)["auth.delayed"], 2);
+  EXPECT_EQ(stats(auth)["auth.delayed"], 2) << "the check after the success waited";
 }
 
 TEST(Authenticator, ChecksOfClosedOrOverdueConnectionsAreDroppedUnchecked) {
