@@ -76,22 +76,52 @@ OutItem make_sequenced_delivery(BufferRef buf, std::uint32_t sid, std::uint64_t 
   return item;
 }
 
+namespace {
+
+/// Whether delivery `tail` may take the frames [offset, offset+len) of
+/// buffer `index` for subscription `sid` that start with `first`: they follow
+/// its own in the same buffer, the result fits `max_frame`, neither side is
+/// a fragment (a fragment travels alone), and a sequenced run takes only the
+/// next message of its channel (`sequence`; 0: a plain message).
+bool continues_run(const OutItem& tail, std::uint32_t index, std::uint32_t sid, std::uint32_t offset,
+                   std::uint32_t len, std::uint32_t max_frame, std::uint64_t sequence,
+                   const std::byte* first) {
+  const bool sequenced = (tail.header.flags & proto::kFlagSequenced) != 0;
+  if (sequenced ? sequence != tail.header.sequence + tail.messages : sequence != 0) return false;
+  return tail.is_delivery() && tail.strip == 0 && tail.cut_start == 0 && tail.header.arg == sid &&
+         tail.body && tail.body.index() == index && tail.body_offset + tail.body_len == offset &&
+         proto::kHeaderSize + tail.body_len + len <= max_frame && !proto::load_header(first).is_fragment() &&
+         !fragment_at(tail.body, tail.body_offset);
+}
+
+}  // namespace
+
 bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, std::uint32_t offset,
                      std::uint32_t len, std::uint32_t payload_len, std::uint32_t max_frame,
                      std::uint64_t sequence) {
-  // A sequenced run takes only the next message of its channel; a plain one only plain messages.
-  const bool sequenced = (tail.header.flags & proto::kFlagSequenced) != 0;
-  if (sequenced ? sequence != tail.header.sequence + tail.messages : sequence != 0) return false;
-  if (!tail.is_delivery() || tail.strip != 0 || tail.cut_start != 0 || tail.header.arg != sid || !tail.body ||
-      tail.body.index() != buf.index() || tail.body_offset + tail.body_len != offset ||
-      proto::kHeaderSize + tail.body_len + len > max_frame || fragment_at(buf, offset) ||
-      fragment_at(tail.body, tail.body_offset)) {
+  if (!continues_run(tail, buf.index(), sid, offset, len, max_frame, sequence, buf.data() + offset))
     return false;
-  }
   tail.body_len += len;
   tail.header.payload_len += len;
   ++tail.messages;
   tail.payload_bytes += payload_len;
+  return true;
+}
+
+bool extend_delivery(OutItem& tail, const OutItem& run, std::uint32_t max_frame) {
+  const bool sequenced = (run.header.flags & proto::kFlagSequenced) != 0;
+  if (!run.is_delivery() || !run.body || run.strip != 0 || run.cut_start != 0 ||
+      sequenced != ((tail.header.flags & proto::kFlagSequenced) != 0) ||
+      !continues_run(tail, run.body.index(), run.header.arg, run.body_offset, run.body_len, max_frame,
+                     sequenced ? run.header.sequence : 0, run.body.data() + run.body_offset)) {
+    return false;
+  }
+  tail.body_len += run.body_len;
+  tail.header.payload_len += run.body_len;
+  tail.messages += run.messages;
+  tail.payload_bytes += run.payload_bytes;
+  if (run.received_at != 0 && (tail.received_at == 0 || run.received_at < tail.received_at))
+    tail.received_at = run.received_at;
   return true;
 }
 

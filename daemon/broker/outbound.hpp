@@ -108,6 +108,11 @@ OutItem make_delivery(BufferRef buf, std::uint32_t sid, std::uint32_t offset, st
 bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, std::uint32_t offset,
                      std::uint32_t len, std::uint32_t payload_len, std::uint32_t max_frame,
                      std::uint64_t sequence = 0);
+/// The same for a whole run: appends delivery `run` (one or more frames as
+/// received, not a piece of one) to `tail` under the same rules, its
+/// messages counted, the earlier arrival kept. How waiting runs copied
+/// into one buffer become one DELIVER (Connections::compact).
+bool extend_delivery(OutItem& tail, const OutItem& run, std::uint32_t max_frame);
 /// A sequenced DELIVER (SPEC.md §7) of one channel message to subscription `sid`.
 OutItem make_sequenced_delivery(BufferRef buf, std::uint32_t sid, std::uint64_t sequence,
                                 std::uint32_t offset, std::uint32_t len, std::uint32_t payload_len,

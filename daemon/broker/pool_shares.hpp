@@ -4,8 +4,9 @@
 // counted in pool buffers ("pins"), not only in bytes, and bounded three
 // ways: per connection (limits.pool_share_percent), per tenant (a user's
 // connections together, or an anonymous address's; limits.
-// user_pool_share_percent), and broker-wide (the queue budget: what the
-// receive queues and the reserve leave of the pool). Messages that wait are
+// user_pool_share_percent), and broker-wide (an equal part of the queue
+// budget: what the receive queues and the reserve leave of the pool); the
+// last two only while the pool runs short. Messages that wait are
 // copied compactly into buffers of the subscriber's own (Connections::
 // compact), so a slow subscriber of small messages holds a buffer per
 // buffer's worth of bytes, not one per message.
@@ -68,8 +69,8 @@ class PoolShares {
     if (count_ == 0) return kUnbounded;
     return std::max<std::int64_t>(kBacklogPins, std::int64_t{count_} * percent / 100);
   }
-  /// What one backlogged connection may hold while the out-queues together
-  /// are over the budget: an equal part of it.
+  /// What one backlogged connection may hold while the pool runs short: an
+  /// equal part of the out-queues' budget.
   std::int64_t fair_part() const {
     return std::max<std::int64_t>(
         kBacklogPins, budget_ / std::max<std::int64_t>(1, backlogged_.load(std::memory_order_relaxed)));
@@ -90,14 +91,12 @@ class PoolShares {
   }
 
   /// A connection's out-queue took (n > 0) or let go of (n < 0) buffers:
-  /// `before` is what it held before. Keeps the totals every worker reads.
+  /// `before` is what it held before. Counts the backlogged ones (the sum
+  /// is each worker's rdmabroker_pool_buffers_held{holder="out_queues"}).
   void moved(std::int64_t before, std::int64_t n) {
-    queued_.fetch_add(n, std::memory_order_relaxed);
     const bool was = before >= kBacklogPins, is = before + n >= kBacklogPins;
     if (was != is) backlogged_.fetch_add(is ? 1 : -1, std::memory_order_relaxed);
   }
-  /// Buffers every out-queue holds together.
-  std::int64_t queued() const { return queued_.load(std::memory_order_relaxed); }
   std::int64_t backlogged() const { return backlogged_.load(std::memory_order_relaxed); }
 
  private:
@@ -111,7 +110,6 @@ class PoolShares {
   std::uint32_t count_ = 0;
   std::uint32_t reserve_ = 0;
   std::int64_t budget_ = kUnbounded;
-  std::atomic<std::int64_t> queued_{0};
   std::atomic<std::int64_t> backlogged_{0};
   std::mutex mu_;
   std::unordered_map<std::string, std::weak_ptr<TenantUsage>> tenants_;  // guarded by mu_

@@ -402,28 +402,6 @@ bool compactable(const OutItem& item, std::uint32_t buffer_size) {
          item.body_len <= buffer_size / 2;
 }
 
-/// Appends delivery `b` to delivery `a` when b's frames follow a's in the
-/// same buffer, for the same subscription, within `max_frame`: one DELIVER
-/// then carries both runs. Fragments travel alone (SPEC.md §3.7).
-bool merge_run(OutItem& a, OutItem& b, std::uint32_t max_frame) {
-  if (!compactable(a, UINT32_MAX) || !compactable(b, UINT32_MAX) || a.header.arg != b.header.arg ||
-      a.body.index() != b.body.index() || a.body_offset + a.body_len != b.body_offset ||
-      proto::kHeaderSize + a.body_len + b.body_len > max_frame) {
-    return false;
-  }
-  const bool sequenced = (a.header.flags & proto::kFlagSequenced) != 0;
-  if (sequenced != ((b.header.flags & proto::kFlagSequenced) != 0)) return false;
-  if (sequenced && b.header.sequence != a.header.sequence + a.messages) return false;
-  if (fragment_at(a.body, a.body_offset) || fragment_at(b.body, b.body_offset)) return false;
-  a.body_len += b.body_len;
-  a.header.payload_len += b.body_len;
-  a.messages += b.messages;
-  a.payload_bytes += b.payload_bytes;
-  if (b.received_at != 0 && (a.received_at == 0 || b.received_at < a.received_at))
-    a.received_at = b.received_at;
-  return true;
-}
-
 }  // namespace
 
 void Connections::compact(Connection& c) {
@@ -478,7 +456,7 @@ void Connections::compact(Connection& c) {
     if (fresh) pin(c, 1);
     c.compact_used += item.body_len;
     copied += item.messages;
-    if (!kept.empty() && merge_run(kept.back(), item, max_frame)) continue;
+    if (!kept.empty() && extend_delivery(kept.back(), item, max_frame)) continue;
     kept.push_back(std::move(item));
   }
   for (std::size_t i = end; i < q.size(); ++i) kept.push_back(std::move(q[i]));
@@ -498,8 +476,7 @@ bool Connections::over_pool_share(Connection& c) {
   // one message share once per subscriber: they apply only while the pool
   // itself runs short (no more free than twice the reserve), so a fan-out
   // of large messages to subscribers that keep up is never cut for them.
-  const BufferPool& pool = *ctx_.core.pool;
-  const bool pool_short = pool.count() - pool.in_use() <= 2 * shares.reserve();
+  const bool pool_short = !ctx_.core.pool->has_free_above(2 * shares.reserve());
   if (c.pins > (limit = shares.share(opt.pool_share_percent))) {
     scope = ShareScope::kConnection;
     what = "its share of the buffer pool (limits.pool_share_percent " +

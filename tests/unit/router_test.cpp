@@ -376,7 +376,7 @@ TEST_F(RouterTest, WaitingSmallMessagesAreCopiedOutOfTheirReceiveBuffers) {
   ASSERT_EQ(got.size(), static_cast<std::size_t>(kMessages));
   for (int i = 0; i < kMessages; ++i) EXPECT_EQ(got[i], "m" + std::to_string(i));
   EXPECT_EQ(sub.c->pins, 0);
-  EXPECT_EQ(core_.pool_shares.queued(), 0);
+  EXPECT_EQ(ctx_->stats.queue_pins.get(), 0);
   EXPECT_EQ(pool_->in_use(), baseline) << "a compact buffer outlived its messages";
 }
 
