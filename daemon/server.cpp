@@ -458,9 +458,11 @@ void Server::visit_stats(StatsVisitor& v) const {
   v.gauge({"pool.reserve", "rdmabroker_pool_reserve_buffers",
            "Pool buffers only receive-queue refills may take (TCP reads, compaction and routes leave them)."},
           core_.pool_shares.reserve());
-  v.gauge({"pool.out_queue_budget", "rdmabroker_pool_out_queue_budget_buffers",
-           "Pool buffers subscribers' out-queues may hold together before the largest holders are cut."},
-          core_.pool_shares.queue_budget());
+  v.gauge(
+      {"pool.out_queue_budget", "rdmabroker_pool_out_queue_budget_buffers",
+       "Pool buffers subscribers' out-queues share while the pool runs short: each backlogged one may hold "
+       "an equal part."},
+      core_.pool_shares.queue_budget());
   v.gauge({"pool.in_use", "rdmabroker_pool_buffers_in_use", "Pool buffers posted, queued or being sent."},
           pool_->in_use());
   v.gauge({"workers", "rdmabroker_workers", "Worker threads."}, static_cast<std::int64_t>(workers_.size()));
