@@ -288,6 +288,8 @@ const std::vector<Field>& fields() {
       uint_field("limits", "max_subscriptions_total", true, &B::max_subscriptions_total, 1, 100'000'000),
       uint_field("limits", "max_subscription_memory", true, &B::max_subscription_memory, 64u << 10,
                  1ull << 40, true),
+      uint_field("limits", "user_subscription_share_percent", true, &B::user_subscription_share_percent, 1,
+                 100),
       uint_field("limits", "max_pending_bytes_total", true, &B::max_pending_bytes_total, 64u << 10,
                  1ull << 44, true),
       uint_field("limits", "pool_share_percent", true, &B::pool_share_percent, 1, 50),

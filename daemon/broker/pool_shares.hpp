@@ -24,11 +24,16 @@
 #include <string>
 #include <unordered_map>
 
+#include "broker/subscription_budget.hpp"
+
 namespace rdmabroker::daemon {
 
 /// What one tenant's connections hold together; shared by them (any worker).
 struct TenantUsage {
   std::atomic<std::int64_t> pins{0};
+  /// Its subscriptions, within limits.user_subscription_share_percent of
+  /// the broker-wide subscription bounds.
+  SubscriptionBudget subscriptions;
 };
 
 /// Which bound a subscriber was cut for (counted by scope).

@@ -252,8 +252,10 @@ struct WorkerStats {
   Counter tls_plain_refused;            // plain TCP connect requests refused by tls.mode: required
   Counter limit_payload;  // PUBLISH frames over limits.max_payload or the buffer size (connection closed)
   Counter limit_subscriptions;  // SUBSCRIBE frames over limits.max_subscriptions (ERROR, connection stays)
-  Counter limit_subscriptions_total;  // ... over limits.max_subscriptions_total (broker-wide)
-  Counter limit_subscription_memory;  // ... over limits.max_subscription_memory (broker-wide)
+  Counter limit_subscriptions_total;       // ... over limits.max_subscriptions_total (broker-wide)
+  Counter limit_subscription_memory;       // ... over limits.max_subscription_memory (broker-wide)
+  Counter limit_user_subscriptions;        // ... over the tenant's part of max_subscriptions_total
+  Counter limit_user_subscription_memory;  // ... over the tenant's part of max_subscription_memory
   Counter limit_pending_total;    // subscribers cut off above their share of limits.max_pending_bytes_total
   Counter auth_ok;                // connections authenticated (anonymous included)
   Counter auth_failed;            // refused credentials, missing CONNECT, or too late

@@ -31,6 +31,11 @@ class SubscriptionBudget {
     return kFixedCost + kPerToken * tokens + 2 * pattern.size() + group.size();
   }
 
+  /// `percent` of a broker-wide bound, rounded up: one tenant's quota.
+  static std::uint64_t part(std::uint64_t bound, std::uint32_t percent) {
+    return (bound * percent + 99) / 100;
+  }
+
   enum class Refusal { kNone, kCount, kMemory };
 
   /// Any thread. Takes one subscription of `bytes` unless that would pass either bound.

@@ -248,8 +248,9 @@ struct Connection {
   struct Subscription {
     std::string pattern;
     Subscriber stored;  // as the index holds it (with its queue group id); a channel's: its interest only
-    std::uint32_t channel = 0;  // served by this multicast channel instead (not in the index itself)
-    std::uint64_t cost = 0;     // taken from BrokerCore::subscription_budget, given back when it ends
+    std::uint32_t channel = 0;    // served by this multicast channel instead (not in the index itself)
+    std::uint64_t cost = 0;       // taken from BrokerCore::subscription_budget, given back when it ends
+    bool tenant_charged = false;  // ... and from the tenant's quota (every client's but a route's)
   };
   bool multicast_capable = false;  // RDMA client of protocol version 2 that offered kConnectMulticast
   std::unordered_map<std::uint32_t, Subscription> subscriptions;  // by sid

@@ -252,16 +252,33 @@ void FrameHandler::apply_auth(std::shared_ptr<const AuthTable> table) {
   }
 }
 
-void FrameHandler::refuse_subscription_broker_wide(Connection& c, std::uint32_t sid,
-                                                   SubscriptionBudget::Refusal refusal) {
+void FrameHandler::refuse_subscription(Connection& c, std::uint32_t sid, SubscriptionBudget::Refusal refusal,
+                                       bool tenant) {
   const auto& opt = ctx_.options;
   const bool by_count = refusal == SubscriptionBudget::Refusal::kCount;
-  (by_count ? ctx_.stats.limit_subscriptions_total : ctx_.stats.limit_subscription_memory).add();
-  const std::string what = by_count ? "broker-wide limit of " + std::to_string(opt.max_subscriptions_total) +
-                                          " subscriptions reached (limits.max_subscriptions_total)"
-                                    : "broker-wide subscription memory limit of " +
-                                          std::to_string(opt.max_subscription_memory) +
-                                          " bytes reached (limits.max_subscription_memory)";
+  std::string what;
+  if (tenant) {
+    (by_count ? ctx_.stats.limit_user_subscriptions : ctx_.stats.limit_user_subscription_memory).add();
+    const std::uint32_t percent = opt.user_subscription_share_percent;
+    const std::string whose = c.identity->anonymous
+                                  ? "anonymous clients of address " + std::string(host_of(c.peer))
+                                  : "user '" + c.identity->name + "'";
+    what = by_count ? "subscription quota of " + whose + " reached: " +
+                          std::to_string(SubscriptionBudget::part(opt.max_subscriptions_total, percent)) +
+                          " subscriptions (limits.user_subscription_share_percent " +
+                          std::to_string(percent) + "% of limits.max_subscriptions_total)"
+                    : "subscription memory quota of " + whose + " reached: " +
+                          std::to_string(SubscriptionBudget::part(opt.max_subscription_memory, percent)) +
+                          " bytes (limits.user_subscription_share_percent " + std::to_string(percent) +
+                          "% of limits.max_subscription_memory)";
+  } else {
+    (by_count ? ctx_.stats.limit_subscriptions_total : ctx_.stats.limit_subscription_memory).add();
+    what = by_count
+               ? "broker-wide limit of " + std::to_string(opt.max_subscriptions_total) +
+                     " subscriptions reached (limits.max_subscriptions_total)"
+               : "broker-wide subscription memory limit of " + std::to_string(opt.max_subscription_memory) +
+                     " bytes reached (limits.max_subscription_memory)";
+  }
   // Logged once per connection, like the per-connection limit.
   if (!std::exchange(c.subscription_limit_logged, true))
     spdlog::warn("connection {} from {}: {}", c.id, c.peer, what);

@@ -226,12 +226,28 @@ void FrameHandler::on_subscribe(Connection& c, const proto::Frame& f) {
   }
   if (!c.identity->may_subscribe(f.subject)) return deny(c, "subscribe", f.subject, sid);
   const std::uint64_t cost = SubscriptionBudget::cost(f.subject, f.reply);
+  // The tenant's quota first: one user (one anonymous address) that
+  // subscribes without end stops at its part and leaves the rest to others.
+  // (100 %: no quota of its own, the broker-wide bounds alone.)
+  TenantUsage* tenant =
+      c.identity->route || opt.user_subscription_share_percent >= 100 ? nullptr : c.tenant.get();
+  if (tenant != nullptr) {
+    const std::uint32_t percent = opt.user_subscription_share_percent;
+    if (auto refusal =
+            tenant->subscriptions.take(cost, SubscriptionBudget::part(opt.max_subscriptions_total, percent),
+                                       SubscriptionBudget::part(opt.max_subscription_memory, percent));
+        refusal != SubscriptionBudget::Refusal::kNone) {
+      return refuse_subscription(c, sid, refusal, /*tenant=*/true);
+    }
+  }
   if (auto refusal =
           ctx_.core.subscription_budget.take(cost, opt.max_subscriptions_total, opt.max_subscription_memory);
       refusal != SubscriptionBudget::Refusal::kNone) {
-    return refuse_subscription_broker_wide(c, sid, refusal);
+    if (tenant != nullptr) tenant->subscriptions.give_back(cost);
+    return refuse_subscription(c, sid, refusal, /*tenant=*/false);
   }
   add_subscription(ctx_, c, f, cost);
+  c.subscriptions[sid].tenant_charged = tenant != nullptr;
 }
 
 void FrameHandler::on_unsubscribe(Connection& c, const proto::Frame& f) {

@@ -82,8 +82,10 @@ class FrameHandler {
   bool may_publish(Connection& c, std::string_view subject);
   /// ERROR(PERMISSION_DENIED) to the client, a log line, a count.
   void deny(Connection& c, std::string_view operation, std::string_view subject, std::uint32_t sid);
-  /// TOO_MANY_SUBSCRIPTIONS for subscription `sid`: the broker-wide budget is spent.
-  void refuse_subscription_broker_wide(Connection& c, std::uint32_t sid, SubscriptionBudget::Refusal refusal);
+  /// TOO_MANY_SUBSCRIPTIONS for subscription `sid`: the tenant's quota
+  /// (`tenant`) or the broker-wide budget is spent; the text names which.
+  void refuse_subscription(Connection& c, std::uint32_t sid, SubscriptionBudget::Refusal refusal,
+                           bool tenant);
   /// ERROR `code` about subscription `sid` (0: about none), the connection stays.
   void reply_error(Connection& c, proto::ErrorCode code, std::string text, std::uint32_t sid = 0);
 

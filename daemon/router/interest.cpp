@@ -53,6 +53,7 @@ void add_subscription(WorkerContext& ctx, Connection& c, const proto::Frame& f, 
 void drop_subscription(WorkerContext& ctx, Connection& c, const Connection::Subscription& sub,
                        std::uint32_t sid) {
   ctx.core.subscription_budget.give_back(sub.cost);
+  if (sub.tenant_charged) c.tenant->subscriptions.give_back(sub.cost);
   if (sub.channel != 0) {
     ctx.core.multicast->unsubscribe(sub.channel, c.id, sid);
   } else {

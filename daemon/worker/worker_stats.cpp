@@ -174,6 +174,8 @@ void WorkerStats::visit(StatsVisitor& v) const {
   limit("subscriptions", limit_subscriptions);
   limit("subscriptions_total", limit_subscriptions_total);
   limit("subscription_memory", limit_subscription_memory);
+  limit("user_subscriptions", limit_user_subscriptions);
+  limit("user_subscription_memory", limit_user_subscription_memory);
   limit("pending_total", limit_pending_total);
   labelled("auth.", "ok", auth_ok, kAuth, kAuthHelp, "outcome");
   labelled("auth.", "failed", auth_failed, kAuth, kAuthHelp, "outcome");

@@ -144,7 +144,10 @@ struct StuckSubscriber {
 };
 
 TEST_P(Bounds, BrokerWideSubscriptionLimitsRefuseOnlyTheSubscribeThatHitsThem) {
-  write_file(path_, "logging: {level: warn}\nlimits: {max_subscriptions_total: 6}\n");
+  // Both clients are anonymous from one address, one tenant: its quota is the whole budget here.
+  write_file(
+      path_,
+      "logging: {level: warn}\nlimits: {max_subscriptions_total: 6, user_subscription_share_percent: 100}\n");
   BrokerProcess broker(next_port(), {"--config", path_, "--max-subscriptions", "1000"});
   ASSERT_TRUE(broker.running());
   std::mutex mu;
@@ -192,7 +195,8 @@ TEST_P(Bounds, BrokerWideSubscriptionLimitsRefuseOnlyTheSubscribeThatHitsThem) {
   // The memory bound, lowered live: of 100 more, only what fits its budget.
   write_file(
       path_,
-      "logging: {level: warn}\nlimits: {max_subscriptions_total: 100000, max_subscription_memory: 64KiB}\n");
+      "logging: {level: warn}\nlimits: {max_subscriptions_total: 100000, max_subscription_memory: 64KiB, "
+      "user_subscription_share_percent: 100}\n");
   auto [rc, out] = run({cli_path(), "reload", "--admin-socket", broker.admin_socket()});
   ASSERT_EQ(rc, 0) << out;
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(b->subscribe(std::string_view("m." + std::to_string(i))));
@@ -208,6 +212,98 @@ TEST_P(Bounds, BrokerWideSubscriptionLimitsRefuseOnlyTheSubscribeThatHitsThem) {
   s = broker.wait_stats([](auto& s) { return s["connections.current"] == 0; }, 10s);
   EXPECT_EQ(s["subscriptions"], 0);
   EXPECT_EQ(s["subscriptions.memory_bytes"], 0);
+  ::unlink(path_.c_str());
+}
+
+// Issue 49: one tenant (a user's connections, an anonymous address's) that
+// subscribes without end stops at its quota, a part of the broker-wide
+// bounds; the refusal names the quota, and everyone else still subscribes.
+TEST_P(Bounds, OneTenantAtItsSubscriptionQuotaLeavesRoomForOthers) {
+  const std::string users =
+      "logging: {level: warn}\nauth:\n  anonymous: true\n  users:\n"
+      "    - {name: alice, password: '" +
+      hash_secret("alice-pw") +
+      "'}\n"
+      "    - {name: bob, password: '" +
+      hash_secret("bob-pw") + "'}\n";
+  write_file(path_, users + "limits: {max_subscriptions_total: 100, user_subscription_share_percent: 20}\n");
+  BrokerProcess broker(next_port(), {"--config", path_, "--max-subscriptions", "1000"});
+  ASSERT_TRUE(broker.running());
+  struct Errors {
+    std::mutex mu;
+    std::vector<std::string> texts;
+    ClientOptions options(std::string user = {}, std::string password = {}) {
+      ClientOptions o;
+      o.user = std::move(user);
+      o.password = std::move(password);
+      o.on_error = [this](const Error& e) {
+        std::lock_guard l(mu);
+        texts.push_back(e.message);
+      };
+      return o;
+    }
+    std::vector<std::string> get() {
+      std::lock_guard l(mu);
+      return texts;
+    }
+  } anon_errors, alice_errors, bob_errors;
+  // Two anonymous connections from one address share its quota (20).
+  auto anon1 = connect_via(broker, GetParam(), anon_errors.options());
+  auto anon2 = connect_via(broker, GetParam(), anon_errors.options());
+  auto alice = connect_via(broker, GetParam(), alice_errors.options("alice", "alice-pw"));
+  auto bob = connect_via(broker, GetParam(), bob_errors.options("bob", "bob-pw"));
+  ASSERT_TRUE(anon1 && anon2 && alice && bob);
+  for (int i = 0; i < 15; ++i) ASSERT_TRUE(anon1->subscribe(std::string_view("anon1." + std::to_string(i))));
+  for (int i = 0; i < 15; ++i) ASSERT_TRUE(anon2->subscribe(std::string_view("anon2." + std::to_string(i))));
+  for (int i = 0; i < 30; ++i) ASSERT_TRUE(alice->subscribe(std::string_view("alice." + std::to_string(i))));
+  ASSERT_TRUE(anon1->flush(10s) && anon2->flush(10s) && alice->flush(10s));
+  auto s = broker.stats();
+  EXPECT_EQ(s["limits.refused.user_subscriptions"], 10 + 10);
+  EXPECT_EQ(s["subscriptions"], 40);
+  const auto anon = anon_errors.get();
+  ASSERT_EQ(anon.size(), 10u);
+  EXPECT_NE(anon[0].find("subscription quota of anonymous clients of address"), std::string::npos) << anon[0];
+  EXPECT_NE(anon[0].find("limits.user_subscription_share_percent"), std::string::npos) << anon[0];
+  const auto of_alice = alice_errors.get();
+  ASSERT_EQ(of_alice.size(), 10u);
+  EXPECT_NE(of_alice[0].find("subscription quota of user 'alice' reached: 20 subscriptions"),
+            std::string::npos)
+      << of_alice[0];
+  // Bob is another tenant: his subscriptions are taken, and served.
+  std::vector<std::shared_ptr<Subscription>> bobs;
+  for (int i = 0; i < 20; ++i) {
+    auto sub = bob->subscribe(std::string_view("bob." + std::to_string(i)));
+    ASSERT_TRUE(sub);
+    bobs.push_back(std::move(sub.value()));
+  }
+  ASSERT_TRUE(bob->flush(10s));
+  EXPECT_TRUE(bob_errors.get().empty());
+  ASSERT_TRUE(alice->publish("bob.7", std::string_view("to bob")));
+  auto m = bobs[7]->next(10s);
+  ASSERT_TRUE(m) << m.error().message;
+  // A closed connection gives its tenant's part back.
+  anon1->close();
+  broker.wait_stats([](auto& s) { return s["subscriptions"] == 45; }, 10s);
+  for (int i = 0; i < 5; ++i)
+    ASSERT_TRUE(anon2->subscribe(std::string_view("anon2.more." + std::to_string(i))));
+  ASSERT_TRUE(anon2->flush(10s));
+  EXPECT_EQ(anon_errors.get().size(), 10u);
+
+  // The memory quota, set live: a quarter of 64 KiB each.
+  write_file(path_, users +
+                        "limits: {max_subscriptions_total: 100000, max_subscription_memory: 64KiB, "
+                        "user_subscription_share_percent: 25}\n");
+  auto [rc, out] = run({cli_path(), "reload", "--admin-socket", broker.admin_socket()});
+  ASSERT_EQ(rc, 0) << out;
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(bob->subscribe(std::string_view("bob.m." + std::to_string(i))));
+  ASSERT_TRUE(bob->flush(10s));
+  s = broker.stats();
+  EXPECT_GT(s["limits.refused.user_subscription_memory"], 0);
+  EXPECT_EQ(s["limits.refused.subscription_memory"], 0);
+  const auto of_bob = bob_errors.get();
+  ASSERT_FALSE(of_bob.empty());
+  EXPECT_NE(of_bob[0].find("subscription memory quota of user 'bob' reached: 16384 bytes"), std::string::npos)
+      << of_bob[0];
   ::unlink(path_.c_str());
 }
 

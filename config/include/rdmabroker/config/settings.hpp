@@ -147,6 +147,10 @@ struct BrokerOptions {
   // Broker-wide bounds on what clients can make the broker hold (docs/security.md, "Memory budget").
   std::uint32_t max_subscriptions_total = 1'000'000;   // subscriptions of all connections together
   std::uint64_t max_subscription_memory = 256u << 20;  // their estimated heap (SubscriptionBudget::cost)
+  /// The part of both that one user's connections together (an anonymous
+  /// client's address's; a route is bound by the broker-wide ones only) may
+  /// take, in percent: one tenant at its quota leaves room for the others.
+  std::uint32_t user_subscription_share_percent = 10;
   std::uint64_t max_pending_bytes_total = 256u
                                           << 20;  // frame bytes (+128 per message) queued for all subscribers
   // Each client's share of the buffer pool (docs/security.md, "Pool shares"):
