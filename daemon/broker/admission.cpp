@@ -55,15 +55,15 @@ std::optional<std::uint32_t> Admission::reserve(bool stopping, const Claim& who,
     over_limit_.fetch_add(1, std::memory_order_relaxed);
     return std::nullopt;
   }
-  if (unauthenticated_.size() >= max_unauthenticated_.load(std::memory_order_relaxed)) {
-    const std::uint32_t oldest = unauthenticated_.begin()->second;
+  if (silent_.size() + awaiting_.size() >= max_unauthenticated_.load(std::memory_order_relaxed)) {
+    const std::uint32_t oldest = (silent_.empty() ? awaiting_ : silent_).begin()->second;
     evict = Eviction{holders_[oldest].connection, holders_[oldest].worker};
     leave(oldest);
     evicted_.fetch_add(1, std::memory_order_relaxed);
   }
   Holder& h = holders_[*slot];
-  h = Holder{true, next_since_++, who.connection, who.worker, address};
-  unauthenticated_.emplace(h.since, *slot);
+  h = Holder{true, false, next_since_++, who.connection, who.worker, address};
+  silent_.emplace(h.since, *slot);
   ++per_address_[address];
   return slot;
 }
@@ -72,9 +72,19 @@ void Admission::leave(std::uint32_t slot) {
   Holder& h = holders_[slot];
   if (!h.unauthenticated) return;
   h.unauthenticated = false;
-  unauthenticated_.erase(h.since);
+  (h.awaiting_verdict ? awaiting_ : silent_).erase(h.since);
+  h.awaiting_verdict = false;
   if (auto it = per_address_.find(h.address); it != per_address_.end() && --it->second == 0)
     per_address_.erase(it);
+}
+
+void Admission::awaiting_verdict(std::uint32_t slot) {
+  std::lock_guard lock(mu_);
+  Holder& h = holders_[slot];
+  if (!h.unauthenticated || h.awaiting_verdict) return;
+  h.awaiting_verdict = true;
+  silent_.erase(h.since);
+  awaiting_.emplace(h.since, slot);
 }
 
 void Admission::authenticated(std::uint32_t slot) {
@@ -129,7 +139,7 @@ void Admission::visit(StatsVisitor& v) const {
   std::int64_t unauthenticated = 0;
   {
     std::lock_guard lock(mu_);
-    unauthenticated = static_cast<std::int64_t>(unauthenticated_.size());
+    unauthenticated = static_cast<std::int64_t>(silent_.size() + awaiting_.size());
   }
   v.level("connections.unauthenticated", unauthenticated, "rdmabroker_connections_unauthenticated",
           "Connections that have not authenticated yet (TCP handshakes included).");

@@ -8,8 +8,12 @@
 // (docs/security.md, "Password guessing and connection floods"): at most
 // limits.max_unauthenticated_per_address from one address (more are
 // refused), and at most limits.max_unauthenticated in all; a new connection
-// beyond that bound evicts the oldest unauthenticated one (the caller posts
-// the eviction to its worker), never an authenticated one.
+// beyond that bound evicts an unauthenticated one (the caller posts the
+// eviction to its worker), never an authenticated one: the oldest of those
+// that have sent no CONNECT yet, and only when there are none, the oldest of
+// those whose credentials wait for their check. A flood of connections that
+// never log in (cheap for an attacker: no password to guess) thus cannot push
+// out a login that is waiting its turn.
 #pragma once
 
 #include <array>
@@ -75,6 +79,9 @@ class Admission {
   /// posts that connection's closing to its worker.
   std::optional<std::uint32_t> reserve(bool stopping, const Claim& who, proto::RejectReason& why,
                                        std::optional<Eviction>& evict);
+  /// The connection in `slot` sent its CONNECT and waits for the verdict:
+  /// evicted only after every connection that has sent nothing.
+  void awaiting_verdict(std::uint32_t slot);
   /// The connection in `slot` authenticated: it no longer counts against the
   /// unauthenticated bounds.
   void authenticated(std::uint32_t slot);
@@ -97,7 +104,8 @@ class Admission {
   /// Who holds a slot while it is unauthenticated.
   struct Holder {
     bool unauthenticated = false;
-    std::uint64_t since = 0;  // admission order: the oldest is evicted first
+    bool awaiting_verdict = false;  // its CONNECT came: in awaiting_ instead of silent_
+    std::uint64_t since = 0;        // admission order: the oldest is evicted first
     std::uint64_t connection = 0;
     std::uint32_t worker = 0;
     std::string address;
@@ -111,8 +119,11 @@ class Admission {
   std::atomic<std::uint32_t> max_unauthenticated_per_address_{32};
 
   mutable std::mutex mu_;
-  std::vector<Holder> holders_;                                 // by slot (mu_)
-  std::map<std::uint64_t, std::uint32_t> unauthenticated_;      // since -> slot, oldest first (mu_)
+  std::vector<Holder> holders_;  // by slot (mu_)
+  // Unauthenticated connections, since -> slot, oldest first (mu_): those
+  // that have sent nothing, and those whose CONNECT waits for its verdict.
+  std::map<std::uint64_t, std::uint32_t> silent_;
+  std::map<std::uint64_t, std::uint32_t> awaiting_;
   std::unordered_map<std::string, std::uint32_t> per_address_;  // unauthenticated by address (mu_)
   std::uint64_t next_since_ = 0;                                // (mu_)
 

@@ -137,7 +137,7 @@ void Authenticator::sort_incoming(std::unique_lock<std::mutex>& lock) {
       if (auto id = cached(*table_, cache_key(r), now)) {
         queued_by_connection_.erase(r.connection);
         cache_hits_.add();
-        record_outcome(r.address, true, now);
+        record_outcome(r, true, now);
         finish(r, id);
         continue;
       }
@@ -148,60 +148,101 @@ void Authenticator::sort_incoming(std::unique_lock<std::mutex>& lock) {
   }
 }
 
+bool Authenticator::known(const Address& a, const Request& r, Clock::time_point now) const {
+  if (a.known(now)) return true;
+  const auto n = r.user.empty() ? names_.end() : names_.find(r.user);
+  return n != names_.end() && n->second.known(now);
+}
+
+bool Authenticator::due(const Address& a, const Request& r, Clock::time_point now,
+                        Clock::time_point& wake) const {
+  auto at = a.not_before;
+  // A user name that guessers try is slowed wherever they come from; a host
+  // that logged in lately is not held back by it (only by its own failures).
+  if (!r.user.empty() && !a.known(now)) {
+    if (auto n = names_.find(r.user); n != names_.end()) at = std::max(at, n->second.not_before);
+  }
+  if (at <= now) return true;
+  wake = std::min(wake, at);
+  return false;
+}
+
 std::optional<Authenticator::Request> Authenticator::next_due(Clock::time_point now,
                                                               Clock::time_point& wake) {
   wake = Clock::time_point::max();
   // One pass over the addresses in turn: the first that is due is served and
-  // goes to the back; those still delayed keep their place.
-  for (std::size_t n = turn_.size(); n > 0; --n) {
-    const std::string name = std::move(turn_.front());
-    turn_.pop_front();
-    Address& a = addresses_[name];
+  // goes to the back, unless a known one (a recent successful login of its
+  // address or user name) is due further on: that one is served first.
+  // Those still delayed keep their place.
+  std::optional<std::size_t> pick;
+  bool pick_known = false;
+  for (std::size_t i = 0; i < turn_.size();) {
+    Address& a = addresses_[turn_[i]];
     while (!a.queue.empty() && a.queue.front().deadline <= now) {
       queued_by_connection_.erase(a.queue.front().connection);
       wipe(a.queue.front().secret);
       a.queue.pop_front();
       expired_.add();
     }
-    if (a.queue.empty()) continue;
-    if (a.not_before > now) {
-      wake = std::min(wake, a.not_before);
-      turn_.push_back(name);
+    if (a.queue.empty()) {
+      turn_.erase(turn_.begin() + static_cast<std::ptrdiff_t>(i));
+      if (pick && *pick > i) --*pick;
       continue;
     }
-    Request r = std::move(a.queue.front());
-    a.queue.pop_front();
-    queued_by_connection_.erase(r.connection);
-    if (!a.queue.empty()) turn_.push_back(name);
-    return r;
+    if (due(a, a.queue.front(), now, wake)) {
+      const bool k = known(a, a.queue.front(), now);
+      if (!pick || (k && !pick_known)) {
+        pick = i;
+        pick_known = k;
+      }
+      if (pick_known) break;
+    }
+    ++i;
   }
-  return std::nullopt;
+  if (!pick) return std::nullopt;
+  std::string name = std::move(turn_[*pick]);
+  turn_.erase(turn_.begin() + static_cast<std::ptrdiff_t>(*pick));
+  Address& a = addresses_[name];
+  Request r = std::move(a.queue.front());
+  a.queue.pop_front();
+  queued_by_connection_.erase(r.connection);
+  if (!a.queue.empty()) turn_.push_back(std::move(name));
+  return r;
 }
 
-void Authenticator::record_outcome(const std::string& address, bool ok, Clock::time_point now) {
-  Address& a = addresses_[address];
-  if (ok) {
-    a.failures = 0;
-    a.not_before = {};
-    return;
-  }
-  ++a.failures;
-  // failure_delay * 2^(failures-1), capped (the shift bounded before it can overflow).
-  const auto base = policy_.failure_delay;
-  const std::uint32_t shift = std::min<std::uint32_t>(a.failures - 1, 20);
-  const auto delay = std::min(base * (std::int64_t{1} << shift), policy_.failure_delay_max);
-  a.not_before = now + delay;
+void Authenticator::record_outcome(const Request& r, bool ok, Clock::time_point now) {
+  // A success resets its address's delay, not its name's: the name's is
+  // what guessers elsewhere earned, and one login of the user's own does
+  // not speed them up again. Failures older than a full delay are forgotten.
+  const auto apply = [&](Pacing& p, bool reset) {
+    if (ok) {
+      if (reset) {
+        p.failures = 0;
+        p.not_before = {};
+      }
+      p.succeeded = now;
+      return;
+    }
+    if (p.failures > 0 && p.not_before + policy_.failure_delay_max <= now) p.failures = 0;
+    ++p.failures;
+    // failure_delay * 2^(failures-1), capped (the shift bounded before it can overflow).
+    const auto base = policy_.failure_delay;
+    const std::uint32_t shift = std::min<std::uint32_t>(p.failures - 1, 20);
+    p.not_before = now + std::min(base * (std::int64_t{1} << shift), policy_.failure_delay_max);
+  };
+  apply(addresses_[r.address], true);
+  if (!r.user.empty()) apply(names_[r.user], false);
 }
 
 void Authenticator::sweep(Clock::time_point now) {
+  // An address or a name is remembered while it has queued checks or a delay
+  // running, for failure_delay_max after it (a guesser that pauses for less
+  // than that resumes at its doubled delay), and while its success is recent.
   for (auto it = addresses_.begin(); it != addresses_.end();) {
-    const Address& a = it->second;
-    // An address is remembered while it has queued checks or a delay running,
-    // and for failure_delay_max after it (a guesser that pauses for less than
-    // that resumes at its doubled delay).
-    const bool idle = a.queue.empty() && (a.failures == 0 || a.not_before + policy_.failure_delay_max <= now);
+    const bool idle = it->second.queue.empty() && it->second.idle(now, policy_.failure_delay_max);
     it = idle ? addresses_.erase(it) : std::next(it);
   }
+  std::erase_if(names_, [&](const auto& kv) { return kv.second.idle(now, policy_.failure_delay_max); });
   for (auto it = cache_.begin(); it != cache_.end();)
     it = now >= it->second.expires ? cache_.erase(it) : std::next(it);
 }
@@ -216,7 +257,7 @@ void Authenticator::run() {
   while (!stop_) {
     sort_incoming(lock);
     const auto now = Clock::now();
-    if (now >= next_sweep_ || addresses_.size() + cache_.size() > kMaxRemembered) {
+    if (now >= next_sweep_ || addresses_.size() + names_.size() + cache_.size() > kMaxRemembered) {
       sweep(now);
       next_sweep_ = now + std::chrono::seconds(1);
     }
@@ -237,7 +278,7 @@ void Authenticator::run() {
     if (verdict && policy.cache_ttl.count() > 0 && !verdict.value()->anonymous) key = cache_key(*r);
     lock.lock();
     const auto done_at = Clock::now();
-    record_outcome(r->address, static_cast<bool>(verdict), done_at);
+    record_outcome(*r, static_cast<bool>(verdict), done_at);
     if (!verdict) failures_.add();
     if (key)
       cache_[*key] =
@@ -266,7 +307,7 @@ void Authenticator::visit(StatsVisitor& v) const {
   v.counter(kDropped.series("auth.dropped.expired", "expired"), expired_.get());
   v.counter(kDropped.series("auth.dropped.cancelled", "cancelled"),
             cancelled_.load(std::memory_order_relaxed));
-  std::int64_t queued = 0, delayed_addresses = 0, longest_ms = 0;
+  std::int64_t queued = 0, delayed_addresses = 0, delayed_names = 0, longest_ms = 0;
   {
     std::lock_guard lock(mu_);
     const auto now = Clock::now();
@@ -279,11 +320,14 @@ void Authenticator::visit(StatsVisitor& v) const {
             longest_ms, std::chrono::duration_cast<std::chrono::milliseconds>(a.not_before - now).count());
       }
     }
+    for (const auto& [name, p] : names_) delayed_names += p.not_before > now ? 1 : 0;
   }
   v.level("auth.queued", queued, "rdmabroker_auth_queued_checks",
           "Credential checks waiting for their turn.");
   v.level("auth.delayed_addresses", delayed_addresses, "rdmabroker_auth_delayed_addresses",
           "Addresses whose next login check waits for a failure delay.");
+  v.level("auth.delayed_names", delayed_names, "rdmabroker_auth_delayed_names",
+          "User names whose next login check waits for a failure delay (guessed from many addresses).");
   v.gauge({"auth.longest_delay_ms",
            "rdmabroker_auth_longest_delay_seconds",
            "The longest failure delay (auth.failure_delay_ms) an address is waiting out now.",

@@ -11,6 +11,13 @@
 //   next check waits auth.failure_delay_ms, doubled per further failure up to
 //   auth.failure_delay_max_ms; a success resets it. Other addresses are not
 //   slowed.
+// - ... and their user name: a guesser spread over many addresses is slowed
+//   by the name it guesses, with the same delays. A name's delay does not
+//   hold back an address that logged in successfully in the last
+//   kRecentSuccess (the user's own hosts keep logging in while others guess
+//   its password).
+// - Known first: a check for an address, or a user name, with a successful
+//   login in the last kRecentSuccess is served before every other address's.
 // - No work for the dead: a check whose connection closed (cancel()) or whose
 //   connection's deadline passed is dropped without running crypt(3).
 // - A cache of credentials verified in the last auth.cache_ttl_s, keyed by
@@ -40,6 +47,8 @@ namespace rdmabroker::daemon {
 class Authenticator {
  public:
   using Clock = std::chrono::steady_clock;
+  /// How long a successful login makes its address and user name known.
+  static constexpr std::chrono::minutes kRecentSuccess{15};
 
   /// What auth.* settings say about pacing and caching (live).
   struct Policy {
@@ -89,10 +98,21 @@ class Authenticator {
     std::string credential;  // ... against this hash: a reload that changes it makes the entry useless
     Clock::time_point expires;
   };
-  struct Address {
-    std::deque<Request> queue;
+  /// Failed logins of an address or a user name, and its last success.
+  struct Pacing {
     std::uint32_t failures = 0;    // consecutive failed logins
-    Clock::time_point not_before;  // no check for this address before (the failure delay)
+    Clock::time_point not_before;  // no check before (the failure delay)
+    Clock::time_point succeeded;   // the last successful login (epoch: none)
+    bool known(Clock::time_point now) const {
+      return succeeded != Clock::time_point{} && now - succeeded < kRecentSuccess;
+    }
+    /// Forgettable: no delay to remember (failure_delay_max after it ends) and no recent success.
+    bool idle(Clock::time_point now, std::chrono::milliseconds delay_max) const {
+      return (failures == 0 || not_before + delay_max <= now) && !known(now);
+    }
+  };
+  struct Address : Pacing {
+    std::deque<Request> queue;
   };
 
   void run();
@@ -103,7 +123,11 @@ class Authenticator {
   /// is not delayed; requests past their deadline are dropped on the way.
   /// Empty if none is due (`wake` then says when one will be).
   std::optional<Request> next_due(Clock::time_point now, Clock::time_point& wake);
-  void record_outcome(const std::string& address, bool ok, Clock::time_point now);
+  /// Whether `r`, first in its address's queue, may be checked now (else
+  /// `wake` is lowered to when it may), and whether it is known (served first).
+  bool due(const Address& a, const Request& r, Clock::time_point now, Clock::time_point& wake) const;
+  bool known(const Address& a, const Request& r, Clock::time_point now) const;
+  void record_outcome(const Request& r, bool ok, Clock::time_point now);
   Key cache_key(const Request& r) const;
   std::shared_ptr<const Identity> cached(const AuthTable& table, const Key& key, Clock::time_point now);
   /// Forgets idle addresses without failures to remember, and expired cache entries.
@@ -118,6 +142,7 @@ class Authenticator {
   Policy policy_;                                       // guarded by mu_
   std::deque<Request> incoming_;                        // guarded by mu_
   std::unordered_map<std::string, Address> addresses_;  // guarded by mu_
+  std::unordered_map<std::string, Pacing> names_;       // by user name (mu_)
   std::deque<std::string> turn_;                        // addresses with queued requests, in turn (mu_)
   std::unordered_map<std::uint64_t, std::string> queued_by_connection_;  // -> address (mu_)
   std::unordered_map<Key, CacheEntry, KeyHash> cache_;                   // authenticator thread only

@@ -77,6 +77,7 @@ bool FrameHandler::before_authentication(Connection& c, const proto::Frame& f) {
                                   who ? std::string() : who.error().message};
         on_auth_result(verdict);
       } else {
+        ctx_.core.admission->awaiting_verdict(c.slot);
         ctx_.core.authenticator->submit({ctx_.index, c.id, std::string(host_of(c.peer)), std::string(user),
                                          std::string(secret), c.auth_deadline});
       }

@@ -106,9 +106,9 @@ bool check_payload(std::uint64_t seq, std::size_t max_payload, std::span<const s
 
 // ---------------------------------------------------------------- processes
 
-std::string hash_secret(const std::string& secret) {
+std::string hash_secret(const std::string& secret, unsigned long rounds) {
   char setting[CRYPT_GENSALT_OUTPUT_SIZE];
-  EXPECT_NE(crypt_gensalt_rn("$6$", 1000, nullptr, 0, setting, sizeof setting), nullptr);
+  EXPECT_NE(crypt_gensalt_rn("$6$", rounds, nullptr, 0, setting, sizeof setting), nullptr);
   crypt_data data{};
   return crypt_r(secret.c_str(), setting, &data);
 }

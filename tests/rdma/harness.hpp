@@ -104,7 +104,7 @@ std::size_t open_fds(int pid);
 
 /// A cheap password hash (sha512crypt, 1,000 rounds) for a test's users:
 /// the guest emulates the CPU, and what is tested is the check, not the cost.
-std::string hash_secret(const std::string& secret);
+std::string hash_secret(const std::string& secret, unsigned long rounds = 1000);
 
 /// Starts a program with the given stdin and stdout (-1: the test's own),
 /// killed when the test process dies. Safe from a test with threads: the

@@ -453,5 +453,127 @@ TEST(Tcp, UnauthenticatedConnectionsAreBoundedPerAddressAndOldestFirst) {
   EXPECT_TRUE(late->flush(10s));
 }
 
+/// A TCP connection from `source` that did the handshake (SPEC.md §2), or
+/// an invalid fd. No test assertions: the flood threads of a test use it.
+UniqueFd raw_handshake(std::uint16_t port, const std::string& source) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in from{}, to{};
+  from.sin_family = to.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source.c_str(), &from.sin_addr);
+  to.sin_port = htons(port);
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&from), sizeof from) != 0 ||
+      ::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof to) != 0)
+    return {};
+  // Version 3: its accept is as long as a reject (24 bytes).
+  const auto request = proto::encode(proto::ConnectRequest{16384, 2, 0, 3});
+  if (::send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size()))
+    return {};
+  std::array<std::byte, proto::kConnectAcceptSize> reply{};
+  std::size_t got = 0;
+  while (got < reply.size()) {
+    pollfd p{fd.get(), POLLIN, 0};
+    if (::poll(&p, 1, 5000) <= 0) return {};
+    const ssize_t n = ::read(fd.get(), reply.data() + got, reply.size() - got);
+    if (n <= 0) return {};
+    got += static_cast<std::size_t>(n);
+  }
+  if (proto::load<std::uint16_t>(reply.data() + 6) != 0) return {};  // a reject
+  return fd;
+}
+
+/// Waits (at most `timeout`) until the broker closes `fd`.
+void until_closed(const UniqueFd& fd, std::chrono::milliseconds timeout, const std::atomic<bool>& stop) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::byte scratch[4096];
+  while (!stop && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd.get(), POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    if (::read(fd.get(), scratch, sizeof scratch) <= 0) return;
+  }
+}
+
+// Issue 49: 160 password guessers, each from its own address, and a flood of
+// connections that never log in from 4 more keep the unauthenticated bound
+// full (evictions run throughout). Alice's own host logs in five times: each
+// login must neither be evicted while its check waits nor wait behind the
+// guessers (her name, which they guess, is slowed everywhere but there).
+TEST(Tcp, ADistributedGuesserNeitherEvictsNorStallsRealLogins) {
+  const std::string path = "/tmp/rdmabroker-guessers-" + std::to_string(::getpid()) + ".yaml";
+  // No cache: every login of alice's is a crypt(3) check among the guessers';
+  // 50,000 rounds (~15 ms a check) make the guessers' checks ahead of hers show.
+  write_file(path,
+             "logging: {level: warn}\nauth:\n  anonymous: false\n  cache_ttl_s: 0\n  users:\n"
+             "    - {name: alice, password: '" +
+                 hash_secret("alice-pw", 50000) +
+                 "'}\n"
+                 "limits: {max_connections: 1024, max_unauthenticated: 256}\n");
+  BrokerProcess broker(next_port(), {"--config", path});
+  ASSERT_TRUE(broker.running());
+  ClientOptions alice;
+  alice.user = "alice";
+  alice.password = "alice-pw";
+  alice.bind_address = "127.0.0.1";
+  alice.connect_timeout = 10s;
+  {
+    auto first = Client::connect(broker.tcp_url("127.0.0.1"), alice);  // before the attack: her host is known
+    ASSERT_TRUE(first.ok()) << first.error().message;
+  }
+
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> guesses{0};
+  std::vector<std::thread> flood;
+  const auto connect_frame = [](std::string_view user, std::string_view secret) {
+    return frame(FrameType::kConnect, static_cast<std::uint32_t>(user.size()), "",
+                 std::string(user) + std::string(secret));
+  };
+  for (int i = 1; i <= 160; ++i) {
+    flood.emplace_back([&, i] {
+      const std::string source = "127.0.1." + std::to_string(i);
+      const auto guess = connect_frame("alice", "guess-" + std::to_string(i));
+      while (!stop) {
+        if (UniqueFd fd = raw_handshake(broker.tcp_port(), source)) {
+          ::send(fd.get(), guess.data(), guess.size(), MSG_NOSIGNAL);
+          guesses.fetch_add(1);
+          until_closed(fd, 30s, stop);  // the verdict (ERROR and close), or an eviction
+        }
+        std::this_thread::sleep_for(100ms);
+      }
+    });
+  }
+  for (int i = 0; i < 4 * 32; ++i) {
+    flood.emplace_back([&, i] {
+      const std::string source = "127.0.2." + std::to_string(1 + i % 4);
+      while (!stop) {
+        if (UniqueFd fd = raw_handshake(broker.tcp_port(), source)) until_closed(fd, 30s, stop);
+        std::this_thread::sleep_for(10ms);
+      }
+    });
+  }
+  // From the moment the unauthenticated bound is full and evicting: the
+  // guessers' first rounds, every address due for its check.
+  broker.wait_stats([](auto& s) { return s["connections.evicted_unauthenticated"] > 0; }, 20s);
+
+  std::vector<std::string> failures;
+  std::vector<double> ms;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto c = Client::connect(broker.tcp_url("127.0.0.1"), alice);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (!c.ok()) failures.push_back(c.error().message);
+    std::this_thread::sleep_for(1s);
+  }
+  auto s = broker.stats();
+  stop = true;
+  for (auto& t : flood) t.join();
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failed, the first: " << failures.front();
+  for (double m : ms) EXPECT_LT(m, 1000.0) << "a login took " << m << " ms";
+  EXPECT_GT(s["connections.evicted_unauthenticated"], 100) << "the flood did not fill the bound";
+  EXPECT_GT(guesses.load(), 160u);
+  EXPECT_EQ(s["auth.delayed_names"], 1) << "alice's name, slowed for the guessers";
+  EXPECT_EQ(s["auth.ok"], 6);
+  ::unlink(path.c_str());
+}
+
 }  // namespace
 }  // namespace rdmabroker::test

@@ -31,6 +31,8 @@ std::shared_ptr<const AuthTable> table_with(const std::string& password, unsigne
   u.name = "alice";
   u.password_hash = hash_secret(password, rounds);
   s.users.push_back(u);
+  u.name = "bob";
+  s.users.push_back(u);
   return AuthTable::build(s);
 }
 
@@ -63,8 +65,8 @@ struct Verdicts {
 };
 
 Authenticator::Request request(std::uint64_t id, const std::string& address, const std::string& password,
-                               Clock::duration deadline_in = 30s) {
-  return {0, id, address, "alice", password, Clock::now() + deadline_in};
+                               Clock::duration deadline_in = 30s, const std::string& user = "alice") {
+  return {0, id, address, user, password, Clock::now() + deadline_in};
 }
 
 StatsSnapshot stats(const Authenticator& a) {
@@ -97,8 +99,8 @@ TEST(Authenticator, FailuresDelayTheirAddressOnlyAndASuccessResetsIt) {
   auth.submit(request(1, "10.0.0.66", "wrong"));
   ASSERT_TRUE(v.wait_for(1));
   const auto failed_at = v.get()[0].at;
-  auth.submit(request(2, "10.0.0.66", "wrong"));  // waits out 200 ms
-  auth.submit(request(3, "10.0.0.7", "right"));   // another address: not delayed
+  auth.submit(request(2, "10.0.0.66", "wrong"));             // waits out 200 ms
+  auth.submit(request(3, "10.0.0.7", "right", 30s, "bob"));  // another address and name: not delayed
   ASSERT_TRUE(v.wait_for(3));
   auto list = v.get();
   // Checked before the delayed one submitted ahead of it, and not delayed
@@ -122,6 +124,56 @@ TEST(Authenticator, FailuresDelayTheirAddressOnlyAndASuccessResetsIt) {
   auth.submit(request(5, "10.0.0.66", "right"));
   ASSERT_TRUE(v.wait_for(5));
   EXPECT_EQ(stats(auth)["auth.delayed"], 2) << "the check after the success waited";
+}
+
+// Issue 49: guessers spread over many addresses, each failing once, are
+// slowed by the name they guess; the user's own host, known by a recent
+// success, is neither slowed by that name nor made to wait its turn.
+TEST(Authenticator, AGuessedNameIsSlowedEverywhereButItsKnownHostIsNot) {
+  Verdicts v;
+  Authenticator auth(table_with("right"), {200ms, 5000ms, 0s}, v.callback());
+  auth.start();
+  auth.submit(request(1, "10.0.0.7", "right"));  // alice's own host logs in
+  ASSERT_TRUE(v.wait_for(1));
+  for (std::uint64_t i = 0; i < 3; ++i) auth.submit(request(10 + i, "10.0.1." + std::to_string(i), "wrong"));
+  ASSERT_TRUE(v.wait_for(4));
+  auto list = v.get();
+  // Three addresses, one failure each: only the name can have held them back.
+  EXPECT_GE(list[2].at - list[1].at, 190ms);
+  EXPECT_GE(list[3].at - list[2].at, 390ms);
+  EXPECT_EQ(stats(auth)["auth.delayed_names"], 1);
+  // Alice's name now waits 800 ms. A login from a host never seen waits it
+  // out; her known host does not.
+  auth.submit(request(20, "10.0.2.1", "right"));
+  auth.submit(request(21, "10.0.0.7", "right"));
+  ASSERT_TRUE(v.wait_for(6));
+  list = v.get();
+  EXPECT_EQ(list[4].connection, 21u);
+  EXPECT_TRUE(list[4].ok);
+  EXPECT_LT(list[4].at - list[3].at, 700ms);
+  EXPECT_EQ(list[5].connection, 20u);
+  EXPECT_GE(list[5].at - list[3].at, 790ms);
+  EXPECT_TRUE(list[5].ok);
+}
+
+TEST(Authenticator, AKnownAddressIsCheckedBeforeEveryOtherAddressInTurn) {
+  Verdicts v;
+  // Slow enough that the guessers' checks ahead would show.
+  Authenticator auth(table_with("right", 20000), no_delay_no_cache(), v.callback());
+  auth.start();
+  auth.submit(request(1, "10.0.0.7", "right", 30s, "bob"));
+  ASSERT_TRUE(v.wait_for(1));
+  // Twenty guessers, each from its own address with its own name (no delay
+  // holds them), all ahead of the known host's next login.
+  for (std::uint64_t i = 0; i < 20; ++i)
+    auth.submit(request(10 + i, "10.0.1." + std::to_string(i), "wrong", 30s, "guess" + std::to_string(i)));
+  auth.submit(request(2, "10.0.0.7", "right", 30s, "bob"));
+  ASSERT_TRUE(v.wait_for(22));
+  const auto list = v.get();
+  std::size_t position = 1;
+  while (list[position].connection != 2) ++position;
+  EXPECT_LE(position, 2u) << "the known host's login waited behind " << position - 1 << " guesses";
+  EXPECT_TRUE(list[position].ok);
 }
 
 TEST(Authenticator, ChecksOfClosedOrOverdueConnectionsAreDroppedUnchecked) {
