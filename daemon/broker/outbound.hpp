@@ -138,6 +138,22 @@ inline bool completes_message_at(const BufferRef& buf, std::uint32_t offset) {
   // Validated: a fragment's offset + length never passes its message's length.
   return proto::load_header(buf.data() + offset).ends_message();
 }
+/// How many messages delivery `item` begins: what a subscriber that never
+/// gets it loses. A whole message (or a run) begins its messages; a
+/// publisher's fragment begins its message only if it is the first (a later
+/// one's message counts where the first went: its subscriber's queue, and
+/// Connection::begun_messages when that closes); a piece the broker cut of
+/// such a fragment, only if it is the fragment's first piece.
+inline std::uint32_t messages_begun(const OutItem& item) {
+  if (!item.is_delivery() || !item.body) return 0;
+  const proto::FrameHeader h = proto::load_header(item.body.data() + item.body_offset);
+  if (!h.is_fragment()) return item.messages;
+  return h.starts_message() && item.cut_start <= proto::kHeaderSize ? 1 : 0;
+}
+/// Whether delivery `item` is (part of) a publisher's fragment.
+inline bool carries_fragment(const OutItem& item) {
+  return item.is_delivery() && item.body && fragment_at(item.body, item.body_offset);
+}
 /// Whether any PUBLISH frame of delivery `item` carries a header block that
 /// would be sent (one left out by `strip` is not).
 bool carries_headers(const OutItem& item);

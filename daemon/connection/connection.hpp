@@ -190,6 +190,9 @@ struct Connection {
   // ------------------------------------------------------------ out-queue and in-flight ring
   std::deque<OutItem> outq;
   std::uint32_t pending_messages = 0;  // messages in outq (deliveries, not control frames)
+  /// Messages in fragments whose first fragment was queued and whose last
+  /// (or ABORT) was not yet: a close counts them as dropped, once each.
+  std::uint32_t begun_messages = 0;
   std::uint64_t pending_bytes = 0;     // their PUBLISH frames' bytes: bounded by max_pending_bytes
   std::uint32_t queued_replies = 0;    // control frames in outq: bounded by kMaxQueuedReplies
   /// Pool buffers outq holds (its items with `pinned`): bounded by the

@@ -124,9 +124,12 @@ void Connections::end_open_message(Connection& c) {
 void Connections::drop_queue(Connection& c, DropReason why) {
   ctx_.stats.pending_messages.add(-static_cast<std::int64_t>(c.pending_messages));
   ctx_.stats.pending_bytes.add(-static_cast<std::int64_t>(c.pending_bytes));
-  ctx_.stats.dropped[static_cast<std::size_t>(why)].add(c.pending_messages);
+  // And the messages in fragments it was in the middle of: their later
+  // fragments, routed to it after this, count nothing (messages_begun).
+  ctx_.stats.dropped[static_cast<std::size_t>(why)].add(c.pending_messages + c.begun_messages);
   unqueue(c.slot, c.pending_bytes);
   c.pending_messages = 0;
+  c.begun_messages = 0;
   c.pending_bytes = 0;
   c.queued_replies = 0;
   c.outq.clear();
@@ -229,8 +232,10 @@ void Connections::enqueue(Connection& c, OutItem item) {
   ctx_.assert_on_loop();
   if (c.protocol_version < proto::kFragmentsVersion && refuse_fragments(c, item)) return;
   if (c.peer_buffer_size < ctx_.options.buffer_size && cut_for_peer(c, item)) return;
-  if (item.header.type == FrameType::kAbort)
+  if (item.header.type == FrameType::kAbort) {
     ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kIncomplete)].add();
+    if (c.begun_messages > 0) --c.begun_messages;  // counted as incomplete, not again at a close
+  }
   if (item.is_delivery() && c.protocol_version < proto::kHeadersVersion && carries_headers(item)) {
     // A client of version 1 reads no header block: its messages go without
     // (counted), the rest as they are (SPEC.md §3.6).
@@ -251,9 +256,12 @@ void Connections::enqueue(Connection& c, OutItem item) {
                                       std::to_string(opt.max_pending_bytes_total) +
                                       "), above this subscriber's share of it (" +
                                       std::to_string(fair_pending_share()) + ")";
-    spdlog::warn("connection {} ({}): slow consumer, {} messages: {}", c.id, c.peer, c.pending_messages, why);
+    spdlog::warn(
+        "connection {} ({}): slow consumer, {} messages{}: {}", c.id, c.peer, c.pending_messages,
+        c.begun_messages == 0 ? "" : " and " + std::to_string(c.begun_messages) + " begun in fragments", why);
     if (!own) ctx_.stats.limit_pending_total.add();
-    ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kSlowConsumer)].add(item.messages);  // these
+    // This one (if it begins its messages; a later fragment's message is in begun_messages).
+    ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kSlowConsumer)].add(messages_begun(item));
     unqueue(c.slot, item.body_len);
     close(c, CloseReason::kSlowConsumer, ErrorCode::kSlowConsumer, why);
     return;
@@ -280,6 +288,11 @@ void Connections::enqueue(Connection& c, OutItem item) {
       (c.outq.empty() || !c.outq.back().body || c.outq.back().body.index() != item.body.index())) {
     item.pinned = true;
     pin(c, 1);
+  }
+  if (carries_fragment(item)) {
+    c.begun_messages += messages_begun(item);
+    if (item.messages > 0 && c.begun_messages > 0)
+      --c.begun_messages;  // its last fragment: whole in the queue
   }
   ++c.unexamined;
   c.outq.push_back(std::move(item));

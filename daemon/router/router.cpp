@@ -115,7 +115,9 @@ bool Router::route_to(const Subscriber& s, const proto::Frame& f, const BufferRe
   if (s.worker == ctx_.index) {
     Connection* c = connections_.find_up(s.connection);
     if (c == nullptr) {
-      if (f.header.ends_message())
+      // Counted at the frame that begins the message: if it had begun
+      // reaching this subscriber, its close counted it (Connections::drop_queue).
+      if (f.header.starts_message())
         ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add();
       return false;
     }

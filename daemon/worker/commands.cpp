@@ -57,10 +57,9 @@ void Worker::deliver(std::vector<RemoteDelivery>& items) {
   for (auto& d : items) {
     Connection* c = connections_.find_up(d.connection);
     if (c == nullptr) {
-      // An ABORT for a subscriber gone meanwhile: the message it had begun counts where ABORTs do.
-      if (d.item.header.type == proto::FrameType::kAbort)
-        ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kIncomplete)].add();
-      ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add(d.item.messages);
+      // Counted at what begins a message (an ABORT for a subscriber gone
+      // meanwhile: its message was counted where its first fragment went).
+      ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add(messages_begun(d.item));
       ctx_.core.slots->add_queued(d.slot, -static_cast<std::int64_t>(d.item.body_len));
       continue;
     }

@@ -389,6 +389,36 @@ TEST_P(Fragments, AMessageLeftOpenIsAbandonedAtItsDeadlineASlowOneIsNot) {
   EXPECT_EQ(sub->stats().aborted_messages, 1u);
 }
 
+// Issue 49: a subscriber of messages in fragments that stops reading is cut
+// as a slow consumer in the middle of one: that message counts once, as
+// dropped.slow_consumer (SPEC.md §6), not as subscriber_closed when its last
+// fragment finds the subscriber gone.
+TEST_P(Fragments, AMessageInFragmentsCutWithItsSlowSubscriberCountsAsSlowConsumer) {
+  write_file(config_,
+             "limits:\n  max_payload: 16MiB\n  max_pending_bytes: 64KiB\n"
+             "slow_consumer: {write_deadline_ms: 500}\n");
+  const std::string reloaded = broker_->admin("reload");
+  ASSERT_NE(reloaded.find("\"ok\":true"), std::string::npos) << reloaded;
+  auto stuck = raw_wire(*broker_, GetParam());
+  ASSERT_TRUE(stuck);
+  ASSERT_TRUE(stuck->send(frame(FrameType::kSubscribe, 1, "frag.slow", "")));
+  broker_->wait_stats([](auto& s) { return s["subscriptions"] == 1; }, 10s);
+  auto pub = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(pub);
+  ASSERT_TRUE(pub->publish("frag.slow", pattern(kBig, 9)));
+  ASSERT_TRUE(pub->flush(60s));
+  auto st = broker_->wait_stats(
+      [](auto& s) {
+        return s["connections.closed.slow_consumer"] >= 1 &&
+               s["messages.dropped.slow_consumer"] + s["messages.dropped.subscriber_closed"] >= 1;
+      },
+      30s);
+  EXPECT_EQ(st["connections.closed.slow_consumer"], 1);
+  EXPECT_EQ(st["messages.dropped.slow_consumer"], 1);
+  EXPECT_EQ(st["messages.dropped.subscriber_closed"], 0);
+  EXPECT_EQ(st["messages.dropped.incomplete"], 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Via, Fragments, ::testing::Values(Via::kRdma, Via::kTcp),
                          [](const auto& info) { return info.param == Via::kRdma ? "rdma" : "tcp"; });
 
