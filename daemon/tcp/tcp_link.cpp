@@ -307,7 +307,17 @@ TcpPort::Handshakes::iterator TcpPort::drop_handshake(Handshakes::iterator it, s
   // A client in the middle of its TLS handshake cannot read a reject: it is closed without one.
   if (reason && h.ssl && !h.tls_done) reason.reset();
   ctx_.core.admission->refuse(Admission::Via::kTcp, h.peer, why, reason);
-  if (reason) handshake_write(h, reject_reply(*reason, ctx_.options.buffer_size));
+  if (reason) {
+    handshake_write(h, reject_reply(*reason, ctx_.options.buffer_size));
+    // Closing a socket with unread input sends a reset, which can overtake
+    // the reject on the wire and destroy it in the client's buffer (a plain
+    // client on a TLS-only port: its request was only peeked). What has
+    // arrived is read and dropped, and the write side closed first: a FIN.
+    std::byte unread[512];
+    for (int i = 0; i < 16 && ::recv(h.fd.get(), unread, sizeof unread, MSG_DONTWAIT) > 0; ++i) {
+    }
+    ::shutdown(h.fd.get(), SHUT_WR);
+  }
   ctx_.core.admission->release(it->second.slot);
   return handshakes_.erase(it);  // closes the socket, which leaves the epoll set
 }

@@ -174,6 +174,25 @@ TEST_F(Tls, RequiredModeRefusesPlainClientsAndSaysWhy) {
   EXPECT_EQ(prc, 0) << pout;
 }
 
+// Issue 49: the reject reaches a plain client whole and the connection ends
+// with a FIN, not a reset (a reset can destroy the reject before it is read).
+TEST_F(Tls, APlainClientsRejectArrivesAndTheConnectionEndsCleanly) {
+  BrokerProcess broker(next_port(), {"--config", config("required")});
+  ASSERT_TRUE(broker.running());
+  for (int i = 0; i < 5; ++i) {
+    RawTcp plain(broker.tcp_port());
+    plain.send(proto::encode(proto::ConnectRequest{16384, 2}));
+    std::this_thread::sleep_for(100ms);  // the broker has answered and closed by now
+    proto::ConnectReject reject;
+    ASSERT_EQ(proto::decode(plain.read(proto::kConnectAcceptSize), reject), proto::HandshakeStatus::kOk);
+    EXPECT_EQ(reject.reason, proto::RejectReason::kTlsRequired);
+    std::byte more{};
+    errno = 0;
+    const ssize_t n = ::recv(plain.fd(), &more, 1, 0);
+    EXPECT_EQ(n, 0) << "expected EOF, got " << n << ": " << std::strerror(errno);
+  }
+}
+
 TEST_F(Tls, ClientsRefuseABrokerCertificateThatDoesNotVerify) {
   auto refused = [&](const BrokerProcess& b, const std::string& url, ClientOptions o,
                      const std::string& why) {
