@@ -50,7 +50,9 @@ bool FrameHandler::before_authentication(Connection& c, const proto::Frame& f) {
                                        : proto::BrokerInfo{std::string(f.reply), {}, {}};
         std::string bad = dialer.id.empty() ? "a route login's second string is its broker's id, then each "
                                               "route URL after a comma"
-                                            : "";
+                          : !proto::valid_broker_id(dialer.id)
+                              ? "a route login's broker id is 16 hex digits, not '" + dialer.id + "'"
+                              : "";
         for (const auto& url : dialer.routes) {
           if (!bad.empty()) break;
           if (auto why = config::check_cluster_url(url, true))

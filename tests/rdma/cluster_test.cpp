@@ -754,6 +754,19 @@ TEST(ClusterRoutes, ARouteLoginMayAnnounceOnlyRouteUrls) {
     ASSERT_FALSE(refused.ok()) << bad;
     EXPECT_NE(refused.error().message.find("not a route URL"), std::string::npos) << refused.error().message;
   }
+  // Issue 49: the broker id is 16 hex digits (SPEC.md §8); another, with the
+  // right secret, is refused and nothing it announces is dialed.
+  for (const std::string bad : {"zzzz", "0123456789abcdeg", "0123456789abcdef0"}) {
+    ClientOptions wrong_id = opt;
+    wrong_id.route_server = bad;
+    wrong_id.route_announce = {"tcp://127.0.0.1:" + std::to_string(next_port())};
+    auto refused = try_connect_via(*a.broker, Via::kTcp, wrong_id);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.error().message.find("broker id is 16 hex digits, not '" + bad + "'"),
+              std::string::npos)
+        << refused.error().message;
+  }
+  EXPECT_EQ(a.broker->stats()["cluster.routes"], 0) << "nothing a refused login announced is dialed";
   // The broker serves on, and dials back what a right login announces: a
   // broker there is none of, so the dial fails and it is forgotten.
   opt.route_announce = {"tcp://127.0.0.1:" + std::to_string(next_port())};

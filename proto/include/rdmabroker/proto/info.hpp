@@ -5,6 +5,7 @@
 // version can add keys an older reader skips. Header-only.
 #pragma once
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -113,6 +114,13 @@ inline std::optional<Info> decode_info(std::string_view text, std::string* why =
   }
   if (!has_id) return fail("no 'id' line");
   return info;
+}
+
+/// A broker id (§8): 16 hex digits.
+inline bool valid_broker_id(std::string_view id) {
+  return id.size() == 16 && std::all_of(id.begin(), id.end(), [](char ch) {
+           return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f') || (ch >= 'A' && ch <= 'F');
+         });
 }
 
 /// A route login's second string (§8): the dialing broker's id, then, from
