@@ -141,7 +141,11 @@ class MainThread {
       if (period.count() > 0 && broker_.workers_healthy()) notifier.watchdog();
       const auto now_stats = broker_.stats();
       rates_.sample(now_stats, std::chrono::steady_clock::now());
-      trimmer_.observe(now_stats.at("connections.current"));
+      std::int64_t closed = now_stats.at("connections.rejected");
+      for (auto it = now_stats.lower_bound("connections.closed.");
+           it != now_stats.end() && it->first.starts_with("connections.closed."); ++it)
+        closed += it->second;
+      trimmer_.observe(now_stats.at("connections.current"), closed, now_stats.at("messages.pending_bytes"));
       // Both also drop clients past their deadline.
       if (admin_) admin_->on_poll(fds.data() + 1, metrics_at - 1);
       if (metrics_) metrics_->on_poll(fds.data() + metrics_at, fds.size() - metrics_at);

@@ -43,6 +43,10 @@ Result<std::shared_ptr<const TlsContext>> TlsContext::build(const config::TlsSet
   SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_TICKET | SSL_OP_CIPHER_SERVER_PREFERENCE |
                                SSL_OP_IGNORE_UNEXPECTED_EOF);
   SSL_CTX_set_num_tickets(ctx, 0);
+  // Nor a session cache: with tickets off, OpenSSL would keep every TLS 1.2
+  // session (up to 20,480 by default, each with the client's certificate)
+  // for resumptions that a client connecting once never asks for.
+  SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
   // Writes are retried from the link's staging buffer, which may move, and
   // an idle connection gives its TLS buffers back.
   SSL_CTX_set_mode(

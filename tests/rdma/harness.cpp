@@ -106,6 +106,17 @@ bool check_payload(std::uint64_t seq, std::size_t max_payload, std::span<const s
 
 // ---------------------------------------------------------------- processes
 
+long rss_kib(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  long kib = -1;
+  while (in >> key) {
+    if (key == "VmRSS:" && in >> kib) break;
+    in.ignore(1 << 20, '\n');
+  }
+  return kib;
+}
+
 std::string hash_secret(const std::string& secret, unsigned long rounds) {
   char setting[CRYPT_GENSALT_OUTPUT_SIZE];
   EXPECT_NE(crypt_gensalt_rn("$6$", rounds, nullptr, 0, setting, sizeof setting), nullptr);
