@@ -82,6 +82,10 @@ TEST_P(Spec, EveryBrokenFrameRuleGetsItsErrorThenClose) {
   proto::store<std::uint16_t>(request_without_reply.data() + 4, proto::kFlagRequest);
   cases.push_back({"REQUEST without a reply subject", request_without_reply, ErrorCode::kMalformedFrame,
                    "REQUEST needs a PUBLISH with a reply subject"});
+  auto fragment_subscribe = frame(FrameType::kSubscribe, 1, "a.b");
+  proto::store<std::uint16_t>(fragment_subscribe.data() + 4, proto::kFlagFragment);
+  cases.push_back(
+      {"FRAGMENT on a SUBSCRIBE", fragment_subscribe, ErrorCode::kMalformedFrame, "FRAGMENT a PUBLISH"});
   cases.push_back({"PUBLISH with arg 7", frame(FrameType::kPublish, 7, "a.b", "x"),
                    ErrorCode::kMalformedFrame, "arg not zero"});
   auto dirty_padding = frame(FrameType::kPublish, 0, "a.b", "hi");  // 37 bytes, three of padding
@@ -117,6 +121,63 @@ TEST_P(Spec, EveryBrokenFrameRuleGetsItsErrorThenClose) {
   auto m = q.value()->next(10s);
   ASSERT_TRUE(m) << m.error().message;
   EXPECT_EQ(m->data(), "fine");
+}
+
+// Issue 49: where the spec and the broker disagreed, the rule as the spec
+// now words it, as a client written from it meets it.
+TEST_P(Spec, TheRulesAsWrittenAreTheBrokers) {
+  BrokerProcess broker(next_port());
+  auto sub = connect_via(broker, GetParam());
+  ASSERT_TRUE(sub);
+  auto q = sub->subscribe(std::string_view("spec.rules"));
+  ASSERT_TRUE(q && sub->flush(10s));
+  auto w = raw_wire(broker, GetParam());
+  ASSERT_TRUE(w);
+  const std::uint64_t id = w->accept.connection_id;
+  const auto bytes_of = [](std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); };
+  const auto encode = [](proto::FrameHeader h, std::string_view subject, std::span<const std::byte> payload,
+                         std::span<const proto::HeaderField> headers) {
+    std::vector<std::byte> out(1024);
+    out.resize(proto::encode_frame(out, h, subject, "", payload, headers));
+    return out;
+  };
+
+  // §3.6: a header value is any bytes but NUL, CR and LF; the broker does not
+  // check that they are UTF-8, and delivers them as sent.
+  const std::string raw_value = "\xff\xfe caf\xc3";
+  const proto::HeaderField field{"X-Bytes", raw_value};
+  proto::FrameHeader publish;
+  publish.type = FrameType::kPublish;
+  ASSERT_TRUE(w->send(encode(publish, "spec.rules", bytes_of("body"), std::span(&field, 1))));
+  auto m = q.value()->next(10s);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->data(), "body");
+  EXPECT_EQ(MessageView(*m).header("X-Bytes"), std::optional<std::string_view>(raw_value));
+
+  // §3.7: a first fragment's payload may be its header block alone.
+  const std::size_t block = proto::header_block_len(std::span(&field, 1));
+  const auto length = static_cast<std::uint32_t>(block + 4);
+  ASSERT_TRUE(
+      w->send(encode(proto::FrameHeader::fragment(length, 0, id), "spec.rules", {}, std::span(&field, 1))));
+  ASSERT_TRUE(w->send(encode(proto::FrameHeader::fragment(length, static_cast<std::uint32_t>(block), id), "",
+                             bytes_of("tail"), {})));
+  m = q.value()->next(10s);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->data(), "tail");
+  EXPECT_EQ(MessageView(*m).header("X-Bytes"), std::optional<std::string_view>(raw_value));
+
+  // §3.1, §3.3: a client's ABORT carries any sequence (ignored); the message is abandoned, the connection
+  // stays.
+  ASSERT_TRUE(
+      w->send(encode(proto::FrameHeader::fragment(100, 0, id), "spec.rules", bytes_of("12345678"), {})));
+  auto abort = frame(FrameType::kAbort, 0, "");
+  proto::store<std::uint64_t>(abort.data() + 24, 0xdeadbeef);
+  ASSERT_TRUE(w->send(abort));
+  ASSERT_TRUE(w->send(frame(FrameType::kPing, 0, "")));
+  EXPECT_TRUE(pong_arrives(*w, 10s));
+  auto s = broker.wait_stats([](auto& s) { return s["messages.dropped.incomplete"] == 1; }, 10s);
+  EXPECT_EQ(s["messages.dropped.incomplete"], 1);
+  EXPECT_TRUE(wait_until([&] { return sub->stats().aborted_messages == 1; }, 10s));
 }
 
 // §2.3: a field out of range that no retry fixes is INVALID_REQUEST, never

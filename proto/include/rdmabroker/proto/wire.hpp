@@ -342,7 +342,7 @@ constexpr std::string_view to_string(DecodeStatus s) {
       return "reserved field not zero";
     case DecodeStatus::kBadFlags:
       return "flag not allowed for the frame type (REQUEST needs a PUBLISH with a reply subject, "
-             "SEQUENCED a DELIVER)";
+             "FRAGMENT a PUBLISH, SEQUENCED a DELIVER, ROUTE a CONNECT)";
     case DecodeStatus::kBadArg:
       return "arg not zero (PUBLISH, PING, PONG and NO_RESPONDERS carry 0)";
     case DecodeStatus::kBadPadding:
