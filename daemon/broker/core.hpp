@@ -112,7 +112,11 @@ struct BrokerCore {
   fault::Shared faults;                    // test builds: faults any worker may pick up
   /// Close lines per reason, broker-wide (a flood of failed logins must not flood the journal).
   std::array<LogThrottle, kCloseReasonCount> close_log_throttles;
-  LogThrottle auth_failure_log;          // "authentication failed" lines, broker-wide
+  LogThrottle auth_failure_log;  // "authentication failed" lines, broker-wide
+  // What an RDMA peer can make the workers log at will (a connect abandoned
+  // right after rdma_connect): an accept that failed, a CM error event.
+  LogThrottle rdma_accept_log;
+  LogThrottle cm_error_log;
   MulticastEngine* multicast = nullptr;  // null: multicast off (or no RDMA device)
   ClusterInterest* interest = nullptr;   // null: not in a cluster (cluster.name empty)
   RoutePeers route_peers;                // the brokers with a route open here: one each

@@ -4,9 +4,12 @@
 // says how many were left out. Counters still count every event.
 #pragma once
 
+#include <spdlog/spdlog.h>
+
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <string>
 
 namespace rdmabroker::daemon {
 
@@ -42,5 +45,17 @@ class LogThrottle {
   std::uint32_t logged_ = 0;                              // in this window (mu_)
   std::uint64_t suppressed_ = 0;                          // since the last line (mu_)
 };
+
+/// Logs one line at `level` unless `throttle` holds it back; the line says
+/// how many like it were left out before it.
+template <typename... Args>
+void log_throttled(LogThrottle& throttle, spdlog::level::level_enum level, fmt::format_string<Args...> format,
+                   Args&&... args) {
+  std::uint64_t suppressed = 0;
+  if (!throttle.allow(suppressed)) return;
+  std::string line = fmt::format(format, std::forward<Args>(args)...);
+  if (suppressed > 0) line += fmt::format(" ({} more like it not logged)", suppressed);
+  spdlog::log(level, "{}", line);
+}
 
 }  // namespace rdmabroker::daemon

@@ -77,7 +77,8 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   verbs::CmIdPtr id = std::move(cmd.id);
   const auto& opt = ctx.options;
   auto fail = [&](proto::RejectReason reason, const std::string& why) -> std::unique_ptr<Connection> {
-    spdlog::warn("connection {} from {} refused: {}", cmd.connection_id, cmd.peer, why);
+    log_throttled(ctx.core.rdma_accept_log, spdlog::level::warn, "connection {} from {} refused: {}",
+                  cmd.connection_id, cmd.peer, why);
     ctx.stats.accept_failures.add();
     reject_connect_request(id.get(), reason, opt.buffer_size);
     ctx.core.admission->release(cmd.slot);
@@ -166,7 +167,8 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   param.qp_num = qp_num;      // a QP of our own (ready_qp) on an SRQ
   param.srq = 1;
   if (rdma_accept(raw, &param) != 0) {
-    spdlog::warn("connection {} from {}: rdma_accept: {}", conn->id, conn->peer, std::strerror(errno));
+    log_throttled(ctx.core.rdma_accept_log, spdlog::level::warn, "connection {} from {}: rdma_accept: {}",
+                  conn->id, conn->peer, std::strerror(errno));
     ctx.stats.accept_failures.add();
     port.outstanding -= l.credits.forfeit();
     l.charge(0);
@@ -262,6 +264,12 @@ bool RdmaLink::on_credit_imm(std::uint32_t imm, bool data, bool publishes) {
     sync_charge();
   }
   return true;
+}
+
+bool RdmaLink::qp_in_error() const {
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  return ibv_query_qp(qp_.get(), &attr, IBV_QP_STATE, &init) == 0 && attr.qp_state == IBV_QPS_ERR;
 }
 
 bool RdmaLink::reclaim_if_idle(const Connection& c, std::chrono::steady_clock::time_point now) {

@@ -83,6 +83,11 @@ class RdmaLink final : public Link {
   bool reclaim_if_idle(const Connection& c, std::chrono::steady_clock::time_point now);
   bool by_demand() const { return by_demand_; }
   std::chrono::steady_clock::time_point last_data() const { return last_data_; }
+  /// Whether the QP is in the error state (ibv_query_qp). A peer can put it
+  /// there (an RDMA WRITE with a made-up rkey: the broker's QPs allow no
+  /// remote access) without the device raising an async event (rxe does
+  /// not), and an idle connection posts nothing that would fail.
+  bool qp_in_error() const;
 
   /// Test builds (fault qp-error, wc-error): the QP to the error state.
   bool force_error();

@@ -280,6 +280,28 @@ void RdmaPort::rebalance(Connections& connections, std::chrono::steady_clock::ti
     if (link.reclaim_if_idle(*c, now)) connections.touch(*c);
   }
   publishers_ = publishers;
+  check_idle_qps(connections, now);
+}
+
+void RdmaPort::check_idle_qps(Connections& connections, std::chrono::steady_clock::time_point now) {
+  // A connection with traffic learns of a dead QP from its next completion
+  // (flushed in error); an idle one is asked (one system call each, once a
+  // second): a QP the peer broke must not hold its connection, slot and
+  // credits until the peer leaves.
+  if (now < next_qp_check_) return;
+  next_qp_check_ = now + kQpCheckInterval;
+  std::vector<Connection*> dead;
+  for (auto& [qp, c] : by_qp) {
+    auto& link = static_cast<RdmaLink&>(*c->link);
+    if (c->is_up() && now - link.last_data() >= kQpCheckInterval && link.qp_in_error()) dead.push_back(c);
+  }
+  for (Connection* c : dead) {
+    log_throttled(ctx_.core.cm_error_log, spdlog::level::warn,
+                  "connection {} ({}): its QP is in the error state without an event (a bad RDMA operation "
+                  "from the peer?): closed",
+                  c->id, c->peer);
+    connections.close(*c, CloseReason::kQpFatal);
+  }
 }
 
 void RdmaPort::refill(Connections& connections, std::uint32_t to_grant) {

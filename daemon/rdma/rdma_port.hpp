@@ -69,6 +69,8 @@ class RdmaPort {
   /// At most every 100 ms: counts the connections that publish (their fair
   /// share) and asks those idle for a second to give credits back.
   void rebalance(Connections& connections, std::chrono::steady_clock::time_point now);
+  /// Closes (qp_fatal) idle connections whose QP is in the error state (RdmaLink::qp_in_error).
+  void check_idle_qps(Connections& connections, std::chrono::steady_clock::time_point now);
 
   /// A version-3 connection's window never shrinks below this (its CONNECT and one more frame).
   static constexpr std::uint32_t kMinWindow = 2;
@@ -77,6 +79,8 @@ class RdmaPort {
   static constexpr std::uint32_t kMinSrqDepth = 4;
   /// Without data this long, a version-3 connection is asked to give back all but kMinWindow.
   static constexpr std::chrono::milliseconds kIdleReclaim{1000};
+  /// How often idle connections' QPs are checked for the error state.
+  static constexpr std::chrono::milliseconds kQpCheckInterval{1000};
   /// Windows may still grow by this much on this port.
   std::uint32_t capacity_free() const { return srq_max_ > windows_total ? srq_max_ - windows_total : 0; }
   /// The largest window a publishing connection may hold now: flow.credits,
@@ -146,6 +150,7 @@ class RdmaPort {
   std::uint32_t posted_ = 0;      // receives on the SRQ
   std::uint32_t publishers_ = 0;  // connections with data in the last kIdleReclaim (rebalance)
   std::chrono::steady_clock::time_point next_rebalance_{};
+  std::chrono::steady_clock::time_point next_qp_check_{};
   bool recv_armed_ = false;
   // The SRQ limit: a safety net, since credits never let senders use more
   // receives than are posted; it fires when the worker falls behind them or

@@ -327,7 +327,8 @@ void Worker::on_cm_event(rdma_cm_event_type type, int status, std::uint64_t conn
     case RDMA_CM_EVENT_REJECTED:
     case RDMA_CM_EVENT_CONNECT_ERROR:
     case RDMA_CM_EVENT_UNREACHABLE:
-      spdlog::warn("connection {} from {}: {} (status {})", c->id, c->peer, rdma_event_str(type), status);
+      log_throttled(ctx_.core.cm_error_log, spdlog::level::warn, "connection {} from {}: {} (status {})",
+                    c->id, c->peer, rdma_event_str(type), status);
       c->peer_disconnected = true;
       connections_.close(*c, CloseReason::kConnectFailed);
       break;

@@ -517,6 +517,10 @@ Result<RawPeer::ConnectResult> RawPeer::connect(const std::string& host, std::ui
   param.rnr_retry_count = rnr_retry_count;
   if (rdma_connect(id, &param) != 0) return Error{ErrorKind::kConnectFailed, "rdma_connect"};
   ConnectResult r;
+  if (abandon_after_connect) {
+    r.event = "abandoned";
+    return r;
+  }
   auto e = wait_event(channel_.get(), t, &r.private_data);
   if (!e) return e.error();
   r.event = rdma_event_str(*e);
@@ -564,6 +568,23 @@ Status RawPeer::send(std::span<const std::byte> bytes, std::uint32_t imm) {
   wr.imm_data = htonl(imm);
   wr.sg_list = &sge;
   wr.num_sge = 1;
+  return post_and_wait(wr);
+}
+
+Status RawPeer::write_remote(std::uint64_t address, std::uint32_t rkey) {
+  std::byte* buf = mem_.data() + std::size_t{recv_count_} * recv_size_;
+  ibv_sge sge{reinterpret_cast<std::uint64_t>(buf), 8, mr_->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = 1ull << 40;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.rdma.remote_addr = address;
+  wr.wr.rdma.rkey = rkey;
+  return post_and_wait(wr);
+}
+
+Status RawPeer::post_and_wait(ibv_send_wr& wr) {
   wr.send_flags = IBV_SEND_SIGNALED;
   ibv_send_wr* bad = nullptr;
   if (ibv_post_send(qp_.get(), &wr, &bad) != 0) return Error{ErrorKind::kClosed, "ibv_post_send"};

@@ -232,6 +232,10 @@ class RawPeer {
                     std::uint32_t recv_count = 16);
   /// Posts one SEND_WITH_IMM with these bytes and waits for its completion.
   Status send(std::span<const std::byte> bytes, std::uint32_t imm = 0);
+  /// An RDMA WRITE of 8 bytes to `address` under `rkey` of the broker's (which
+  /// grants no remote access: the broker's QP goes into the error state).
+  /// Waits for its completion; its error, if any.
+  Status write_remote(std::uint64_t address, std::uint32_t rkey);
   /// Waits for one receive; returns its bytes (frames) or an error on timeout/disconnect.
   /// `repost`: put the buffer back (false simulates a client that stops reading).
   Result<std::vector<std::byte>> receive(std::chrono::milliseconds timeout, bool repost = true);
@@ -245,6 +249,9 @@ class RawPeer {
   /// many of its receives it really posts (default: all it advertises).
   std::uint8_t rnr_retry_count = 7;
   std::optional<std::uint32_t> receives_posted;
+  /// connect() returns right after rdma_connect (event "abandoned"), not
+  /// waiting for the broker: a peer that gives up at once.
+  bool abandon_after_connect = false;
 
  private:
   verbs::EventChannelPtr channel_;
@@ -260,6 +267,7 @@ class RawPeer {
   std::uint8_t version_ = 1;
   bool disconnected_ = false;
   std::deque<ibv_wc> pending_;  // receives that completed while send() waited
+  Status post_and_wait(ibv_send_wr& wr);
 };
 
 /// The sequence numbers one subscription received (payloads start with the number).

@@ -4,6 +4,7 @@
 // of the pool, so an unrelated publisher and subscriber keep their latency;
 // publishers whose broker has no buffer for them are held back, never taken
 // for gone; and a client cannot make the broker's QP retry its SENDs for ever.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
@@ -12,6 +13,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
+#include <map>
 #include <thread>
 
 #include "harness.hpp"
@@ -203,6 +206,76 @@ TEST_F(Isolation, TheBrokersRnrRetriesAreBoundedWhateverTheClientAsks) {
   EXPECT_EQ(s["connections.closed.slow_consumer"], 0);
   EXPECT_LT(std::chrono::steady_clock::now() - started, 30s);
   publisher->close();
+}
+
+// Issue 49: 300 connects abandoned right after rdma_connect make the broker
+// fail accepts and see CM errors; it logs each kind at most 10 times per
+// 10 s (docs/security.md), saying how many it left out, and serves on.
+TEST_F(Isolation, AbandonedConnectsAreLoggedWithinTheThrottle) {
+  const std::string log = "/tmp/rdmabroker-abandoned-" + std::to_string(::getpid()) + ".log";
+  // The broker inherits the test's stderr: pointed at a file while it starts.
+  const int saved = ::dup(2);
+  const int file = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  ASSERT_GE(file, 0);
+  ::dup2(file, 2);
+  auto broker = std::make_unique<BrokerProcess>(next_port());
+  ::dup2(saved, 2);
+  ::close(saved);
+  ::close(file);
+  ASSERT_TRUE(broker->running());
+  const auto request = proto::encode(proto::ConnectRequest{16384, 16});
+  for (int i = 0; i < 300; ++i) {
+    RawPeer peer;
+    peer.abandon_after_connect = true;
+    auto r = peer.connect(guest_addr1(), broker->port(), "", request);
+    ASSERT_TRUE(r) << r.error().message;
+  }
+  std::this_thread::sleep_for(2s);  // the broker has seen what follows
+  auto client = connect_via(*broker, Via::kRdma);
+  ASSERT_TRUE(client);
+  ASSERT_TRUE(client->publish("still.served", "x") && client->flush(10s));
+  client.reset();
+  broker.reset();  // flushed and stopped
+  std::ifstream in(log);
+  std::string line;
+  std::map<std::string, int> by_kind;
+  for (const std::string kind : {"refused", "rdma_accept", "RDMA_CM_EVENT"}) by_kind[kind] = 0;
+  int warnings = 0;
+  while (std::getline(in, line)) {
+    if (line.find("warning") == std::string::npos) continue;
+    ++warnings;
+    for (auto& [kind, n] : by_kind) n += line.find(kind) != std::string::npos ? 1 : 0;
+  }
+  ::unlink(log.c_str());
+  for (const auto& [kind, n] : by_kind) EXPECT_LE(n, 10) << kind;
+  EXPECT_LE(warnings, 40) << "of 300 abandoned connects";
+}
+
+// Issue 49: an RDMA WRITE with a made-up rkey puts the broker's QP in the
+// error state (its QPs grant no remote access), and rxe raises no async
+// event for it. The broker finds it from its next send's completion
+// (wc_error) or, on a connection it has nothing to send to, by asking
+// (RdmaPort::check_idle_qps: qp_fatal), and closes the connection within
+// seconds: its slot and subscription go.
+TEST_F(Isolation, AQpBrokenByItsPeerIsClosedWithoutAnEvent) {
+  BrokerProcess broker(next_port());
+  ASSERT_TRUE(broker.running());
+  RawPeer peer;
+  ASSERT_TRUE(connect_and_subscribe(peer, broker, "dead.qp"));
+  EXPECT_FALSE(peer.write_remote(0x10000, 0xdeadbeef).ok()) << "the broker allowed a remote write";
+  const auto started = std::chrono::steady_clock::now();
+  auto s = broker.wait_stats([](auto& s) { return s["connections.current"] == 0; }, 15s);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 6s);
+  EXPECT_EQ(s["connections.closed.qp_fatal"] + s["connections.closed.wc_error"], 1);
+  EXPECT_EQ(s["connections.current"], 0);
+  EXPECT_EQ(s["subscriptions"], 0);
+  auto client = connect_via(broker, Via::kRdma);
+  ASSERT_TRUE(client);
+  auto sub = client->subscribe(std::string_view("dead.qp"));
+  ASSERT_TRUE(sub && client->flush(10s));
+  ASSERT_TRUE(client->publish("dead.qp", "alive"));
+  auto m = sub.value()->next(10s);
+  ASSERT_TRUE(m) << m.error().message;
 }
 
 // A subscriber that reads nothing, fed large messages, holds pool buffers
