@@ -193,8 +193,8 @@ struct Connection {
   /// Messages in fragments whose first fragment was queued and whose last
   /// (or ABORT) was not yet: a close counts them as dropped, once each.
   std::uint32_t begun_messages = 0;
-  std::uint64_t pending_bytes = 0;     // their PUBLISH frames' bytes: bounded by max_pending_bytes
-  std::uint32_t queued_replies = 0;    // control frames in outq: bounded by kMaxQueuedReplies
+  std::uint64_t pending_bytes = 0;   // their PUBLISH frames' bytes: bounded by max_pending_bytes
+  std::uint32_t queued_replies = 0;  // control frames in outq: bounded by kMaxQueuedReplies
   /// Pool buffers outq holds (its items with `pinned`): bounded by the
   /// connection's and its tenant's pool shares (broker/pool_shares.hpp).
   std::int64_t pins = 0;

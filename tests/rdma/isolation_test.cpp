@@ -278,6 +278,31 @@ TEST_F(Isolation, AQpBrokenByItsPeerIsClosedWithoutAnEvent) {
   ASSERT_TRUE(m) << m.error().message;
 }
 
+// Issue 49, SPEC.md §5: a peer that sends without credits and returns none
+// of the broker's is closed (protocol_error, counted) by the disconnect
+// alone: the ERROR would need a credit it never gave back.
+TEST_F(Isolation, AFlooderWithoutCreditsIsClosedAndCountedWithoutItsError) {
+  BrokerProcess broker(next_port());
+  ASSERT_TRUE(broker.running());
+  RawPeer peer;
+  auto accepted = peer.connect(guest_addr1(), broker.port(), guest_addr2(),
+                               proto::encode(proto::ConnectRequest{16384, 2}), 16384, 2);
+  ASSERT_TRUE(accepted && accepted->accepted);
+  ASSERT_TRUE(peer.send(frame(proto::FrameType::kConnect, 0, "", "")));
+  // Far more SENDs than the broker granted, none returning its credits.
+  for (int i = 0; i < 64 && peer.send(frame(proto::FrameType::kPing, 0, "")); ++i) {
+  }
+  auto s = broker.wait_stats([](auto& s) { return s["connections.closed.protocol_error"] == 1; }, 10s);
+  EXPECT_EQ(s["connections.closed.protocol_error"], 1);
+  EXPECT_TRUE(peer.wait_disconnected(10s));
+  // What arrived in the peer's two receives: no ERROR among it.
+  for (int i = 0; i < 2; ++i) {
+    auto got = peer.receive(100ms, false);
+    if (!got) break;
+    for (const auto& f : frames(*got)) EXPECT_NE(f.header.type, proto::FrameType::kError);
+  }
+}
+
 // A subscriber that reads nothing, fed large messages, holds pool buffers
 // until it is cut; meanwhile publishers find no buffer for what they send.
 // They are held back (TCP: their socket is not read; RDMA: their credits
