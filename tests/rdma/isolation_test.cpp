@@ -279,9 +279,10 @@ TEST_F(Isolation, AQpBrokenByItsPeerIsClosedWithoutAnEvent) {
 }
 
 // Issue 49, SPEC.md §5: a peer that sends without credits and returns none
-// of the broker's is closed (protocol_error, counted) by the disconnect
-// alone: the ERROR would need a credit it never gave back.
-TEST_F(Isolation, AFlooderWithoutCreditsIsClosedAndCountedWithoutItsError) {
+// of the broker's is closed and counted (protocol_error); the broker sends
+// it nothing beyond the two credits it granted (its ERROR only if one is
+// left: otherwise the disconnect alone says it).
+TEST_F(Isolation, AFlooderWithoutCreditsIsClosedWithinItsCredits) {
   BrokerProcess broker(next_port());
   ASSERT_TRUE(broker.running());
   RawPeer peer;
@@ -295,12 +296,12 @@ TEST_F(Isolation, AFlooderWithoutCreditsIsClosedAndCountedWithoutItsError) {
   auto s = broker.wait_stats([](auto& s) { return s["connections.closed.protocol_error"] == 1; }, 10s);
   EXPECT_EQ(s["connections.closed.protocol_error"], 1);
   EXPECT_TRUE(peer.wait_disconnected(10s));
-  // What arrived in the peer's two receives: no ERROR among it.
-  for (int i = 0; i < 2; ++i) {
-    auto got = peer.receive(100ms, false);
-    if (!got) break;
-    for (const auto& f : frames(*got)) EXPECT_NE(f.header.type, proto::FrameType::kError);
-  }
+  // The two receives it posted took whatever came (an RNR would have shown
+  // as a retry error on the broker's side, closing it as wc_error instead).
+  int received = 0;
+  while (received < 3 && peer.receive(100ms, false)) ++received;
+  EXPECT_LE(received, 2);
+  EXPECT_EQ(broker.stats()["connections.closed.wc_error"], 0);
 }
 
 // A subscriber that reads nothing, fed large messages, holds pool buffers
