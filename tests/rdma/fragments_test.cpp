@@ -53,16 +53,7 @@ class Fragments : public ::testing::TestWithParam<Via> {
   }
 
   /// Memory a process has pinned (registered for RDMA), in KiB.
-  static long pinned_kib(pid_t pid) {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-    std::string key;
-    long kib = -1;
-    while (in >> key) {
-      if (key == "VmPin:" && in >> kib) break;
-      in.ignore(1 << 20, '\n');
-    }
-    return kib;
-  }
+  static long pinned_kib(pid_t pid) { return status_kib(pid, "VmPin:"); }
 
   const std::string config_ = "/tmp/rdmabroker-fragments-" + std::to_string(getpid()) + ".yaml";
   std::unique_ptr<BrokerProcess> broker_;

@@ -106,12 +106,12 @@ bool check_payload(std::uint64_t seq, std::size_t max_payload, std::span<const s
 
 // ---------------------------------------------------------------- processes
 
-long rss_kib(int pid) {
+long status_kib(int pid, const std::string& key) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
+  std::string word;
   long kib = -1;
-  while (in >> key) {
-    if (key == "VmRSS:" && in >> kib) break;
+  while (in >> word) {
+    if (word == key && in >> kib) break;
     in.ignore(1 << 20, '\n');
   }
   return kib;

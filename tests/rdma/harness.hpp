@@ -101,8 +101,10 @@ std::string http_get(std::uint16_t port, const std::string& path,
                      std::chrono::milliseconds timeout = std::chrono::seconds(10));
 /// Open file descriptors of process `pid`.
 std::size_t open_fds(int pid);
-/// A process's resident memory (VmRSS), in KiB; -1 if unknown.
-long rss_kib(int pid);
+/// A /proc/PID/status value in KiB (`key`: "VmRSS:", "VmPin:", ...); -1 if unknown.
+long status_kib(int pid, const std::string& key);
+/// A process's resident memory, in KiB; -1 if unknown.
+inline long rss_kib(int pid) { return status_kib(pid, "VmRSS:"); }
 
 /// A cheap password hash (sha512crypt, 1,000 rounds) for a test's users:
 /// the guest emulates the CPU, and what is tested is the check, not the cost.

@@ -127,6 +127,12 @@ class Bounds : public ::testing::TestWithParam<Via> {
   void SetUp() override {
     if (GetParam() == Via::kRdma) require_rdma();
   }
+  /// Rewrites the config file and reloads `broker` with it.
+  void reload_with(const BrokerProcess& broker, const std::string& yaml) {
+    write_file(path_, yaml);
+    auto [rc, out] = run({cli_path(), "reload", "--admin-socket", broker.admin_socket()});
+    ASSERT_EQ(rc, 0) << out;
+  }
   std::string path_ = "/tmp/rdmabroker-bounds-" + std::to_string(getpid()) + ".yaml";
 };
 
@@ -193,12 +199,10 @@ TEST_P(Bounds, BrokerWideSubscriptionLimitsRefuseOnlyTheSubscribeThatHitsThem) {
   EXPECT_EQ(broker.stats()["limits.refused.subscriptions_total"], 1);
 
   // The memory bound, lowered live: of 100 more, only what fits its budget.
-  write_file(
-      path_,
+  reload_with(
+      broker,
       "logging: {level: warn}\nlimits: {max_subscriptions_total: 100000, max_subscription_memory: 64KiB, "
       "user_subscription_share_percent: 100}\n");
-  auto [rc, out] = run({cli_path(), "reload", "--admin-socket", broker.admin_socket()});
-  ASSERT_EQ(rc, 0) << out;
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(b->subscribe(std::string_view("m." + std::to_string(i))));
   ASSERT_TRUE(b->flush(10s));
   s = broker.stats();
@@ -290,11 +294,9 @@ TEST_P(Bounds, OneTenantAtItsSubscriptionQuotaLeavesRoomForOthers) {
   EXPECT_EQ(anon_errors.get().size(), 10u);
 
   // The memory quota, set live: a quarter of 64 KiB each.
-  write_file(path_, users +
-                        "limits: {max_subscriptions_total: 100000, max_subscription_memory: 64KiB, "
-                        "user_subscription_share_percent: 25}\n");
-  auto [rc, out] = run({cli_path(), "reload", "--admin-socket", broker.admin_socket()});
-  ASSERT_EQ(rc, 0) << out;
+  reload_with(broker, users +
+                          "limits: {max_subscriptions_total: 100000, max_subscription_memory: 64KiB, "
+                          "user_subscription_share_percent: 25}\n");
   for (int i = 0; i < 40; ++i) ASSERT_TRUE(bob->subscribe(std::string_view("bob.m." + std::to_string(i))));
   ASSERT_TRUE(bob->flush(10s));
   s = broker.stats();
