@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // rdmabrokerd: reads its configuration (YAML file + command line), starts the
 // broker, and runs the main thread's loop: signals (SIGTERM/SIGINT stop,
 // SIGHUP reloads), the admin socket (stats, connections, reload) and the

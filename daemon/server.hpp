@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The composition root: one broker instance, its buffer pool, devices, workers,
 // multicast engine and listeners, created in that order and torn down in reverse.
 #pragma once

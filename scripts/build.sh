@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Configures and builds one build tree: scripts/build.sh DIR [cmake args...]
 # The developers' and CI's build: warnings are errors, sources are compiled in
 # unity batches (scripts/lib/unity.cmake: a fifth less wall time on two cores)

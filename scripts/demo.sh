@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The broker's main job, end to end: builds rdmabrokerd and the rdmabroker CLI,
 # starts the broker, a subscriber and a publisher, and shows the messages
 # crossing over RDMA. On a host with an RDMA device it runs right here; on a

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs the host suite (unit and TCP tests) of one build tree RUNS times in a
 # row while stress-ng keeps both cores busy, and stops at the first failure:
 # a test that fails once in twenty runs is a race to fix, not to retry.

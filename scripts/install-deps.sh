@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs every Debian 12 package that building, testing and the Soft-RoCE
 # guest need (--bench: and what the benchmark suite compares with). Idempotent: packages already installed are not touched, and
 # apt-get update runs only when something is missing.

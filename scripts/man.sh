@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The manual pages, made from the documentation pages they are (one source:
 # docs/rdmabrokerd.md, docs/cli.md, docs/configuration.md), with go-md2man:
 #

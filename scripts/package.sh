@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds the Debian packages from a build tree and checks them:
 #   scripts/package.sh [BUILD_DIR]   (default build/release)
 # The packages (deploy/debian/packages.cmake): rdmabroker (the daemon),

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The whole test suite, as CI runs it (.ci/run calls this):
 #   1. installs what is missing (Debian packages), builds three trees:
 #      release, ASan+UBSan, TSan;

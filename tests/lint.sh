@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Source rules a compiler cannot check, run as a unit test (ctest -L unit):
 #   - memory is registered only through verbs::register_local (local access
 #     only), never with remote read/write/atomic rights and never through a
 #     memory window: no peer can reach broker or client memory with an rkey
 #     (docs/security.md, "RDMA memory");
 #   - every C and C++ source is laid out by .clang-format (Google's style,
-#     110 columns): `clang-format -i FILE` fixes one.
-#   tests/lint.sh [memory|format]   (no argument: both)
+#     110 columns): `clang-format -i FILE` fixes one;
+#   - every source file (C, C++, Python, shell, CMake) carries the line
+#     `SPDX-License-Identifier: Apache-2.0` (LICENSE) in its first three lines.
+#   tests/lint.sh [memory|format|spdx]   (no argument: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RULE=${1:-all}
 fail=0
 SRC=(daemon client-lib common proto config)
-if [ "$RULE" != format ]; then
+if [ "$RULE" = all ] || [ "$RULE" = memory ]; then
 hits=$(grep -rn --include='*.cpp' --include='*.hpp' --include='*.h' --include='*.c' 'ibv_reg_mr(' "${SRC[@]}" |
   grep -v '^common/include/rdmabroker/common/verbs.hpp:' || true)
 if [ -n "$hits" ]; then
@@ -24,11 +27,26 @@ if [ -n "$hits" ]; then
   echo "lint: remote access to registered memory:"; echo "$hits"; fail=1
 fi
 fi
-if [ "$RULE" != memory ]; then
+if [ "$RULE" = all ] || [ "$RULE" = format ]; then
 mapfile -t sources < <(find "${SRC[@]}" tests -name '*.cpp' -o -name '*.hpp' -o -name '*.h' -o -name '*.c')
 if ! out=$(clang-format --dry-run --Werror "${sources[@]}" 2>&1); then
   echo "lint: not formatted by .clang-format (clang-format -i FILE):"
   echo "$out" | grep -oE '^[^:]+\.(cpp|hpp|h|c):' | sort -u
+  fail=1
+fi
+fi
+if [ "$RULE" = all ] || [ "$RULE" = spdx ]; then
+mapfile -t sources < <(find . -path ./build -prune -o -path ./.git -prune -o -path '*/corpus' -prune -o -type f \
+  \( -name '*.cpp' -o -name '*.hpp' -o -name '*.h' -o -name '*.c' -o -name '*.py' -o -name '*.sh' \
+  -o -name CMakeLists.txt -o -name '*.cmake' -o -name '*.cmake.in' -o -path ./.ci/run \
+  -o -path './deploy/debian/*/post*' -o -path './deploy/debian/*/pre*' \) -print)
+missing=()
+for f in "${sources[@]}"; do
+  head -3 "$f" | grep -q 'SPDX-License-Identifier: Apache-2.0' || missing+=("${f#./}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "lint: no 'SPDX-License-Identifier: Apache-2.0' line in the first three lines of:"
+  printf '  %s\n' "${missing[@]}"
   fail=1
 fi
 fi

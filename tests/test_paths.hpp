@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where the files and programs a test uses are, found at run time from the
 // test program's own path. The build passes paths relative to the test
 // executable's directory (RDMABROKER_SOURCE_REL and, for the integration

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Talks to rdmabrokerd's admin socket: one command line out, one JSON line back.
 #pragma once
 

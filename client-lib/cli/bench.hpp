@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The load generator behind `rdmabroker bench` and the NATS and Redis drivers
 // of the benchmark suite (tests/bench/drivers/): N publishers and M
 // subscribers (or queue-group members), each on its own connection, flat out

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The latency histogram of `rdmabroker bench` and the benchmark drivers.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // rdmabroker: command-line client built on librdmabroker.
 //   rdmabroker pub SUBJECT [MESSAGE|-]   publish (a message, or each line of stdin)
 //   rdmabroker sub SUBJECT [--count N] [--queue GROUP]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C API: thin wrappers that turn Result/Status into rb_status codes and
 // keep the last error message per thread.
 #include <algorithm>

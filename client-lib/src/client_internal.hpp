@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal to librdmabroker: URL parsing and the transport constructors.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // rdmabroker::Headers: the fields of a message's header block (SPEC.md §3.6)
 // as the application sees them, and MessageView, a delivered message read in
 // place. The wire form is proto/headers.hpp's.

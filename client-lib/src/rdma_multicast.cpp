@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The multicast side of the RDMA transport (SPEC.md §7): one UD endpoint on
 // the connection's device, joined to the groups of the subscriptions the
 // broker serves by multicast; its datagrams go to the Session.

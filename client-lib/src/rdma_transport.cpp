@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The RDMA transport of a Session: connect, send, the I/O thread
 // (rdma_transport.hpp says how it works; multicast is in rdma_multicast.cpp).
 #include <arpa/inet.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal to librdmabroker: the RDMA transport of a Session
 // (rdma_transport.cpp; its multicast side in rdma_multicast.cpp).
 //

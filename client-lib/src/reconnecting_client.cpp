@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A Client that survives its connection (ClientOptions::reconnect): it holds
 // one connected Session at a time and, when that fails, a supervisor thread
 // connects a new one with backoff and restores every subscription under its

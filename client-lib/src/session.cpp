@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "session.hpp"
 
 #include "client_internal.hpp"

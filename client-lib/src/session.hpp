@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal to librdmabroker: everything a client does above its transport.
 //
 // A Session owns the protocol state both transports share: subscriptions and

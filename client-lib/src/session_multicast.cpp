@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The multicast side of a Session (SPEC.md §7): the transport's join
 // answers, datagrams from the groups (unpacked, reassembled from fragments),
 // each subscription's sequenced stream (every message once, in order,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The TCP transport of rdmabroker::Client, for hosts without RDMA (SPEC.md
 // §1.2). The same frames as over RDMA on a byte stream: the handshake is the
 // first 16 bytes each way (24 back), flow control is TCP's window. Frames are

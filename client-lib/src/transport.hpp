@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal to librdmabroker: what moves a Session's frames. A Session owns
 // one Transport (RdmaTransport, TcpTransport): the connection to the broker
 // and the I/O thread that feeds what arrives to Session::on_frames() and puts

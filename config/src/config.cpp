@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The schema is one table (kFields): each setting's YAML key, whether it may
 // change live, how it is parsed and validated, and how it prints. Parsing,
 // unknown-key detection and diff() all walk that table, so a setting cannot

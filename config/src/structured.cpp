@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The structured settings (structured.hpp): booleans, subject pattern lists,
 // permissions and auth.users.
 #include "structured.hpp"

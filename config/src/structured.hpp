@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The structured settings of the config table (config.cpp): the YAML forms
 // that are more than one scalar (auth.users with their permissions, subject
 // pattern lists) and booleans, parsed and printed for the field table. A

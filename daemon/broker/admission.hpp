@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where every new connection is let in or refused, whichever transport
 // brought it (the RDMA listener's connect requests, a worker's TCP
 // accepts): its connect request checked (SPEC.md §2), a connection slot

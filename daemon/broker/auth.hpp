@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Who a connection is and what it may do (docs/security.md).
 //
 // An AuthTable is built from the config's auth section at start and at every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The authenticator thread: checks passwords and tokens (crypt(3), slow on
 // purpose) off the workers and answers each worker through a callback (its
 // command queue). docs/security.md, "Password guessing and connection

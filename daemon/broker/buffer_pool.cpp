@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "broker/buffer_pool.hpp"
 
 #include <sys/mman.h>

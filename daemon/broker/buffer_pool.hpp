@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The broker's one pool of fixed-size message buffers. Every receive on every
 // SRQ is posted from it, it is registered once per device (MR per PD), and a
 // received buffer is shared zero-copy by every send that fans it out: each

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Why a connection ended. Every close carries exactly one; it is logged once and
 // counted (stats key "closed.<name>").
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A slot per open connection, broker-wide: enforces the connection limit and
 // carries the one piece of per-connection state every worker touches on the
 // hot path: how many frame bytes are routed to the connection and not yet sent,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every worker shares, owned by the Server and outliving all workers:
 // the options as started, the pool, the subscription index, the connection
 // slots and the broker-wide budgets. Workers reach each other only through

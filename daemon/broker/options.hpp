@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The broker's settings are the config library's (config/): one definition
 // for the YAML loader, the command line and the broker.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What waits to be sent to one client, and how it is packed into SENDs.
 //
 // A delivery is zero-copy: its header is written into a small registered send

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Each client's share of the registered buffer pool (docs/security.md,
 // "Pool shares"). A message stays in the receive buffer it arrived in until
 // every subscriber was sent it, so what a subscriber's out-queue holds is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A worker's send blocks: small fixed-size pieces of memory that hold the
 // headers and control frames of one send each (bodies are referenced in the
 // pool). The RDMA link registers the whole region once per device; TCP

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Broker counters. Each worker owns one WorkerStats and is its only writer
 // (relaxed atomics so the admin thread can read without locks).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The broker-wide bound on subscriptions (limits.max_subscriptions_total and
 // limits.max_subscription_memory): what all clients together can make the
 // broker hold in its subscription index, whatever each connection's own limit

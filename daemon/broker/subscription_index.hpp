@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Which connections subscribe to which subjects. A token trie: a subscription
 // pattern's tokens are edges; '*' and '>' have their own edges (docs/subjects.md).
 // Shared by all workers: subscribe/unsubscribe take the lock exclusively and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What this broker's own clients subscribe to, as the other brokers of its
 // cluster must learn it (docs/cluster.md, SPEC.md §8): one entry per
 // distinct (pattern, queue group) of local subscriptions, counted. Each

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // This broker's routes to the other brokers of its cluster (docs/cluster.md,
 // SPEC.md §8). A route is pulled: this broker logs in to each broker of
 // cluster.routes as a route (librdmabroker, over RDMA or TCP, reconnecting

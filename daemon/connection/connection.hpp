@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One client connection as every layer above the transport sees it: its state
 // machine, what waits to be sent (the out-queue), what was handed to the
 // transport and not yet completed (the in-flight ring), the publisher stall,

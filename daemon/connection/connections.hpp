@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A worker's connections: the table that owns them, their out-queues and
 // their bounds, the flush of touched connections through their links, the
 // accounting of sends the links complete, the deadlines (authentication,

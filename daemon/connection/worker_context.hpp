@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the transport-neutral layers of one worker share (its connections,
 // router and frame handlers): the worker's index, the broker core, its own
 // copy of the live settings, its statistics and the loop's clock. Owned by

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fault injection, for tests only. Built in when CMake's
 // RDMABROKER_FAULT_INJECTION is on (the sanitizer trees of scripts/test.sh);
 // the packaged broker is built without it, and there `kEnabled` is false, so

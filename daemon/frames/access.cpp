@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Authentication and permissions on a worker (docs/security.md): the CONNECT
 // a connection must send first, the authenticator's verdict, the checks on
 // PUBLISH and SUBSCRIBE, and what a reload changes for connected clients.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a worker does with each frame a client sends: one handler per frame
 // type, each gated by the connection's state (SPEC.md §2.4: CONNECT first)
 // and its user's permissions (docs/security.md). Frames arrive whole, in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hardware multicast fan-out (docs/multicast.md, SPEC.md §7).
 //
 // A subject that the config makes multicast-backed gets a *channel* once an

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The multicast engine's group side (engine thread only): when a channel
 // moves to a real IB/RoCE group and back (update, leave_group), the UD
 // endpoint per device that joins groups and sends datagrams (endpoint_for),

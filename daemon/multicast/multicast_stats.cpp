@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The declaration of the multicast engine's statistics (see broker/stats.hpp).
 // A broker without multicast declares them too, at 0, so that every series
 // exists whatever the configuration.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "ops/admin_server.hpp"
 
 #include <nlohmann/json.hpp>

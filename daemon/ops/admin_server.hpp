@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The local admin socket (Unix stream socket). A client writes one command
 // line and reads one JSON reply; the connection then closes. Commands:
 //   stats   -> {"ok":true,"stats":{name:value,...}}

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // rdmabrokerd's command line, and the one precedence rule it follows
 // (docs/configuration.md, "Precedence"): built-in default < config file <
 // command-line flag. The daemon reads no settings from its environment.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Health for orchestrators and load balancers, served on the metrics
 // listener: GET /healthz (live: restart me if not) and GET /readyz (ready:
 // send me clients). Liveness is only what a restart can fix: every worker

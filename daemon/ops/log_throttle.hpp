@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Logs of events that a client can cause at will (refused connections, failed
 // logins) must not let it flood the journal: each kind of event is logged at
 // most `burst` times per `period`, and the first line after a quiet spell

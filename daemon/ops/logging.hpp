@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spdlog set-up from the config's logging section: the console in the
 // foreground, journald under systemd (target auto), text or one JSON object
 // per line. Level and format change on reload; the target does not.

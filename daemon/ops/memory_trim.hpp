@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Gives memory back to the system after connections and queues are gone.
 // glibc keeps freed heap memory in its per-thread arenas; after a burst of
 // connections (each with its queues, rings and maps on a worker's arena)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Prometheus metrics: GET /metrics on metrics.listen (with GET /healthz and
 // GET /readyz, ops/health.hpp). Every metric is
 // declared once, where its counter is kept (broker/stats.hpp says how), with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "ops/polled_server.hpp"
 
 #include <spdlog/spdlog.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A server of one-request, one-reply clients on a listening socket, driven
 // by the main thread's poll() loop (which also handles signals and feeds the
 // watchdog, so no client may hold it). Sockets are non-blocking; many clients

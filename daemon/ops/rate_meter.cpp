@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "ops/rate_meter.hpp"
 
 namespace rdmabroker::daemon {

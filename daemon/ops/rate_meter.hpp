@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Message and byte rates for `rdmabroker stat`: the main loop samples the
 // broker's counters about once a second, and rates are the change over the
 // last few samples (about five seconds), so a single stat call shows current

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Live reload (SIGHUP, `rdmabroker reload`, `systemctl reload`): read and
 // validate the file again, diff it against the running config into typed
 // changes, and apply them only if every one may change live. A file with

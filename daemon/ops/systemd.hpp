@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The systemd service protocol (sd_notify): READY=1 once listening, STATUS=
 // lines, RELOADING=1 with MONOTONIC_USEC around a reload (systemd 252 has no
 // Type=notify-reload, but honours these), STOPPING=1, and WATCHDOG=1 sent

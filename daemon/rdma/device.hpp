@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The RDMA devices the broker serves on: one PD per device and the buffer pool
 // registered once on each (local write only: nothing is ever exposed to
 // remote read or write, see docs/security notes in docs/architecture.md).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CM thread: owns the listening cm_ids (the clients', and the routes' if
 // cluster.listen_rdma is set) and their event channel, validates
 // each connect request's handshake, and hands the new cm_id to a worker

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "rdma/rdma_link.hpp"
 
 #include <arpa/inet.h>

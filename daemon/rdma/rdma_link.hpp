@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A connection's RDMA transport: its cm_id and RC QP on a worker's port (the
 // port's CQ and SRQ), the credit window both ways (SPEC.md §5), and the flush
 // that chains a connection's sends into one ibv_post_send with only the last

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A worker's resources on one RDMA device: a completion channel, a receive
 // CQ and a send CQ shared by every QP of the worker on that device, an SRQ
 // fed from the broker's pool, and the worker's send blocks registered there.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A connection's interest: its subscriptions, each entered in the broker's
 // subscription index or, for an exact subject served by hardware multicast,
 // in that subject's channel (multicast/engine.hpp). Every subscription holds

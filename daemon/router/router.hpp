@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Routing and fan-out on one worker, with no transport in sight: a PUBLISH
 // is matched against the subscription index (through this worker's match
 // cache) and queued for each subscriber: on this worker's own connections

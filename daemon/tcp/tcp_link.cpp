@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TcpPort (accept, handshake) and TcpLink (read, write): tcp_link.hpp.
 #include <netinet/in.h>
 #include <netinet/tcp.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The TCP transport of a worker (SPEC.md §1.2): TcpPort accepts from the
 // broker's listening socket and runs the 16-byte handshake; each connection's
 // TcpLink reads into pool buffers and writes packed sends. Everything above

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "tcp/tcp_listener.hpp"
 
 #include <arpa/inet.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The TCP listening socket (SPEC.md §1.2). One socket for the broker, watched
 // by every worker's epoll with EPOLLEXCLUSIVE: the kernel wakes one worker per
 // incoming connection, which accepts it and owns it from then on.

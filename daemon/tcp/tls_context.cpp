@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "tcp/tls_context.hpp"
 
 #include <openssl/bio.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The broker's TLS configuration as OpenSSL holds it (SPEC.md §1.3,
 // docs/security.md): one TlsContext per loaded configuration, immutable.
 // A reload builds the next one from the files (so a renewed certificate at

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The only way other threads reach a worker: a multi-producer queue owned by
 // the worker, with an eventfd that wakes the worker's epoll when the queue goes
 // from empty to non-empty.

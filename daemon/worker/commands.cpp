@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What other threads ask of a worker: one handler per command, in the order
 // they were posted, at the top of each loop turn.
 #include <spdlog/spdlog.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Worker: the event loop, its resources, and CM events. Commands are in
 // worker/commands.cpp; everything above the transports in connection/,
 // router/ and frames/.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A worker thread: the reactor. One event loop that owns, per device, an
 // RdmaPort (completion channel, CQ, SRQ), its share of the TCP listening
 // socket, and every connection handed to it (Connections). No other thread

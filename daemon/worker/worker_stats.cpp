@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The declaration of every statistic a worker keeps (see broker/stats.hpp):
 // the snapshot key, and the Prometheus family, help and label it is exported
 // as. Names are part of the operators' interface (dashboards, alerts,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The Debian packages (cpack -G DEB, run by scripts/package.sh): one package
 # per install component, split as Debian splits a library with its daemon and
 # tools. scripts/package.sh checks what each package holds and runs lintian on

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """What the Python package costs: one publisher and one callback subscriber,
 each its own connection, N messages of SIZE bytes flat out; prints the
 publish rate and the delivery rate (messages/s), as `rdmabroker bench` does

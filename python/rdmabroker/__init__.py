@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """rdmabroker: a Python client of rdmabrokerd over librdmabroker's C API.
 
     import rdmabroker

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The asyncio form of the rdmabroker client: the same client, awaited.
 
     import asyncio

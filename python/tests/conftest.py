@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The brokers of the tests, over the transport the run is for: one shared by
 the tests that only publish and subscribe (`broker`: each uses subjects of its
 own; starting a broker costs seconds in the emulated guest), one of its own

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The asyncio form (rdmabroker.aio) against a real broker (conftest.py)."""
 
 import asyncio

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Python package against a real broker, over TCP on the host and RDMA
 in the guest (conftest.py): what a Python user relies on."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """tls:// from Python: the options reach the library's TLS (docs/security.md).
 TLS is served on the broker's TCP listener, so these run over loopback TCP in
 both runs (host and guest)."""

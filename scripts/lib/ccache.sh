@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Sourced by the build scripts: sets CCACHE_ARGS to the CMake arguments that
 # compile through ccache when it is installed (scripts/install-deps.sh
 # installs it), and exports its settings. ccache hashes paths relative to the

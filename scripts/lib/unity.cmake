@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Unity batches that ccache can share between checkouts.
 #
 # rdmabroker_unity_build(DIR BATCH) compiles the C++ sources of every target

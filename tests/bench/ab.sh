@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Two builds of rdmabroker against each other over RDMA in one Soft-RoCE guest
 # boot: for a change that must not alter performance (a restructuring), or
 # one that should. Each case runs `rdmabroker bench` against each build's

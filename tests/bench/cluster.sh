@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A route's cost (issue 20): three brokers in a full mesh of RDMA routes, in
 # one Soft-RoCE guest boot (docs/cluster.md):
 #   - 1 -> 1 at 64 B, publisher and subscriber on broker A, against the

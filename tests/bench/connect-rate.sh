@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Connection setup rate over RDMA, ours against a raw rdma_cm loop, in one
 # guest boot (ratios only: the emulated device is slow).
 #   tests/bench/connect-rate.sh [N]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How fast clients connect: N librdmabroker clients, connected one after the
 // other by each of T threads and held until all are up, then closed. Prints
 // one line per run, e.g.

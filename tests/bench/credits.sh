@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Credits by demand (SPEC.md §5.1) on the broker's DEFAULT configuration, in
 # one Soft-RoCE guest boot (ratios only: the emulated device is slow):
 #   1. a 1 -> 1 pair at 64 B, alone;

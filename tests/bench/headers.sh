@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # What message headers cost, on one broker in one guest boot, over RDMA and
 # TCP: `rdmabroker bench` (1 publisher -> 1 subscriber flat out, N messages)
 # with a 64 B payload and no headers, with two headers (Trace-Id and

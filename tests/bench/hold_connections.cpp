@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Holds N client connections to a broker, each with one subscription of its
 // own, until its stdin closes: what tests/bench/idle-rss.sh measures the
 // broker's memory against. Clients use few buffers (4 receives: the fewest

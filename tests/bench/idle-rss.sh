@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The broker's memory per idle connection: RSS of rdmabrokerd before and
 # after N clients connect (each with one subscription), per transport.
 #   tests/bench/idle-rss.sh tcp [N]     on this host, over loopback TCP

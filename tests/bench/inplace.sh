@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # What reading a message in place saves (issue 16's zero-copy delivery):
 # `rdmabroker bench` with the subscriber reading each payload in place
 # (subscribe_view, the default) against the same run with --copy (an owning

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Large messages (proto/SPEC.md §3.7) on the broker's default 16 KiB buffers,
 # limits.max_payload raised to 64 MiB:
 #   host (TCP, loopback): rdmabroker against nats-server (max_payload 64 MB)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The latency budget (issue 16): where a relayed message's microseconds go.
 # 1 publisher -> 1 subscriber, 64 B, at a light fixed rate, `rdmabroker bench
 # --trace` in each mode of latency-load.sh (a broker each), over RDMA and,

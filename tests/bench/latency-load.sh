@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Latency against offered load (issue 16): 1 publisher -> 1 subscriber, 64 B
 # over RDMA, at fixed rates from light load towards saturation, latency from
 # the publish schedule (corrected for coordinated omission: a message that

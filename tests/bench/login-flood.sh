@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Logins and established traffic under a login flood (issue 18; docs/security.md,
 # "Password guessing and connection floods"; results in docs/benchmarks.md).
 #   tests/bench/login-flood.sh tcp [BIN...]    on this host: the flood from 127.0.0.2, the client from 127.0.0.1

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What tests/bench/login-flood.sh measures a broker against (issue 18,
 // docs/security.md "Password guessing and connection floods"): password
 // guessers and connections that never log in, all from one address, while a

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs the micro-benchmarks of the release tree (builds it if needed):
 #   tests/bench/micro.sh [google-benchmark flags...]
 # e.g. --benchmark_format=json. Results go to stdout; docs/benchmarks.md

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Fan-out through rdmabrokerd, unicast against multicast, in one run:
 # 1 publisher -> 1, 4, 16 and 32 subscribers (`rdmabroker bench`), once with
 # the subject served by one RC send per subscriber and once by its multicast

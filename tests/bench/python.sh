@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # What the Python package costs against the C++ library, on one broker in one
 # guest boot, over RDMA and over TCP: `rdmabroker bench` (1 publisher -> 1
 # subscriber, N messages of 64 B flat out) and python/examples/bench.py (the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # First relay-rate measurement (the full benchmark suite arrives with the
 # benchmarks work): 1 publisher -> 1 subscriber through rdmabrokerd over RDMA,
 # N messages of SIZE bytes, timed from the first publish to the last delivery;

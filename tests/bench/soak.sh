@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Load and soak over RDMA: CONNS client connections held for the whole run,
 # each with a subscription of its own and one to a fan-out subject, while
 # mixed traffic runs at fixed rates for MINUTES:

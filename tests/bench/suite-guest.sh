@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The RDMA half of the benchmark suite (tests/bench/suite.sh runs it inside
 # the Soft-RoCE guest): raw perftest on rxe1 -> rxe0 as the baseline, then
 # rdmabroker over RDMA on the same devices, then the broker's memory per idle

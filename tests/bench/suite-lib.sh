@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Shared by tests/bench/suite.sh and suite-guest.sh (sourced): each function
 # runs or parses one measurement and writes it as one JSON file into $OUT,
 # through tests/bench/suite_report.py, which later turns them all into the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The benchmark suite: every comparison in one run, so that ratios hold on a
 # noisy machine, written to docs/benchmarks.md (the section between the suite
 # markers) and docs/img/*.png, with raw JSON and CSV in build/bench/<time>/.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The benchmark suite's records and report (tests/bench/suite.sh).
 
   record-bench    bench --json on stdin -> one record (with the server's CPU)

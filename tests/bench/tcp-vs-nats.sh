@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # rdmabroker over TCP against nats-server on this host's loopback, in the same
 # minute (issue 16): 1 publisher -> 1 subscriber, 64 B; the rate flat out
 # (RUNS alternating runs of COUNT messages each, median) and the latency at

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # What TLS costs, in one run on this host's loopback: rdmabroker over plain
 # TCP and over TLS (one broker, tls.mode: optional, so both on one port), and
 # nats-server without and with TLS (two servers), each driven by the same

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Wake-ups per delivered message (issue 16's bar: at most 2 end to end in the
 # default mode at light load, 0 fully polled): a blocking wait that returns is
 # the unit cost of latency on an idle core, and unlike a latency it does not

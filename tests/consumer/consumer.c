@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Subscribes, publishes one message to itself and prints it: the smallest C
  * program against an installed librdmabroker, built with
  *   cc consumer.c $(pkg-config --cflags --libs rdmabroker)

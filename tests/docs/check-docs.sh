@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The reference pages agree with the programs, and the manual pages made from
 # them are sound:
 #   - every option that `rdmabrokerd --help` lists is in docs/rdmabrokerd.md's

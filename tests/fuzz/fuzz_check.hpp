@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // An invariant a fuzz target asserts: a failure aborts, so libFuzzer saves
 // the input that broke it (ASan and UBSan abort on their own findings).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The config loader on arbitrary text, as an operator's file or a reload
 // reads it: it yields a Config or errors naming where, never a crash; a
 // Config it yields differs from itself in nothing, and can be diffed against

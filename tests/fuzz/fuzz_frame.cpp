@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The frame decoder on arbitrary bytes, as a broker or client receives them
 // (a whole RDMA receive buffer, or a TCP stream). Besides memory safety it
 // asserts: decoded views lie inside the input; the stream scan

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The handshake private data (rdma_cm connect/accept/reject, and the first
 // bytes of a TCP connection): every block decodes to a status without reading
 // past its end, a decoded block re-encodes to one that decodes the same, and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Subject parsing and matching on arbitrary text. The input is split at
 // newlines into a pattern, a subject and a second pattern. Asserts: a valid
 // subject is a valid pattern; the subscription trie (what routing uses) and

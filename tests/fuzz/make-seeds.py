@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Writes the seed corpus (tests/fuzz/corpus/<target>/): well-formed inputs of
 every kind each target parses, from which libFuzzer mutates. Run it again
 after the wire format or the config schema changes; the files are committed."""

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds the libFuzzer targets (clang, ASan + UBSan) into build/fuzz, replays
 # the committed seed corpus and earlier findings as a regression check, then
 # fuzzes each target for SECONDS (default 60) and prints its execution count.

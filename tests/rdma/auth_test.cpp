@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Authentication and permissions end to end (docs/security.md), each over
 // RDMA (in the guest, label rdma) and TCP (on the host, label tcp): who may
 // connect, what a user may publish and subscribe to, and what a reload does

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Exercises librdmabroker's C API from C (so the header is checked as C):
  * connect, subscribe (sync and callback), publish, flush, receive, queue
  * groups, request/reply (answered, no responders; with headers), a callback

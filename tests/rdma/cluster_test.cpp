@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A cluster of three brokers in a full mesh of routes (docs/cluster.md,
 // SPEC.md §8), run over each transport: "/rdma" in the Soft-RoCE guest (the
 // routes and the clients over RDMA), "/tcp" on the host. RouteListeners:

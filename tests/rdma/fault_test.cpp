@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fault injection (daemon/fault/fault.hpp; built only into the test trees
 // that have RDMABROKER_FAULT_INJECTION, the ASan and TSan ones). Each test
 // breaks one thing on purpose, in the Soft-RoCE guest: a failed work

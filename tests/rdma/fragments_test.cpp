@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Messages larger than a frame (proto/SPEC.md §3.7) as users meet them, over
 // RDMA (in the guest, label rdma) and TCP (on the host, label tcp): they
 // arrive whole and byte for byte, across transports both ways; the broker

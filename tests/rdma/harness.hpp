@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers for the RDMA integration tests (run inside the Soft-RoCE guest):
 // a real rdmabrokerd child process, the guest's addresses, deterministic
 // payloads, and a raw rdma_cm peer that can send what librdmabroker never

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Message headers (proto/SPEC.md §3.6, docs/headers.md) as users meet them,
 // over RDMA (in the guest, label rdma) and TCP (on the host, label tcp):
 // headers reach every kind of subscriber as published, through fan-out,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Isolation (docs/security.md, "Pool shares"): no client can take the shared
 // buffer pool from the others. A slow subscriber's waiting messages are
 // copied out of the receive buffers they arrived in and bounded by its share

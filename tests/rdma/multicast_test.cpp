@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hardware multicast fan-out (docs/multicast.md), in the Soft-RoCE guest:
 // subscribers on both devices receive a multicast-backed subject from a real
 // IB/RoCE multicast group (rdma_join_multicast on rxe), every message exactly

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What an operator relies on: flags win over the config file (on start, in
 // --check-config, in `stat` and across reloads); the metrics endpoint answers
 // while idle or slow sockets hold connections to it; broker-wide bounds on

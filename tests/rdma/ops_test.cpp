@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Operating the broker as an operator does: live reload from the YAML file
 // (applied, refused, invalid; by `rdmabroker reload` and by SIGHUP), the
 // Prometheus endpoint checked by promtool on a live scrape, and `rdmabroker

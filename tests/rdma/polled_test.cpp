@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The polled client (ClientOptions::polled, Client::poll): no I/O thread,
 // the application's thread makes the progress; over RDMA (in the guest,
 // label rdma) and TCP (on the host, label tcp).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RDMA integration tests: a real rdmabrokerd process and real clients over
 // Soft-RoCE (rxe0/rxe1 in the guest). Each test starts its own broker.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Client resilience (ClientOptions::reconnect), over RDMA in the guest and
 // TCP on the host: a broker restarted under load, clients that reconnect
 // with backoff, restore their subscriptions and report the outage; publishing

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Routing as users see it (wildcards, queue groups, request/reply), run over
 // each transport: "/rdma" instances in the Soft-RoCE guest (label rdma),
 // "/tcp" instances on the host (label tcp). Plus RDMA and TCP clients mixed on

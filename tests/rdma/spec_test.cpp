@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // proto/SPEC.md's rules as a client written from the spec alone meets them,
 // over RDMA (in the guest, label rdma) and TCP (on the host, label tcp): each
 // broken rule gets its own error code, the ERROR then CLOSE the spec

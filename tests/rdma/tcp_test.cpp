@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a misbehaving TCP peer gets (label tcp, run on the host): the same
 // typed errors, bounds and close reasons as over RDMA, and nobody else is
 // disturbed. A raw socket sends what librdmabroker never would.

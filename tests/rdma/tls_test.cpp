@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TLS on the TCP listener (tls.mode, SPEC.md §1.3, docs/security.md), with
 // certificates the test makes with the openssl CLI: a CA and a second one,
 // the broker's certificate (good, expired, for another host name, a renewed

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Messages delivered in place (Client::subscribe_view, MessageView), over
 // RDMA (in the guest, label rdma) and TCP (on the host, label tcp): the
 // handler reads subject, reply, header fields and payload in the library's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Wake-ups at light load (issue 16: a wake-up is the unit cost of latency),
 // over RDMA (in the guest, label rdma) and TCP (on the host, label tcp).
 // tests/bench/wakeups.sh measures them per delivered message end to end.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs inside the Soft-RoCE guest: one gtest filter RUNS times in a row
 # while other work loads the guest, and keeps the whole output of every
 # failed run. A race that shows once in fifty runs of the suite shows here in

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs inside the Soft-RoCE guest: the RDMA-labelled ctest tests of each build
 # tree given, one tree after the other, RDMABROKER_GUEST_JOBS tests at a time
 # (default 3: release 231 -> 185 s, ASan about 700 -> 443 s; tests that share

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # run-in-guest.sh: runs a command inside a throw-away QEMU guest that has real
 # RDMA: Debian's stock kernel with rdma_rxe (Soft-RoCE), driven by the host's
 # own rdma-core (librdmacm/libibverbs) and the host's freshly built binaries.

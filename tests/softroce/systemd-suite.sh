@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The real systemd unit, driven by systemctl, in a guest where systemd is PID 1
 # and Soft-RoCE provides RDMA (run-in-guest.sh with RDMABROKER_GUEST_INIT=systemd):
 #   1. installs the packages (the daemon's postinst: user, directories, enable

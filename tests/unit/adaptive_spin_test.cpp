@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Adaptive waiting's rule (common/adaptive_spin.hpp): the spin window grows
 // after short sleeps, shrinks to nothing after long ones, and spin slots
 // bound how many threads spin at once.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Identities and the auth table: permission checks (allow/deny for publish,
 // covers/meets for subscribe), credential checks against crypt(3) hashes,
 // and what a reload does to a connected client's identity.

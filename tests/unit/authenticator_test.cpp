@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The authenticator's defences (docs/security.md, "Password guessing and
 // connection floods"): addresses served in turn, failure delays per address,
 // no crypt(3) for connections that closed or whose deadline passed, and the

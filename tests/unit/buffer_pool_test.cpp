@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The shared buffer pool: exhaustion, reference counting of fanned-out
 // buffers, and release from many threads at once (run under TSan in CI).
 #include <gtest/gtest.h>

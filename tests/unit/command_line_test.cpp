@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // rdmabrokerd's precedence rule (docs/configuration.md, "Precedence"):
 // default < file < flag, for every flag that has a config key, and the
 // explanation of where each listen address came from.

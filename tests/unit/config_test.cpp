@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The YAML loader: defaults, every section, and one case per kind of mistake,
 // each reported with file, line, column and key; diff() for reload.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Credit flow control: the rules of SPEC.md "Flow control", and a simulation of
 // two peers showing nobody sends without a posted receive and nobody deadlocks.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The admin command `fault`'s arguments (daemon/fault/fault.hpp): what a test
 // may arm, and the clear refusal of anything else. Parsing is built in every
 // tree; arming needs a fault-injection build.

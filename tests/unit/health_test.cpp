@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The body of GET /healthz and GET /readyz (daemon/ops/health.hpp): an
 // operator reading a failed probe's output learns which check failed and why.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Packing subscriber queues into SENDs, checked against a fake transport: the
 // SGE list is gathered exactly as a NIC would, and the gathered bytes must
 // decode to the frames that were queued, in order.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `rdmabroker stat`'s rates: the change of the counters over the sampled window.
 #include <gtest/gtest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The transport-neutral core of a worker (frames -> router -> connections'
 // queues -> flush) driven without verbs or sockets: each connection's link is
 // a FakeLink that decodes and records what would have been sent.

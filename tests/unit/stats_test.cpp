@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The statistics are declared once (broker/stats.hpp): the snapshot and the
 // Prometheus exporter are two visitors of the same declarations. These tests
 // pin down that the two agree, that workers are summed, and that a family

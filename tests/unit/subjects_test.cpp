@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Subject relations (proto/subjects.hpp) against their definitions, checked
 // by enumerating every subject of a small universe: `matches` by the plain
 // token definition, `covers` and `intersect` by what the patterns match.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The subject trie against a brute-force matcher (docs/subjects.md), with and
 // without the per-worker match cache, plus removal and pruning.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The wire codec: round trips for every frame type and one case per class of
 // malformed input (proto/SPEC.md, "Validation").
 #include <gtest/gtest.h>

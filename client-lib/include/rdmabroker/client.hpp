@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // librdmabroker: publish and subscribe through rdmabrokerd. Verbs stay hidden:
 // connect to "rdma://host:port" (or "tcp://host:port" on a host without RDMA),
 // then publish, subscribe (callback or blocking next(), alone or in a queue

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* librdmabroker C API: a plain C face of the C++ client for other languages.
  * Every call returns RB_OK (0) or a negative rb_status; rb_last_error() gives
  * the message of the calling thread's last failure. */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Errors as values: Error carries a category and a message written for the
 // person who reads it; Result<T> is a T or an Error. Used on every control path
 // of the daemon and in librdmabroker's public API (exceptions never cross it).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // nats_bench: `rdmabroker bench`'s measurement against nats-server, through
 // the NATS C client (libnats, Debian's libnats-dev). Same stamp, same
 // histogram, same report; only the connection differs. Client settings are

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // redis_bench: `rdmabroker bench`'s measurement against redis-server's
 // pub/sub, through hiredis (Debian's libhiredis-dev). Same stamp, histogram
 // and report as `rdmabroker bench`; only the connection differs.

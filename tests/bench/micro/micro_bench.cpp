@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Micro-benchmarks of the hot-path pieces (Google Benchmark): frame encode and
 // decode (with and without message headers, and a client's header parsing), subject matching against 10,000
 // subscriptions (trie alone and with a worker's match cache), buffer pool get/put, and the worker command

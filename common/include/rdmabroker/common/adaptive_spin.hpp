@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Adaptive waiting: how long a thread that found no work spins on its
 // completion queues before it sleeps on their completion channel, tuned by
 // what happened the last times instead of a guessed number of microseconds.

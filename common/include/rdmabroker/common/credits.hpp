@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Credit-based flow control for one connection, one side's view (SPEC.md,
 // "Flow control"). Both directions run the same rules:
 //   - send side: a SEND may be posted only with a credit; the last credit is

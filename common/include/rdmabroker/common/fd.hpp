@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Owning file descriptor and the small fd helpers the event loops share.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // OpenSSL for the TCP transport's TLS (SPEC.md §1.3), shared by the broker
 // and the client library: owners of the handles, and the one way both read
 // an error (the library's queue is per thread, so what a failed call left

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One UD endpoint for multicast (SPEC.md §7), as both sides build it: an
 // rdma_cm id bound to a local address (so that it lands on that address's
 // device and can join groups there), a CQ (with a completion channel when the

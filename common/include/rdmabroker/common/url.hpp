@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Broker URLs ("scheme://[user:password@|token@]host[:port]"), parsed one
 // way for the client library (Client::connect) and the broker's
 // configuration (cluster.routes). Header-only.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RAII owners for every verbs and rdma_cm handle. Each alias frees its handle
 // with the matching destroy call; a struct that owns several declares them in
 // creation order so that reverse-order destruction is a valid teardown

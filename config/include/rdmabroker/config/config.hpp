@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Loading, validating and comparing the broker's YAML configuration
 // (docs/configuration.md). Every problem is reported, not just the first, each
 // naming the file, line, column and key; a file with any problem yields no

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Settings of one broker instance: what config/rdmabroker.yaml sets, key by
 // key (docs/configuration.md), with the built-in defaults. Plain data; the
 // loader (config.hpp) fills it and validates it, the broker sizes its verbs

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The rdmabroker connection handshake (SPEC.md, "Handshake") and the credit
 // immediates: what a transport carries outside frames. Over RDMA the blocks
 // travel in the rdma_cm connect/accept/reject private data, over TCP as the

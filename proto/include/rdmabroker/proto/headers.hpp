@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Message headers (SPEC.md §3.6): the header block that a PUBLISH of protocol
 // version 2 may carry at the start of its payload, NATS-style "Name: value"
 // lines. Pure computation on byte spans, like wire.hpp, which uses it to

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // INFO (SPEC.md §8, "Gossip", version 7): what a broker of a cluster tells
 // its clients and the routes logged in to it about itself and the brokers it
 // has routes up to, and the route login's announcement of the dialing

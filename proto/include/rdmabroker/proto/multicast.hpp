@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Multicast parts of the wire protocol (SPEC.md §7): the MCAST_JOIN payload
 // and the header of every UD datagram the broker sends to a group. Pure
 // computation on byte spans, like wire.hpp.

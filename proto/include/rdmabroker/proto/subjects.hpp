@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Relations between subjects and subject patterns (SPEC.md "Subjects",
 // docs/subjects.md), token by token, for code that holds a handful of patterns
 // rather than an index: permissions (which publishes and subscriptions a user

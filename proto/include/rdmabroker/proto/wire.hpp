@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The rdmabroker wire protocol (versions 1 to 4): frame layout, handshake blocks and
 // their encoders/decoders. proto/SPEC.md is the normative description; this
 // header implements it and is shared by rdmabrokerd and librdmabroker.
