@@ -9,7 +9,7 @@ PACKAGES=(
   # build
   build-essential cmake pkg-config ninja-build ccache clang-format
   libibverbs-dev librdmacm-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
-  libyaml-cpp-dev prometheus-cpp-dev libsystemd-dev libssl-dev
+  libyaml-cpp-dev prometheus-cpp-dev libsystemd-dev libssl-dev liburiparser-dev
   go-md2man groff-base  # the manual pages, made from docs/ (scripts/man.sh) and checked with groff
   lintian  # scripts/package.sh checks the Debian packages with it
   # tests
@@ -17,6 +17,7 @@ PACKAGES=(
   stress-ng  # scripts/flake-loop.sh: the host suite under load
   gdb  # tests/rdma/harness.cpp: the stacks of a program that hangs
   python3 python3-pytest  # the Python package's tests (python/tests)
+  python3-venv python3-pip python3-setuptools python3-wheel  # tests/python-wheel.sh: pip install of a wheel
   clang libclang-rt-14-dev  # libFuzzer targets (tests/fuzz)
   libnats-dev libhiredis-dev  # the NATS and Redis drivers of the benchmark suite (built with the tests)
   prometheus  # promtool, to check the metrics a live broker serves

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // rdmabroker: command-line client built on librdmabroker.
 //   rdmabroker pub SUBJECT [MESSAGE|-]   publish (a message, or each line of stdin)
+//   rdmabroker pub SUBJECT --file F|-    publish a file (or all of stdin) as one message
 //   rdmabroker sub SUBJECT [--count N] [--queue GROUP]
 //                                        print messages as they arrive (wildcards allowed)
 //   rdmabroker request SUBJECT MESSAGE   send a request, print the first reply
@@ -9,16 +10,23 @@
 //   rdmabroker reload                    reload the broker's configuration (admin socket)
 //   rdmabroker bench [SUBJECT]           N publishers -> M subscribers: rates, loss, latency
 // The broker URL is rdma://host[:port], tcp://host[:port] or tls://host[:port]
-// (--server, or RDMABROKER_URL).
+// (--server, or RDMABROKER_URL). With neither, rdma://localhost:7470, or
+// tcp://localhost:7471 on a host without RDMA devices (a URL the user gave is
+// never changed).
 //
-// Exit codes, the same for every subcommand (docs/cli.md):
+// Exit codes, the same for every subcommand (docs/cli.md; sysexits(3) where
+// one fits):
 //   0  done
 //   1  failed (the connection was lost, the broker sent an error, a bad subject...)
-//   2  a usage error, or no connection (refused, unreachable, bad credentials)
 //   3  timed out (sub --timeout, request --timeout)
 //   4  no responders (request)
-//   5  refused by the broker's permissions (pub, sub, request, reply)
+//   64 usage error (EX_USAGE)
+//   66 the --file cannot be read (EX_NOINPUT)
+//   69 the broker (or its admin socket) cannot be reached or refused the connection (EX_UNAVAILABLE)
+//   77 credentials or permission refused by the broker (EX_NOPERM)
 #include <crypt.h>
+#include <sys/stat.h>
+#include <sysexits.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -27,6 +35,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -48,12 +58,16 @@ std::atomic<bool> g_interrupted{false};
 /// The broker refused something for permissions (ERROR PERMISSION_DENIED, an
 /// asynchronous report): the command exits kExitRefused, not 0 or 1.
 std::atomic<bool> g_refused{false};
+/// Set once Client::connect has returned a client (see on_error).
+std::atomic<bool> g_connected{false};
 
 constexpr int kExitFailed = 1;
-constexpr int kExitUsageOrConnect = 2;
 constexpr int kExitTimeout = 3;
 constexpr int kExitNoResponders = 4;
-constexpr int kExitRefused = 5;
+constexpr int kExitUsage = EX_USAGE;              // 64
+constexpr int kExitNoInput = EX_NOINPUT;          // 66
+constexpr int kExitUnavailable = EX_UNAVAILABLE;  // 69
+constexpr int kExitRefused = EX_NOPERM;           // 77
 
 struct Common {
   std::string server;
@@ -78,15 +92,46 @@ struct Common {
   }
 };
 
+constexpr const char* kDefaultServer = "rdma://localhost:7470";
+/// Where the default goes on a host without RDMA (rdmabrokerd there serves TCP only).
+constexpr const char* kDefaultServerWithoutRdma = "tcp://localhost:7471";
+
 std::string default_server() {
   const char* env = std::getenv("RDMABROKER_URL");
-  return env != nullptr ? env : "rdma://localhost:7470";
+  return env != nullptr ? env : kDefaultServer;
+}
+
+/// Whether the kernel has any RDMA device (verbs devices are listed in
+/// /sys/class/infiniband, Soft-RoCE's too). RDMABROKER_SYSFS_INFINIBAND names
+/// another directory, for the test of a host without RDMA.
+bool host_has_rdma_device() {
+  const char* dir = std::getenv("RDMABROKER_SYSFS_INFINIBAND");
+  std::error_code ec;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(dir != nullptr ? dir : "/sys/class/infiniband", ec)) {
+    (void)entry;
+    return true;
+  }
+  return false;
+}
+
+/// The URL to connect to: the one given (--server, RDMABROKER_URL) as it is;
+/// else the default, over TCP on a host without RDMA devices.
+std::string server_url(const Common& c, bool verbose) {
+  if (!c.server.empty()) return c.server;
+  if (std::getenv("RDMABROKER_URL") != nullptr) return default_server();
+  if (host_has_rdma_device()) return kDefaultServer;
+  if (verbose) std::cerr << "no RDMA device on this host: using " << kDefaultServerWithoutRdma << "\n";
+  return kDefaultServerWithoutRdma;
 }
 
 void add_common(CLI::App* cmd, Common& c) {
   cmd->add_option("-s,--server", c.server,
                   "Broker URL: rdma://, tcp:// or tls://host[:port] (env RDMABROKER_URL)")
-      ->default_str(default_server());
+      ->default_str(std::getenv("RDMABROKER_URL") != nullptr
+                        ? default_server()
+                        : std::string(kDefaultServer) + "; without RDMA devices " +
+                              kDefaultServerWithoutRdma);
   cmd->add_option("-b,--bind", c.bind, "Local address to bind (selects the RDMA device)");
   cmd->add_option("-u,--user", c.user, "User name (env RDMABROKER_USER)")->envname("RDMABROKER_USER");
   cmd->add_option("--password", c.password,
@@ -118,7 +163,7 @@ int run_passwd(const std::string& scheme, unsigned long cost) {
   std::getline(std::cin, secret);
   if (secret.empty()) {
     std::cerr << "rdmabroker passwd: read an empty secret from stdin\n";
-    return kExitUsageOrConnect;
+    return kExitUsage;
   }
   const char* prefix = scheme == "yescrypt"      ? "$y$"
                        : scheme == "sha512crypt" ? "$6$"
@@ -126,7 +171,7 @@ int run_passwd(const std::string& scheme, unsigned long cost) {
                                                  : nullptr;
   if (prefix == nullptr) {
     std::cerr << "rdmabroker passwd: unknown scheme '" << scheme << "' (yescrypt, sha512crypt, bcrypt)\n";
-    return kExitUsageOrConnect;
+    return kExitUsage;
   }
   char setting[CRYPT_GENSALT_OUTPUT_SIZE];
   if (crypt_gensalt_rn(prefix, cost, nullptr, 0, setting, sizeof setting) == nullptr) {
@@ -143,6 +188,21 @@ int run_passwd(const std::string& scheme, unsigned long cost) {
   std::cout << hash << "\n";
   explicit_bzero(&data, sizeof data);
   return 0;
+}
+
+/// The exit code of a connection that failed: the URL was unusable (usage),
+/// the broker refused the credentials (permission), or it cannot be reached
+/// or refused the connection (unavailable).
+int connect_exit_code(const rdmabroker::Error& e) {
+  switch (e.kind) {
+    case rdmabroker::ErrorKind::kInvalidArgument:
+      return kExitUsage;
+    case rdmabroker::ErrorKind::kAuthenticationFailed:
+    case rdmabroker::ErrorKind::kPermissionDenied:
+      return kExitRefused;
+    default:
+      return kExitUnavailable;
+  }
 }
 
 std::unique_ptr<Client> connect_or_die(const Common& c) {
@@ -162,13 +222,15 @@ std::unique_ptr<Client> connect_or_die(const Common& c) {
   };
   opt.on_error = [](const rdmabroker::Error& e) {
     if (e.kind == rdmabroker::ErrorKind::kPermissionDenied) g_refused = true;
-    std::cerr << "rdmabroker: " << e.message << "\n";
+    // Until connect() returns, its own failure says it (printed once, below).
+    if (g_connected) std::cerr << "rdmabroker: " << e.message << "\n";
   };
-  auto client = Client::connect(c.server.empty() ? default_server() : c.server, opt);
+  auto client = Client::connect(server_url(c, c.verbose), opt);
   if (!client) {
     std::cerr << "rdmabroker: " << client.error().message << "\n";
-    std::exit(kExitUsageOrConnect);
+    std::exit(connect_exit_code(client.error()));
   }
+  g_connected = true;
   if (c.verbose) std::cerr << "connected: " << client.value()->transport_description() << "\n";
   return std::move(client.value());
 }
@@ -181,11 +243,11 @@ int die(const rdmabroker::Error& e) {
   return g_refused ? kExitRefused : kExitFailed;
 }
 
-/// An admin command's failure: no connection to the socket is exit 2, like a
-/// broker that cannot be reached; anything else 1.
+/// An admin command's failure: no connection to the socket is unavailable,
+/// like a broker that cannot be reached; anything else failed.
 int die_admin(const rdmabroker::Error& e) {
   std::cerr << "rdmabroker: " << e.message << "\n";
-  return e.kind == rdmabroker::ErrorKind::kConnectFailed ? kExitUsageOrConnect : kExitFailed;
+  return e.kind == rdmabroker::ErrorKind::kConnectFailed ? kExitUnavailable : kExitFailed;
 }
 
 /// After a flush: the broker has answered everything sent before it, its
@@ -309,7 +371,7 @@ rdmabroker::Headers headers_or_die(const std::vector<std::string>& options) {
     const auto eq = o.find('=');
     if (eq == std::string::npos) {
       std::cerr << "rdmabroker: --header " << o << ": expected NAME=VALUE\n";
-      std::exit(kExitUsageOrConnect);
+      std::exit(kExitUsage);
     }
     headers.add(std::string_view(o).substr(0, eq), std::string_view(o).substr(eq + 1));
   }
@@ -323,14 +385,43 @@ void print_message(std::uint64_t n, const rdmabroker::Message& m) {
 }
 
 int run_pub(const Common& common, const std::string& subject, const std::string& message, std::uint64_t count,
-            const std::vector<std::string>& header_options) {
+            const std::vector<std::string>& header_options, const std::string& file) {
   const rdmabroker::Headers headers = headers_or_die(header_options);
+  std::string contents;  // --file: the whole file (or stdin) as one message, bytes as they are
+  if (!file.empty()) {
+    if (file == "-") {
+      contents.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    } else {
+      int err = 0;
+      std::error_code ec;
+      if (std::filesystem::is_directory(file, ec)) {
+        err = EISDIR;
+      } else {
+        errno = 0;
+        std::ifstream in(file, std::ios::binary);
+        if (in) {
+          contents.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        } else {
+          err = errno != 0 ? errno : ENOENT;
+        }
+      }
+      if (err != 0) {
+        std::cerr << "rdmabroker: --file " << file << ": " << std::strerror(err) << "\n";
+        return kExitNoInput;
+      }
+    }
+  }
   auto client = connect_or_die(common);
   auto publish = [&](std::string_view payload) {
     return headers.empty() ? client->publish(subject, payload) : client->publish(subject, headers, payload);
   };
   std::uint64_t sent = 0;
-  if (message == "-") {
+  if (!file.empty()) {
+    for (std::uint64_t i = 0; i < count && !g_interrupted; ++i) {
+      if (auto st = publish(contents); !st) return die(st.error());
+      ++sent;
+    }
+  } else if (message == "-") {
     std::string line;
     while (std::getline(std::cin, line)) {
       if (auto st = publish(line); !st) return die(st.error());
@@ -545,16 +636,21 @@ Subcommand add_pub(CLI::App& app) {
     std::string subject, message = "-";
     std::uint64_t count = 1;
     std::vector<std::string> headers;
+    std::string file;
   };
   auto a = std::make_shared<Args>();
-  auto* cmd = app.add_subcommand("pub", "Publish a message (or each line of stdin with '-')");
+  auto* cmd = app.add_subcommand("pub", "Publish a message (or each line of stdin with '-', or a file)");
   cmd->add_option("subject", a->subject, "Subject")->required();
-  cmd->add_option("message", a->message, "Message text, or - for stdin lines")->capture_default_str();
+  auto* message =
+      cmd->add_option("message", a->message, "Message text, or - for stdin lines")->capture_default_str();
+  cmd->add_option("-f,--file", a->file, "Publish this file's bytes as one message (-: all of stdin)")
+      ->type_name("FILE")
+      ->excludes(message);
   cmd->add_option("-n,--count", a->count, "Publish the message this many times")->capture_default_str();
   cmd->add_option("-H,--header", a->headers, "Add the message header NAME=VALUE (repeatable)")
       ->type_name("NAME=VALUE");
   add_common(cmd, a->common);
-  return {cmd, [a] { return run_pub(a->common, a->subject, a->message, a->count, a->headers); }};
+  return {cmd, [a] { return run_pub(a->common, a->subject, a->message, a->count, a->headers, a->file); }};
 }
 
 Subcommand add_sub(CLI::App& app) {
@@ -740,10 +836,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // --help and --version end here too, with 0; a usage error with CLI11's
     // message and our one exit code for it (CLI11's own are 100 and more).
-    return app.exit(e) == 0 ? 0 : kExitUsageOrConnect;
+    return app.exit(e) == 0 ? 0 : kExitUsage;
   }
   for (const auto& c : commands) {
     if (c.cmd->parsed()) return c.run();
   }
-  return kExitUsageOrConnect;  // unreachable: require_subcommand(1)
+  return kExitUsage;  // unreachable: require_subcommand(1)
 }

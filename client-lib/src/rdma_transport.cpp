@@ -67,6 +67,13 @@ Status RdmaTransport::connect_once(std::uint32_t recv_buffer_size, proto::Connec
   const std::string where = url_.host + ":" + std::to_string(url_.port);
   session_.recv_buffer_size_ = recv_buffer_size;
   cm_channel_.reset(rdma_create_event_channel());
+  if (!cm_channel_ && (errno == ENODEV || errno == ENOENT)) {
+    // The first thing most new users run, on a laptop or a VM: say what to do.
+    return Error{ErrorKind::kConnectFailed,
+                 "no RDMA device on this host (rdma_cm: " + std::string(std::strerror(errno)) +
+                     "): " + url_.scheme + "://" + where +
+                     " needs one; connect over TCP instead (tcp://HOST:7471: the CLI's -s, RDMABROKER_URL)"};
+  }
   if (!cm_channel_) return sys_error(ErrorKind::kResource, "rdma_create_event_channel");
   set_nonblocking(cm_channel_->fd);
   rdma_cm_id* id = nullptr;

@@ -247,10 +247,11 @@ TEST_P(Auth, ReloadRevokesSubscriptionsAndUsersOfConnectedClients) {
   EXPECT_EQ(again.error().kind, ErrorKind::kAuthenticationFailed);
 }
 
-// The CLI's exit codes (docs/cli.md) let a script tell what happened: a
-// publish or subscription the broker refused for permissions is 5 (and says
-// PERMISSION_DENIED), not the 0 it used to be for a publish; a timeout 3, no
-// responders 4, a usage error or no connection 2.
+// The CLI's exit codes (docs/cli.md, sysexits(3) where one fits) let a script
+// tell what happened, one check per row of the table: 0 done, 1 failed, 3
+// timed out, 4 no responders, 64 usage, 66 a --file it cannot read, 69 the
+// broker or its admin socket unreachable, 77 credentials or permissions
+// refused (and says why, once).
 TEST_P(Auth, CliExitCodesTellScriptsWhatHappened) {
   BrokerProcess broker(next_port(), {"--config", path_}, /*allow_anonymous=*/false);
   ASSERT_TRUE(broker.running());
@@ -271,23 +272,69 @@ TEST_P(Auth, CliExitCodesTellScriptsWhatHappened) {
     }
   };
   expect("pub orders.eu hi", 0, "");
-  expect("pub orders.secret hi", 5, "permission denied: ");
-  expect("sub orders.secret.x -n 1 --timeout 10", 5, "permission denied: ");
+  expect("pub orders..eu hi", 1, "orders..eu");
+  expect("pub orders.secret hi", 77, "permission denied: ");
+  expect("sub orders.secret.x -n 1 --timeout 10", 77, "permission denied: ");
   expect("sub orders.eu -n 1 --timeout 0.5", 3, "timed out after 0 message(s)");
   // alice may not subscribe to the reply inbox: her request is refused.
-  expect("request orders.eu hi --timeout 2", 5, "permission denied: ");
+  expect("request orders.eu hi --timeout 2", 77, "permission denied: ");
   expect("request nobody.here hi --timeout 5", 4, "no responders", "bob", "bob-pw");
-  expect("reply orders.secret.x ok -n 1", 5, "permission denied: ");
-  expect("pub orders.eu hi", 2, "unknown user, wrong password or unknown token", "alice", "wrong");
-  expect("pub", 2, "subject is required");
+  expect("reply orders.secret.x ok -n 1", 77, "permission denied: ");
+  expect("pub", 64, "subject is required");
+  expect("pub orders.eu --file /nonexistent/payload", 66, "/nonexistent/payload: No such file or directory");
+  {
+    const auto [rc, out] = cli("pub orders.eu hi", "alice", "wrong");
+    EXPECT_EQ(rc, 77) << out;
+    const std::string says = "unknown user, wrong password or unknown token";
+    const auto first = out.find(says);
+    EXPECT_NE(first, std::string::npos) << out;
+    EXPECT_EQ(out.find(says, first + 1), std::string::npos) << "said twice: " << out;
+  }
   const auto [stat_rc, stat_out] =
       run({"/bin/sh", "-c", cli_path() + " stat --admin-socket /nonexistent 2>&1"});
-  EXPECT_EQ(stat_rc, 2) << stat_out;
+  EXPECT_EQ(stat_rc, 69) << stat_out;
+  // A broker nobody runs: a port with nothing listening.
+  const auto [gone_rc, gone_out] = run(
+      {"/bin/sh", "-c",
+       cli_path() + " pub x hi -s " + (GetParam() == Via::kTcp ? "tcp" : "rdma") + "://127.0.0.1:1 2>&1"});
+  EXPECT_EQ(gone_rc, 69) << gone_out;
   EXPECT_EQ(run({cli_path(), "--help"}).first, 0);
   // Each refusal was the broker's, counted there.
   auto s = broker.stats();
   EXPECT_GE(s["permissions.denied.publish"], 1) << "publish refusals";
   EXPECT_GE(s["permissions.denied.subscribe"], 3) << "subscription refusals";
+}
+
+// Credentials in a URL are percent-decoded (RFC 3986): a password with ':',
+// '@' and '%' logs in written as %3A, %40 and %25, from the library and the
+// CLI; the same password left encoded is a wrong password.
+TEST_P(Auth, APercentEncodedPasswordInAUrlLogsIn) {
+  write(base_config() + "    - name: carol\n      password: '" + hash_secret("p:ss@w%rd") + "'\n");
+  BrokerProcess broker(next_port(), {"--config", path_}, /*allow_anonymous=*/false);
+  ASSERT_TRUE(broker.running());
+  auto with_credentials = [&](const std::string& userinfo) {
+    std::string url = url_via(broker, GetParam());
+    return url.insert(url.find("://") + 3, userinfo + "@");
+  };
+  auto ok = try_connect_url(with_credentials("carol:p%3Ass%40w%25rd"), GetParam());
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  auto sub = ok.value()->subscribe(std::string_view("carol.x"));
+  ASSERT_TRUE(sub);
+  ASSERT_TRUE(ok.value()->flush(10s));
+
+  std::string command =
+      cli_path() + " pub carol.x encoded -s '" + with_credentials("carol:p%3Ass%40w%25rd") + "'";
+  if (GetParam() == Via::kRdma) command += " -b " + guest_addr2();
+  command += " 2>&1";
+  const auto [rc, out] = run({"/bin/sh", "-c", command});
+  EXPECT_EQ(rc, 0) << out;
+  auto m = sub.value()->next(10s);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->data(), "encoded");
+
+  auto literal = try_connect_url(with_credentials("carol:p%253Ass"), GetParam());
+  ASSERT_FALSE(literal.ok());
+  EXPECT_EQ(literal.error().kind, ErrorKind::kAuthenticationFailed);
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Auth, ::testing::Values(Via::kRdma, Via::kTcp),
@@ -317,12 +364,12 @@ TEST(Tcp, PasswdPrintsAHashTheBrokerAccepts) {
   ASSERT_FALSE(wrong.ok());
   EXPECT_EQ(wrong.error().kind, ErrorKind::kAuthenticationFailed);
 
-  // Nothing to hash, or a scheme it does not know: usage errors (status 2), no hash.
+  // Nothing to hash, or a scheme it does not know: usage errors (status 64), no hash.
   auto [empty_rc, empty_out] = run({cli_path(), "passwd"}, "");
-  EXPECT_EQ(empty_rc, 2) << empty_out;
+  EXPECT_EQ(empty_rc, 64) << empty_out;
   EXPECT_EQ(empty_out, "");
   auto [scheme_rc, scheme_out] = run({cli_path(), "passwd", "--scheme", "md5"}, "x\n");
-  EXPECT_EQ(scheme_rc, 2) << scheme_out;
+  EXPECT_EQ(scheme_rc, 64) << scheme_out;
   EXPECT_EQ(scheme_out, "");
 }
 

@@ -292,8 +292,8 @@ TEST_P(HeadersTest, CliPublishesAndPrintsHeaders) {
   EXPECT_EQ(
       sub.second,
       "[#1] cli.h: hello\n  Trace-Id: abc\n  Content-Type: text/plain; charset=utf-8\n[#2] cli.h: plain\n");
-  // Usage errors: no '=' (exit 2), a name the protocol refuses (exit 1, the library's message).
-  EXPECT_EQ(run(cli({"pub", "cli.h", "x", "-H", "novalue"})).first, 2);
+  // Usage errors: no '=' (exit 64), a name the protocol refuses (exit 1, the library's message).
+  EXPECT_EQ(run(cli({"pub", "cli.h", "x", "-H", "novalue"})).first, 64);
   EXPECT_EQ(run(cli({"pub", "cli.h", "x", "-H", "bad name=1"})).first, 1);
 
   auto responder = connect_via(broker_, GetParam());

@@ -140,6 +140,16 @@ TEST_F(Tls, CheckConfigLoadsTheFilesAndTheCertificateExpiryIsExported) {
   EXPECT_NE(out.find("tls.key " + file("svc-a.key") + " does not belong to tls.certificate"),
             std::string::npos)
       << out;
+  // A file that is not there: its path and the system's reason, nothing else.
+  write_file(path_,
+             "tls:\n  mode: optional\n  certificate: /nonexistent/x.pem\n  key: " + file("svc-a.key") + "\n");
+  std::tie(rc, out) = check(path_);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_EQ(out, "tls.certificate /nonexistent/x.pem: No such file or directory\n");
+  write_file(path_, "tls:\n  mode: optional\n  certificate: " + file("server.crt") +
+                        "\n  key: /nonexistent/x.key\n  client_ca: " + file("ca.crt") + "\n");
+  std::tie(rc, out) = check(path_);
+  EXPECT_EQ(out, "tls.key /nonexistent/x.key: No such file or directory\n");
   // The certificate was made valid for 2 days: the gauge says when it expires.
   BrokerProcess broker(next_port(), {"--config", config("required")});
   ASSERT_TRUE(broker.running());
@@ -161,10 +171,10 @@ TEST_F(Tls, RequiredModeRefusesPlainClientsAndSaysWhy) {
   EXPECT_EQ(c.error().kind, ErrorKind::kRejected) << c.error().message;
   EXPECT_NE(c.error().message.find("TLS required (connect with tls://)"), std::string::npos)
       << c.error().message;
-  // The CLI says so too, and exits 2 (no connection).
+  // The CLI says so too, and exits 69 (EX_UNAVAILABLE: refused).
   auto [rc, out] =
       run({"/bin/sh", "-c", cli_path() + " pub x hi -s " + broker.tcp_url("127.0.0.1") + " 2>&1"});
-  EXPECT_EQ(rc, 2);
+  EXPECT_EQ(rc, 69);
   EXPECT_NE(out.find("TLS required"), std::string::npos) << out;
   EXPECT_EQ(stat(broker, "tls.plain_refused"), 2);
   // TLS clients are served meanwhile, through the CLI too.

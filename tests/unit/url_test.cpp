@@ -39,13 +39,23 @@ TEST(Url, CarriesCredentials) {
   EXPECT_EQ(t->token, "tok-123");
   EXPECT_TRUE(t->user.empty());
   EXPECT_EQ(t->host, "broker.local");
+  // RFC 3986: credentials are percent-decoded, so any character can be in them.
+  auto e = parse_url("tls://al%20ice:p%3Ass%40w%25rd@broker.local:7000");
+  ASSERT_TRUE(e.ok()) << e.error().message;
+  EXPECT_EQ(e->user, "al ice");
+  EXPECT_EQ(e->password, "p:ss@w%rd");
+  EXPECT_EQ(e->host, "broker.local");
+  EXPECT_EQ(e->port, 7000);
+  auto et = parse_url("tcp://tok%2Bx%2F1@broker.local");
+  ASSERT_TRUE(et.ok());
+  EXPECT_EQ(et->token, "tok+x/1");
   EXPECT_FALSE(parse_url("rdma://@host").ok());
   EXPECT_FALSE(parse_url("rdma://:pw@host").ok());
 }
 
 TEST(Url, RejectsWithAReason) {
-  for (const char* bad :
-       {"10.0.0.1:9000", "rdma://", "rdma://:7", "rdma://h:0", "rdma://h:70000", "rdma://h:x"}) {
+  for (const char* bad : {"10.0.0.1:9000", "rdma://", "rdma://:7", "rdma://h:0", "rdma://h:70000",
+                          "rdma://h:x", "rdma://h/x", "rdma://h?q=1", "rdma://h p", "rdma://[fe80::1"}) {
     auto u = parse_url(bad);
     ASSERT_FALSE(u.ok()) << bad;
     EXPECT_EQ(u.error().kind, ErrorKind::kInvalidArgument);

@@ -13,9 +13,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace rdmabroker::tls {
 
@@ -35,8 +37,12 @@ using UniqueSslCtx = std::unique_ptr<SSL_CTX, SslCtxFree>;
 inline std::string take_errors(const std::string& fallback = "unknown TLS error") {
   std::string out;
   while (const unsigned long e = ERR_get_error()) {
-    const char* reason = ERR_reason_error_string(e);
-    out += (out.empty() ? "" : "; ") + std::string(reason != nullptr ? reason : "error " + std::to_string(e));
+    // A failed system call (OpenSSL 3 packs its errno in the code): say it as
+    // strerror does, not "error 2147483650".
+    const char* reason = ERR_SYSTEM_ERROR(e) ? std::strerror(ERR_GET_REASON(e)) : ERR_reason_error_string(e);
+    std::string line = reason != nullptr ? reason : "error " + std::to_string(e);
+    if (line == "system lib" || out.find(line) != std::string::npos) continue;  // says nothing more
+    out += (out.empty() ? "" : "; ") + line;
   }
   return out.empty() ? fallback : out;
 }
@@ -48,6 +54,14 @@ inline std::string take_errors(const std::string& fallback = "unknown TLS error"
 /// or an empty string.
 inline std::string use_certificate_and_key(SSL_CTX* ctx, const std::string& cert, const std::string& key,
                                            const std::string& cert_name, const std::string& key_name) {
+  // A file that cannot be opened is the usual mistake: its path and errno.
+  for (const auto& [name, path] : {std::pair{&cert_name, &cert}, std::pair{&key_name, &key}}) {
+    if (std::FILE* f = std::fopen(path->c_str(), "r")) {
+      std::fclose(f);
+    } else {
+      return *name + " " + *path + ": " + std::strerror(errno);
+    }
+  }
   if (SSL_CTX_use_certificate_chain_file(ctx, cert.c_str()) != 1) {
     return cert_name + " " + cert + ": " + take_errors();
   }
