@@ -26,8 +26,10 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
+__version__ = "0.1.0"  # the project's version (CMakeLists.txt; a test keeps them equal)
+
 __all__ = [
-    "connect", "Client", "Subscription", "Message", "Headers", "ServerInfo", "BrokerInfo", "Error", "InvalidArgument", "ConnectFailed",
+    "__version__", "connect", "Client", "Subscription", "Message", "Headers", "ServerInfo", "BrokerInfo", "Error", "InvalidArgument", "ConnectFailed",
     "Rejected", "Timeout", "Closed", "BrokerError", "ResourceError", "PayloadTooLarge",
     "NoResponders", "AuthenticationFailed", "PermissionDenied", "MessagesLost",
 ]
@@ -151,8 +153,21 @@ class _COptions(ctypes.Structure):
 _CONNECTION_EVENTS = {0: "disconnected", 1: "reconnected", 2: "gave_up"}
 
 
+_LIBRARY_PACKAGE = "librdmabroker0"  # the Debian package that ships librdmabroker.so.0
+
+
 def _load():
-    lib = ctypes.CDLL(os.environ.get("RDMABROKER_LIBRARY") or "librdmabroker.so.0")
+    name = os.environ.get("RDMABROKER_LIBRARY") or "librdmabroker.so.0"
+    try:
+        lib = ctypes.CDLL(name)
+    except OSError as e:
+        where = ("RDMABROKER_LIBRARY=" + name if os.environ.get("RDMABROKER_LIBRARY")
+                 else name + " from the system's library path")
+        raise ImportError(
+            f"rdmabroker: cannot load the client library {where} ({e}). Install the Debian package "
+            f"{_LIBRARY_PACKAGE} (apt-get install {_LIBRARY_PACKAGE}), or set RDMABROKER_LIBRARY to the path of "
+            f"librdmabroker.so.0 (a build tree: build/release/client-lib/librdmabroker.so.0).",
+            name="rdmabroker") from e
     P, I, U32, S = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_size_t
     msg_pp = ctypes.POINTER(ctypes.POINTER(_CMessage))
     for name, res, args in [
