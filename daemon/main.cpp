@@ -14,6 +14,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "admin_client.hpp"
 #include "server.hpp"
 #include "fault/fault.hpp"
 #include "ops/admin_server.hpp"
@@ -85,9 +86,36 @@ int check_config(const CommandLine& cl) {
           ctx.value()->description();
   }
   std::cout << (path.empty() ? std::string("(defaults)") : path) << ": ok\n";
+  if (!effective.broker.auth.anonymous && effective.broker.auth.users.empty())
+    std::cerr << "warning: " << kNobodyCanConnect << "\n";
   for (const auto& l : describe_listeners(effective, cl, path)) std::cout << l << "\n";
   if (!tls.empty()) std::cout << tls << "\n";
   return 0;
+}
+
+/// --reload: the running broker reloads its file through its admin socket
+/// (the unit's ExecReload, so `systemctl reload` waits for the outcome and
+/// fails when the broker refused the new file).
+int reload_running(const CommandLine& cl) {
+  config::Config flags_only;
+  cl.apply(flags_only);
+  const std::string& socket = flags_only.broker.admin_socket;
+  auto reply = rdmabroker::cli::admin_request(socket, "reload");
+  if (!reply) {
+    std::cerr << "rdmabrokerd --reload: " << reply.error().message << "\n";
+    return 1;
+  }
+  auto doc = nlohmann::json::parse(reply.value(), nullptr, false);
+  if (!doc.is_object()) {
+    std::cerr << "rdmabrokerd --reload: bad reply from the broker: " << reply.value() << "\n";
+    return 1;
+  }
+  if (doc.value("ok", false)) {
+    std::cout << doc.value("message", "reloaded") << "\n";
+    return 0;
+  }
+  std::cerr << "rdmabrokerd --reload: " << doc.value("error", "reload failed") << "\n";
+  return 1;
 }
 
 /// The main thread once the broker runs: signals, the admin socket, the
@@ -249,6 +277,7 @@ int main(int argc, char** argv) {
   }
   const CommandLine& cl = std::get<CommandLine>(parsed);
   if (cl.check_only) return check_config(cl);
+  if (cl.reload_only) return reload_running(cl);
   const std::string config_path = cl.config_path;
   auto loaded = read_file_config(config_path);
   if (!loaded) {

@@ -193,9 +193,7 @@ Status Server::inject(const fault::Spec& spec) {
 
 void Server::warn_if_nobody_can_connect(const AuthTable& table) {
   if (table.nobody_can_connect()) {
-    spdlog::warn(
-        "auth: no users and anonymous access off: every client will be refused "
-        "(set auth.anonymous: true, or add auth.users; docs/security.md)");
+    spdlog::warn("{}", kNobodyCanConnect);
   }
 }
 

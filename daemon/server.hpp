@@ -24,6 +24,12 @@
 
 namespace rdmabroker::daemon {
 
+/// What the broker logs at start and reload, and --check-config prints, for
+/// a configuration that admits no client.
+inline constexpr const char* kNobodyCanConnect =
+    "auth: no users and anonymous access off: every client will be refused "
+    "(set auth.anonymous: true, or add auth.users; docs/security.md)";
+
 class Server {
  public:
   /// Opens devices, registers memory, creates workers and the listening id.

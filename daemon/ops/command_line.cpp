@@ -180,6 +180,11 @@ std::variant<CommandLine, CommandLineExit> parse_command_line(int argc, const ch
                      "Validate a configuration file (default: --config's), print the effective listen "
                      "addresses and where each came from, and exit")
           ->expected(0, 1);
+  app.add_flag(
+         "--reload", cl.reload_only,
+         "Ask the running broker (through --admin-socket, default /run/rdmabroker/admin.sock) to reload "
+         "its configuration file; print the outcome and exit 0, or 1 if the reload was refused")
+      ->excludes(check);
   std::vector<std::function<std::function<void(Config&)>()>> given;
   for (const auto& def : flag_table()) given.push_back(def.add(app, def));
   try {

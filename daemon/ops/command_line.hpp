@@ -33,7 +33,11 @@ struct CommandLine {
   /// Why config_path is what it is, for the start-up log line.
   std::string config_origin;
   bool check_only = false;  // --check-config
-  std::string check_path;   // its argument (empty: config_path)
+  /// --reload: ask the running broker (its admin socket: --admin-socket, else
+  /// the default) to reload its file, print the outcome and exit with it.
+  /// What the unit's ExecReload runs: nothing outside the daemon's package.
+  bool reload_only = false;
+  std::string check_path;  // its argument (empty: config_path)
   /// Flags that override the file, in the order they are applied: a flag
   /// that claims a broader setting (--listen) before a narrower one (--tcp-listen).
   std::vector<GivenFlag> flags;

@@ -64,7 +64,11 @@ std::string setup_logging(const config::LogSettings& settings) {
     logger = std::make_shared<spdlog::logger>(
         "rdmabrokerd", std::make_shared<spdlog::sinks::systemd_sink_mt>("rdmabrokerd"));
   } else {
-    logger = spdlog::stdout_color_mt("rdmabrokerd");
+    // Colours on a terminal, unless NO_COLOR is set to anything (no-color.org).
+    const char* no_color = std::getenv("NO_COLOR");
+    logger = spdlog::stdout_color_mt("rdmabrokerd", no_color != nullptr && no_color[0] != '\0'
+                                                        ? spdlog::color_mode::never
+                                                        : spdlog::color_mode::automatic);
   }
   spdlog::set_default_logger(logger);
   apply_log_settings(settings);

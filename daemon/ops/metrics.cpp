@@ -192,15 +192,21 @@ std::optional<std::string> MetricsExporter::answer(const std::string& request) c
     return http_response(404, "Not Found", "text/plain",
                          "only /metrics, /healthz and /readyz are served here\n");
   }
-  if (method != "GET") return http_response(405, "Method Not Allowed", "text/plain", "GET " + path + "\n");
+  if (method != "GET" && method != "HEAD")
+    return http_response(405, "Method Not Allowed", "text/plain", "GET or HEAD " + path + "\n");
+  std::string response;
   if (live || ready) {
     // 200 or 503, the status an orchestrator acts on; the body says why.
     const HealthReport report = live ? probes_.live() : probes_.ready();
     const bool ok = report.ok();
-    return http_response(ok ? 200 : 503, ok ? "OK" : "Service Unavailable", "text/plain; charset=utf-8",
-                         render(report, path.substr(1)));
+    response = http_response(ok ? 200 : 503, ok ? "OK" : "Service Unavailable", "text/plain; charset=utf-8",
+                             render(report, path.substr(1)));
+  } else {
+    response = http_response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", scrape());
   }
-  return http_response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", scrape());
+  // HEAD (RFC 9110 §9.3.2): GET's status and headers, Content-Length included, without the body.
+  if (method == "HEAD") response.resize(response.find("\r\n\r\n") + 4);
+  return response;
 }
 
 }  // namespace rdmabroker::daemon

@@ -90,6 +90,61 @@ TEST(Tcp, ListenFlagWinsOverTheConfigFileOnStartAndOnReload) {
   ::unlink(path.c_str());
 }
 
+// What a service manager and an operator's terminal rely on: `rdmabrokerd
+// --reload` (the unit's ExecReload) reloads the running broker through its
+// admin socket and fails, saying why, when the broker refuses the file or
+// cannot be reached; --check-config warns about a file that admits nobody;
+// NO_COLOR turns the colours of a terminal's log off.
+TEST(Tcp, TheDaemonReloadsItselfChecksWhoIsAdmittedAndHonoursNoColor) {
+  const std::string path = "/tmp/rdmabroker-selfreload-" + std::to_string(getpid()) + ".yaml";
+  write_file(path, "rdma: off\nauth: {anonymous: true}\n");
+  BrokerProcess broker(next_port(), {"--config", path});
+  ASSERT_TRUE(broker.running());
+  auto reload = [&] {
+    return run(
+        {"/bin/sh", "-c", broker_path() + " --reload --admin-socket " + broker.admin_socket() + " 2>&1"});
+  };
+  write_file(path, "rdma: off\nauth: {anonymous: true}\nlogging: {level: debug}\n");
+  auto ok = reload();
+  EXPECT_EQ(ok.first, 0) << ok.second;
+  EXPECT_NE(ok.second.find("logging.level info -> debug"), std::string::npos) << ok.second;
+  write_file(path, "rdma: off\nauth: {anonymous: true}\nlogging: {level: loud}\n");
+  auto refused = reload();
+  EXPECT_EQ(refused.first, 1) << refused.second;
+  EXPECT_NE(refused.second.find("logging.level"), std::string::npos) << refused.second;
+  EXPECT_EQ(broker.stats()["reloads.ok"], 1);
+  auto nobody = run({"/bin/sh", "-c", broker_path() + " --reload --admin-socket /nonexistent.sock 2>&1"});
+  EXPECT_EQ(nobody.first, 1) << nobody.second;
+  EXPECT_NE(nobody.second.find("cannot reach the broker's admin socket /nonexistent.sock"), std::string::npos)
+      << nobody.second;
+
+  write_file(path, "rdma: off\n");
+  auto check = run({"/bin/sh", "-c", broker_path() + " --check-config " + path + " 2>&1"});
+  EXPECT_EQ(check.first, 0) << check.second;
+  EXPECT_NE(
+      check.second.find("warning: auth: no users and anonymous access off: every client will be refused"),
+      std::string::npos)
+      << check.second;
+  write_file(path, "rdma: off\nauth: {anonymous: true}\n");
+  check = run({"/bin/sh", "-c", broker_path() + " --check-config " + path + " 2>&1"});
+  EXPECT_EQ(check.second.find("warning"), std::string::npos) << check.second;
+  ::unlink(path.c_str());
+
+  // On a terminal (script(1) gives it one) the log has colours; not with NO_COLOR.
+  auto on_a_terminal = [&](const std::string& env) {
+    const std::string broker_command = env + " timeout -s TERM 1 " + broker_path() +
+                                       " --no-config --allow-anonymous --tcp-port " +
+                                       std::to_string(next_port()) + " --admin-socket '' --metrics-listen ''";
+    return run({"/usr/bin/script", "-qfec", broker_command, "/dev/null"}).second;
+  };
+  const std::string coloured = on_a_terminal("NO_COLOR=");
+  EXPECT_NE(coloured.find("listening on"), std::string::npos) << coloured;
+  EXPECT_NE(coloured.find('\x1b'), std::string::npos) << "no colours on a terminal: " << coloured;
+  const std::string plain = on_a_terminal("NO_COLOR=1");
+  EXPECT_NE(plain.find("listening on"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find('\x1b'), std::string::npos) << "colours despite NO_COLOR: " << plain;
+}
+
 // Idle sockets and slow requests hold connections to the metrics port; a
 // scrape is answered within 1 s all the same, and every socket is released.
 TEST(Tcp, MetricsAreServedWhileIdleSocketsHoldConnections) {

@@ -446,7 +446,13 @@ TEST_P(Ops, HealthAndReadinessProbesSayWhatTheyChecked) {
   EXPECT_EQ(http_request(metrics_port, "/healthz?verbose").status, 200);  // a query is ignored
   const auto post = http_request(metrics_port, "/readyz", 10s, "POST");
   EXPECT_EQ(post.status, 405);
-  EXPECT_EQ(post.body, "GET /readyz\n");
+  EXPECT_EQ(post.body, "GET or HEAD /readyz\n");
+  // HEAD, as load balancers probe: the status alone, no body.
+  for (const char* path : {"/healthz", "/readyz", "/metrics"}) {
+    const auto head = http_request(metrics_port, path, 10s, "HEAD");
+    EXPECT_EQ(head.status, 200) << path;
+    EXPECT_EQ(head.body, "") << path;
+  }
   EXPECT_EQ(http_request(metrics_port, "/livez").status, 404);
   // The client was served all along.
   ASSERT_TRUE(client->flush(10s));

@@ -63,13 +63,17 @@ check "the unit is enabled" test "$(systemctl is-enabled rdmabrokerd.service)" =
 check "the unit is active after READY=1" test "$(prop ActiveState)" = active
 check "it runs as rdmabroker" test "$(ps -o uid= -p "$(prop MainPID)" | tr -d ' ')" = "$(id -u rdmabroker)"
 check "its status says where it listens" bash -c "systemctl show -p StatusText --value rdmabrokerd | grep -q 'listening on rdma://0.0.0.0:7470'"
+# Reload needs nothing outside the daemon's package (rdmabroker-clients is
+# only Recommended): ExecReload runs the daemon itself.
+check "ExecReload runs /usr/sbin/rdmabrokerd --reload" bash -c 'grep -qF -- "$1" <<<"$2"' _ \
+  "argv[]=/usr/sbin/rdmabrokerd --reload --admin-socket /run/rdmabroker/admin.sock" "$(prop ExecReload)"
 PID=$(prop MainPID)
 
 # 2. authentication as shipped (auth.anonymous: false, no users): an
 # anonymous client is refused and told why; a user added to the file with a
 # hash from `rdmabroker passwd` is accepted after a reload.
 OUT=$("$CLI" pub guest.x hi -s "rdma://$A1:7470" -b "$A2" 2>&1)
-check "an anonymous client is refused (exit 2)" test $? = 2
+check "an anonymous client is refused (exit 77, EX_NOPERM)" test $? = 77
 check "... and told why" grep -q "authentication failed" <<<"$OUT"
 check "the journal has the refusal" journal_has "authentication failed"
 HASH=$(printf 'guest-pw\n' | "$CLI" passwd --scheme sha512crypt --cost 1000)
