@@ -22,6 +22,13 @@ Headers::Headers(std::initializer_list<std::pair<std::string_view, std::string_v
   for (const auto& [name, value] : fields) add(name, value);
 }
 
+bool Headers::operator==(const Headers& o) const {
+  if (fields_.size() != o.fields_.size()) return false;
+  for (std::size_t i = 0; i < fields_.size(); ++i)
+    if (field(fields_[i]) != o.field(o.fields_[i])) return false;
+  return true;
+}
+
 void Headers::add(std::string_view name, std::string_view value) {
   Span s;
   s.name_at = static_cast<std::uint32_t>(text_.size());

@@ -40,25 +40,24 @@ class ReconnectingClient final : public Client {
     return {};
   }
 
-  Status publish(std::string_view subject, std::span<const std::byte> payload) override {
+  Status publish(std::string_view subject, ByteView payload) override {
     return with_session([&](Session& s) { return s.publish(subject, payload); });
   }
-  Status publish_request(std::string_view subject, std::string_view reply,
-                         std::span<const std::byte> payload) override {
+  Status publish_request(std::string_view subject, std::string_view reply, ByteView payload) override {
     return with_session([&](Session& s) { return s.publish_request(subject, reply, payload); });
   }
-  Result<Message> request(std::string_view subject, std::span<const std::byte> payload,
+  Result<Message> request(std::string_view subject, ByteView payload,
                           std::chrono::milliseconds timeout) override {
     auto s = wait_for_session(opt_.publish_timeout);
     if (!s) return s.error();
     return s.value()->request(subject, payload, timeout);
   }
-  Status publish(std::string_view subject, const Headers& headers, std::span<const std::byte> payload,
+  Status publish(std::string_view subject, const Headers& headers, ByteView payload,
                  std::string_view reply) override {
     return with_session([&](Session& s) { return s.publish(subject, headers, payload, reply); });
   }
-  Result<Message> request(std::string_view subject, const Headers& headers,
-                          std::span<const std::byte> payload, std::chrono::milliseconds timeout) override {
+  Result<Message> request(std::string_view subject, const Headers& headers, ByteView payload,
+                          std::chrono::milliseconds timeout) override {
     auto s = wait_for_session(opt_.publish_timeout);
     if (!s) return s.error();
     return s.value()->request(subject, headers, payload, timeout);

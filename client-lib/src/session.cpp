@@ -134,8 +134,8 @@ void Session::release_send_buffer_locked(std::uint32_t buffer) {
 }
 
 Status Session::append_frame_locked(std::unique_lock<std::mutex>& lock, const proto::FrameHeader& h,
-                                    std::string_view subject, std::string_view reply,
-                                    std::span<const std::byte> payload, std::uint64_t sequence, bool wait,
+                                    std::string_view subject, std::string_view reply, ByteView payload,
+                                    std::uint64_t sequence, bool wait,
                                     std::span<const proto::HeaderField> headers) {
   const std::size_t len = proto::align_up(proto::kHeaderSize + subject.size() + reply.size() +
                                           proto::header_block_len(headers) + payload.size());
@@ -175,8 +175,8 @@ Status Session::append_frame_locked(std::unique_lock<std::mutex>& lock, const pr
 // ---------------------------------------------------------------- publish
 
 Status Session::publish_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
-                               std::string_view reply, std::span<const std::byte> payload,
-                               std::uint16_t flags, std::span<const proto::HeaderField> headers) {
+                               std::string_view reply, ByteView payload, std::uint16_t flags,
+                               std::span<const proto::HeaderField> headers) {
   // A message in fragments goes out whole before anything else is published.
   if (!wait_locked(lock, Clock::now() + opt_.publish_timeout, [&] { return !fragmenting_ || closed_; })) {
     return Error{ErrorKind::kTimeout, "another thread's large message still sending after " +
@@ -219,8 +219,8 @@ Status Session::publish_locked(std::unique_lock<std::mutex>& lock, std::string_v
 }
 
 Status Session::publish_fragments_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
-                                         std::string_view reply, std::span<const std::byte> payload,
-                                         std::uint16_t flags, std::span<const proto::HeaderField> headers) {
+                                         std::string_view reply, ByteView payload, std::uint16_t flags,
+                                         std::span<const proto::HeaderField> headers) {
   const std::size_t block = proto::header_block_len(headers);
   auto h = proto::FrameHeader::fragment(static_cast<std::uint32_t>(block + payload.size()), 0, connection_id_,
                                         flags);
@@ -276,7 +276,7 @@ Result<std::span<const proto::HeaderField>> header_fields(const Headers& headers
 
 }  // namespace
 
-Status Session::publish(std::string_view subject, const Headers& headers, std::span<const std::byte> payload,
+Status Session::publish(std::string_view subject, const Headers& headers, ByteView payload,
                         std::string_view reply) {
   if (auto st = check_subject(subject); !st) return st;
   if (!reply.empty()) {
@@ -288,14 +288,13 @@ Status Session::publish(std::string_view subject, const Headers& headers, std::s
   return publish_locked(lock, subject, reply, payload, 0, fields.value());
 }
 
-Status Session::publish(std::string_view subject, std::span<const std::byte> payload) {
+Status Session::publish(std::string_view subject, ByteView payload) {
   if (auto st = check_subject(subject); !st) return st;
   std::unique_lock lock(mu_);
   return publish_locked(lock, subject, {}, payload, 0);
 }
 
-Status Session::publish_request(std::string_view subject, std::string_view reply,
-                                std::span<const std::byte> payload) {
+Status Session::publish_request(std::string_view subject, std::string_view reply, ByteView payload) {
   return publish(subject, Headers{}, payload, reply);
 }
 
@@ -328,20 +327,20 @@ void Session::on_inbox_message(const MessageView& m) {
   cv_.notify_all();
 }
 
-Result<Message> Session::request(std::string_view subject, std::span<const std::byte> payload,
+Result<Message> Session::request(std::string_view subject, ByteView payload,
                                  std::chrono::milliseconds timeout) {
   return request_with(subject, {}, payload, timeout);
 }
 
-Result<Message> Session::request(std::string_view subject, const Headers& headers,
-                                 std::span<const std::byte> payload, std::chrono::milliseconds timeout) {
+Result<Message> Session::request(std::string_view subject, const Headers& headers, ByteView payload,
+                                 std::chrono::milliseconds timeout) {
   auto fields = header_fields(headers);
   if (!fields) return fields.error();
   return request_with(subject, fields.value(), payload, timeout);
 }
 
 Result<Message> Session::request_with(std::string_view subject, std::span<const proto::HeaderField> headers,
-                                      std::span<const std::byte> payload, std::chrono::milliseconds timeout) {
+                                      ByteView payload, std::chrono::milliseconds timeout) {
   if (auto st = check_subject(subject); !st) return st.error();
   std::unique_lock lock(mu_);
   if (auto st = check_open_locked(); !st) return st.error();

@@ -93,7 +93,7 @@ class QueueSubscription final : public Subscription {
 
 namespace detail {
 /// What the library may see of a MessageView that the application may not.
-struct ViewAccess {
+struct __attribute__((visibility("hidden"))) ViewAccess {  // the library's own: not exported
   /// The PUBLISH frame `publish` (of a DELIVER) delivered on `sid`, in place.
   static MessageView of(std::uint32_t sid, const proto::Frame& publish);
   /// The owning message a view was made of; null for one in a receive buffer.
@@ -179,15 +179,14 @@ class Session final : public Client {
   /// Polled: with the loop's turn held, so that no poll() runs meanwhile.
   void close() override;
 
-  Status publish(std::string_view subject, std::span<const std::byte> payload) override;
-  Status publish_request(std::string_view subject, std::string_view reply,
-                         std::span<const std::byte> payload) override;
-  Result<Message> request(std::string_view subject, std::span<const std::byte> payload,
+  Status publish(std::string_view subject, ByteView payload) override;
+  Status publish_request(std::string_view subject, std::string_view reply, ByteView payload) override;
+  Result<Message> request(std::string_view subject, ByteView payload,
                           std::chrono::milliseconds timeout) override;
-  Status publish(std::string_view subject, const Headers& headers, std::span<const std::byte> payload,
+  Status publish(std::string_view subject, const Headers& headers, ByteView payload,
                  std::string_view reply) override;
-  Result<Message> request(std::string_view subject, const Headers& headers,
-                          std::span<const std::byte> payload, std::chrono::milliseconds timeout) override;
+  Result<Message> request(std::string_view subject, const Headers& headers, ByteView payload,
+                          std::chrono::milliseconds timeout) override;
   using Client::publish;
   using Client::request;
   Result<std::uint32_t> subscribe(std::string_view subject, MessageHandler handler) override;
@@ -389,8 +388,8 @@ class Session final : public Client {
   /// sequence; `wait` false: fails at once instead (the I/O thread must not wait
   /// for buffers that only it can free).
   Status append_frame_locked(std::unique_lock<std::mutex>& lock, const proto::FrameHeader& h,
-                             std::string_view subject, std::string_view reply,
-                             std::span<const std::byte> payload, std::uint64_t sequence = 0, bool wait = true,
+                             std::string_view subject, std::string_view reply, ByteView payload,
+                             std::uint64_t sequence = 0, bool wait = true,
                              std::span<const proto::HeaderField> headers = {});
   /// I/O thread: sends a multicast control frame now, or at the next
   /// check_gaps() if every send buffer is taken.
@@ -404,14 +403,14 @@ class Session final : public Client {
   };
   std::vector<DeferredFrame> deferred_;  // I/O thread
   Status publish_locked(std::unique_lock<std::mutex>& lock, std::string_view subject, std::string_view reply,
-                        std::span<const std::byte> payload, std::uint16_t flags,
+                        ByteView payload, std::uint16_t flags,
                         std::span<const proto::HeaderField> headers = {});
   /// Sends a message larger than a frame as fragments, back to back (other
   /// publishes wait meanwhile); one that fails half-way is abandoned with
   /// ABORT before the next publish.
   Status publish_fragments_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
-                                  std::string_view reply, std::span<const std::byte> payload,
-                                  std::uint16_t flags, std::span<const proto::HeaderField> headers);
+                                  std::string_view reply, ByteView payload, std::uint16_t flags,
+                                  std::span<const proto::HeaderField> headers);
   bool fragmenting_ = false;    // a publish is sending fragments: other publishes wait (mu_)
   bool abort_pending_ = false;  // a fragmented publish failed half-way: ABORT goes first (mu_)
   /// A fragment of a DELIVER (I/O thread): reassembled per subscription and
@@ -428,7 +427,7 @@ class Session final : public Client {
   std::atomic<std::uint64_t> aborted_messages_{0};
   /// The request() of both forms: `headers` already checked.
   Result<Message> request_with(std::string_view subject, std::span<const proto::HeaderField> headers,
-                               std::span<const std::byte> payload, std::chrono::milliseconds timeout);
+                               ByteView payload, std::chrono::milliseconds timeout);
   /// `made`: where the queue of a queue subscription (no handler) is stored,
   /// before its SUBSCRIBE leaves, so that a refusal arriving at once closes
   /// the queue the caller gets instead of racing it.

@@ -22,10 +22,11 @@ set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 # tree; it has no shlibs file there, so the dependencies on it are stated (the
 # CLI's, and the daemon's: its routes to other brokers use the library).
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${CMAKE_BINARY_DIR}/client-lib)
-# Stripped binaries. Debian would put their debug information in -dbgsym
-# packages; CPack 3.25's CPACK_DEBIAN_DEBUGINFO_PACKAGE makes ones that
-# lintian rejects (md5sums with build-tree paths, no copyright), so a core
-# file is read with a RelWithDebInfo build of the same commit instead.
+# Stripped binaries; their debug information goes into -dbgsym packages that
+# scripts/lib/finish-debs.sh makes after cpack (CPack 3.25's own,
+# CPACK_DEBIAN_DEBUGINFO_PACKAGE, fail lintian: md5sums with build-tree
+# paths, no copyright). It also adds Multi-Arch: same to librdmabroker0,
+# which CPack has no variable for.
 set(CPACK_STRIP_FILES ON)
 set(same_version "(= ${PROJECT_VERSION})")
 
@@ -59,7 +60,10 @@ through the admin socket (stat) and hashes passwords for its configuration
 
 set(CPACK_DEBIAN_LIB_PACKAGE_NAME librdmabroker0)
 set(CPACK_DEBIAN_LIB_PACKAGE_SECTION libs)
+# symbols: what the library exports, with the version that brought each
+# (scripts/symbols.sh writes it; scripts/package.sh checks it is current).
 set(CPACK_DEBIAN_LIB_PACKAGE_CONTROL_EXTRA
+    ${PROJECT_SOURCE_DIR}/deploy/debian/lib/symbols
     ${PROJECT_SOURCE_DIR}/deploy/debian/lib/triggers
     ${PROJECT_SOURCE_DIR}/deploy/debian/lib/postinst
     ${PROJECT_SOURCE_DIR}/deploy/debian/lib/postrm)

@@ -25,7 +25,7 @@
 #include <iterator>
 #include <memory>
 #include <optional>
-#include <span>
+#include <type_traits>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -33,7 +33,62 @@
 
 #include "rdmabroker/result.hpp"
 
+// The public API compiles as C++17 (GCC's default) and C++20; under C++20 a
+// ByteView converts to and from ByteView.
+#if __cplusplus >= 202002L
+#include <span>
+#endif
+
+// The library is built with hidden visibility: what this header declares is
+// its C++ API, exported; everything else stays inside it.
+#pragma GCC visibility push(default)
+
 namespace rdmabroker {
+
+/// A read-only view of bytes (what C++20 calls ByteView,
+/// available to C++17 programs too): payloads passed to publish() and seen in
+/// a MessageView. Made from a pointer and size, or from any contiguous
+/// container of std::byte (std::vector, std::array, std::span); see also
+/// as_payload() for text.
+class ByteView {
+ public:
+  using element_type = const std::byte;
+  using value_type = std::byte;
+  using size_type = std::size_t;
+  using iterator = const std::byte*;
+
+  constexpr ByteView() noexcept = default;
+  constexpr ByteView(const std::byte* data, std::size_t size) noexcept : data_(data), size_(size) {}
+  template <class Container,
+            std::enable_if_t<!std::is_same_v<std::decay_t<Container>, ByteView> &&
+                                 std::is_convertible_v<decltype(std::declval<const Container&>().data()),
+                                                       const std::byte*>,
+                             int> = 0>
+  constexpr ByteView(const Container& c) noexcept  // NOLINT(google-explicit-constructor): as std::span's
+      : data_(c.data()), size_(c.size()) {}
+#if __cplusplus >= 202002L
+  constexpr operator std::span<const std::byte>() const noexcept { return {data_, size_}; }
+#endif
+
+  constexpr const std::byte* data() const noexcept { return data_; }
+  constexpr std::size_t size() const noexcept { return size_; }
+  constexpr std::size_t size_bytes() const noexcept { return size_; }
+  constexpr bool empty() const noexcept { return size_ == 0; }
+  constexpr const std::byte* begin() const noexcept { return data_; }
+  constexpr const std::byte* end() const noexcept { return data_ + size_; }
+  constexpr const std::byte& operator[](std::size_t i) const noexcept { return data_[i]; }
+  /// The bytes from `offset` on, `count` of them (all that remain by default).
+  constexpr ByteView subspan(std::size_t offset,
+                             std::size_t count = static_cast<std::size_t>(-1)) const noexcept {
+    return {data_ + offset, count == static_cast<std::size_t>(-1) ? size_ - offset : count};
+  }
+  constexpr ByteView first(std::size_t count) const noexcept { return {data_, count}; }
+  constexpr ByteView last(std::size_t count) const noexcept { return {data_ + size_ - count, count}; }
+
+ private:
+  const std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+};
 
 /// Message headers (docs/headers.md): name/value fields in order, NATS style,
 /// for tracing ids, content types and the like. A name is printable ASCII
@@ -73,7 +128,9 @@ class Headers {
   /// Fields in order (a forward iterator yielding Field by value).
   const_iterator begin() const;
   const_iterator end() const;
-  bool operator==(const Headers&) const = default;
+  /// The same fields in the same order (names compared exactly).
+  bool operator==(const Headers& o) const;
+  bool operator!=(const Headers& o) const { return !(*this == o); }
 
  private:
   // Every name and value back to back in one string, each ended by NUL, and
@@ -81,7 +138,6 @@ class Headers {
   // allocations at most, none when a recycled Message has the room already.
   struct Span {
     std::uint32_t name_at = 0, name_len = 0, value_at = 0, value_len = 0;
-    bool operator==(const Span&) const = default;
   };
   Field field(const Span& s) const {
     return {std::string_view(text_).substr(s.name_at, s.name_len),
@@ -110,6 +166,7 @@ class Headers::const_iterator {
     return old;
   }
   bool operator==(const const_iterator& o) const { return i_ == o.i_; }
+  bool operator!=(const const_iterator& o) const { return i_ != o.i_; }
 
  private:
   friend class Headers;
@@ -146,7 +203,7 @@ class MessageView {
   std::uint32_t sid = 0;  // the subscription it was delivered to
   std::string_view subject;
   std::string_view reply;  // where the publisher wants an answer; empty: none
-  std::span<const std::byte> payload;
+  ByteView payload;
   /// When the library took the message from the transport (the receive
   /// completion, or the read, that completed it): a latency budget measures
   /// the library's own hand-over to the handler from here (`rdmabroker
@@ -180,12 +237,12 @@ class MessageView {
   /// passes the message on unchanged (a broker's route); empty when the
   /// message has none, or when this view is of an owning Message (then
   /// headers() has them).
-  std::span<const std::byte> header_block() const { return header_block_; }
+  ByteView header_block() const { return header_block_; }
 
  private:
   friend struct detail::ViewAccess;
-  std::span<const std::byte> header_block_;  // the header fields as received (SPEC.md §3.6), or
-  const Message* message_ = nullptr;         // the owning message this views
+  ByteView header_block_;             // the header fields as received (SPEC.md §3.6), or
+  const Message* message_ = nullptr;  // the owning message this views
 };
 
 using MessageHandler = std::function<void(const Message&)>;
@@ -376,8 +433,9 @@ class Subscription {
   std::uint32_t sid_;
 };
 
-inline std::span<const std::byte> as_payload(std::string_view s) {
-  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+/// The bytes of `s`, as a payload.
+inline ByteView as_payload(std::string_view s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
 }
 
 class Client {
@@ -393,17 +451,16 @@ class Client {
   /// Queues one message. Returns once it is in a send buffer (not when the
   /// broker has it: use flush()). Fails with kPayloadTooLarge, kInvalidArgument
   /// (bad subject), kClosed, or kTimeout when the send queue stays full.
-  virtual Status publish(std::string_view subject, std::span<const std::byte> payload) = 0;
+  virtual Status publish(std::string_view subject, ByteView payload) = 0;
   Status publish(std::string_view subject, std::string_view payload) {
     return publish(subject, as_payload(payload));
   }
   /// Publishes with a reply subject, for a responder to answer to.
-  virtual Status publish_request(std::string_view subject, std::string_view reply,
-                                 std::span<const std::byte> payload) = 0;
+  virtual Status publish_request(std::string_view subject, std::string_view reply, ByteView payload) = 0;
   /// Publishes with headers, and a reply subject unless `reply` is empty.
   /// The header block counts against max_payload(). kInvalidArgument for a
   /// bad name or value, or a broker of protocol version 1 (no headers).
-  virtual Status publish(std::string_view subject, const Headers& headers, std::span<const std::byte> payload,
+  virtual Status publish(std::string_view subject, const Headers& headers, ByteView payload,
                          std::string_view reply = {}) = 0;
   Status publish(std::string_view subject, const Headers& headers, std::string_view payload,
                  std::string_view reply = {}) {
@@ -413,15 +470,15 @@ class Client {
   /// per-connection inbox is made up for it. Fails with kNoResponders at once
   /// when nobody subscribes to `subject`, with kTimeout when nobody answers
   /// within `timeout`.
-  virtual Result<Message> request(std::string_view subject, std::span<const std::byte> payload,
+  virtual Result<Message> request(std::string_view subject, ByteView payload,
                                   std::chrono::milliseconds timeout) = 0;
   Result<Message> request(std::string_view subject, std::string_view payload,
                           std::chrono::milliseconds timeout) {
     return request(subject, as_payload(payload), timeout);
   }
   /// A request with headers; the answer's headers are in the Message.
-  virtual Result<Message> request(std::string_view subject, const Headers& headers,
-                                  std::span<const std::byte> payload, std::chrono::milliseconds timeout) = 0;
+  virtual Result<Message> request(std::string_view subject, const Headers& headers, ByteView payload,
+                                  std::chrono::milliseconds timeout) = 0;
   /// Subscribes with a callback (run on the client's I/O thread). Wildcards
   /// `*` and `>` are allowed (docs/subjects.md).
   virtual Result<std::uint32_t> subscribe(std::string_view subject, MessageHandler handler) = 0;
@@ -491,3 +548,5 @@ class Client {
 };
 
 }  // namespace rdmabroker
+
+#pragma GCC visibility pop

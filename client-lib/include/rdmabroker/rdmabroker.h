@@ -12,6 +12,12 @@
 extern "C" {
 #endif
 
+/* The library exports this API and nothing else (it is built with hidden
+ * visibility; deploy/debian/lib/symbols lists what it exports). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 typedef enum {
   RB_OK = 0,
   RB_ERR_INVALID_ARGUMENT = -1,
@@ -228,6 +234,10 @@ void rb_server_info_free(rb_server_info* info);
 /* Closes and frees the client. */
 void rb_close(rb_client* c);
 const char* rb_last_error(void);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }
