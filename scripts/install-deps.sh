@@ -12,6 +12,7 @@ PACKAGES=(
   libyaml-cpp-dev prometheus-cpp-dev libsystemd-dev libssl-dev liburiparser-dev
   go-md2man groff-base  # the manual pages, made from docs/ (scripts/man.sh) and checked with groff
   lintian  # scripts/package.sh checks the Debian packages with it
+  mmdebstrap umoci  # scripts/image.sh: the container image's root file system and OCI layout
   # tests
   libgtest-dev libgmock-dev libbenchmark-dev
   stress-ng  # scripts/flake-loop.sh: the host suite under load

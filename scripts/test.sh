@@ -3,8 +3,9 @@
 # The whole test suite, as CI runs it (.ci/run calls this):
 #   1. installs what is missing (Debian packages), builds three trees:
 #      release, ASan+UBSan, TSan;
-#   2. builds and checks the .debs (scripts/package.sh), runs the unit tests
-#      and the TCP integration tests of each tree on the host;
+#   2. builds and checks the .debs (scripts/package.sh) and the container
+#      image (scripts/image.sh), runs the unit tests and the TCP integration
+#      tests of each tree on the host;
 #   3. boots the Soft-RoCE guest once and runs the RDMA integration tests
 #      of every tree inside it (tests/softroce/guest-suite.sh);
 #   4. boots it once more with systemd as PID 1, installs the .debs and drives
@@ -61,6 +62,8 @@ if [[ " $TREES " == *" release "* ]]; then
   echo "=== package (build/release)"
   package() { DEBS=$(scripts/package.sh build/release | tail -1); }
   stage "package (.debs)" package
+  echo "=== container image (scripts/image.sh): build, then run from its read-only root"
+  stage "container image (build + smoke)" scripts/image.sh build/release
 fi
 for t in $TREES; do
   echo "=== unit and TCP integration tests ($t, host)"

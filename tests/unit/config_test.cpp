@@ -6,6 +6,7 @@
 #include <set>
 
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include "rdmabroker/config/config.hpp"
@@ -403,6 +404,9 @@ TEST(Config, ShippedConfigsAreValid) {
   auto cm = embedded_config("rdmabroker.yaml");
   ASSERT_TRUE(cm) << cm.error().message;
   EXPECT_EQ(cm->log.format, LogFormat::kJson);
+  // Password logins over TCP only inside TLS; metrics on the pod's IP (a flag).
+  EXPECT_EQ(cm->broker.tls.mode, TlsMode::kRequired);
+  EXPECT_EQ(cm->broker.tls.certificate, "/etc/rdmabroker-tls/tls.crt");
   // The StatefulSet's: a cluster of three whose seed list names every pod.
   auto cluster = embedded_config("rdmabroker-cluster.yaml");
   ASSERT_TRUE(cluster) << cluster.error().message;
@@ -411,6 +415,17 @@ TEST(Config, ShippedConfigsAreValid) {
   EXPECT_EQ(cluster->broker.cluster.routes[2],
             "rdma://rdmabroker-2.rdmabroker-routes.rdmabroker.svc.cluster.local:7472");
   EXPECT_EQ(cluster->broker.cluster.listen_rdma_port, 7472) << "routes on a port of their own";
+  // Both run the image scripts/image.sh builds, serve metrics on the pod's IP
+  // (downward API), never on every interface of a hostNetwork node.
+  for (const char* manifest : {"rdmabroker.yaml", "rdmabroker-cluster.yaml"}) {
+    std::ifstream in(test::source_dir() + "/deploy/kubernetes/" + manifest);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("image: REGISTRY/rdmabroker:0.1.0   # scripts/image.sh"), std::string::npos)
+        << manifest;
+    EXPECT_NE(text.find("\"--metrics-listen\", \"$(POD_IP):9464\""), std::string::npos) << manifest;
+    EXPECT_NE(text.find("fieldPath: status.podIP"), std::string::npos) << manifest;
+    EXPECT_EQ(text.find("0.0.0.0:9464"), std::string::npos) << manifest;
+  }
 }
 
 TEST(ConfigCluster, SectionIsReadAndItsRulesNameTheKey) {
