@@ -112,14 +112,8 @@ void Admission::refuse(Via via, std::string_view peer, std::string_view why,
   const auto level =
       reason == proto::RejectReason::kBufferTooSmall ? spdlog::level::info : spdlog::level::warn;
   const std::size_t kind = reason ? static_cast<std::size_t>(*reason) % log_throttles_.size() : 0;
-  std::uint64_t suppressed = 0;
-  if (!log_throttles_[kind].allow(suppressed)) return;
-  if (suppressed > 0) {
-    spdlog::log(level, "{} connection from {} refused: {} ({} more like it not logged)",
-                via == Via::kRdma ? "rdma" : "tcp", peer, why, suppressed);
-  } else {
-    spdlog::log(level, "{} connection from {} refused: {}", via == Via::kRdma ? "rdma" : "tcp", peer, why);
-  }
+  log_throttled(log_throttles_[kind], level, "{} connection from {} refused: {}",
+                via == Via::kRdma ? "rdma" : "tcp", peer, why);
 }
 
 void Admission::visit(StatsVisitor& v) const {

@@ -145,15 +145,23 @@ inline bool completes_message_at(const BufferRef& buf, std::uint32_t offset) {
 /// one's message counts where the first went: its subscriber's queue, and
 /// Connection::begun_messages when that closes); a piece the broker cut of
 /// such a fragment, only if it is the fragment's first piece.
+/// What delivery `item` is as a piece of a fragmented message, from one
+/// decode of its frame header: a fragment (or a piece the broker cut of one),
+/// and whether it begins its message.
+struct FragmentPiece {
+  bool is_fragment = false;
+  bool begins = false;
+};
+inline FragmentPiece fragment_piece(const OutItem& item) {
+  if (!item.is_delivery() || !item.body) return {};
+  const proto::FrameHeader h = proto::load_header(item.body.data() + item.body_offset);
+  if (!h.is_fragment()) return {};
+  return {true, h.starts_message() && item.cut_start <= proto::kHeaderSize};
+}
 inline std::uint32_t messages_begun(const OutItem& item) {
   if (!item.is_delivery() || !item.body) return 0;
-  const proto::FrameHeader h = proto::load_header(item.body.data() + item.body_offset);
-  if (!h.is_fragment()) return item.messages;
-  return h.starts_message() && item.cut_start <= proto::kHeaderSize ? 1 : 0;
-}
-/// Whether delivery `item` is (part of) a publisher's fragment.
-inline bool carries_fragment(const OutItem& item) {
-  return item.is_delivery() && item.body && fragment_at(item.body, item.body_offset);
+  const FragmentPiece piece = fragment_piece(item);
+  return piece.is_fragment ? (piece.begins ? 1 : 0) : item.messages;
 }
 /// Whether any PUBLISH frame of delivery `item` carries a header block that
 /// would be sent (one left out by `strip` is not).

@@ -290,8 +290,8 @@ void Connections::enqueue(Connection& c, OutItem item) {
     item.pinned = true;
     pin(c, 1);
   }
-  if (carries_fragment(item)) {
-    c.begun_messages += messages_begun(item);
+  if (const FragmentPiece piece = fragment_piece(item); piece.is_fragment) {
+    if (piece.begins) ++c.begun_messages;
     if (item.messages > 0 && c.begun_messages > 0)
       --c.begun_messages;  // its last fragment: whole in the queue
   }

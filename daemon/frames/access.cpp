@@ -157,11 +157,9 @@ void FrameHandler::on_auth_result(AuthResultCommand& r) {
   }
   if (!r.identity) {
     ctx_.stats.auth_failed.add();
-    std::uint64_t suppressed = 0;  // a guesser must not flood the journal: throttled, every one counted
-    if (ctx_.core.auth_failure_log.allow(suppressed)) {
-      spdlog::warn("connection {} from {}: authentication failed: {}{}", c->id, c->peer, r.error,
-                   suppressed > 0 ? fmt::format(" ({} more failures not logged)", suppressed) : "");
-    }
+    // A guesser must not flood the journal: throttled, every one counted.
+    log_throttled(ctx_.core.auth_failure_log, spdlog::level::warn,
+                  "connection {} from {}: authentication failed: {}", c->id, c->peer, r.error);
     connections_.close(*c, CloseReason::kAuthFailed, ErrorCode::kAuthenticationFailed, r.error);
     return;
   }

@@ -270,9 +270,18 @@ std::uint32_t RdmaPort::srq_target() const {
   return std::min(srq_max_ + batch_, std::max(srq_depth_, windows_total + batch_));
 }
 
+void RdmaPort::on_timers(Connections& connections, std::chrono::steady_clock::time_point now) {
+  if (now >= next_rebalance_) {
+    next_rebalance_ = now + kRebalanceInterval;
+    rebalance(connections, now);
+  }
+  if (now >= next_qp_check_) {
+    next_qp_check_ = now + kQpCheckInterval;
+    check_idle_qps(connections, now);
+  }
+}
+
 void RdmaPort::rebalance(Connections& connections, std::chrono::steady_clock::time_point now) {
-  if (now < next_rebalance_) return;
-  next_rebalance_ = now + std::chrono::milliseconds(100);
   std::uint32_t publishers = 0;
   for (auto& [qp, c] : by_qp) {
     auto& link = static_cast<RdmaLink&>(*c->link);
@@ -281,7 +290,6 @@ void RdmaPort::rebalance(Connections& connections, std::chrono::steady_clock::ti
     if (link.reclaim_if_idle(*c, now)) connections.touch(*c);
   }
   publishers_ = publishers;
-  check_idle_qps(connections, now);
 }
 
 void RdmaPort::check_idle_qps(Connections& connections, std::chrono::steady_clock::time_point now) {
@@ -289,8 +297,6 @@ void RdmaPort::check_idle_qps(Connections& connections, std::chrono::steady_cloc
   // (flushed in error); an idle one is asked (one system call each, once a
   // second): a QP the peer broke must not hold its connection, slot and
   // credits until the peer leaves.
-  if (now < next_qp_check_) return;
-  next_qp_check_ = now + kQpCheckInterval;
   std::vector<Connection*> dead;
   for (auto& [qp, c] : by_qp) {
     auto& link = static_cast<RdmaLink&>(*c->link);

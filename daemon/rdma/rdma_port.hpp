@@ -67,11 +67,9 @@ class RdmaPort {
   /// logged; the next refill that leaves more than a batch posted arms the
   /// limit again (the device disarms it when it fires).
   void on_srq_limit();
-  /// At most every 100 ms: counts the connections that publish (their fair
-  /// share) and asks those idle for a second to give credits back.
-  void rebalance(Connections& connections, std::chrono::steady_clock::time_point now);
-  /// Closes (qp_fatal) idle connections whose QP is in the error state (RdmaLink::qp_in_error).
-  void check_idle_qps(Connections& connections, std::chrono::steady_clock::time_point now);
+  /// Each loop turn: the port's periodic work, each on its own interval:
+  /// rebalance (kRebalanceInterval) and check_idle_qps (kQpCheckInterval).
+  void on_timers(Connections& connections, std::chrono::steady_clock::time_point now);
 
   /// A version-3 connection's window never shrinks below this (its CONNECT and one more frame).
   static constexpr std::uint32_t kMinWindow = 2;
@@ -82,6 +80,8 @@ class RdmaPort {
   static constexpr std::chrono::milliseconds kIdleReclaim{1000};
   /// How often idle connections' QPs are checked for the error state.
   static constexpr std::chrono::milliseconds kQpCheckInterval{1000};
+  /// How often publishers are counted and idle connections' credits reclaimed.
+  static constexpr std::chrono::milliseconds kRebalanceInterval{100};
   /// Windows may still grow by this much on this port.
   std::uint32_t capacity_free() const { return srq_max_ > windows_total ? srq_max_ - windows_total : 0; }
   /// The largest window a publishing connection may hold now: flow.credits,
@@ -124,6 +124,11 @@ class RdmaPort {
 
  private:
   RdmaPort(Device& device, WorkerContext& ctx) : device(device), ctx_(ctx) {}
+  /// Counts the connections that publish (their fair share) and asks those
+  /// idle for kIdleReclaim to give credits back.
+  void rebalance(Connections& connections, std::chrono::steady_clock::time_point now);
+  /// Closes (qp_fatal) idle connections whose QP is in the error state (RdmaLink::qp_in_error).
+  void check_idle_qps(Connections& connections, std::chrono::steady_clock::time_point now);
   void on_receive(Connections& connections, FrameHandler& frames, const ibv_wc& wc);
   void on_send_complete(Connections& connections, const ibv_wc& wc);
   /// Takes every completion on `cq` (`receives`: the receive CQ); true if any.

@@ -94,7 +94,7 @@ void Worker::run() {
     router_.post_batches();
     connections_.flush_touched();
     for (auto& port : ports_) {
-      port->rebalance(connections_, ctx_.now);
+      port->on_timers(connections_, ctx_.now);
       port->refill(connections_);
     }
     if (tcp_) tcp_->retry_buffer_waiters();

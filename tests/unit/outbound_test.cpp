@@ -409,6 +409,50 @@ TEST_F(CutToFitTest, AWholeMessageArrivesAsFragmentsThatReassembleToIt) {
   EXPECT_EQ(got, payload);
 }
 
+// SPEC.md §3.7, "Smaller receive buffers": each piece carries at most
+// recv_buffer_size - 64 bytes of the frame rounded down to a multiple of 8,
+// and every piece but the frame's last a multiple of 8 bytes of it (subject,
+// reply, header block and payload together), so a later piece's payload
+// offset is the first piece's payload bytes plus multiples of 8. Subjects and
+// replies of odd lengths, payloads around the boundaries.
+TEST_F(CutToFitTest, EveryCutPieceButTheLastIsAMultipleOfEightBytesOfTheFrame) {
+  const std::uint32_t bound = (kFrame - 64) / 8 * 8;
+  for (const auto& [subject, reply] :
+       {std::pair<std::string, std::string>{"a", ""}, {"odd.subject", "_INBOX.xyz"}, {"s.7chars", "r"}}) {
+    for (const std::size_t size :
+         {std::size_t{bound}, std::size_t{bound + 1}, std::size_t{3 * bound - 5}, std::size_t{5001}}) {
+      BufferRef buf = big_buffer();
+      std::string payload(size, 'p');
+      for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>('a' + i % 26);
+      proto::FrameHeader h;
+      h.type = proto::FrameType::kPublish;
+      const std::size_t n = proto::encode_frame({buf.data(), 16384}, h, subject, reply,
+                                                std::as_bytes(std::span<const char>(payload)));
+      auto pieces = cut_to_fit(
+          make_delivery(buf.clone(), 3, 0, static_cast<std::uint32_t>(n), static_cast<std::uint32_t>(size)),
+          kFrame);
+      const auto frames = receive(std::move(pieces));
+      ASSERT_GE(frames.size(), 2u) << subject << " " << size;
+      const std::uint32_t first_payload = frames.front().header.payload_len;
+      std::string got;
+      for (std::size_t i = 0; i < frames.size(); ++i) {
+        const auto& f = frames[i];
+        const std::size_t frame_bytes =
+            f.subject.size() + f.reply.size() + f.headers.size() + f.header.payload_len;
+        EXPECT_LE(frame_bytes, bound) << subject << " " << size << " piece " << i;
+        if (i + 1 < frames.size()) {
+          EXPECT_EQ(frame_bytes % 8, 0u) << subject << " " << size << " piece " << i;
+        }
+        if (i > 0) {
+          EXPECT_EQ((f.header.offset - first_payload) % 8, 0u) << subject << " " << size << " piece " << i;
+        }
+        got += text(f.payload);
+      }
+      EXPECT_EQ(got, payload) << subject << " " << size;
+    }
+  }
+}
+
 TEST_F(CutToFitTest, APublishersFragmentIsCutFurtherAndKeepsItsOffsetsAndPublisher) {
   BufferRef buf = big_buffer();
   const std::string part(3000, 'q');
