@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -339,6 +340,35 @@ TEST_P(Auth, APercentEncodedPasswordInAUrlLogsIn) {
 
 INSTANTIATE_TEST_SUITE_P(Via, Auth, ::testing::Values(Via::kRdma, Via::kTcp),
                          [](const auto& info) { return to_string(info.param); });
+
+// docs/cli.md, "A host without RDMA": with no --server and no
+// RDMABROKER_URL, a host without RDMA devices goes to tcp://localhost:7471,
+// where its broker serves TCP; a URL the user gave is never changed (an
+// rdma:// one there fails: unavailable, saying what to use). The CLI, not
+// the transport, is under test: the host only.
+TEST(Tcp, TheCliGoesOverTcpByDefaultOnAHostWithoutRdma) {
+  const std::string no_devices = "/tmp/rdmabroker-no-rdma-" + std::to_string(getpid());
+  ASSERT_TRUE(std::filesystem::create_directories(no_devices));
+  BrokerProcess broker(next_port(), {"--rdma", "off"}, /*allow_anonymous=*/true, /*tcp_port=*/7471);
+  ASSERT_TRUE(broker.running()) << "is something else listening on port 7471?";
+  const std::string env = "env -u RDMABROKER_URL RDMABROKER_SYSFS_INFINIBAND=" + no_devices + " ";
+  const auto [rc, out] = run({"/bin/sh", "-c", env + cli_path() + " pub default.url hi -v 2>&1"});
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("no RDMA device on this host: using tcp://localhost:7471"), std::string::npos) << out;
+  EXPECT_EQ(broker.stats()["messages.in"], 1);
+
+  const std::string given = "rdma://127.0.0.1:" + std::to_string(broker.port());
+  const auto [given_rc, given_out] =
+      run({"/bin/sh", "-c", env + "RDMABROKER_URL=" + given + " " + cli_path() + " pub default.url hi 2>&1"});
+  EXPECT_EQ(given_rc, 69) << given_out;
+  EXPECT_EQ(broker.stats()["messages.in"], 1) << "a URL the user gave went elsewhere";
+  std::error_code ec;
+  if (std::filesystem::is_empty("/sys/class/infiniband", ec) || ec) {  // this host has no RDMA indeed
+    EXPECT_NE(given_out.find("no RDMA device on this host"), std::string::npos) << given_out;
+    EXPECT_NE(given_out.find("connect over TCP instead (tcp://HOST:7471"), std::string::npos) << given_out;
+  }
+  std::filesystem::remove(no_devices);
+}
 
 // `rdmabroker passwd` (docs/security.md): the hash it prints from stdin is
 // what auth.users takes, and the broker accepts that secret and no other.

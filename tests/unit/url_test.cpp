@@ -27,28 +27,28 @@ TEST(Url, Parses) {
 }
 
 TEST(Url, CarriesCredentials) {
-  auto u =
-      parse_url("rdma://alice:s3cr@t:x@10.0.0.1:9000");  // the last '@' ends them; ':' may be in the password
-  ASSERT_TRUE(u.ok()) << u.error().message;
-  EXPECT_EQ(u->user, "alice");
-  EXPECT_EQ(u->password, "s3cr@t:x");
-  EXPECT_EQ(u->host, "10.0.0.1");
-  EXPECT_EQ(u->port, 9000);
-  auto t = parse_url("tcp://tok-123@broker.local");
-  ASSERT_TRUE(t.ok());
-  EXPECT_EQ(t->token, "tok-123");
-  EXPECT_TRUE(t->user.empty());
-  EXPECT_EQ(t->host, "broker.local");
-  // RFC 3986: credentials are percent-decoded, so any character can be in them.
-  auto e = parse_url("tls://al%20ice:p%3Ass%40w%25rd@broker.local:7000");
-  ASSERT_TRUE(e.ok()) << e.error().message;
-  EXPECT_EQ(e->user, "al ice");
-  EXPECT_EQ(e->password, "p:ss@w%rd");
-  EXPECT_EQ(e->host, "broker.local");
-  EXPECT_EQ(e->port, 7000);
-  auto et = parse_url("tcp://tok%2Bx%2F1@broker.local");
-  ASSERT_TRUE(et.ok());
-  EXPECT_EQ(et->token, "tok+x/1");
+  struct Case {
+    const char* url;
+    const char *user, *password, *token, *host;
+    std::uint16_t port;
+  };
+  const Case cases[] = {
+      // The last '@' ends them; ':' may be in the password, and an '@' left raw.
+      {"rdma://alice:s3cr@t:x@10.0.0.1:9000", "alice", "s3cr@t:x", "", "10.0.0.1", 9000},
+      {"tcp://tok-123@broker.local", "", "", "tok-123", "broker.local", kDefaultTcpPort},
+      // RFC 3986: credentials are percent-decoded, so any character can be in them.
+      {"tls://al%20ice:p%3Ass%40w%25rd@broker.local:7000", "al ice", "p:ss@w%rd", "", "broker.local", 7000},
+      {"tcp://tok%2Bx%2F1@broker.local", "", "", "tok+x/1", "broker.local", kDefaultTcpPort},
+  };
+  for (const Case& c : cases) {
+    auto u = parse_url(c.url);
+    ASSERT_TRUE(u.ok()) << c.url << ": " << u.error().message;
+    EXPECT_EQ(u->user, c.user) << c.url;
+    EXPECT_EQ(u->password, c.password) << c.url;
+    EXPECT_EQ(u->token, c.token) << c.url;
+    EXPECT_EQ(u->host, c.host) << c.url;
+    EXPECT_EQ(u->port, c.port) << c.url;
+  }
   EXPECT_FALSE(parse_url("rdma://@host").ok());
   EXPECT_FALSE(parse_url("rdma://:pw@host").ok());
 }
