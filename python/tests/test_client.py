@@ -2,6 +2,7 @@
 """The Python package against a real broker, over TCP on the host and RDMA
 in the guest (conftest.py): what a Python user relies on."""
 
+import os
 import socket
 import threading
 import time
@@ -162,6 +163,13 @@ def test_context_manager_closes_and_then_calls_raise_closed(broker):
     client.close()  # idempotent
 
 
+def _host_has_rdma_device():
+    try:
+        return bool(os.listdir("/sys/class/infiniband"))
+    except FileNotFoundError:
+        return False
+
+
 def test_errors_are_exceptions_of_the_librarys_kinds(broker):
     with pytest.raises(rdmabroker.InvalidArgument):
         rdmabroker.connect("http://127.0.0.1:1")
@@ -171,6 +179,12 @@ def test_errors_are_exceptions_of_the_librarys_kinds(broker):
     with pytest.raises(rdmabroker.ConnectFailed) as refused:
         rdmabroker.connect(f"tcp://127.0.0.1:{nobody}")
     assert isinstance(refused.value, ConnectionError)
+    if not _host_has_rdma_device():
+        # A host without RDMA devices: an rdma:// URL says so and what to use instead.
+        with pytest.raises(rdmabroker.ConnectFailed) as no_device:
+            rdmabroker.connect(f"rdma://127.0.0.1:{nobody}")
+        assert "no RDMA device on this host" in str(no_device.value)
+        assert "tcp://HOST:7471" in str(no_device.value)
     with connect(broker) as client:
         with pytest.raises(rdmabroker.InvalidArgument):
             client.publish("bad subject with spaces", b"x")
