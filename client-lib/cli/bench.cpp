@@ -101,10 +101,10 @@ nlohmann::json to_json(const LatencyHistogram& h) {
 
 double per_second(double n, double seconds) { return seconds > 0 ? n / seconds : 0; }
 
-/// A duration as a person writes it: 4, 0.5, 2.25 (not 4.000000).
-std::string fmt_seconds(double seconds) {
+/// A number as a person writes it: 4, 0.5, 2.25 (not 4.000000).
+std::string fmt_number(double n) {
   char text[32];
-  std::snprintf(text, sizeof text, "%g", seconds);
+  std::snprintf(text, sizeof text, "%g", n);
   return text;
 }
 
@@ -263,10 +263,10 @@ class BenchRun {
       std::cerr << "bench: " << system_ << ", " << opt_.publishers << " publisher(s) -> " << opt_.subscribers
                 << " subscriber(s)" << (opt_.queue.empty() ? "" : " in queue group " + opt_.queue) << ", "
                 << opt_.size << " B, "
-                << (opt_.duration_s > 0 ? fmt_seconds(opt_.duration_s) + " s"
+                << (opt_.duration_s > 0 ? fmt_number(opt_.duration_s) + " s"
                                         : std::to_string(opt_.count) + " msgs")
-                << " each, " << (opt_.rate > 0 ? std::to_string(opt_.rate) + " msg/s each" : "flat out")
-                << ", " << pubs_.front()->describe() << "\n";
+                << " each, " << (opt_.rate > 0 ? fmt_number(opt_.rate) + " msg/s each" : "flat out") << ", "
+                << pubs_.front()->describe() << "\n";
     }
     const auto before = wakeups();
     run_publishers();

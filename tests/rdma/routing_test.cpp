@@ -383,6 +383,12 @@ TEST_P(Routing, CliBenchCountsEveryMessage) {
   EXPECT_EQ(queue["aggregate"]["received"], 3000);
   for (const auto& s : queue["subscribers"])
     EXPECT_EQ(s["received"], 1000);  // round robin from one publisher
+  // The header a person reads: the duration as written ("0.5 s", not "0.500000 s").
+  std::string human = cli_path() + " bench b.human -d 0.5 -r 200";
+  for (const auto& w : where) human += " " + w;
+  const auto [human_rc, human_out] = run({"/bin/sh", "-c", human + " 2>&1"});
+  EXPECT_EQ(human_rc, 0) << human_out;
+  EXPECT_NE(human_out.find(", 0.5 s each, 200 msg/s each,"), std::string::npos) << human_out;
   // --trace: the latency budget, every message joined to its publish call.
   // Per message, the broker's relay time (SPEC.md §3.4) and the library's
   // hand-over lie inside the total, so each of their percentiles does too.
