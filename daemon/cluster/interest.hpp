@@ -40,13 +40,18 @@ class ClusterInterest {
   /// Called, outside the lock, when an entry appears or goes away.
   void on_change(std::function<void()> notify) { notify_ = std::move(notify); }
   /// A local subscription to `pattern` in queue group `group` (empty: none)
-  /// began; returns its entry's id (never 0).
+  /// begins; returns its entry's id (never 0). A new entry stays out of
+  /// snapshots (the other brokers do not hear of it) until activate(): a
+  /// message they send for it must find the subscription in the index.
   std::uint32_t acquire(std::string_view pattern, std::string_view group);
+  /// The subscription that acquire() returned `id` for is in the index (or
+  /// its channel): the entry is announced to the other brokers if it was not.
+  void activate(std::uint32_t id);
   /// One ended (the id acquire() returned).
   void release(std::uint32_t id);
   struct Snapshot {
     std::vector<Entry> entries;  // every entry now
-    std::uint32_t through = 0;   // the highest id handed out so far (entries above it are newer)
+    std::uint32_t through = 0;   // every entry up to this id is in `entries` or gone (none pending)
   };
   Snapshot snapshot() const;
   /// Every entry up to `through` is in effect at every route that is up.
@@ -58,6 +63,7 @@ class ClusterInterest {
   struct Counted {
     Entry entry;
     std::size_t subscriptions = 0;
+    bool active = false;  // announced: some subscription of it is in the index
   };
   mutable std::mutex mu_;
   std::map<std::pair<std::string, std::string>, std::uint32_t> by_key_;  // guarded by mu_

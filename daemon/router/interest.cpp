@@ -42,13 +42,17 @@ void add_subscription(WorkerContext& ctx, Connection& c, const proto::Frame& f, 
     Subscriber held;
     held.interest = interest;  // given back when the subscription ends
     c.subscriptions.emplace(sid, Connection::Subscription{std::string(f.subject), held, channel, cost});
-    return;
+  } else {
+    Subscriber s{ctx.index, c.id, sid, c.slot};
+    s.route = route;
+    s.interest = interest;
+    const Subscriber stored = core.index.add(f.subject, s, f.reply);
+    c.subscriptions.emplace(sid, Connection::Subscription{std::string(f.subject), stored, 0, cost});
   }
-  Subscriber s{ctx.index, c.id, sid, c.slot};
-  s.route = route;
-  s.interest = interest;
-  const Subscriber stored = core.index.add(f.subject, s, f.reply);
-  c.subscriptions.emplace(sid, Connection::Subscription{std::string(f.subject), stored, 0, cost});
+  // Only now do the other brokers hear of it: what they send for it finds it
+  // (announced first, a message could come back before it was in the index
+  // and reach nobody, uncounted: issue 49 §6).
+  if (interest != 0) core.interest->activate(interest);
 }
 
 void drop_subscription(WorkerContext& ctx, Connection& c, const Connection::Subscription& sub,

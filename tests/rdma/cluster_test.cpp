@@ -441,7 +441,12 @@ TEST_P(Cluster, APartitionHealsWithTheInterestResyncedAndNothingDeliveredTwice) 
     ASSERT_TRUE(pub->flush(30s).ok());
   };
   publish("p.x", 50);
-  ASSERT_TRUE(wait_until([&] { return on_b.count() >= 50 && on_c.count() >= 50; }, 60s));
+  ASSERT_TRUE(wait_until([&] { return on_b.count() >= 50 && on_c.count() >= 50; }, 60s))
+      << "B got " << on_b.count() << ", C " << on_c.count() << " of 50; A routed "
+      << a_.stat("messages.routed") << " delivered " << a_.stat("messages.delivered") << " subscriptions "
+      << a_.stat("subscriptions") << "; route messages in: B " << b_.stat("cluster.route_messages_in")
+      << " C " << c_.stat("cluster.route_messages_in") << "; delivered: B " << b_.stat("messages.delivered")
+      << " C " << c_.stat("messages.delivered");
 
   // The partition: A's route to B and B's to A go; A drops B's interest.
   const Via via = GetParam();
