@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -114,6 +115,22 @@ long status_kib(int pid, const std::string& key) {
   while (in >> word) {
     if (word == key && in >> kib) break;
     in.ignore(1 << 20, '\n');
+  }
+  return kib;
+}
+
+long rss_below_kib(int pid, std::uint64_t bytes) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/smaps");
+  std::string line;
+  long kib = 0;
+  bool counted = false;
+  while (std::getline(in, line)) {
+    unsigned long long from = 0, to = 0;
+    if (std::sscanf(line.c_str(), "%llx-%llx ", &from, &to) == 2) {
+      counted = to - from < bytes;
+    } else if (counted && line.starts_with("Rss:")) {
+      kib += std::stol(line.substr(4));
+    }
   }
   return kib;
 }

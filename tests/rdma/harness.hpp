@@ -106,6 +106,10 @@ std::size_t open_fds(int pid);
 long status_kib(int pid, const std::string& key);
 /// A process's resident memory, in KiB; -1 if unknown.
 inline long rss_kib(int pid) { return status_kib(pid, "VmRSS:"); }
+/// Resident memory of a process's mappings smaller than `bytes`, in KiB
+/// (/proc/PID/smaps): its heap, arenas and stacks without the broker's
+/// buffer pool, one mapping larger than any allocator arena (64 MiB).
+long rss_below_kib(int pid, std::uint64_t bytes);
 
 /// A cheap password hash (sha512crypt, 1,000 rounds) for a test's users:
 /// the guest emulates the CPU, and what is tested is the check, not the cost.

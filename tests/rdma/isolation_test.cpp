@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <thread>
 
@@ -389,6 +390,70 @@ TEST_P(PoolShortage, PublishersAreHeldBackNeverCut) {
   for (auto& pub : pubs) EXPECT_TRUE(pub->flush(10s)) << "a publisher's connection did not survive";
   healthy_sub->close();
   healthy_pub->close();
+}
+
+// Issue 49, §5: what a dropped queue leaves behind. A subscriber that reads
+// nothing gathers a deep queue of small messages (their bytes copied into
+// pool buffers, their entries on the worker's heap), then vanishes. The
+// heap its queue took is given back (ops/memory_trim.hpp); what stays is the
+// pool's pages, resident from the start where a device registered the pool
+// and committed as first touched on a TCP-only broker: bounded by
+// buffers.pool × buffers.size (docs/operations.md, "What is given back").
+TEST_P(PoolShortage, AVanishedSubscribersQueueLeavesOnlyPoolPages) {
+  // A sanitizer's allocator keeps freed memory in quarantine: RSS says nothing there.
+  if (RDMABROKER_SANITIZED) GTEST_SKIP() << "RSS under a sanitizer's allocator";
+  BrokerProcess broker(next_port(),
+                       {"--workers", "1", "--max-pending-bytes", "67108864", "--pool-share-percent", "50",
+                        "--user-pool-share-percent", "50", "--write-deadline-ms", "60000"});
+  ASSERT_TRUE(broker.running());
+  // The pool is one mapping of 128 MiB (8,192 × 16 KiB), larger than any arena.
+  constexpr std::uint64_t kPoolBytes = std::uint64_t{8192} * 16384;
+  auto pub = connect_via(broker, GetParam());
+  ASSERT_TRUE(pub);
+  const std::string message(200, 'q');
+  const auto publish = [&](int count) {
+    for (int i = 0; i < count; ++i) ASSERT_TRUE(pub->publish("flood", message));
+    ASSERT_TRUE(pub->flush(60s));
+  };
+  publish(1000);  // the publisher's path warm: its tables at their size
+  const long heap_before = rss_below_kib(broker.pid(), kPoolBytes);
+  const long before = rss_kib(broker.pid());
+  {
+    std::unique_ptr<RawTcp> tcp;
+    std::unique_ptr<RawPeer> rdma;
+    const auto sub = frame(proto::FrameType::kSubscribe, 1, "flood");
+    if (GetParam() == Via::kTcp) {
+      tcp = std::make_unique<RawTcp>(broker.tcp_port(), 4096);
+      tcp->handshake();
+      tcp->send(sub);
+    } else {
+      rdma = std::make_unique<RawPeer>();
+      ASSERT_TRUE(rdma->connect_ok(guest_addr1(), broker.port(), guest_addr2()));
+      ASSERT_TRUE(rdma->send(sub));
+    }
+    ASSERT_EQ(broker.wait_stats([](auto& s) { return s["subscriptions"] == 1; }, 30s)["subscriptions"], 1);
+    publish(64'000);  // 13 MB queued for a subscriber that reads nothing
+    auto s = broker.wait_stats([](auto& s) { return s["messages.pending_bytes"] >= (10 << 20); }, 30s);
+    ASSERT_GE(s["messages.pending_bytes"], 10 << 20) << "the queue was deep";
+    std::cout << "queued " << s["messages.pending_bytes"] << " bytes; RSS +" << rss_kib(broker.pid()) - before
+              << " KiB, outside the pool +" << rss_below_kib(broker.pid(), kPoolBytes) - heap_before
+              << " KiB\n";
+  }  // vanishes without a word
+  auto s = broker.wait_stats(
+      [](auto& s) { return s["messages.pending_bytes"] == 0 && s["connections.current"] == 1; }, 30s);
+  EXPECT_EQ(s["connections.current"], 1);
+  EXPECT_GT(s["messages.dropped.subscriber_closed"], 40'000) << "its queue, dropped as it vanished";
+  std::this_thread::sleep_for(4s);  // the trimmer looks about once a second
+  const long heap_after = rss_below_kib(broker.pid(), kPoolBytes);
+  const long after = rss_kib(broker.pid());
+  std::cout << "after: RSS +" << after - before << " KiB, outside the pool +" << heap_after - heap_before
+            << " KiB\n";
+  EXPECT_LT(heap_after - heap_before, 3072) << "the queue's heap is given back";
+  // Registered for the device, the pool was resident before the queue.
+  if (GetParam() == Via::kRdma) {
+    EXPECT_LT(after - before, 3072) << "nothing stays over RDMA";
+  }
+  pub->close();
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, PoolShortage, ::testing::Values(Via::kRdma, Via::kTcp),
