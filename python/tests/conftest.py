@@ -11,6 +11,7 @@ RDMABROKERD and RDMABROKER_CLI name the programs of the tree under test
 (CMake sets them, with RDMABROKER_LIBRARY and PYTHONPATH).
 """
 
+import fcntl
 import os
 import socket
 import subprocess
@@ -20,10 +21,45 @@ import time
 import pytest
 
 
+class _PortBlocks:
+    """Ports below the kernel's ephemeral range, so that no client socket can
+    hold one between the choice and the broker's bind (a port the kernel
+    handed out as free is some connect()'s next local port). Blocks of 20,
+    claimed with a lock on a file held for the life of the process, as the
+    C++ tests' harness does (tests/rdma/harness.cpp): runs at once never share one."""
+
+    def __init__(self) -> None:
+        self._held = []  # the lock files, kept open
+        self._next = self._end = 0
+
+    def take(self) -> int:
+        if self._next == self._end:
+            self._next = self._claim()
+            self._end = self._next + 20
+        self._next += 1
+        return self._next - 1
+
+    def _claim(self) -> int:
+        directory = "/tmp/rdmabroker-test-ports"
+        os.makedirs(directory, exist_ok=True)
+        for i in range(1000):
+            block = (os.getpid() + i) % 1000
+            f = open(os.path.join(directory, str(block)), "a")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.close()
+                continue
+            self._held.append(f)
+            return 10000 + block * 20
+        raise RuntimeError(f"no free port block in {directory}")
+
+
+_ports = _PortBlocks()
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return _ports.take()
 
 
 class Broker:
