@@ -99,23 +99,13 @@ int check_config(const CommandLine& cl) {
 int reload_running(const CommandLine& cl) {
   config::Config flags_only;
   cl.apply(flags_only);
-  const std::string& socket = flags_only.broker.admin_socket;
-  auto reply = rdmabroker::cli::admin_request(socket, "reload");
-  if (!reply) {
-    std::cerr << "rdmabrokerd --reload: " << reply.error().message << "\n";
+  auto r = rdmabroker::cli::request_reload(flags_only.broker.admin_socket);
+  if (!r) {
+    std::cerr << "rdmabrokerd --reload: " << r.error().message << "\n";
     return 1;
   }
-  auto doc = nlohmann::json::parse(reply.value(), nullptr, false);
-  if (!doc.is_object()) {
-    std::cerr << "rdmabrokerd --reload: bad reply from the broker: " << reply.value() << "\n";
-    return 1;
-  }
-  if (doc.value("ok", false)) {
-    std::cout << doc.value("message", "reloaded") << "\n";
-    return 0;
-  }
-  std::cerr << "rdmabrokerd --reload: " << doc.value("error", "reload failed") << "\n";
-  return 1;
+  std::cout << r.value() << "\n";
+  return 0;
 }
 
 /// The main thread once the broker runs: signals, the admin socket, the

@@ -44,4 +44,21 @@ Result<std::string> admin_request(const std::string& socket_path, const std::str
   return reply;
 }
 
+Result<nlohmann::json> admin_command(const std::string& socket_path, const std::string& command) {
+  auto reply = admin_request(socket_path, command);
+  if (!reply) return reply.error();
+  auto doc = nlohmann::json::parse(reply.value(), nullptr, false);
+  if (doc.is_discarded() || !doc.is_object())
+    return Error{ErrorKind::kBrokerError, "bad reply from the broker: " + reply.value()};
+  return doc;
+}
+
+Result<std::string> request_reload(const std::string& socket_path) {
+  auto r = admin_command(socket_path, "reload");
+  if (!r) return r.error();
+  if (!r.value().value("ok", false))
+    return Error{ErrorKind::kBrokerError, r.value().value("error", "reload failed")};
+  return r.value().value("message", "reloaded");
+}
+
 }  // namespace rdmabroker::cli

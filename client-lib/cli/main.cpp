@@ -25,7 +25,6 @@
 //   69 the broker (or its admin socket) cannot be reached or refused the connection (EX_UNAVAILABLE)
 //   77 credentials or permission refused by the broker (EX_NOPERM)
 #include <crypt.h>
-#include <sys/stat.h>
 #include <sysexits.h>
 #include <unistd.h>
 
@@ -58,8 +57,6 @@ std::atomic<bool> g_interrupted{false};
 /// The broker refused something for permissions (ERROR PERMISSION_DENIED, an
 /// asynchronous report): the command exits kExitRefused, not 0 or 1.
 std::atomic<bool> g_refused{false};
-/// Set once Client::connect has returned a client (see on_error).
-std::atomic<bool> g_connected{false};
 
 constexpr int kExitFailed = 1;
 constexpr int kExitTimeout = 3;
@@ -96,10 +93,8 @@ constexpr const char* kDefaultServer = "rdma://localhost:7470";
 /// Where the default goes on a host without RDMA (rdmabrokerd there serves TCP only).
 constexpr const char* kDefaultServerWithoutRdma = "tcp://localhost:7471";
 
-std::string default_server() {
-  const char* env = std::getenv("RDMABROKER_URL");
-  return env != nullptr ? env : kDefaultServer;
-}
+/// RDMABROKER_URL, or nullptr.
+const char* env_server() { return std::getenv("RDMABROKER_URL"); }
 
 /// Whether the kernel has any RDMA device (verbs devices are listed in
 /// /sys/class/infiniband, Soft-RoCE's too). RDMABROKER_SYSFS_INFINIBAND names
@@ -117,21 +112,20 @@ bool host_has_rdma_device() {
 
 /// The URL to connect to: the one given (--server, RDMABROKER_URL) as it is;
 /// else the default, over TCP on a host without RDMA devices.
-std::string server_url(const Common& c, bool verbose) {
+std::string server_url(const Common& c) {
   if (!c.server.empty()) return c.server;
-  if (std::getenv("RDMABROKER_URL") != nullptr) return default_server();
+  if (const char* env = env_server()) return env;
   if (host_has_rdma_device()) return kDefaultServer;
-  if (verbose) std::cerr << "no RDMA device on this host: using " << kDefaultServerWithoutRdma << "\n";
+  if (c.verbose) std::cerr << "no RDMA device on this host: using " << kDefaultServerWithoutRdma << "\n";
   return kDefaultServerWithoutRdma;
 }
 
 void add_common(CLI::App* cmd, Common& c) {
   cmd->add_option("-s,--server", c.server,
                   "Broker URL: rdma://, tcp:// or tls://host[:port] (env RDMABROKER_URL)")
-      ->default_str(std::getenv("RDMABROKER_URL") != nullptr
-                        ? default_server()
-                        : std::string(kDefaultServer) + "; without RDMA devices " +
-                              kDefaultServerWithoutRdma);
+      ->default_str(env_server() != nullptr ? env_server()
+                                            : std::string(kDefaultServer) + "; without RDMA devices " +
+                                                  kDefaultServerWithoutRdma);
   cmd->add_option("-b,--bind", c.bind, "Local address to bind (selects the RDMA device)");
   cmd->add_option("-u,--user", c.user, "User name (env RDMABROKER_USER)")->envname("RDMABROKER_USER");
   cmd->add_option("--password", c.password,
@@ -222,15 +216,13 @@ std::unique_ptr<Client> connect_or_die(const Common& c) {
   };
   opt.on_error = [](const rdmabroker::Error& e) {
     if (e.kind == rdmabroker::ErrorKind::kPermissionDenied) g_refused = true;
-    // Until connect() returns, its own failure says it (printed once, below).
-    if (g_connected) std::cerr << "rdmabroker: " << e.message << "\n";
+    std::cerr << "rdmabroker: " << e.message << "\n";
   };
-  auto client = Client::connect(server_url(c, c.verbose), opt);
+  auto client = Client::connect(server_url(c), opt);
   if (!client) {
     std::cerr << "rdmabroker: " << client.error().message << "\n";
     std::exit(connect_exit_code(client.error()));
   }
-  g_connected = true;
   if (c.verbose) std::cerr << "connected: " << client.value()->transport_description() << "\n";
   return std::move(client.value());
 }
@@ -515,22 +507,10 @@ int run_reply(const Common& common, const std::string& subject, const std::strin
   return refused_or(0);
 }
 
-/// One admin command; its JSON reply, or the reason there is none.
-rdmabroker::Result<nlohmann::json> admin(const std::string& socket, const std::string& command) {
-  auto reply = rdmabroker::cli::admin_request(socket, command);
-  if (!reply) return reply.error();
-  auto doc = nlohmann::json::parse(reply.value(), nullptr, false);
-  if (doc.is_discarded() || !doc.is_object()) {
-    return rdmabroker::Error{rdmabroker::ErrorKind::kBrokerError,
-                             "bad reply from the broker: " + reply.value()};
-  }
-  return doc;
-}
-
 int run_stat(const std::string& socket, bool json) {
-  auto stats = admin(socket, "stats");
+  auto stats = rdmabroker::cli::admin_command(socket, "stats");
   if (!stats) return die_admin(stats.error());
-  auto conns = admin(socket, "connections");
+  auto conns = rdmabroker::cli::admin_command(socket, "connections");
   if (!conns) return die_admin(conns.error());
   if (!stats.value().value("ok", false) || !conns.value().value("ok", false)) {
     std::cerr << "rdmabroker: " << stats.value().dump() << "\n";
@@ -613,14 +593,10 @@ int run_stat(const std::string& socket, bool json) {
 
 int run_reload(const std::string& socket) {
   // What systemd's ExecReload runs: the exit status is the reload's outcome.
-  auto r = admin(socket, "reload");
+  auto r = rdmabroker::cli::request_reload(socket);
   if (!r) return die_admin(r.error());
-  if (r.value().value("ok", false)) {
-    std::cout << r.value().value("message", "reloaded") << "\n";
-    return 0;
-  }
-  std::cerr << "rdmabroker: " << r.value().value("error", "reload failed") << "\n";
-  return kExitFailed;
+  std::cout << r.value() << "\n";
+  return 0;
 }
 
 /// A subcommand: its options are registered on the app; `run` is called when
@@ -766,10 +742,10 @@ Subcommand add_bench(CLI::App& app) {
   add_common(cmd, a->common);
   return {cmd, [a] {
             const rdmabroker::Headers headers = headers_or_die(a->headers);
-            a->bench.url = a->common.server.empty() ? default_server() : a->common.server;
+            a->bench.url = server_url(a->common);
             if (!a->admin_socket.empty()) {
               a->bench.broker_wakeups = [socket = a->admin_socket]() -> std::optional<std::uint64_t> {
-                auto stats = admin(socket, "stats");
+                auto stats = rdmabroker::cli::admin_command(socket, "stats");
                 if (!stats) return std::nullopt;
                 std::uint64_t n = 0;
                 for (const auto& [key, value] : (*stats)["stats"].items()) {

@@ -487,6 +487,7 @@ void Session::end_subscription(std::uint32_t sid, const std::string& why) {
 Status Session::authenticate() {
   {
     std::unique_lock lock(mu_);
+    logging_in_ = true;
     const bool token = !opt_.token.empty();
     const std::string& user = token ? std::string() : opt_.user;
     const std::string& secret = token ? opt_.token : opt_.password;
@@ -519,8 +520,9 @@ Status Session::authenticate() {
   // The broker answers a PING sent after CONNECT only once it accepted the
   // credentials; a refusal comes as ERROR then CLOSE.
   const Status st = flush(opt_.connect_timeout);
-  if (st) return st;
   std::lock_guard lock(mu_);
+  logging_in_ = false;
+  if (st) return st;
   if (!auth_refusal_.empty()) return Error{ErrorKind::kAuthenticationFailed, auth_refusal_};
   return st;
 }
@@ -779,6 +781,9 @@ void Session::on_error_frame(const proto::Frame& f, std::vector<Error>& errors) 
     kind = ErrorKind::kAuthenticationFailed;
     std::lock_guard lock(mu_);
     auth_refusal_ = msg;
+    // The login's own answer: connect() (or the reconnecting thread) returns
+    // it, so on_error does not say it a second time.
+    if (logging_in_) return;
   } else if (code == proto::ErrorCode::kPermissionDenied) {
     kind = ErrorKind::kPermissionDenied;
   }

@@ -512,6 +512,7 @@ class Session final : public Client {
   std::string last_error_text_;
   std::uint32_t next_sid_ = 1;
   std::string auth_refusal_;  // the broker's ERROR text when it refused our credentials
+  bool logging_in_ = false;   // authenticate() waits for the broker's verdict
   std::unordered_map<std::uint32_t, SubscriptionEntry> subs_;
   // Request/reply: replies arrive on "<inbox_>.<n>" through one wildcard subscription.
   std::string inbox_;

@@ -6,7 +6,6 @@
 #include <uriparser/Uri.h>
 
 #include <charconv>
-#include <memory>
 
 namespace rdmabroker {
 namespace {

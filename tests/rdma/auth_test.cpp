@@ -94,11 +94,15 @@ TEST_P(Auth, OnlyValidCredentialsConnectAndOthersAreUndisturbed) {
   ASSERT_TRUE(bob->flush(10s));
 
   auto refused = [&](ClientOptions opt, const std::string& why) -> std::string {
+    // The refusal is connect()'s answer, not also an asynchronous error.
+    auto told = std::make_shared<std::atomic<int>>(0);
+    opt.on_error = [told](const Error&) { ++*told; };
     auto c = try_connect_via(broker, GetParam(), std::move(opt));
     if (c.ok()) {
       ADD_FAILURE() << why << ": connected";
       return "";
     }
+    EXPECT_EQ(told->load(), 0) << why << ": on_error told it too";
     EXPECT_EQ(c.error().kind, ErrorKind::kAuthenticationFailed) << why << ": " << c.error().message;
     return c.error().message;
   };
