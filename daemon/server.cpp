@@ -41,7 +41,7 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
         } else {
           cmd.error = verdict.error().message;
         }
-        self->core_.workers[r.worker]->post(std::move(cmd));
+        self->worker_set_[r.worker].post(std::move(cmd));
       });
   b->core_.authenticator = b->authenticator_.get();
   auto pool = BufferPool::create(opt.pool_buffers, opt.buffer_size);
@@ -62,15 +62,18 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
 
   for (std::uint32_t i = 0; i < opt.workers; ++i) {
     b->workers_.push_back(std::make_unique<Worker>(i, b->core_));
-    b->core_.workers.push_back(b->workers_.back().get());
+    b->worker_set_.add(*b->workers_.back());
   }
+  b->core_.workers = &b->worker_set_;
   for (auto& w : b->workers_) {
-    if (auto st = w->init({b->tcp_listen_.get(), b->route_tcp_listen_.get()}); !st) return st.error();
+    if (auto st = w->init(b->devices_.get(), {b->tcp_listen_.get(), b->route_tcp_listen_.get(), &b->tls_});
+        !st)
+      return st.error();
   }
   if (opt.multicast.enabled && !*use_rdma) {
     spdlog::warn("multicast.enabled: no RDMA device, so no multicast: every subject is served by unicast");
   } else if (opt.multicast.enabled) {
-    auto engine = MulticastEngine::create(b->core_);
+    auto engine = MulticastEngine::create(b->core_, *b->devices_, b->worker_set_);
     if (!engine) return engine.error();
     b->multicast_ = std::move(engine.value());
     b->core_.multicast = b->multicast_.get();
@@ -82,11 +85,12 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
   if (!opt.cluster.name.empty()) {
     b->interest_ = std::make_unique<ClusterInterest>();
     b->core_.interest = b->interest_.get();
-    b->routes_ = std::make_unique<Routes>(b->core_, *b->interest_, b->announcement(b->core_.options));
+    b->routes_ =
+        std::make_unique<Routes>(b->core_, b->worker_set_, *b->interest_, b->announcement(b->core_.options));
     b->core_.routes = b->routes_.get();
   }
   if (*use_rdma) {
-    b->listener_ = std::make_unique<Listener>(b->core_);
+    b->listener_ = std::make_unique<Listener>(b->core_, *b->devices_, b->worker_set_);
     if (auto st = b->listener_->listen(); !st) return st.error();
   }
   return b;
@@ -119,7 +123,7 @@ Result<bool> Server::open_transports() {
     auto devices = DeviceSet::open(*pool_, opt.devices);
     if (!devices) return devices.error();
     devices_ = std::move(devices.value());
-    core_.devices = devices_.get();
+    core_.rdma_devices = static_cast<std::uint32_t>(devices_->devices().size());
   }
   if (opt.tcp_port != 0) {
     auto fd = listen_tcp(opt.tcp_listen_address, opt.tcp_port);
@@ -148,7 +152,7 @@ Status Server::inject(const fault::Spec& spec) {
     case fault::Kind::kQpError: {
       auto reply = std::make_shared<std::promise<Status>>();
       auto answer = reply->get_future();
-      core_.rdma_owner(spec.connection).post(FaultCommand{spec, std::move(reply)});
+      worker_set_.rdma_owner(spec.connection).post(FaultCommand{spec, std::move(reply)});
       if (answer.wait_for(kWorkerAnswerTimeout) != std::future_status::ready) {
         return Error{ErrorKind::kTimeout, "the worker did not answer"};
       }
@@ -320,7 +324,7 @@ std::vector<ConnectionInfo> Server::connections() const {
 
 Result<std::string> Server::load_tls(const config::TlsSettings& settings) {
   if (settings.mode == config::TlsMode::kOff) {
-    core_.tls.set(nullptr);
+    tls_.set(nullptr);
     return std::string();
   }
   auto next = TlsContext::build(settings);
@@ -331,7 +335,7 @@ Result<std::string> Server::load_tls(const config::TlsSettings& settings) {
     spdlog::warn("tls.certificate {} {}: renew it and reload", settings.certificate,
                  left <= 0 ? std::string("has expired") : fmt::format("expires in {} days", left / 86400));
   }
-  core_.tls.set(std::move(next.value()));
+  tls_.set(std::move(next.value()));
   return loaded;
 }
 
@@ -465,7 +469,7 @@ void Server::visit_stats(StatsVisitor& v) const {
   v.gauge({"pool.in_use", "rdmabroker_pool_buffers_in_use", "Pool buffers posted, queued or being sent."},
           pool_->in_use());
   v.gauge({"workers", "rdmabroker_workers", "Worker threads."}, static_cast<std::int64_t>(workers_.size()));
-  const auto tls = core_.tls.get();
+  const auto tls = tls_.get();
   v.gauge({"tls.certificate_expiry", "rdmabroker_tls_certificate_expiry_timestamp_seconds",
            "When the broker's TLS certificate expires (Unix time; 0: TLS off)."},
           tls ? tls->not_after() : 0);

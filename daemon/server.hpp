@@ -9,17 +9,18 @@
 #include <utility>
 #include <vector>
 
-#include "ops/health.hpp"
+#include "broker/health.hpp"
 #include "broker/options.hpp"
 #include "broker/stats.hpp"
 #include "fault/fault.hpp"
 #include "broker/buffer_pool.hpp"
 #include "rdma/device.hpp"
 #include "multicast/engine.hpp"
-#include "rdma/listener.hpp"
-#include "cluster/interest.hpp"
+#include "accept/listener.hpp"
+#include "broker/cluster_interest.hpp"
 #include "cluster/routes.hpp"
 #include "worker/worker.hpp"
+#include "worker/worker_set.hpp"
 #include "rdmabroker/result.hpp"
 
 namespace rdmabroker::daemon {
@@ -113,8 +114,10 @@ class Server {
   std::unique_ptr<DeviceSet> devices_;         // null: TCP only
   UniqueFd tcp_listen_;                        // -1: no TCP; outlives the workers that watch it
   UniqueFd route_tcp_listen_;                  // cluster.listen_tcp; -1: none
+  TlsHolder tls_;                              // TLS on the TCP listener (null: tls.mode off)
   std::unique_ptr<ClusterInterest> interest_;  // null: not in a cluster; outlives the workers' subscriptions
   std::vector<std::unique_ptr<Worker>> workers_;
+  WorkerSet worker_set_;  // the same workers, as the core and the layers above see them
   std::unique_ptr<MulticastEngine>
       multicast_;  // null: multicast off; stopped after the workers, before them destroyed
   std::unique_ptr<Listener> listener_;            // the RDMA CM listener; null: TCP only

@@ -8,8 +8,10 @@
 #   - every C and C++ source is laid out by .clang-format (Google's style,
 #     110 columns): `clang-format -i FILE` fixes one;
 #   - every source file (C, C++, Python, shell, CMake) carries the line
-#     `SPDX-License-Identifier: Apache-2.0` (LICENSE) in its first three lines.
-#   tests/lint.sh [memory|format|spdx]   (no argument: all)
+#     `SPDX-License-Identifier: Apache-2.0` (LICENSE) in its first three lines;
+#   - the daemon's folders include only lower floors (tests/lint/layers.py,
+#     docs/architecture.md "Layers").
+#   tests/lint.sh [memory|format|spdx|layers]   (no argument: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RULE=${1:-all}
@@ -48,6 +50,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "lint: no 'SPDX-License-Identifier: Apache-2.0' line in the first three lines of:"
   printf '  %s\n' "${missing[@]}"
   fail=1
+fi
+fi
+if [ "$RULE" = all ] || [ "$RULE" = layers ]; then
+if ! out=$(python3 tests/lint/layers.py .); then
+  echo "lint: an include runs up or sideways the daemon's layers (docs/architecture.md, \"Layers\"):"
+  echo "$out"; fail=1
 fi
 fi
 [ $fail = 0 ] && echo "lint: ok"

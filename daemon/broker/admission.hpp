@@ -31,7 +31,7 @@
 
 #include "broker/connection_slots.hpp"
 #include "broker/stats.hpp"
-#include "ops/log_throttle.hpp"
+#include "broker/log_throttle.hpp"
 #include "rdmabroker/proto/handshake.hpp"
 
 namespace rdmabroker::daemon {

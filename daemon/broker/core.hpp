@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // What every worker shares, owned by the Server and outliving all workers:
 // the options as started, the pool, the subscription index, the connection
-// slots and the broker-wide budgets. Workers reach each other only through
-// post_deliveries() (their command queues).
+// slots and the broker-wide budgets. It knows nothing of the layers above
+// it: workers, the multicast engine and the routes are reached through the
+// interfaces they implement (broker/dispatch.hpp, broker/channels.hpp,
+// RouteGossip below), set by the Server.
 #pragma once
 
 #include <atomic>
@@ -18,24 +20,21 @@
 #include "broker/authenticator.hpp"
 #include "broker/close_reason.hpp"
 #include "broker/buffer_pool.hpp"
+#include "broker/channels.hpp"
+#include "broker/cluster_interest.hpp"
 #include "broker/connection_slots.hpp"
+#include "broker/dispatch.hpp"
+#include "broker/log_throttle.hpp"
 #include "broker/options.hpp"
-#include "broker/pool_shares.hpp"
 #include "broker/outbound.hpp"
+#include "broker/pool_shares.hpp"
 #include "broker/subscription_budget.hpp"
 #include "broker/subscription_index.hpp"
 #include "fault/fault.hpp"
-#include "ops/log_throttle.hpp"
 #include "rdmabroker/common/adaptive_spin.hpp"
-#include "tcp/tls_context.hpp"
+#include "rdmabroker/proto/info.hpp"
 
 namespace rdmabroker::daemon {
-
-class Worker;
-class MulticastEngine;
-class DeviceSet;
-class ClusterInterest;
-class Routes;
 
 /// Heap a queued delivery may cost besides its frame bytes (its OutItem and
 /// queue slot; the payload itself sits in the registered pool): charged per
@@ -88,19 +87,21 @@ class AnnouncedInfo {
   std::shared_ptr<const Announcement> info_;  // guarded by mu_; null: nothing to announce (not in a cluster)
 };
 
-/// Deliveries routed on one worker (or the multicast engine) to another worker's connection.
-struct RemoteDelivery {
-  std::uint64_t connection = 0;
-  std::uint32_t slot = 0;
-  OutItem item;
+/// What route logins teach the routes (SPEC.md §8, "Gossip"): a broker
+/// they announced, which this one dials if no route leads to it yet. Any
+/// thread; cluster/routes.hpp implements it.
+class RouteGossip {
+ public:
+  virtual ~RouteGossip() = default;
+  virtual void announced(const proto::BrokerInfo& b) = 0;
 };
 
 struct BrokerCore {
   BrokerOptions options;
   BufferPool* pool = nullptr;
-  DeviceSet* devices = nullptr;  // null: RDMA off
+  std::uint32_t rdma_devices = 0;  // RDMA devices served (0: TCP only)
   SubscriptionIndex index;
-  std::vector<Worker*> workers;
+  WorkerDispatch* workers = nullptr;       // every worker, for what is routed to another's connection
   std::unique_ptr<ConnectionSlots> slots;  // one per open connection, all workers
   std::unique_ptr<Admission> admission;    // connect requests and slots, both transports
   SubscriptionBudget subscription_budget;  // limits.max_subscriptions_total / max_subscription_memory
@@ -109,7 +110,6 @@ struct BrokerCore {
   SpinSlots spin_slots;  // flow.adaptive_poll: workers spinning at once, at most the cores but one
   std::shared_ptr<const AuthTable> auth;   // as started; reloads hand workers their successors
   Authenticator* authenticator = nullptr;  // checks passwords and tokens off the workers
-  TlsHolder tls;                           // TLS on the TCP listener (null: tls.mode off)
   fault::Shared faults;                    // test builds: faults any worker may pick up
   /// Close lines per reason, broker-wide (a flood of failed logins must not flood the journal).
   std::array<LogThrottle, kCloseReasonCount> close_log_throttles;
@@ -118,11 +118,11 @@ struct BrokerCore {
   // right after rdma_connect): an accept that failed, a CM error event.
   LogThrottle rdma_accept_log;
   LogThrottle cm_error_log;
-  MulticastEngine* multicast = nullptr;  // null: multicast off (or no RDMA device)
-  ClusterInterest* interest = nullptr;   // null: not in a cluster (cluster.name empty)
-  RoutePeers route_peers;                // the brokers with a route open here: one each
-  Routes* routes = nullptr;              // null: not in a cluster; learns the route URLs logins announce
-  AnnouncedInfo announced;               // the INFO a client of version 7 gets
+  MulticastChannels* multicast = nullptr;  // null: multicast off (or no RDMA device)
+  ClusterInterest* interest = nullptr;     // null: not in a cluster (cluster.name empty)
+  RoutePeers route_peers;                  // the brokers with a route open here: one each
+  RouteGossip* routes = nullptr;           // null: not in a cluster; learns the route URLs logins announce
+  AnnouncedInfo announced;                 // the INFO a client of version 7 gets
   /// This broker's id in its cluster: random at each start, 16 hex digits. A
   /// route login that names it comes from this broker itself (SPEC.md §8).
   std::string server_id;
@@ -136,26 +136,10 @@ struct BrokerCore {
   /// must be answered before the window has moved past the gap.
   std::uint64_t multicast_backlog = 1024;
 
-  /// What queued deliveries on every worker are charged against
-  /// limits.max_pending_bytes_total: frame bytes + kQueuedMessageCharge per message.
-  std::int64_t pending_charge_total() const;
-
   /// The queue bound that slows publishers for `slot` (a connection's, or the engine's).
   std::uint64_t backlog_bound(std::uint32_t slot, std::uint64_t max_pending_bytes) const {
     return multicast != nullptr && slot == multicast_slot ? multicast_backlog : max_pending_bytes;
   }
-
-  /// Posts each worker its deliveries (one DeliverCommand per worker with
-  /// any) and leaves `per_worker` empty: how workers and the multicast engine
-  /// hand messages to connections they do not own.
-  void post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker) const;
-
-  /// Posts the eviction Admission::reserve() chose to the worker that owns the connection.
-  void evict(const Admission::Eviction& e) const;
-
-  /// The worker that owns RDMA connection `id`: the listener spreads them
-  /// round-robin by id (a TCP connection stays with the worker that accepted it).
-  Worker& rdma_owner(std::uint64_t id) const { return *workers[id % workers.size()]; }
 };
 
 }  // namespace rdmabroker::daemon

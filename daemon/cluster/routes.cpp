@@ -8,8 +8,6 @@
 #include <optional>
 
 #include "fault/fault.hpp"
-#include "multicast/engine.hpp"
-#include "worker/worker.hpp"
 #include "rdmabroker/proto/headers.hpp"
 #include "rdmabroker/proto/wire.hpp"
 
@@ -96,8 +94,8 @@ struct Routes::Route {
   std::uint32_t used = 0;
 };
 
-Routes::Routes(BrokerCore& core, ClusterInterest& interest, proto::BrokerInfo self)
-    : core_(core), interest_(interest), self_(std::move(self)) {
+Routes::Routes(BrokerCore& core, WorkerSet& workers, ClusterInterest& interest, proto::BrokerInfo self)
+    : core_(core), workers_(workers), interest_(interest), self_(std::move(self)) {
   interest_.on_change([this] { wake(); });
   std::lock_guard lock(mu_);
   announce_locked();  // before the first client logs in
@@ -255,7 +253,7 @@ void Routes::run() {
     lock.lock();
     if (interest.through > interest_.synced()) {
       interest_.set_synced(interest.through);
-      for (Worker* w : core_.workers) w->post(InterestSyncedCommand{interest.through});
+      workers_.post_all(InterestSyncedCommand{interest.through});
     }
     // Connecting happens on a thread per attempt (a broker that does not
     // answer takes kConnectTimeout): this thread stays free to carry new
@@ -376,7 +374,7 @@ bool Routes::connected(Route& r, Result<std::unique_ptr<Client>> outcome) {
   r.state = RouteState::kUp;
   r.last_error.clear();
   r.retry = kFirstRetry;
-  r.batches.resize(core_.workers.size());
+  r.batches.resize(core_.options.workers);
   r.poller = std::thread([this, route = &r] { poll(*route); });
   spdlog::info("route {}{}: up ({}), broker {}", r.url, r.announced_id.empty() ? "" : " (discovered)",
                r.client->transport_description(), r.peer.id.empty() ? "?" : r.peer.id);
@@ -448,7 +446,7 @@ void Routes::announce_locked() {
   }
   info_ = std::move(next);
   core_.announced.set(info_);
-  for (Worker* w : core_.workers) w->post(InfoCommand{info_});
+  workers_.post_all(InfoCommand{info_});
 }
 
 void Routes::end(Route& r) {
@@ -500,7 +498,7 @@ void Routes::hand_over_taken(Route& r) {
 
 void Routes::hand_over(Route& r) {
   if (std::any_of(r.batches.begin(), r.batches.end(), [](const auto& b) { return !b.empty(); }))
-    core_.post_deliveries(r.batches);
+    workers_.post_deliveries(r.batches);
   if (!r.channel_batch.empty()) core_.multicast->publish(std::exchange(r.channel_batch, {}));
 }
 

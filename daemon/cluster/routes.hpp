@@ -42,7 +42,8 @@
 
 #include "broker/core.hpp"
 #include "broker/stats.hpp"
-#include "cluster/interest.hpp"
+#include "broker/cluster_interest.hpp"
+#include "worker/worker_set.hpp"
 #include "rdmabroker/client.hpp"
 #include "rdmabroker/proto/info.hpp"
 
@@ -70,11 +71,11 @@ struct RouteStatus {
   std::uint64_t reconnects = 0;
 };
 
-class Routes {
+class Routes final : public RouteGossip {
  public:
   /// `self`: this broker's id (sent in every route login, so that a route to
   /// itself is recognised and refused), the client and route URLs it announces.
-  Routes(BrokerCore& core, ClusterInterest& interest, proto::BrokerInfo self);
+  Routes(BrokerCore& core, WorkerSet& workers, ClusterInterest& interest, proto::BrokerInfo self);
   ~Routes();
   Routes(const Routes&) = delete;
   Routes& operator=(const Routes&) = delete;
@@ -91,7 +92,7 @@ class Routes {
   std::vector<RouteStatus> status() const;
   /// A route login announced the route URLs of broker `b` (any thread): a
   /// broker with no route to it dials it.
-  void announced(const proto::BrokerInfo& b);
+  void announced(const proto::BrokerInfo& b) override;
   /// Declares the routes' statistics (docs/cluster.md, "Metrics"): per route,
   /// labelled by its URL (bounded: the configured list), summed in the snapshot.
   void visit(StatsVisitor& v) const;
@@ -148,6 +149,7 @@ class Routes {
   void announce_locked();
 
   BrokerCore& core_;
+  WorkerSet& workers_;
   ClusterInterest& interest_;
   mutable std::mutex mu_;  // guards self_, routes_ (the list), urls_, stop_, dirty_
   proto::BrokerInfo self_;

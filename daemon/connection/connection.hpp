@@ -259,7 +259,7 @@ struct Connection {
   bool multicast_capable = false;  // RDMA client of protocol version 2 that offered kConnectMulticast
   std::unordered_map<std::uint32_t, Subscription> subscriptions;  // by sid
   /// In a cluster: the highest interest entry its subscriptions have used
-  /// (cluster/interest.hpp), and the PONGs held until the routes have it in
+  /// (broker/cluster_interest.hpp), and the PONGs held until the routes have it in
   /// effect (SPEC.md §8, "Interest in effect").
   std::uint32_t interest_through = 0;
   std::uint32_t pongs_held = 0;

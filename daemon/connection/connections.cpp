@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "router/interest.hpp"
+#include "connection/interest.hpp"
 
 namespace rdmabroker::daemon {
 
@@ -225,7 +225,7 @@ bool Connections::may_queue(const Connection& c, std::uint64_t len, std::uint32_
   const std::int64_t held = queued_charge(static_cast<std::int64_t>(c.pending_bytes),
                                           static_cast<std::int64_t>(c.pending_messages));
   if (held + charge <= static_cast<std::int64_t>(fair_pending_share())) return true;
-  return ctx_.core.pending_charge_total() + charge <=
+  return ctx_.core.workers->pending_charge_total() + charge <=
          static_cast<std::int64_t>(ctx_.options.max_pending_bytes_total);
 }
 

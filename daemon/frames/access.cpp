@@ -6,10 +6,9 @@
 #include <spdlog/spdlog.h>
 
 #include "frames/frame_handler.hpp"
-#include "cluster/routes.hpp"
 #include "rdmabroker/config/config.hpp"
 #include "rdmabroker/proto/info.hpp"
-#include "router/interest.hpp"
+#include "connection/interest.hpp"
 
 namespace rdmabroker::daemon {
 

@@ -3,10 +3,10 @@
 
 #include <spdlog/spdlog.h>
 
-#include "cluster/interest.hpp"
-#include "multicast/engine.hpp"
+#include "broker/cluster_interest.hpp"
+#include "broker/channels.hpp"
 #include "rdmabroker/proto/multicast.hpp"
-#include "router/interest.hpp"
+#include "connection/interest.hpp"
 
 namespace rdmabroker::daemon {
 
@@ -262,7 +262,7 @@ void FrameHandler::on_unsubscribe(Connection& c, const proto::Frame& f) {
 }
 
 bool FrameHandler::on_multicast(Connection& c, const proto::Frame& f) {
-  MulticastEngine* engine = ctx_.core.multicast;
+  MulticastChannels* engine = ctx_.core.multicast;
   if (engine == nullptr || !c.multicast_capable) {
     connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
                        std::string(proto::to_string(f.header.type)) +

@@ -28,10 +28,12 @@ constexpr auto kHeartbeat = std::chrono::milliseconds(50);
 
 // ---------------------------------------------------------------- setup
 
-MulticastEngine::MulticastEngine(BrokerCore& core) : core_(core), settings_(core.options.multicast) {}
+MulticastEngine::MulticastEngine(BrokerCore& core, const DeviceSet& devices, WorkerDispatch& workers)
+    : core_(core), devices_(devices), workers_(workers), settings_(core.options.multicast) {}
 
-Result<std::unique_ptr<MulticastEngine>> MulticastEngine::create(BrokerCore& core) {
-  std::unique_ptr<MulticastEngine> e(new MulticastEngine(core));
+Result<std::unique_ptr<MulticastEngine>> MulticastEngine::create(BrokerCore& core, const DeviceSet& devices,
+                                                                 WorkerDispatch& workers) {
+  std::unique_ptr<MulticastEngine> e(new MulticastEngine(core, devices, workers));
   const std::string& range = e->settings_.groups;  // validated by the config loader
   const auto slash = range.find('/');
   in_addr base{};
@@ -60,7 +62,7 @@ Result<std::unique_ptr<MulticastEngine>> MulticastEngine::create(BrokerCore& cor
     ev.data.fd = fd;
     epoll_ctl(e->epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
   }
-  e->remote_.resize(core.workers.size());
+  e->remote_.resize(core.options.workers);
   // A window entry pins a pool buffer: all windows together may pin a quarter of the pool.
   e->window_limit_ = std::max<std::size_t>(core.options.pool_buffers / 4, 16);
   core.multicast_backlog = std::max<std::uint64_t>(
@@ -82,12 +84,6 @@ void MulticastEngine::stop() {
 }
 
 // ---------------------------------------------------------------- worker side
-
-bool MulticastEngine::eligible(const config::MulticastSettings& settings, std::string_view subject) {
-  if (!settings.enabled) return false;
-  return std::any_of(settings.subjects.begin(), settings.subjects.end(),
-                     [&](const std::string& p) { return proto::pattern_matches(p, subject); });
-}
 
 std::uint32_t MulticastEngine::subscribe(std::string_view subject, const ChannelMember& member,
                                          std::uint32_t interest) {
@@ -398,7 +394,7 @@ void MulticastEngine::unicast(const Member& m, const WindowEntry& e, bool repair
                 : make_delivery(e.buf.clone(), m.info.sid, e.offset, e.len, e.payload_len, at)});
 }
 
-void MulticastEngine::post_to_workers() { core_.post_deliveries(remote_); }
+void MulticastEngine::post_to_workers() { workers_.post_deliveries(remote_); }
 
 void MulticastEngine::remember(Channel& ch, WindowEntry entry) {
   ch.window.push_back(std::move(entry));

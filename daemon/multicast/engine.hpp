@@ -39,11 +39,14 @@
 #include <variant>
 #include <vector>
 
+#include "broker/channels.hpp"
+#include "broker/dispatch.hpp"
 #include "broker/options.hpp"
 #include "broker/outbound.hpp"
 #include "broker/stats.hpp"
 #include "broker/subscription_index.hpp"
 #include "broker/buffer_pool.hpp"
+#include "rdma/device.hpp"
 #include "rdmabroker/common/fd.hpp"
 #include "rdmabroker/common/ud_endpoint.hpp"
 #include "rdmabroker/common/verbs.hpp"
@@ -53,31 +56,6 @@
 namespace rdmabroker::daemon {
 
 struct BrokerCore;
-struct RemoteDelivery;
-
-/// Subscriber::worker of a channel's entry in the subscription index.
-inline constexpr std::uint32_t kChannelWorker = ~0u;
-
-/// One subscription served by a channel, as its worker describes it.
-struct ChannelMember {
-  std::uint64_t connection = 0;
-  std::uint32_t worker = 0;
-  std::uint32_t slot = 0;
-  std::uint32_t sid = 0;
-  bool can_join = false;     // an RDMA client that offered multicast (kConnectMulticast)
-  std::uint32_t device = 0;  // the broker device its RC connection is on (can_join only)
-  sockaddr_storage local{};  // the broker's address on that connection: binds the device's UD endpoint
-};
-
-/// A routed PUBLISH frame for a channel (zero-copy: a reference to the receive buffer).
-struct ChannelPublish {
-  std::uint32_t channel = 0;
-  BufferRef buf;
-  std::uint32_t offset = 0;
-  std::uint32_t len = 0;
-  std::uint32_t payload_len = 0;
-  std::int64_t received_at = 0;
-};
 
 /// Counters and gauges of the engine (its thread is the only writer).
 struct MulticastStats {
@@ -102,10 +80,12 @@ struct MulticastStats {
   Counter no_channel;            // channel messages whose channel had just gone (subscribers closed)
 };
 
-class MulticastEngine {
+class MulticastEngine final : public MulticastChannels {
  public:
-  /// Needs the RDMA devices; starts nothing yet.
-  static Result<std::unique_ptr<MulticastEngine>> create(BrokerCore& core);
+  /// Needs the RDMA devices; starts nothing yet. What it sends over RC goes
+  /// through `workers` (the members' workers).
+  static Result<std::unique_ptr<MulticastEngine>> create(BrokerCore& core, const DeviceSet& devices,
+                                                         WorkerDispatch& workers);
   ~MulticastEngine();
   MulticastEngine(const MulticastEngine&) = delete;
   MulticastEngine& operator=(const MulticastEngine&) = delete;
@@ -114,25 +94,13 @@ class MulticastEngine {
   /// Leaves every group and joins the thread. Idempotent.
   void stop();
 
-  // ---- any thread (workers, the main thread)
-  /// Whether an exact subscription to `subject` is served by a channel, per
-  /// `settings` (the caller's copy: workers take reloads at their own pace).
-  static bool eligible(const config::MulticastSettings& settings, std::string_view subject);
-  /// Adds the member to `subject`'s channel (created, and entered in the
-  /// subscription index, for its first member). Returns the channel id.
-  /// `interest`: the subject's ClusterInterest entry (0: no cluster), which
-  /// the channel's index entry carries so that what a route brings for that
-  /// entry reaches the channel (cluster/routes.hpp); the same for every
-  /// member while the channel lives, since each member holds the entry.
-  std::uint32_t subscribe(std::string_view subject, const ChannelMember& member, std::uint32_t interest);
-  /// Removes a member; the channel goes (index entry, group) with its last.
-  void unsubscribe(std::uint32_t channel, std::uint64_t connection, std::uint32_t sid);
-  /// Messages routed to channels by one worker, in the order it routed them.
-  void publish(std::vector<ChannelPublish>&& batch);
-  /// A client's MCAST_JOINED: `error` empty when it joined.
-  void joined(std::uint64_t connection, std::uint32_t sid, std::uint64_t epoch, std::string error);
-  /// A client's MCAST_REPAIR.
-  void repair(std::uint64_t connection, std::uint32_t sid, std::uint64_t first, std::uint64_t count);
+  // ---- any thread (workers, the main thread): MulticastChannels
+  std::uint32_t subscribe(std::string_view subject, const ChannelMember& member,
+                          std::uint32_t interest) override;
+  void unsubscribe(std::uint32_t channel, std::uint64_t connection, std::uint32_t sid) override;
+  void publish(std::vector<ChannelPublish>&& batch) override;
+  void joined(std::uint64_t connection, std::uint32_t sid, std::uint64_t epoch, std::string error) override;
+  void repair(std::uint64_t connection, std::uint32_t sid, std::uint64_t first, std::uint64_t count) override;
   /// A reload's multicast settings (only the live ones can differ).
   void reload(const config::MulticastSettings& settings);
 
@@ -230,7 +198,7 @@ class MulticastEngine {
     std::uint32_t packed_bytes = 0;
   };
 
-  explicit MulticastEngine(BrokerCore& core);
+  MulticastEngine(BrokerCore& core, const DeviceSet& devices, WorkerDispatch& workers);
   void run();
   void handle_commands();
   void handle(AddMember& c);
@@ -268,6 +236,8 @@ class MulticastEngine {
   Member* find_member(std::uint64_t connection, std::uint32_t sid, Channel** channel);
 
   BrokerCore& core_;
+  const DeviceSet& devices_;
+  WorkerDispatch& workers_;
   MulticastStats stats_;
 
   // ---- registry: workers, under registry_mutex_

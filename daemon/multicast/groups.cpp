@@ -42,7 +42,7 @@ std::string address_text(const sockaddr_in& a) {
 void MulticastEngine::update(Channel& ch) {
   std::size_t can_join = 0;
   for (const Member& m : ch.members) can_join += m.info.can_join && m.mode != MemberMode::kFallback ? 1 : 0;
-  const bool want = eligible(settings_, ch.subject) && !ch.join_failed &&
+  const bool want = multicast_eligible(settings_, ch.subject) && !ch.join_failed &&
                     can_join >= (ch.grouped ? settings_.leave_below : settings_.threshold);
   if (!want) {
     if (ch.grouped) leave_group(ch);
@@ -160,7 +160,7 @@ MulticastEngine::Endpoint* MulticastEngine::endpoint_for(const ChannelMember& m,
   spec.cm_channel = cm_channel_.get();
   spec.local = reinterpret_cast<const sockaddr*>(&m.local);
   spec.pd_for = [&](ibv_context* context, std::string& reason) -> ibv_pd* {
-    dev = core_.devices != nullptr ? core_.devices->find(context) : nullptr;
+    dev = devices_.find(context);
     if (dev == nullptr) reason = "the connection's address is on no device the broker uses";
     return dev != nullptr ? dev->pd.get() : nullptr;
   };

@@ -1,13 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ops/health.hpp"
 
-#include <algorithm>
-
 namespace rdmabroker::daemon {
-
-bool HealthReport::ok() const {
-  return std::all_of(checks.begin(), checks.end(), [](const HealthCheck& c) { return c.ok; });
-}
 
 std::string render(const HealthReport& report, std::string_view endpoint) {
   std::string body;

@@ -1,30 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// Health for orchestrators and load balancers, served on the metrics
-// listener: GET /healthz (live: restart me if not) and GET /readyz (ready:
-// send me clients). Liveness is only what a restart can fix: every worker
-// loop went round lately (the same test as the systemd watchdog's).
-// Readiness adds what a restart cannot fix but clients should avoid:
-// the listeners are open and every RDMA device the broker serves has an
-// active port. The body says which check failed and why, in the style of
-// Kubernetes' own /readyz?verbose ("[+]name ok", "[-]name failed: why").
+// The health endpoints' bodies, served on the metrics listener: GET /healthz
+// (live: restart me if not) and GET /readyz (ready: send me clients), in
+// the style of Kubernetes' own /readyz?verbose ("[+]name ok", "[-]name
+// failed: why"). What is checked: broker/health.hpp.
 #pragma once
 
 #include <string>
 #include <string_view>
-#include <vector>
+
+#include "broker/health.hpp"
 
 namespace rdmabroker::daemon {
-
-struct HealthCheck {
-  std::string name;  // "workers", "listeners", "devices"
-  bool ok = false;
-  std::string detail;  // what was seen, for an operator reading the probe's output
-};
-
-struct HealthReport {
-  std::vector<HealthCheck> checks;
-  bool ok() const;
-};
 
 /// The endpoint's body: a line per check, then "ok" or "<endpoint> check
 /// failed" (`endpoint` is "healthz" or "readyz").

@@ -9,6 +9,7 @@
 
 #include "frames/frame_handler.hpp"
 #include "rdma/rdma_link.hpp"
+#include "rdmabroker/common/fd.hpp"
 
 namespace rdmabroker::daemon {
 
@@ -22,8 +23,7 @@ Result<std::unique_ptr<RdmaPort>> RdmaPort::create(Device& dev, WorkerContext& c
   const auto& attr = dev.attr;
   port->srq_depth_ = std::min<std::uint32_t>(opt.srq_depth, static_cast<std::uint32_t>(attr.max_srq_wr));
   port->max_sge = std::min<std::uint32_t>(kMaxSendSge, static_cast<std::uint32_t>(attr.max_sge));
-  const std::uint32_t ports_total = static_cast<std::uint32_t>(std::max<std::size_t>(
-      1, ctx.core.workers.size() * (ctx.core.devices ? ctx.core.devices->devices().size() : 1)));
+  const std::uint32_t ports_total = ctx.core.options.workers * std::max(ctx.core.rdma_devices, 1u);
   // What every SRQ keeps posted must leave half the pool to queued messages,
   // TCP reads and routes: 8 workers x 2 devices x 1,024 receives would take
   // all of the default 8,192 buffers, and the SRQs created first would
@@ -41,7 +41,7 @@ Result<std::unique_ptr<RdmaPort>> RdmaPort::create(Device& dev, WorkerContext& c
       spdlog::warn(
           "buffers.srq_depth {} x {} receive queues ({} workers x {} devices) would keep {} of the pool's {} "
           "buffers posted: each keeps {} (half the pool; raise buffers.pool or lower buffers.srq_depth)",
-          port->srq_depth_, ports_total, ctx.core.workers.size(), ports_total / ctx.core.workers.size(),
+          port->srq_depth_, ports_total, ctx.core.options.workers, ports_total / ctx.core.options.workers,
           std::uint64_t{port->srq_depth_} * ports_total, ctx.core.pool->count(), share);
     }
     port->srq_depth_ = share;

@@ -138,7 +138,7 @@ bool Router::route_to(const Subscriber& s, const proto::Frame& f, const BufferRe
 }
 
 void Router::post_batches() {
-  ctx_.core.post_deliveries(remote_);
+  ctx_.core.workers->post_deliveries(remote_);
   // After the workers' batches: a subject that just moved to a channel must
   // not have its next message overtake, through the engine, the last one
   // this worker routed to a subscriber directly.

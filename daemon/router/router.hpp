@@ -16,7 +16,7 @@
 
 #include "connection/connections.hpp"
 #include "connection/worker_context.hpp"
-#include "multicast/engine.hpp"
+#include "broker/channels.hpp"
 #include "rdmabroker/proto/wire.hpp"
 
 namespace rdmabroker::daemon {

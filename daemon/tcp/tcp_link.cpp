@@ -101,7 +101,7 @@ void TcpPort::accept(bool routes, bool stopping) {
     std::optional<Admission::Eviction> evict;
     const std::uint64_t id = ctx_.core.next_connection_id.fetch_add(1);
     const auto slot = admission.reserve(stopping, {id, ctx_.index, peer}, why, evict);
-    if (evict) ctx_.core.evict(*evict);
+    if (evict) ctx_.core.workers->evict(*evict);
     if (!slot) {
       refuse(why);
       continue;
@@ -155,7 +155,7 @@ void TcpPort::tls_failed(Handshakes::iterator it, TlsFailure kind, const std::st
 
 std::shared_ptr<const TlsContext> TcpPort::tls_for(bool route_listener) const {
   // The route listener is plain TCP (routes run inside the cluster's network).
-  return route_listener ? nullptr : ctx_.core.tls.get();
+  return route_listener || listeners_.tls == nullptr ? nullptr : listeners_.tls->get();
 }
 
 bool TcpPort::advance_tls(Handshakes::iterator it) {

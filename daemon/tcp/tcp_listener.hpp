@@ -8,6 +8,7 @@
 #include <string>
 
 #include "rdmabroker/common/fd.hpp"
+#include "tcp/tls_context.hpp"
 #include "rdmabroker/result.hpp"
 
 namespace rdmabroker::daemon {
@@ -17,6 +18,7 @@ namespace rdmabroker::daemon {
 struct TcpListeners {
   int clients = -1;
   int routes = -1;
+  const TlsHolder* tls = nullptr;  // the clients' listener's TLS (null: none); routes are plain TCP
   bool any() const { return clients >= 0 || routes >= 0; }
 };
 

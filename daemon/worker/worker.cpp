@@ -21,12 +21,11 @@ Worker::Worker(std::uint32_t index, BrokerCore& core)
 
 Worker::~Worker() { join(); }
 
-Status Worker::init(TcpListeners tcp) {
+Status Worker::init(const DeviceSet* devices, TcpListeners tcp) {
   auto sys_error = [](const std::string& what) {
     return Error{ErrorKind::kResource, what + ": " + std::strerror(errno)};
   };
-  BrokerCore& core = ctx_.core;
-  router_.set_worker_count(core.workers.size());
+  router_.set_worker_count(ctx_.core.options.workers);
   if (!commands_.valid()) return sys_error("eventfd");
   epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_) return sys_error("epoll_create1");
@@ -37,14 +36,13 @@ Status Worker::init(TcpListeners tcp) {
     return ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) == 0;
   };
   if (!watch(commands_.fd(), kTagCommands)) return sys_error("epoll_ctl");
-  if (core.devices != nullptr) {  // RDMA enabled
+  if (devices != nullptr) {  // RDMA enabled
     cm_channel_.reset(rdma_create_event_channel());
     if (!cm_channel_) return sys_error("rdma_create_event_channel");
     if (!set_nonblocking(cm_channel_->fd)) return sys_error("O_NONBLOCK on the CM channel");
     if (!watch(cm_channel_->fd, kTagCm)) return sys_error("epoll_ctl");
-    const std::uint32_t per_worker_conns =
-        ctx_.options.max_connections / static_cast<std::uint32_t>(core.workers.size()) + 1;
-    for (const auto& dev : core.devices->devices()) {
+    const std::uint32_t per_worker_conns = ctx_.options.max_connections / ctx_.core.options.workers + 1;
+    for (const auto& dev : devices->devices()) {
       auto port = RdmaPort::create(*dev, ctx_, blocks_, per_worker_conns);
       if (!port) return port.error();
       if (!watch(port.value()->channel_fd(), ports_.size())) return sys_error("epoll_ctl");
@@ -352,35 +350,6 @@ void Worker::deliver_delayed_cm_events() {
     spdlog::info("fault: {} of connection {} handled now, late", rdma_event_str(e.type), e.conn_id);
     on_cm_event(e.type, e.status, e.conn_id);
   }
-}
-
-// ---------------------------------------------------------------- broker-wide
-
-void BrokerCore::evict(const Admission::Eviction& e) const {
-  workers[e.worker]->post(EvictCommand{e.connection});
-}
-
-void BrokerCore::post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker) const {
-  // Never a worker's own deliveries (it routes those to its connections
-  // directly): deliver_if_asleep() must not take the caller's own turn.
-  for (std::size_t w = 0; w < per_worker.size(); ++w) {
-    if (per_worker[w].empty()) continue;
-    if (workers[w]->deliver_if_asleep(per_worker[w])) {
-      per_worker[w].clear();
-      continue;
-    }
-    DeliverCommand cmd;
-    cmd.items.swap(per_worker[w]);
-    workers[w]->post(std::move(cmd));
-  }
-}
-
-std::int64_t BrokerCore::pending_charge_total() const {
-  std::int64_t total = 0;
-  for (const Worker* w : workers) {
-    total += queued_charge(w->stats().pending_bytes.get(), w->stats().pending_messages.get());
-  }
-  return total;
 }
 
 }  // namespace rdmabroker::daemon

@@ -16,6 +16,8 @@
 // through the command queue: the hand-off between workers costs no wake-up.
 #pragma once
 
+#include <sys/epoll.h>
+
 #include <atomic>
 #include <cstdint>
 #include <future>
@@ -32,12 +34,12 @@
 #include "connection/connections.hpp"
 #include "connection/worker_context.hpp"
 #include "frames/frame_handler.hpp"
+#include "rdma/device.hpp"
 #include "rdma/rdma_link.hpp"
-#include "tcp/tcp_listener.hpp"
 #include "rdma/rdma_port.hpp"
 #include "router/router.hpp"
 #include "tcp/tcp_link.hpp"
-#include <sys/epoll.h>
+#include "tcp/tcp_listener.hpp"
 
 #include "worker/command_queue.hpp"
 
@@ -108,7 +110,7 @@ struct InfoCommand {
   std::shared_ptr<const Announcement> info;
 };
 /// The routes have every cluster interest entry up to `through` in effect
-/// (cluster/interest.hpp): PONGs held for it go out.
+/// (broker/cluster_interest.hpp): PONGs held for it go out.
 struct InterestSyncedCommand {
   std::uint32_t through = 0;
 };
@@ -129,9 +131,10 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   /// Creates the per-device resources (calling thread, before start()).
-  /// `tcp`: the broker's listening sockets, shared by all workers
-  /// (EPOLLEXCLUSIVE wakes one).
-  Status init(TcpListeners tcp);
+  /// `devices`: the RDMA devices served (null: TCP only). `tcp`: the
+  /// broker's listening sockets, shared by all workers (EPOLLEXCLUSIVE wakes
+  /// one), and the TLS context they serve with.
+  Status init(const DeviceSet* devices, TcpListeners tcp);
   void start();
   void join();
 

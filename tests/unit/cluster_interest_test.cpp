@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The interest the routes carry to the other brokers (cluster/interest.hpp):
+// The interest the routes carry to the other brokers (broker/cluster_interest.hpp):
 // an entry is announced only once a subscription of it is in the index
 // (activate()), so a message another broker sends for it finds it; and
 // "in effect up to N" never covers an entry the routes have not seen.
@@ -7,7 +7,7 @@
 
 #include <algorithm>
 
-#include "cluster/interest.hpp"
+#include "broker/cluster_interest.hpp"
 
 namespace rdmabroker::daemon {
 namespace {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Log lines a client can cause at will are throttled per kind, and the next
-// line says how many were left out (ops/log_throttle.hpp).
-#include "ops/log_throttle.hpp"
+// line says how many were left out (broker/log_throttle.hpp).
+#include "broker/log_throttle.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "cluster/interest.hpp"
+#include "broker/cluster_interest.hpp"
 
 #include <algorithm>
 

@@ -12,16 +12,18 @@
 #include <string>
 #include <thread>
 
-#include "worker/worker.hpp"
+#include "rdma/device.hpp"
 #include "rdmabroker/common/fd.hpp"
 #include "rdmabroker/common/verbs.hpp"
 #include "rdmabroker/result.hpp"
+#include "worker/worker_set.hpp"
 
 namespace rdmabroker::daemon {
 
 class Listener {
  public:
-  explicit Listener(BrokerCore& core) : core_(core) {}
+  Listener(BrokerCore& core, const DeviceSet& devices, WorkerSet& workers)
+      : core_(core), devices_(devices), workers_(workers) {}
   ~Listener();
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
@@ -41,6 +43,8 @@ class Listener {
   Result<verbs::CmIdPtr> listen_on(const std::string& address, std::uint16_t port);
 
   BrokerCore& core_;
+  const DeviceSet& devices_;
+  WorkerSet& workers_;
   verbs::EventChannelPtr channel_;
   verbs::CmIdPtr listen_id_;        // after channel_: destroyed first
   verbs::CmIdPtr route_listen_id_;  // cluster.listen_rdma; null: none

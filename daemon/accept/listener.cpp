@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "rdma/listener.hpp"
+#include "accept/listener.hpp"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -75,7 +75,7 @@ Status Listener::listen() {
   }
   stop_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!stop_fd_) return fail("eventfd");
-  for (const auto& dev : core_.devices->devices()) {
+  for (const auto& dev : devices_.devices()) {
     if (!set_nonblocking(dev->context->async_fd)) return fail("O_NONBLOCK on a device async fd");
   }
   return {};
@@ -96,7 +96,7 @@ void Listener::stop() {
 }
 
 void Listener::run() {
-  const auto& devices = core_.devices->devices();
+  const auto& devices = devices_.devices();
   std::vector<pollfd> fds;
   fds.push_back({stop_fd_.get(), POLLIN, 0});
   fds.push_back({channel_->fd, POLLIN, 0});
@@ -153,9 +153,9 @@ void Listener::on_connect_request(rdma_cm_event* ev) {
   proto::RejectReason why{};
   std::optional<Admission::Eviction> evict;
   const std::uint64_t conn_id = core_.next_connection_id.fetch_add(1);
-  Worker& worker = core_.rdma_owner(conn_id);
+  Worker& worker = workers_.rdma_owner(conn_id);
   const auto slot = core_.admission->reserve(false, {conn_id, worker.index(), peer}, why, evict);
-  if (evict) core_.evict(*evict);
+  if (evict) workers_.evict(*evict);
   if (!slot) return reject(id, why, peer);
   id->context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(conn_id));
   if (rdma_migrate_id(id, worker.cm_channel()) != 0) {
@@ -177,7 +177,7 @@ void Listener::on_async_event(Device& dev) {
         // cannot be destroyed before this event is acked, so reading it is safe.
         const auto conn_id =
             static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ev.element.qp->qp_context));
-        core_.rdma_owner(conn_id).post(
+        workers_.rdma_owner(conn_id).post(
             QpFatalCommand{conn_id, std::string(ibv_event_type_str(ev.event_type)) + " on " + dev.name});
         break;
       }
@@ -190,7 +190,7 @@ void Listener::on_async_event(Device& dev) {
         // of a QP that failed while idle.
         const auto conn_id =
             static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ev.element.qp->qp_context));
-        core_.rdma_owner(conn_id).post(QpFatalCommand{
+        workers_.rdma_owner(conn_id).post(QpFatalCommand{
             conn_id,
             std::string(ibv_event_type_str(ev.event_type)) + " on " + dev.name + " (the QP is in error)",
             true});
@@ -200,7 +200,8 @@ void Listener::on_async_event(Device& dev) {
         // srq_context holds the index of the worker that owns the queue
         // (RdmaPort::create); the queue outlives the listener's event loop.
         const auto worker = reinterpret_cast<std::uintptr_t>(ev.element.srq->srq_context);
-        if (worker < core_.workers.size()) core_.workers[worker]->post(SrqLimitCommand{ev.element.srq});
+        if (worker < workers_.size())
+          workers_[static_cast<std::uint32_t>(worker)].post(SrqLimitCommand{ev.element.srq});
         break;
       }
       default:

@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "router/interest.hpp"
+#include "connection/interest.hpp"
 
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <cstring>
 
-#include "cluster/interest.hpp"
-#include "multicast/engine.hpp"
+#include "broker/cluster_interest.hpp"
+#include "broker/channels.hpp"
 
 namespace rdmabroker::daemon {
 
@@ -28,7 +29,7 @@ void add_subscription(WorkerContext& ctx, Connection& c, const proto::Frame& f, 
   // (multicast/engine.hpp). A route's is not: its broker passes what it
   // brings to its own channel.
   if (core.multicast != nullptr && !route && f.reply.empty() && proto::valid_subject(f.subject) &&
-      MulticastEngine::eligible(ctx.options.multicast, f.subject)) {
+      multicast_eligible(ctx.options.multicast, f.subject)) {
     ChannelMember m{c.id, ctx.index, c.slot, sid, c.multicast_capable};
     if (c.multicast_capable) {
       if (const sockaddr* local = c.link->multicast_address(m.device)) {

@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "worker/worker_set.hpp"
+
+namespace rdmabroker::daemon {
+
+void WorkerSet::evict(const Admission::Eviction& e) { workers_[e.worker]->post(EvictCommand{e.connection}); }
+
+void WorkerSet::post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker) {
+  // Never a worker's own deliveries (it routes those to its connections
+  // directly): deliver_if_asleep() must not take the caller's own turn.
+  for (std::size_t w = 0; w < per_worker.size(); ++w) {
+    if (per_worker[w].empty()) continue;
+    if (workers_[w]->deliver_if_asleep(per_worker[w])) {
+      per_worker[w].clear();
+      continue;
+    }
+    DeliverCommand cmd;
+    cmd.items.swap(per_worker[w]);
+    workers_[w]->post(std::move(cmd));
+  }
+}
+
+std::int64_t WorkerSet::pending_charge_total() const {
+  std::int64_t total = 0;
+  for (const Worker* w : workers_) {
+    total += queued_charge(w->stats().pending_bytes.get(), w->stats().pending_messages.get());
+  }
+  return total;
+}
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""The daemon's layers (docs/architecture.md, "Layers"): each folder of
+daemon/ has a floor, and a file may include only files of its own folder or
+of a lower floor. Folders on one floor are siblings that know nothing of
+each other. A strict order leaves no room for a cycle.
+
+Reads the `#include "..."` lines; prints each include that runs up or
+sideways, and any folder without a floor; exits 1 if there is one."""
+import os
+import re
+import sys
+
+# Bottom to top. A new folder gets a floor here and a line in
+# docs/architecture.md's table before it can land.
+FLOORS = [
+    ["fault"],                    # test builds' fault injection: below everything it hooks into
+    ["broker"],                   # the shared core: pool, index, auth, admission, budgets, interfaces
+    ["connection"],               # a client connection, its out-queue and its subscriptions
+    ["router"],                   # a publish to the subscribers' out-queues
+    ["frames"],                   # a received frame, decoded and handled
+    ["rdma", "tcp"],              # the transports: ports and links
+    ["worker"],                   # the reactor: a loop driving its ports and connections
+    ["accept", "multicast", "cluster"],  # what reaches workers through their command queues
+    ["server"],                   # daemon/server.*: the composition root
+    ["ops"],                      # the operator's side: metrics, admin socket, reload, logging
+    ["main"],                     # daemon/main.cpp
+]
+FLOOR = {folder: i for i, folders in enumerate(FLOORS) for folder in folders}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+
+
+def folder_of(path):
+    """The folder of a path relative to daemon/; top-level files are their own."""
+    head, _, rest = path.partition("/")
+    if rest:
+        return head
+    return os.path.splitext(head)[0]
+
+
+def main(root):
+    daemon = os.path.join(root, "daemon")
+    bad = []
+    for dirpath, _, files in os.walk(daemon):
+        for name in sorted(files):
+            if not name.endswith((".cpp", ".hpp", ".h")):
+                continue
+            path = os.path.relpath(os.path.join(dirpath, name), daemon)
+            src = folder_of(path)
+            if src not in FLOOR:
+                bad.append(f"daemon/{path}: folder '{src}' has no floor in tests/lint/layers.py")
+                continue
+            with open(os.path.join(daemon, path), encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    m = INCLUDE.match(line)
+                    if not m or not os.path.exists(os.path.join(daemon, m.group(1))):
+                        continue  # another library's header (rdmabroker/..., config/...)
+                    dst = folder_of(m.group(1))
+                    if dst == src:
+                        continue
+                    if dst not in FLOOR:
+                        bad.append(f"daemon/{path}:{number}: includes {m.group(1)}, folder without a floor")
+                    elif FLOOR[dst] >= FLOOR[src]:
+                        how = "up" if FLOOR[dst] > FLOOR[src] else "sideways"
+                        bad.append(f"daemon/{path}:{number}: {src} includes {m.group(1)} ({how}: "
+                                   f"{src} is floor {FLOOR[src]}, {dst} floor {FLOOR[dst]})")
+    for line in bad:
+        print(line)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "."))
