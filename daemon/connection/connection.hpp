@@ -25,6 +25,8 @@
 #include "broker/outbound.hpp"
 #include "broker/pool_shares.hpp"
 #include "broker/subscription_index.hpp"
+#include "fault/fault.hpp"
+#include "rdmabroker/result.hpp"
 
 struct sockaddr;
 
@@ -119,6 +121,12 @@ class Link {
   virtual const sockaddr* multicast_address(std::uint32_t& device) const {
     (void)device;
     return nullptr;
+  }
+  /// Test builds: arms fault `kind` on this link (the admin socket's
+  /// `fault` command, docs/testing.md); why it could not, if it could not.
+  virtual Status inject_fault(fault::Kind kind) {
+    (void)kind;
+    return Error{ErrorKind::kInvalidArgument, "not a fault of this transport"};
   }
 };
 

@@ -223,6 +223,23 @@ bool RdmaLink::force_error() {
   return ibv_modify_qp(qp_.get(), &attr, IBV_QP_STATE) == 0;
 }
 
+Status RdmaLink::inject_fault(fault::Kind kind) {
+  const auto id =
+      reinterpret_cast<std::uintptr_t>(cm_id_->context);  // the connection's id, set by the listener
+  if (kind == fault::Kind::kWcError) {
+    if (!fail_next_wc) {
+      fail_next_wc = true;
+      ++port_.wc_faults_armed;
+    }
+    spdlog::warn("fault: the next completion of connection {} will fail", id);
+    return {};
+  }
+  if (!force_error())
+    return Error{ErrorKind::kResource, std::string("ibv_modify_qp(ERR): ") + std::strerror(errno)};
+  spdlog::warn("fault: connection {}'s QP forced into the error state", id);
+  return {};
+}
+
 void RdmaLink::charge(std::uint32_t amount) {
   port_.windows_total = port_.windows_total - charged_ + amount;
   ctx_.stats.credits_granted.add(static_cast<std::int64_t>(amount) - static_cast<std::int64_t>(charged_));

@@ -92,6 +92,7 @@ class RdmaLink final : public Link {
 
   /// Test builds (fault qp-error, wc-error): the QP to the error state.
   bool force_error();
+  Status inject_fault(fault::Kind kind) override;
   RdmaPort& port() const { return port_; }
 
   CreditWindow credits;

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "rdma/rdma_port.hpp"
 
+#include <sys/epoll.h>
+
 #include <arpa/inet.h>
 #include <spdlog/spdlog.h>
 
@@ -13,13 +15,15 @@
 
 namespace rdmabroker::daemon {
 
-Result<std::unique_ptr<RdmaPort>> RdmaPort::create(Device& dev, WorkerContext& ctx, const SendBlocks& blocks,
-                                                   std::uint32_t max_connections) {
+Result<std::unique_ptr<RdmaPort>> RdmaPort::create(Device& dev, WorkerContext& ctx, Connections& connections,
+                                                   FrameHandler& frames, const SendBlocks& blocks,
+                                                   std::uint32_t max_connections, int epoll_fd,
+                                                   EpollTags tags) {
   auto sys_error = [](const std::string& what) {
     return Error{ErrorKind::kResource, what + ": " + std::strerror(errno)};
   };
   const auto& opt = ctx.options;
-  std::unique_ptr<RdmaPort> port(new RdmaPort(dev, ctx));
+  std::unique_ptr<RdmaPort> port(new RdmaPort(dev, ctx, connections, frames));
   const auto& attr = dev.attr;
   port->srq_depth_ = std::min<std::uint32_t>(opt.srq_depth, static_cast<std::uint32_t>(attr.max_srq_wr));
   port->max_sge = std::min<std::uint32_t>(kMaxSendSge, static_cast<std::uint32_t>(attr.max_sge));
@@ -108,6 +112,10 @@ Result<std::unique_ptr<RdmaPort>> RdmaPort::create(Device& dev, WorkerContext& c
   if (!port->send_blocks_mr_) return sys_error("ibv_reg_mr of the send blocks on " + dev.name);
   port->posted_flag_.assign(ctx.core.pool->count(), 0);
   port->staged.reserve(window);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = tags.tag(0);
+  if (::epoll_ctl(epoll_fd, EPOLL_CTL_ADD, port->channel_->fd, &ev) != 0) return sys_error("epoll_ctl");
   return port;
 }
 
@@ -168,14 +176,19 @@ bool RdmaPort::drain(ibv_cq* cq, bool receives, OnCompletion&& on_completion) {
   return any;
 }
 
-bool RdmaPort::poll(Connections& connections, FrameHandler& frames) {
+bool RdmaPort::poll() {
   const bool received =
-      drain(recv_cq_.get(), true, [&](const ibv_wc& wc) { on_receive(connections, frames, wc); });
-  return reap_sends(connections) || received;
+      drain(recv_cq_.get(), true, [&](const ibv_wc& wc) { on_receive(connections_, frames_, wc); });
+  return reap_sends() || received;
 }
 
-bool RdmaPort::reap_sends(Connections& connections) {
-  return drain(send_cq_.get(), false, [&](const ibv_wc& wc) { on_send_complete(connections, wc); });
+bool RdmaPort::reap_sends() {
+  return drain(send_cq_.get(), false, [&](const ibv_wc& wc) { on_send_complete(connections_, wc); });
+}
+
+void RdmaPort::after_flush() {
+  on_timers(connections_, ctx_.now);
+  refill(connections_);
 }
 
 RdmaLink* RdmaPort::link_of(std::uint32_t qp_num, Connection** c) {

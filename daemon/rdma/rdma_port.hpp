@@ -26,6 +26,7 @@
 
 #include "broker/send_blocks.hpp"
 #include "connection/connections.hpp"
+#include "connection/port.hpp"
 #include "connection/worker_context.hpp"
 #include "rdma/device.hpp"
 #include "rdmabroker/common/verbs.hpp"
@@ -36,29 +37,47 @@ namespace rdmabroker::daemon {
 class FrameHandler;
 class RdmaLink;
 
-class RdmaPort {
+class RdmaPort final : public Port {
  public:
   /// Creates the port's CQs (the receive CQ sized for the SRQ, the send CQ
   /// for a send window on each of `max_connections` connections), SRQ and
-  /// send-block registration. A receive's wr_id is its pool buffer's index,
-  /// a send's its slot in the connection's in-flight ring.
+  /// send-block registration, and watches its completion channel in
+  /// `epoll_fd` with `tags`. A receive's wr_id is its pool buffer's index,
+  /// a send's its slot in the connection's in-flight ring. Receives go to
+  /// `frames`, completed sends to `connections`.
   static Result<std::unique_ptr<RdmaPort>> create(Device& device, WorkerContext& ctx,
-                                                  const SendBlocks& blocks, std::uint32_t max_connections);
+                                                  Connections& connections, FrameHandler& frames,
+                                                  const SendBlocks& blocks, std::uint32_t max_connections,
+                                                  int epoll_fd, EpollTags tags);
   /// SRQ first (returning the buffers still posted on it), then the CQ and channel.
-  ~RdmaPort();
+  ~RdmaPort() override;
   RdmaPort(const RdmaPort&) = delete;
   RdmaPort& operator=(const RdmaPort&) = delete;
 
-  int channel_fd() const { return channel_->fd; }
+  // ---- Port
   /// Drains both CQs; true if it found any completion.
-  bool poll(Connections& connections, FrameHandler& frames);
-  /// Drains the send CQ only (a worker lending its state, Worker::deliver_if_asleep).
-  bool reap_sends(Connections& connections);
-  /// Before the loop sleeps: requests an event for the next receive, and for
-  /// the next send completion if `sends_awaited` (Connections::sends_awaited).
-  void arm(bool sends_awaited);
+  bool poll() override;
+  /// The periodic work (on_timers), then a refill.
+  void after_flush() override;
+  void check_deadlines(bool) override {}
+  /// Requests an event for the next receive, and for the next send
+  /// completion if `sends_awaited` (Connections::sends_awaited).
+  void arm(bool sends_awaited) override;
   /// The completion channel woke the loop: takes its events (acked in batches).
-  void take_channel_events();
+  void on_event(std::uint64_t, std::uint32_t, bool) override { take_channel_events(); }
+  PortEvent kind_of(std::uint64_t) const override { return PortEvent::kCompletion; }
+  bool ready_in_spin(std::uint64_t) override {
+    take_channel_events();  // left from before the spin, which polls the CQs anyway
+    return false;
+  }
+  /// Drains the send CQ only.
+  bool reap_sends() override;
+  bool wants_events_every_turn() const override { return false; }
+  bool seen_only_by_epoll() const override { return false; }
+  bool accepting() const override { return false; }  // the listener and the CM events accept
+  bool evict_accepting(std::uint64_t) override { return false; }
+  void stop_accepting() override {}
+
   /// Posts receives up to srq_target() once it is a quarter of srq_depth
   /// short, or sooner if fewer are posted than the windows plus `to_grant`.
   void refill(Connections& connections, std::uint32_t to_grant = 0);
@@ -123,7 +142,9 @@ class RdmaPort {
   std::uint32_t send_blocks_lkey() const { return send_blocks_mr_->lkey; }
 
  private:
-  RdmaPort(Device& device, WorkerContext& ctx) : device(device), ctx_(ctx) {}
+  RdmaPort(Device& device, WorkerContext& ctx, Connections& connections, FrameHandler& frames)
+      : device(device), ctx_(ctx), connections_(connections), frames_(frames) {}
+  void take_channel_events();
   /// Counts the connections that publish (their fair share) and asks those
   /// idle for kIdleReclaim to give credits back.
   void rebalance(Connections& connections, std::chrono::steady_clock::time_point now);
@@ -143,6 +164,8 @@ class RdmaPort {
   void arm_limit();
 
   WorkerContext& ctx_;
+  Connections& connections_;
+  FrameHandler& frames_;
   verbs::CompChannelPtr channel_;  // members in creation order; reverse is a valid teardown
   verbs::CqPtr recv_cq_;
   verbs::CqEventAcker recv_acker_;  // acks before the CQ is destroyed

@@ -72,6 +72,59 @@ std::string_view to_string(TlsFailure f) {
   return "other";
 }
 
+// ---------------------------------------------------------------- the port
+
+Result<std::unique_ptr<TcpPort>> TcpPort::create(WorkerContext& ctx, Connections& connections,
+                                                 FrameHandler& frames, int epoll_fd, EpollTags tags,
+                                                 TcpListeners listeners) {
+  std::unique_ptr<TcpPort> port(new TcpPort(ctx, connections, frames, epoll_fd, tags, listeners));
+  for (const auto& [fd, kind] :
+       {std::pair{listeners.clients, kListenClients}, {listeners.routes, kListenRoutes}}) {
+    if (fd < 0) continue;
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLEXCLUSIVE;
+    ev.data.u64 = tags.tag(kind);
+    if (::epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0)
+      return Error{ErrorKind::kResource, std::string("epoll_ctl: ") + std::strerror(errno)};
+  }
+  return port;
+}
+
+void TcpPort::on_event(std::uint64_t payload, std::uint32_t events, bool stopping) {
+  switch (payload & kKindMask) {
+    case kListenClients:
+    case kListenRoutes:
+      accept((payload & kKindMask) == kListenRoutes, stopping);
+      return;
+    case kHandshake:
+      on_handshake_readable(static_cast<int>(payload & ~kKindMask), stopping);
+      return;
+    case kConnection:
+      // Every connection whose socket carries this port's tag has a TcpLink.
+      if (Connection* c = connections_.find(payload & ~kKindMask)) {
+        static_cast<TcpLink&>(*c->link).on_event(*c, events);
+      }
+      return;
+    default:
+      return;
+  }
+}
+
+void TcpPort::check_deadlines(bool stopping) {
+  if (!handshakes_.empty()) check_handshake_deadlines(stopping);
+  check_partial_frames();
+}
+
+bool TcpPort::wants_events_every_turn() const {
+  return ctx_.stats.tcp_connections.get() > 0 || !handshakes_.empty();
+}
+
+void TcpPort::stop_accepting() {
+  for (const int fd : {listeners_.clients, listeners_.routes})
+    if (fd >= 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  check_handshake_deadlines(true);  // refuses those still in their handshake
+}
+
 // ---------------------------------------------------------------- accept
 
 void TcpPort::accept(bool routes, bool stopping) {
@@ -108,7 +161,7 @@ void TcpPort::accept(bool routes, bool stopping) {
     }
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
-    ev.data.u64 = kTagHandshake | static_cast<std::uint32_t>(fd.get());
+    ev.data.u64 = tags_.tag(kHandshake | static_cast<std::uint32_t>(fd.get()));
     if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd.get(), &ev) != 0) {
       admission.release(*slot);
       refuse(proto::RejectReason::kNoResources);
@@ -125,17 +178,12 @@ void TcpPort::accept(bool routes, bool stopping) {
   }
 }
 
-void TcpPort::stop_listening() {
-  for (const int fd : {listeners_.clients, listeners_.routes})
-    if (fd >= 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
-}
-
 void TcpPort::watch_handshake(Handshake& h, bool write) {
   if (h.wants_write == write) return;
   h.wants_write = write;
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLRDHUP | (write ? EPOLLOUT : 0u);
-  ev.data.u64 = kTagHandshake | static_cast<std::uint32_t>(h.fd.get());
+  ev.data.u64 = tags_.tag(kHandshake | static_cast<std::uint32_t>(h.fd.get()));
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, h.fd.get(), &ev);
 }
 
@@ -292,7 +340,7 @@ void TcpPort::check_handshake_deadlines(bool stopping) {
   }
 }
 
-bool TcpPort::evict_handshake(std::uint64_t id) {
+bool TcpPort::evict_accepting(std::uint64_t id) {
   for (auto it = handshakes_.begin(); it != handshakes_.end(); ++it) {
     if (it->second.id != id) continue;
     drop_handshake(it, "closed in its handshake: the unauthenticated connections are at their limit",
@@ -384,7 +432,7 @@ BufferRef TcpPort::read_buffer(Connection& c) {
 void TcpLink::update_events(const Connection& c) {
   epoll_event ev{};
   ev.events = (reading_ ? EPOLLIN | EPOLLRDHUP : 0u) | (writing_ || read_wants_write_ ? EPOLLOUT : 0u);
-  ev.data.u64 = TcpPort::kTagTcpConnection | c.id;
+  ev.data.u64 = transport_.connection_tag(c.id);
   if (::epoll_ctl(transport_.epoll_fd(), EPOLL_CTL_MOD, fd_.get(), &ev) != 0) {
     spdlog::error("connection {}: epoll_ctl: {}", c.id, std::strerror(errno));
   }

@@ -40,6 +40,7 @@
 
 #include "connection/connection.hpp"
 #include "connection/connections.hpp"
+#include "connection/port.hpp"
 #include "rdmabroker/common/fd.hpp"
 #include "rdmabroker/common/tls.hpp"
 #include "rdmabroker/proto/handshake.hpp"
@@ -144,39 +145,49 @@ class TcpLink final : public Link {
 
 /// A worker's TCP side: its share of the listening socket, the handshakes in
 /// progress, and the connections waiting for pool buffers.
-class TcpPort {
+class TcpPort final : public Port {
  public:
-  static constexpr std::uint64_t kTagHandshake = 1ull << 59;      // epoll data: | fd
-  static constexpr std::uint64_t kTagTcpConnection = 1ull << 58;  // epoll data: | connection id (< 2^58)
+  /// What an epoll tag's payload names (Port's EpollTags): a kind, and a
+  /// socket's fd or a connection's id (below 2^52) beside it.
+  static constexpr std::uint64_t kListenClients = 1ull << 55;
+  static constexpr std::uint64_t kListenRoutes = 1ull << 54;
+  static constexpr std::uint64_t kHandshake = 1ull << 53;   // | fd
+  static constexpr std::uint64_t kConnection = 1ull << 52;  // | connection id
+  static constexpr std::uint64_t kKindMask = 0xfull << 52;
 
-  TcpPort(WorkerContext& ctx, Connections& connections, FrameHandler& frames, int epoll_fd,
-          TcpListeners listeners)
-      : ctx_(ctx), connections_(connections), frames_(frames), epoll_fd_(epoll_fd), listeners_(listeners) {}
+  /// Watches the listening sockets in `epoll_fd` (EPOLLEXCLUSIVE: one worker
+  /// is woken per incoming connection).
+  static Result<std::unique_ptr<TcpPort>> create(WorkerContext& ctx, Connections& connections,
+                                                 FrameHandler& frames, int epoll_fd, EpollTags tags,
+                                                 TcpListeners listeners);
 
-  /// Shutdown: this worker no longer takes connections from the listening sockets.
-  void stop_listening();
-  /// Accepts what a listening socket has (bounded per wake-up): the client
-  /// listener's, or with `routes` the route listener's (cluster.listen_tcp).
-  void accept(bool routes, bool stopping);
-  /// A socket in its handshake is readable (or, in a TLS handshake, writable).
-  void on_handshake_readable(int fd, bool stopping);
-  /// Refuses handshakes past their deadline (all of them when stopping).
-  void check_handshake_deadlines(bool stopping);
+  // ---- Port
+  /// Reads what TLS links hold decrypted (epoll cannot see it).
+  bool poll() override { return read_buffered(); }
   /// Resumes reading on connections that waited for pool buffers.
-  void retry_buffer_waiters();
-  bool has_handshakes() const { return !handshakes_.empty(); }
-  /// Drops connection `id` if it is still in its handshake (an eviction,
-  /// Admission); false if no handshake here has that id.
-  bool evict_handshake(std::uint64_t id);
+  void after_flush() override { retry_buffer_waiters(); }
+  /// Refuses handshakes past their deadline (all of them when stopping);
+  /// closes connections whose begun frame is overdue.
+  void check_deadlines(bool stopping) override;
+  void arm(bool) override {}
+  /// Accepts, advances a handshake, or reads and writes a connection's socket.
+  void on_event(std::uint64_t payload, std::uint32_t events, bool stopping) override;
+  PortEvent kind_of(std::uint64_t) const override { return PortEvent::kSocket; }
+  bool ready_in_spin(std::uint64_t) override { return true; }
+  bool reap_sends() override { return false; }  // a write completes as it is made
+  bool wants_events_every_turn() const override;
+  bool seen_only_by_epoll() const override { return true; }
+  bool accepting() const override { return !handshakes_.empty(); }
+  bool evict_accepting(std::uint64_t id) override;
+  void stop_accepting() override;
+
   /// c's link began a frame it has not finished: from now on its deadline
   /// (limits.frame_timeout_ms) is checked.
   void watch_partial_frame(const Connection& c) { partial_frames_.push_back(c.id); }
-  /// Closes connections whose begun frame is overdue (frame_timeout).
-  void check_partial_frames();
   /// TLS link c holds decrypted bytes it has not read: read_buffered() reads them.
   void note_buffered(const Connection& c) { tls_buffered_.push_back(c.id); }
-  /// Reads what TLS links hold decrypted; true if there were any (the worker must not sleep).
-  bool read_buffered();
+  /// The epoll tag of connection `id`'s socket.
+  std::uint64_t connection_tag(std::uint64_t id) const { return tags_.tag(kConnection | id); }
 
   WorkerContext& ctx() { return ctx_; }
   Connections& connections() { return connections_; }
@@ -186,6 +197,24 @@ class TcpPort {
   BufferRef read_buffer(Connection& c);
 
  private:
+  TcpPort(WorkerContext& ctx, Connections& connections, FrameHandler& frames, int epoll_fd, EpollTags tags,
+          TcpListeners listeners)
+      : ctx_(ctx),
+        connections_(connections),
+        frames_(frames),
+        epoll_fd_(epoll_fd),
+        tags_(tags),
+        listeners_(listeners) {}
+  /// Accepts what a listening socket has (bounded per wake-up): the client
+  /// listener's, or with `routes` the route listener's (cluster.listen_tcp).
+  void accept(bool routes, bool stopping);
+  /// A socket in its handshake is readable (or, in a TLS handshake, writable).
+  void on_handshake_readable(int fd, bool stopping);
+  void check_handshake_deadlines(bool stopping);
+  void retry_buffer_waiters();
+  void check_partial_frames();
+  bool read_buffered();
+
   /// TCP sockets accepted and waiting for their 16-byte connect request.
   struct Handshake {
     std::uint64_t id = 0;  // the connection it becomes (drawn at accept: Admission knows it by this)
@@ -225,6 +254,7 @@ class TcpPort {
   Connections& connections_;
   FrameHandler& frames_;
   int epoll_fd_;
+  EpollTags tags_;
   TcpListeners listeners_;  // the broker's; never closed here
   Handshakes handshakes_;
   std::vector<std::uint64_t> buffer_waiters_;  // connections that found the pool empty

@@ -19,7 +19,7 @@ void Worker::handle_commands() {
 
 void Worker::on_command(EvictCommand& cmd) {
   if (connections_.evict_unauthenticated(cmd.connection_id)) return;
-  if (tcp_ && tcp_->evict_handshake(cmd.connection_id)) return;
+  if (any_port([&](Port& p) { return p.evict_accepting(cmd.connection_id); })) return;
   if (evicted_before_accept_.size() >= 4096) evicted_before_accept_.clear();  // stale ids (see the member)
   evicted_before_accept_.insert(cmd.connection_id);
 }
@@ -35,8 +35,8 @@ void Worker::on_command(AcceptCommand& cmd) {
     return;
   }
   RdmaPort* port = nullptr;
-  for (auto& p : ports_) {
-    if (p->device.context == cmd.id->verbs) port = p.get();
+  for (RdmaPort* p : rdma_ports_) {
+    if (p->device.context == cmd.id->verbs) port = p;
   }
   if (port == nullptr) {
     spdlog::warn("connection {} from {} refused: unknown device", cmd.connection_id, cmd.peer);
@@ -92,7 +92,7 @@ void Worker::on_command(InfoCommand& cmd) {
 void Worker::on_command(InterestSyncedCommand& cmd) { frames_.release_pongs(cmd.through); }
 
 void Worker::on_command(SrqLimitCommand& cmd) {
-  for (auto& port : ports_) {
+  for (RdmaPort* port : rdma_ports_) {
     if (port->srq() == cmd.srq) port->on_srq_limit();
   }
 }
@@ -111,10 +111,7 @@ void Worker::on_command(ListConnectionsCommand& cmd) {
 
 void Worker::on_command(ShutdownCommand&) {
   stopping_ = true;
-  if (tcp_) {
-    tcp_->stop_listening();
-    tcp_->check_handshake_deadlines(true);  // refuses those still in their handshake
-  }
+  for (auto& port : ports_) port->stop_accepting();
   connections_.close_all_for_shutdown();
 }
 
@@ -130,20 +127,10 @@ void Worker::on_command(FaultCommand& f) {
   } else if (!c->is_up()) {
     result = Error{ErrorKind::kInvalidArgument,
                    "connection " + std::to_string(c->id) + " is " + std::string(to_string(c->state))};
-  } else if (auto& link = static_cast<RdmaLink&>(*c->link); f.spec.kind == fault::Kind::kWcError) {
-    if (!link.fail_next_wc) {
-      link.fail_next_wc = true;
-      ++link.port().wc_faults_armed;
-    }
-    spdlog::warn("fault: the next completion of connection {} will fail", c->id);
-  } else if (f.spec.kind == fault::Kind::kQpError) {
-    if (!link.force_error()) {
-      result = Error{ErrorKind::kResource, std::string("ibv_modify_qp(ERR): ") + std::strerror(errno)};
-    } else {
-      spdlog::warn("fault: connection {}'s QP forced into the error state", c->id);
-    }
-  } else {
+  } else if (f.spec.kind != fault::Kind::kWcError && f.spec.kind != fault::Kind::kQpError) {
     result = Error{ErrorKind::kInvalidArgument, "not a fault of a connection"};
+  } else {
+    result = c->link->inject_fault(f.spec.kind);
   }
   f.reply->set_value(std::move(result));
 }

@@ -29,9 +29,9 @@ Status Worker::init(const DeviceSet* devices, TcpListeners tcp) {
   if (!commands_.valid()) return sys_error("eventfd");
   epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_) return sys_error("epoll_create1");
-  auto watch = [&](int fd, std::uint64_t tag, std::uint32_t extra = 0) {
+  auto watch = [&](int fd, std::uint64_t tag) {
     epoll_event ev{};
-    ev.events = EPOLLIN | extra;
+    ev.events = EPOLLIN;
     ev.data.u64 = tag;
     return ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) == 0;
   };
@@ -43,18 +43,21 @@ Status Worker::init(const DeviceSet* devices, TcpListeners tcp) {
     if (!watch(cm_channel_->fd, kTagCm)) return sys_error("epoll_ctl");
     const std::uint32_t per_worker_conns = ctx_.options.max_connections / ctx_.core.options.workers + 1;
     for (const auto& dev : devices->devices()) {
-      auto port = RdmaPort::create(*dev, ctx_, blocks_, per_worker_conns);
+      auto port = RdmaPort::create(*dev, ctx_, connections_, frames_, blocks_, per_worker_conns, epoll_.get(),
+                                   EpollTags(static_cast<std::uint32_t>(ports_.size())));
       if (!port) return port.error();
-      if (!watch(port.value()->channel_fd(), ports_.size())) return sys_error("epoll_ctl");
+      rdma_ports_.push_back(port.value().get());
       ports_.push_back(std::move(port.value()));
     }
   }
-  // EPOLLEXCLUSIVE: one worker is woken per incoming connection.
-  if (tcp.clients >= 0 && !watch(tcp.clients, kTagTcpListen, EPOLLEXCLUSIVE)) return sys_error("epoll_ctl");
-  if (tcp.routes >= 0 && !watch(tcp.routes, kTagTcpRouteListen, EPOLLEXCLUSIVE))
-    return sys_error("epoll_ctl");
-  if (tcp.any()) tcp_ = std::make_unique<TcpPort>(ctx_, connections_, frames_, epoll_.get(), tcp);
-  for (auto& port : ports_) port->refill(connections_);
+  if (tcp.any()) {
+    auto port = TcpPort::create(ctx_, connections_, frames_, epoll_.get(),
+                                EpollTags(static_cast<std::uint32_t>(ports_.size())), tcp);
+    if (!port) return port.error();
+    ports_.push_back(std::move(port.value()));
+  }
+  epoll_only_ports_ = any_port([](const Port& p) { return p.seen_only_by_epoll(); });
+  for (auto* port : rdma_ports_) port->refill(connections_);
   return {};
 }
 
@@ -81,7 +84,6 @@ void Worker::run() {
       }
     }
     bool busy = poll_ports();
-    if (tcp_ && tcp_->read_buffered()) busy = true;  // TLS: decrypted bytes epoll cannot see
     if (busy) {
       last_work_ = ctx_.now;
     } else if (ctx_.options.adaptive_poll) {
@@ -91,22 +93,15 @@ void Worker::run() {
     }
     router_.post_batches();
     connections_.flush_touched();
-    for (auto& port : ports_) {
-      port->on_timers(connections_, ctx_.now);
-      port->refill(connections_);
-    }
-    if (tcp_) tcp_->retry_buffer_waiters();
+    for (auto& port : ports_) port->after_flush();
     connections_.check_deadlines();
-    if (tcp_) {
-      if (tcp_->has_handshakes()) tcp_->check_handshake_deadlines(stopping_);
-      tcp_->check_partial_frames();
-    }
+    for (auto& port : ports_) port->check_deadlines(stopping_);
     connections_.reap();
-    if (stopping_ && connections_.empty() && (!tcp_ || !tcp_->has_handshakes())) break;
+    if (stopping_ && connections_.empty() && !any_port([](const Port& p) { return p.accepting(); })) break;
     // Stalled publishers and closing connections need timely deadline checks.
     if (!busy) {
       wait_events(connections_.needs_prompt_check() ? 1 : stopping_ ? 50 : 200);
-    } else if (ctx_.stats.tcp_connections.get() > 0 || (tcp_ && tcp_->has_handshakes()) ||
+    } else if (any_port([](const Port& p) { return p.wants_events_every_turn(); }) ||
                ctx_.now >= next_socket_check_) {
       // While completions keep the loop busy, sockets are still looked at:
       // every turn when this worker has TCP connections, else every
@@ -133,7 +128,7 @@ bool Worker::deliver_if_asleep(std::vector<RemoteDelivery>& items) {
   // The sends of earlier deliveries completed into a send CQ that woke
   // nobody: reap them here (their buffers go back to the pool, windows open).
   bool reaped = false;
-  for (auto& port : ports_) reaped |= port->reap_sends(connections_);
+  for (auto& port : ports_) reaped |= port->reap_sends();
   if (reaped) connections_.flush_touched();
   // What cannot wait for the worker's next timeout (a connection that waits
   // on a send, one that closed, a stalled publisher) wakes it after all.
@@ -143,7 +138,7 @@ bool Worker::deliver_if_asleep(std::vector<RemoteDelivery>& items) {
 
 bool Worker::poll_ports() {
   bool busy = false;
-  for (auto& port : ports_) busy |= port->poll(connections_, frames_);
+  for (auto& port : ports_) busy |= port->poll();
   return busy;
 }
 
@@ -160,7 +155,7 @@ bool Worker::spin_poll(std::chrono::steady_clock::time_point until) {
   ctx_.now = std::chrono::steady_clock::now();
   if (ctx_.now >= until) return false;
   for (int i = 0; ctx_.now < until; ++i) {
-    if (poll_ports() || ((i & 63) == 63 && (commands_.pending() || (tcp_ && sockets_ready())))) {
+    if (poll_ports() || ((i & 63) == 63 && (commands_.pending() || (epoll_only_ports_ && sockets_ready())))) {
       ctx_.now = std::chrono::steady_clock::now();
       last_work_ = ctx_.now;
       ctx_.stats.spins_found.add();
@@ -178,13 +173,12 @@ bool Worker::sockets_ready() {
   bool ready = false;
   for (int i = 0; i < n; ++i) {
     const std::uint64_t tag = events[i].data.u64;
-    if ((tag & kTagMask) == 0) {
-      // A completion channel's event left from before the spin: taken here,
-      // or it would look like work every 64 turns until the next wait.
-      ports_[tag]->take_channel_events();
-    } else {
-      ready = true;  // a socket, a command or a CM event: the loop's to handle
-    }
+    const int port = EpollTags::port_of(tag);
+    // A completion channel's event left from before the spin is taken by
+    // its port, or it would look like work every 64 turns until the next
+    // wait; a socket, a command or a CM event is the loop's to handle.
+    if (port < 0 || ports_[static_cast<std::size_t>(port)]->ready_in_spin(EpollTags::payload_of(tag)))
+      ready = true;
   }
   return ready;
 }
@@ -227,26 +221,9 @@ void Worker::wait_events(int timeout_ms) {
   if (timeout_ms != 0) count_wakeup(events, n);
   for (int i = 0; i < n; ++i) {
     const std::uint64_t tag = events[i].data.u64;
-    switch (tag & kTagMask) {
-      case kTagCommands:
-      case kTagCm:
-        continue;  // handled at the top of the loop
-      case kTagTcpListen:
-      case kTagTcpRouteListen:
-        tcp_->accept((tag & kTagMask) == kTagTcpRouteListen, stopping_);
-        continue;
-      case TcpPort::kTagHandshake:
-        tcp_->on_handshake_readable(static_cast<int>(tag & ~kTagMask), stopping_);
-        continue;
-      case TcpPort::kTagTcpConnection:
-        if (Connection* c = connections_.find(tag & ~kTagMask)) {
-          static_cast<TcpLink&>(*c->link).on_event(*c, events[i].events);
-        }
-        continue;
-      default:
-        ports_[tag]->take_channel_events();
-        continue;
-    }
+    const int port = EpollTags::port_of(tag);
+    if (port < 0) continue;  // a command or a CM event: handled at the top of the loop
+    ports_[static_cast<std::size_t>(port)]->on_event(EpollTags::payload_of(tag), events[i].events, stopping_);
   }
 }
 
@@ -256,22 +233,16 @@ void Worker::count_wakeup(const epoll_event* events, int n) {
   // thread), a socket, a CM event; none at all is the timer.
   WakeCause cause = WakeCause::kTimer;
   for (int i = 0; i < n; ++i) {
+    const std::uint64_t tag = events[i].data.u64;
+    const int port = EpollTags::port_of(tag);
     WakeCause c = WakeCause::kCompletion;
-    switch (events[i].data.u64 & kTagMask) {
-      case kTagCommands:
-        c = WakeCause::kCommand;
-        break;
-      case kTagCm:
-        c = WakeCause::kCm;
-        break;
-      case kTagTcpListen:
-      case kTagTcpRouteListen:
-      case TcpPort::kTagHandshake:
-      case TcpPort::kTagTcpConnection:
-        c = WakeCause::kSocket;
-        break;
-      default:
-        break;  // a port's completion channel
+    if (tag == kTagCommands) {
+      c = WakeCause::kCommand;
+    } else if (tag == kTagCm) {
+      c = WakeCause::kCm;
+    } else if (port >= 0 && ports_[static_cast<std::size_t>(port)]->kind_of(EpollTags::payload_of(tag)) ==
+                                PortEvent::kSocket) {
+      c = WakeCause::kSocket;
     }
     cause = std::min(cause, c);
   }

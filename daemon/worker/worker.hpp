@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// A worker thread: the reactor. One event loop that owns, per device, an
-// RdmaPort (completion channel, CQ, SRQ), its share of the TCP listening
-// socket, and every connection handed to it (Connections). No other thread
-// touches these; they reach the worker through its command queue.
+// A worker thread: the reactor. One event loop that owns its ports
+// (connection/port.hpp: an RdmaPort per device, the TcpPort with its share
+// of the listening sockets) and every connection handed to it
+// (Connections). No other thread touches these; they reach the worker
+// through its command queue.
 //
-// Loop order (run()): commands, CM events, completions (receive -> frames ->
-// router -> subscriber queues; send -> retire), the batches for other
-// workers, the flush of touched connections, SRQ refill, deadlines, reaping;
-// then re-arm, drain once more, and sleep in epoll.
+// Loop order (run()): commands, CM events, the ports' polls (receive ->
+// frames -> router -> subscriber queues; send -> retire), the batches for
+// other workers, the flush of touched connections, the ports' periodic work,
+// deadlines, reaping; then arm, poll once more, and sleep in epoll.
 //
 // The one exception to "only its thread": the worker's turn (turn_) is a
 // mutex its thread holds except while it sleeps in epoll. Another thread with
@@ -152,12 +153,10 @@ class Worker {
   std::int64_t heartbeat() const { return heartbeat_.load(std::memory_order_relaxed); }
 
  private:
-  // epoll user data: which fd woke us. Device ports use their index (< 2^32).
-  static constexpr std::uint64_t kTagCommands = 1ull << 62;
-  static constexpr std::uint64_t kTagCm = 1ull << 61;
-  static constexpr std::uint64_t kTagTcpListen = 1ull << 60;
-  static constexpr std::uint64_t kTagTcpRouteListen = 1ull << 63;
-  static constexpr std::uint64_t kTagMask = 0x3full << 58;
+  // epoll user data: which fd woke us. The worker's own have a top byte of
+  // zero; a port's carry its index there (connection/port.hpp, EpollTags).
+  static constexpr std::uint64_t kTagCommands = 1;
+  static constexpr std::uint64_t kTagCm = 2;
 
   void run();
   /// Waits up to timeout_ms (0: just looks) for any fd and handles what is
@@ -166,13 +165,21 @@ class Worker {
   /// Counts one wake-up of a blocking wait that returned these events.
   void count_wakeup(const epoll_event* events, int n);
   bool poll_ports();
-  /// Busy polling: spins on the CQs until one has work (or a command or,
-  /// with TCP, a socket waits) or `until`; true when it found some.
+  /// Busy polling: spins on the ports until one has work (or a command or,
+  /// with a port seen only by epoll, a socket waits) or `until`; true when
+  /// it found some.
   bool spin_poll(std::chrono::steady_clock::time_point until);
   /// Whether a socket, a command or a CM event is ready (without waiting or
-  /// taking it: the epoll set is level triggered); takes completion
-  /// channel events on the way, which a spin has no use for.
+  /// taking it: the epoll set is level triggered); lets ports take events a
+  /// spin has no use for (a completion channel's).
   bool sockets_ready();
+  /// Whether any port says so.
+  template <typename Pred>
+  bool any_port(Pred pred) const {
+    for (const auto& port : ports_)
+      if (pred(*port)) return true;
+    return false;
+  }
   /// flow.adaptive_poll: spins for the window AdaptiveSpin chose, if a spin
   /// slot is free (BrokerCore::spin_slots); true when it found work.
   bool adaptive_spin();
@@ -213,11 +220,16 @@ class Worker {
   verbs::EventChannelPtr cm_channel_;  // outlives the connections' cm_ids (null without RDMA)
   CommandQueue<Command> commands_;
   UniqueFd epoll_;
-  std::vector<std::unique_ptr<RdmaPort>> ports_;
-  Connections connections_;  // after ports_: every QP goes before its CQ and SRQ
+  /// Every port the loop drives: an RDMA port per device, the TCP port.
+  std::vector<std::unique_ptr<Port>> ports_;
+  /// The RDMA ports among them, for what only RDMA has: accepting a CM
+  /// connect request on its device, an SRQ's limit event.
+  std::vector<RdmaPort*> rdma_ports_;
+  bool epoll_only_ports_ = false;  // a port is seen only through epoll (TCP): a spin looks there too
+  Connections
+      connections_;  // after ports_: every QP goes before its CQ and SRQ, every socket before its port
   Router router_;
   FrameHandler frames_;
-  std::unique_ptr<TcpPort> tcp_;  // handshakes in progress, buffer waiters (null: no TCP)
 
   std::chrono::steady_clock::time_point last_work_{};          // the last loop turn that found completions
   AdaptiveSpin adaptive_;                                      // flow.adaptive_poll's window
