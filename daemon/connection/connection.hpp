@@ -77,37 +77,40 @@ constexpr std::string_view to_string(ConnState s) {
   return "unknown";
 }
 
-/// The transport under one connection. Every call comes from the owning
+/// The transport under one connection, bound to it when the connection is
+/// made (Connection's constructor). Every call comes from the owning
 /// worker's thread.
 class Link {
  public:
   virtual ~Link() = default;
+  /// Called once, by the Connection that takes this link.
+  void bind(Connection& c) { connection_ = &c; }
   virtual Transport transport() const = 0;
   /// What `stat` and the log call it: "rdma", "tcp", or "tls" (TCP inside TLS).
   virtual std::string_view protocol() const { return to_string(transport()); }
   /// Hands the front of c's out-queue to the transport, as much as it takes
   /// now (credits, send window, socket buffer); the rest waits for the next flush.
-  virtual void flush(Connection& c) = 0;
+  virtual void flush() = 0;
   /// Publisher flow control while a subscriber it feeds is backlogged: RDMA
   /// withholds the publisher's credits, TCP stops reading its socket.
-  virtual void pause(Connection& c) = 0;
-  virtual void resume(Connection& c) = 0;
+  virtual void pause() = 0;
+  virtual void resume() = 0;
   /// The peer's CREDIT frame (RDMA; TCP's window does this job and ignores it).
   virtual void add_send_credits(std::uint32_t n) = 0;
   /// The connection is closing and its queue was dropped: a stream transport
   /// ends its send in progress after the frame being written, so that the
   /// ERROR and CLOSE that follow reach the peer as whole frames soon (RDMA
   /// posts whole SENDs: nothing to do).
-  virtual void cut_short(Connection& c) { (void)c; }
+  virtual void cut_short() {}
   /// Ends the transport after the last frame went out (RDMA: the QP to the
   /// error state; TCP: FIN). The connection then waits for the peer's end.
-  virtual void disconnect(Connection& c) = 0;
+  virtual void disconnect() = 0;
   /// Called once, just before the connection is destroyed: gives back what
   /// the link took from shared resources (CQ entries, SRQ credits, counts).
-  virtual void release(Connection& c) = 0;
+  virtual void release() = 0;
   /// The connection authenticated: what it was kept from until then (RDMA:
   /// its full credit grant) may be given now.
-  virtual void on_authenticated(Connection& c) { (void)c; }
+  virtual void on_authenticated() {}
   /// RDMA: the credits granted to the client now (SPEC.md §5); 0 for TCP.
   virtual std::uint32_t receive_window() const { return 0; }
   /// The broker is not taking the peer's frames now, whatever the reason
@@ -128,6 +131,13 @@ class Link {
     (void)kind;
     return Error{ErrorKind::kInvalidArgument, "not a fault of this transport"};
   }
+
+ protected:
+  /// The connection this link carries.
+  Connection& connection() const { return *connection_; }
+
+ private:
+  Connection* connection_ = nullptr;
 };
 
 /// One send handed to the transport and not yet completed, with what it references.
@@ -149,6 +159,8 @@ struct StringHash {
 struct Connection {
   Connection(std::uint64_t id, std::uint32_t slot, std::string peer, std::unique_ptr<Link> link,
              std::uint32_t peer_buffer_size, std::uint32_t send_window, ConnState initial);
+  Connection(const Connection&) = delete;  // its link points at it
+  Connection& operator=(const Connection&) = delete;
 
   /// The transport is up and the connection is not closing (frames are taken from it).
   bool is_up() const {
@@ -307,6 +319,8 @@ inline Connection::Connection(std::uint64_t id_, std::uint32_t slot_, std::strin
       link(std::move(link_)),
       peer_buffer_size(peer_buffer_size_),
       state(initial),
-      inflight(send_window + 1) {}
+      inflight(send_window + 1) {
+  link->bind(*this);
+}
 
 }  // namespace rdmabroker::daemon

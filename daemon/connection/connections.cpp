@@ -86,7 +86,7 @@ void Connections::close(Connection& c, CloseReason reason, ErrorCode code, std::
   }
   if (reason != CloseReason::kBrokerShutdown) {
     drop_queue(c, drop_reason_for(reason));
-    c.link->cut_short(c);
+    c.link->cut_short();
   }
   const bool is_close = reason == CloseReason::kBrokerShutdown || reason == CloseReason::kSlowConsumer;
   const FrameType type = is_close ? FrameType::kClose : FrameType::kError;
@@ -113,7 +113,7 @@ void Connections::disconnect(Connection& c) {
   c.state = ConnState::kDisconnecting;
   c.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ctx_.options.drain_timeout_ms);
   closing_.push_back(c.id);
-  c.link->disconnect(c);
+  c.link->disconnect();
   try_finish(c);
 }
 
@@ -169,7 +169,7 @@ void Connections::reap() {
 void Connections::destroy(Connection& c) {
   // Release what in-flight sends still hold (only after a deadline forced us).
   while (c.inflight_count > 0) retire_send(c, false);
-  c.link->release(c);
+  c.link->release();
   ctx_.stats.connections_closed[static_cast<std::size_t>(c.reason)].add();
   ctx_.stats.connections_current.add(-1);
   ctx_.core.admission->release(c.slot);
@@ -395,7 +395,7 @@ void Connections::flush_touched() {
 }
 
 void Connections::flush(Connection& c) {
-  if (c.is_up() || c.state == ConnState::kDraining) c.link->flush(c);
+  if (c.is_up() || c.state == ConnState::kDraining) c.link->flush();
   if (c.state == ConnState::kDraining && c.outq.empty() && c.inflight_count == 0) disconnect(c);
   if (!c.is_up()) return;
   if (c.unexamined > 0) {
@@ -648,7 +648,7 @@ void Connections::stall(Connection& publisher, std::uint32_t slot) {
   publisher.stall_sent = ctx_.core.slots->sent(slot);
   publisher.stalled_until = ctx_.now + std::chrono::milliseconds(ctx_.options.producer_stall_ms);
   stalled_.push_back(publisher.id);
-  publisher.link->pause(publisher);
+  publisher.link->pause();
 }
 
 // ---------------------------------------------------------------- deadlines
@@ -690,7 +690,7 @@ void Connections::check_stalls() {
                            ctx_.core.pool_shares.share(ctx_.options.pool_share_percent) / 4;
     if (now < c->stalled_until && (queued > low || pins_high)) return false;
     c->stalled = false;
-    c->link->resume(*c);
+    c->link->resume();
     touch(*c);
     return true;
   });

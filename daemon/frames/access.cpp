@@ -142,7 +142,7 @@ AuthResultCommand FrameHandler::route_login(Connection& c, std::string_view clus
 void FrameHandler::hold_until_verified(Connection& c, const BufferRef& buf, std::uint32_t begin,
                                        std::uint32_t end) {
   // The link reads nothing more until the verdict: what is held stays bounded.
-  if (c.held_until_verified.empty()) c.link->pause(c);
+  if (c.held_until_verified.empty()) c.link->pause();
   c.held_until_verified.push_back({buf.clone(), begin, end});
 }
 
@@ -171,7 +171,7 @@ void FrameHandler::on_auth_result(AuthResultCommand& r) {
                                                            : "user " + who.name);
   c->state = ConnState::kOpen;
   ctx_.core.admission->authenticated(c->slot);
-  c->link->on_authenticated(*c);
+  c->link->on_authenticated();
   ctx_.stats.auth_ok.add();
   // Before the login's PONG: a client knows the cluster once connected.
   send_info(*c, ctx_.core.announced.get());
@@ -186,7 +186,7 @@ void FrameHandler::on_auth_result(AuthResultCommand& r) {
     if (!c->is_up()) break;
     process(*c, h.buf, h.begin, h.end);
   }
-  if (c->is_up() && !c->input_held()) c->link->resume(*c);
+  if (c->is_up() && !c->input_held()) c->link->resume();
 }
 
 bool FrameHandler::may_publish(Connection& c, std::string_view subject) {

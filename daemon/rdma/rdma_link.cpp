@@ -181,7 +181,8 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   return conn;
 }
 
-void RdmaLink::on_authenticated(Connection& c) {
+void RdmaLink::on_authenticated() {
+  Connection& c = connection();
   if (by_demand_) return;  // grows as it publishes (on_credit_imm)
   // An older client's whole window, as far as the port's receives allow.
   const std::uint32_t more =
@@ -193,7 +194,8 @@ void RdmaLink::on_authenticated(Connection& c) {
   connections_.touch(c);
 }
 
-void RdmaLink::release(Connection& c) {
+void RdmaLink::release() {
+  Connection& c = connection();
   port_.outstanding -= std::min(port_.outstanding, credits.forfeit());
   charge(0);
   port_.cq_reserved -= static_cast<std::uint32_t>(c.inflight.size());  // its send window (accept)
@@ -201,7 +203,8 @@ void RdmaLink::release(Connection& c) {
   if (fail_next_wc) --port_.wc_faults_armed;
 }
 
-void RdmaLink::disconnect(Connection& c) {
+void RdmaLink::disconnect() {
+  Connection& c = connection();
   // rdma_cm puts only QPs of its own in the error state: ours goes now, so
   // that what is still posted completes as flushed.
   force_error();
@@ -321,7 +324,8 @@ std::uint32_t RdmaLink::take_imm(const Connection& c) {
   return proto::encode_credit_imm({returned, std::exchange(release_ask_, 0)});
 }
 
-void RdmaLink::flush(Connection& c) {
+void RdmaLink::flush() {
+  Connection& c = connection();
   auto& staged = port_.staged;
   staged.clear();
   while (c.can_send()) {

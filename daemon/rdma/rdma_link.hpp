@@ -56,20 +56,20 @@ class RdmaLink final : public Link {
   ~RdmaLink() override;
 
   Transport transport() const override { return Transport::kRdma; }
-  void flush(Connection& c) override;
+  void flush() override;
   /// A stalled publisher's credits are withheld (take_credits_to_return).
-  void pause(Connection&) override {}
-  void resume(Connection&) override {}
+  void pause() override {}
+  void resume() override {}
   void add_send_credits(std::uint32_t n) override { credits.add_send_credits(n); }
   /// Grows the pre-authentication grant (kUnauthenticatedCredits) to
   /// flow.credits; a version-3 connection grows by demand instead.
-  void on_authenticated(Connection& c) override;
+  void on_authenticated() override;
   std::uint32_t receive_window() const override { return credits.window(); }
   /// Its last credit is the one a peer keeps for credit updates (CreditWindow::kReserve).
   bool input_paused() const override { return credits.outstanding() <= CreditWindow::kReserve; }
   /// Moves the QP to the error state: posted sends complete as flushed.
-  void disconnect(Connection& c) override;
-  void release(Connection& c) override;
+  void disconnect() override;
+  void release() override;
   std::string where() const override;
   const sockaddr* multicast_address(std::uint32_t& device) const override;
 

@@ -408,7 +408,7 @@ void TcpPort::retry_buffer_waiters() {
   ids.swap(buffer_waiters_);
   for (std::uint64_t id : ids) {
     Connection* c = connections_.find(id);
-    if (c != nullptr && !c->input_held()) c->link->resume(*c);
+    if (c != nullptr && !c->input_held()) c->link->resume();
   }
 }
 
@@ -421,7 +421,7 @@ BufferRef TcpPort::read_buffer(Connection& c) {
     // Pool exhausted: stop reading until buffers come back (TCP's window
     // then holds the publisher, as withheld credits hold an RDMA one).
     buffer_waiters_.push_back(c.id);
-    c.link->pause(c);
+    c.link->pause();
     return {};
   }
   return BufferRef(ctx_.core.pool, index);
@@ -438,13 +438,15 @@ void TcpLink::update_events(const Connection& c) {
   }
 }
 
-void TcpLink::pause(Connection& c) {
+void TcpLink::pause() {
+  Connection& c = connection();
   if (!reading_) return;
   reading_ = false;
   update_events(c);
 }
 
-void TcpLink::resume(Connection& c) {
+void TcpLink::resume() {
+  Connection& c = connection();
   if (reading_) return;
   reading_ = true;
   update_events(c);  // level-triggered: data already waiting is reported again
@@ -486,7 +488,8 @@ PackedFrame TcpLink::tally(std::uint32_t from, std::uint32_t to) const {
   return sum;
 }
 
-void TcpLink::cut_short(Connection& c) {
+void TcpLink::cut_short() {
+  Connection& c = connection();
   if (c.inflight_count == 0) return;
   // Frames written whole stay; so does the one being written (the peer could
   // not tell its end from the next frame otherwise); the rest is dropped.
@@ -512,7 +515,8 @@ void TcpLink::cut_short(Connection& c) {
   iov_count_ = i + 1;
 }
 
-void TcpLink::disconnect(Connection& c) {
+void TcpLink::disconnect() {
+  Connection& c = connection();
   // A send cut at the deadline never completes: the frames the socket took
   // whole reached the peer (or sit in its kernel), the rest did not.
   if (c.inflight_count > 0) {
@@ -533,7 +537,7 @@ void TcpLink::disconnect(Connection& c) {
   update_events(c);
 }
 
-void TcpLink::release(Connection&) {
+void TcpLink::release() {
   transport_.ctx().stats.tcp_connections.add(-1);
   if (ssl_) transport_.ctx().stats.tls_connections.add(-1);
 }
@@ -639,7 +643,8 @@ bool TcpLink::move_partial_frame(Connection& c) {
 
 // ---------------------------------------------------------------- write
 
-void TcpLink::flush(Connection& c) {
+void TcpLink::flush() {
+  Connection& c = connection();
   auto& connections = transport_.connections();
   while (true) {
     if (c.inflight_count > 0) {

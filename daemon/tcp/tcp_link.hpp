@@ -71,18 +71,18 @@ class TcpLink final : public Link {
 
   Transport transport() const override { return Transport::kTcp; }
   std::string_view protocol() const override { return ssl_ ? "tls" : "tcp"; }
-  void flush(Connection& c) override;
+  void flush() override;
   /// A stalled publisher (or one short of pool buffers) is not read.
-  void pause(Connection& c) override;
-  void resume(Connection& c) override;
+  void pause() override;
+  void resume() override;
   void add_send_credits(std::uint32_t) override {}  // the socket's window is the flow control
   /// Ends the send in progress after the frame being written: the frames
   /// not begun are dropped, so that CLOSE follows within one frame.
-  void cut_short(Connection& c) override;
+  void cut_short() override;
   /// FIN after what was written; the socket is read (and discarded) until
   /// the peer's FIN, the TCP twin of waiting for DISCONNECTED.
-  void disconnect(Connection& c) override;
-  void release(Connection& c) override;
+  void disconnect() override;
+  void release() override;
   std::string where() const override { return ssl_ ? "over tls" : "over tcp"; }
   bool is_tls() const { return ssl_ != nullptr; }
 

@@ -42,7 +42,8 @@ class FakeLink final : public Link {
   explicit FakeLink(Connections& connections) : connections_(connections) {}
 
   Transport transport() const override { return Transport::kTcp; }
-  void flush(Connection& c) override {
+  void flush() override {
+    Connection& c = connection();
     while (c.can_send() && !c.outq.empty()) {
       Segment sge[kMaxSendSge];
       std::array<BufferRef, kMaxFramesPerSend> refs;
@@ -60,12 +61,12 @@ class FakeLink final : public Link {
       if (!stuck) connections_.retire_send(c, true);
     }
   }
-  void pause(Connection&) override { paused = true; }
-  void resume(Connection&) override { paused = false; }
+  void pause() override { paused = true; }
+  void resume() override { paused = false; }
   bool input_paused() const override { return paused; }
   void add_send_credits(std::uint32_t) override {}
-  void disconnect(Connection&) override { disconnected = true; }
-  void release(Connection&) override {}
+  void disconnect() override { disconnected = true; }
+  void release() override {}
   std::string where() const override { return "in a unit test"; }
 
   std::vector<Received> sent;
