@@ -259,6 +259,57 @@ void add_range(Segment* sge, std::uint32_t& n, std::uint64_t addr, std::uint32_t
   sge[n++] = Segment{addr, len, lkey};
 }
 
+/// Puts `item`'s frame into the send: its header(s) at `dst` in the send
+/// block (the whole frame for a control frame without a body: `in_block`
+/// bytes), its body as ranges of the pool buffer, whose reference moves to
+/// `ref`.
+void pack_item(OutItem& item, std::byte* dst, std::size_t in_block, std::uint32_t block_lkey,
+               std::uint32_t body_lkey, Segment* sge, std::uint32_t& num_sge, BufferRef& ref) {
+  if (item.body && item.cut_start != 0) {
+    // [DELIVER header][fragment header][the piece's bytes of the frame, as received]
+    const std::byte* frame = item.body.data() + item.body_offset;
+    proto::encode_header(dst, item.header);
+    proto::encode_header(dst + proto::kHeaderSize, cut_header(frame, item.cut_start, item.cut_len()));
+    add_range(sge, num_sge, reinterpret_cast<std::uint64_t>(dst), 2 * proto::kHeaderSize, block_lkey);
+    add_range(sge, num_sge, reinterpret_cast<std::uint64_t>(frame + item.cut_start), item.cut_len(),
+              body_lkey);
+    ref = std::move(item.body);
+  } else if (item.body && item.strip != 0) {
+    // [DELIVER header][PUBLISH header, header_len 0][subject, reply][payload, padding]: the
+    // block is a multiple of 8 bytes, so the padding that follows the payload stays right.
+    const std::byte* frame = item.body.data() + item.body_offset;
+    const std::uint32_t strings =
+        proto::load<std::uint16_t>(frame + 6) + proto::load<std::uint16_t>(frame + 8);
+    proto::encode_header(dst, item.header);
+    std::memcpy(dst + proto::kHeaderSize, frame, proto::kHeaderSize);
+    proto::store<std::uint16_t>(dst + proto::kHeaderSize + 10, 0);
+    proto::store<std::uint32_t>(dst + proto::kHeaderSize + 12,
+                                proto::load<std::uint32_t>(frame + 12) - item.strip);
+    add_range(sge, num_sge, reinterpret_cast<std::uint64_t>(dst), 2 * proto::kHeaderSize, block_lkey);
+    const std::byte* after_strings = frame + proto::kHeaderSize + strings;
+    add_range(sge, num_sge, reinterpret_cast<std::uint64_t>(frame + proto::kHeaderSize), strings, body_lkey);
+    const std::uint32_t rest = item.body_len - proto::kHeaderSize - strings - item.strip;
+    if (rest != 0) {
+      add_range(sge, num_sge, reinterpret_cast<std::uint64_t>(after_strings + item.strip), rest, body_lkey);
+    }
+    ref = std::move(item.body);
+  } else if (item.body) {
+    proto::encode_header(dst, item.header);
+    add_range(sge, num_sge, reinterpret_cast<std::uint64_t>(dst), proto::kHeaderSize, block_lkey);
+    add_range(sge, num_sge, reinterpret_cast<std::uint64_t>(item.body.data() + item.body_offset),
+              item.body_len, body_lkey);
+    ref = std::move(item.body);
+  } else {
+    // The body is ERROR/CLOSE text, or NO_RESPONDERS' subject.
+    const bool text_is_subject = item.header.type == proto::FrameType::kNoResponders;
+    const auto text = std::as_bytes(std::span<const char>(item.text.data(), item.text.size()));
+    proto::encode_frame(std::span<std::byte>(dst, in_block), item.header, text_is_subject ? item.text : "",
+                        {}, text_is_subject ? std::span<const std::byte>{} : text);
+    add_range(sge, num_sge, reinterpret_cast<std::uint64_t>(dst), static_cast<std::uint32_t>(in_block),
+              block_lkey);
+  }
+}
+
 }  // namespace
 
 std::uint32_t relay_ns(std::int64_t received_at, std::int64_t posted_at) {
@@ -294,51 +345,7 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
     } else {
       item.header.sequence = next_sequence++;
     }
-    if (item.body && item.cut_start != 0) {
-      // [DELIVER header][fragment header][the piece's bytes of the frame, as received]
-      const std::byte* frame = item.body.data() + item.body_offset;
-      proto::encode_header(dst, item.header);
-      proto::encode_header(dst + proto::kHeaderSize, cut_header(frame, item.cut_start, item.cut_len()));
-      add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(dst), 2 * proto::kHeaderSize, block_lkey);
-      add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(frame + item.cut_start), item.cut_len(),
-                body_lkey);
-      refs[out.frames] = std::move(item.body);
-    } else if (item.body && item.strip != 0) {
-      // [DELIVER header][PUBLISH header, header_len 0][subject, reply][payload, padding]: the
-      // block is a multiple of 8 bytes, so the padding that follows the payload stays right.
-      const std::byte* frame = item.body.data() + item.body_offset;
-      const std::uint32_t strings =
-          proto::load<std::uint16_t>(frame + 6) + proto::load<std::uint16_t>(frame + 8);
-      proto::encode_header(dst, item.header);
-      std::memcpy(dst + proto::kHeaderSize, frame, proto::kHeaderSize);
-      proto::store<std::uint16_t>(dst + proto::kHeaderSize + 10, 0);
-      proto::store<std::uint32_t>(dst + proto::kHeaderSize + 12,
-                                  proto::load<std::uint32_t>(frame + 12) - item.strip);
-      add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(dst), 2 * proto::kHeaderSize, block_lkey);
-      const std::byte* after_strings = frame + proto::kHeaderSize + strings;
-      add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(frame + proto::kHeaderSize), strings,
-                body_lkey);
-      const std::uint32_t rest = item.body_len - proto::kHeaderSize - strings - item.strip;
-      if (rest != 0) {
-        add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(after_strings + item.strip), rest,
-                  body_lkey);
-      }
-      refs[out.frames] = std::move(item.body);
-    } else if (item.body) {
-      proto::encode_header(dst, item.header);
-      add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(dst), proto::kHeaderSize, block_lkey);
-      add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(item.body.data() + item.body_offset),
-                item.body_len, body_lkey);
-      refs[out.frames] = std::move(item.body);
-    } else {
-      // The body is ERROR/CLOSE text, or NO_RESPONDERS' subject.
-      const bool text_is_subject = item.header.type == proto::FrameType::kNoResponders;
-      const auto text = std::as_bytes(std::span<const char>(item.text.data(), item.text.size()));
-      proto::encode_frame(std::span<std::byte>(dst, in_block), item.header, text_is_subject ? item.text : "",
-                          {}, text_is_subject ? std::span<const std::byte>{} : text);
-      add_range(sge, out.num_sge, reinterpret_cast<std::uint64_t>(dst), static_cast<std::uint32_t>(in_block),
-                block_lkey);
-    }
+    pack_item(item, dst, in_block, block_lkey, body_lkey, sge, out.num_sge, refs[out.frames]);
     if (item.is_delivery()) {
       if (item.received_at != 0 &&
           (out.oldest_received_at == 0 || item.received_at < out.oldest_received_at)) {

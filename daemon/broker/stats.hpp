@@ -249,7 +249,7 @@ struct WorkerStats {
   Counter tcp_write_blocked;  // writes that hit a full socket buffer (EAGAIN)
   Gauge tls_connections;      // TLS connections open on this worker (counted in tcp_connections too)
   Counter tls_handshakes;     // TLS handshakes completed
-  std::array<Counter, 6> tls_failures;  // TLS handshakes failed, by TlsFailure (tcp/tcp_link.hpp)
+  std::array<Counter, 6> tls_failures;  // TLS handshakes failed, by TlsFailure (tcp/tcp_port.hpp)
   Counter tls_plain_refused;            // plain TCP connect requests refused by tls.mode: required
   Counter limit_payload;  // PUBLISH frames over limits.max_payload or the buffer size (connection closed)
   Counter limit_subscriptions;  // SUBSCRIBE frames over limits.max_subscriptions (ERROR, connection stays)

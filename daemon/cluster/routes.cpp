@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 
+#include "cluster/route.hpp"
 #include "fault/fault.hpp"
 #include "rdmabroker/proto/headers.hpp"
 #include "rdmabroker/proto/wire.hpp"
@@ -14,21 +15,12 @@
 namespace rdmabroker::daemon {
 
 namespace {
-constexpr auto kFirstRetry = std::chrono::milliseconds(100);
 constexpr auto kLongestRetry = std::chrono::seconds(5);
 constexpr auto kConnectTimeout = std::chrono::seconds(10);
-/// How long a route's I/O thread waits for a pool buffer before it counts
-/// the message as dropped: waiting holds the route (its broker stops sending
-/// once the credits run out), which is the back-pressure we want.
-constexpr int kPoolWaitMs = 1000;
 /// How long a route's broker may take to answer the PING that confirms new
 /// subscriptions there: clients' PONGs wait for it (SPEC.md §8, "Interest
 /// in effect"), so a route that does not answer must not hold them longer.
 constexpr auto kSyncTimeout = std::chrono::seconds(2);
-/// How long an idle route's poller sleeps in one poll(): data, end() (a
-/// wake()) and the route thread's own waits on the client end it sooner,
-/// so nothing depends on it; a minute only bounds a wake-up that got lost.
-constexpr auto kIdlePoll = std::chrono::seconds(60);
 }  // namespace
 
 std::string_view to_string(RouteState s) {
@@ -44,55 +36,6 @@ std::string_view to_string(RouteState s) {
   }
   return "?";
 }
-
-struct Routes::Route {
-  Route(std::string u, std::uint64_t id, std::string announced_as = {})
-      : url(std::move(u)), publisher_id(id), announced_id(std::move(announced_as)) {}
-  const std::string url;
-  /// The publisher id its messages in fragments carry here (SPEC.md §3.7):
-  /// drawn like a connection's, so no two routes or connections share one.
-  const std::uint64_t publisher_id;
-  std::unique_ptr<Client> client;                               // null until the first login succeeded
-  std::unordered_map<std::uint32_t, std::uint32_t> subscribed;  // interest entry id -> sid there
-  RouteState state = RouteState::kConnecting;                   // guarded by Routes::mu_
-  /// Not in cluster.routes: the id of the broker that was announced with
-  /// this URL (gossip); empty for a configured route. Guarded by mu_.
-  std::string announced_id;
-  bool forget = false;     // a discovered route that failed: ended and forgotten on the next pass (mu_)
-  proto::BrokerInfo peer;  // its broker, as its INFO says (mu_); empty id: no INFO (yet)
-  std::chrono::steady_clock::time_point next_attempt{};
-  std::chrono::milliseconds retry = kFirstRetry;
-  std::string last_error;  // logged when it changes, not on every attempt
-  /// A connect under way on `connector` (mu_), and its outcome until this
-  /// broker's route thread takes it (mu_).
-  bool connecting = false;
-  std::optional<Result<std::unique_ptr<Client>>> attempt;
-  std::thread connector;
-  std::atomic<std::uint64_t> messages_in{0};
-  std::atomic<std::uint64_t> bytes_in{0};
-  std::atomic<std::uint64_t> dropped{0};
-  std::atomic<std::uint64_t> reconnects{0};
-  /// subscribed.size() for status(): `subscribed` itself is the route
-  /// thread's, changed while it calls into the library without mu_.
-  std::atomic<std::size_t> interest{0};
-
-  // ---- what the client's callbacks use. The poller thread runs them
-  // (a polled client), and so does the route thread while it waits on the
-  // client (confirm(), a subscribe that waits for a send buffer): the
-  // client lets one of them at a time in. `batches` is also handed over by
-  // the poller between polls, hence io_mu.
-  std::thread poller;
-  std::mutex io_mu;
-  std::atomic<bool> stopping{false};
-  MatchCache match_cache;
-  std::vector<std::vector<RemoteDelivery>> batches;              // per worker, posted after each poll
-  std::vector<ChannelPublish> channel_batch;                     // for the multicast engine, likewise
-  std::unordered_map<std::uint32_t, std::uint32_t> next_member;  // per entry: a group's round robin
-  /// The pool buffer messages are copied into, back to back (a 64-byte
-  /// message does not hold a 16 KiB buffer), and how much of it is used.
-  BufferRef buffer;
-  std::uint32_t used = 0;
-};
 
 Routes::Routes(BrokerCore& core, WorkerSet& workers, ClusterInterest& interest, proto::BrokerInfo self)
     : core_(core), workers_(workers), interest_(interest), self_(std::move(self)) {
@@ -206,37 +149,7 @@ void Routes::run() {
   std::unique_lock lock(mu_);
   while (!stop_) {
     dirty_ = false;
-    // The list: routes no longer configured close (their I/O threads are
-    // joined, so no message of theirs is being routed), and discovered ones
-    // that failed; new ones are added.
-    for (auto it = routes_.begin(); it != routes_.end();) {
-      Route& r = **it;
-      const bool listed = std::find(urls_.begin(), urls_.end(), r.url) != urls_.end();
-      if (listed) {  // listed now: configured (reconnecting for good), whatever announced it
-        r.announced_id.clear();
-        r.forget = false;
-      }
-      if (r.announced_id.empty() ? listed : !r.forget) {
-        ++it;
-        continue;
-      }
-      if (r.announced_id.empty())
-        spdlog::info("route {}: removed by a reload", r.url);
-      else
-        spdlog::info("route {} (discovered, broker {}): forgotten until announced again", r.url,
-                     r.announced_id);
-      auto gone = std::move(*it);
-      it = routes_.erase(it);
-      lock.unlock();
-      end(*gone);
-      gone.reset();
-      lock.lock();
-    }
-    for (const auto& url : urls_) {
-      if (std::none_of(routes_.begin(), routes_.end(), [&](const auto& r) { return r->url == url; }))
-        routes_.push_back(std::make_unique<Route>(url, core_.next_connection_id.fetch_add(1)));
-    }
-    add_discovered_locked();
+    update_list(lock);
     const auto interest = interest_.snapshot();
     if (interest.through > interest_.synced()) stall_if_armed(lock);
     // The routes that are connected first: their subscriptions, and on those
@@ -255,42 +168,7 @@ void Routes::run() {
       interest_.set_synced(interest.through);
       workers_.post_all(InterestSyncedCommand{interest.through});
     }
-    // Connecting happens on a thread per attempt (a broker that does not
-    // answer takes kConnectTimeout): this thread stays free to carry new
-    // interest to the routes that are up, and clients' PONGs wait for that.
-    auto wake_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    for (auto& r : routes_) {
-      if (stop_) break;
-      if (r->state == RouteState::kItself || r->forget || r->client || r->connecting) continue;
-      if (r->attempt) {
-        if (r->connector.joinable()) r->connector.join();
-        auto outcome = std::move(*r->attempt);
-        r->attempt.reset();
-        if (!connected(*r, std::move(outcome))) {
-          if (r->state == RouteState::kDown) wake_at = std::min(wake_at, r->next_attempt);
-          continue;
-        }
-        lock.unlock();
-        reconcile(*r, interest.entries);
-        lock.lock();
-        continue;
-      }
-      if (std::chrono::steady_clock::now() < r->next_attempt) {
-        wake_at = std::min(wake_at, r->next_attempt);
-        continue;
-      }
-      r->connecting = true;
-      r->connector = std::thread([this, route = r.get(), opt = options_for(*r)]() mutable {
-        auto outcome = Client::connect(route->url, std::move(opt));
-        {
-          std::lock_guard guard(mu_);
-          route->attempt = std::move(outcome);
-          route->connecting = false;
-          dirty_ = true;
-        }
-        cv_.notify_all();
-      });
-    }
+    const auto wake_at = connect_due(lock, interest.entries);
     announce_locked();
     cv_.wait_until(lock, wake_at, [&] { return stop_ || dirty_; });
   }
@@ -298,6 +176,81 @@ void Routes::run() {
   routes_.clear();
   lock.unlock();
   for (auto& r : routes) end(*r);
+}
+
+void Routes::update_list(std::unique_lock<std::mutex>& lock) {
+  // Routes no longer configured close (their I/O threads are joined, so no
+  // message of theirs is being routed), and discovered ones that failed;
+  // new ones are added.
+  for (auto it = routes_.begin(); it != routes_.end();) {
+    Route& r = **it;
+    const bool listed = std::find(urls_.begin(), urls_.end(), r.url) != urls_.end();
+    if (listed) {  // listed now: configured (reconnecting for good), whatever announced it
+      r.announced_id.clear();
+      r.forget = false;
+    }
+    if (r.announced_id.empty() ? listed : !r.forget) {
+      ++it;
+      continue;
+    }
+    if (r.announced_id.empty())
+      spdlog::info("route {}: removed by a reload", r.url);
+    else
+      spdlog::info("route {} (discovered, broker {}): forgotten until announced again", r.url,
+                   r.announced_id);
+    auto gone = std::move(*it);
+    it = routes_.erase(it);
+    lock.unlock();
+    end(*gone);
+    gone.reset();
+    lock.lock();
+  }
+  for (const auto& url : urls_) {
+    if (std::none_of(routes_.begin(), routes_.end(), [&](const auto& r) { return r->url == url; }))
+      routes_.push_back(std::make_unique<Route>(url, core_.next_connection_id.fetch_add(1)));
+  }
+  add_discovered_locked();
+}
+
+std::chrono::steady_clock::time_point Routes::connect_due(
+    std::unique_lock<std::mutex>& lock, const std::vector<ClusterInterest::Entry>& interest) {
+  // Connecting happens on a thread per attempt (a broker that does not
+  // answer takes kConnectTimeout): this thread stays free to carry new
+  // interest to the routes that are up, and clients' PONGs wait for that.
+  auto wake_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  for (auto& r : routes_) {
+    if (stop_) break;
+    if (r->state == RouteState::kItself || r->forget || r->client || r->connecting) continue;
+    if (r->attempt) {
+      if (r->connector.joinable()) r->connector.join();
+      auto outcome = std::move(*r->attempt);
+      r->attempt.reset();
+      if (!connected(*r, std::move(outcome))) {
+        if (r->state == RouteState::kDown) wake_at = std::min(wake_at, r->next_attempt);
+        continue;
+      }
+      lock.unlock();
+      reconcile(*r, interest);
+      lock.lock();
+      continue;
+    }
+    if (std::chrono::steady_clock::now() < r->next_attempt) {
+      wake_at = std::min(wake_at, r->next_attempt);
+      continue;
+    }
+    r->connecting = true;
+    r->connector = std::thread([this, route = r.get(), opt = options_for(*r)]() mutable {
+      auto outcome = Client::connect(route->url, std::move(opt));
+      {
+        std::lock_guard guard(mu_);
+        route->attempt = std::move(outcome);
+        route->connecting = false;
+        dirty_ = true;
+      }
+      cv_.notify_all();
+    });
+  }
+  return wake_at;
 }
 
 ClientOptions Routes::options_for(Route& r) {
@@ -313,7 +266,7 @@ ClientOptions Routes::options_for(Route& r) {
   // Polled: its own thread takes in what arrived and hands it over in
   // one batch per worker after each poll (not one wake-up per message).
   opt.polled = true;
-  opt.reconnect_delay = kFirstRetry;
+  opt.reconnect_delay = kRouteFirstRetry;
   opt.reconnect_max_delay = kLongestRetry;
   Route* route = &r;
   opt.on_connection_event = [this, route](const ConnectionEvent& e) {
@@ -373,7 +326,7 @@ bool Routes::connected(Route& r, Result<std::unique_ptr<Client>> outcome) {
   r.client = std::move(outcome).value();
   r.state = RouteState::kUp;
   r.last_error.clear();
-  r.retry = kFirstRetry;
+  r.retry = kRouteFirstRetry;
   r.batches.resize(core_.options.workers);
   r.poller = std::thread([this, route = &r] { poll(*route); });
   spdlog::info("route {}{}: up ({}), broker {}", r.url, r.announced_id.empty() ? "" : " (discovered)",
@@ -477,31 +430,6 @@ void Routes::confirm(Route& r) {
   hand_over_taken(r);
 }
 
-void Routes::poll(Route& r) {
-  while (!r.stopping.load()) {
-    // Returns as soon as something arrived and was handed to on_message,
-    // when end() wakes it, or when the route thread waits on the client
-    // (confirm(), a subscribe waiting for a send buffer) and needs the turn.
-    // An idle route's poller sleeps: the timeout is a backstop only.
-    auto taken = r.client->poll(kIdlePoll);
-    hand_over_taken(r);
-    if (!taken && taken.error().kind == ErrorKind::kClosed) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // closed for good: end() comes
-    }
-  }
-}
-
-void Routes::hand_over_taken(Route& r) {
-  std::lock_guard io(r.io_mu);
-  hand_over(r);
-}
-
-void Routes::hand_over(Route& r) {
-  if (std::any_of(r.batches.begin(), r.batches.end(), [](const auto& b) { return !b.empty(); }))
-    workers_.post_deliveries(r.batches);
-  if (!r.channel_batch.empty()) core_.multicast->publish(std::exchange(r.channel_batch, {}));
-}
-
 bool Routes::reconcile(Route& r, const std::vector<ClusterInterest::Entry>& entries) {
   bool subscribed = false;
   for (const auto& e : entries) {
@@ -533,173 +461,6 @@ bool Routes::reconcile(Route& r, const std::vector<ClusterInterest::Entry>& entr
   // A subscribe that waited for a send buffer ran turns of the client here.
   hand_over_taken(r);
   return subscribed;
-}
-
-std::vector<Subscriber> Routes::recipients(Route& r, std::uint32_t entry, const std::string& group,
-                                           std::string_view subject) {
-  std::vector<Subscriber> out;
-  Match& match = r.match_cache.match(core_.index, subject);
-  // Only the local subscriptions this entry stands for (one hop: never a
-  // route's, and never one another entry brings its own copy to). A
-  // multicast channel stands for all of its members.
-  auto ours = [&](const Subscriber& s) { return !s.route && s.interest == entry; };
-  if (group.empty()) {
-    for (const Subscriber& s : match.plain)
-      if (ours(s)) out.push_back(s);
-    return out;
-  }
-  // The other broker chose this one for the group: one member of it here.
-  std::vector<const Subscriber*> members;
-  for (const auto& g : match.groups)
-    for (const Subscriber& s : g)
-      if (ours(s)) members.push_back(&s);
-  if (!members.empty()) out.push_back(*members[r.next_member[entry]++ % members.size()]);
-  return out;
-}
-
-std::byte* Routes::room(Route& r, std::uint32_t len, std::string_view subject) {
-  if (r.buffer && r.used + len <= core_.options.buffer_size) return r.buffer.data() + r.used;
-  r.buffer.reset();
-  r.used = 0;
-  // What was handed over holds the buffers it references: hand it over now,
-  // so that sends (and their buffers' return) can begin while we wait.
-  hand_over(r);
-  std::uint32_t index = 0;
-  // The reserve is left to the receive queues (broker/pool_shares.hpp).
-  for (int waited = 0; core_.pool->acquire(&index, 1, core_.pool_shares.reserve()) == 0; ++waited) {
-    if (waited == kPoolWaitMs) {
-      if (r.dropped.fetch_add(1) == 0)
-        spdlog::warn("route {}: no pool buffer for {} ms; a message to '{}' was dropped (counted)", r.url,
-                     kPoolWaitMs, subject);
-      return nullptr;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  r.buffer = BufferRef(core_.pool, index);
-  return r.buffer.data();
-}
-
-void Routes::on_message(Route& r, std::uint32_t entry, const std::string& group, const MessageView& m) {
-  std::lock_guard io(r.io_mu);
-  std::span<const std::byte> block = m.header_block();
-  std::vector<std::byte> encoded;  // the block of a view of an owning Message, made again
-  if (block.empty() && m.has_headers()) {
-    const Headers headers = m.headers();
-    std::vector<proto::HeaderField> fields;
-    for (const auto& [name, value] : headers) fields.push_back({name, value});
-    encoded.resize(proto::header_block_len(fields));
-    proto::encode_header_block(encoded.data(), fields);
-    block = encoded;
-  }
-  // The message as PUBLISH frames in pool buffers, back to back: one whole
-  // frame, or fragments (SPEC.md §3.7) when it is larger than a frame, with
-  // the route's own publisher id so that a subscriber fed by two routes at
-  // once reassembles each message apart.
-  const std::size_t message_len = block.size() + m.payload.size();
-  const std::size_t strings = m.subject.size() + m.reply.size();
-  const std::size_t max_frame =
-      proto::max_publish_frame(core_.options.buffer_size) & ~(proto::kFrameAlign - 1);
-  const bool whole = proto::align_up(proto::kHeaderSize + strings + message_len) <= max_frame;
-  if (!whole && (message_len > core_.options.max_payload ||
-                 strings + block.size() + 8 > max_frame - proto::kHeaderSize)) {
-    if (r.dropped.fetch_add(1) == 0)
-      spdlog::warn(
-          "route {}: a message of {} bytes to '{}' exceeds this broker's limits.max_payload ({}) "
-          "or leaves no room in a first fragment; dropped (counted)",
-          r.url, message_len, m.subject, core_.options.max_payload);
-    return;
-  }
-  std::vector<Subscriber> to = recipients(r, entry, group, m.subject);
-  r.messages_in.fetch_add(1, std::memory_order_relaxed);
-  r.bytes_in.fetch_add(m.payload.size(), std::memory_order_relaxed);
-  if (!whole && std::erase_if(to, [](const Subscriber& s) { return s.worker == kChannelWorker; }) > 0) {
-    // A channel sequences whole messages into datagrams (SPEC.md §7), as for
-    // a local publisher's message in fragments: counted, logged once.
-    if (r.dropped.fetch_add(1) == 0)
-      spdlog::warn(
-          "route {}: a message of {} bytes to multicast subject '{}' needs fragments, which a "
-          "multicast channel does not carry; its channel's members get none (counted)",
-          r.url, message_len, m.subject);
-  }
-  if (to.empty()) return;  // its subscriber left meanwhile: nobody here wants it now
-  // The message's bytes after the strings: the header block, then the payload.
-  auto message_bytes = [&](std::size_t at, std::byte* into, std::size_t n) {
-    while (n > 0) {
-      const bool in_block = at < block.size();
-      const std::byte* from = in_block ? block.data() + at : m.payload.data() + (at - block.size());
-      const std::size_t piece = std::min(n, in_block ? block.size() - at : message_len - at);
-      std::memcpy(into, from, piece);
-      into += piece;
-      at += piece;
-      n -= piece;
-    }
-  };
-  for (std::size_t offset = 0; offset < message_len || (whole && offset == 0);) {
-    const bool first = offset == 0;
-    proto::FrameHeader h;
-    h.type = proto::FrameType::kPublish;
-    h.subject_len = static_cast<std::uint16_t>(first ? m.subject.size() : 0);
-    h.reply_len = static_cast<std::uint16_t>(first ? m.reply.size() : 0);
-    h.header_len = static_cast<std::uint16_t>(first ? block.size() : 0);
-    std::size_t chunk = message_len;
-    if (!whole) {
-      // Every fragment but the last carries a multiple of 8 bytes.
-      const std::size_t space = max_frame - proto::kHeaderSize - (first ? strings : 0);
-      chunk = std::min(message_len - offset, space & ~(proto::kFrameAlign - 1));
-      h.flags = proto::kFlagFragment;
-      h.arg = static_cast<std::uint32_t>(message_len);
-      h.offset = static_cast<std::uint32_t>(offset);
-      h.sequence = r.publisher_id;
-    }
-    h.payload_len = static_cast<std::uint32_t>(chunk);
-    const auto len = static_cast<std::uint32_t>(h.frame_len());
-    std::byte* p = room(r, len, m.subject);
-    if (p == nullptr) {
-      // Recipients that have fragments of it get ABORT (SPEC.md §3.7).
-      if (!first) {
-        for (const Subscriber& s : to)
-          r.batches[s.worker].push_back({s.connection, s.slot, make_abort(s.sid, r.publisher_id)});
-      }
-      return;
-    }
-    proto::encode_header(p, h);
-    std::size_t at = proto::kHeaderSize;
-    if (first) {
-      std::memcpy(p + at, m.subject.data(), m.subject.size());
-      at += m.subject.size();
-      if (!m.reply.empty()) std::memcpy(p + at, m.reply.data(), m.reply.size());
-      at += m.reply.size();
-    }
-    message_bytes(offset, p + at, chunk);
-    at += chunk;
-    std::memset(p + at, 0, len - at);
-    const std::uint32_t frame_at = r.used;
-    r.used += len;
-    const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
-    for (const Subscriber& s : to) {
-      if (s.worker == kChannelWorker) {
-        // Its engine sequences it and sends it to the group (Router::route_to).
-        core_.slots->add_queued(s.slot, 1);
-        r.channel_batch.push_back(
-            {static_cast<std::uint32_t>(s.connection), r.buffer.clone(), frame_at, len, h.payload_len, now});
-        continue;
-      }
-      core_.slots->add_queued(s.slot, len);
-      // A subscriber's consecutive messages in this buffer go as one DELIVER
-      // run, as a publisher's frames of one SEND do (Router::route_to).
-      auto& batch = r.batches[s.worker];
-      if (batch.empty() || batch.back().connection != s.connection ||
-          !extend_delivery(batch.back().item, r.buffer, s.sid, frame_at, len, h.payload_len,
-                           core_.options.buffer_size)) {
-        batch.push_back({s.connection, s.slot,
-                         make_delivery(r.buffer.clone(), s.sid, frame_at, len, h.payload_len, now)});
-      }
-    }
-    offset += chunk;
-    if (whole) break;
-    // A fragment goes at once: the workers forward it while the next is made.
-    hand_over(r);
-  }
 }
 
 }  // namespace rdmabroker::daemon

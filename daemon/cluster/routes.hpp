@@ -103,6 +103,13 @@ class Routes final : public RouteGossip {
  private:
   struct Route;
   void run();
+  /// Under mu_ (released while a removed route ends): routes no longer
+  /// listed or forgotten go, newly listed and discovered ones come.
+  void update_list(std::unique_lock<std::mutex>& lock);
+  /// Under mu_: takes each finished connect attempt and starts those due.
+  /// When the loop should look again at the latest.
+  std::chrono::steady_clock::time_point connect_due(std::unique_lock<std::mutex>& lock,
+                                                    const std::vector<ClusterInterest::Entry>& interest);
   /// Makes `r`'s subscriptions there the entries of the interest now; true
   /// if it subscribed to any.
   bool reconcile(Route& r, const std::vector<ClusterInterest::Entry>& entries);
@@ -131,6 +138,10 @@ class Routes final : public RouteGossip {
   /// A message from route `r` for interest entry `entry` (group `group`);
   /// on r's poller thread, or the route thread while it waits on the client.
   void on_message(Route& r, std::uint32_t entry, const std::string& group, const MessageView& m);
+  /// One PUBLISH frame of a message from route r, at `frame_at` of its
+  /// buffer, into the batches of its recipients' workers (or channels).
+  void deliver_frame(Route& r, const std::vector<Subscriber>& to, std::uint32_t frame_at, std::uint32_t len,
+                     std::uint32_t payload_len);
   /// The local subscriptions entry `entry` stands for that match `subject`:
   /// all of them, or one member of `group`.
   std::vector<Subscriber> recipients(Route& r, std::uint32_t entry, const std::string& group,

@@ -73,6 +73,58 @@ Result<std::uint8_t> ready_qp(rdma_cm_id* id, ibv_qp* qp) {
 // QP before cm_id: the members' reverse order.
 RdmaLink::~RdmaLink() = default;
 
+Result<std::uint32_t> RdmaLink::claim_credits(RdmaPort& port, WorkerContext& ctx, Connections& connections,
+                                              std::uint32_t window) {
+  if (port.capacity_free() < RdmaPort::kMinWindow) {
+    ctx.stats.credit_refusals.add();
+    return Error{ErrorKind::kResource, "no receive credits left on " + port.device.name + " (" +
+                                           std::to_string(port.windows_total) + " of " +
+                                           std::to_string(port.srq_max()) + " granted)"};
+  }
+  if (port.credit_budget() < kUnauthenticatedCredits) port.refill(connections, kUnauthenticatedCredits);
+  const std::uint32_t grant = std::min({ctx.options.credits, kUnauthenticatedCredits, port.credit_budget()});
+  if (grant < 2) {
+    return Error{ErrorKind::kResource,
+                 "no receive buffers posted on " + port.device.name + " (the buffer pool is exhausted)"};
+  }
+  if (!port.cq_has_room(window)) {
+    ctx.stats.cq_full.add();
+    return Error{ErrorKind::kResource, "the completion queue on " + port.device.name + " is full (" +
+                                           std::to_string(port.cq_capacity) + " entries)"};
+  }
+  return grant;
+}
+
+Result<verbs::QpPtr> RdmaLink::create_qp(RdmaPort& port, const AcceptCommand& cmd, rdma_cm_id* id,
+                                         std::uint32_t window, std::uint32_t& max_inline) {
+  ibv_qp_init_attr attr{};
+  attr.qp_context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(cmd.connection_id));
+  attr.send_cq = port.send_cq();
+  attr.recv_cq = port.recv_cq();
+  attr.srq = port.srq();
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = window;  // the send window + a credit update
+  attr.cap.max_send_sge = port.max_sge;
+  attr.cap.max_inline_data = verbs::kInlineWanted;
+  // The QP is ours, not rdma_cm's (rdma_create_qp): rdma_accept would move
+  // it to RTS with the RNR retry count the client asked for (ready_qp).
+  verbs::QpPtr qp(ibv_create_qp(port.device.pd.get(), &attr));
+  if (!qp) {
+    // A device that cannot inline (or not that much) still gets the QP.
+    attr.cap.max_inline_data = 0;
+    qp.reset(ibv_create_qp(port.device.pd.get(), &attr));
+    if (!qp) return Error{ErrorKind::kResource, std::string("ibv_create_qp: ") + std::strerror(errno)};
+  }
+  auto ready = ready_qp(id, qp.get());
+  if (!ready) return ready.error();
+  if (*ready > kMaxRnrRetry) {
+    spdlog::debug("connection {} from {}: RNR retry count {} asked for, {} kept", cmd.connection_id, cmd.peer,
+                  *ready, kMaxRnrRetry);
+  }
+  max_inline = attr.cap.max_inline_data;
+  return qp;
+}
+
 std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port, WorkerContext& ctx,
                                              Connections& connections, bool stopping) {
   verbs::CmIdPtr id = std::move(cmd.id);
@@ -91,54 +143,18 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   // what the port has left then (SPEC.md §5.1).
   const std::uint8_t version = Admission::version_for(Admission::Via::kRdma, cmd.request);
   const bool by_demand = version >= proto::kCreditsByDemandVersion;
-  if (port.capacity_free() < RdmaPort::kMinWindow) {
-    ctx.stats.credit_refusals.add();
-    return fail(proto::RejectReason::kNoResources, "no receive credits left on " + port.device.name + " (" +
-                                                       std::to_string(port.windows_total) + " of " +
-                                                       std::to_string(port.srq_max()) + " granted)");
-  }
-  if (port.credit_budget() < kUnauthenticatedCredits) port.refill(connections, kUnauthenticatedCredits);
-  const std::uint32_t grant = std::min({opt.credits, kUnauthenticatedCredits, port.credit_budget()});
-  if (grant < 2)
-    return fail(proto::RejectReason::kNoResources,
-                "no receive buffers posted on " + port.device.name + " (the buffer pool is exhausted)");
   const std::uint32_t window = opt.max_inflight_sends + 1;
-  if (!port.cq_has_room(window)) {
-    ctx.stats.cq_full.add();
-    return fail(proto::RejectReason::kNoResources, "the completion queue on " + port.device.name +
-                                                       " is full (" + std::to_string(port.cq_capacity) +
-                                                       " entries)");
-  }
+  const auto claimed = claim_credits(port, ctx, connections, window);
+  if (!claimed) return fail(proto::RejectReason::kNoResources, claimed.error().message);
+  const std::uint32_t grant = claimed.value();
 
-  ibv_qp_init_attr attr{};
-  attr.qp_context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(cmd.connection_id));
-  attr.send_cq = port.send_cq();
-  attr.recv_cq = port.recv_cq();
-  attr.srq = port.srq();
-  attr.qp_type = IBV_QPT_RC;
-  attr.cap.max_send_wr = window;  // the send window + a credit update
-  attr.cap.max_send_sge = port.max_sge;
-  attr.cap.max_inline_data = verbs::kInlineWanted;
-  // The QP is ours, not rdma_cm's (rdma_create_qp): rdma_accept would move
-  // it to RTS with the RNR retry count the client asked for (ready_qp).
-  verbs::QpPtr qp(ibv_create_qp(port.device.pd.get(), &attr));
-  if (!qp) {
-    // A device that cannot inline (or not that much) still gets the QP.
-    attr.cap.max_inline_data = 0;
-    qp.reset(ibv_create_qp(port.device.pd.get(), &attr));
-    if (!qp)
-      return fail(proto::RejectReason::kNoResources, std::string("ibv_create_qp: ") + std::strerror(errno));
-  }
-  if (auto ready = ready_qp(id.get(), qp.get()); !ready) {
-    return fail(proto::RejectReason::kNoResources, ready.error().message);
-  } else if (*ready > kMaxRnrRetry) {
-    spdlog::debug("connection {} from {}: RNR retry count {} asked for, {} kept", cmd.connection_id, cmd.peer,
-                  *ready, kMaxRnrRetry);
-  }
+  std::uint32_t max_inline = 0;
+  auto qp = create_qp(port, cmd, id.get(), window, max_inline);
+  if (!qp) return fail(proto::RejectReason::kNoResources, qp.error().message);
   rdma_cm_id* raw = id.get();
-  const std::uint32_t qp_num = qp->qp_num;
+  const std::uint32_t qp_num = qp.value()->qp_num;
   std::unique_ptr<RdmaLink> link(
-      new RdmaLink(port, ctx, connections, std::move(id), std::move(qp), attr.cap.max_inline_data));
+      new RdmaLink(port, ctx, connections, std::move(id), std::move(qp.value()), max_inline));
   link->credits = CreditWindow(grant);
   link->credits.grant_initial(grant);
   link->credits.add_send_credits(cmd.request.initial_credits);

@@ -99,6 +99,15 @@ class RdmaLink final : public Link {
   bool fail_next_wc = false;  // test builds: fault wc-error armed on this link
 
  private:
+  /// The credits a new connection on `port` starts with (2 or more), with
+  /// a refill if the budget is short, and room for its send `window` on the
+  /// send CQ; why not (counted), if there is none.
+  static Result<std::uint32_t> claim_credits(RdmaPort& port, WorkerContext& ctx, Connections& connections,
+                                             std::uint32_t window);
+  /// Connection `cmd`'s RC QP on `port`'s CQs and SRQ, made ready for
+  /// rdma_accept (ready_qp); `max_inline`: the inline data the device gave.
+  static Result<verbs::QpPtr> create_qp(RdmaPort& port, const AcceptCommand& cmd, rdma_cm_id* id,
+                                        std::uint32_t window, std::uint32_t& max_inline);
   RdmaLink(RdmaPort& port, WorkerContext& ctx, Connections& connections, verbs::CmIdPtr id, verbs::QpPtr qp,
            std::uint32_t max_inline);
   /// The immediate value of the next SEND: credits owed to the client that

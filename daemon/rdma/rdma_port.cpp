@@ -15,91 +15,22 @@
 
 namespace rdmabroker::daemon {
 
+namespace {
+
+Error sys_error(const std::string& what) {
+  return Error{ErrorKind::kResource, what + ": " + std::strerror(errno)};
+}
+
+}  // namespace
+
 Result<std::unique_ptr<RdmaPort>> RdmaPort::create(Device& dev, WorkerContext& ctx, Connections& connections,
                                                    FrameHandler& frames, const SendBlocks& blocks,
                                                    std::uint32_t max_connections, int epoll_fd,
                                                    EpollTags tags) {
-  auto sys_error = [](const std::string& what) {
-    return Error{ErrorKind::kResource, what + ": " + std::strerror(errno)};
-  };
-  const auto& opt = ctx.options;
   std::unique_ptr<RdmaPort> port(new RdmaPort(dev, ctx, connections, frames));
-  const auto& attr = dev.attr;
-  port->srq_depth_ = std::min<std::uint32_t>(opt.srq_depth, static_cast<std::uint32_t>(attr.max_srq_wr));
-  port->max_sge = std::min<std::uint32_t>(kMaxSendSge, static_cast<std::uint32_t>(attr.max_sge));
-  const std::uint32_t ports_total = ctx.core.options.workers * std::max(ctx.core.rdma_devices, 1u);
-  // What every SRQ keeps posted must leave half the pool to queued messages,
-  // TCP reads and routes: 8 workers x 2 devices x 1,024 receives would take
-  // all of the default 8,192 buffers, and the SRQs created first would
-  // starve the others and every TCP client.
-  const std::uint32_t share = ctx.core.pool->count() / (2 * ports_total);
-  if (share < kMinSrqDepth) {
-    return Error{ErrorKind::kResource,
-                 "buffers.pool " + std::to_string(ctx.core.pool->count()) + " is too small for " +
-                     std::to_string(ports_total) + " receive queues (workers x devices): each needs " +
-                     std::to_string(kMinSrqDepth) + " receives from half the pool; raise buffers.pool to " +
-                     std::to_string(2 * ports_total * kMinSrqDepth) + " or run fewer workers"};
-  }
-  if (port->srq_depth_ > share) {
-    if (ctx.index == 0 && dev.index == 0) {  // said once
-      spdlog::warn(
-          "buffers.srq_depth {} x {} receive queues ({} workers x {} devices) would keep {} of the pool's {} "
-          "buffers posted: each keeps {} (half the pool; raise buffers.pool or lower buffers.srq_depth)",
-          port->srq_depth_, ports_total, ctx.core.options.workers, ports_total / ctx.core.options.workers,
-          std::uint64_t{port->srq_depth_} * ports_total, ctx.core.pool->count(), share);
-    }
-    port->srq_depth_ = share;
-  }
-  // The SRQ may grow to hold the windows of credits by demand (srq_max):
-  // up to half the pool's share of this port (the rest carries queued
-  // messages and TCP), never below srq_depth; plus one refill batch, so that
-  // refills stay batched when the windows reach srq_max.
-  port->batch_ = std::max(1u, port->srq_depth_ / 4);
-  const auto max_srq_wr = static_cast<std::uint32_t>(attr.max_srq_wr);
-  port->srq_max_ = std::min(std::max(port->srq_depth_, ctx.core.pool->count() / (2 * ports_total)),
-                            max_srq_wr > port->batch_ ? max_srq_wr - port->batch_ : 1u);
-  // Two CQs on one completion channel. Every receive needs a slot on the
-  // receive CQ (the SRQ's size); every signaled send one on the send CQ (a
-  // full send window on every connection this worker may hold). The receive
-  // CQ is armed whenever the loop sleeps; the send CQ only while something
-  // waits on a send (arm()), so that a delivery's completion wakes nobody.
-  const auto max_cqe = static_cast<std::uint64_t>(attr.max_cqe);
-  const std::uint32_t window = opt.max_inflight_sends + 1;
-  port->channel_.reset(ibv_create_comp_channel(dev.context));
-  if (!port->channel_) return sys_error("ibv_create_comp_channel(" + dev.name + ")");
-  if (!set_nonblocking(port->channel_->fd)) return sys_error("O_NONBLOCK on the completion channel");
-  const auto create_cq = [&](verbs::CqPtr& cq, verbs::CqEventAcker& acker, std::uint64_t want) -> Status {
-    const int cqe = static_cast<int>(std::min(want, max_cqe));
-    cq.reset(ibv_create_cq(dev.context, cqe, nullptr, port->channel_.get(), 0));
-    if (!cq) return sys_error("ibv_create_cq(" + dev.name + ", " + std::to_string(cqe) + ")");
-    acker.attach(cq.get());
-    return {};
-  };
-  if (auto s = create_cq(port->recv_cq_, port->recv_acker_, std::uint64_t{port->srq_max_} + port->batch_); !s)
-    return s.error();
-  // The device may grant less (its max_cqe): the SRQ must fit its CQ.
-  if (const auto granted = static_cast<std::uint32_t>(port->recv_cq_->cqe);
-      granted < port->srq_max_ + port->batch_) {
-    if (granted < 2 * port->batch_) {
-      return Error{ErrorKind::kResource, "the receive CQ on " + dev.name + " has " + std::to_string(granted) +
-                                             " entries: too few for a receive queue"};
-    }
-    const std::uint32_t cut = granted - port->batch_;
-    spdlog::warn("worker {}: {} has a CQ of {} entries: receive queue cut from {} to {}", ctx.index, dev.name,
-                 granted, port->srq_max_, cut);
-    port->srq_max_ = cut;
-    port->srq_depth_ = std::min(port->srq_depth_, cut);
-  }
-  std::uint64_t send_cqe = std::uint64_t{max_connections} * window;
-  if (const std::uint32_t forced = fault::cq_entries_override(); forced > 0) send_cqe = forced;
-  if (auto s = create_cq(port->send_cq_, port->send_acker_, send_cqe); !s) return s.error();
-  // What the device granted is the budget of send windows (cq_has_room).
-  port->cq_capacity = static_cast<std::uint32_t>(port->send_cq_->cqe);
-  if (port->cq_capacity < window) {
-    return Error{ErrorKind::kResource, "the send CQ on " + dev.name + " has " +
-                                           std::to_string(port->cq_capacity) +
-                                           " entries: too few for one connection"};
-  }
+  if (auto st = port->size_receive_queue(); !st) return st.error();
+  const std::uint32_t window = ctx.options.max_inflight_sends + 1;
+  if (auto st = port->create_cqs(std::uint64_t{max_connections} * window, window); !st) return st.error();
   ctx.stats.credit_capacity.add(port->srq_max_);
   ibv_srq_init_attr srq_attr{};
   srq_attr.attr.max_wr = port->srq_max_ + port->batch_;
@@ -117,6 +48,87 @@ Result<std::unique_ptr<RdmaPort>> RdmaPort::create(Device& dev, WorkerContext& c
   ev.data.u64 = tags.tag(0);
   if (::epoll_ctl(epoll_fd, EPOLL_CTL_ADD, port->channel_->fd, &ev) != 0) return sys_error("epoll_ctl");
   return port;
+}
+
+Status RdmaPort::size_receive_queue() {
+  const auto& attr = device.attr;
+  const std::uint32_t pool = ctx_.core.pool->count();
+  srq_depth_ = std::min<std::uint32_t>(ctx_.options.srq_depth, static_cast<std::uint32_t>(attr.max_srq_wr));
+  max_sge = std::min<std::uint32_t>(kMaxSendSge, static_cast<std::uint32_t>(attr.max_sge));
+  const std::uint32_t workers = ctx_.core.options.workers;
+  const std::uint32_t ports_total = workers * std::max(ctx_.core.rdma_devices, 1u);
+  // What every SRQ keeps posted must leave half the pool to queued messages,
+  // TCP reads and routes: 8 workers x 2 devices x 1,024 receives would take
+  // all of the default 8,192 buffers, and the SRQs created first would
+  // starve the others and every TCP client.
+  const std::uint32_t share = pool / (2 * ports_total);
+  if (share < kMinSrqDepth) {
+    return Error{ErrorKind::kResource,
+                 "buffers.pool " + std::to_string(pool) + " is too small for " + std::to_string(ports_total) +
+                     " receive queues (workers x devices): each needs " + std::to_string(kMinSrqDepth) +
+                     " receives from half the pool; raise buffers.pool to " +
+                     std::to_string(2 * ports_total * kMinSrqDepth) + " or run fewer workers"};
+  }
+  if (srq_depth_ > share) {
+    if (ctx_.index == 0 && device.index == 0) {  // said once
+      spdlog::warn(
+          "buffers.srq_depth {} x {} receive queues ({} workers x {} devices) would keep {} of the pool's {} "
+          "buffers posted: each keeps {} (half the pool; raise buffers.pool or lower buffers.srq_depth)",
+          srq_depth_, ports_total, workers, ports_total / workers, std::uint64_t{srq_depth_} * ports_total,
+          pool, share);
+    }
+    srq_depth_ = share;
+  }
+  // The SRQ may grow to hold the windows of credits by demand (srq_max):
+  // up to half the pool's share of this port (the rest carries queued
+  // messages and TCP), never below srq_depth; plus one refill batch, so that
+  // refills stay batched when the windows reach srq_max.
+  batch_ = std::max(1u, srq_depth_ / 4);
+  const auto max_srq_wr = static_cast<std::uint32_t>(attr.max_srq_wr);
+  srq_max_ = std::min(std::max(srq_depth_, share), max_srq_wr > batch_ ? max_srq_wr - batch_ : 1u);
+  return {};
+}
+
+Status RdmaPort::create_cqs(std::uint64_t send_cqe, std::uint32_t window) {
+  // Two CQs on one completion channel. Every receive needs a slot on the
+  // receive CQ (the SRQ's size); every signaled send one on the send CQ (a
+  // full send window on every connection this worker may hold). The receive
+  // CQ is armed whenever the loop sleeps; the send CQ only while something
+  // waits on a send (arm()), so that a delivery's completion wakes nobody.
+  const auto max_cqe = static_cast<std::uint64_t>(device.attr.max_cqe);
+  const std::string& name = device.name;
+  channel_.reset(ibv_create_comp_channel(device.context));
+  if (!channel_) return sys_error("ibv_create_comp_channel(" + name + ")");
+  if (!set_nonblocking(channel_->fd)) return sys_error("O_NONBLOCK on the completion channel");
+  const auto create_cq = [&](verbs::CqPtr& cq, verbs::CqEventAcker& acker, std::uint64_t want) -> Status {
+    const int cqe = static_cast<int>(std::min(want, max_cqe));
+    cq.reset(ibv_create_cq(device.context, cqe, nullptr, channel_.get(), 0));
+    if (!cq) return sys_error("ibv_create_cq(" + name + ", " + std::to_string(cqe) + ")");
+    acker.attach(cq.get());
+    return {};
+  };
+  if (auto st = create_cq(recv_cq_, recv_acker_, std::uint64_t{srq_max_} + batch_); !st) return st;
+  // The device may grant less (its max_cqe): the SRQ must fit its CQ.
+  if (const auto granted = static_cast<std::uint32_t>(recv_cq_->cqe); granted < srq_max_ + batch_) {
+    if (granted < 2 * batch_) {
+      return Error{ErrorKind::kResource, "the receive CQ on " + name + " has " + std::to_string(granted) +
+                                             " entries: too few for a receive queue"};
+    }
+    const std::uint32_t cut = granted - batch_;
+    spdlog::warn("worker {}: {} has a CQ of {} entries: receive queue cut from {} to {}", ctx_.index, name,
+                 granted, srq_max_, cut);
+    srq_max_ = cut;
+    srq_depth_ = std::min(srq_depth_, cut);
+  }
+  if (const std::uint32_t forced = fault::cq_entries_override(); forced > 0) send_cqe = forced;
+  if (auto st = create_cq(send_cq_, send_acker_, send_cqe); !st) return st;
+  // What the device granted is the budget of send windows (cq_has_room).
+  cq_capacity = static_cast<std::uint32_t>(send_cq_->cqe);
+  if (cq_capacity < window) {
+    return Error{ErrorKind::kResource, "the send CQ on " + name + " has " + std::to_string(cq_capacity) +
+                                           " entries: too few for one connection"};
+  }
+  return {};
 }
 
 RdmaPort::~RdmaPort() {

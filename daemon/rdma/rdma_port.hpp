@@ -145,6 +145,12 @@ class RdmaPort final : public Port {
   RdmaPort(Device& device, WorkerContext& ctx, Connections& connections, FrameHandler& frames)
       : device(device), ctx_(ctx), connections_(connections), frames_(frames) {}
   void take_channel_events();
+  /// srq_depth_, batch_ and srq_max_ from the options, the device and this
+  /// port's share of the pool; why not, if the pool is too small.
+  Status size_receive_queue();
+  /// The completion channel and both CQs (the send CQ of `send_cqe`
+  /// entries, at least one send `window`), cut to what the device grants.
+  Status create_cqs(std::uint64_t send_cqe, std::uint32_t window);
   /// Counts the connections that publish (their fair share) and asks those
   /// idle for kIdleReclaim to give credits back.
   void rebalance(Connections& connections, std::chrono::steady_clock::time_point now);

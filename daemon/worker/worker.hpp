@@ -39,7 +39,7 @@
 #include "rdma/rdma_link.hpp"
 #include "rdma/rdma_port.hpp"
 #include "router/router.hpp"
-#include "tcp/tcp_link.hpp"
+#include "tcp/tcp_port.hpp"
 #include "tcp/tcp_listener.hpp"
 
 #include "worker/command_queue.hpp"

@@ -4,7 +4,7 @@
 // as. Names are part of the operators' interface (dashboards, alerts,
 // docs/operations.md): change them on purpose only.
 #include "broker/stats.hpp"
-#include "tcp/tcp_link.hpp"
+#include "tcp/tcp_port.hpp"
 #include "worker/worker.hpp"
 
 namespace rdmabroker::daemon {
