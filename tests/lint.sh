@@ -10,8 +10,10 @@
 #   - every source file (C, C++, Python, shell, CMake) carries the line
 #     `SPDX-License-Identifier: Apache-2.0` (LICENSE) in its first three lines;
 #   - the daemon's folders include only lower floors (tests/lint/layers.py,
-#     docs/architecture.md "Layers").
-#   tests/lint.sh [memory|format|spdx|layers]   (no argument: all)
+#     docs/architecture.md "Layers");
+#   - no product source file over 600 lines, no function over 80
+#     (tests/lint/sizes.py, docs/architecture.md "Sizes").
+#   tests/lint.sh [memory|format|spdx|layers|sizes]   (no argument: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RULE=${1:-all}
@@ -55,6 +57,12 @@ fi
 if [ "$RULE" = all ] || [ "$RULE" = layers ]; then
 if ! out=$(python3 tests/lint/layers.py .); then
   echo "lint: an include runs up or sideways the daemon's layers (docs/architecture.md, \"Layers\"):"
+  echo "$out"; fail=1
+fi
+fi
+if [ "$RULE" = all ] || [ "$RULE" = sizes ]; then
+if ! out=$(python3 tests/lint/sizes.py .); then
+  echo "lint: too long to hold in one's head (docs/architecture.md, \"Sizes\"):"
   echo "$out"; fail=1
 fi
 fi

@@ -24,6 +24,7 @@
 
 #include "rdmabroker/proto/info.hpp"
 #include "rdmabroker/proto/wire.hpp"
+#include "rules.hpp"
 #include "structured.hpp"
 
 namespace rdmabroker::config {
@@ -233,12 +234,6 @@ Field url_list_field(std::string_view name, bool live, bool for_routes,
 }
 
 /// A cluster's name travels as a route's CONNECT subject (SPEC.md §8).
-bool valid_cluster_name(std::string_view name) {
-  if (name.empty() || name.size() > 255) return false;
-  return std::all_of(name.begin(), name.end(), [](char ch) {
-    return std::isalnum(static_cast<unsigned char>(ch)) != 0 || ch == '-' || ch == '_' || ch == '.';
-  });
-}
 
 const std::vector<Field>& fields() {
   using B = BrokerOptions;
@@ -435,39 +430,6 @@ class Problems {
 
 }  // namespace
 
-// Routes get no TLS: they run inside the cluster's network (docs/cluster.md).
-std::optional<std::string> check_cluster_url(const std::string& url, bool for_routes) {
-  const auto sep = url.find("://");
-  const std::string scheme = sep == std::string::npos ? std::string() : url.substr(0, sep);
-  if (scheme != "rdma" && scheme != "tcp" && (for_routes || scheme != "tls")) {
-    return for_routes ? "expected rdma://host[:port] or tcp://host[:port], got '" + url + "'"
-                      : "expected rdma://, tcp:// or tls://host[:port], got '" + url + "'";
-  }
-  auto parsed = parse_url(url);
-  if (!parsed) return parsed.error().message;
-  if (!parsed->user.empty() || !parsed->token.empty()) {
-    return "'" + url + "': no credentials in " +
-           (for_routes ? "a route URL (cluster.user and cluster.password are used)" : "an announced URL");
-  }
-  return std::nullopt;
-}
-
-Result<HostPort> parse_host_port(std::string_view text, std::string_view what) {
-  auto bad = [&](const std::string& why) {
-    return Error{ErrorKind::kInvalidArgument, std::string(what) + " '" + std::string(text) + "': " + why +
-                                                  " (expected host:port, e.g. 0.0.0.0:7470 or [::]:7470)"};
-  };
-  const auto colon = text.rfind(':');
-  if (colon == std::string_view::npos || colon == 0) return bad("no port");
-  std::string_view host = text.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  const std::string_view port = text.substr(colon + 1);
-  unsigned v = 0;
-  auto [p, ec] = std::from_chars(port.data(), port.data() + port.size(), v);
-  if (ec != std::errc{} || p != port.data() + port.size() || v == 0 || v > 65535) return bad("bad port");
-  return HostPort{std::string(host), static_cast<std::uint16_t>(v)};
-}
-
 std::string_view to_string(RdmaMode m) {
   return m == RdmaMode::kAuto ? "auto" : m == RdmaMode::kOn ? "on" : "off";
 }
@@ -481,94 +443,6 @@ std::string_view to_string(LogTarget t) {
 
 /// The rules that tie settings together: each broken one is reported with
 /// the key that breaks it. parse() and validate() (flags applied) share them.
-void check_rules(const Config& c, const std::function<void(std::string_view, const std::string&)>& report) {
-  const auto& b = c.broker;
-  if (b.buffer_size % 64 != 0) report("buffers.size", "must be a multiple of 64");
-  if (b.max_pending_bytes < 4ull * b.buffer_size) {
-    report("limits.max_pending_bytes",
-           "must be at least 4 buffers (" + std::to_string(4ull * b.buffer_size) + " bytes)");
-  }
-  if (b.rdma == RdmaMode::kOff && b.tcp_port == 0) {
-    report("rdma", "RDMA is off and listen.tcp is empty: nothing to listen on");
-  }
-  if (b.max_unauthenticated > b.max_connections) {
-    report("limits.max_unauthenticated",
-           "must not exceed limits.max_connections (" + std::to_string(b.max_connections) + ")");
-  }
-  if (b.auth.failure_delay_max_ms < b.auth.failure_delay_ms) {
-    report("auth.failure_delay_max_ms",
-           "must be at least auth.failure_delay_ms (" + std::to_string(b.auth.failure_delay_ms) + ")");
-  }
-  if (b.multicast.leave_below > b.multicast.threshold) {
-    report("multicast.leave_below", "must not exceed multicast.threshold (" +
-                                        std::to_string(b.multicast.threshold) +
-                                        "): a subject would leave its group as soon as it joined");
-  }
-  if (b.max_pending_bytes_total < b.max_pending_bytes) {
-    report("limits.max_pending_bytes_total", "must be at least limits.max_pending_bytes (" +
-                                                 std::to_string(b.max_pending_bytes) +
-                                                 "): one subscriber may queue that much");
-  }
-  if (b.tls.mode != TlsMode::kOff) {
-    if (b.tls.certificate.empty())
-      report("tls.certificate",
-             "tls.mode is " + std::string(to_string(b.tls.mode)) + ": a certificate is needed");
-    if (b.tls.key.empty())
-      report("tls.key", "tls.mode is " + std::string(to_string(b.tls.mode)) + ": a private key is needed");
-    if (b.tcp_port == 0) report("tls.mode", "TLS is served on the TCP listener, and listen.tcp is empty");
-  }
-  for (const auto& u : b.auth.users) {
-    if (u.certificate && b.tls.client_ca.empty()) {
-      report("auth.users",
-             "user '" + u.name +
-                 "' logs in with a client certificate, which needs tls.client_ca (and tls.mode)");
-      break;
-    }
-  }
-  const auto& cl = b.cluster;
-  if (!cl.name.empty() && !valid_cluster_name(cl.name)) {
-    report("cluster.name",
-           "'" + cl.name + "' is not a name: 1..255 of letters, digits, '-', '_' and '.', no spaces");
-  }
-  if (!cl.routes.empty() && cl.name.empty()) report("cluster.routes", "routes need cluster.name");
-  if (!cl.advertise.empty() && cl.name.empty())
-    report("cluster.advertise", "announcing routes needs cluster.name");
-  if (!cl.client_advertise.empty() && cl.name.empty())
-    report("cluster.client_advertise", "announcing to clients needs cluster.name");
-  // They travel in the route login's second string (SPEC.md §8): the id,
-  // then each after a comma, within the subject rules of §3.2.
-  const std::string login = proto::route_login_name(std::string(16, '0'), cl.advertise);
-  if (login.size() > proto::kMaxSubjectLen) {
-    report("cluster.advertise", "the route URLs take " + std::to_string(login.size() - 16) +
-                                    " bytes in a route login, which has room for " +
-                                    std::to_string(proto::kMaxSubjectLen - 16) +
-                                    " (with the commas): announce fewer");
-  } else if (!proto::valid_subject(login)) {
-    report("cluster.advertise",
-           "a route login carries these URLs as a subject (SPEC.md §3.2): no empty token between dots, no "
-           "'*' or '>'");
-  }
-  if (cl.has_route_listener() && cl.name.empty())
-    report(cl.listen_rdma_port != 0 ? "cluster.listen_rdma" : "cluster.listen_tcp",
-           "a route listener needs cluster.name");
-  // One port cannot serve both: the client listener of the same transport.
-  if (cl.listen_rdma_port != 0 && cl.listen_rdma_port == b.port)
-    report("cluster.listen_rdma",
-           "port " + std::to_string(b.port) + " is listen.rdma's: routes need a port of their own");
-  if (cl.listen_tcp_port != 0 && cl.listen_tcp_port == b.tcp_port)
-    report("cluster.listen_tcp",
-           "port " + std::to_string(b.tcp_port) + " is listen.tcp's: routes need a port of their own");
-  if (!cl.name.empty() && (cl.user.empty() || cl.password.empty())) {
-    report(cl.user.empty() ? "cluster.user" : "cluster.password",
-           "a cluster's routes are authenticated: set cluster.user and cluster.password");
-  }
-  if (!c.metrics_listen.empty()) {
-    if (auto hp = parse_host_port(c.metrics_listen, "metrics.listen"); !hp) {
-      report("metrics.listen", hp.error().message);
-    }
-  }
-}
-
 Result<Config> parse(std::string_view yaml, const std::string& name) {
   Problems problems(name);
   YAML::Node root;

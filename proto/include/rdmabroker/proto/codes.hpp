@@ -1,0 +1,200 @@
+// SPDX-License-Identifier: Apache-2.0
+// The rdmabroker wire protocol's numbers (proto/SPEC.md): the protocol
+// versions and what each added, sizes and limits, frame types, header flags
+// and error codes, with their names. Shared by rdmabrokerd and
+// librdmabroker; wire.hpp builds frames from them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace rdmabroker::proto {
+
+inline constexpr std::uint16_t kFrameMagic = 0x4252;  // bytes "RB"
+/// The frame layout's version (every frame's byte 2) and the base protocol
+/// version of the handshake: 1 on every connection.
+inline constexpr std::uint8_t kVersion = 1;
+/// The highest protocol version this code speaks, negotiated in the
+/// handshake (SPEC.md §2.1): 2 adds message headers (§3.6), 3 credits by
+/// demand (§5.1), 4 messages larger than a frame, sent as fragments (§3.7),
+/// 5 the relay time in every DELIVER (§3.4), 6 routes between brokers (§8),
+/// 7 gossip: INFO frames and route logins that announce route URLs (§8).
+inline constexpr std::uint8_t kProtocolVersion = 7;
+/// The first protocol version with message headers.
+inline constexpr std::uint8_t kHeadersVersion = 2;
+/// The first protocol version with credits by demand over RDMA (SPEC.md §5.1).
+inline constexpr std::uint8_t kCreditsByDemandVersion = 3;
+/// The first protocol version with fragmented messages (SPEC.md §3.7).
+inline constexpr std::uint8_t kFragmentsVersion = 4;
+/// The first protocol version whose DELIVERs say how long their first
+/// message spent in the broker (SPEC.md §3.4, "Relay time").
+inline constexpr std::uint8_t kRelayTimeVersion = 5;
+/// The first protocol version in which a broker may log in to another as a
+/// route (a CONNECT with kFlagRoute, SPEC.md §8).
+inline constexpr std::uint8_t kRouteVersion = 6;
+/// The first protocol version with INFO frames (a broker of a cluster tells
+/// its clients and routes the cluster's brokers) and route logins that
+/// announce the dialing broker's route URLs (SPEC.md §8, "Gossip").
+inline constexpr std::uint8_t kGossipVersion = 7;
+/// The largest relay time a DELIVER can carry, in nanoseconds (~4.3 s): a
+/// longer one is sent as this.
+inline constexpr std::uint32_t kMaxRelayNs = 0xffffffffu;
+/// The largest message (payload, header block included) a broker may be
+/// configured to take as fragments (limits.max_payload).
+inline constexpr std::uint32_t kMaxMessageSize = 64u << 20;
+inline constexpr std::size_t kHeaderSize = 32;
+inline constexpr std::size_t kFrameAlign = 8;
+inline constexpr std::size_t kMaxSubjectLen = 255;
+/// Smallest receive buffer either side may announce: a header plus a subject.
+inline constexpr std::uint32_t kMinBufferSize = 1024;
+inline constexpr std::uint32_t kMaxBufferSize = 16u << 20;
+
+enum class FrameType : std::uint8_t {
+  kSubscribe = 1,
+  kUnsubscribe = 2,
+  kPublish = 3,
+  kDeliver = 4,
+  kCredit = 5,
+  kPing = 6,
+  kPong = 7,
+  kError = 8,
+  kClose = 9,
+  kNoResponders = 10,
+  kConnect = 11,  // client -> broker, first frame: credentials (SPEC.md §2.3)
+  // Multicast (SPEC.md §7): only between a broker and a client that offered
+  // kConnectMulticast in its connect request.
+  kMcastJoin = 12,    // B -> C: subscription `arg` is served by a multicast channel (McastJoin payload)
+  kMcastJoined = 13,  // C -> B: outcome of joining for subscription `arg`: empty payload ok, else why not
+  kMcastRepair = 14,  // C -> B: resend subscription `arg`'s messages from `sequence` (payload: u64 count)
+  kMcastLoss = 15,    // B -> C: subscription `arg` lost messages from `sequence` (payload: u64 count)
+  kMcastLeave = 16,  // B -> C: subscription `arg`'s channel left its group: all further messages come over RC
+  // Version 4 (SPEC.md §3.7): a fragmented message that will not be completed.
+  kAbort = 17,  // C -> B: the open message is abandoned; B -> C: message `sequence` on subscription `arg` is
+  // Version 7 (SPEC.md §8, "Gossip"): B -> C, the broker and its cluster (info.hpp).
+  kInfo = 18,
+};
+inline constexpr std::uint8_t kMaxFrameType = 18;
+/// Longest CONNECT payload (user name plus password, or a token).
+inline constexpr std::size_t kMaxCredentialsLen = 1024;
+
+/// PUBLISH flag: the publisher wants a NO_RESPONDERS frame back when the
+/// message (which must carry a reply subject) matches no subscription.
+inline constexpr std::uint16_t kFlagRequest = 1;
+/// DELIVER flag: the subscription is served by a multicast channel; the
+/// header's `sequence` is the channel sequence number of the first inner
+/// message, the others follow it one by one (SPEC.md §7).
+inline constexpr std::uint16_t kFlagSequenced = 2;
+/// PUBLISH flag (version 4): the frame is one fragment of a message larger
+/// than a frame (SPEC.md §3.7): `arg` is the message's length, the reserved
+/// word its offset, `sequence` the publisher's connection id.
+inline constexpr std::uint16_t kFlagFragment = 4;
+/// CONNECT flag (version 6): the connection is a route from another broker of
+/// the same cluster (SPEC.md §8): the subject is the cluster's name, the
+/// second string the dialing broker's id, the payload the route credentials.
+inline constexpr std::uint16_t kFlagRoute = 8;
+/// Payload of MCAST_REPAIR and MCAST_LOSS: a u64 message count.
+inline constexpr std::size_t kMcastCountLen = 8;
+/// Payload of MCAST_JOIN (see multicast.hpp).
+inline constexpr std::size_t kMcastJoinLen = 24;
+/// Longest MCAST_JOINED text (why a join failed).
+inline constexpr std::size_t kMaxMcastReasonLen = 200;
+
+/// Numbered error codes carried in ERROR frames (arg field) and CLOSE frames.
+enum class ErrorCode : std::uint32_t {
+  kNone = 0,
+  kMalformedFrame = 1,
+  kUnsupportedVersion = 2,
+  kPayloadTooLarge = 3,
+  kInvalidSubject = 4,
+  kUnknownSubscription = 5,
+  kDuplicateSubscription = 6,
+  kProtocolViolation = 7,
+  kTooManySubscriptions = 8,
+  kSlowConsumer = 9,
+  kServerShutdown = 10,
+  kInternalError = 11,
+  kAuthenticationRequired = 12,  // a frame other than CONNECT came first
+  kAuthenticationFailed = 13,    // unknown user, wrong password or token, or anonymous access is off
+  kPermissionDenied = 14,        // the user may not publish or subscribe to that subject (or no longer may)
+};
+
+constexpr std::string_view to_string(FrameType t) {
+  switch (t) {
+    case FrameType::kSubscribe:
+      return "SUBSCRIBE";
+    case FrameType::kUnsubscribe:
+      return "UNSUBSCRIBE";
+    case FrameType::kPublish:
+      return "PUBLISH";
+    case FrameType::kDeliver:
+      return "DELIVER";
+    case FrameType::kCredit:
+      return "CREDIT";
+    case FrameType::kPing:
+      return "PING";
+    case FrameType::kPong:
+      return "PONG";
+    case FrameType::kError:
+      return "ERROR";
+    case FrameType::kClose:
+      return "CLOSE";
+    case FrameType::kNoResponders:
+      return "NO_RESPONDERS";
+    case FrameType::kConnect:
+      return "CONNECT";
+    case FrameType::kMcastJoin:
+      return "MCAST_JOIN";
+    case FrameType::kMcastJoined:
+      return "MCAST_JOINED";
+    case FrameType::kMcastRepair:
+      return "MCAST_REPAIR";
+    case FrameType::kMcastLoss:
+      return "MCAST_LOSS";
+    case FrameType::kMcastLeave:
+      return "MCAST_LEAVE";
+    case FrameType::kAbort:
+      return "ABORT";
+    case FrameType::kInfo:
+      return "INFO";
+  }
+  return "UNKNOWN";
+}
+
+constexpr std::string_view to_string(ErrorCode c) {
+  switch (c) {
+    case ErrorCode::kNone:
+      return "none";
+    case ErrorCode::kMalformedFrame:
+      return "malformed frame";
+    case ErrorCode::kUnsupportedVersion:
+      return "unsupported protocol version";
+    case ErrorCode::kPayloadTooLarge:
+      return "payload too large";
+    case ErrorCode::kInvalidSubject:
+      return "invalid subject";
+    case ErrorCode::kUnknownSubscription:
+      return "unknown subscription id";
+    case ErrorCode::kDuplicateSubscription:
+      return "subscription id already in use";
+    case ErrorCode::kProtocolViolation:
+      return "protocol violation";
+    case ErrorCode::kTooManySubscriptions:
+      return "too many subscriptions";
+    case ErrorCode::kSlowConsumer:
+      return "slow consumer";
+    case ErrorCode::kServerShutdown:
+      return "server shutting down";
+    case ErrorCode::kInternalError:
+      return "internal error";
+    case ErrorCode::kAuthenticationRequired:
+      return "authentication required";
+    case ErrorCode::kAuthenticationFailed:
+      return "authentication failed";
+    case ErrorCode::kPermissionDenied:
+      return "permission denied";
+  }
+  return "unknown error";
+}
+
+}  // namespace rdmabroker::proto
