@@ -197,6 +197,9 @@ TEST_F(Isolation, TheBrokersRnrRetriesAreBoundedWhateverTheClientAsks) {
   peer.rnr_retry_count = 7;
   peer.receives_posted = 0;
   ASSERT_TRUE(connect_and_subscribe(peer, broker, "rnr.clamp"));
+  // Routed to it only once its worker has the subscription (the SEND's
+  // completion says only that the broker's device took it).
+  ASSERT_EQ(broker.wait_stats([](auto& s) { return s["subscriptions"] == 1; }, 30s)["subscriptions"], 1);
   auto publisher = connect_via(broker, Via::kRdma);
   ASSERT_TRUE(publisher);
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(publisher->publish("rnr.clamp", "x"));
@@ -264,6 +267,9 @@ TEST_F(Isolation, AQpBrokenByItsPeerIsClosedWithoutAnEvent) {
   ASSERT_TRUE(broker.running());
   RawPeer peer;
   ASSERT_TRUE(connect_and_subscribe(peer, broker, "dead.qp"));
+  // The SEND completed when the broker's device took it, not when its worker
+  // had the connection: before that, "no connection" would pass for "closed".
+  ASSERT_EQ(broker.wait_stats([](auto& s) { return s["subscriptions"] == 1; }, 30s)["subscriptions"], 1);
   EXPECT_FALSE(peer.write_remote(0x10000, 0xdeadbeef).ok()) << "the broker allowed a remote write";
   const auto started = std::chrono::steady_clock::now();
   auto s = broker.wait_stats([](auto& s) { return s["connections.current"] == 0; }, 15s);
