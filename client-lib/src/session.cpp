@@ -487,7 +487,6 @@ void Session::end_subscription(std::uint32_t sid, const std::string& why) {
 Status Session::authenticate() {
   {
     std::unique_lock lock(mu_);
-    logging_in_ = true;
     const bool token = !opt_.token.empty();
     const std::string& user = token ? std::string() : opt_.user;
     const std::string& secret = token ? opt_.token : opt_.password;
@@ -516,6 +515,9 @@ Status Session::authenticate() {
                                           route ? std::string_view(route_name) : "", as_payload(payload));
     explicit_bzero(payload.data(), payload.size());
     if (!st) return st;
+    // Only a CONNECT that is on its way has a verdict to wait for; set under
+    // the same lock, so no refusal can arrive between the two.
+    logging_in_ = true;
   }
   // The broker answers a PING sent after CONNECT only once it accepted the
   // credentials; a refusal comes as ERROR then CLOSE.
