@@ -9,8 +9,9 @@
 #     110 columns): `clang-format -i FILE` fixes one;
 #   - every source file (C, C++, Python, shell, CMake) carries the line
 #     `SPDX-License-Identifier: Apache-2.0` (LICENSE) in its first three lines;
-#   - the daemon's folders include only lower floors (tests/lint/layers.py,
-#     docs/architecture.md "Layers");
+#   - the daemon's folders include only lower floors, and the client's
+#     transports see their session only through SessionSide
+#     (tests/lint/layers.py, docs/architecture.md "Layers");
 #   - no product source file over 600 lines, no function over 80
 #     (tests/lint/sizes.py, docs/architecture.md "Sizes").
 #   tests/lint.sh [memory|format|spdx|layers|sizes]   (no argument: all)

@@ -3,6 +3,7 @@
 #include <charconv>
 
 #include "client_internal.hpp"
+#include "session.hpp"
 
 namespace rdmabroker {
 
@@ -59,8 +60,11 @@ Result<std::unique_ptr<Client>> Client::connect(std::string_view url, ClientOpti
     options.password = parsed->password;
     options.token = parsed->token;
   }
-  if (parsed->scheme == "rdma") return connect_rdma(*parsed, std::move(options));
-  if (parsed->scheme == "tcp" || parsed->scheme == "tls") return connect_tcp(*parsed, std::move(options));
+  if (parsed->scheme == "rdma" || parsed->scheme == "tcp" || parsed->scheme == "tls") {
+    auto session = std::make_unique<Session>(std::move(options));
+    if (auto st = session->connect(*parsed); !st) return st.error();
+    return std::unique_ptr<Client>(std::move(session));
+  }
   return Error{ErrorKind::kInvalidArgument, "unsupported scheme '" + parsed->scheme + "' in '" +
                                                 std::string(url) + "' (rdma://, tcp:// or tls://)"};
 }

@@ -31,8 +31,6 @@ inline Error not_polled(std::string_view call) {
 /// A server list ("rdma://a:7470,rdma://b:7470"): its URLs in order; one URL alone is a list of one.
 std::vector<std::string> split_urls(std::string_view urls);
 
-Result<std::unique_ptr<Client>> connect_rdma(const ParsedUrl& url, ClientOptions options);
-Result<std::unique_ptr<Client>> connect_tcp(const ParsedUrl& url, ClientOptions options);
 /// ClientOptions::reconnect: a client that reconnects (reconnecting_client.cpp).
 Result<std::unique_ptr<Client>> connect_reconnecting(std::string_view url, ClientOptions options);
 

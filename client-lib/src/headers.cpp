@@ -75,16 +75,6 @@ std::size_t Headers::erase(std::string_view name) {
 MessageView::MessageView(const Message& m)
     : sid(m.sid), subject(m.subject), reply(m.reply), payload(m.payload), message_(&m) {}
 
-MessageView detail::ViewAccess::of(std::uint32_t sid, const proto::Frame& publish) {
-  MessageView v;
-  v.sid = sid;
-  v.subject = publish.subject;
-  v.reply = publish.reply;
-  v.payload = publish.payload;
-  v.header_block_ = publish.headers;  // checked when the frame was decoded
-  return v;
-}
-
 bool MessageView::has_headers() const {
   return message_ != nullptr ? !message_->headers.empty() : !header_block_.empty();
 }

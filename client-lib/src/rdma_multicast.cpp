@@ -73,7 +73,7 @@ void RdmaTransport::teardown_ud() {
   ud_cm_channel_.reset();
   groups_.clear();
   group_of_.clear();
-  session_.groups_joined_.store(0, std::memory_order_relaxed);
+  groups_joined_.store(0, std::memory_order_relaxed);
 }
 
 void RdmaTransport::join_group(std::uint32_t sid, const proto::McastJoin& j, std::uint64_t epoch) {
@@ -124,7 +124,7 @@ void RdmaTransport::leave_group(std::uint32_t sid) {
   std::erase_if(g.waiting, [&](const auto& w) { return w.first == sid; });
   if (!g.sids.empty()) return;
   rdma_leave_multicast(ud_->id.get(), reinterpret_cast<sockaddr*>(&g.addr));
-  if (g.joined) session_.groups_joined_.fetch_sub(1, std::memory_order_relaxed);
+  if (g.joined) groups_joined_.fetch_sub(1, std::memory_order_relaxed);
   groups_.erase(it);
 }
 
@@ -139,7 +139,7 @@ void RdmaTransport::handle_group_events() {
     Group& g = it->second;
     const auto waiting = std::exchange(g.waiting, {});
     if (ev->event == RDMA_CM_EVENT_MULTICAST_JOIN) {
-      if (!g.joined) session_.groups_joined_.fetch_add(1, std::memory_order_relaxed);
+      if (!g.joined) groups_joined_.fetch_add(1, std::memory_order_relaxed);
       g.joined = true;
       for (const auto& [sid, epoch] : waiting) session_.join_done(sid, epoch, {});
       continue;

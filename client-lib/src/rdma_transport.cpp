@@ -58,14 +58,14 @@ Status RdmaTransport::connect() {
       [this](std::uint32_t size, proto::ConnectReject* reject) { return connect_once(size, reject); },
       [this] { teardown_resources(); });
   if (!st) return st;
-  if (!session_.opt_.polled) io_thread_ = std::thread([this] { run(); });
+  if (!session_.options().polled) io_thread_ = std::thread([this] { run(); });
   return session_.authenticate();
 }
 
 Status RdmaTransport::connect_once(std::uint32_t recv_buffer_size, proto::ConnectReject* reject) {
-  const auto deadline = Clock::now() + session_.opt_.connect_timeout;
+  const auto deadline = Clock::now() + session_.options().connect_timeout;
   const std::string where = url_.host + ":" + std::to_string(url_.port);
-  session_.recv_buffer_size_ = recv_buffer_size;
+  recv_buffer_size_ = recv_buffer_size;
   cm_channel_.reset(rdma_create_event_channel());
   if (!cm_channel_ && (errno == ENODEV || errno == ENOENT)) {
     // The first thing most new users run, on a laptop or a VM: say what to do.
@@ -97,10 +97,10 @@ Status RdmaTransport::resolve(const std::string& where, Clock::time_point deadli
   }
   std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> dst_owner(dst, freeaddrinfo);
   addrinfo* src = nullptr;
-  if (!session_.opt_.bind_address.empty()) {
-    if (int rc = getaddrinfo(session_.opt_.bind_address.c_str(), nullptr, &hints, &src); rc != 0) {
+  if (!session_.options().bind_address.empty()) {
+    if (int rc = getaddrinfo(session_.options().bind_address.c_str(), nullptr, &hints, &src); rc != 0) {
       return Error{ErrorKind::kInvalidArgument,
-                   "bad bind address " + session_.opt_.bind_address + ": " + gai_strerror(rc)};
+                   "bad bind address " + session_.options().bind_address + ": " + gai_strerror(rc)};
     }
   }
   std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> src_owner(src, freeaddrinfo);
@@ -133,10 +133,10 @@ Status RdmaTransport::create_resources(std::uint32_t recv_buffer_size) {
   comp_channel_.reset(ibv_create_comp_channel(id->verbs));
   if (!comp_channel_) return sys_error(ErrorKind::kResource, "ibv_create_comp_channel");
   set_nonblocking(comp_channel_->fd);
-  cq_.reset(ibv_create_cq(id->verbs, static_cast<int>(session_.opt_.recv_credits + 1), nullptr,
+  cq_.reset(ibv_create_cq(id->verbs, static_cast<int>(session_.options().recv_credits + 1), nullptr,
                           comp_channel_.get(), 0));
-  send_cq_.reset(ibv_create_cq(id->verbs, static_cast<int>(session_.opt_.max_inflight_sends + 2), nullptr,
-                               comp_channel_.get(), 0));
+  send_cq_.reset(ibv_create_cq(id->verbs, static_cast<int>(session_.options().max_inflight_sends + 2),
+                               nullptr, comp_channel_.get(), 0));
   if (!cq_ || !send_cq_) return sys_error(ErrorKind::kResource, "ibv_create_cq");
   acker_.attach(cq_.get());
   send_acker_.attach(send_cq_.get());
@@ -144,8 +144,8 @@ Status RdmaTransport::create_resources(std::uint32_t recv_buffer_size) {
   attr.send_cq = send_cq_.get();
   attr.recv_cq = cq_.get();
   attr.qp_type = IBV_QPT_RC;
-  attr.cap.max_send_wr = session_.opt_.max_inflight_sends + 1;
-  attr.cap.max_recv_wr = session_.opt_.recv_credits;
+  attr.cap.max_send_wr = session_.options().max_inflight_sends + 1;
+  attr.cap.max_recv_wr = session_.options().recv_credits;
   attr.cap.max_send_sge = 1;
   attr.cap.max_recv_sge = 1;
   attr.cap.max_inline_data = verbs::kInlineWanted;
@@ -156,11 +156,11 @@ Status RdmaTransport::create_resources(std::uint32_t recv_buffer_size) {
   qp_ = verbs::CmQp(id);
   max_inline_ = attr.cap.max_inline_data;
 
-  const std::size_t recv_bytes = std::size_t{session_.opt_.recv_credits} * recv_buffer_size;
+  const std::size_t recv_bytes = std::size_t{session_.options().recv_credits} * recv_buffer_size;
   recv_mem_.reset(new std::byte[recv_bytes]);
   recv_mr_ = verbs::register_local(pd_.get(), recv_mem_.get(), recv_bytes);
   if (!recv_mr_) return sys_error(ErrorKind::kResource, "ibv_reg_mr (receive buffers; check ulimit -l)");
-  for (std::uint32_t i = 0; i < session_.opt_.recv_credits; ++i) {
+  for (std::uint32_t i = 0; i < session_.options().recv_credits; ++i) {
     if (!verbs::post_receive(qp_.get(), recv_mem_.get() + std::size_t{i} * recv_buffer_size, recv_buffer_size,
                              recv_mr_->lkey, kRecvFlag | i)) {
       return sys_error(ErrorKind::kResource, "ibv_post_recv");
@@ -174,8 +174,8 @@ Result<proto::ConnectAccept> RdmaTransport::exchange_handshake(std::uint32_t rec
                                                                Clock::time_point deadline,
                                                                proto::ConnectReject* reject) {
   auto pdata = proto::encode(
-      proto::ConnectRequest{recv_buffer_size, session_.opt_.recv_credits,
-                            session_.opt_.multicast ? proto::kConnectMulticast : std::uint16_t{0}});
+      proto::ConnectRequest{recv_buffer_size, session_.options().recv_credits,
+                            session_.options().multicast ? proto::kConnectMulticast : std::uint16_t{0}});
   rdma_conn_param param{};
   param.private_data = pdata.data();
   param.private_data_len = static_cast<std::uint8_t>(pdata.size());
@@ -187,8 +187,7 @@ Result<proto::ConnectAccept> RdmaTransport::exchange_handshake(std::uint32_t rec
   auto ev = wait_cm_event(RDMA_CM_EVENT_ESTABLISHED, deadline, &reply);
   if (!ev) return ev.error();
   if (*ev == RDMA_CM_EVENT_REJECTED) {
-    if (proto::decode(reply, *reject) == proto::HandshakeStatus::kOk)
-      return Session::rejected(where, *reject);
+    if (proto::decode(reply, *reject) == proto::HandshakeStatus::kOk) return connect_rejected(where, *reject);
     return Error{ErrorKind::kRejected,
                  "connection to " + where + " rejected (no rdmabroker listening there?)"};
   }
@@ -204,12 +203,14 @@ Result<proto::ConnectAccept> RdmaTransport::exchange_handshake(std::uint32_t rec
 }
 
 Status RdmaTransport::start_session(const proto::ConnectAccept& accept, const std::string& where) {
-  session_.init_send_buffers(accept, session_.opt_.max_inflight_sends + session_.opt_.send_queue_buffers);
+  protocol_version_ = accept.version;
+  session_.init_send_buffers(accept,
+                             session_.options().max_inflight_sends + session_.options().send_queue_buffers);
   send_mr_ = verbs::register_local(pd_.get(), session_.send_memory().data(), session_.send_memory().size());
   if (!send_mr_) return sys_error(ErrorKind::kResource, "ibv_reg_mr (send buffers; check ulimit -l)");
 
-  credits_ = CreditWindow(session_.opt_.recv_credits);
-  credits_.grant_initial(session_.opt_.recv_credits);
+  credits_ = CreditWindow(session_.options().recv_credits);
+  credits_.grant_initial(session_.options().recv_credits);
   credits_.add_send_credits(accept.initial_credits);
 
   wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -227,9 +228,8 @@ Status RdmaTransport::start_session(const proto::ConnectAccept& accept, const st
   char local[INET6_ADDRSTRLEN] = "?";
   auto* sa = reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(id_.get()));
   inet_ntop(AF_INET, &sa->sin_addr, local, sizeof local);
-  session_.description_ = "rdma " + std::string(ibv_get_device_name(id_->verbs->device)) + " " + local +
-                          " -> " + where + " (connection " + std::to_string(accept.connection_id) + ")";
-  session_.established_ = true;
+  session_.established("rdma " + std::string(ibv_get_device_name(id_->verbs->device)) + " " + local + " -> " +
+                       where + " (connection " + std::to_string(accept.connection_id) + ")");
   return {};
 }
 
@@ -258,22 +258,22 @@ void RdmaTransport::close() {
   rdma_disconnect(id_.get());
   wake();
   if (io_thread_.joinable()) io_thread_.join();
-  session_.established_ = false;
+  session_.ended();
   teardown_resources();
 }
 
 // ---------------------------------------------------------------- sending
 
 void RdmaTransport::transmit_locked() {
-  if (session_.closed_) return;
+  if (session_.closed_locked()) return;
   reap_sends_locked();
-  while (inflight_.size() < session_.opt_.max_inflight_sends) {
+  while (inflight_.size() < session_.options().max_inflight_sends) {
     if (!session_.has_ready_locked() || !credits_.can_send_data()) {
       // No data, or no credit for it: owed credits may still have to go back,
       // using the reserved last credit if need be.
       // A broker asking for credits back (SPEC.md §5.1) gets them the same way.
       if ((credits_.should_return() || credits_.wants_release()) && credits_.can_send_credit_update())
-        post_locked(Session::kNoBuffer, 0);
+        post_locked(SessionSide::kNoBuffer, 0);
       break;
     }
     // Idle enough to post the buffer being filled right away: batching only
@@ -285,7 +285,7 @@ void RdmaTransport::transmit_locked() {
 }
 
 void RdmaTransport::reclaim_locked() {
-  if (session_.closed_) return;
+  if (session_.closed_locked()) return;
   reap_sends_locked();
   arm_sends_if_waited_locked();
 }
@@ -295,8 +295,8 @@ bool RdmaTransport::send_events_wanted_locked() const {
   // that the full window holds back; a publisher, for a free buffer; close(),
   // for everything to leave. Nobody else needs to hear of one.
   if (inflight_.empty()) return false;
-  return session_.closing_ || session_.out_of_buffers_locked() ||
-         (inflight_.size() >= session_.opt_.max_inflight_sends && session_.has_ready_locked());
+  return session_.closing_locked() || session_.out_of_buffers_locked() ||
+         (inflight_.size() >= session_.options().max_inflight_sends && session_.has_ready_locked());
 }
 
 void RdmaTransport::arm_sends_if_waited_locked() {
@@ -322,7 +322,7 @@ bool RdmaTransport::reap_sends_locked() {
         session_.release_send_buffer_locked(inflight_.front().buffer);
         inflight_.pop_front();
       }
-      if (wc.status != IBV_WC_SUCCESS && !session_.closed_) {
+      if (wc.status != IBV_WC_SUCCESS && !session_.closed_locked()) {
         const Error e{ErrorKind::kClosed, std::string("send failed: ") + ibv_wc_status_str(wc.status)};
         if (wc.status != IBV_WC_WR_FLUSH_ERR) {
           send_errors_.push_back(e);
@@ -332,7 +332,7 @@ bool RdmaTransport::reap_sends_locked() {
       }
     }
   }
-  if (any) session_.cv_.notify_all();  // close() waits for the last SEND, inline or not
+  if (any) session_.sends_completed_locked();  // close() waits for the last SEND, inline or not
   return any;
 }
 
@@ -346,9 +346,9 @@ bool RdmaTransport::post_locked(std::uint32_t buffer, std::uint32_t len) {
   wr.send_flags = IBV_SEND_SIGNALED;  // into the quiet send CQ: it wakes nobody
   // A small send (a lone publish at light load) is copied by the device at
   // post time instead of read by DMA afterwards: its buffer is free at once.
-  const bool inline_copy = buffer != Session::kNoBuffer && len <= max_inline_;
-  if (buffer != Session::kNoBuffer) {
-    sge = ibv_sge{reinterpret_cast<std::uint64_t>(session_.send_buf(buffer)), len, send_mr_->lkey};
+  const bool inline_copy = buffer != SessionSide::kNoBuffer && len <= max_inline_;
+  if (buffer != SessionSide::kNoBuffer) {
+    sge = ibv_sge{reinterpret_cast<std::uint64_t>(session_.send_buffer(buffer)), len, send_mr_->lkey};
     wr.sg_list = &sge;
     wr.num_sge = 1;
     if (inline_copy) wr.send_flags |= IBV_SEND_INLINE;
@@ -361,7 +361,7 @@ bool RdmaTransport::post_locked(std::uint32_t buffer, std::uint32_t len) {
   credits_.consume_send();
   if (inline_copy) {
     session_.release_send_buffer_locked(buffer);
-    buffer = Session::kNoBuffer;
+    buffer = SessionSide::kNoBuffer;
   }
   inflight_.push_back(Posted{next_wr_++, buffer});
   return true;
@@ -378,10 +378,11 @@ void RdmaTransport::run() {
 }
 
 std::size_t RdmaTransport::progress(int timeout_ms) {
-  if (timeout_ms != 0 && (session_.opt_.adaptive_poll
-                              ? adaptive_spin()
-                              : session_.opt_.busy_poll.count() > 0 &&
-                                    spin_on_cq(last_work_ + session_.opt_.busy_poll, deliveries_, errors_))) {
+  if (timeout_ms != 0 &&
+      (session_.options().adaptive_poll
+           ? adaptive_spin()
+           : session_.options().busy_poll.count() > 0 &&
+                 spin_on_cq(last_work_ + session_.options().busy_poll, deliveries_, errors_))) {
     last_work_ = Clock::now();
     timeout_ms = 0;  // found work: the events are only looked at, not waited for
   }
@@ -406,7 +407,7 @@ std::size_t RdmaTransport::progress(int timeout_ms) {
   bool cm_ready = false;
   if (timeout_ms != 0 || (++quick_turns_ & 15) == 0) {
     cm_ready = wait_for_events(timeout_ms);
-    if (timeout_ms != 0 && session_.opt_.adaptive_poll) adaptive_.woke(Clock::now());
+    if (timeout_ms != 0 && session_.options().adaptive_poll) adaptive_.woke(Clock::now());
     // What arrived meanwhile, before a CM event is acted on (the broker's
     // CLOSE comes before its DISCONNECTED).
     if (timeout_ms != 0 || cm_ready) poll_receives();
@@ -417,7 +418,7 @@ std::size_t RdmaTransport::progress(int timeout_ms) {
   // buffers go back to the broker, and the credits they owe with what is sent.
   std::size_t delivered = session_.dispatch(deliveries_, errors_);
   {
-    std::lock_guard lock(session_.mu_);
+    const auto lock = session_.lock();
     repost_held_locked();
     transmit_locked();
     errors_.insert(errors_.end(), send_errors_.begin(), send_errors_.end());
@@ -443,7 +444,7 @@ bool RdmaTransport::poll_receives() {
 }
 
 void RdmaTransport::progress_sends() {
-  std::lock_guard lock(session_.mu_);
+  const auto lock = session_.lock();
   transmit_locked();  // reaps the send CQ first
 }
 
@@ -452,7 +453,7 @@ bool RdmaTransport::adaptive_spin() {
   // of their I/O threads spin at once than it has cores but one.
   static SpinSlots slots;
   const auto now = Clock::now();
-  const auto until = adaptive_.ran_out(now, session_.opt_.busy_poll);
+  const auto until = adaptive_.ran_out(now, session_.options().busy_poll);
   if (until <= now || !slots.try_take()) return false;
   const bool found = spin_on_cq(until, deliveries_, errors_);
   slots.release();
@@ -475,7 +476,7 @@ bool RdmaTransport::spin_on_cq(Clock::time_point until, Deliveries& deliveries, 
 bool RdmaTransport::wait_for_events(int timeout_ms) {
   epoll_event evs[6];
   const int n = ::epoll_wait(epoll_.get(), evs, 6, timeout_ms);
-  if (timeout_ms != 0) session_.io_wakeups_.fetch_add(1, std::memory_order_relaxed);
+  if (timeout_ms != 0) count_wakeup();
   bool cm_ready = false;
   for (int i = 0; i < n; ++i) {
     const int fd = evs[i].data.fd;
@@ -485,7 +486,7 @@ bool RdmaTransport::wait_for_events(int timeout_ms) {
       while (ibv_get_cq_event(comp_channel_.get(), &cq, &ctx) == 0) {
         if (cq == send_cq_.get()) {
           send_acker_.add();
-          std::lock_guard lock(session_.mu_);
+          const auto lock = session_.lock();
           send_cq_armed_ = false;  // one event per arming
         } else {
           acker_.add();
@@ -512,8 +513,8 @@ void RdmaTransport::handle_cm_events(std::vector<Error>& errors) {
   while (rdma_get_cm_event(cm_channel_.get(), &ev) == 0) {
     verbs::CmEventPtr owned(ev);
     if (ev->event == RDMA_CM_EVENT_DISCONNECTED || ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL) {
-      std::lock_guard lock(session_.mu_);
-      if (!session_.closed_ && !session_.closing_)
+      const auto lock = session_.lock();
+      if (!session_.closed_locked() && !session_.closing_locked())
         errors.push_back(Error{ErrorKind::kClosed, "connection to the broker lost"});
       session_.fail_locked(Error{ErrorKind::kClosed, "connection to the broker lost (" +
                                                          std::string(rdma_event_str(ev->event)) + ")"});
@@ -523,8 +524,8 @@ void RdmaTransport::handle_cm_events(std::vector<Error>& errors) {
 
 void RdmaTransport::on_completion(const ibv_wc& wc, Deliveries& deliveries, std::vector<Error>& errors) {
   if (wc.status != IBV_WC_SUCCESS) {
-    std::lock_guard lock(session_.mu_);
-    if (!session_.closed_ && wc.status != IBV_WC_WR_FLUSH_ERR) {
+    const auto lock = session_.lock();
+    if (!session_.closed_locked() && wc.status != IBV_WC_WR_FLUSH_ERR) {
       errors.push_back(
           Error{ErrorKind::kClosed, std::string("receive failed: ") + ibv_wc_status_str(wc.status)});
     }
@@ -535,8 +536,8 @@ void RdmaTransport::on_completion(const ibv_wc& wc, Deliveries& deliveries, std:
   session_.on_frames({recv_buf(wc.wr_id), wc.byte_len}, deliveries, errors);
   held_.push_back(wc.wr_id);
   if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) {
-    std::lock_guard lock(session_.mu_);
-    if (session_.closed_) return;
+    const auto lock = session_.lock();
+    if (session_.closed_locked()) return;
     const std::uint32_t imm = ntohl(wc.imm_data);
     if (by_demand()) {
       const auto [returned, release] = proto::decode_credit_imm(imm);
@@ -550,8 +551,8 @@ void RdmaTransport::on_completion(const ibv_wc& wc, Deliveries& deliveries, std:
 
 void RdmaTransport::repost_held_locked() {
   for (const std::uint64_t wr_id : held_) {
-    if (session_.closed_) break;
-    if (!verbs::post_receive(qp_.get(), recv_buf(wr_id), session_.recv_buffer_size_, recv_mr_->lkey, wr_id)) {
+    if (session_.closed_locked()) break;
+    if (!verbs::post_receive(qp_.get(), recv_buf(wr_id), recv_buffer_size_, recv_mr_->lkey, wr_id)) {
       session_.fail_locked(sys_error(ErrorKind::kClosed, "ibv_post_recv"));
       break;
     }
@@ -565,10 +566,8 @@ void RdmaTransport::repost_held_locked() {
 
 // ---------------------------------------------------------------- multicast
 
-Result<std::unique_ptr<Client>> connect_rdma(const ParsedUrl& url, ClientOptions options) {
-  auto session = std::make_unique<Session>(std::move(options));
-  if (auto st = session->connect(std::make_unique<RdmaTransport>(*session, url)); !st) return st.error();
-  return std::unique_ptr<Client>(std::move(session));
+std::unique_ptr<Transport> make_rdma_transport(SessionSide& session, const ParsedUrl& url) {
+  return std::make_unique<RdmaTransport>(session, url);
 }
 
 }  // namespace rdmabroker

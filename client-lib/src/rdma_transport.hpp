@@ -23,7 +23,7 @@
 #include "rdmabroker/common/fd.hpp"
 #include "rdmabroker/common/ud_endpoint.hpp"
 #include "rdmabroker/common/verbs.hpp"
-#include "session.hpp"
+#include "transport.hpp"
 
 namespace rdmabroker {
 
@@ -34,11 +34,13 @@ constexpr std::uint32_t kUdBufferSize = proto::kGrhSize + 4096;
 
 class RdmaTransport final : public Transport {
  public:
-  RdmaTransport(Session& session, ParsedUrl url) : Transport(session), url_(std::move(url)) {}
+  RdmaTransport(SessionSide& session, ParsedUrl url) : Transport(session), url_(std::move(url)) {}
   ~RdmaTransport() override { close(); }
 
   Status connect() override;
   void close() override;
+
+  std::uint64_t groups_joined() const override { return groups_joined_.load(std::memory_order_relaxed); }
 
  private:
   /// One attempt: resolve, create the QP and buffers, exchange the
@@ -90,8 +92,7 @@ class RdmaTransport final : public Transport {
   void repost_held_locked();
   /// The receive buffer a receive's wr_id names.
   std::byte* recv_buf(std::uint64_t wr_id) const {
-    return recv_mem_.get() +
-           std::size_t{static_cast<std::uint32_t>(wr_id & ~kRecvFlag)} * session_.recv_buffer_size_;
+    return recv_mem_.get() + std::size_t{static_cast<std::uint32_t>(wr_id & ~kRecvFlag)} * recv_buffer_size_;
   }
 
   // Multicast (SPEC.md §7): one UD QP, on the connection's device, joined to
@@ -129,10 +130,13 @@ class RdmaTransport final : public Transport {
   verbs::CqPtr send_cq_;
   verbs::CqEventAcker send_acker_;
   verbs::CmQp qp_;
-  std::uint32_t max_inline_ = 0;  // bytes a SEND may carry inline (what the device granted)
+  std::uint32_t max_inline_ = 0;                 // bytes a SEND may carry inline (what the device granted)
+  std::uint32_t recv_buffer_size_ = 0;           // each receive buffer's (the handshake's)
+  std::uint8_t protocol_version_ = 0;            // the accept's
+  std::atomic<std::uint64_t> groups_joined_{0};  // multicast groups joined now (stats, any thread)
   std::unique_ptr<std::byte[]> recv_mem_;
   verbs::MrPtr recv_mr_;
-  verbs::MrPtr send_mr_;  // registers Session's send buffers
+  verbs::MrPtr send_mr_;  // registers the session's send buffers
   // Receives completed and decoded, not posted again yet: messages delivered
   // in place (MessageView) point into them until dispatch() has run. I/O thread.
   std::vector<std::uint64_t> held_;
@@ -156,15 +160,15 @@ class RdmaTransport final : public Transport {
   std::thread io_thread_;
 
   /// Version 3: the immediate values carry asks and give-backs (SPEC.md §5.1).
-  bool by_demand() const { return session_.protocol_version_ >= proto::kCreditsByDemandVersion; }
+  bool by_demand() const { return protocol_version_ >= proto::kCreditsByDemandVersion; }
 
-  // Guarded by Session::mu_.
+  // Guarded by the session's lock.
   CreditWindow credits_;
   /// A SEND posted and not yet known to be complete; `buffer` is kNoBuffer
   /// for a credit update and for an inline send (its bytes were copied at post).
   struct Posted {
     std::uint64_t wr = 0;  // its wr_id: posts are numbered in order
-    std::uint32_t buffer = Session::kNoBuffer;
+    std::uint32_t buffer = SessionSide::kNoBuffer;
   };
   std::deque<Posted> inflight_;  // oldest first, as an RC send queue completes them
   std::uint64_t next_wr_ = 0;

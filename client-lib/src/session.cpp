@@ -11,10 +11,6 @@
 
 namespace rdmabroker {
 
-void Transport::join_group(std::uint32_t sid, const proto::McastJoin& /*j*/, std::uint64_t epoch) {
-  session_.join_done(sid, epoch, "this transport has no multicast");
-}
-
 using proto::FrameType;
 
 namespace {
@@ -28,109 +24,47 @@ Status check_subject(std::string_view subject, bool pattern = false) {
 
 }  // namespace
 
-// ---------------------------------------------------------------- QueueSubscription
-
-Result<Message> QueueSubscription::next(std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  std::unique_lock lock(mu_);
-  if (drive_) {
-    // A polled client: what this waits for arrives only through progress.
-    while (queue_.empty() && !closed_ && Clock::now() < deadline) {
-      lock.unlock();
-      drive_(deadline);
-      lock.lock();
-    }
-  } else {
-    wait_counted(cv_, lock, deadline, *wakeups_, [&] { return !queue_.empty() || closed_; });
-  }
-  if (!queue_.empty()) {
-    Message m = std::move(queue_.front());
-    queue_.pop_front();
-    return m;
-  }
-  if (closed_) return Error{ErrorKind::kClosed, closed_why_};
-  return Error{ErrorKind::kTimeout, "no message within " + std::to_string(timeout.count()) + " ms"};
-}
-
-bool QueueSubscription::push(Message m) {
-  {
-    std::lock_guard lock(mu_);
-    if (queue_.size() >= limit_) {
-      dropped_.fetch_add(1);
-      return false;
-    }
-    queue_.push_back(std::move(m));
-  }
-  cv_.notify_one();
-  return true;
-}
-
-void QueueSubscription::close(const std::string& why) {
-  {
-    std::lock_guard lock(mu_);
-    if (closed_) return;
-    closed_ = true;
-    closed_why_ = why;
-  }
-  cv_.notify_all();
-}
-
 // ---------------------------------------------------------------- connect
+
+Status Session::connect(const ParsedUrl& url) {
+  transport_ = url.scheme == "rdma" ? make_rdma_transport(*this, url) : make_tcp_transport(*this, url);
+  return transport_->connect();
+}
 
 Status Session::connect_with_retry(const std::function<Status(std::uint32_t, proto::ConnectReject*)>& attempt,
                                    const std::function<void()>& reset) {
   proto::ConnectReject reject{};
-  Status st = attempt(opt_.recv_buffer_size, &reject);
+  recv_buffer_size_ = opt_.recv_buffer_size;
+  Status st = attempt(recv_buffer_size_, &reject);
   if (!st && st.error().kind == ErrorKind::kRejected &&
       reject.reason == proto::RejectReason::kBufferTooSmall &&
       reject.required_buffer_size > opt_.recv_buffer_size &&
       reject.required_buffer_size <= proto::kMaxBufferSize) {
     // The broker told us the size it needs: one more try with that.
     reset();
-    st = attempt(reject.required_buffer_size, &reject);
+    recv_buffer_size_ = reject.required_buffer_size;
+    st = attempt(recv_buffer_size_, &reject);
   }
   if (!st) reset();
   return st;
 }
 
-Error Session::rejected(const std::string& where, const proto::ConnectReject& reject) {
-  std::string msg =
-      "broker at " + where + " refused the connection: " + std::string(proto::to_string(reject.reason));
-  if (reject.reason == proto::RejectReason::kBufferTooSmall) {
-    msg += " (it needs " + std::to_string(reject.required_buffer_size) + "-byte receive buffers)";
-  }
-  return Error{ErrorKind::kRejected, msg};
-}
-
-// ---------------------------------------------------------------- send buffers
-
 void Session::init_send_buffers(const proto::ConnectAccept& accept, std::uint32_t count) {
-  max_frame_ = accept.max_frame_size;
   protocol_version_ = accept.version;
   max_message_ = accept.max_payload;
   connection_id_ = accept.connection_id;
-  send_count_ = count;
-  send_mem_.reset(new std::byte[std::size_t{count} * max_frame_]);
-  free_send_.clear();
-  for (std::uint32_t i = count; i-- > 0;) free_send_.push_back(i);
-  ready_.clear();
-  open_buf_ = kNoBuffer;
+  sends_.init(accept.max_frame_size, count);
 }
 
-std::pair<std::uint32_t, std::uint32_t> Session::take_ready_locked() {
-  if (!ready_.empty()) {
-    auto r = ready_.front();
-    ready_.pop_front();
-    return r;
-  }
-  if (open_buf_ != kNoBuffer) return {std::exchange(open_buf_, kNoBuffer), open_len_};
-  return {kNoBuffer, 0};
+void Session::established(std::string description) {
+  std::lock_guard lock(mu_);
+  description_ = std::move(description);
+  established_ = true;
 }
 
-void Session::release_send_buffer_locked(std::uint32_t buffer) {
-  if (buffer == kNoBuffer) return;
-  free_send_.push_back(buffer);
-  cv_.notify_all();
+void Session::ended() {
+  std::lock_guard lock(mu_);
+  established_ = false;
 }
 
 Status Session::append_frame_locked(std::unique_lock<std::mutex>& lock, const proto::FrameHeader& h,
@@ -142,32 +76,18 @@ Status Session::append_frame_locked(std::unique_lock<std::mutex>& lock, const pr
   const auto deadline = Clock::now() + opt_.publish_timeout;
   while (true) {
     if (auto st = check_open_locked(); !st) return st;
-    if (open_buf_ != kNoBuffer && open_len_ + len > max_frame_) {
-      ready_.emplace_back(open_buf_, open_len_);
-      open_buf_ = kNoBuffer;
-    }
-    if (open_buf_ == kNoBuffer && !free_send_.empty()) {
-      open_buf_ = free_send_.back();
-      free_send_.pop_back();
-      open_len_ = 0;
-    }
-    if (open_buf_ != kNoBuffer) break;
+    if (sends_.make_room(len)) break;
     if (!wait) return Error{ErrorKind::kTimeout, "no free send buffer"};
     // Every send buffer is full or in flight: wait for one to come back.
     transport_->reclaim_locked();
-    if (!free_send_.empty()) continue;
-    if (!wait_locked(lock, deadline, [&] { return !free_send_.empty() || closed_; }) && free_send_.empty()) {
+    if (sends_.has_free()) continue;
+    if (!wait_locked(lock, deadline, [&] { return sends_.has_free() || closed_; }) && !sends_.has_free()) {
       return Error{ErrorKind::kTimeout, "send queue full for " +
                                             std::to_string(opt_.publish_timeout.count()) +
                                             " ms (the broker is not taking data)"};
     }
   }
-  proto::FrameHeader hdr = h;
-  hdr.sequence = next_sequence_++;
-  if (sequence != 0) hdr.sequence = sequence;
-  proto::encode_frame(std::span<std::byte>(send_buf(open_buf_) + open_len_, len), hdr, subject, reply,
-                      payload, headers);
-  open_len_ += static_cast<std::uint32_t>(len);
+  sends_.append(len, h, subject, reply, payload, sequence, headers);
   transport_->transmit_locked();
   return {};
 }
@@ -301,12 +221,8 @@ Status Session::publish_request(std::string_view subject, std::string_view reply
 // ---------------------------------------------------------------- request/reply
 
 Status Session::ensure_inbox_locked(std::unique_lock<std::mutex>& lock, Clock::time_point deadline) {
-  if (!inbox_.empty()) return {};
-  // Unguessable per connection, so no other client's subscription catches replies by accident.
-  std::random_device rd;
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string inbox = "_INBOX.";
-  for (int i = 0; i < 16; ++i) inbox += kHex[rd() % 16];
+  if (!requests_.inbox().empty()) return {};
+  std::string inbox = PendingRequests::new_inbox();
   // The SUBSCRIBE precedes the request on the same connection, so the broker
   // has it before any responder of its own can answer. One round trip more,
   // once per connection, covers responders on other brokers of a cluster: a
@@ -314,17 +230,13 @@ Status Session::ensure_inbox_locked(std::unique_lock<std::mutex>& lock, Clock::t
   // broker's, and the PONG comes once that has arrived.
   auto sid = subscribe_locked(lock, inbox + ".*", {}, [this](const MessageView& m) { on_inbox_message(m); });
   if (!sid) return sid.error();
-  inbox_ = std::move(inbox);  // kept if the PONG is late: the next request uses it
+  requests_.set_inbox(std::move(inbox));  // kept if the PONG is late: the next request uses it
   return flush_locked(lock, deadline);
 }
 
 void Session::on_inbox_message(const MessageView& m) {
   std::lock_guard lock(mu_);
-  auto it = pending_.find(std::string(m.subject));
-  if (it == pending_.end() || it->second.done) return;  // late or duplicate answer
-  it->second.done = true;
-  m.copy_to(it->second.reply);
-  cv_.notify_all();
+  if (requests_.answer(m.subject, m)) cv_.notify_all();
 }
 
 Result<Message> Session::request(std::string_view subject, ByteView payload,
@@ -351,15 +263,13 @@ Result<Message> Session::request_with(std::string_view subject, std::span<const 
                                           std::to_string(timeout.count()) + " ms (" + st.error().message +
                                           ")"};
   }
-  const std::string reply = inbox_ + "." + std::to_string(next_request_++);
-  pending_.emplace(reply, PendingRequest{});
+  const std::string reply = requests_.open();
   if (auto st = publish_locked(lock, subject, reply, payload, proto::kFlagRequest, headers); !st) {
-    pending_.erase(reply);
+    requests_.close(reply);
     return st.error();
   }
-  wait_locked(lock, deadline, [&] { return pending_[reply].done || closed_; });
-  PendingRequest done = std::move(pending_[reply]);
-  pending_.erase(reply);
+  wait_locked(lock, deadline, [&] { return requests_.done(reply) || closed_; });
+  PendingRequests::Outcome done = requests_.close(reply);
   if (done.done && done.no_responders) {
     return Error{ErrorKind::kNoResponders,
                  "no responders: nobody subscribes to '" + std::string(subject) + "'"};
@@ -389,24 +299,23 @@ Result<std::uint32_t> Session::subscribe_locked(std::unique_lock<std::mutex>& lo
                                                 std::string_view group, MessageViewHandler handler,
                                                 std::uint32_t sid, std::shared_ptr<QueueSubscription> queue,
                                                 std::shared_ptr<QueueSubscription>* made) {
-  if (sid == 0) sid = next_sid_++;
-  next_sid_ = std::max(next_sid_, sid + 1);
-  SubscriptionEntry entry{std::string(subject),
-                          handler ? std::make_shared<const MessageViewHandler>(std::move(handler)) : nullptr,
-                          nullptr};
+  sid = subs_.claim_id(sid);
+  SubscriptionTable::Entry entry{
+      std::string(subject),
+      handler ? std::make_shared<const MessageViewHandler>(std::move(handler)) : nullptr, nullptr};
   entry.borrowed_queue = queue != nullptr;
   if (!entry.handler)
     entry.queue = queue ? std::move(queue)
                         : std::make_shared<QueueSubscription>(sid, opt_.subscription_queue_limit,
                                                               app_wakeups_, driver());
   if (made != nullptr) *made = entry.queue;
-  subs_[sid] = std::move(entry);
+  subs_.add(sid, std::move(entry));
   proto::FrameHeader h;
   h.type = FrameType::kSubscribe;
   h.arg = sid;
   // A SUBSCRIBE's reply field carries its queue group (SPEC.md §3.3).
   if (auto st = append_frame_locked(lock, h, subject, group, {}); !st) {
-    subs_.erase(sid);
+    subs_.forget(sid);
     return st.error();
   }
   return sid;
@@ -441,18 +350,6 @@ Result<std::uint32_t> Session::queue_subscribe_view(std::string_view subject, st
   return add_subscription(subject, group, std::move(handler));
 }
 
-MessageViewHandler owning_handler(MessageHandler handler) {
-  if (!handler) return nullptr;
-  return [handler = std::move(handler)](const MessageView& v) {
-    if (const Message* owned = detail::ViewAccess::message(v)) return handler(*owned);
-    // Per thread, not per handler: a ReconnectingClient's handler may run on
-    // two sessions' I/O threads for a moment while one replaces the other.
-    thread_local Message copy;
-    v.copy_to(copy);  // at most a frame's worth: a larger message comes owned
-    handler(copy);
-  };
-}
-
 Result<std::shared_ptr<Subscription>> Session::queue_subscribe(std::string_view subject,
                                                                std::string_view group) {
   // The queue is taken as it is registered: the broker's refusal (a
@@ -466,10 +363,8 @@ Result<std::shared_ptr<Subscription>> Session::queue_subscribe(std::string_view 
 
 Status Session::unsubscribe(std::uint32_t sid) {
   std::unique_lock lock(mu_);
-  auto it = subs_.find(sid);
-  if (it == subs_.end()) return Error{ErrorKind::kInvalidArgument, "no subscription " + std::to_string(sid)};
-  if (it->second.queue) it->second.queue->close("unsubscribed");
-  subs_.erase(it);
+  if (!subs_.end(sid, "unsubscribed"))
+    return Error{ErrorKind::kInvalidArgument, "no subscription " + std::to_string(sid)};
   proto::FrameHeader h;
   h.type = FrameType::kUnsubscribe;
   h.arg = sid;
@@ -478,10 +373,7 @@ Status Session::unsubscribe(std::uint32_t sid) {
 
 void Session::end_subscription(std::uint32_t sid, const std::string& why) {
   std::lock_guard lock(mu_);
-  auto it = subs_.find(sid);
-  if (it == subs_.end()) return;
-  if (it->second.queue) it->second.queue->close(why);
-  subs_.erase(it);
+  subs_.end(sid, why);
 }
 
 Status Session::authenticate() {
@@ -574,9 +466,7 @@ void Session::fail_locked(Error why) {
   if (closed_) return;
   closed_ = true;
   close_error_ = std::move(why);
-  for (auto& [sid, e] : subs_) {
-    if (e.queue && !e.borrowed_queue) e.queue->close(close_error_.message);
-  }
+  subs_.close_queues(close_error_.message);
   cv_.notify_all();
 }
 

@@ -32,36 +32,13 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
         break;
       case FrameType::kNoResponders: {
         std::lock_guard lock(mu_);
-        if (auto it = pending_.find(std::string(f.subject)); it != pending_.end() && !it->second.done) {
-          it->second.done = true;
-          it->second.no_responders = true;
-          cv_.notify_all();
-        }
+        if (requests_.no_responders(f.subject)) cv_.notify_all();
         break;
       }
-      case FrameType::kMcastJoin: {
-        const auto j = proto::decode_mcast_join(f.payload);
-        SequencedStream& stream = streams_[f.header.arg];
-        stream.channel = j->channel;  // decode_frame checked the payload's length
-        if (!stream.started) {
-          // Everything before this number came over the connection already.
-          stream.started = true;
-          stream.next = f.header.sequence;
-        }
-        transport_->join_group(f.header.arg, *j, f.header.sequence);
-        break;
-      }
+      case FrameType::kMcastJoin:
       case FrameType::kMcastLeave:
-        // The group is gone; the rest comes over the connection, and what the
-        // group did not bring before is asked for like any gap.
-        transport_->leave_group(f.header.arg);
-        if (auto it = streams_.find(f.header.arg); it != streams_.end() && f.header.sequence > 0) {
-          it->second.tail = std::max(it->second.tail, f.header.sequence - 1);
-        }
-        break;
       case FrameType::kMcastLoss:
-        on_loss(f.header.arg, f.header.sequence, proto::decode_count(f.payload), errors);
-        deliver_in_order(f.header.arg, streams_[f.header.arg], deliveries);
+        on_multicast_frame(f, deliveries, errors);
         break;
       case FrameType::kPong:
         // Counted only in dispatch(), after the callbacks and error reports
@@ -78,13 +55,34 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
         break;
       case FrameType::kAbort:
         // The publisher left or gave up half-way: what came of it is no message.
-        if (reassembly_.erase({f.header.arg, f.header.sequence}) != 0)
-          aborted_messages_.fetch_add(1, std::memory_order_relaxed);
+        reassembler_.abort(f.header.arg, f.header.sequence);
         break;
       default:
         break;  // CREDIT is the transport's; client-to-broker types are never sent to us
     }
     off += f.header.frame_len();
+  }
+}
+
+void Session::on_multicast_frame(const proto::Frame& f, Deliveries& deliveries, std::vector<Error>& errors) {
+  const std::uint32_t sid = f.header.arg;
+  switch (f.header.type) {
+    case FrameType::kMcastJoin: {
+      const auto j = proto::decode_mcast_join(f.payload);  // decode_frame checked the payload's length
+      streams_.joined(sid, j->channel, f.header.sequence);
+      transport_->join_group(sid, *j, f.header.sequence);
+      break;
+    }
+    case FrameType::kMcastLeave:
+      // The group is gone; the rest comes over the connection.
+      transport_->leave_group(sid);
+      streams_.left(sid, f.header.sequence);
+      break;
+    case FrameType::kMcastLoss:
+      streams_.lost(sid, f.header.sequence, proto::decode_count(f.payload), deliveries, errors);
+      break;
+    default:
+      break;
   }
 }
 
@@ -139,10 +137,11 @@ bool Session::on_deliver(const proto::Frame& f, Deliveries& deliveries, std::vec
     if (sequenced) {
       Message m;
       fill_message(m, f.header.arg, inner);
-      on_sequenced(f.header.arg, seq++, std::move(m), deliveries, false);
+      streams_.add(f.header.arg, seq++, std::move(m), deliveries, false);
       return;
     }
-    if (inner.header.is_fragment()) return on_fragment(f.header.arg, inner, f.header.relay_ns(), deliveries);
+    if (inner.header.is_fragment())
+      return reassembler_.on_fragment(f.header.arg, inner, f.header.relay_ns(), deliveries);
     deliveries.add_in_place(detail::ViewAccess::of(f.header.arg, inner), f.header.relay_ns());
   });
   if (st == proto::DecodeStatus::kOk) return true;
@@ -151,41 +150,6 @@ bool Session::on_deliver(const proto::Frame& f, Deliveries& deliveries, std::vec
                          "undecodable DELIVER from the broker: " + std::string(proto::to_string(st))});
   fail_locked(errors.back());
   return false;
-}
-
-void Session::on_fragment(std::uint32_t sid, const proto::Frame& inner, std::uint32_t relay_ns,
-                          Deliveries& deliveries) {
-  const auto& h = inner.header;
-  const auto key = std::pair{sid, h.sequence};
-  if (h.arg > proto::kMaxMessageSize) return;  // no broker sends that: not a message we assemble
-  if (h.offset == 0) {
-    // A first fragment replaces what an earlier message of that publisher
-    // left unfinished (the broker sends ABORT first; this is belt and braces).
-    auto [it, fresh] = reassembly_.try_emplace(key);
-    if (!fresh) aborted_messages_.fetch_add(1, std::memory_order_relaxed);
-    Reassembly& r = it->second;
-    fill_message(r.message, sid, inner);
-    r.message.payload.reserve(h.arg - h.header_len);
-    r.length = h.arg;
-    r.next = h.payload_len;
-    return;
-  }
-  auto it = reassembly_.find(key);
-  // Not begun here (subscribed after its first fragment was routed: the
-  // broker sends it none) or out of order (a broker fault): not a message.
-  if (it == reassembly_.end()) return;
-  Reassembly& r = it->second;
-  if (h.offset != r.next || h.arg != r.length) {
-    reassembly_.erase(it);
-    aborted_messages_.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  r.message.payload.insert(r.message.payload.end(), inner.payload.begin(), inner.payload.end());
-  r.next += h.payload_len;
-  if (r.next == r.length) {
-    deliveries.add_owned(sid, relay_ns) = std::move(r.message);
-    reassembly_.erase(it);
-  }
 }
 
 void Session::on_error_frame(const proto::Frame& f, std::vector<Error>& errors) {
@@ -230,37 +194,8 @@ void Session::on_error_frame(const proto::Frame& f, std::vector<Error>& errors) 
 }
 
 std::size_t Session::dispatch(Deliveries& deliveries, std::vector<Error>& errors) {
-  // The subscription is looked up once per run of messages for the same
-  // subscription (a DELIVER's messages, or a read's worth), not per message.
-  const std::size_t delivered = deliveries.entries.size();
+  const std::size_t delivered = subs_.hand_over(deliveries, errors, mu_);
   messages_received_.fetch_add(delivered, std::memory_order_relaxed);
-  std::uint32_t sid = 0;
-  bool looked_up = false;
-  std::shared_ptr<const MessageViewHandler> handler;
-  std::shared_ptr<QueueSubscription> queue;
-  for (const Deliveries::Entry& e : deliveries.entries) {
-    if (!looked_up || deliveries.sid(e) != sid) {
-      sid = deliveries.sid(e);
-      looked_up = true;
-      std::lock_guard lock(mu_);
-      auto it = subs_.find(sid);
-      handler = it != subs_.end() ? it->second.handler : nullptr;  // neither: unsubscribed while in flight
-      queue = it != subs_.end() ? it->second.queue : nullptr;
-    }
-    const bool in_place = e.owned == Deliveries::kInPlace;
-    if (handler && in_place) {
-      (*handler)(e.view);
-    } else if (handler) {
-      MessageView view(deliveries.owned[e.owned]);
-      view.received_at = e.view.received_at;
-      view.relay_time = e.view.relay_time;
-      (*handler)(view);
-    } else if (queue && !queue->push(in_place ? e.view.to_message() : std::move(deliveries.owned[e.owned]))) {
-      errors.push_back(Error{ErrorKind::kResource, "subscription " + std::to_string(queue->sid()) +
-                                                       ": local queue limit reached, message dropped"});
-    }
-  }
-  deliveries.clear();
   if (opt_.on_error) {
     for (const auto& e : errors) opt_.on_error(e);
   }

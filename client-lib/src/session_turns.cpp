@@ -103,15 +103,17 @@ Status Session::wake() {
 ClientStats Session::stats() const {
   ClientStats s;
   s.messages_received = messages_received_.load(std::memory_order_relaxed);
-  s.multicast_messages = multicast_messages_.load(std::memory_order_relaxed);
-  s.multicast_groups = groups_joined_.load(std::memory_order_relaxed);
+  s.multicast_messages = streams_.multicast_messages.load(std::memory_order_relaxed);
   s.join_failures = join_failures_.load(std::memory_order_relaxed);
-  s.repairs_requested = repairs_requested_.load(std::memory_order_relaxed);
-  s.duplicates = duplicates_.load(std::memory_order_relaxed);
-  s.messages_lost = messages_lost_.load(std::memory_order_relaxed);
-  s.io_wakeups = io_wakeups_.load(std::memory_order_relaxed);
+  s.repairs_requested = streams_.repairs_requested.load(std::memory_order_relaxed);
+  s.duplicates = streams_.duplicates.load(std::memory_order_relaxed);
+  s.messages_lost = streams_.messages_lost.load(std::memory_order_relaxed);
+  if (transport_) {
+    s.multicast_groups = transport_->groups_joined();
+    s.io_wakeups = transport_->io_wakeups();
+  }
   s.app_wakeups = app_wakeups_->load(std::memory_order_relaxed);
-  s.aborted_messages = aborted_messages_.load(std::memory_order_relaxed);
+  s.aborted_messages = reassembler_.aborted();
   return s;
 }
 

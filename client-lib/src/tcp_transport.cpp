@@ -34,7 +34,7 @@
 #include "client_internal.hpp"
 #include "rdmabroker/common/fd.hpp"
 #include "rdmabroker/common/tls.hpp"
-#include "session.hpp"
+#include "transport.hpp"
 
 namespace rdmabroker {
 namespace {
@@ -56,7 +56,7 @@ std::string sockaddr_string(const sockaddr* sa) {
 
 class TcpTransport final : public Transport {
  public:
-  TcpTransport(Session& session, ParsedUrl url) : Transport(session), url_(std::move(url)) {}
+  TcpTransport(SessionSide& session, ParsedUrl url) : Transport(session), url_(std::move(url)) {}
   ~TcpTransport() override { close(); }
 
   Status connect() override;
@@ -93,7 +93,7 @@ class TcpTransport final : public Transport {
   bool write_directly_locked();
 
   void transmit_locked() override;
-  bool drained_locked() const override { return current_ == Session::kNoBuffer; }
+  bool drained_locked() const override { return current_ == SessionSide::kNoBuffer; }
 
   const ParsedUrl url_;
   const bool tls_ = url_.scheme == "tls";
@@ -103,14 +103,15 @@ class TcpTransport final : public Transport {
   std::string tls_error_;  // what the last TLS failure said
   UniqueFd epoll_;
   std::thread io_thread_;
-  std::vector<std::byte> rbuf_;  // I/O thread only: bytes of incomplete frames
+  std::uint32_t recv_buffer_size_ = 0;  // ours (the handshake's): the longest frame the broker sends
+  std::vector<std::byte> rbuf_;         // I/O thread only: bytes of incomplete frames
   std::size_t rlen_ = 0;
   // The loop's state between turns (whoever runs progress()).
   Deliveries deliveries_;
   std::vector<Error> errors_;
 
-  // Guarded by Session::mu_: the buffer being written and how far.
-  std::uint32_t current_ = Session::kNoBuffer;
+  // Guarded by the session's lock: the buffer being written and how far.
+  std::uint32_t current_ = SessionSide::kNoBuffer;
   std::uint32_t current_len_ = 0;
   std::uint32_t current_off_ = 0;
   bool want_write_ = false;
@@ -140,21 +141,22 @@ Status TcpTransport::connect() {
         fd_.reset();
       });
   if (!st) return st;
-  if (!session_.opt_.polled) io_thread_ = std::thread([this] { run(); });
+  if (!session_.options().polled) io_thread_ = std::thread([this] { run(); });
   return session_.authenticate();
 }
 
 Status TcpTransport::connect_once(std::uint32_t recv_buffer_size, proto::ConnectReject* reject) {
-  const auto deadline = Clock::now() + session_.opt_.connect_timeout;
+  const auto deadline = Clock::now() + session_.options().connect_timeout;
   const std::string where = url_.host + ":" + std::to_string(url_.port);
-  session_.recv_buffer_size_ = recv_buffer_size;
+  recv_buffer_size_ = recv_buffer_size;
   if (auto st = open_socket(where, deadline); !st) return st;
   if (tls_) {
     if (auto st = tls_handshake(where, deadline); !st) return st;
   }
   proto::ConnectAccept accept;
   if (auto st = handshake(recv_buffer_size, where, deadline, accept, reject); !st) return st;
-  session_.init_send_buffers(accept, session_.opt_.max_inflight_sends + session_.opt_.send_queue_buffers);
+  session_.init_send_buffers(accept,
+                             session_.options().max_inflight_sends + session_.options().send_queue_buffers);
   rbuf_.assign(std::size_t{recv_buffer_size} * 2, std::byte{0});
   rlen_ = 0;
 
@@ -170,11 +172,9 @@ Status TcpTransport::connect_once(std::uint32_t recv_buffer_size, proto::Connect
   sockaddr_storage local{};
   socklen_t len = sizeof local;
   ::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&local), &len);
-  session_.description_ = std::string(tls_ ? "tls " : "tcp ") +
-                          sockaddr_string(reinterpret_cast<sockaddr*>(&local)) + " -> " + where +
-                          " (connection " + std::to_string(accept.connection_id) + ")";
-  std::lock_guard lock(session_.mu_);
-  session_.established_ = true;
+  session_.established(std::string(tls_ ? "tls " : "tcp ") +
+                       sockaddr_string(reinterpret_cast<sockaddr*>(&local)) + " -> " + where +
+                       " (connection " + std::to_string(accept.connection_id) + ")");
   return {};
 }
 
@@ -189,15 +189,15 @@ Status TcpTransport::open_socket(const std::string& where, Clock::time_point dea
   std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> dst_owner(dst, freeaddrinfo);
   fd_.reset(::socket(dst->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd_) return sys_error(ErrorKind::kResource, "socket");
-  if (!session_.opt_.bind_address.empty()) {
+  if (!session_.options().bind_address.empty()) {
     addrinfo* src = nullptr;
-    if (int rc = getaddrinfo(session_.opt_.bind_address.c_str(), nullptr, &hints, &src); rc != 0) {
+    if (int rc = getaddrinfo(session_.options().bind_address.c_str(), nullptr, &hints, &src); rc != 0) {
       return Error{ErrorKind::kInvalidArgument,
-                   "bad bind address " + session_.opt_.bind_address + ": " + gai_strerror(rc)};
+                   "bad bind address " + session_.options().bind_address + ": " + gai_strerror(rc)};
     }
     std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> src_owner(src, freeaddrinfo);
     if (::bind(fd_.get(), src->ai_addr, src->ai_addrlen) != 0)
-      return sys_error(ErrorKind::kConnectFailed, "bind(" + session_.opt_.bind_address + ")");
+      return sys_error(ErrorKind::kConnectFailed, "bind(" + session_.options().bind_address + ")");
   }
   const int one = 1;
   ::setsockopt(fd_.get(), IPPROTO_TCP, TCP_NODELAY, &one,
@@ -218,7 +218,7 @@ Status TcpTransport::open_socket(const std::string& where, Clock::time_point dea
 }
 
 Status TcpTransport::tls_handshake(const std::string& where, Clock::time_point deadline) {
-  const ClientOptions& o = session_.opt_;
+  const ClientOptions& o = session_.options();
   ERR_clear_error();
   const auto failed = [&](const std::string& what) {
     return Error{ErrorKind::kConnectFailed, what + ": " + tls::take_errors()};
@@ -342,7 +342,7 @@ Status TcpTransport::handshake(std::uint32_t recv_buffer_size, const std::string
     if (proto::decode(reply, *reject) != proto::HandshakeStatus::kOk) {
       return Error{ErrorKind::kRejected, url + " answered with something other than rdmabroker"};
     }
-    return Session::rejected(url, *reject);
+    return connect_rejected(url, *reject);
   }
   if (auto st = proto::decode(std::span(reply).first(want), accept); st != proto::HandshakeStatus::kOk) {
     return Error{ErrorKind::kConnectFailed,
@@ -357,8 +357,8 @@ void TcpTransport::close() {
   ::shutdown(fd_.get(), SHUT_WR);
   wake();
   if (io_thread_.joinable()) io_thread_.join();
-  std::lock_guard lock(session_.mu_);
-  session_.established_ = false;
+  session_.ended();
+  const auto lock = session_.lock();
   fd_.reset();
 }
 
@@ -374,7 +374,7 @@ void TcpTransport::set_want_write_locked(bool want) {
 }
 
 void TcpTransport::transmit_locked() {
-  if (write_requested_ || session_.closed_) return;
+  if (write_requested_ || session_.closed_locked()) return;
   // A publish on an idle connection is written by the publishing thread: a
   // hand-off to the I/O thread costs a wake-up per message at light load
   // (issue 16). Not under TLS (one SSL object must not be read and written
@@ -383,9 +383,9 @@ void TcpTransport::transmit_locked() {
   // buffer for the I/O thread, a write(2) per batch instead of per message.
   // A polled client has no I/O thread to leave them to: it writes at once.
   constexpr auto kDirectWriteGap = std::chrono::microseconds(50);
-  if (!tls_ && current_ == Session::kNoBuffer && !want_write_) {
+  if (!tls_ && current_ == SessionSide::kNoBuffer && !want_write_) {
     const auto now = Clock::now();
-    if (session_.opt_.polled || now - last_direct_write_ >= kDirectWriteGap) {
+    if (session_.options().polled || now - last_direct_write_ >= kDirectWriteGap) {
       last_direct_write_ = now;
       if (write_directly_locked()) return;
     }
@@ -396,17 +396,17 @@ void TcpTransport::transmit_locked() {
 }
 
 void TcpTransport::write_out() {
-  std::unique_lock lock(session_.mu_);
+  auto lock = session_.lock();
   write_requested_ = false;  // frames appended from here on ask again
-  while (!session_.closed_) {
-    if (current_ == Session::kNoBuffer) {
+  while (!session_.closed_locked()) {
+    if (current_ == SessionSide::kNoBuffer) {
       std::tie(current_, current_len_) = session_.take_ready_locked();
       current_off_ = 0;
-      if (current_ == Session::kNoBuffer) return;
+      if (current_ == SessionSide::kNoBuffer) return;
     }
     // The buffer is ours until released: write it without the lock, so
     // publishers fill the next one meanwhile.
-    const std::byte* data = session_.send_buf(current_) + current_off_;
+    const std::byte* data = session_.send_buffer(current_) + current_off_;
     const std::size_t len = current_len_ - current_off_;
     lock.unlock();
     const ssize_t n = write_some(data, len);
@@ -425,7 +425,7 @@ void TcpTransport::write_out() {
     }
     current_off_ += static_cast<std::uint32_t>(n);
     if (current_off_ == current_len_) {
-      session_.release_send_buffer_locked(std::exchange(current_, Session::kNoBuffer));
+      session_.release_send_buffer_locked(std::exchange(current_, SessionSide::kNoBuffer));
       set_want_write_locked(false);
     }
   }
@@ -434,7 +434,7 @@ void TcpTransport::write_out() {
 bool TcpTransport::write_directly_locked() {
   while (session_.has_ready_locked()) {
     const auto [buffer, len] = session_.take_ready_locked();
-    const ssize_t n = write_some(session_.send_buf(buffer), len);  // plain TCP: send(2), not blocking
+    const ssize_t n = write_some(session_.send_buffer(buffer), len);  // plain TCP: send(2), not blocking
     if (n == static_cast<ssize_t>(len)) {
       session_.release_send_buffer_locked(buffer);
       continue;
@@ -452,7 +452,7 @@ bool TcpTransport::write_directly_locked() {
 // ---------------------------------------------------------------- I/O thread
 
 void TcpTransport::lost_locked(std::vector<Error>& errors, const std::string& why) {
-  if (!session_.closed_ && !session_.closing_)
+  if (!session_.closed_locked() && !session_.closing_locked())
     errors.push_back(Error{ErrorKind::kClosed, "connection to the broker lost"});
   session_.fail_locked(Error{ErrorKind::kClosed, "connection to the broker lost (" + why + ")"});
 }
@@ -463,7 +463,7 @@ std::size_t TcpTransport::read_available(Deliveries& deliveries, std::vector<Err
     const ssize_t n = read_some(rbuf_.data() + rlen_, rbuf_.size() - rlen_);
     if (n == 0) {
       ::shutdown(fd_.get(), SHUT_WR);  // answer the broker's FIN with ours
-      std::lock_guard lock(session_.mu_);
+      const auto lock = session_.lock();
       // Mid-frame: the broker cut the connection without its CLOSE reaching
       // us (we did not read for its whole drain time); its log says why.
       lost_locked(errors, rlen_ == 0 ? "closed by the broker"
@@ -474,7 +474,7 @@ std::size_t TcpTransport::read_available(Deliveries& deliveries, std::vector<Err
     if (n < 0) {
       if (errno == EAGAIN || errno == EINTR) return delivered;
       const int err = errno;
-      std::lock_guard lock(session_.mu_);
+      const auto lock = session_.lock();
       lost_locked(errors, err == EPROTO ? "TLS: " + tls_error_ : std::strerror(err));
       return delivered;
     }
@@ -482,7 +482,7 @@ std::size_t TcpTransport::read_available(Deliveries& deliveries, std::vector<Err
     // Whole frames go to the session; an incomplete one waits for more bytes.
     // A frame that can never complete (longer than our buffer) is handed over
     // too, and the session reports it as undecodable.
-    const std::size_t whole = proto::whole_frames({rbuf_.data(), rlen_}, session_.recv_buffer_size_);
+    const std::size_t whole = proto::whole_frames({rbuf_.data(), rlen_}, recv_buffer_size_);
     session_.on_frames({rbuf_.data(), whole}, deliveries, errors);
     // Messages delivered in place (MessageView) point into rbuf_: they are
     // handed over before its bytes move.
@@ -490,8 +490,8 @@ std::size_t TcpTransport::read_available(Deliveries& deliveries, std::vector<Err
     std::memmove(rbuf_.data(), rbuf_.data() + whole, rlen_ - whole);
     rlen_ -= whole;
     {
-      std::lock_guard lock(session_.mu_);
-      if (session_.closed_) {
+      const auto lock = session_.lock();
+      if (session_.closed_locked()) {
         // The broker sent CLOSE (or we failed): nothing more will be sent, so
         // our FIN lets the broker finish at once instead of at its deadline.
         ::shutdown(fd_.get(), SHUT_WR);
@@ -510,7 +510,7 @@ std::size_t TcpTransport::progress(int timeout_ms) {
   std::size_t delivered = 0;
   epoll_event evs[4];
   const int n = ::epoll_wait(epoll_.get(), evs, 4, timeout_ms);
-  if (timeout_ms != 0) session_.io_wakeups_.fetch_add(1, std::memory_order_relaxed);
+  if (timeout_ms != 0) count_wakeup();
   bool readable = false;
   bool writable = false;
   for (int i = 0; i < n; ++i) {
@@ -523,16 +523,16 @@ std::size_t TcpTransport::progress(int timeout_ms) {
   }
   bool closed;
   {
-    std::lock_guard lock(session_.mu_);
-    closed = session_.closed_;
+    const auto lock = session_.lock();
+    closed = session_.closed_locked();
   }
   // Once closed, the socket is not read again, and it leaves the epoll set:
   // its EOF stays readable (level-triggered), and this thread would spin on
   // it until the application called close(). It sleeps on the wake-up fd.
   if (readable && !closed) delivered += read_available(deliveries_, errors_);
   {
-    std::lock_guard lock(session_.mu_);
-    closed = session_.closed_;
+    const auto lock = session_.lock();
+    closed = session_.closed_locked();
   }
   if (closed && socket_watched_) {
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd_.get(), nullptr);
@@ -540,7 +540,7 @@ std::size_t TcpTransport::progress(int timeout_ms) {
   }
   bool write;
   {
-    std::lock_guard lock(session_.mu_);
+    const auto lock = session_.lock();
     write = writable || (write_requested_ && !want_write_);
   }
   if (write) write_out();
@@ -550,10 +550,8 @@ std::size_t TcpTransport::progress(int timeout_ms) {
 
 }  // namespace
 
-Result<std::unique_ptr<Client>> connect_tcp(const ParsedUrl& url, ClientOptions options) {
-  auto session = std::make_unique<Session>(std::move(options));
-  if (auto st = session->connect(std::make_unique<TcpTransport>(*session, url)); !st) return st.error();
-  return std::unique_ptr<Client>(std::move(session));
+std::unique_ptr<Transport> make_tcp_transport(SessionSide& session, const ParsedUrl& url) {
+  return std::make_unique<TcpTransport>(session, url);
 }
 
 }  // namespace rdmabroker

@@ -1,28 +1,120 @@
 // SPDX-License-Identifier: Apache-2.0
 // Internal to librdmabroker: what moves a Session's frames. A Session owns
 // one Transport (RdmaTransport, TcpTransport): the connection to the broker
-// and the I/O thread that feeds what arrives to Session::on_frames() and puts
-// the session's filled send buffers on the wire. Everything above the bytes
+// and the I/O thread that feeds what arrives to the session and puts the
+// session's filled send buffers on the wire. Everything above the bytes
 // (subscriptions, requests, multicast sequencing, flow of send buffers) is
 // the Session's, written once for both.
+//
+// A transport sees its session only through SessionSide: the session's
+// options, a scoped hold of its lock, its send buffers, and where what
+// arrives goes. Nothing else of the session is reachable from a transport.
 #pragma once
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "deliveries.hpp"
+#include "rdmabroker/client.hpp"
 #include "rdmabroker/common/fd.hpp"
+#include "rdmabroker/common/url.hpp"
+#include "rdmabroker/proto/handshake.hpp"
 #include "rdmabroker/proto/multicast.hpp"
 #include "rdmabroker/result.hpp"
 
 namespace rdmabroker {
 
-class Session;
+/// The session above a transport, as the transport sees it. Calls named
+/// *_locked need the hold that lock() returns; the others take it themselves
+/// where they need it.
+class SessionSide {
+ public:
+  /// No send buffer (take_ready_locked found none; a pure credit update).
+  static constexpr std::uint32_t kNoBuffer = ~0u;
+
+  virtual const ClientOptions& options() const = 0;
+  /// Holds the session's lock for the scope of the returned guard.
+  [[nodiscard]] virtual std::unique_lock<std::mutex> lock() = 0;
+
+  // ---- connecting
+  /// Runs `attempt` with our receive buffer size and, if the broker refuses
+  /// that as too small, once more with the size it names; `reset` undoes a
+  /// failed attempt.
+  virtual Status connect_with_retry(
+      const std::function<Status(std::uint32_t recv_buffer_size, proto::ConnectReject*)>& attempt,
+      const std::function<void()>& reset) = 0;
+  /// Sets up the send buffers once the broker's answer is known.
+  virtual void init_send_buffers(const proto::ConnectAccept& accept, std::uint32_t count) = 0;
+  /// All send buffers, back to back (RDMA registers them once).
+  virtual std::span<std::byte> send_memory() = 0;
+  /// The connection is up; `description` is what transport_description() says.
+  virtual void established(std::string description) = 0;
+  /// Sends CONNECT with the options' credentials and waits for the broker's
+  /// verdict (SPEC.md §2.4); the I/O loop must be running.
+  virtual Status authenticate() = 0;
+
+  // ---- closing
+  /// Sends CLOSE, waits (bounded) for it to leave, marks the session closed.
+  /// Returns false if the session was never established (nothing to close).
+  virtual bool begin_close() = 0;
+  /// The transport is gone (after begin_close()).
+  virtual void ended() = 0;
+  /// True once close() asked the I/O loop to end.
+  virtual bool stop_requested() const = 0;
+  virtual bool closed_locked() const = 0;
+  /// close() has begun: a disconnect now is ours, not an error to report.
+  virtual bool closing_locked() const = 0;
+  /// The connection failed for `why`: every waiter wakes and learns it.
+  virtual void fail_locked(Error why) = 0;
+
+  // ---- sending
+  /// The next buffer to put on the wire: a filled one, else the one being
+  /// filled (idle: no batching delay); kNoBuffer if there is none.
+  virtual std::pair<std::uint32_t, std::uint32_t> take_ready_locked() = 0;
+  virtual bool has_ready_locked() const = 0;
+  /// No send buffer is free: a publisher waits for one.
+  virtual bool out_of_buffers_locked() const = 0;
+  /// A buffer the transport is done with (sent, or failed).
+  virtual void release_send_buffer_locked(std::uint32_t buffer) = 0;
+  virtual std::byte* send_buffer(std::uint32_t buffer) = 0;
+  /// Sends completed: whoever waits on them (close(), a flush) looks again.
+  virtual void sends_completed_locked() = 0;
+
+  // ---- receiving (the I/O loop's turn)
+  /// Decodes what the broker sent (whole frames) into deliveries and errors.
+  virtual void on_frames(std::span<const std::byte> data, Deliveries& deliveries,
+                         std::vector<Error>& errors) = 0;
+  /// Runs callbacks and fills queues, reports errors, then counts the PONGs
+  /// that came after them (without the lock). Returns the messages handed over.
+  virtual std::size_t dispatch(Deliveries& deliveries, std::vector<Error>& errors) = 0;
+  /// A datagram from a multicast group, without the GRH.
+  virtual void on_datagram(std::span<const std::byte> datagram, Deliveries& deliveries) = 0;
+  /// The answer to the broker's MCAST_JOIN for `sid`; `error` empty: joined.
+  virtual void join_done(std::uint32_t sid, std::uint64_t epoch, const std::string& error) = 0;
+  /// Asks for multicast gaps that lasted long enough; ms until it should
+  /// run again (-1: nothing pending).
+  virtual int check_gaps() = 0;
+
+ protected:
+  ~SessionSide() = default;
+};
+
+/// The error for a broker's reject (SPEC.md §2.3), naming `where` and the reason.
+Error connect_rejected(const std::string& where, const proto::ConnectReject& reject);
 
 class Transport {
  public:
-  explicit Transport(Session& session) : session_(session) {}
+  explicit Transport(SessionSide& session) : session_(session) {}
   virtual ~Transport() = default;
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
@@ -66,6 +158,10 @@ class Transport {
   virtual void join_group(std::uint32_t sid, const proto::McastJoin& j, std::uint64_t epoch);
   /// I/O thread: subscription `sid` no longer takes its messages from a group.
   virtual void leave_group(std::uint32_t /*sid*/) {}
+  /// Groups joined now (ClientStats::multicast_groups).
+  virtual std::uint64_t groups_joined() const { return 0; }
+  /// Times the I/O loop slept and woke (ClientStats::io_wakeups).
+  std::uint64_t io_wakeups() const { return io_wakeups_.load(std::memory_order_relaxed); }
 
  protected:
   /// The loop's turn takes the wake-ups (wake_fd_ was readable).
@@ -74,11 +170,19 @@ class Transport {
     [[maybe_unused]] auto n = ::read(wake_fd_.get(), &count, sizeof count);
   }
 
-  Session& session_;
+  /// A wait of the loop ended (its timeout was not 0).
+  void count_wakeup() { io_wakeups_.fetch_add(1, std::memory_order_relaxed); }
+
+  SessionSide& session_;
+  std::atomic<std::uint64_t> io_wakeups_{0};
   /// Made by connect() and watched by the loop's epoll. It lives as long as
   /// the transport (past close()), so a wake() racing a close() writes to
   /// an fd that is still ours.
   UniqueFd wake_fd_;
 };
+
+/// The transports: unconnected, for a session to connect().
+std::unique_ptr<Transport> make_rdma_transport(SessionSide& session, const ParsedUrl& url);
+std::unique_ptr<Transport> make_tcp_transport(SessionSide& session, const ParsedUrl& url);
 
 }  // namespace rdmabroker

@@ -5,6 +5,10 @@ daemon/ has a floor, and a file may include only files of its own folder or
 of a lower floor. Folders on one floor are siblings that know nothing of
 each other. A strict order leaves no room for a cycle.
 
+The client library has one such rule: its transports see their session
+only through SessionSide (client-lib/src/transport.hpp), never the Session
+or its parts.
+
 Reads the `#include "..."` lines; prints each include that runs up or
 sideways, and any folder without a floor; exits 1 if there is one."""
 import os
@@ -38,6 +42,25 @@ def folder_of(path):
     return os.path.splitext(head)[0]
 
 
+# client-lib/src: the transports, and what they must not include.
+CLIENT_TRANSPORTS = ["rdma_transport.hpp", "rdma_transport.cpp", "rdma_multicast.cpp", "tcp_transport.cpp"]
+SESSION_ONLY = ["session.hpp", "send_buffers.hpp", "subscriptions.hpp", "requests.hpp", "reassembly.hpp",
+                "multicast_streams.hpp"]
+
+
+def client_transports(root):
+    bad = []
+    src = os.path.join(root, "client-lib", "src")
+    for name in CLIENT_TRANSPORTS:
+        with open(os.path.join(src, name), encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                m = INCLUDE.match(line)
+                if m and m.group(1) in SESSION_ONLY:
+                    bad.append(f"client-lib/src/{name}:{number}: a transport includes {m.group(1)} "
+                               "(it sees its session as a SessionSide: transport.hpp)")
+    return bad
+
+
 def main(root):
     daemon = os.path.join(root, "daemon")
     bad = []
@@ -64,6 +87,7 @@ def main(root):
                         how = "up" if FLOOR[dst] > FLOOR[src] else "sideways"
                         bad.append(f"daemon/{path}:{number}: {src} includes {m.group(1)} ({how}: "
                                    f"{src} is floor {FLOOR[src]}, {dst} floor {FLOOR[dst]})")
+    bad += client_transports(root)
     for line in bad:
         print(line)
     return 1 if bad else 0
