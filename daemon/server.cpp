@@ -188,7 +188,7 @@ Status Server::inject(const fault::Spec& spec) {
     case fault::Kind::kRouteStall:
       if (routes_ == nullptr)
         return Error{ErrorKind::kInvalidArgument, "route-stall: this broker is in no cluster"};
-      spdlog::warn("fault: the route thread's next pass with new interest waits {} ms", spec.delay_ms);
+      spdlog::warn("fault: the routes' next new interest waits {} ms", spec.delay_ms);
       core_.faults.route_stall_ms.store(spec.delay_ms);
       break;
   }

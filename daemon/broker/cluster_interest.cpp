@@ -60,6 +60,14 @@ ClusterInterest::Snapshot ClusterInterest::snapshot() const {
   return out;
 }
 
+std::uint32_t ClusterInterest::through() const {
+  std::lock_guard lock(mu_);
+  std::uint32_t through = next_id_ - 1;
+  for (const auto& [id, counted] : by_id_)
+    if (!counted.active) through = std::min(through, id - 1);
+  return through;
+}
+
 std::size_t ClusterInterest::size() const {
   std::lock_guard lock(mu_);
   return by_id_.size();

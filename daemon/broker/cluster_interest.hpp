@@ -7,12 +7,12 @@
 // comes back, which local subscriptions it is for.
 //
 // Workers add and remove entries as their clients subscribe and unsubscribe
-// (one short lock); the route thread (cluster/routes.hpp) reads them.
+// (one short lock); the workers' routes (frames/route_frames.hpp) read them.
 //
 // Entry ids only grow, so "every entry up to id N is in effect at the other
-// brokers" is one number (synced()): the route thread raises it once its
-// routes have subscribed to a snapshot's entries and their brokers answered
-// a PING after that; a worker holds a client's PONG until it covers the
+// brokers" is one number (synced()): the routes (cluster/routes.hpp) raise
+// it once every route that is up has subscribed to a snapshot's entries and
+// its broker answered a PING after that; a worker holds a client's PONG until it covers the
 // entries that client's subscriptions use (SPEC.md §8, "Interest in effect").
 #pragma once
 
@@ -54,6 +54,8 @@ class ClusterInterest {
     std::uint32_t through = 0;   // every entry up to this id is in `entries` or gone (none pending)
   };
   Snapshot snapshot() const;
+  /// snapshot().through, without the entries.
+  std::uint32_t through() const;
   /// Every entry up to `through` is in effect at every route that is up.
   void set_synced(std::uint32_t through) { synced_.store(through, std::memory_order_release); }
   std::uint32_t synced() const { return synced_.load(std::memory_order_acquire); }

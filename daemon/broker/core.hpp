@@ -4,7 +4,7 @@
 // slots and the broker-wide budgets. It knows nothing of the layers above
 // it: workers, the multicast engine and the routes are reached through the
 // interfaces they implement (broker/dispatch.hpp, broker/channels.hpp,
-// RouteGossip below), set by the Server.
+// broker/route_events.hpp), set by the Server.
 #pragma once
 
 #include <atomic>
@@ -28,6 +28,7 @@
 #include "broker/options.hpp"
 #include "broker/outbound.hpp"
 #include "broker/pool_shares.hpp"
+#include "broker/route_events.hpp"
 #include "broker/subscription_budget.hpp"
 #include "broker/subscription_index.hpp"
 #include "fault/fault.hpp"
@@ -87,15 +88,6 @@ class AnnouncedInfo {
   std::shared_ptr<const Announcement> info_;  // guarded by mu_; null: nothing to announce (not in a cluster)
 };
 
-/// What route logins teach the routes (SPEC.md §8, "Gossip"): a broker
-/// they announced, which this one dials if no route leads to it yet. Any
-/// thread; cluster/routes.hpp implements it.
-class RouteGossip {
- public:
-  virtual ~RouteGossip() = default;
-  virtual void announced(const proto::BrokerInfo& b) = 0;
-};
-
 struct BrokerCore {
   BrokerOptions options;
   BufferPool* pool = nullptr;
@@ -121,7 +113,7 @@ struct BrokerCore {
   MulticastChannels* multicast = nullptr;  // null: multicast off (or no RDMA device)
   ClusterInterest* interest = nullptr;     // null: not in a cluster (cluster.name empty)
   RoutePeers route_peers;                  // the brokers with a route open here: one each
-  RouteGossip* routes = nullptr;           // null: not in a cluster; learns the route URLs logins announce
+  RouteEvents* routes = nullptr;           // null: not in a cluster; what the routes' connections report
   AnnouncedInfo announced;                 // the INFO a client of version 7 gets
   /// This broker's id in its cluster: random at each start, 16 hex digits. A
   /// route login that names it comes from this broker itself (SPEC.md §8).

@@ -37,6 +37,18 @@ OutItem make_info(const Announcement& a, std::uint32_t peer_buffer_size) {
   return item;
 }
 
+OutItem make_frame(proto::FrameHeader h, std::string_view subject, std::string_view reply,
+                   std::string_view payload) {
+  OutItem item;
+  h.subject_len = static_cast<std::uint16_t>(subject.size());
+  h.reply_len = static_cast<std::uint16_t>(reply.size());
+  h.payload_len = static_cast<std::uint32_t>(payload.size());
+  item.header = h;
+  item.text.reserve(subject.size() + reply.size() + payload.size());
+  item.text.append(subject).append(reply).append(payload);
+  return item;
+}
+
 OutItem make_no_responders(std::string_view reply) {
   OutItem item;
   item.header.type = proto::FrameType::kNoResponders;
@@ -299,6 +311,16 @@ void pack_item(OutItem& item, std::byte* dst, std::size_t in_block, std::uint32_
     add_range(sge, num_sge, reinterpret_cast<std::uint64_t>(item.body.data() + item.body_offset),
               item.body_len, body_lkey);
     ref = std::move(item.body);
+  } else if (item.header.type != proto::FrameType::kNoResponders &&
+             item.header.subject_len + item.header.reply_len != 0) {
+    // A frame of its own with strings (make_frame): the text holds them and
+    // the payload, as its header says.
+    proto::encode_header(dst, item.header);
+    std::memcpy(dst + proto::kHeaderSize, item.text.data(), item.text.size());
+    std::memset(dst + proto::kHeaderSize + item.text.size(), 0,
+                in_block - proto::kHeaderSize - item.text.size());
+    add_range(sge, num_sge, reinterpret_cast<std::uint64_t>(dst), static_cast<std::uint32_t>(in_block),
+              block_lkey);
   } else {
     // The body is ERROR/CLOSE text, or NO_RESPONDERS' subject.
     const bool text_is_subject = item.header.type == proto::FrameType::kNoResponders;

@@ -87,6 +87,11 @@ OutItem make_info(std::string text);
 /// The INFO of `a` for a peer whose receive buffers hold `peer_buffer_size`
 /// bytes: the whole text if it has a body that fits them, else the short one.
 OutItem make_info(const Announcement& a, std::uint32_t peer_buffer_size);
+/// A frame this broker sends as a client, on a route it dialed (SUBSCRIBE,
+/// UNSUBSCRIBE, PING: SPEC.md §8): `h` with its strings and payload, which
+/// fit a send block.
+OutItem make_frame(proto::FrameHeader h, std::string_view subject, std::string_view reply,
+                   std::string_view payload);
 /// NO_RESPONDERS for the request whose reply subject is `reply` (≤ 255 bytes).
 OutItem make_no_responders(std::string_view reply);
 /// ABORT (SPEC.md §3.7): the message publisher `publisher_id` was sending to

@@ -25,6 +25,7 @@
 #include "broker/outbound.hpp"
 #include "broker/pool_shares.hpp"
 #include "broker/subscription_index.hpp"
+#include "connection/dialed_route.hpp"
 #include "fault/fault.hpp"
 #include "rdmabroker/result.hpp"
 
@@ -185,6 +186,10 @@ struct Connection {
   /// Accepted on a route listener (cluster.listen_rdma/listen_tcp): only a
   /// route may log in on it (docs/cluster.md).
   bool route_listener = false;
+  /// A route this broker dialed (broker/route_events.hpp): it logs in and
+  /// subscribes at its broker, and what comes back is routed here. Null for
+  /// every connection that was accepted.
+  std::unique_ptr<DialedRoute> dialed;
 
   // ------------------------------------------------------------ state
   ConnState state;

@@ -55,8 +55,8 @@ void Connections::establish(Connection& c) {
   ctx_.stats.connections_accepted.add();
   c.auth_deadline = ctx_.now + std::chrono::milliseconds(ctx_.options.auth.timeout_ms);
   unauthenticated_.push_back(c.id);
-  spdlog::info("connection {} from {} established {} (worker {}, protocol version {})", c.id, c.peer,
-               c.link->where(), ctx_.index, c.protocol_version);
+  spdlog::info("connection {} {} {} established {} (worker {}, protocol version {})", c.id,
+               c.dialed ? "to route" : "from", c.peer, c.link->where(), ctx_.index, c.protocol_version);
   touch(c);  // its initial credits may already allow sends
 }
 
@@ -71,6 +71,7 @@ void Connections::close(Connection& c, CloseReason reason, ErrorCode code, std::
   c.reason = reason;
   drop_all_subscriptions(ctx_, c);
   end_open_message(c);
+  if (c.dialed) report_route_down(c, reason, message);
   const bool can_tell = c.is_up() && !c.peer_disconnected && code != ErrorCode::kNone;
   if (!can_tell) {
     disconnect(c);
@@ -88,14 +89,37 @@ void Connections::close(Connection& c, CloseReason reason, ErrorCode code, std::
     drop_queue(c, drop_reason_for(reason));
     c.link->cut_short();
   }
-  const bool is_close = reason == CloseReason::kBrokerShutdown || reason == CloseReason::kSlowConsumer;
+  // A route this broker dialed is a client there: it ends with CLOSE (code
+  // 0) alone, as a client does (SPEC.md §4); its log line says why.
+  const bool is_close =
+      reason == CloseReason::kBrokerShutdown || reason == CloseReason::kSlowConsumer || c.dialed;
   const FrameType type = is_close ? FrameType::kClose : FrameType::kError;
+  if (c.dialed) {
+    code = ErrorCode::kNone;
+    message.clear();
+  }
   c.outq.push_back(make_control(type, static_cast<std::uint32_t>(code), std::move(message)));
   if (!is_close) c.outq.push_back(make_control(FrameType::kClose, static_cast<std::uint32_t>(code)));
   c.state = ConnState::kDraining;
   c.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ctx_.options.drain_timeout_ms);
   closing_.push_back(c.id);
   touch(c);
+}
+
+void Connections::report_route_down(Connection& c, CloseReason reason, const std::string& message) {
+  DialedRoute& d = *c.dialed;
+  if (std::exchange(d.reported_down, true) || ctx_.core.routes == nullptr) return;
+  std::string why = d.refusal;
+  if (why.empty()) why = std::string(to_string(reason)) + (message.empty() ? "" : ": " + message);
+  const RouteEnd end = d.removed                                 ? RouteEnd::kRemoved
+                       : why.find("itself") != std::string::npos ? RouteEnd::kItself
+                                                                 : RouteEnd::kLost;
+  ctx_.core.routes->route_down(d.dial.route, end, why);
+}
+
+void dial_failed(WorkerContext& ctx, std::uint32_t slot, const RouteDial& dial, const std::string& why) {
+  ctx.core.admission->release(slot);
+  if (ctx.core.routes != nullptr) ctx.core.routes->route_down(dial.route, RouteEnd::kLost, why);
 }
 
 void Connections::peer_gone(Connection& c, CloseReason reason) {
@@ -118,7 +142,8 @@ void Connections::disconnect(Connection& c) {
 }
 
 void Connections::end_open_message(Connection& c) {
-  if (c.open_message.open && message_cut_) message_cut_(c);
+  const bool forwarding = c.dialed && !c.dialed->open.empty();  // a route's messages in fragments
+  if ((c.open_message.open || forwarding) && message_cut_) message_cut_(c);
   c.open_message = {};
 }
 
@@ -268,7 +293,9 @@ void Connections::enqueue(Connection& c, OutItem item) {
     return;
   }
   if (!item.is_delivery()) {
-    if (c.queued_replies >= kMaxQueuedReplies) {
+    // A dialed route's frames are its own (one SUBSCRIBE per interest
+    // entry at its login), bounded by the subscription budgets, not by this.
+    if (c.queued_replies >= kMaxQueuedReplies && !c.dialed) {
       spdlog::warn("connection {} ({}): slow consumer, {} replies unread", c.id, c.peer, c.queued_replies);
       close(c, CloseReason::kSlowConsumer, ErrorCode::kSlowConsumer,
             std::to_string(c.queued_replies) + " replies unread");

@@ -163,6 +163,9 @@ class Connections {
   /// out-queues' budget; true if it did.
   bool over_pool_share(Connection& c);
   void disconnect(Connection& c);
+  /// A route this broker dialed ended (or never came up): the routes hear
+  /// it once, with the reason its broker gave if it gave one.
+  void report_route_down(Connection& c, CloseReason reason, const std::string& message);
   void drop_queue(Connection& c, DropReason why);
   /// A closing connection's fragmented message in progress: aborted for its recipients.
   void end_open_message(Connection& c);

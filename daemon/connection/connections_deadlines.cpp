@@ -82,6 +82,13 @@ void Connections::check_auth_deadlines() {
     if (c == nullptr || (c->state != ConnState::kAwaitingConnect && c->state != ConnState::kVerifying))
       return true;
     if (ctx_.now < c->auth_deadline) return false;
+    if (c->dialed) {
+      // A route this broker dialed, whose broker did not answer its login.
+      c->dialed->refusal =
+          "no answer to the route's login within " + std::to_string(ctx_.options.auth.timeout_ms) + " ms";
+      close(*c, CloseReason::kConnectFailed);
+      return true;
+    }
     ctx_.stats.auth_failed.add();
     close(*c, CloseReason::kAuthTimeout, ErrorCode::kAuthenticationRequired,
           "not authenticated within " + std::to_string(ctx_.options.auth.timeout_ms) + " ms of connecting");

@@ -22,10 +22,11 @@
 //   fault worker-stall MS    the first worker loop to see it sleeps MS
 //                            milliseconds, as a worker stuck in a system call
 //                            would be (liveness: /healthz, the watchdog)
-//   fault route-stall MS     the route thread's next pass that finds new
-//                            cluster interest waits MS milliseconds before it
-//                            subscribes to it, as a busy route thread would
-//                            (clients' PONGs must wait for it: SPEC.md §8)
+//   fault route-stall MS     at the next change of cluster interest, the routes
+//                            of the first worker that has one wait MS
+//                            milliseconds before they subscribe to it, as a
+//                            slow route would (clients' PONGs must wait for
+//                            it: SPEC.md §8)
 // and, at start (a CQ is sized when it is created), the environment variable
 //   RDMABROKER_FAULT_CQ_ENTRIES=N   every worker's send CQs get N entries.
 // What the broker must do under each is in docs/testing.md ("Fault injection").
@@ -73,7 +74,7 @@ struct Shared {
   std::atomic<std::uint32_t> mcast_drops{0};       // channel messages not to send to their groups
   std::atomic<std::uint32_t> mcast_join_fails{0};  // group joins to fail
   std::atomic<std::uint32_t> worker_stall_ms{0};   // taken whole by one worker, which sleeps that long
-  std::atomic<std::uint32_t> route_stall_ms{0};    // taken by the route thread's next pass with new interest
+  std::atomic<std::uint32_t> route_stall_ms{0};    // taken by the next worker whose routes see new interest
 
   /// Takes one from `counter` if any is left.
   static bool take(std::atomic<std::uint32_t>& counter);

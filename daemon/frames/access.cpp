@@ -219,7 +219,7 @@ void FrameHandler::apply_auth(std::shared_ptr<const AuthTable> table) {
   std::vector<Connection*> affected;
   connections_.for_each([&](Connection& c) {
     // A route's credentials are cluster.*, which a reload does not change.
-    if (c.state == ConnState::kOpen && !c.identity->route) affected.push_back(&c);
+    if (c.state == ConnState::kOpen && !c.dialed && !c.identity->route) affected.push_back(&c);
   });
   for (Connection* c : affected) {
     auto renewed = ctx_.auth->renew(*c->identity);

@@ -14,6 +14,7 @@ using proto::ErrorCode;
 using proto::FrameType;
 
 void FrameHandler::process(Connection& c, const BufferRef& buf, std::uint32_t begin, std::uint32_t end) {
+  if (c.dialed) return routes_.process(c, buf, begin, end);
   ctx_.assert_on_loop();
   std::span<const std::byte> data(buf.data(), end);
   std::size_t off = begin;
@@ -285,7 +286,8 @@ bool FrameHandler::on_multicast(Connection& c, const proto::Frame& f) {
 }
 
 void FrameHandler::send_info(Connection& c, const std::shared_ptr<const Announcement>& info) {
-  if (info && c.protocol_version >= proto::kGossipVersion)
+  // A route this broker dialed is its client there: a client sends no INFO.
+  if (info && !c.dialed && c.protocol_version >= proto::kGossipVersion)
     connections_.enqueue(c, make_info(*info, c.peer_buffer_size));
 }
 

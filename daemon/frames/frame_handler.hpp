@@ -14,6 +14,7 @@
 #include "broker/subscription_budget.hpp"
 #include "connection/connections.hpp"
 #include "connection/worker_context.hpp"
+#include "frames/route_frames.hpp"
 #include "rdmabroker/proto/wire.hpp"
 #include "router/router.hpp"
 
@@ -32,11 +33,19 @@ struct AuthResultCommand {
 class FrameHandler {
  public:
   FrameHandler(WorkerContext& ctx, Connections& connections, Router& router)
-      : ctx_(ctx), connections_(connections), router_(router) {}
+      : ctx_(ctx), connections_(connections), router_(router), routes_(ctx, connections, router) {}
 
   /// Handles the whole frames in [begin, end) of `buf` until the connection
-  /// stops being up; an invalid frame closes it with the reason.
+  /// stops being up; an invalid frame closes it with the reason. A route
+  /// this broker dialed is the client there: its frames go to routes().
   void process(Connection& c, const BufferRef& buf, std::uint32_t begin, std::uint32_t end);
+  /// The routes this worker dialed (frames/route_frames.hpp).
+  RouteFrames& routes() { return routes_; }
+  /// Dialed route `c` is connected: it logs in there.
+  void dialed_up(Connection& c) {
+    routes_.watch(c);
+    routes_.log_in(c);
+  }
 
   /// The authenticator's verdict (frames/access.cpp).
   void on_auth_result(AuthResultCommand& r);
@@ -94,6 +103,7 @@ class FrameHandler {
   Connections& connections_;
   Router& router_;
   std::vector<std::uint64_t> pongs_held_;  // connections with held PONGs, in the order they began waiting
+  RouteFrames routes_;
 };
 
 }  // namespace rdmabroker::daemon

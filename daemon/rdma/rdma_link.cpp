@@ -27,17 +27,10 @@ RdmaLink::RdmaLink(RdmaPort& port, WorkerContext& ctx, Connections& connections,
       qp_num_(qp_->qp_num),
       max_inline_(max_inline) {}
 
-namespace {
-
-/// Moves a new QP of connection request `id` through INIT, RTR and RTS with
-/// the attributes rdma_cm derives from the request, as rdma_accept does for
-/// a QP of its own, with two exceptions: the RNR retry count, which the
-/// client's request sets for the broker's QP, is at most kMaxRnrRetry; and
-/// the QP allows no remote access (the protocol uses SEND only, SPEC.md §1.1).
-/// Returns the count the client asked for, or the failed step.
-Result<std::uint8_t> ready_qp(rdma_cm_id* id, ibv_qp* qp) {
+Result<std::uint8_t> move_qp(rdma_cm_id* id, ibv_qp* qp, std::initializer_list<ibv_qp_state> states,
+                             bool clamp_rnr) {
   std::uint8_t asked = 0;
-  for (const ibv_qp_state state : {IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS}) {
+  for (const ibv_qp_state state : states) {
     ibv_qp_attr attr{};
     int mask = 0;
     attr.qp_state = state;
@@ -49,12 +42,12 @@ Result<std::uint8_t> ready_qp(rdma_cm_id* id, ibv_qp* qp) {
         attr.qp_access_flags = 0;
         break;
       case IBV_QPS_RTR:
-        attr.max_dest_rd_atomic = 0;  // the accept offers no responder resources
+        attr.max_dest_rd_atomic = 0;  // no responder resources: SEND only
         break;
       default:
         attr.max_rd_atomic = 0;
         asked = attr.rnr_retry;
-        attr.rnr_retry = std::min(attr.rnr_retry, RdmaLink::kMaxRnrRetry);
+        if (clamp_rnr) attr.rnr_retry = std::min(attr.rnr_retry, RdmaLink::kMaxRnrRetry);
         break;
     }
     if (const int rc = ibv_modify_qp(qp, &attr, mask); rc != 0) {
@@ -67,8 +60,6 @@ Result<std::uint8_t> ready_qp(rdma_cm_id* id, ibv_qp* qp) {
   }
   return asked;
 }
-
-}  // namespace
 
 // QP before cm_id: the members' reverse order.
 RdmaLink::~RdmaLink() = default;
@@ -95,10 +86,10 @@ Result<std::uint32_t> RdmaLink::claim_credits(RdmaPort& port, WorkerContext& ctx
   return grant;
 }
 
-Result<verbs::QpPtr> RdmaLink::create_qp(RdmaPort& port, const AcceptCommand& cmd, rdma_cm_id* id,
-                                         std::uint32_t window, std::uint32_t& max_inline) {
+Result<verbs::QpPtr> RdmaLink::create_qp(RdmaPort& port, std::uint64_t connection_id, std::uint32_t window,
+                                         std::uint32_t& max_inline) {
   ibv_qp_init_attr attr{};
-  attr.qp_context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(cmd.connection_id));
+  attr.qp_context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(connection_id));
   attr.send_cq = port.send_cq();
   attr.recv_cq = port.recv_cq();
   attr.srq = port.srq();
@@ -107,19 +98,13 @@ Result<verbs::QpPtr> RdmaLink::create_qp(RdmaPort& port, const AcceptCommand& cm
   attr.cap.max_send_sge = port.max_sge;
   attr.cap.max_inline_data = verbs::kInlineWanted;
   // The QP is ours, not rdma_cm's (rdma_create_qp): rdma_accept would move
-  // it to RTS with the RNR retry count the client asked for (ready_qp).
+  // it to RTS with the RNR retry count the client asked for (move_qp).
   verbs::QpPtr qp(ibv_create_qp(port.device.pd.get(), &attr));
   if (!qp) {
     // A device that cannot inline (or not that much) still gets the QP.
     attr.cap.max_inline_data = 0;
     qp.reset(ibv_create_qp(port.device.pd.get(), &attr));
     if (!qp) return Error{ErrorKind::kResource, std::string("ibv_create_qp: ") + std::strerror(errno)};
-  }
-  auto ready = ready_qp(id, qp.get());
-  if (!ready) return ready.error();
-  if (*ready > kMaxRnrRetry) {
-    spdlog::debug("connection {} from {}: RNR retry count {} asked for, {} kept", cmd.connection_id, cmd.peer,
-                  *ready, kMaxRnrRetry);
   }
   max_inline = attr.cap.max_inline_data;
   return qp;
@@ -149,8 +134,16 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   const std::uint32_t grant = claimed.value();
 
   std::uint32_t max_inline = 0;
-  auto qp = create_qp(port, cmd, id.get(), window, max_inline);
+  auto qp = create_qp(port, cmd.connection_id, window, max_inline);
   if (!qp) return fail(proto::RejectReason::kNoResources, qp.error().message);
+  // Through RTS at once, with the RNR retry count the client asked for cut
+  // to kMaxRnrRetry, before rdma_accept (a QP of our own on an SRQ).
+  auto ready = move_qp(id.get(), qp.value().get(), {IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS}, true);
+  if (!ready) return fail(proto::RejectReason::kNoResources, ready.error().message);
+  if (*ready > kMaxRnrRetry) {
+    spdlog::debug("connection {} from {}: RNR retry count {} asked for, {} kept", cmd.connection_id, cmd.peer,
+                  *ready, kMaxRnrRetry);
+  }
   rdma_cm_id* raw = id.get();
   const std::uint32_t qp_num = qp.value()->qp_num;
   std::unique_ptr<RdmaLink> link(
@@ -195,6 +188,21 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   port.cq_reserved += window;
   port.by_qp[l.qp_num_] = conn.get();
   return conn;
+}
+
+std::unique_ptr<RdmaLink> RdmaLink::dialed(RdmaPort& port, WorkerContext& ctx, Connections& connections,
+                                           verbs::CmIdPtr id, verbs::QpPtr qp, std::uint32_t max_inline,
+                                           std::uint32_t grant, std::uint32_t peer_credits) {
+  std::unique_ptr<RdmaLink> link(
+      new RdmaLink(port, ctx, connections, std::move(id), std::move(qp), max_inline));
+  link->dialed_ = true;
+  link->credits = CreditWindow(grant);
+  link->credits.grant_initial(grant);
+  link->credits.add_send_credits(peer_credits);
+  link->last_data_ = ctx.now;
+  link->sync_charge();
+  port.cq_reserved += ctx.options.max_inflight_sends + 1;  // its send window, as an accepted one's
+  return link;
 }
 
 void RdmaLink::on_authenticated() {
@@ -268,6 +276,13 @@ void RdmaLink::charge(std::uint32_t amount) {
 void RdmaLink::sync_charge() { charge(credits.window()); }
 
 bool RdmaLink::on_credit_imm(std::uint32_t imm, bool data, bool publishes) {
+  if (dialed_) {
+    // A route this broker dialed is the client here: the broker's ask for
+    // credits back (SPEC.md §5.1) may go unanswered, and it never asks
+    // while the window is this small.
+    credits.add_send_credits(split_imm_ ? proto::decode_credit_imm(imm).returned : imm);
+    return true;
+  }
   if (!by_demand_) {
     credits.add_send_credits(imm);
     return true;

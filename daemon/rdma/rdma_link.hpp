@@ -7,6 +7,7 @@
 
 #include <rdma/rdma_cma.h>
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,14 @@ struct AcceptCommand {
 /// data names it, and the buffer size the broker needs).
 void reject_connect_request(rdma_cm_id* id, proto::RejectReason reason, std::uint32_t buffer_size);
 
+/// Moves a QP of our own on cm_id `id` through `states` with the attributes
+/// rdma_cm derives for it, as rdma_accept (or rdma_connect) does for a QP of
+/// its own, except that it allows no remote access (the protocol uses SEND
+/// only, SPEC.md §1.1) and, with `clamp_rnr`, keeps the RNR retry count at
+/// most RdmaLink::kMaxRnrRetry. Returns the count rdma_cm gave, or the failed step.
+Result<std::uint8_t> move_qp(rdma_cm_id* id, ibv_qp* qp, std::initializer_list<ibv_qp_state> states,
+                             bool clamp_rnr);
+
 class RdmaLink final : public Link {
  public:
   /// Credits granted at accept, before the client has authenticated: its
@@ -53,6 +62,17 @@ class RdmaLink final : public Link {
   /// failure rejects it (logged, counted, slot released) and returns null.
   static std::unique_ptr<Connection> accept(AcceptCommand& cmd, RdmaPort& port, WorkerContext& ctx,
                                             Connections& connections, bool stopping);
+  /// The link of a route this broker dialed (rdma/rdma_dialer.hpp), its QP
+  /// in RTS on `port`: it gave its broker `grant` credits in its connect
+  /// request (claimed on the port already) and got `peer_credits` in the
+  /// accept.
+  static std::unique_ptr<RdmaLink> dialed(RdmaPort& port, WorkerContext& ctx, Connections& connections,
+                                          verbs::CmIdPtr id, verbs::QpPtr qp, std::uint32_t max_inline,
+                                          std::uint32_t grant, std::uint32_t peer_credits);
+  /// An RC QP for connection `connection_id` on `port`'s CQs and SRQ, in
+  /// RESET; `max_inline`: the inline data the device gave.
+  static Result<verbs::QpPtr> create_qp(RdmaPort& port, std::uint64_t connection_id, std::uint32_t window,
+                                        std::uint32_t& max_inline);
   ~RdmaLink() override;
 
   Transport transport() const override { return Transport::kRdma; }
@@ -104,10 +124,6 @@ class RdmaLink final : public Link {
   /// send CQ; why not (counted), if there is none.
   static Result<std::uint32_t> claim_credits(RdmaPort& port, WorkerContext& ctx, Connections& connections,
                                              std::uint32_t window);
-  /// Connection `cmd`'s RC QP on `port`'s CQs and SRQ, made ready for
-  /// rdma_accept (ready_qp); `max_inline`: the inline data the device gave.
-  static Result<verbs::QpPtr> create_qp(RdmaPort& port, const AcceptCommand& cmd, rdma_cm_id* id,
-                                        std::uint32_t window, std::uint32_t& max_inline);
   RdmaLink(RdmaPort& port, WorkerContext& ctx, Connections& connections, verbs::CmIdPtr id, verbs::QpPtr qp,
            std::uint32_t max_inline);
   /// The immediate value of the next SEND: credits owed to the client that
@@ -132,6 +148,8 @@ class RdmaLink final : public Link {
   std::uint32_t qp_num_ = 0;
   std::uint32_t max_inline_ = 0;  // bytes a SEND may carry inline (the QP's cap)
   bool by_demand_ = false;        // version 3: credits by demand (SPEC.md §5.1)
+  bool dialed_ = false;           // a route this broker dialed: the client's side of §5
+  bool split_imm_ = true;         // immediates carry returned and release (version 3 on)
   std::uint32_t charged_ = 0;     // what this link counts in port_.windows_total: its window
   std::chrono::steady_clock::time_point last_data_{};
   std::uint32_t release_ask_ = 0;  // credits to ask back in the next SEND's immediate value

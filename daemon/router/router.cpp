@@ -7,7 +7,10 @@
 namespace rdmabroker::daemon {
 
 Router::Router(WorkerContext& ctx, Connections& connections) : ctx_(ctx), connections_(connections) {
-  connections_.on_message_cut([this](Connection& publisher) { abort_open_message(publisher); });
+  connections_.on_message_cut([this](Connection& publisher) {
+    if (publisher.dialed) return abort_all_from_peer(publisher);
+    abort_open_message(publisher);
+  });
 }
 
 void Router::route_publish(Connection& publisher, const proto::Frame& f, const BufferRef& buf) {

@@ -12,9 +12,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "connection/connections.hpp"
+#include "connection/dialed_route.hpp"
 #include "connection/worker_context.hpp"
 #include "broker/channels.hpp"
 #include "rdmabroker/proto/wire.hpp"
@@ -42,6 +44,18 @@ class Router {
   /// Connections::enqueue).
   void abort_open_message(Connection& publisher);
 
+  // router/route_inbound.cpp
+  /// PUBLISH frame `f` (its offset in `buf`) that dialed route `route`
+  /// brought in a DELIVER on its subscription `sid`, for interest entry
+  /// `entry`: to the local subscriptions the entry stands for, in place. A
+  /// fragment's sequence is rewritten in `buf` to this broker's id for it.
+  void route_from_peer(Connection& route, std::uint32_t sid, const DialedRoute::Entry& entry,
+                       const proto::Frame& f, const BufferRef& buf);
+  /// ABORT from a route's broker: its message in fragments on `sid` from `publisher` ends unfinished.
+  void abort_from_peer(Connection& route, std::uint32_t sid, std::uint64_t publisher);
+  /// The route closes: every message in fragments it was forwarding ends unfinished.
+  void abort_all_from_peer(Connection& route);
+
   /// Hands the batches for other workers and the multicast engine over
   /// (once per loop turn, before the flush).
   void post_batches();
@@ -57,6 +71,10 @@ class Router {
   bool over_watermark(const Subscriber& s) const;
   /// False only for a subscriber of this worker that is gone or closing.
   bool is_live(const Subscriber& s);
+  /// The local subscriptions interest entry `entry` stands for that match
+  /// `subject`: all of its pattern's, or one member of its queue group.
+  std::vector<Subscriber> entry_recipients(DialedRoute& route, const DialedRoute::Entry& entry,
+                                           std::string_view subject);
 
   WorkerContext& ctx_;
   Connections& connections_;

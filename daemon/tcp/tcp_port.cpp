@@ -96,6 +96,9 @@ void TcpPort::on_event(std::uint64_t payload, std::uint32_t events, bool stoppin
     case kHandshake:
       on_handshake_readable(static_cast<int>(payload & ~kKindMask), stopping);
       return;
+    case kDial:
+      on_dial_event(static_cast<int>(payload & ~kKindMask), events);
+      return;
     case kConnection:
       // Every connection whose socket carries this port's tag has a TcpLink.
       if (Connection* c = connections_.find(payload & ~kKindMask)) {
@@ -109,17 +112,19 @@ void TcpPort::on_event(std::uint64_t payload, std::uint32_t events, bool stoppin
 
 void TcpPort::check_deadlines(bool stopping) {
   if (!handshakes_.empty()) check_handshake_deadlines(stopping);
+  if (!dials_.empty()) check_dial_deadlines();
   check_partial_frames();
 }
 
 bool TcpPort::wants_events_every_turn() const {
-  return ctx_.stats.tcp_connections.get() > 0 || !handshakes_.empty();
+  return ctx_.stats.tcp_connections.get() > 0 || !handshakes_.empty() || !dials_.empty();
 }
 
 void TcpPort::stop_accepting() {
   for (const int fd : {listeners_.clients, listeners_.routes})
     if (fd >= 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
   check_handshake_deadlines(true);  // refuses those still in their handshake
+  while (!dials_.empty()) drop_dial(dials_.begin(), "shutting down");
 }
 
 // ---------------------------------------------------------------- accept

@@ -18,11 +18,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "broker/route_events.hpp"
 #include "connection/connections.hpp"
 #include "connection/port.hpp"
 #include "connection/worker_context.hpp"
 #include "rdmabroker/common/fd.hpp"
 #include "rdmabroker/common/tls.hpp"
+#include "rdmabroker/common/url.hpp"
 #include "rdmabroker/proto/handshake.hpp"
 #include "rdmabroker/result.hpp"
 #include "tcp/tcp_listener.hpp"
@@ -52,9 +54,12 @@ class TcpPort final : public Port {
   /// socket's fd or a connection's id (below 2^52) beside it.
   static constexpr std::uint64_t kListenClients = 1ull << 55;
   static constexpr std::uint64_t kListenRoutes = 1ull << 54;
-  static constexpr std::uint64_t kHandshake = 1ull << 53;   // | fd
-  static constexpr std::uint64_t kConnection = 1ull << 52;  // | connection id
+  static constexpr std::uint64_t kHandshake = 1ull << 53;           // | fd
+  static constexpr std::uint64_t kConnection = 1ull << 52;          // | connection id
+  static constexpr std::uint64_t kDial = kHandshake | kConnection;  // | fd: a route dialed (tcp_dial.cpp)
   static constexpr std::uint64_t kKindMask = 0xfull << 52;
+  /// How long a route's dial may take, connect to the broker's answer.
+  static constexpr std::chrono::seconds kDialTimeout{5};
 
   /// Watches the listening sockets in `epoll_fd` (EPOLLEXCLUSIVE: one worker
   /// is woken per incoming connection).
@@ -81,6 +86,14 @@ class TcpPort final : public Port {
   bool accepting() const override { return !handshakes_.empty(); }
   bool evict_accepting(std::uint64_t id) override;
   void stop_accepting() override;
+
+  // tcp/tcp_dial.cpp: routes this broker dials (broker/route_events.hpp)
+  /// Dials `url` as connection `id` (its slot taken) for `dial`: a
+  /// non-blocking connect, the 16-byte connect request, the broker's answer;
+  /// then a Connection with a TcpLink logs in.
+  void dial(std::uint64_t id, std::uint32_t slot, const ParsedUrl& url, RouteDial dial);
+  /// The dial of route `route` in progress, if any, ends (the route was removed).
+  void cancel_dial(std::uint64_t route);
 
   /// c's link began a frame it has not finished: from now on its deadline
   /// (limits.frame_timeout_ms) is checked.
@@ -134,6 +147,25 @@ class TcpPort final : public Port {
   };
 
   using Handshakes = std::unordered_map<int, Handshake>;  // by fd
+
+  /// A route being dialed: connecting, then waiting for the broker's answer.
+  struct Dialing {
+    std::uint64_t id = 0;
+    std::uint32_t slot = 0;
+    std::string peer;
+    RouteDial dial;
+    UniqueFd fd;
+    bool sent = false;  // the connect request went out
+    std::array<std::byte, proto::kConnectAcceptSizeV4> answer{};
+    std::uint32_t got = 0;
+    std::chrono::steady_clock::time_point deadline{};
+  };
+  using Dials = std::unordered_map<int, Dialing>;  // by fd
+  void on_dial_event(int fd, std::uint32_t events);
+  /// The answer is whole: a Connection, or why not.
+  Status finish_dial(Dialing& d);
+  void drop_dial(Dials::iterator it, const std::string& why);
+  void check_dial_deadlines();
   /// Refuses a connection in its handshake (logged, counted; told `reason`
   /// if given), gives its slot back and closes it; returns the next entry.
   Handshakes::iterator drop_handshake(Handshakes::iterator it, std::string_view why,
@@ -158,6 +190,7 @@ class TcpPort final : public Port {
   EpollTags tags_;
   TcpListeners listeners_;  // the broker's; never closed here
   Handshakes handshakes_;
+  Dials dials_;
   std::vector<std::uint64_t> buffer_waiters_;  // connections that found the pool empty
   std::vector<std::uint64_t> partial_frames_;  // connections with a frame begun and not finished
   std::vector<std::uint64_t> tls_buffered_;    // TLS connections with decrypted bytes not read

@@ -102,16 +102,24 @@ void Worker::on_command(ListConnectionsCommand& cmd) {
   connections_.for_each([&](Connection& c) {
     out.push_back(ConnectionInfo{
         c.id, std::string(c.link->protocol()), c.protocol_version, c.peer, std::string(to_string(c.state)),
-        c.identity ? c.identity->name : "", ctx_.index, c.subscriptions.size(), c.messages_in, c.messages_out,
-        c.bytes_in, c.bytes_out, c.pending_messages, c.pending_bytes, c.link->receive_window(),
-        c.identity && c.identity->route ? c.identity->route_server : std::string()});
+        c.identity ? c.identity->name
+        : c.dialed ? "route out"
+                   : "",
+        ctx_.index, c.subscriptions.size(), c.messages_in, c.messages_out, c.bytes_in, c.bytes_out,
+        c.pending_messages, c.pending_bytes, c.link->receive_window(),
+        c.identity && c.identity->route ? c.identity->route_server
+        : c.dialed                      ? c.dialed->broker
+                                        : std::string()});
   });
   cmd.reply->set_value(std::move(out));
 }
 
 void Worker::on_command(ShutdownCommand&) {
   stopping_ = true;
-  for (auto& port : ports_) port->stop_accepting();
+  for (auto& port : ports_) port->stop_accepting();  // the TCP port's route dials too
+  // A route dial that completed now would make a connection nothing closes.
+  if (dialer_) dialer_->cancel_all();
+  waiting_dials_.clear();
   connections_.close_all_for_shutdown();
 }
 

@@ -54,10 +54,13 @@ Status Worker::init(const DeviceSet* devices, TcpListeners tcp) {
     auto port = TcpPort::create(ctx_, connections_, frames_, epoll_.get(),
                                 EpollTags(static_cast<std::uint32_t>(ports_.size())), tcp);
     if (!port) return port.error();
+    tcp_port_ = port.value().get();
     ports_.push_back(std::move(port.value()));
   }
   epoll_only_ports_ = any_port([](const Port& p) { return p.seen_only_by_epoll(); });
   for (auto* port : rdma_ports_) port->refill(connections_);
+  if (cm_channel_)
+    dialer_ = std::make_unique<RdmaDialer>(ctx_, connections_, frames_, cm_channel_.get(), rdma_ports_);
   return {};
 }
 
@@ -96,6 +99,7 @@ void Worker::run() {
     for (auto& port : ports_) port->after_flush();
     connections_.check_deadlines();
     for (auto& port : ports_) port->check_deadlines(stopping_);
+    check_routes();
     connections_.reap();
     if (stopping_ && connections_.empty() && !any_port([](const Port& p) { return p.accepting(); })) break;
     // Stalled publishers and closing connections need timely deadline checks.
@@ -253,6 +257,7 @@ void Worker::handle_cm_events() {
   if (!cm_channel_) return;  // TCP only
   rdma_cm_event* raw = nullptr;
   while (rdma_get_cm_event(cm_channel_.get(), &raw) == 0) {
+    if (dialer_->on_cm_event(raw)) continue;  // a route being dialed (acked there)
     // Copy what we need and ack at once: rdma_destroy_id waits for acks.
     const rdma_cm_event_type type = raw->event;
     const int status = raw->status;
@@ -287,6 +292,9 @@ void Worker::on_cm_event(rdma_cm_event_type type, int status, std::uint64_t conn
       connections_.establish(*c);
       break;
     case RDMA_CM_EVENT_DISCONNECTED:
+      // A route this broker dialed learns why from what its broker sent
+      // before (a refused login: ERROR, then CLOSE): taken first.
+      if (c->dialed && c->is_up()) poll_ports();
       connections_.peer_gone(*c,
                              c->close_received ? CloseReason::kClientClose : CloseReason::kPeerDisconnected);
       break;

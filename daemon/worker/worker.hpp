@@ -36,6 +36,7 @@
 #include "connection/worker_context.hpp"
 #include "frames/frame_handler.hpp"
 #include "rdma/device.hpp"
+#include "rdma/rdma_dialer.hpp"
 #include "rdma/rdma_link.hpp"
 #include "rdma/rdma_port.hpp"
 #include "router/router.hpp"
@@ -115,9 +116,20 @@ struct InfoCommand {
 struct InterestSyncedCommand {
   std::uint32_t through = 0;
 };
+/// Dial a route (broker/route_events.hpp): this worker owns its connection.
+struct DialRouteCommand {
+  RouteDial dial;
+};
+/// End route `route`'s connection, or its dial in progress (a reload removed it).
+struct EndRouteCommand {
+  std::uint64_t route = 0;
+};
+/// The cluster's interest changed: this worker's routes subscribe to it.
+struct InterestChangedCommand {};
 using Command = std::variant<AcceptCommand, DeliverCommand, QpFatalCommand, ShutdownCommand, ReloadCommand,
                              ListConnectionsCommand, AuthResultCommand, FaultCommand, EvictCommand,
-                             InfoCommand, InterestSyncedCommand, SrqLimitCommand>;
+                             InfoCommand, InterestSyncedCommand, SrqLimitCommand, DialRouteCommand,
+                             EndRouteCommand, InterestChangedCommand>;
 
 // ---------------------------------------------------------------- worker
 
@@ -202,6 +214,18 @@ class Worker {
   void on_command(InfoCommand& cmd);
   void on_command(InterestSyncedCommand& cmd);
   void on_command(SrqLimitCommand& cmd);
+  void on_command(DialRouteCommand& cmd);
+  void on_command(EndRouteCommand& cmd);
+  /// Taken once per loop turn however many came (check_routes).
+  void on_command(InterestChangedCommand&) { interest_changed_ = true; }
+
+  // Routes this worker dials (worker/routes.cpp).
+  /// Dials `dial` now: a connection slot, then the transport its URL names.
+  void dial_route(RouteDial dial);
+  /// Once per loop turn: dials whose back-off ended, dial deadlines, the routes' PINGs.
+  void check_routes();
+  /// The TCP port, made when the first route is dialed over TCP on a broker without TCP listeners.
+  TcpPort* tcp_port();
 
   void handle_cm_events();
   /// One CM event of a connection (copied out of the acked rdma_cm_event).
@@ -230,6 +254,11 @@ class Worker {
       connections_;  // after ports_: every QP goes before its CQ and SRQ, every socket before its port
   Router router_;
   FrameHandler frames_;
+  /// Dials of routes over RDMA (after ports_ and connections_: its QPs go first).
+  std::unique_ptr<RdmaDialer> dialer_;
+  TcpPort* tcp_port_ = nullptr;           // in ports_, if any
+  std::vector<RouteDial> waiting_dials_;  // routes to dial once their back-off ends
+  bool interest_changed_ = false;         // an InterestChangedCommand came this turn
 
   std::chrono::steady_clock::time_point last_work_{};          // the last loop turn that found completions
   AdaptiveSpin adaptive_;                                      // flow.adaptive_poll's window

@@ -8,13 +8,14 @@
 #   - fan-out 1 -> 30 at 64 B: the 30 subscribers on A, against 10 on each
 #     of A, B and C.
 # Every figure comes from `rdmabroker bench` (--sub-server puts the
-# subscribers on other brokers than the publisher's -s). Writes a markdown
-# table to stdout, the reports to build/cluster-*.json and the brokers' logs to
+# subscribers on other brokers than the publisher's -s). Writes the tables to
+# stdout and into docs/benchmarks.md (its cluster section, with the date and
+# commit), the reports to build/cluster-*.json and the brokers' logs to
 # build/cluster-{a,b,c}.log.
 #   sudo tests/bench/cluster.sh [COUNT] [RUNS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-COUNT=${1:-20000}
+COUNT=${1:-100000}
 RUNS=${2:-3}
 BIN=${RDMABROKER_BIN:-build/release}
 # shellcheck source=tests/bench/suite-lib.sh
@@ -60,29 +61,43 @@ for name in a b c; do
 done
 URL_A="rdma://$A1:7510" URL_B="rdma://$A1:7512" URL_C="rdma://$A1:7514"
 
+# The packets the guest's Soft-RoCE devices sent, all of them.
+device_packets() {
+  local n=0 f
+  for f in /sys/class/infiniband/*/ports/*/hw_counters/sent_pkts; do
+    [ -r "$f" ] && n=$((n + $(cat "$f")))
+  done
+  echo "$n"
+}
+# The guest's CPU ticks: user+nice, system, softirq (/proc/stat).
+guest_ticks() { awk '/^cpu /{print $2 + $3, $4, $8}' /proc/stat; }
 # bench NAME ARGS...: one run, its JSON report in build/cluster-NAME.json,
-# and the CPU seconds each broker spent in it in build/cluster-NAME.cpu.
+# the CPU seconds each broker spent in it in build/cluster-NAME.cpu, and
+# the device packets and the guest's CPU split in build/cluster-NAME.dev.
 bench() {
-  local name=$1 before=() i=0
+  local name=$1 before=() i=0 pkts ticks
   shift
   for p in "${PIDS[@]}"; do before+=("$(cpu_ticks "$p")"); done
+  pkts=$(device_packets)
+  ticks=$(guest_ticks)
   "$CLI" bench -b "$A2" --size 64 --quiet --json "$@" >"build/cluster-$name.json" ||
     echo "cluster.sh: run $name failed (exit $?)" >&2
   for p in "${PIDS[@]}"; do
     echo "$(( $(cpu_ticks "$p") - before[i] ))"
     i=$((i + 1))
   done | paste -sd' ' >"build/cluster-$name.cpu"
+  echo "$(( $(device_packets) - pkts )) $ticks $(guest_ticks)" >"build/cluster-$name.dev"
 }
 for i in $(seq "$RUNS"); do
   bench "rate-one-$i" c.rate -s "$URL_A" -n "$COUNT"
   bench "rate-route-$i" c.rate -s "$URL_A" --sub-server "$URL_C" -n "$COUNT"
 done
-bench lat-one c.lat -s "$URL_A" -r 200 -d 5
-bench lat-route c.lat -s "$URL_A" --sub-server "$URL_C" -r 200 -d 5
+bench lat-one c.lat -s "$URL_A" -r 200 -d 10
+bench lat-route c.lat -s "$URL_A" --sub-server "$URL_C" -r 200 -d 10
 bench fan-one c.fan -s "$URL_A" -m 30 -n $((COUNT / 10))
 bench fan-spread c.fan -s "$URL_A" --sub-server "$URL_A,$URL_B,$URL_C" -m 30 -n $((COUNT / 10))
 
-python3 - "$COUNT" "$RUNS" "$(uname -r)" <<'PY'
+python3 - "$COUNT" "$RUNS" "$(uname -r)" >build/cluster-table.md <<'PY'
 import json, statistics, sys
 count, runs, kernel = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 def agg(name):
@@ -127,7 +142,27 @@ print("| run | one broker | across a route |")
 print("|---|---|---|")
 for i in range(1, runs + 1):
     print(f"| {i} | {cpu(f'rate-one-{i}')} | {cpu(f'rate-route-{i}')} |")
+def dev(name):
+    # Device packets per message, and the guest's CPU seconds (user, system, softirq).
+    try:
+        v = [int(x) for x in open(f"build/cluster-{name}.dev").read().split()]
+    except (OSError, ValueError):
+        return "n/a", "n/a"
+    pkts, before, after = v[0], v[1:4], v[4:7]
+    split = " / ".join(f"{(b - a) / tck:.1f}" for a, b in zip(before, after))
+    return f"{pkts / count:.2f}", split
+print()
+print("Where a rate run's time goes in the guest: packets its Soft-RoCE devices sent per message, and the "
+      "guest's CPU seconds as user / system / softirq (the emulated device's work is the kernel's):")
+print()
+print("| run | one broker: packets/msg | CPU s | across a route: packets/msg | CPU s |")
+print("|---|---:|---|---:|---|")
+for i in range(1, runs + 1):
+    o, r = dev(f"rate-one-{i}"), dev(f"rate-route-{i}")
+    print(f"| {i} | {o[0]} | {o[1]} | {r[0]} | {r[1]} |")
 for name, a in (("fan-one", f1), ("fan-spread", f3)):
     if a and a["lost"]:
         print(f"\n{name}: {a['lost']} lost")
 PY
+cat build/cluster-table.md
+tests/bench/docs_section.py cluster build/cluster-table.md

@@ -5,9 +5,10 @@ daemon/ has a floor, and a file may include only files of its own folder or
 of a lower floor. Folders on one floor are siblings that know nothing of
 each other. A strict order leaves no room for a cycle.
 
-The client library has one such rule: its transports see their session
-only through SessionSide (client-lib/src/transport.hpp), never the Session
-or its parts.
+The daemon includes nothing of the client library (its routes are
+connections of its workers, docs/cluster.md). The client library has one
+rule of its own: its transports see their session only through SessionSide
+(client-lib/src/transport.hpp), never the Session or its parts.
 
 Reads the `#include "..."` lines; prints each include that runs up or
 sideways, and any folder without a floor; exits 1 if there is one."""
@@ -42,6 +43,8 @@ def folder_of(path):
     return os.path.splitext(head)[0]
 
 
+# The client library's public headers: nothing of the daemon includes them.
+CLIENT_LIBRARY = ["rdmabroker/client.hpp", "rdmabroker/rdmabroker.h"]
 # client-lib/src: the transports, and what they must not include.
 CLIENT_TRANSPORTS = ["rdma_transport.hpp", "rdma_transport.cpp", "rdma_multicast.cpp", "tcp_transport.cpp"]
 SESSION_ONLY = ["session.hpp", "send_buffers.hpp", "subscriptions.hpp", "requests.hpp", "reassembly.hpp",
@@ -76,6 +79,10 @@ def main(root):
             with open(os.path.join(daemon, path), encoding="utf-8") as f:
                 for number, line in enumerate(f, 1):
                     m = INCLUDE.match(line)
+                    if m and m.group(1) in CLIENT_LIBRARY:
+                        bad.append(f"daemon/{path}:{number}: includes {m.group(1)}: the daemon does not use "
+                                   "the client library")
+                        continue
                     if not m or not os.path.exists(os.path.join(daemon, m.group(1))):
                         continue  # another library's header (rdmabroker/..., config/...)
                     dst = folder_of(m.group(1))

@@ -353,6 +353,79 @@ TEST_P(Cluster, MessagesLargerThanAFrameCrossARouteWholeWithTheirHeaders) {
   EXPECT_EQ(b_.stat("cluster.route_dropped"), 0);
 }
 
+TEST_P(Cluster, MessagesInFragmentsOfTwoPublishersAtOnceCrossARouteWhole) {
+  // The route passes each fragment on as it arrives (no copy, nothing held
+  // whole): two publishers' messages interleave on it, and each keeps an id
+  // of this broker's so that the subscriber reassembles them apart.
+  constexpr int kEach = 4;
+  constexpr std::size_t kSize = 150 * 1000;
+  std::mutex mu;
+  std::vector<Message> got;
+  auto sub = client(b_);
+  ASSERT_TRUE(sub);
+  ASSERT_TRUE(sub->subscribe("frag.>",
+                             [&](const Message& m) {
+                               std::lock_guard l(mu);
+                               got.push_back(m);
+                             })
+                  .ok());
+  await_subscriptions(a_, 1);
+  auto payload_of = [](int p, int i) {
+    std::vector<std::byte> v(kSize + static_cast<std::size_t>(i));
+    for (std::size_t j = 0; j < v.size(); ++j)
+      v[j] = std::byte(static_cast<unsigned char>(j * 7 + p * 13 + i));
+    return v;
+  };
+  std::vector<std::thread> publishers;
+  std::atomic<int> failures{0};
+  for (int p = 0; p < 2; ++p) {
+    publishers.emplace_back([&, p] {
+      auto pub = client(a_);
+      if (!pub) return failures.fetch_add(1), void();
+      for (int i = 0; i < kEach; ++i) {
+        if (!pub->publish("frag." + std::to_string(p), payload_of(p, i)).ok()) failures.fetch_add(1);
+      }
+      if (!pub->flush(60s).ok()) failures.fetch_add(1);
+    });
+  }
+  for (auto& t : publishers) t.join();
+  ASSERT_EQ(failures.load(), 0);
+  ASSERT_TRUE(wait_until(
+      [&] {
+        std::lock_guard l(mu);
+        return got.size() >= 2 * kEach;
+      },
+      30s))
+      << "B: route in " << b_.stat("cluster.route_messages_in") << ", incomplete "
+      << b_.stat("messages.dropped.incomplete");
+  std::lock_guard l(mu);
+  ASSERT_EQ(got.size(), 2u * kEach);
+  int next[2] = {0, 0};
+  for (const auto& m : got) {
+    const int p = m.subject == "frag.0" ? 0 : 1;
+    const int i = next[p]++;  // each publisher's in its order
+    EXPECT_TRUE(m.payload == payload_of(p, i)) << m.subject << " #" << i << " differs";
+  }
+  EXPECT_EQ(b_.stat("messages.dropped.incomplete"), 0);
+  EXPECT_EQ(b_.stat("cluster.route_dropped"), 0);
+}
+
+TEST_P(Cluster, ARouteIsAConnectionOfAWorkerWithNoThreadOfItsOwn) {
+  // A broker with two routes up has the threads of one without routes: its
+  // routes are connections of its workers, which `stat` lists like any.
+  Member lone("lone", "alone");
+  const long routed = status_kib(a_.broker->pid(), "Threads:");
+  const long alone = status_kib(lone.broker->pid(), "Threads:");
+  ASSERT_GT(alone, 0);
+  EXPECT_EQ(routed, alone) << "broker A (2 routes up) has " << routed << " threads, one without routes "
+                           << alone << ":\n"
+                           << thread_stacks(a_.broker->pid());
+  // Among A's connections: its route out to B (the peer it dialed), beside B's route in.
+  const std::string listed = a_.broker->admin("connections");
+  const std::string dialed = url_via(*b_.broker, GetParam()).substr(GetParam() == Via::kRdma ? 7 : 6);
+  EXPECT_NE(listed.find("\"peer\":\"" + dialed + "\""), std::string::npos) << listed;
+}
+
 TEST_P(Cluster, ClientsOfAKilledBrokerMoveToAnotherAndTheOthersLoseNothing) {
   // A publisher on A, subscribers on A and C, and a client given the list
   // "B, C" that lands on B. B is killed mid-stream (SIGKILL: no CLOSE, its
@@ -628,6 +701,52 @@ TEST_P(RouteListeners, RoutesAndClientsEachHaveTheirOwnPortAndARouteMayTakeTheOt
   EXPECT_NE(out.find("cluster.listen_tcp 0.0.0.0:" + std::to_string(a.route_tcp_port)), std::string::npos)
       << "the route listeners are listed with the others\n"
       << out;
+}
+
+TEST_P(RouteListeners, ASubscriberThatStopsReadingBehindARouteIsCutAndTheRouteCarriesOn) {
+  // What a route brings is routed here in place, like a publish: a
+  // backlogged subscriber holds the route as it would a local publisher
+  // (its broker stops at the credits or the socket's window) for
+  // slow_consumer.producer_stall_ms at most, then overflows its queue and is
+  // cut. The route stays up and the subscriber that reads gets everything.
+  const Via via = GetParam();
+  Member a("a");
+  // A bound above what a route's window brings in one burst (32 credits of
+  // 16 KiB), so that the subscriber that reads keeps up.
+  Member b("b", "test", false, std::nullopt, "limits: {max_pending_bytes: 2097152}\n");
+  a.write("test", {url_via(*b.broker, via)});
+  b.write("test", {url_via(*a.broker, via)});
+  for (Member* m : {&a, &b}) {
+    const std::string reply = m->broker->admin("reload");
+    ASSERT_NE(reply.find("\"ok\":true"), std::string::npos) << reply;
+  }
+  for (Member* m : {&a, &b})
+    ASSERT_TRUE(wait_until([&] { return m->stat("cluster.routes_up") == 1; }, 60s)) << m->file;
+  auto stuck = raw_wire(*b.broker, via);  // subscribes and never reads
+  ASSERT_TRUE(stuck);
+  ASSERT_TRUE(stuck->send(frame(proto::FrameType::kSubscribe, 1, "flood")).ok());
+  SeqSink reader;
+  auto sub = connect_via(*b.broker, via);
+  ASSERT_TRUE(sub && sub->subscribe("flood", reader.handler()).ok());
+  ASSERT_TRUE(sub->flush(30s).ok());
+  ASSERT_TRUE(wait_until([&] { return a.stat("subscriptions") >= 1; }, 30s));
+  // Far more than the stuck one's queue and its socket's buffers hold.
+  constexpr std::uint64_t kMessages = 8000;
+  auto pub = connect_via(*a.broker, via);
+  ASSERT_TRUE(pub);
+  std::string body(2000, 'x');
+  for (std::uint64_t i = 0; i < kMessages; ++i) {
+    const std::string n = std::to_string(i);
+    std::memcpy(body.data(), n.c_str(), n.size() + 1);
+    ASSERT_TRUE(pub->publish("flood", std::as_bytes(std::span(body.data(), body.size()))).ok()) << i;
+  }
+  ASSERT_TRUE(pub->flush(60s).ok());
+  ASSERT_TRUE(wait_until([&] { return reader.size() >= kMessages; }, 60s)) << reader.describe();
+  EXPECT_TRUE(reader.exactly(0, kMessages)) << reader.describe();
+  EXPECT_GT(b.stat("messages.dropped.slow_consumer"), 0) << "the subscriber that stopped reading was cut";
+  EXPECT_EQ(b.stat("cluster.routes_up"), 1);
+  EXPECT_EQ(b.stat("cluster.route_reconnects"), 0) << "the route never went down";
+  EXPECT_EQ(b.stat("cluster.route_messages_in"), static_cast<std::int64_t>(kMessages));
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, RouteListeners, ::testing::Values(Via::kRdma, Via::kTcp),
