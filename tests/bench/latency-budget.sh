@@ -49,7 +49,7 @@ run tcp tcp --
 RAW_POLLED=$(raw_lat)
 RAW_EVENTS=$(raw_lat -e)
 
-python3 - "$SECS" "$RATE" "$RAW_POLLED" "$RAW_EVENTS" "$(uname -r)" <<'EOF'
+python3 - "$SECS" "$RATE" "$RAW_POLLED" "$RAW_EVENTS" "$(uname -r)" <<'EOF' | doc_table "latency-budget-$SECS-$RATE"
 import json, sys
 secs, rate, raw_polled, raw_events, kernel = sys.argv[1:6]
 modes = [("default", "default (RDMA)"), ("adaptive", "adaptive (RDMA)"),

@@ -30,6 +30,7 @@ start_mode() {  # MODE: unicast | multicast
 }
 stat_of() { "$CLI" stat --json --admin-socket "$SOCK" | python3 -c "import json,sys; print(json.load(sys.stdin)['stats'].get('$1', 0))"; }
 
+{
 echo "| subscribers | mode | delivered msg/s | broker CPU µs / delivered msg | datagrams | group messages | RC copies | repairs served | publisher stalls |"
 echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
 for m in 1 4 16 32; do
@@ -53,3 +54,4 @@ EOF
     stop_broker
   done
 done
+} | doc_table "multicast-fanout-$COUNT-$SIZE"

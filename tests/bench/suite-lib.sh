@@ -120,3 +120,17 @@ raw_lat() {
   wait "$server" || true
   awk '$1 == 64 { print $5 }' /tmp/raw-lat.txt
 }
+
+# ... | doc_table NAME: prints what comes in and writes it into
+# docs/benchmarks.md's section NAME, with the date and commit
+# (tests/bench/docs_section.py); a run whose arguments have no section
+# there (another rate, another count) only prints.
+doc_table() {
+  mkdir -p build
+  tee "build/bench-$1.md"
+  if grep -q "<!-- $1:begin" docs/benchmarks.md; then
+    python3 tests/bench/docs_section.py "$1" "build/bench-$1.md"
+  else
+    echo "(no section '$1' in docs/benchmarks.md: not written there)" >&2
+  fi
+}

@@ -19,6 +19,7 @@
 # the references for the latencies.
 # Runs where RDMA devices exist; without one, through the Soft-RoCE guest:
 #   sudo tests/bench/wakeups.sh [RATE] [SECONDS]
+# The table goes into docs/benchmarks.md too (doc_table, suite-lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RATE=${1:-200}
@@ -54,22 +55,24 @@ print(f"| {label} | {a['received']:,} | {fmt(w['clients'])} | {fmt(w['broker'])}
 EOF
 }
 
-echo "64 B, 1 -> 1 at $RATE msg/s for $SECS s over RDMA ($(uname -r))"
-echo
-echo "| mode | messages | wake-ups/msg: clients | broker | total | p50 µs (from publish) | p99 µs |"
-echo "|---|---|---|---|---|---|---|"
-run "default (2 workers)" --
-# Adaptive waiting spins only when recent sleeps were short (not at 200 msg/s).
-run "default, adaptive waiting (broker and clients)" --adaptive-poll true -- --adaptive-poll
-run "1 worker" --workers 1 --
-# Spinning only helps when the spin outlasts the gap between messages (5 ms
-# at 200 msg/s): 1 ms does not, 10 ms does.
-run "1 worker, all spin 1 ms" --workers 1 --busy-poll-us 1000 -- --busy-poll-us 1000
-run "1 worker, all spin 10 ms" --workers 1 --busy-poll-us 10000 -- --busy-poll-us 10000
-# Two spinning threads at most (the subscriber's and the worker's) on the
-# guest's two vCPUs; the publisher sleeps between publishes.
-run "polled clients, 1 worker" --workers 1 -- --polled
-run "fully polled: polled clients, 1 worker spins 10 ms" --workers 1 --busy-poll-us 10000 -- --polled
+{
+  echo "64 B, 1 -> 1 at $RATE msg/s for $SECS s over RDMA ($(uname -r))"
+  echo
+  echo "| mode | messages | wake-ups/msg: clients | broker | total | p50 µs (from publish) | p99 µs |"
+  echo "|---|---|---|---|---|---|---|"
+  run "default (2 workers)" --
+  # Adaptive waiting spins only when recent sleeps were short (not at 200 msg/s).
+  run "default, adaptive waiting (broker and clients)" --adaptive-poll true -- --adaptive-poll
+  run "1 worker" --workers 1 --
+  # Spinning only helps when the spin outlasts the gap between messages (5 ms
+  # at 200 msg/s): 1 ms does not, 10 ms does.
+  run "1 worker, all spin 1 ms" --workers 1 --busy-poll-us 1000 -- --busy-poll-us 1000
+  run "1 worker, all spin 10 ms" --workers 1 --busy-poll-us 10000 -- --busy-poll-us 10000
+  # Two spinning threads at most (the subscriber's and the worker's) on the
+  # guest's two vCPUs; the publisher sleeps between publishes.
+  run "polled clients, 1 worker" --workers 1 -- --polled
+  run "fully polled: polled clients, 1 worker spins 10 ms" --workers 1 --busy-poll-us 10000 -- --polled
 
-echo
-echo "raw ib_send_lat 64 B, typical one-way µs: polled $(raw_lat), with events (-e) $(raw_lat -e)"
+  echo
+  echo "raw ib_send_lat 64 B, typical one-way µs: polled $(raw_lat), with events (-e) $(raw_lat -e)"
+} | doc_table "wakeups-$RATE-$SECS"

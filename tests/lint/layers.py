@@ -51,16 +51,23 @@ SESSION_ONLY = ["session.hpp", "send_buffers.hpp", "subscriptions.hpp", "request
                 "multicast_streams.hpp"]
 
 
+def includes(path):
+    """(line number, included path) of each `#include "..."` of a file."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            m = INCLUDE.match(line)
+            if m:
+                yield number, m.group(1)
+
+
 def client_transports(root):
     bad = []
     src = os.path.join(root, "client-lib", "src")
     for name in CLIENT_TRANSPORTS:
-        with open(os.path.join(src, name), encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                m = INCLUDE.match(line)
-                if m and m.group(1) in SESSION_ONLY:
-                    bad.append(f"client-lib/src/{name}:{number}: a transport includes {m.group(1)} "
-                               "(it sees its session as a SessionSide: transport.hpp)")
+        for number, header in includes(os.path.join(src, name)):
+            if header in SESSION_ONLY:
+                bad.append(f"client-lib/src/{name}:{number}: a transport includes {header} "
+                           "(it sees its session as a SessionSide: transport.hpp)")
     return bad
 
 
@@ -76,24 +83,22 @@ def main(root):
             if src not in FLOOR:
                 bad.append(f"daemon/{path}: folder '{src}' has no floor in tests/lint/layers.py")
                 continue
-            with open(os.path.join(daemon, path), encoding="utf-8") as f:
-                for number, line in enumerate(f, 1):
-                    m = INCLUDE.match(line)
-                    if m and m.group(1) in CLIENT_LIBRARY:
-                        bad.append(f"daemon/{path}:{number}: includes {m.group(1)}: the daemon does not use "
-                                   "the client library")
-                        continue
-                    if not m or not os.path.exists(os.path.join(daemon, m.group(1))):
-                        continue  # another library's header (rdmabroker/..., config/...)
-                    dst = folder_of(m.group(1))
-                    if dst == src:
-                        continue
-                    if dst not in FLOOR:
-                        bad.append(f"daemon/{path}:{number}: includes {m.group(1)}, folder without a floor")
-                    elif FLOOR[dst] >= FLOOR[src]:
-                        how = "up" if FLOOR[dst] > FLOOR[src] else "sideways"
-                        bad.append(f"daemon/{path}:{number}: {src} includes {m.group(1)} ({how}: "
-                                   f"{src} is floor {FLOOR[src]}, {dst} floor {FLOOR[dst]})")
+            for number, header in includes(os.path.join(daemon, path)):
+                if header in CLIENT_LIBRARY:
+                    bad.append(f"daemon/{path}:{number}: includes {header}: the daemon does not use "
+                               "the client library")
+                    continue
+                if not os.path.exists(os.path.join(daemon, header)):
+                    continue  # another library's header (rdmabroker/..., config/...)
+                dst = folder_of(header)
+                if dst == src:
+                    continue
+                if dst not in FLOOR:
+                    bad.append(f"daemon/{path}:{number}: includes {header}, folder without a floor")
+                elif FLOOR[dst] >= FLOOR[src]:
+                    how = "up" if FLOOR[dst] > FLOOR[src] else "sideways"
+                    bad.append(f"daemon/{path}:{number}: {src} includes {header} ({how}: "
+                               f"{src} is floor {FLOOR[src]}, {dst} floor {FLOOR[dst]})")
     bad += client_transports(root)
     for line in bad:
         print(line)
