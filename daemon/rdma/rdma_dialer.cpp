@@ -147,12 +147,9 @@ Status RdmaDialer::establish(Map::iterator it, std::span<const std::byte> accept
 }
 
 void RdmaDialer::fail(Map::iterator it, const std::string& why) {
-  Pending& p = it->second;
-  if (p.port != nullptr) p.port->outstanding -= std::min(p.port->outstanding, p.grant);
-  const RouteDial dial = std::move(p.dial);
-  const std::uint32_t slot = p.slot;
-  pending_.erase(it);  // the QP, then the cm_id
-  dial_failed(ctx_, slot, dial, "rdma: " + why);
+  const std::uint64_t route = it->second.dial.route;
+  drop(it);
+  if (ctx_.core.routes != nullptr) ctx_.core.routes->route_down(route, RouteEnd::kLost, "rdma: " + why);
 }
 
 void RdmaDialer::check_deadlines() {
