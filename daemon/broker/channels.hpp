@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "broker/buffer_pool.hpp"
+#include "broker/routed_frame.hpp"
 #include "rdmabroker/config/settings.hpp"
 #include "rdmabroker/proto/subjects.hpp"
 
@@ -39,9 +40,7 @@ struct ChannelMember {
 struct ChannelPublish {
   std::uint32_t channel = 0;
   BufferRef buf;
-  std::uint32_t offset = 0;
-  std::uint32_t len = 0;
-  std::uint32_t payload_len = 0;
+  RoutedFrame frame;
   std::int64_t received_at = 0;
 };
 

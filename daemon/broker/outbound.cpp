@@ -14,7 +14,7 @@ OutItem make_control(proto::FrameType type, std::uint32_t arg, std::string text,
   item.header.type = type;
   item.header.arg = arg;
   item.header.payload_len = static_cast<std::uint32_t>(text.size());
-  item.text = std::move(text);
+  if (!text.empty()) item.text = std::make_unique<std::string>(std::move(text));
   return item;
 }
 
@@ -22,7 +22,7 @@ OutItem make_info(std::string text) {
   OutItem item;
   item.header.type = proto::FrameType::kInfo;
   item.header.payload_len = static_cast<std::uint32_t>(text.size());
-  item.text = std::move(text);
+  item.text = std::make_unique<std::string>(std::move(text));
   return item;
 }
 
@@ -44,8 +44,9 @@ OutItem make_frame(proto::FrameHeader h, std::string_view subject, std::string_v
   h.reply_len = static_cast<std::uint16_t>(reply.size());
   h.payload_len = static_cast<std::uint32_t>(payload.size());
   item.header = h;
-  item.text.reserve(subject.size() + reply.size() + payload.size());
-  item.text.append(subject).append(reply).append(payload);
+  item.text = std::make_unique<std::string>();
+  item.text->reserve(subject.size() + reply.size() + payload.size());
+  item.text->append(subject).append(reply).append(payload);
   return item;
 }
 
@@ -53,7 +54,7 @@ OutItem make_no_responders(std::string_view reply) {
   OutItem item;
   item.header.type = proto::FrameType::kNoResponders;
   item.header.subject_len = static_cast<std::uint16_t>(reply.size());
-  item.text = std::string(reply);
+  item.text = std::make_unique<std::string>(reply);
   return item;
 }
 
@@ -64,25 +65,28 @@ OutItem make_abort(std::uint32_t sid, std::uint64_t publisher_id) {
   return item;
 }
 
-OutItem make_delivery(BufferRef buf, std::uint32_t sid, std::uint32_t offset, std::uint32_t len,
-                      std::uint32_t payload_len, std::int64_t received_at) {
+OutItem make_delivery(BufferRef buf, std::uint32_t sid, const RoutedFrame& frame, std::int64_t received_at) {
   OutItem item;
   item.received_at = received_at;
   item.header.type = proto::FrameType::kDeliver;
   item.header.arg = sid;
-  item.header.payload_len = len;
+  item.header.payload_len = frame.len;
   item.body = std::move(buf);
-  item.body_offset = offset;
-  item.body_len = len;
-  item.messages = completes_message_at(item.body, offset) ? 1 : 0;
-  item.payload_bytes = payload_len;
+  item.body_offset = frame.offset;
+  item.body_len = frame.len;
+  item.messages = frame.ends ? 1 : 0;
+  item.payload_bytes = frame.payload_len;
+  item.fragment = frame.fragment;
+  item.begins = frame.begins;
+  item.ends = frame.ends;
+  item.header_blocks = frame.header_len != 0;
+  item.publisher = frame.publisher;
   return item;
 }
 
 OutItem make_sequenced_delivery(BufferRef buf, std::uint32_t sid, std::uint64_t sequence,
-                                std::uint32_t offset, std::uint32_t len, std::uint32_t payload_len,
-                                std::int64_t received_at) {
-  OutItem item = make_delivery(std::move(buf), sid, offset, len, payload_len, received_at);
+                                const RoutedFrame& frame, std::int64_t received_at) {
+  OutItem item = make_delivery(std::move(buf), sid, frame, received_at);
   item.header.flags = proto::kFlagSequenced;
   item.header.sequence = sequence;
   item.fixed_sequence = true;
@@ -92,32 +96,30 @@ OutItem make_sequenced_delivery(BufferRef buf, std::uint32_t sid, std::uint64_t 
 namespace {
 
 /// Whether delivery `tail` may take the frames [offset, offset+len) of
-/// buffer `index` for subscription `sid` that start with `first`: they follow
-/// its own in the same buffer, the result fits `max_frame`, neither side is
-/// a fragment (a fragment travels alone), and a sequenced run takes only the
-/// next message of its channel (`sequence`; 0: a plain message).
+/// buffer `index` for subscription `sid`: they follow its own in the same
+/// buffer, the result fits `max_frame`, neither side is a fragment (a
+/// fragment travels alone), and a sequenced run takes only the next message
+/// of its channel (`sequence`; 0: a plain message).
 bool continues_run(const OutItem& tail, std::uint32_t index, std::uint32_t sid, std::uint32_t offset,
-                   std::uint32_t len, std::uint32_t max_frame, std::uint64_t sequence,
-                   const std::byte* first) {
+                   std::uint32_t len, bool fragment, std::uint32_t max_frame, std::uint64_t sequence) {
   const bool sequenced = (tail.header.flags & proto::kFlagSequenced) != 0;
   if (sequenced ? sequence != tail.header.sequence + tail.messages : sequence != 0) return false;
   return tail.is_delivery() && tail.strip == 0 && tail.cut_start == 0 && tail.header.arg == sid &&
          tail.body && tail.body.index() == index && tail.body_offset + tail.body_len == offset &&
-         proto::kHeaderSize + tail.body_len + len <= max_frame && !proto::load_header(first).is_fragment() &&
-         !fragment_at(tail.body, tail.body_offset);
+         proto::kHeaderSize + tail.body_len + len <= max_frame && !fragment && !tail.fragment;
 }
 
 }  // namespace
 
-bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, std::uint32_t offset,
-                     std::uint32_t len, std::uint32_t payload_len, std::uint32_t max_frame,
-                     std::uint64_t sequence) {
-  if (!continues_run(tail, buf.index(), sid, offset, len, max_frame, sequence, buf.data() + offset))
+bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, const RoutedFrame& frame,
+                     std::uint32_t max_frame, std::uint64_t sequence) {
+  if (!continues_run(tail, buf.index(), sid, frame.offset, frame.len, frame.fragment, max_frame, sequence))
     return false;
-  tail.body_len += len;
-  tail.header.payload_len += len;
+  tail.body_len += frame.len;
+  tail.header.payload_len += frame.len;
   ++tail.messages;
-  tail.payload_bytes += payload_len;
+  tail.payload_bytes += frame.payload_len;
+  tail.header_blocks = tail.header_blocks || frame.header_len != 0;
   return true;
 }
 
@@ -125,14 +127,15 @@ bool extend_delivery(OutItem& tail, const OutItem& run, std::uint32_t max_frame)
   const bool sequenced = (run.header.flags & proto::kFlagSequenced) != 0;
   if (!run.is_delivery() || !run.body || run.strip != 0 || run.cut_start != 0 ||
       sequenced != ((tail.header.flags & proto::kFlagSequenced) != 0) ||
-      !continues_run(tail, run.body.index(), run.header.arg, run.body_offset, run.body_len, max_frame,
-                     sequenced ? run.header.sequence : 0, run.body.data() + run.body_offset)) {
+      !continues_run(tail, run.body.index(), run.header.arg, run.body_offset, run.body_len, run.fragment,
+                     max_frame, sequenced ? run.header.sequence : 0)) {
     return false;
   }
   tail.body_len += run.body_len;
   tail.header.payload_len += run.body_len;
   tail.messages += run.messages;
   tail.payload_bytes += run.payload_bytes;
+  tail.header_blocks = tail.header_blocks || run.header_blocks;
   if (run.received_at != 0 && (tail.received_at == 0 || run.received_at < tail.received_at))
     tail.received_at = run.received_at;
   return true;
@@ -140,48 +143,30 @@ bool extend_delivery(OutItem& tail, const OutItem& run, std::uint32_t max_frame)
 
 namespace {
 
-struct InnerFrame {
-  std::uint32_t len = 0;          // padded
-  std::uint32_t payload_len = 0;  // header block included
-  std::uint16_t header_len = 0;
-};
-
-/// The lengths of the (validated) PUBLISH frame at `p`.
-InnerFrame inner_frame(const std::byte* p) {
-  const proto::FrameHeader h = proto::load_header(p);
-  return {static_cast<std::uint32_t>(h.frame_len()), h.payload_len, h.header_len};
+/// The frame at `at` of a delivery being rewritten for an older or smaller
+/// peer: a run carries the facts of its first frame only, so a rewrite
+/// reads each frame it rewrites (validated when it was received).
+RoutedFrame frame_of(const OutItem& item, std::uint32_t at) {
+  return RoutedFrame::of(proto::load_header(item.body.data() + at), at);
 }
 
 }  // namespace
-
-bool carries_headers(const OutItem& item) {
-  if (item.strip != 0) return false;  // the one block it holds is left out already
-  for (std::uint32_t off = 0; off < item.body_len;) {
-    const InnerFrame f = inner_frame(item.body.data() + item.body_offset + off);
-    if (f.header_len != 0) return true;
-    off += f.len;
-  }
-  return false;
-}
 
 std::vector<OutItem> split_without_headers(OutItem item) {
   std::vector<OutItem> pieces;
   const bool sequenced = (item.header.flags & proto::kFlagSequenced) != 0;
   std::uint64_t sequence = item.header.sequence;
   for (std::uint32_t off = 0; off < item.body_len;) {
-    const std::uint32_t at = item.body_offset + off;
-    const InnerFrame f = inner_frame(item.body.data() + at);
+    const RoutedFrame f = frame_of(item, item.body_offset + off);
     const std::uint64_t seq = sequenced ? sequence++ : 0;
     if (f.header_len == 0 && !pieces.empty() && pieces.back().strip == 0 &&
-        extend_delivery(pieces.back(), item.body, item.header.arg, at, f.len, f.payload_len, UINT32_MAX,
-                        seq)) {
+        extend_delivery(pieces.back(), item.body, item.header.arg, f, UINT32_MAX, seq)) {
       off += f.len;
       continue;
     }
-    OutItem piece = sequenced ? make_sequenced_delivery(item.body.clone(), item.header.arg, seq, at, f.len,
-                                                        f.payload_len, item.received_at)
-                              : make_delivery(item.body.clone(), item.header.arg, at, f.len, f.payload_len,
-                                              item.received_at);
+    OutItem piece =
+        sequenced ? make_sequenced_delivery(item.body.clone(), item.header.arg, seq, f, item.received_at)
+                  : make_delivery(item.body.clone(), item.header.arg, f, item.received_at);
     if (f.header_len != 0) {
       piece.strip = f.header_len;
       piece.header.payload_len -= f.header_len;
@@ -201,36 +186,33 @@ std::vector<OutItem> cut_to_fit(OutItem item, std::uint32_t max_frame) {
   const std::uint32_t room = (max_frame - 2 * proto::kHeaderSize) & ~std::uint32_t{7};
   for (std::uint32_t off = 0; off < item.body_len;) {
     const std::uint32_t at = item.body_offset + off;
-    const std::byte* frame = item.body.data() + at;
-    const InnerFrame f = inner_frame(frame);
+    const proto::FrameHeader h = proto::load_header(item.body.data() + at);
+    const RoutedFrame f = RoutedFrame::of(h, at);
     off += f.len;
     if (proto::kHeaderSize + f.len <= max_frame) {
-      if (pieces.empty() ||
-          !extend_delivery(pieces.back(), item.body, sid, at, f.len, f.payload_len, max_frame)) {
-        pieces.push_back(make_delivery(item.body.clone(), sid, at, f.len, f.payload_len, item.received_at));
+      if (pieces.empty() || !extend_delivery(pieces.back(), item.body, sid, f, max_frame)) {
+        pieces.push_back(make_delivery(item.body.clone(), sid, f, item.received_at));
       }
       continue;
     }
-    const proto::FrameHeader h = proto::load_header(frame);
     const std::uint32_t strings = std::uint32_t{h.subject_len} + h.reply_len;
     // Rule 2 of §3.7: the first fragment holds the strings, the whole header block and a payload byte.
     if (strings + f.header_len + 1 > room) {
-      pieces.push_back(make_delivery(item.body.clone(), sid, at, f.len, f.payload_len, item.received_at));
+      pieces.push_back(make_delivery(item.body.clone(), sid, f, item.received_at));
       continue;
     }
-    const std::uint32_t messages = h.ends_message() ? 1 : 0;
     const std::uint32_t body = f.len - proto::kHeaderSize;  // strings, payload, padding
     const std::uint32_t payload_end = strings + f.payload_len;
     for (std::uint32_t start = 0; start < body;) {
       const std::uint32_t len = std::min(room, body - start);
-      OutItem piece = make_delivery(item.body.clone(), sid, at, 0, 0, item.received_at);
+      OutItem piece = make_delivery(item.body.clone(), sid, f, item.received_at);
       piece.cut_start = proto::kHeaderSize + start;
       piece.header.payload_len = proto::kHeaderSize + len;
       piece.body_len = (start == 0 ? proto::kHeaderSize : 0) + len;
       const std::uint32_t from = std::max(start, strings), to = std::min(start + len, payload_end);
       piece.payload_bytes = to > from ? to - from : 0;
       start += len;
-      piece.messages = start == body ? messages : 0;
+      piece.messages = start == body && f.ends ? 1 : 0;
       pieces.push_back(std::move(piece));
     }
   }
@@ -316,17 +298,18 @@ void pack_item(OutItem& item, std::byte* dst, std::size_t in_block, std::uint32_
     // A frame of its own with strings (make_frame): the text holds them and
     // the payload, as its header says.
     proto::encode_header(dst, item.header);
-    std::memcpy(dst + proto::kHeaderSize, item.text.data(), item.text.size());
-    std::memset(dst + proto::kHeaderSize + item.text.size(), 0,
-                in_block - proto::kHeaderSize - item.text.size());
+    const std::string_view text = item.control_text();
+    std::memcpy(dst + proto::kHeaderSize, text.data(), text.size());
+    std::memset(dst + proto::kHeaderSize + text.size(), 0, in_block - proto::kHeaderSize - text.size());
     add_range(sge, num_sge, reinterpret_cast<std::uint64_t>(dst), static_cast<std::uint32_t>(in_block),
               block_lkey);
   } else {
     // The body is ERROR/CLOSE text, or NO_RESPONDERS' subject.
     const bool text_is_subject = item.header.type == proto::FrameType::kNoResponders;
-    const auto text = std::as_bytes(std::span<const char>(item.text.data(), item.text.size()));
-    proto::encode_frame(std::span<std::byte>(dst, in_block), item.header, text_is_subject ? item.text : "",
-                        {}, text_is_subject ? std::span<const std::byte>{} : text);
+    const std::string_view body = item.control_text();
+    const auto text = std::as_bytes(std::span<const char>(body.data(), body.size()));
+    proto::encode_frame(std::span<std::byte>(dst, in_block), item.header, text_is_subject ? body : "", {},
+                        text_is_subject ? std::span<const std::byte>{} : text);
     add_range(sge, num_sge, reinterpret_cast<std::uint64_t>(dst), static_cast<std::uint32_t>(in_block),
               block_lkey);
   }

@@ -12,11 +12,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "broker/buffer_pool.hpp"
+#include "broker/routed_frame.hpp"
 #include "rdmabroker/proto/wire.hpp"
 
 namespace rdmabroker::daemon {
@@ -34,11 +37,18 @@ inline constexpr std::size_t kMaxControlText = 200;
 inline constexpr std::size_t kMaxInfoText = kSendBlockSize - 2 * proto::kHeaderSize;
 
 struct OutItem {
-  proto::FrameHeader header;    // sequence is assigned when packed, unless fixed_sequence
-  bool fixed_sequence = false;  // header.sequence means something (ERROR's sid, a channel sequence): kept
+  proto::FrameHeader header;        // sequence is assigned when packed, unless fixed_sequence
+  bool fixed_sequence : 1 = false;  // header.sequence means something (ERROR's sid, a channel sequence)
   /// Counted in its connection's pool share: the first queued item that
   /// holds its body buffer (Connections::enqueue, broker/pool_shares.hpp).
-  bool pinned = false;
+  bool pinned : 1 = false;
+  /// Deliveries: what their first PUBLISH frame is, from the one decode of
+  /// it (broker/routed_frame.hpp), so that no later stage reads its header.
+  /// A run holds whole messages only; a cut piece has its frame's facts.
+  bool fragment : 1 = false;       // a publisher's fragment (SPEC.md §3.7): it travels alone
+  bool begins : 1 = false;         // the frame starts its message
+  bool ends : 1 = false;           // the frame completes its message
+  bool header_blocks : 1 = false;  // a frame of it carries a header block (SPEC.md §3.6)
   /// A single PUBLISH to a client of protocol version 1: the bytes of its
   /// header block (SPEC.md §3.6), left out when it is packed (two body
   /// ranges around the block, the inner header rewritten). 0: sent as received.
@@ -48,15 +58,18 @@ struct OutItem {
   /// buffers"): the frame's bytes [cut_start, cut_start + cut_len()) after
   /// a fragment header written when it is packed. 0: not cut.
   std::uint32_t cut_start = 0;
-  std::uint32_t messages = 0;       // deliveries: PUBLISH frames in the run (here: no padding to OutItem)
+  std::uint32_t messages = 0;       // deliveries: PUBLISH frames in the run
   std::uint32_t payload_bytes = 0;  // deliveries: their payload bytes (a run is within one buffer)
   BufferRef body;                   // deliveries: the received buffer holding the PUBLISH frames
   std::uint32_t body_offset = 0;
   std::uint32_t body_len = 0;    // padded bytes after the header, as received (what queues count)
   std::int64_t received_at = 0;  // deliveries: when the run's first frame reached the broker (steady ns)
-  std::string
-      text;  // control frames: their body (ERROR text, NO_RESPONDERS subject), copied into the send block
+  std::uint64_t publisher = 0;   // a fragment's: its publisher's connection id
+  /// Control frames: their body (ERROR text, NO_RESPONDERS subject), copied
+  /// into the send block. Held apart: a delivery, the common item, has none.
+  std::unique_ptr<std::string> text;
 
+  std::string_view control_text() const { return text ? std::string_view(*text) : std::string_view(); }
   /// A cut piece's bytes of its frame: what it counts in the queue, less
   /// the frame's header that its first piece counts (and replaces).
   std::uint32_t cut_len() const {
@@ -64,7 +77,7 @@ struct OutItem {
   }
   std::size_t wire_len() const {
     if (cut_start != 0) return 2 * proto::kHeaderSize + cut_len();
-    return proto::kHeaderSize + (body ? body_len - strip : proto::align_up(text.size()));
+    return proto::kHeaderSize + (body ? body_len - strip : proto::align_up(control_text().size()));
   }
   bool is_delivery() const { return header.type == proto::FrameType::kDeliver; }
 };
@@ -98,22 +111,21 @@ OutItem make_no_responders(std::string_view reply);
 /// subscription `sid` in fragments will not be completed.
 OutItem make_abort(std::uint32_t sid, std::uint64_t publisher_id);
 
-/// A DELIVER to subscription `sid` of the PUBLISH frame at [offset, offset+len)
-/// of a received buffer (zero-copy: the item references the buffer).
-OutItem make_delivery(BufferRef buf, std::uint32_t sid, std::uint32_t offset, std::uint32_t len,
-                      std::uint32_t payload_len, std::int64_t received_at = 0);
+/// A DELIVER to subscription `sid` of PUBLISH frame `frame` of a received
+/// buffer (zero-copy: the item references the buffer).
+OutItem make_delivery(BufferRef buf, std::uint32_t sid, const RoutedFrame& frame,
+                      std::int64_t received_at = 0);
 
-/// Appends the PUBLISH frame at [offset, offset+len) of `buf` to `tail` if it
-/// is a DELIVER to the same subscription that ends exactly where this frame
-/// starts in the same buffer, and the result stays within `max_frame`; a
-/// fragment always travels in a DELIVER of its own (a client of version < 4
-/// is sent none: Connections tells them apart by item). One
-/// run of a publisher's batch thus becomes one DELIVER and two SGEs.
-/// `sequence`: for a multicast channel's sequenced DELIVER (SPEC.md §7), the
-/// frame's channel sequence, which must follow the tail's last one; 0 otherwise.
-bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, std::uint32_t offset,
-                     std::uint32_t len, std::uint32_t payload_len, std::uint32_t max_frame,
-                     std::uint64_t sequence = 0);
+/// Appends PUBLISH frame `frame` of `buf` to `tail` if it is a DELIVER to
+/// the same subscription that ends exactly where this frame starts in the
+/// same buffer, and the result stays within `max_frame`; a fragment always
+/// travels in a DELIVER of its own (a client of version < 4 is sent none:
+/// Connections tells them apart by item). One run of a publisher's batch
+/// thus becomes one DELIVER and two SGEs. `sequence`: for a multicast
+/// channel's sequenced DELIVER (SPEC.md §7), the frame's channel sequence,
+/// which must follow the tail's last one; 0 otherwise.
+bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, const RoutedFrame& frame,
+                     std::uint32_t max_frame, std::uint64_t sequence = 0);
 /// The same for a whole run: appends delivery `run` (one or more frames as
 /// received, not a piece of one) to `tail` under the same rules, its
 /// messages counted, the earlier arrival kept. How waiting runs copied
@@ -121,28 +133,17 @@ bool extend_delivery(OutItem& tail, const BufferRef& buf, std::uint32_t sid, std
 bool extend_delivery(OutItem& tail, const OutItem& run, std::uint32_t max_frame);
 /// A sequenced DELIVER (SPEC.md §7) of one channel message to subscription `sid`.
 OutItem make_sequenced_delivery(BufferRef buf, std::uint32_t sid, std::uint64_t sequence,
-                                std::uint32_t offset, std::uint32_t len, std::uint32_t payload_len,
-                                std::int64_t received_at = 0);
+                                const RoutedFrame& frame, std::int64_t received_at = 0);
 
-/// The header_len of the PUBLISH frame at `offset` of a received buffer.
-inline std::uint16_t header_len_at(const BufferRef& buf, std::uint32_t offset) {
-  return proto::load_header(buf.data() + offset).header_len;
-}
-/// Whether the (validated) PUBLISH frame at `offset` is a fragment (SPEC.md §3.7).
-inline bool fragment_at(const BufferRef& buf, std::uint32_t offset) {
-  return proto::load_header(buf.data() + offset).is_fragment();
-}
-/// The publisher's connection id that the (validated) fragment at `offset` carries (SPEC.md §3.7).
-inline std::uint64_t fragment_publisher_at(const BufferRef& buf, std::uint32_t offset) {
-  return proto::load_header(buf.data() + offset).sequence;
-}
-/// Whether the PUBLISH frame at `offset` completes a message (a whole one,
-/// or a last fragment): the frame that counts it once in queues and
-/// statistics (a message abandoned before its last fragment counts as
-/// dropped where its ABORT goes, or would have gone).
-inline bool completes_message_at(const BufferRef& buf, std::uint32_t offset) {
-  // Validated: a fragment's offset + length never passes its message's length.
-  return proto::load_header(buf.data() + offset).ends_message();
+/// What delivery `item` is as a piece of a fragmented message: a fragment
+/// (or a piece the broker cut of one), and whether it begins its message.
+struct FragmentPiece {
+  bool is_fragment = false;
+  bool begins = false;
+};
+inline FragmentPiece fragment_piece(const OutItem& item) {
+  if (!item.is_delivery() || !item.body || !item.fragment) return {};
+  return {true, item.begins && item.cut_start <= proto::kHeaderSize};
 }
 /// How many messages delivery `item` begins: what a subscriber that never
 /// gets it loses. A whole message (or a run) begins its messages; a
@@ -150,19 +151,6 @@ inline bool completes_message_at(const BufferRef& buf, std::uint32_t offset) {
 /// one's message counts where the first went: its subscriber's queue, and
 /// Connection::begun_messages when that closes); a piece the broker cut of
 /// such a fragment, only if it is the fragment's first piece.
-/// What delivery `item` is as a piece of a fragmented message, from one
-/// decode of its frame header: a fragment (or a piece the broker cut of one),
-/// and whether it begins its message.
-struct FragmentPiece {
-  bool is_fragment = false;
-  bool begins = false;
-};
-inline FragmentPiece fragment_piece(const OutItem& item) {
-  if (!item.is_delivery() || !item.body) return {};
-  const proto::FrameHeader h = proto::load_header(item.body.data() + item.body_offset);
-  if (!h.is_fragment()) return {};
-  return {true, h.starts_message() && item.cut_start <= proto::kHeaderSize};
-}
 inline std::uint32_t messages_begun(const OutItem& item) {
   if (!item.is_delivery() || !item.body) return 0;
   const FragmentPiece piece = fragment_piece(item);
@@ -170,7 +158,7 @@ inline std::uint32_t messages_begun(const OutItem& item) {
 }
 /// Whether any PUBLISH frame of delivery `item` carries a header block that
 /// would be sent (one left out by `strip` is not).
-bool carries_headers(const OutItem& item);
+inline bool carries_headers(const OutItem& item) { return item.header_blocks && item.strip == 0; }
 /// Delivery `item` as a client of protocol version 1 can read it: runs of
 /// frames without a header block as they are, each frame with one as an item
 /// of its own with `strip` set, in order (sequence numbers follow). The

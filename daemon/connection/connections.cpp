@@ -333,7 +333,7 @@ bool Connections::refuse_fragments(Connection& c, const OutItem& item) {
     needs_fragments.add();  // the message that will not come: it was sent none of it
     return true;
   }
-  if (!item.is_delivery() || !fragment_at(item.body, item.body_offset)) return false;
+  if (!item.is_delivery() || !item.fragment) return false;
   // A client of version < 4 reads no fragment: the message is not sent to it
   // (SPEC.md §3.7), counted once, with its last fragment (item.messages).
   needs_fragments.add(item.messages);
@@ -361,12 +361,11 @@ bool Connections::cut_for_peer(Connection& c, OutItem& item) {
     return true;
   }
   if (!item.is_delivery()) return false;
-  if (!uncut.empty() && fragment_at(item.body, item.body_offset)) {
+  if (!uncut.empty() && item.fragment) {
     // A fragment travels alone (SPEC.md §3.4): the item is this one frame.
-    const auto it = std::find(uncut.begin(), uncut.end(),
-                              std::pair{item.header.arg, fragment_publisher_at(item.body, item.body_offset)});
+    const auto it = std::find(uncut.begin(), uncut.end(), std::pair{item.header.arg, item.publisher});
     if (it != uncut.end()) {
-      if (completes_message_at(item.body, item.body_offset)) uncut.erase(it);
+      if (item.ends) uncut.erase(it);
       unqueue(c.slot, item.body_len);
       return true;
     }
@@ -377,9 +376,7 @@ bool Connections::cut_for_peer(Connection& c, OutItem& item) {
       // Its subject, reply and header block alone fill this client's receive buffer.
       ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kBufferTooSmall)].add();
       unqueue(c.slot, piece.body_len);
-      if (!completes_message_at(piece.body, piece.body_offset)) {
-        uncut.emplace_back(piece.header.arg, fragment_publisher_at(piece.body, piece.body_offset));
-      }
+      if (!piece.ends) uncut.emplace_back(piece.header.arg, piece.publisher);
       continue;
     }
     enqueue_piece(c, std::move(piece));
@@ -387,20 +384,19 @@ bool Connections::cut_for_peer(Connection& c, OutItem& item) {
   return true;
 }
 
-void Connections::deliver(Connection& c, const BufferRef& buf, std::uint32_t sid, std::uint32_t off,
-                          std::uint32_t len, std::uint32_t payload_len) {
-  const bool needs_strip = c.protocol_version < proto::kHeadersVersion && header_len_at(buf, off) != 0;
-  if (!needs_strip && may_queue(c, len) && !c.outq.empty() &&
-      extend_delivery(c.outq.back(), buf, sid, off, len, payload_len,
+void Connections::deliver(Connection& c, const BufferRef& buf, std::uint32_t sid, const RoutedFrame& frame) {
+  const bool needs_strip = c.protocol_version < proto::kHeadersVersion && frame.header_len != 0;
+  if (!needs_strip && may_queue(c, frame.len) && !c.outq.empty() &&
+      extend_delivery(c.outq.back(), buf, sid, frame,
                       std::min(c.peer_buffer_size, ctx_.options.buffer_size))) {
     ++c.pending_messages;
-    c.pending_bytes += len;
+    c.pending_bytes += frame.len;
     ctx_.stats.pending_messages.add(1);
-    ctx_.stats.pending_bytes.add(len);
+    ctx_.stats.pending_bytes.add(frame.len);
     touch(c);
     return;
   }
-  enqueue(c, make_delivery(buf.clone(), sid, off, len, payload_len, ctx_.now.time_since_epoch().count()));
+  enqueue(c, make_delivery(buf.clone(), sid, frame, ctx_.now.time_since_epoch().count()));
 }
 
 void Connections::touch(Connection& c) {

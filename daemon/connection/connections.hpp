@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "broker/routed_frame.hpp"
 #include "broker/send_blocks.hpp"
 #include "connection/connection.hpp"
 #include "connection/worker_context.hpp"
@@ -85,10 +86,9 @@ class Connections {
   /// Queues a frame for `c` within its bounds; a subscriber over them is cut
   /// off as a slow consumer (the item counted as dropped).
   void enqueue(Connection& c, OutItem item);
-  /// Queues one routed PUBLISH frame at [off, off+len) of `buf` for
-  /// subscription `sid`, extending c's last DELIVER run where possible.
-  void deliver(Connection& c, const BufferRef& buf, std::uint32_t sid, std::uint32_t off, std::uint32_t len,
-               std::uint32_t payload_len);
+  /// Queues routed PUBLISH frame `frame` of `buf` for subscription `sid`,
+  /// extending c's last DELIVER run where possible.
+  void deliver(Connection& c, const BufferRef& buf, std::uint32_t sid, const RoutedFrame& frame);
   /// Marks `c` for the flush at the end of the loop turn.
   void touch(Connection& c);
   /// Flushes every touched connection through its link.

@@ -315,7 +315,7 @@ void MulticastEngine::handle(PublishBatch& c) {
       stats_.no_channel.add();
       continue;
     }
-    WindowEntry e{ch->next_sequence++, std::move(p.buf), p.offset, p.len, p.payload_len, p.received_at};
+    WindowEntry e{ch->next_sequence++, std::move(p.buf), p.frame, p.received_at};
     stats_.messages.add();
     bool dropped = false;
     if constexpr (fault::kEnabled) dropped = ch->grouped && fault::Shared::take(core_.faults.mcast_drops);
@@ -350,13 +350,13 @@ void MulticastEngine::pack(Channel& ch, const WindowEntry& e) {
   const std::uint32_t room = datagram_room(ch);
   if (room == 0) return;  // no device joined yet: its members get it over RC
   const bool follows = ch.packed.empty() || ch.packed.back().sequence + 1 == e.sequence;
-  if (!follows || ch.packed_bytes + e.len > room) flush_packed(ch);
-  if (e.len > room) {  // alone, in fragments
+  if (!follows || ch.packed_bytes + e.frame.len > room) flush_packed(ch);
+  if (e.frame.len > room) {  // alone, in fragments
     send_datagrams(ch, std::span(&e, 1));
     return;
   }
-  ch.packed.push_back(WindowEntry{e.sequence, e.buf.clone(), e.offset, e.len, e.payload_len, e.received_at});
-  ch.packed_bytes += e.len;
+  ch.packed.push_back(WindowEntry{e.sequence, e.buf.clone(), e.frame, e.received_at});
+  ch.packed_bytes += e.frame.len;
 }
 
 void MulticastEngine::flush_packed(Channel& ch) {
@@ -378,20 +378,18 @@ void MulticastEngine::unicast(const Member& m, const WindowEntry& e, bool repair
   // Members that can join get sequenced DELIVERs (one stream with the group's
   // datagrams); the others plain ones, as from a direct subscription.
   const std::uint64_t seq = m.info.can_join ? e.sequence : 0;
-  core_.slots->add_queued(m.info.slot, e.len);
+  core_.slots->add_queued(m.info.slot, e.frame.len);
   if (!repair) stats_.unicast_copies.add();
   auto& batch = remote_[m.info.worker];
   if (!batch.empty() && batch.back().connection == m.info.connection &&
-      extend_delivery(batch.back().item, e.buf, m.info.sid, e.offset, e.len, e.payload_len,
-                      core_.options.buffer_size, seq)) {
+      extend_delivery(batch.back().item, e.buf, m.info.sid, e.frame, core_.options.buffer_size, seq)) {
     return;
   }
   // From its arrival (SPEC.md §3.4): a repair's relay time includes its time in the window.
   const std::int64_t at = e.received_at;
-  batch.push_back(
-      {m.info.connection, m.info.slot,
-       seq != 0 ? make_sequenced_delivery(e.buf.clone(), m.info.sid, seq, e.offset, e.len, e.payload_len, at)
-                : make_delivery(e.buf.clone(), m.info.sid, e.offset, e.len, e.payload_len, at)});
+  batch.push_back({m.info.connection, m.info.slot,
+                   seq != 0 ? make_sequenced_delivery(e.buf.clone(), m.info.sid, seq, e.frame, at)
+                            : make_delivery(e.buf.clone(), m.info.sid, e.frame, at)});
 }
 
 void MulticastEngine::post_to_workers() { workers_.post_deliveries(remote_); }

@@ -178,9 +178,7 @@ class MulticastEngine final : public MulticastChannels {
   struct WindowEntry {
     std::uint64_t sequence = 0;
     BufferRef buf;
-    std::uint32_t offset = 0;
-    std::uint32_t len = 0;
-    std::uint32_t payload_len = 0;
+    RoutedFrame frame;
     std::int64_t received_at = 0;  // when its worker took it from the publisher (steady ns)
   };
   struct Channel {

@@ -220,7 +220,7 @@ void MulticastEngine::handle_cm_events() {
 
 void MulticastEngine::send_datagrams(Channel& ch, std::span<const WindowEntry> entries) {
   std::uint32_t total = 0;
-  for (const auto& e : entries) total += e.len;
+  for (const auto& e : entries) total += e.frame.len;
   const bool fragmented = entries.size() == 1 && total > datagram_room(ch);
   bool sent = false;
   for (auto& [device, dg] : ch.devices) {
@@ -246,11 +246,12 @@ void MulticastEngine::send_datagrams(Channel& ch, std::span<const WindowEntry> e
       std::uint32_t n = 0;
       if (fragmented) {
         n = std::min(chunk, total - offset);
-        std::memcpy(slot + proto::kDatagramHeaderSize, entries[0].buf.data() + entries[0].offset + offset, n);
+        std::memcpy(slot + proto::kDatagramHeaderSize,
+                    entries[0].buf.data() + entries[0].frame.offset + offset, n);
       } else {
         for (const auto& e : entries) {
-          std::memcpy(slot + proto::kDatagramHeaderSize + n, e.buf.data() + e.offset, e.len);
-          n += e.len;
+          std::memcpy(slot + proto::kDatagramHeaderSize + n, e.buf.data() + e.frame.offset, e.frame.len);
+          n += e.frame.len;
         }
       }
       const std::uint64_t first = entries.empty() ? ch.next_sequence - 1 : entries[0].sequence;

@@ -38,6 +38,7 @@ void Router::route_from_peer(Connection& route, std::uint32_t sid, const DialedR
   RouteCounters& counters = *dialed.dial.counters;
   const auto& h = f.header;
   std::vector<Subscriber> recipients;
+  RoutedFrame frame = RoutedFrame::of(f);
   DialedRoute::OpenMessage* open = nullptr;
   if (!h.is_fragment()) {
     recipients = entry_recipients(dialed, entry, f.subject);
@@ -62,6 +63,7 @@ void Router::route_from_peer(Connection& route, std::uint32_t sid, const DialedR
     if (it == dialed.open.end()) return;  // begun before this route subscribed: not a message here
     open = &it->second;
     proto::store<std::uint64_t>(buf.data() + f.offset + 24, open->publisher);  // the header's sequence
+    frame.publisher = open->publisher;
     recipients = open->recipients;
   }
   if (h.starts_message()) {
@@ -77,7 +79,7 @@ void Router::route_from_peer(Connection& route, std::uint32_t sid, const DialedR
   }
   std::optional<std::uint32_t> backlogged;
   for (const Subscriber& s : recipients) {
-    if (route_to(s, f, buf) && !backlogged && over_watermark(s)) backlogged = s.slot;
+    if (route_to(s, frame, buf) && !backlogged && over_watermark(s)) backlogged = s.slot;
   }
   if (open != nullptr && h.ends_message()) dialed.open.erase({sid, h.sequence});
   // A backlogged subscriber holds the route as it would a local publisher:

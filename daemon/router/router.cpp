@@ -29,6 +29,7 @@ void Router::route_publish(Connection& publisher, const proto::Frame& f, const B
   }
   stats.routed.add(match.fanout());
   const bool first_fragment = f.header.is_fragment();
+  const RoutedFrame frame = RoutedFrame::of(f);  // the one decode, carried from here on
   const Subscriber* backlogged = nullptr;
   auto deliver = [&](const Subscriber& s) {
     if (first_fragment) {
@@ -39,7 +40,7 @@ void Router::route_publish(Connection& publisher, const proto::Frame& f, const B
       }
       if (publisher.open_message.open) publisher.open_message.recipients.push_back(s);
     }
-    if (route_to(s, f, buf) && backlogged == nullptr && over_watermark(s)) backlogged = &s;
+    if (route_to(s, frame, buf) && backlogged == nullptr && over_watermark(s)) backlogged = &s;
   };
   for (const Subscriber& s : match.plain) deliver(s);
   for (std::size_t g = 0; g < match.groups.size(); ++g) {
@@ -62,11 +63,12 @@ void Router::route_publish(Connection& publisher, const proto::Frame& f, const B
 void Router::route_fragment(Connection& publisher, const proto::Frame& f, const BufferRef& buf) {
   ctx_.assert_on_loop();
   std::optional<std::uint32_t> backlogged_slot;
+  const RoutedFrame frame = RoutedFrame::of(f);
   // By index and by value: routing may close the publisher itself (a slow
   // consumer of its own subject), which aborts and clears this list.
   for (std::size_t i = 0; i < publisher.open_message.recipients.size(); ++i) {
     const Subscriber s = publisher.open_message.recipients[i];
-    if (route_to(s, f, buf) && !backlogged_slot && over_watermark(s)) backlogged_slot = s.slot;
+    if (route_to(s, frame, buf) && !backlogged_slot && over_watermark(s)) backlogged_slot = s.slot;
   }
   if (backlogged_slot && publisher.is_up()) connections_.stall(publisher, *backlogged_slot);
 }
@@ -105,15 +107,12 @@ bool Router::is_live(const Subscriber& s) {
   return connections_.find_up(s.connection) != nullptr;
 }
 
-bool Router::route_to(const Subscriber& s, const proto::Frame& f, const BufferRef& buf) {
-  const auto off = static_cast<std::uint32_t>(f.offset);
-  const auto len = static_cast<std::uint32_t>(f.header.frame_len());
+bool Router::route_to(const Subscriber& s, const RoutedFrame& frame, const BufferRef& buf) {
   const std::int64_t now = ctx_.now.time_since_epoch().count();
   if (s.worker == kChannelWorker) {
     // A multicast channel: its engine sequences the message and fans it out.
     ctx_.core.slots->add_queued(s.slot, 1);  // the engine's backlog (in messages), until it has handled it
-    channel_batch_.push_back(
-        {static_cast<std::uint32_t>(s.connection), buf.clone(), off, len, f.header.payload_len, now});
+    channel_batch_.push_back({static_cast<std::uint32_t>(s.connection), buf.clone(), frame, now});
     return true;
   }
   if (s.worker == ctx_.index) {
@@ -121,21 +120,18 @@ bool Router::route_to(const Subscriber& s, const proto::Frame& f, const BufferRe
     if (c == nullptr) {
       // Counted at the frame that begins the message: if it had begun
       // reaching this subscriber, its close counted it (Connections::drop_queue).
-      if (f.header.starts_message())
-        ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add();
+      if (frame.begins) ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kSubscriberClosed)].add();
       return false;
     }
-    ctx_.core.slots->add_queued(s.slot, len);
-    connections_.deliver(*c, buf, s.sid, off, len, f.header.payload_len);
+    ctx_.core.slots->add_queued(s.slot, frame.len);
+    connections_.deliver(*c, buf, s.sid, frame);
     return true;
   }
-  ctx_.core.slots->add_queued(s.slot, len);
+  ctx_.core.slots->add_queued(s.slot, frame.len);
   auto& batch = remote_[s.worker];
   if (batch.empty() || batch.back().connection != s.connection ||
-      !extend_delivery(batch.back().item, buf, s.sid, off, len, f.header.payload_len,
-                       ctx_.options.buffer_size)) {
-    batch.push_back(
-        {s.connection, s.slot, make_delivery(buf.clone(), s.sid, off, len, f.header.payload_len, now)});
+      !extend_delivery(batch.back().item, buf, s.sid, frame, ctx_.options.buffer_size)) {
+    batch.push_back({s.connection, s.slot, make_delivery(buf.clone(), s.sid, frame, now)});
   }
   return true;
 }

@@ -19,6 +19,7 @@
 #include "connection/dialed_route.hpp"
 #include "connection/worker_context.hpp"
 #include "broker/channels.hpp"
+#include "broker/routed_frame.hpp"
 #include "rdmabroker/proto/wire.hpp"
 
 namespace rdmabroker::daemon {
@@ -63,8 +64,9 @@ class Router {
   const std::vector<RemoteDelivery>& batch_for(std::uint32_t w) const { return remote_[w]; }
 
  private:
-  /// Queues one frame for `s`, locally or through its worker; false if it went nowhere (counted).
-  bool route_to(const Subscriber& s, const proto::Frame& f, const BufferRef& buf);
+  /// Queues PUBLISH frame `frame` of `buf` for `s`, locally or through its
+  /// worker; false if it went nowhere (counted).
+  bool route_to(const Subscriber& s, const RoutedFrame& frame, const BufferRef& buf);
   /// Queues control frame `item` for `s` behind what was routed to it.
   void send_to(const Subscriber& s, OutItem item);
   /// Whether `s`'s queue is above the stall watermark.

@@ -15,6 +15,15 @@ namespace {
 
 constexpr std::uint32_t kBlockKey = 1, kBodyKey = 2;
 
+/// The PUBLISH frame at `off` of `buf`, decoded and validated as the frame
+/// handler does it: what the router hands on.
+RoutedFrame received(const BufferRef& buf, std::size_t off, std::size_t buffer_size) {
+  proto::Frame f;
+  const std::span<const std::byte> all(buf.data(), buffer_size);
+  EXPECT_EQ(proto::decode_frame(all.subspan(off), buffer_size, f), proto::DecodeStatus::kOk);
+  return RoutedFrame::of(f.header, off);
+}
+
 class OutboundTest : public ::testing::Test {
  protected:
   void SetUp() override { pool_ = std::move(BufferPool::create(64, 4096).value()); }
@@ -25,8 +34,8 @@ class OutboundTest : public ::testing::Test {
     EXPECT_EQ(pool_->acquire(&idx, 1), 1u);
     BufferRef buf(pool_.get(), idx);
     const std::size_t n = publish_at(buf, 0, subject, payload);
-    return make_delivery(std::move(buf), sid, 0, static_cast<std::uint32_t>(n),
-                         static_cast<std::uint32_t>(payload.size()));
+    EXPECT_EQ(received(buf, 0, 4096).len, n);
+    return make_delivery(buf.clone(), sid, received(buf, 0, 4096));
   }
   static std::size_t publish_at(const BufferRef& buf, std::size_t off, const std::string& subject,
                                 const std::string& payload, std::span<const proto::HeaderField> headers = {},
@@ -160,7 +169,7 @@ TEST_F(OutboundTest, StopsAtTheSgeLimitAndFrameLimit) {
 
 TEST_F(OutboundTest, ControlTextIsTruncatedToFitTheBlock) {
   auto item = make_control(proto::FrameType::kError, 1, std::string(5000, 'e'));
-  EXPECT_EQ(item.text.size(), kMaxControlText);
+  EXPECT_EQ(item.control_text().size(), kMaxControlText);
   std::deque<OutItem> q;
   q.push_back(std::move(item));
   auto packed = pack_send(q, {4096, kMaxSendSge}, block_, kBlockKey, kBodyKey, seq_, sge_, refs_);
@@ -185,12 +194,13 @@ TEST_F(OutboundTest, ContiguousFramesExtendOneDelivery) {
     at.emplace_back(static_cast<std::uint32_t>(off), static_cast<std::uint32_t>(n));
     off += n;
   }
-  OutItem item = make_delivery(buf.clone(), 3, at[0].first, at[0].second, 2);
-  EXPECT_TRUE(extend_delivery(item, buf, 3, at[1].first, at[1].second, 2, 4096));
-  EXPECT_FALSE(extend_delivery(item, buf, 4, at[2].first, at[2].second, 2, 4096));  // other subscription
-  EXPECT_FALSE(extend_delivery(item, buf, 3, at[3].first, at[3].second, 2, 4096));  // not adjacent
-  EXPECT_TRUE(extend_delivery(item, buf, 3, at[2].first, at[2].second, 2, 4096));
-  EXPECT_FALSE(extend_delivery(item, buf, 3, at[3].first, at[3].second, 2, 32 + item.body_len));  // too long
+  OutItem item = make_delivery(buf.clone(), 3, received(buf, at[0].first, 4096));
+  EXPECT_TRUE(extend_delivery(item, buf, 3, received(buf, at[1].first, 4096), 4096));
+  EXPECT_FALSE(extend_delivery(item, buf, 4, received(buf, at[2].first, 4096), 4096));  // other subscription
+  EXPECT_FALSE(extend_delivery(item, buf, 3, received(buf, at[3].first, 4096), 4096));  // not adjacent
+  EXPECT_TRUE(extend_delivery(item, buf, 3, received(buf, at[2].first, 4096), 4096));
+  EXPECT_FALSE(
+      extend_delivery(item, buf, 3, received(buf, at[3].first, 4096), 32 + item.body_len));  // too long
   EXPECT_EQ(item.messages, 3u);
   EXPECT_EQ(item.payload_bytes, 6u);
   std::deque<OutItem> q;
@@ -203,6 +213,44 @@ TEST_F(OutboundTest, ContiguousFramesExtendOneDelivery) {
   proto::Frame f;
   ASSERT_EQ(proto::decode_frame(wire, 4096, f), proto::DecodeStatus::kOk);
   EXPECT_EQ(inner_payloads(f), (std::vector<std::string>{"m0", "m1", "m2"}));
+}
+
+// The router decodes a PUBLISH frame once; what the queues and the
+// accounting need of it travels with its item. Proven by wiping the frame's
+// header in the buffer after the item is made: nothing changes.
+TEST_F(OutboundTest, AFramesFactsTravelWithItsItemSoItsHeaderIsNotReadAgain) {
+  std::uint32_t idx;
+  ASSERT_EQ(pool_->acquire(&idx, 1), 1u);
+  BufferRef buf(pool_.get(), idx);
+  const std::string part(100, 'f');
+  const proto::HeaderField trace[] = {{"Trace", "t"}};
+  const std::size_t first = proto::encode_frame({buf.data(), 4096}, proto::FrameHeader::fragment(300, 0, 77),
+                                                "big", "", std::as_bytes(std::span(part)), trace);
+  const std::size_t last =
+      proto::encode_frame({buf.data() + first, 4096 - first}, proto::FrameHeader::fragment(300, 200, 77), "",
+                          "", std::as_bytes(std::span(part)));
+  const std::size_t whole = publish_at(buf, first + last, "small", "w", trace);
+  OutItem opening = make_delivery(buf.clone(), 3, received(buf, 0, 4096));
+  OutItem closing = make_delivery(buf.clone(), 3, received(buf, first, 4096));
+  OutItem plain = make_delivery(buf.clone(), 3, received(buf, first + last, 4096));
+  std::memset(buf.data(), 0, first + last + whole);
+
+  EXPECT_TRUE(opening.fragment);
+  EXPECT_EQ(opening.publisher, 77u);
+  EXPECT_EQ(opening.messages, 0u);  // its message completes with a later fragment
+  EXPECT_EQ(messages_begun(opening), 1u);
+  EXPECT_TRUE(carries_headers(opening));
+  EXPECT_TRUE(closing.fragment);
+  EXPECT_TRUE(closing.ends);
+  EXPECT_EQ(closing.messages, 1u);
+  EXPECT_EQ(messages_begun(closing), 0u);  // its message was counted with its first fragment
+  EXPECT_FALSE(carries_headers(closing));
+  EXPECT_FALSE(plain.fragment);
+  EXPECT_EQ(messages_begun(plain), 1u);
+  EXPECT_TRUE(carries_headers(plain));
+  // A fragment travels alone: nothing joins it, and it joins nothing.
+  EXPECT_FALSE(extend_delivery(closing, plain, 4096));
+  EXPECT_FALSE(extend_delivery(opening, closing, 4096));
 }
 
 // A client of protocol version 1 gets a batch's messages in order, those
@@ -229,11 +277,11 @@ TEST_F(OutboundTest, HeaderBlocksAreLeftOutForVersionOneClients) {
     const std::size_t n =
         publish_at(buf, off, "h.s", sent[i].payload,
                    sent[i].headers ? std::span(trace) : std::span<const proto::HeaderField>{}, sent[i].reply);
-    const auto len = static_cast<std::uint32_t>(n);
+    ASSERT_EQ(received(buf, off, 4096).len, n);
     if (i == 0) {
-      item = make_sequenced_delivery(buf.clone(), 9, 100, 0, len, 6);
+      item = make_sequenced_delivery(buf.clone(), 9, 100, received(buf, 0, 4096));
     } else {
-      ASSERT_TRUE(extend_delivery(item, buf, 9, static_cast<std::uint32_t>(off), len, 6, 4096, 100 + i));
+      ASSERT_TRUE(extend_delivery(item, buf, 9, received(buf, off, 4096), 4096, 100 + i));
     }
     off += n;
   }
@@ -355,11 +403,10 @@ TEST_F(CutToFitTest, AWholeMessageArrivesAsFragmentsThatReassembleToIt) {
   const std::size_t n = proto::encode_frame({buf.data() + small, 16384 - small}, h, "big.subject", "_INBOX.r",
                                             std::as_bytes(std::span<const char>(payload)), trace);
   const std::size_t tail = publish_at(buf, small + n, "s.after", "tail");
-  OutItem item = make_delivery(buf.clone(), 5, 0, static_cast<std::uint32_t>(small), 4);
-  ASSERT_TRUE(extend_delivery(item, buf, 5, static_cast<std::uint32_t>(small), static_cast<std::uint32_t>(n),
-                              static_cast<std::uint32_t>(payload.size() + 16), 16384));
-  ASSERT_TRUE(extend_delivery(item, buf, 5, static_cast<std::uint32_t>(small + n),
-                              static_cast<std::uint32_t>(tail), 4, 16384));
+  OutItem item = make_delivery(buf.clone(), 5, received(buf, 0, 16384));
+  ASSERT_TRUE(extend_delivery(item, buf, 5, received(buf, small, 16384), 16384));
+  ASSERT_TRUE(extend_delivery(item, buf, 5, received(buf, small + n, 16384), 16384));
+  ASSERT_EQ(item.body_len, small + n + tail);
   const std::uint32_t body_len = item.body_len;
   const std::uint64_t payload_bytes = item.payload_bytes;
 
@@ -428,9 +475,8 @@ TEST_F(CutToFitTest, EveryCutPieceButTheLastIsAMultipleOfEightBytesOfTheFrame) {
       h.type = proto::FrameType::kPublish;
       const std::size_t n = proto::encode_frame({buf.data(), 16384}, h, subject, reply,
                                                 std::as_bytes(std::span<const char>(payload)));
-      auto pieces = cut_to_fit(
-          make_delivery(buf.clone(), 3, 0, static_cast<std::uint32_t>(n), static_cast<std::uint32_t>(size)),
-          kFrame);
+      auto pieces = cut_to_fit(make_delivery(buf.clone(), 3, received(buf, 0, 16384)), kFrame);
+      ASSERT_EQ(received(buf, 0, 16384).len, n);
       const auto frames = receive(std::move(pieces));
       ASSERT_GE(frames.size(), 2u) << subject << " " << size;
       const std::uint32_t first_payload = frames.front().header.payload_len;
@@ -460,7 +506,8 @@ TEST_F(CutToFitTest, APublishersFragmentIsCutFurtherAndKeepsItsOffsetsAndPublish
   const std::size_t n =
       proto::encode_frame({buf.data(), 16384}, proto::FrameHeader::fragment(100000, 40000, 77), "", "",
                           std::as_bytes(std::span(part)));
-  auto pieces = cut_to_fit(make_delivery(buf.clone(), 3, 0, static_cast<std::uint32_t>(n), 3000), kFrame);
+  auto pieces = cut_to_fit(make_delivery(buf.clone(), 3, received(buf, 0, 16384)), kFrame);
+  ASSERT_EQ(received(buf, 0, 16384).len, n);
   ASSERT_GT(pieces.size(), 3u);
   EXPECT_EQ(pieces.back().messages, 0u);  // not the message's last fragment: nothing completes
   const auto frames = receive(std::move(pieces));
@@ -486,7 +533,8 @@ TEST_F(CutToFitTest, AFrameWhoseHeadersFillTheBufferStaysWholeForTheCallerToDrop
   const std::string payload(2000, 'x');
   const std::size_t n =
       proto::encode_frame({buf.data(), 16384}, h, "s", "", std::as_bytes(std::span(payload)), fat);
-  auto pieces = cut_to_fit(make_delivery(buf.clone(), 3, 0, static_cast<std::uint32_t>(n), 3008), kFrame);
+  auto pieces = cut_to_fit(make_delivery(buf.clone(), 3, received(buf, 0, 16384)), kFrame);
+  ASSERT_EQ(received(buf, 0, 16384).len, n);
   ASSERT_EQ(pieces.size(), 1u);
   EXPECT_GT(pieces[0].wire_len(), kFrame);
   EXPECT_EQ(pieces[0].cut_start, 0u);
