@@ -12,12 +12,13 @@ import subprocess
 import sys
 
 
-def commit():
+def commit(doc):
+    """HEAD, and whether anything but the page the tables go into differs from it."""
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                f":(exclude){doc}"], capture_output=True, text=True, check=True).stdout.strip()
         return rev + (" with uncommitted changes" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "an unknown commit"
@@ -33,7 +34,7 @@ def main(name, path, doc="docs/benchmarks.md"):
         print(f"docs_section.py: no '{name}' section in {doc}", file=sys.stderr)
         return 1
     when = datetime.date.today().isoformat()
-    block = f"{begin}\nMeasured {when} at {commit()}:\n\n{table}\n{end}"
+    block = f"{begin}\nMeasured {when} at {commit(doc)}:\n\n{table}\n{end}"
     open(doc, "w", encoding="utf-8").write(pattern.sub(lambda _: block, text, count=1))
     return 0
 

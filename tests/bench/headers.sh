@@ -10,7 +10,8 @@
 # writing the block, parsing it into Message::headers).
 #   tests/bench/headers.sh [N]          in the guest: RDMA and TCP
 #   tests/bench/headers.sh --host [N]   on this host's real CPUs: TCP on loopback
-# Prints one markdown table (docs/benchmarks.md, "Message headers").
+# Prints one markdown table, written into docs/benchmarks.md's section
+# headers-guest-N or headers-host-N when it has one (doc_table, suite-lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 HOST=0
@@ -39,22 +40,25 @@ for url in "${URLS[@]}"; do
   done
 done
 STATS=$("$BIN/client-lib/rdmabroker" stat --json --admin-socket "$SOCK")
-/usr/bin/python3 - "$OUT" "$HOST" "$STATS" "${URLS[@]}" <<'EOF'
+WHERE=$([ "$HOST" = 1 ] && echo host || echo guest)
+/usr/bin/python3 - "$OUT" "$HOST" "$STATS" "$N" "${URLS[@]}" <<'EOF' | doc_table "headers-$WHERE-$N"
 import json, os, sys
-out, host, stats, urls = sys.argv[1], sys.argv[2] == "1", json.loads(sys.argv[3]), sys.argv[4:]
+out, host, stats, n, urls = sys.argv[1], sys.argv[2] == "1", json.loads(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
+where = "host loopback" if host else f"Soft-RoCE guest ({os.uname().release})"
+print(f"{n:,} messages per run, {where}, {os.cpu_count()} CPUs; none lost.")
+print()
 def best(scheme, kind):
     runs = [json.load(open(os.path.join(out, f"{scheme}-{kind}-{r}.json")))["aggregate"] for r in (1, 2)]
     for a in runs:
         if a["lost"] != 0:
             sys.exit(f"headers.sh: {scheme} {kind} lost {a['lost']} messages")
     return max(a["delivery_msgs_per_s"] for a in runs)
-print("| 1 -> 1 flat out, msg/s delivered (best of 2) | 64 B | 64 B + 2 headers (64-byte block) | 128 B | headers / 64 B | headers / 128 B |")
+print("| 1 → 1 flat out, msg/s delivered (best of 2) | 64 B | 64 B + 2 headers (64-byte block) | 128 B | headers / 64 B | headers / 128 B |")
 print("|---|---:|---:|---:|---:|---:|")
 for url in urls:
     s = url.split(":")[0]
     p64, h64, p128 = best(s, "plain64"), best(s, "headers64"), best(s, "plain128")
-    where = f"{s} ({'host loopback' if host else 'Soft-RoCE guest'})"
-    print(f"| {where} | {p64:,.0f} | {h64:,.0f} | {p128:,.0f} | {h64 / p64:.2f} | {h64 / p128:.2f} |")
+    print(f"| {s.upper()} | {p64:,.0f} | {h64:,.0f} | {p128:,.0f} | {h64 / p64:.2f} | {h64 / p128:.2f} |")
 c = stats.get("stats", stats)
 print(f"\nbroker: messages.in {c.get('messages.in')}, messages.headers_stripped {c.get('messages.headers_stripped')}")
 EOF

@@ -5,9 +5,13 @@
 # (RUNS alternating runs of COUNT messages each, median) and the latency at
 # 1,000 msg/s (from the publish schedule, p50/p99, median of RUNS), with
 # rdmabroker's wake-ups per message (bench --admin-socket).
+# The table goes into docs/benchmarks.md's section tcp-vs-nats-RUNS-COUNT
+# when it has one (doc_table, suite-lib.sh).
 #   tests/bench/tcp-vs-nats.sh [RUNS] [COUNT]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=tests/bench/suite-lib.sh
+source tests/bench/suite-lib.sh
 RUNS=${1:-3}
 COUNT=${2:-1000000}
 BIN=${RDMABROKER_BIN:-build/release}
@@ -37,8 +41,8 @@ for i in $(seq "$RUNS"); do
   "${RB[@]}" --size 64 -r 1000 -d 3 --quiet --json >"$TMP/rb-lat-$i.json"
   "${NATS[@]}" --size 64 -r 1000 -d 3 --quiet --json >"$TMP/nats-lat-$i.json"
 done
-python3 - "$TMP" "$RUNS" <<'EOF'
-import json, statistics, sys
+python3 - "$TMP" "$RUNS" "$(nats-server --version)" <<'EOF' | doc_table "tcp-vs-nats-$RUNS-$COUNT"
+import json, os, statistics, sys
 d, runs = sys.argv[1], int(sys.argv[2])
 def agg(name, i):
     return json.load(open(f"{d}/{name}-{i}.json"))["aggregate"]
@@ -51,13 +55,15 @@ def col(system):
             "p50": statistics.median(l["p50_us"] for l in lat), "p99": statistics.median(l["p99_us"] for l in lat),
             "wake": statistics.median(wake) if wake else None}
 rb, nats = col("rb"), col("nats")
+print(f"{runs} runs of 1 → 1 at 64 B on this host's loopback ({sys.argv[3]}, {os.cpu_count()} cores)")
+print()
 fmt_rates = lambda c: " / ".join(f"{r / 1e6:.2f}" for r in c["rates"])
-print("| 64 B, 1 -> 1, loopback | rdmabroker (TCP) | NATS | ratio |")
+print("| 64 B, 1 → 1, loopback | rdmabroker (TCP) | NATS | ratio |")
 print("|---|---:|---:|---:|")
 print(f"| flat out, msg/s (median of {runs}; runs in M) | {rb['rate'] / 1e6:.2f}M ({fmt_rates(rb)}) "
-      f"| {nats['rate'] / 1e6:.2f}M ({fmt_rates(nats)}) | {rb['rate'] / nats['rate']:.2f}x |")
-print(f"| 1,000 msg/s: p50 µs | {rb['p50']:.0f} | {nats['p50']:.0f} | {rb['p50'] / nats['p50']:.2f}x |")
-print(f"| 1,000 msg/s: p99 µs | {rb['p99']:.0f} | {nats['p99']:.0f} | {rb['p99'] / nats['p99']:.2f}x |")
+      f"| {nats['rate'] / 1e6:.2f}M ({fmt_rates(nats)}) | **{rb['rate'] / nats['rate']:.2f}×** |")
+print(f"| 1,000 msg/s: p50 µs | {rb['p50']:.0f} | {nats['p50']:.0f} | **{rb['p50'] / nats['p50']:.2f}×** |")
+print(f"| 1,000 msg/s: p99 µs | {rb['p99']:.0f} | {nats['p99']:.0f} | {rb['p99'] / nats['p99']:.2f}× |")
 w = "n/a" if rb["wake"] is None else f"{rb['wake']:.2f}"
 print(f"| 1,000 msg/s: wake-ups per message (clients + broker) | {w} | | |")
 EOF

@@ -8,9 +8,12 @@
 # latency at a light fixed rate (1,000 msg/s, 64 B). Every TLS connection
 # verifies the server's certificate (a CA made here with the openssl CLI).
 #   tests/bench/tls.sh [N]    N messages at 64 B (fewer at larger sizes)
-# Prints one markdown table (docs/benchmarks.md, "TLS").
+# Prints one markdown table, written into docs/benchmarks.md's section tls-N
+# when it has one (doc_table, suite-lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=tests/bench/suite-lib.sh
+source tests/bench/suite-lib.sh
 N=${1:-1000000}
 BIN=${RDMABROKER_BIN:-build/release}
 [ -x "$BIN/tests/bench/drivers/nats_bench" ] || scripts/build.sh "$BIN" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -91,8 +94,8 @@ for target in "rdmabroker tcp://127.0.0.1:$RB" "rdmabroker tls://127.0.0.1:$RB" 
   record "$system" "$url" 64 light -r 1000 -d 3
 done
 STATS=$("$BIN/client-lib/rdmabroker" stat --json --admin-socket "$DIR/admin.sock")
-/usr/bin/python3 - "$RESULTS" "$STATS" <<'PYEOF'
-import json, sys
+/usr/bin/python3 - "$RESULTS" "$STATS" "$N" "$(nats-server --version)" <<'PYEOF' | doc_table "tls-$N"
+import json, os, sys
 rows = {}
 for line in open(sys.argv[1]):
     system, scheme, size, kind, path = line.split()
@@ -100,10 +103,14 @@ for line in open(sys.argv[1]):
     if a["lost"] != 0:
         sys.exit(f"tls.sh: {system} {scheme} {size} {kind} lost {a['lost']} messages")
     rows[(system, "plain" if scheme in ("tcp", "nats") else "tls", int(size), kind)] = a
+n = int(sys.argv[3])
+print(f"Host loopback, {os.cpu_count()} cores, {sys.argv[4]}; {n:,} messages at 64 B, {n // 2:,} at 1 KiB, "
+      f"{n // 10:,} at 16 KiB; none lost.")
+print()
 def rate(s, t, size):
     a = rows[(s, t, size, "rate")]
     return a["delivery_msgs_per_s"], a["delivery_mb_per_s"]
-print("| 1 -> 1 flat out | rdmabroker TCP | rdmabroker TLS | TLS / TCP | NATS | NATS TLS | TLS / plain | rdmabroker TLS / NATS TLS |")
+print("| 1 → 1 flat out | rdmabroker TCP | rdmabroker TLS | TLS / TCP | NATS | NATS TLS | TLS / plain | rdmabroker TLS / NATS TLS |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|")
 for size in (64, 1024, 16384):
     (rt, rtm), (rs, rsm), (nt, ntm), (ns, nsm) = (rate("rdmabroker", "plain", size), rate("rdmabroker", "tls", size),
