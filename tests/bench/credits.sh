@@ -15,7 +15,8 @@
 #   5. RNR NAKs the devices sent during all this (hw_counters): credits keep
 #      a receive posted for every SEND, so it must stay 0.
 #   tests/bench/credits.sh [N] [P] [D] [R]    (defaults 1000 100 5 50)
-# Pair rates are the median of 3 runs.
+# Pair rates are the median of 3 runs. The list goes into docs/benchmarks.md's
+# section credits-N-P-D-R when it has one (doc_table, suite-lib.sh).
 # Connect rate against raw rdma_cm is tests/bench/connect-rate.sh; with
 # CONNECT_RATE=1 it runs after these, in the same boot.
 set -euo pipefail
@@ -52,15 +53,16 @@ pair_rate() {  # msg/s delivered by one publisher to one subscriber, 64 B: the m
 }
 pair_runs() { sort -n /tmp/credits-pair-$$.txt | paste -sd/; }
 
+{
 RNR0=$(rnr_naks)
 # Defaults only: what a first deployment runs (start_broker adds --workers 2,
 # the guest's core count, and anonymous clients).
 start_broker --port 7477
 rss() { awk '/^VmRSS/{print $2}' "/proc/$BROKER/status"; }
-echo "credits: broker on defaults: capacity $(stat_of rdma.credit_capacity) credits, max_connections 1024"
+echo "- broker on defaults: capacity $(stat_of rdma.credit_capacity) credits, max_connections 1024"
 
 ALONE=$(pair_rate)
-echo "credits: 1 -> 1 at 64 B, alone: $ALONE msg/s (runs: $(pair_runs))"
+echo "- 1 → 1 at 64 B, alone: $ALONE msg/s (runs: $(pair_runs))"
 
 fairness() {  # SUBSCRIBERS RATE (0: flat out)
   "$CLI" bench -s "$URL" -b "$A2" -p "$P" -m "$1" -d "$D" -r "$2" --size 64 --json --quiet \
@@ -73,7 +75,7 @@ a = r["aggregate"]
 sent = sorted(x["sent"] for x in r["publishers"])
 what = f"{rate} msg/s each" if rate != "0" else "flat out"
 to = f"{subs} subscriber" if subs != "0" else "no subscriber (the broker's intake alone)"
-print(f"credits: {p} publishers, {what}, -> {to}, {d} s: {a['published']} published "
+print(f"- {p} publishers, {what}, → {to}, {d} s: {a['published']} published "
       f"({a['publish_msgs_per_s']:.0f} msg/s), {a['received']} received, lost {a['lost']}; per publisher "
       f"min {sent[0]} / median {sent[len(sent) // 2]} / max {sent[-1]}; Jain's fairness index "
       f"{a['publisher_fairness']:.3f}")
@@ -92,18 +94,19 @@ HELD_S=$((SECONDS - T0))
 sleep 2  # idle: every window asked back to 2
 AFTER=$(rss)
 CONNS=$(stat_of connections.current)
-echo "credits: $CONNS idle RDMA clients connected in ${HELD_S} s; broker RSS $((BEFORE / 1024)) -> $((AFTER / 1024)) MiB," \
+echo "- $CONNS idle RDMA clients connected in ${HELD_S} s; broker RSS $((BEFORE / 1024)) → $((AFTER / 1024)) MiB," \
   "$(( (AFTER - BEFORE) / (CONNS > 0 ? CONNS : 1) )) KiB per client; credits held $(stat_of rdma.credits_granted)" \
   "of $(stat_of rdma.credit_capacity); refused $(stat_of rdma.credit_refusals); srq posted $(stat_of rdma.srq_posted)," \
   "pool in use $(stat_of pool.in_use) of $(stat_of pool.buffers)"
 
 LOADED=$(pair_rate)
 awk -v a="$ALONE" -v b="$LOADED" -v n="$CONNS" 'BEGIN {
-  printf "credits: 1 -> 1 at 64 B with %d idle clients connected: %d msg/s, %.2fx its rate alone", n, b, b / a }'
+  printf "- 1 → 1 at 64 B with %d idle clients connected: %d msg/s, %.2f× its rate alone", n, b, b / a }'
 echo " (runs: $(pair_runs))"
 exec 3>&-
 for _ in $(seq 120); do grep -q '^exited' /tmp/credits-hold-$$.out 2>/dev/null && break; sleep 0.5; done
 rm -f /tmp/credits-hold-$$.out /tmp/credits-pair-$$.txt
 stop_broker
-echo "credits: RNR NAKs sent by the devices during the run: $(( $(rnr_naks) - RNR0 ))"
+echo "- RNR NAKs sent by the devices during the run: $(( $(rnr_naks) - RNR0 ))"
+} | doc_table "credits-$N-$P-$D-$R"
 if [ "${CONNECT_RATE:-0}" = 1 ]; then tests/bench/connect-rate.sh "$N"; fi

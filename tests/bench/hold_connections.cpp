@@ -7,7 +7,7 @@
 // prints "received MIN MAX" over the clients (tests/bench/soak.sh checks
 // that every one got every message). With HOLD_SUBS=K each holds K
 // subscriptions instead of one (tests/bench/client-state.sh).
-//   [HOLD_SUBJECT=S] [HOLD_SUBS=K] hold_connections URL N [BIND]
+//   [HOLD_SUBJECT=S] [HOLD_SUBS=K [HOLD_SHAPE=shared]] hold_connections URL N [BIND]
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
   opt.send_queue_buffers = 1;
   opt.connect_timeout = std::chrono::seconds(30);
   const char* shared = std::getenv("HOLD_SUBJECT");
+  const bool shared_prefix =
+      std::getenv("HOLD_SHAPE") != nullptr && std::string(std::getenv("HOLD_SHAPE")) == "shared";
   const int subs_per_connection =
       std::getenv("HOLD_SUBS") != nullptr ? std::atoi(std::getenv("HOLD_SUBS")) : 1;
   std::vector<std::atomic<std::uint64_t>> received(static_cast<std::size_t>(n));
@@ -44,11 +46,15 @@ int main(int argc, char** argv) {
       return 1;
     }
     // One subscription each, or HOLD_SUBS: each a subject of four tokens that
-    // no other shares (no trie node shared: the costliest shape per byte).
+    // no other shares (no trie node shared: the costliest shape per byte),
+    // or with HOLD_SHAPE=shared four tokens of which the first two are
+    // everyone's (bench.state.I.K: the common shape).
     for (int k = 0; k < subs_per_connection; ++k) {
       const std::string n = std::to_string(i) + "x" + std::to_string(k);
-      const std::string subject =
-          subs_per_connection == 1 ? "idle." + std::to_string(i) : "a" + n + ".b" + n + ".c" + n + ".d" + n;
+      const std::string subject = subs_per_connection == 1 ? "idle." + std::to_string(i)
+                                  : shared_prefix
+                                      ? "bench.state." + std::to_string(i) + "." + std::to_string(k)
+                                      : "a" + n + ".b" + n + ".c" + n + ".d" + n;
       if (!c.value()->subscribe(std::string_view(subject))) {
         std::cerr << "hold_connections: subscribe " << i << "/" << k << " failed\n";
         return 1;

@@ -6,7 +6,11 @@
 #   tests/bench/idle-rss.sh rdma [N]    over RDMA (through the Soft-RoCE guest
 #                                       when this host has no RDMA device)
 # With SUBS=K in the environment each connection holds K subscriptions, and
-# the cost is also given per subscription (tests/bench/client-state.sh).
+# the cost is also given per subscription: four-token subjects that share no
+# trie node (the costliest shape), or with HOLD_SHAPE=shared the first two
+# tokens shared by all. The line goes into
+# docs/benchmarks.md's section idle-rss-VIA-N (idle-rss-VIA-N-subs-K) when it
+# has one (doc_table, suite-lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VIA=${1:-tcp}
@@ -47,13 +51,16 @@ CONNS=$(awk '$1=="connections.current"{print $2}' <<<"$STAT")
 NSUBS=$(awk '$1=="subscriptions"{print $2}' <<<"$STAT")
 CHARGED=$(awk '$1=="subscriptions.memory_bytes"{print $2}' <<<"$STAT")
 exec 3>&-
+NAME=idle-rss-$VIA-$N
+[ "$SUBS" = 1 ] || NAME+=-subs-$SUBS
+[ "${HOLD_SHAPE:-}" != shared ] || NAME+=-shared
 if [ "$SUBS" = 1 ]; then
   awk -v v="$VIA" -v n="$CONNS" -v b="$BEFORE" -v a="$AFTER" 'BEGIN {
-    printf "idle-rss: %s, %d idle connections (one subscription each): broker RSS %.1f MiB -> %.1f MiB, %.1f KiB per connection\n",
-      v, n, b / 1024, a / 1024, (a - b) / n }'
+    printf "idle-rss: %s, %d idle connections (one subscription each): broker RSS %.1f MiB → %.1f MiB, %.1f KiB per connection\n",
+      v, n, b / 1024, a / 1024, (a - b) / n }' | doc_table "$NAME"
 else
   awk -v v="$VIA" -v n="$CONNS" -v s="$NSUBS" -v c="$CHARGED" -v b="$BEFORE" -v a="$AFTER" 'BEGIN {
-    printf "idle-rss: %s, %d connections with %d subscriptions: broker RSS %.1f MiB -> %.1f MiB, %.0f bytes per subscription (charged to limits.max_subscription_memory: %.0f)\n",
-      v, n, s, b / 1024, a / 1024, (a - b) * 1024 / s, c / s }'
+    printf "idle-rss: %s, %d connections with %d subscriptions: broker RSS %.1f MiB → %.1f MiB, %.0f bytes per subscription (charged to limits.max_subscription_memory: %.0f)\n",
+      v, n, s, b / 1024, a / 1024, (a - b) * 1024 / s, c / s }' | doc_table "$NAME"
 fi
 rm -f /tmp/idle-rss-$$.out

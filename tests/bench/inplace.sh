@@ -7,7 +7,8 @@
 # in place, copy, ... on one broker serving RDMA and TCP, 1 -> 1, 64 B and
 # 16 KiB, flat out. Reports each mode's median delivered rate and the bench
 # process's CPU (user + system, publisher and subscriber together) per
-# delivered message, and every run.
+# delivered message, and every run; the table goes into docs/benchmarks.md's
+# section inplace-guest-ROUNDS or inplace-host-ROUNDS (doc_table, suite-lib.sh).
 # Runs where RDMA devices exist; without one, through the Soft-RoCE guest:
 #   sudo tests/bench/inplace.sh [ROUNDS]
 # TCP only, on this host (SCALE multiplies the messages per run):
@@ -25,8 +26,9 @@ SOCK=/tmp/bench-inplace.sock
 CLI="$BIN/client-lib/rdmabroker"
 broker_on_both_transports 7493 7494
 
-python3 - "$CLI" "$ROUNDS" "$A2" "${SCALE:-1}" "${URLS[@]}" <<'EOF'
-import json, resource, statistics, subprocess, sys
+WHERE=$([ "${HOST:-0}" = 1 ] && echo host || echo guest)
+python3 - "$CLI" "$ROUNDS" "$A2" "${SCALE:-1}" "${URLS[@]}" <<'EOF' | doc_table "inplace-$WHERE-$ROUNDS"
+import json, os, resource, statistics, subprocess, sys
 cli, rounds, bind, scale, urls = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5:]
 # Messages per run: a few seconds each under emulation.
 counts = {("rdma", 64): 50000, ("rdma", 16384): 2000, ("tcp", 64): 100000, ("tcp", 16384): 5000}
@@ -55,6 +57,9 @@ for url in urls:
         med = {m: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for m, v in runs.items()}
         rows.append((transport, size, med, runs))
 
+print(f"1 → 1 flat out, medians of {rounds} rounds (copy, in place, alternating), {os.cpu_count()} CPUs, "
+      f"kernel {os.uname().release}")
+print()
 print(f"| transport, size | copy: msg/s | in place: msg/s | ratio | copy: µs CPU/msg | in place: µs CPU/msg | ratio |")
 print("|---|---:|---:|---:|---:|---:|---:|")
 for transport, size, med, runs in rows:
@@ -64,5 +69,5 @@ for transport, size, med, runs in rows:
 print()
 for transport, size, med, runs in rows:
     for mode, v in runs.items():
-        print(f"{transport} {size} B {mode}: " + ", ".join(f"{r:,.0f} msg/s {c:.2f} us" for r, c in v))
+        print(f"- {transport} {size} B {mode}: " + ", ".join(f"{r:,.0f} msg/s {c:.2f} µs" for r, c in v))
 EOF

@@ -17,6 +17,8 @@
 #     broker cuts what it sends them, SPEC.md §3.7).
 #   tests/bench/large.sh            (both parts)
 #   tests/bench/large.sh tcp|rdma   (one)
+# Each part's list goes into docs/benchmarks.md's section large-tcp or
+# large-rdma (doc_table, suite-lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PART=${1:-both}
@@ -42,17 +44,25 @@ if [ "$PART" = both ] || [ "$PART" = tcp ]; then
   NATS=$!
   trap 'kill $NATS 2>/dev/null; stop_broker' EXIT
   for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$((PORT + 1))") 2>/dev/null && break; sleep 0.1; done
-  for s in 1048576 16777216; do
-    n=$(( s > 2000000 ? 40 : 500 ))
-    for _ in 1 2 3; do
-      echo "rb $(bench "$CLI" "tcp://127.0.0.1:$PORT" "$s" "$n")"
-      echo "nats $(bench "$BIN/tests/bench/drivers/nats_bench" "nats://127.0.0.1:$((PORT + 1))" "$s" "$n")"
-    done >/tmp/large-tcp-$s.txt
-    RB=$(awk '$1=="rb"{print $2}' /tmp/large-tcp-$s.txt | median)
-    NATS_MB=$(awk '$1=="nats"{print $2}' /tmp/large-tcp-$s.txt | median)
-    echo "large: TCP $s B 1 -> 1: rdmabroker $RB MB/s, nats-server $NATS_MB MB/s, ratio $(awk -v a="$RB" -v b="$NATS_MB" 'BEGIN{printf "%.2f", a/b}')" \
-      "(runs: rb $(awk '$1=="rb"{print $2}' /tmp/large-tcp-$s.txt | paste -sd/), nats $(awk '$1=="nats"{print $2}' /tmp/large-tcp-$s.txt | paste -sd/))"
-  done
+  {
+    echo "TCP on this host's loopback, $(nats-server --version) with max_payload 64 MiB, 1 → 1 flat out," \
+      "alternating, median of 3"
+    echo
+    echo "| size | rdmabroker TCP (runs) | nats-server (runs) | ours / NATS |"
+    echo "|---|---:|---:|---:|"
+    for s in 1048576 16777216; do
+      n=$((s > 2000000 ? 40 : 500))
+      for _ in 1 2 3; do
+        echo "rb $(bench "$CLI" "tcp://127.0.0.1:$PORT" "$s" "$n")"
+        echo "nats $(bench "$BIN/tests/bench/drivers/nats_bench" "nats://127.0.0.1:$((PORT + 1))" "$s" "$n")"
+      done >/tmp/large-tcp-$s.txt
+      RB=$(awk '$1=="rb"{print $2}' /tmp/large-tcp-$s.txt | median)
+      NATS_MB=$(awk '$1=="nats"{print $2}' /tmp/large-tcp-$s.txt | median)
+      runs() { awk -v k="$1" '$1==k{print $2}' /tmp/large-tcp-$s.txt | paste -sd/ | sed 's|/| / |g'; }
+      echo "| $((s / 1048576)) MiB | $RB MB/s ($(runs rb)) | $NATS_MB MB/s ($(runs nats)) |" \
+        "**$(awk -v a="$RB" -v b="$NATS_MB" 'BEGIN{printf "%.2f", a/b}')** |"
+    done
+  } | doc_table large-tcp
   kill "$NATS" 2>/dev/null || true
   stop_broker
   trap - EXIT
@@ -64,6 +74,11 @@ A1=${RDMABROKER_GUEST_ADDR1:?}
 A2=${RDMABROKER_GUEST_ADDR2:?}
 SIZES=(16384 262144 1048576 16777216 67108864)
 count_for() { case $1 in 16384) echo 4000 ;; 262144) echo 400 ;; 1048576) echo 100 ;; 16777216) echo 8 ;; *) echo 3 ;; esac; }
+ratio() { awk -v a="$1" -v b="${2:-0}" 'BEGIN{ if (b > 0) printf "%.2f", a/b; else print "n/a" }'; }
+# relay_runs URL SIZE ARGS...: three runs' MB/s, one per line.
+relay_runs() { for _ in 1 2 3; do bench "$CLI" "$1" "$2" "$(count_for "$2")" -b "$A2" "${@:3}" | cut -d' ' -f1; done; }
+declare -A RAW R16 RUNS16 R256 RUNS256
+ROWS=()  # "what|result" rows of the second table
 for s in "${SIZES[@]}"; do
   port=$((18500 + RANDOM % 400))
   iters=$(count_for "$s")
@@ -75,61 +90,75 @@ for s in "${SIZES[@]}"; do
   wait "$server" || true
   # columns: #bytes #iterations BW-peak BW-average[MB/s] MsgRate
   RAW[$s]=$(awk -v s="$s" '$1==s && NF>=5 {print $4; exit}' /tmp/large-perf.txt)
-  echo "large: raw ib_send_bw $s B: ${RAW[$s]:-n/a} MB/s"
+  echo "large: raw ib_send_bw $s B: ${RAW[$s]:-n/a} MB/s" >&2
 done
-
 SOCK=/tmp/large-$$.sock
 start_broker --port 7492 --config "$CONFIG"
 URL=rdma://$A1:7492
 vm() { awk -v k="$2:" '$1==k{print $2}' "/proc/$1/status"; }
 PIN0=$(vm "$BROKER" VmPin)
 for s in "${SIZES[@]}"; do
-  runs=$(for _ in 1 2 3; do bench "$CLI" "$URL" "$s" "$(count_for "$s")" -b "$A2" | cut -d' ' -f1; done)
-  MB=$(median <<<"$runs")
-  echo "large: relay RDMA $s B 1 -> 1: $MB MB/s (runs $(paste -sd/ <<<"$runs")), raw ${RAW[$s]:-n/a} MB/s," \
-    "relay / raw $(awk -v a="$MB" -v b="${RAW[$s]:-0}" 'BEGIN{ if (b > 0) printf "%.2f", a/b; else print "n/a" }')"
+  runs=$(relay_runs "$URL" "$s")
+  R16[$s]=$(median <<<"$runs")
+  RUNS16[$s]=$(paste -sd/ <<<"$runs" | sed 's|/| / |g')
+  echo "large: relay $s B, 16 KiB frames: ${R16[$s]} MB/s" >&2
 done
 # Where the time goes at 1 MiB: the first hop alone (nobody subscribes:
 # the broker takes every fragment and forwards none), then the 1 -> 1 run
 # again with the CPU the broker and the bench process used.
 HOP=$("$CLI" bench -s "$URL" -b "$A2" --size 1048576 -n 100 -m 0 --json --quiet |
   python3 -c 'import json,sys; a=json.load(sys.stdin)["aggregate"]; print("%.1f" % (a["publish_msgs_per_s"] * 1048576 / 1e6))')
-echo "large: 1 MiB, first hop alone (publisher -> broker, no subscriber): $HOP MB/s"
+ROWS+=("1 MiB, the first hop alone (publisher → broker, no subscriber; 16 KiB frames)|$HOP MB/s, $(ratio "$HOP" "${RAW[1048576]}")× raw")
 b0=$(cpu_ticks "$BROKER")
 t0=$(date +%s.%N)
 /usr/bin/time -f "%U %S" -o /tmp/large-time.txt "$CLI" bench -s "$URL" -b "$A2" --size 1048576 -n 100 --json --quiet >/tmp/large-1m.json
 t1=$(date +%s.%N)
 b1=$(cpu_ticks "$BROKER")
-awk -v b0="$b0" -v b1="$b1" -v t0="$t0" -v t1="$t1" -v hz="$(getconf CLK_TCK)" -v c="$(awk '{print $1 + $2}' /tmp/large-time.txt)" 'BEGIN {
-  w = t1 - t0; printf "large: 1 MiB 1 -> 1, %.1f s for 100 MiB: broker CPU %.1f s (%.0f%% of one vCPU), publisher+subscriber process CPU %.1f s (%.0f%%); the rest of the 2 vCPUs is rxe in the kernel\n",
-  w, (b1 - b0) / hz, 100 * (b1 - b0) / hz / w, c, 100 * c / w }'
+ROWS+=("$(awk -v b0="$b0" -v b1="$b1" -v t0="$t0" -v t1="$t1" -v hz="$(getconf CLK_TCK)" -v c="$(awk '{print $1 + $2}' /tmp/large-time.txt)" 'BEGIN {
+  w = t1 - t0; printf "1 MiB 1 → 1 (16 KiB frames), 100 MiB in %.1f s|broker %.0f%% of a vCPU, bench process (publisher and subscriber) %.0f%%; the rest of the 2 vCPUs is rxe in the kernel",
+  w, 100 * (b1 - b0) / hz / w, 100 * c / w }')")
 ONE=$(for _ in 1 2 3; do bench "$CLI" "$URL" 67108864 1 -b "$A2" | cut -d' ' -f2; done | median)
-echo "large: one 64 MiB message, publish call to delivery: $(awk -v u="$ONE" 'BEGIN{printf "%.2f", u/1e6}') s (median of 3)"
+ROWS+=("one 64 MiB message (16 KiB frames), publish call to delivery (median of 3)|$(awk -v u="$ONE" 'BEGIN{printf "%.2f", u/1e6}') s")
 # A client's pinned memory: a subscriber connected to this broker (max_payload 64 MiB).
 "$CLI" sub large.idle -s "$URL" -b "$A2" >/dev/null &
 SUB=$!
 for _ in $(seq 100); do [ "$(vm $SUB VmPin)" != "" ] && [ "$(vm $SUB VmPin)" != 0 ] && break; sleep 0.1; done
 sleep 0.5
-echo "large: pinned memory: client $(vm $SUB VmPin) kB; broker $PIN0 kB at start, $(vm "$BROKER" VmPin) kB after the runs;" \
-  "broker peak RSS $(vm "$BROKER" VmHWM) kB"
+ROWS+=("a client's pinned memory (VmPin; 16 KiB buffers, defaults)|$(vm $SUB VmPin) KiB, whatever \`max_payload\`")
+ROWS+=("the broker's pinned memory (VmPin), 16 KiB frames|$PIN0 KiB at start, $(vm "$BROKER" VmPin) KiB after the runs")
+ROWS+=("the broker's peak RSS (VmHWM)|$(vm "$BROKER" VmHWM) KiB")
 kill $SUB 2>/dev/null || true
 stop_broker
-
 # Fewer, larger SENDs: 256 KiB frames in the same pinned memory (512 x 256 KiB
 # = 8192 x 16 KiB), the SRQ as deep in bytes (64 x 256 KiB).
 printf 'limits:\n  max_payload: 64MiB\nbuffers:\n  size: 256KiB\n  pool: 512\n  srq_depth: 64\n' >"$CONFIG"
 start_broker --port 7493 --config "$CONFIG"
 URL=rdma://$A1:7493
 for s in "${SIZES[@]:1}"; do
-  runs=$(for _ in 1 2 3; do bench "$CLI" "$URL" "$s" "$(count_for "$s")" -b "$A2" --recv-buffer-size 262144 --recv-credits 16 | cut -d' ' -f1; done)
-  MB=$(median <<<"$runs")
-  echo "large: relay RDMA $s B 1 -> 1, 256 KiB frames: $MB MB/s (runs $(paste -sd/ <<<"$runs")), relay / raw" \
-    "$(awk -v a="$MB" -v b="${RAW[$s]:-0}" 'BEGIN{ if (b > 0) printf "%.2f", a/b; else print "n/a" }')"
+  runs=$(relay_runs "$URL" "$s" --recv-buffer-size 262144 --recv-credits 16)
+  R256[$s]=$(median <<<"$runs")
+  RUNS256[$s]=$(paste -sd/ <<<"$runs" | sed 's|/| / |g')
+  echo "large: relay $s B, 256 KiB frames: ${R256[$s]} MB/s" >&2
 done
-runs=$(for _ in 1 2 3; do bench "$CLI" "$URL" 1048576 "$(count_for 1048576)" -b "$A2" | cut -d' ' -f1; done)
+runs=$(relay_runs "$URL" 1048576)
 MB=$(median <<<"$runs")
-echo "large: relay RDMA 1048576 B 1 -> 1, 256 KiB frames, 16 KiB client buffers (cut by the broker): $MB MB/s" \
-  "(runs $(paste -sd/ <<<"$runs")), relay / raw $(awk -v a="$MB" -v b="${RAW[1048576]:-0}" 'BEGIN{ if (b > 0) printf "%.2f", a/b; else print "n/a" }')"
-echo "large: pinned memory, 256 KiB frames: broker $(vm "$BROKER" VmPin) kB"
+ROWS+=("1 MiB, 256 KiB frames at the broker and the publisher, the subscriber on 16 KiB receive buffers (the broker cuts what it sends it, SPEC.md §3.7)|$MB MB/s ($(paste -sd/ <<<"$runs" | sed 's|/| / |g')): $(ratio "$MB" "${RAW[1048576]}")× raw")
+ROWS+=("the broker's pinned memory (VmPin), 256 KiB frames|$(vm "$BROKER" VmPin) KiB")
 stop_broker
+{
+  echo "1 → 1 flat out, relay figures the median of 3 runs, raw \`ib_send_bw\` rxe1 → rxe0 in the same boot ($(uname -r))"
+  echo
+  echo "| size | raw \`ib_send_bw\` | relay, 16 KiB frames (runs) | / raw | relay, 256 KiB frames (runs) | / raw |"
+  echo "|---|---:|---:|---:|---:|---:|"
+  for s in "${SIZES[@]}"; do
+    label=$(awk -v s="$s" 'BEGIN{ if (s >= 1048576) printf "%d MiB", s/1048576; else printf "%d KiB", s/1024 }')
+    big="| |"
+    [ -n "${R256[$s]:-}" ] && big="${R256[$s]} MB/s (${RUNS256[$s]}) | $(ratio "${R256[$s]}" "${RAW[$s]}") |"
+    echo "| $label | ${RAW[$s]:-n/a} MB/s | ${R16[$s]} MB/s (${RUNS16[$s]}) | $(ratio "${R16[$s]}" "${RAW[$s]}") | $big"
+  done
+  echo
+  echo "| what (same boot) | result |"
+  echo "|---|---|"
+  for row in "${ROWS[@]}"; do echo "| ${row%%|*} | ${row#*|} |"; done
+} | doc_table large-rdma
 rm -f "$CONFIG"

@@ -11,8 +11,10 @@
 #   fully polled   polled clients (bench --polled) and one worker that spins
 #                  (--busy-poll-us 10000)
 # and, in the same boot, raw ib_send_lat at 64 B (polled and -e) for scale.
-# Writes a markdown table to stdout, the rows to $OUT (CSV) and a plot of p50
-# and p99 against the rate to docs/img/latency-load.png (gnuplot).
+# Writes a markdown table (also into docs/benchmarks.md's section
+# latency-load-SECONDS for the default rates: doc_table, suite-lib.sh), the
+# rows to $OUT (CSV) and a plot of p50 and p99 against the rate to
+# docs/img/latency-load.png (gnuplot).
 # Runs where RDMA devices exist; without one, through the Soft-RoCE guest:
 #   sudo tests/bench/latency-load.sh [SECONDS] [RATES...]
 set -euo pipefail
@@ -20,6 +22,7 @@ cd "$(dirname "$0")/../.."
 SECS=${1:-3}
 shift || true
 RATES=("$@")
+NAME="latency-load-$SECS${RATES[*]:+-${RATES[*]// /-}}"
 [ ${#RATES[@]} -gt 0 ] || RATES=(200 1000 3000 10000 30000)
 BIN=${RDMABROKER_BIN:-build/release}
 OUT=${OUT:-build/latency-load.csv}
@@ -63,20 +66,21 @@ with open(out, "a") as o:
 EOF
 }
 
-echo "64 B, 1 -> 1 over RDMA, $SECS s per point ($(uname -r)); latency µs from the publish schedule"
-echo
-echo "| mode | offered msg/s | published | lost | delivered msg/s | p50 | p90 | p99 | p99.9 | wake-ups/msg |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-for rate in "${RATES[@]}"; do run default "$rate" --; done
-for rate in "${RATES[@]}"; do run adaptive "$rate" --adaptive-poll true -- --adaptive-poll; done
-for rate in "${RATES[@]}"; do run "fully polled" "$rate" --workers 1 --busy-poll-us 10000 -- --polled; done
+{
+  echo "64 B, 1 → 1 over RDMA, $SECS s per point ($(uname -r)); latency µs from the publish schedule"
+  echo
+  echo "| mode | offered msg/s | published | lost | delivered msg/s | p50 | p90 | p99 | p99.9 | wake-ups/msg |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  for rate in "${RATES[@]}"; do run default "$rate" --; done
+  for rate in "${RATES[@]}"; do run adaptive "$rate" --adaptive-poll true -- --adaptive-poll; done
+  for rate in "${RATES[@]}"; do run "fully polled" "$rate" --workers 1 --busy-poll-us 10000 -- --polled; done
 
-RAW_POLLED=$(raw_lat)
-RAW_EVENTS=$(raw_lat -e)
-echo
-echo "raw ib_send_lat 64 B, typical one-way µs: polled $RAW_POLLED, with events (-e) $RAW_EVENTS"
+  RAW_POLLED=$(raw_lat)
+  RAW_EVENTS=$(raw_lat -e)
+  echo
+  echo "raw ib_send_lat 64 B, typical one-way µs: polled $RAW_POLLED, with events (-e) $RAW_EVENTS"
 
-gnuplot <<EOF
+  gnuplot <<EOF
 set terminal pngcairo noenhanced size 1000,500
 set output "docs/img/latency-load.png"
 set datafile separator ","
@@ -91,4 +95,5 @@ plot for [m in "default adaptive fully_polled"] rows(m) using 2:6 with linespoin
   ${RAW_POLLED:-1/0} with lines dashtype 3 title "raw ib_send_lat polled", \
   ${RAW_EVENTS:-1/0} with lines dashtype 4 title "raw ib_send_lat -e"
 EOF
+} | doc_table "$NAME"
 echo "plot: docs/img/latency-load.png; rows: $OUT"

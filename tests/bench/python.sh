@@ -9,7 +9,8 @@
 # The guest's emulated CPUs make every hand-off of Python's GIL between the
 # publishing thread and the library's delivering thread cost a wake-up of
 # hundreds of microseconds: there, read the ratio; the host says what Python
-# costs on a real CPU.
+# costs on a real CPU. The table goes into docs/benchmarks.md's section
+# python-guest-N or python-host-N when it has one (doc_table, suite-lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 HOST=0
@@ -23,16 +24,21 @@ A2=${RDMABROKER_GUEST_ADDR2:-127.0.0.1}
 SOCK=/tmp/python-bench-$$.sock
 broker_on_both_transports 7482 7483
 export PYTHONPATH=$PWD/python RDMABROKER_LIBRARY=$PWD/$BIN/client-lib/librdmabroker.so.0
-for url in "${URLS[@]}"; do
-  cli=$("$BIN/client-lib/rdmabroker" bench bench.cli -s "$url" -b "$A2" -n "$N" --size 64 --json --quiet)
-  py=$(/usr/bin/python3 python/examples/bench.py "$url" --bind "$A2" -n "$N" --size 64)
-  /usr/bin/python3 - "$url" "$cli" "$py" <<'EOF'
+WHERE=$([ "$HOST" = 1 ] && echo "host" || echo "guest")
+{
+  echo "1 → 1 flat out, $N messages of 64 B, the $WHERE ($(uname -r), $(nproc) CPUs)"
+  echo
+  echo "| transport | C++ delivered | Python delivered (published) | Python / C++ |"
+  echo "|---|---:|---:|---:|"
+  for url in "${URLS[@]}"; do
+    cli=$("$BIN/client-lib/rdmabroker" bench bench.cli -s "$url" -b "$A2" -n "$N" --size 64 --json --quiet)
+    py=$(/usr/bin/python3 python/examples/bench.py "$url" --bind "$A2" -n "$N" --size 64)
+    /usr/bin/python3 - "$url" "$cli" "$py" <<'EOF'
 import json, sys
 url, cli, py = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 c = cli["aggregate"]["delivery_msgs_per_s"]
 p = py["delivery_msgs_per_s"]
-print(f"python-bench: {url.split(':')[0]} 64 B{' (host)' if url.startswith('tcp://127.') else ''}: C++ (rdmabroker bench) {c:,.0f} msg/s delivered; "
-      f"Python {p:,.0f} msg/s delivered ({py['publish_msgs_per_s']:,.0f} published/s): "
-      f"Python at {p / c:.2f} x C++")
+print(f"| {url.split(':')[0].upper()} | {c:,.0f} msg/s | {p:,.0f} msg/s ({py['publish_msgs_per_s']:,.0f}/s) | {p / c:.2f}× |")
 EOF
-done
+  done
+} | doc_table "python-$WHERE-$N"

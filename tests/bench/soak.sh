@@ -15,7 +15,9 @@
 # returns to its baseline once everyone has left: no connection, every pool
 # buffer back (each one free or posted on an SRQ: pool.in_use equals
 # rdma.srq_posted, which the refill keeps above 3/4 of its start), RSS within
-# 10 % (+ 4 MiB) of where it started. Prints the numbers; exit 1 on any failure.
+# 10 % (+ 4 MiB) of where it started. Prints the numbers (into
+# docs/benchmarks.md's section soak-MINUTES-CONNS too, when it has one:
+# doc_table, suite-lib.sh); exit 1 on any failure.
 #   tests/bench/soak.sh [MINUTES] [CONNS]     (in the Soft-RoCE guest when
 #                                              the host has no RDMA device)
 set -euo pipefail
@@ -53,7 +55,8 @@ exec 3> >(HOLD_SUBJECT=soak.fan "$BIN/tests/bench/micro/hold_connections" "$URL"
           echo exited >>"$OUT/hold")
 for _ in $(seq 2400); do grep -q -e '^held' -e '^exited' "$OUT/hold" 2>/dev/null && break; sleep 0.5; done
 grep -q '^held' "$OUT/hold" || { echo "soak: the holder did not connect:"; cat "$OUT/hold"; exit 1; }
-echo "soak: $CONNS connections held after $(( $(date +%s) - T0 )) s; traffic for $SECS s"
+HELD_S=$(($(date +%s) - T0))
+echo "soak: $CONNS connections held after $HELD_S s; traffic for $SECS s"
 RSS_HELD=$(rss)
 
 B_ARGS=(-s "$URL" --json --quiet -d "$SECS")
@@ -79,8 +82,11 @@ for _ in $(seq 300); do [ "$(stat_of connections.current)" = 0 ] && break; sleep
 sleep 2
 RSS1=$(rss); POOL1=$(stat_of pool.in_use); SRQ1=$(stat_of rdma.srq_posted); CONN1=$(stat_of connections.current)
 
+{
+echo "$CONNS RDMA connections held for $MINUTES minutes of traffic ($(uname -r)); connecting them took $HELD_S s"
+echo
 fail=0
-check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }
+check() { if eval "$2"; then echo "- ok: $1"; else echo "- **FAIL**: $1"; fail=1; fi; }
 FAN_SENT=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["aggregate"]["published"])' "$OUT/fan.json" 2>/dev/null || echo -1)
 read -r _ GOT_MIN GOT_MAX < <(grep '^received' "$OUT/hold" || echo "received -1 -1")
 for b in small large; do
@@ -88,8 +94,8 @@ for b in small large; do
 import json, sys
 a = json.load(open(sys.argv[1]))["aggregate"]
 ok = a["lost"] == 0 and a["reordered"] == 0 and a["malformed"] == 0 and a["received"] == a["expected"] > 0
-print(("ok   " if ok else "FAIL ") + f"{sys.argv[2]}: {a['published']} published, {a['received']} of {a['expected']} received, "
-      f"lost {a['lost']}, reordered {a['reordered']}, p50 {a['latency']['p50_us']:.0f} us, p99 {a['latency']['p99_us']:.0f} us")
+print(("- ok: " if ok else "- **FAIL**: ") + f"{sys.argv[2]}: {a['published']} published, {a['received']} of {a['expected']} received, "
+      f"lost {a['lost']}, reordered {a['reordered']}, p50 {a['latency']['p50_us']:.0f} µs, p99 {a['latency']['p99_us']:.0f} µs")
 sys.exit(0 if ok else 1)
 PY
 done
@@ -101,8 +107,11 @@ check "every connection closed (connections.current $CONN1)" '[ "$CONN1" = 0 ]'
 check "every pool buffer free or posted (pool.in_use $POOL1 = rdma.srq_posted $SRQ1; at start $POOL0 = $SRQ0)" \
   '[ "$POOL1" = "$SRQ1" ]'
 check "SRQs refilled (rdma.srq_posted $SRQ1 >= 3/4 of $SRQ0)" '[ "$SRQ1" -ge $((SRQ0 * 3 / 4)) ]'
-check "RSS back near baseline ($((RSS0 / 1024)) MiB -> $((RSS1 / 1024)) MiB)" \
+check "RSS back near baseline ($((RSS0 / 1024)) MiB → $((RSS1 / 1024)) MiB)" \
   '[ "$RSS1" -le $((RSS0 + RSS0 / 10 + 4096)) ]'
-echo "soak: RSS $((RSS0 / 1024)) MiB at start, $((RSS_HELD / 1024)) MiB with $CONNS connections, peak $((PEAK / 1024)) MiB under traffic, $((RSS_LOADED / 1024)) MiB at the end of traffic, $((RSS1 / 1024)) MiB after everyone left; $(( $(date +%s) - T0 )) s in all"
+echo "- RSS $((RSS0 / 1024)) MiB at start, $((RSS_HELD / 1024)) MiB with $CONNS connections, peak $((PEAK / 1024)) MiB under traffic, $((RSS_LOADED / 1024)) MiB at the end of traffic, $((RSS1 / 1024)) MiB after everyone left; $(( $(date +%s) - T0 )) s in all"
+echo "$fail" >"$OUT/fail"
+} | doc_table "soak-$MINUTES-$CONNS"
+fail=$(cat "$OUT/fail")
 rm -rf "$OUT"
 exit $fail
