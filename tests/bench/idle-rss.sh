@@ -21,8 +21,12 @@ SUBS=${SUBS:-1}
 [ "$VIA" = rdma ] && in_guest_unless_rdma env SUBS="$SUBS" tests/bench/idle-rss.sh rdma "$N"
 ninja -C "$BIN" hold_connections rdmabrokerd >/dev/null 2>&1 || true
 SOCK=/tmp/idle-rss-$$.sock
-ARGS=(--port 7490 --tcp-port 7491 --admin-socket "$SOCK" --metrics-listen "" --workers 2 --log-level warn
-      --max-connections $((N + 16)) --max-subscriptions $((SUBS + 16)))
+# One address holds every subscription here: its share of the broker's
+# subscription memory (limits.user_subscription_share_percent) is all of it.
+CONFIG=/tmp/idle-rss-$$.yaml
+printf 'limits:\n  user_subscription_share_percent: 100\n' >"$CONFIG"
+ARGS=(--config "$CONFIG" --port 7490 --tcp-port 7491 --admin-socket "$SOCK" --metrics-listen "" --workers 2
+      --log-level warn --max-connections $((N + 16)) --max-subscriptions $((SUBS + 16)))
 if [ "$VIA" = tcp ]; then
   ARGS+=(--rdma off)
   URL=tcp://127.0.0.1:7491
@@ -36,14 +40,14 @@ fi
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true  # each connection is a socket (TCP) or a few fds (RDMA)
 "$BIN/daemon/rdmabrokerd" --allow-anonymous "${ARGS[@]}" &
 B=$!
-trap 'kill $B 2>/dev/null || true' EXIT
+trap 'kill $B 2>/dev/null || true; rm -f "$CONFIG"' EXIT
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 rss() { awk '/^VmRSS/{print $2}' "/proc/$B/status"; }
 sleep 1
 BEFORE=$(rss)
-exec 3> >(HOLD_SUBS=$SUBS "$BIN/tests/bench/micro/hold_connections" "$URL" "$N" "${BIND[@]}" > /tmp/idle-rss-$$.out; echo exited >> /tmp/idle-rss-$$.out)
+exec 3> >(HOLD_SUBS=$SUBS "$BIN/tests/bench/micro/hold_connections" "$URL" "$N" "${BIND[@]}" > /tmp/idle-rss-$$.out 2>&1; echo exited >> /tmp/idle-rss-$$.out)
 for _ in $(seq 1200); do grep -q -e '^held' -e '^exited' /tmp/idle-rss-$$.out 2>/dev/null && break; sleep 0.5; done
-grep -q '^held' /tmp/idle-rss-$$.out || { echo "idle-rss: the holder did not connect" >&2; exit 1; }
+grep -q "^held" /tmp/idle-rss-$$.out || { echo "idle-rss: the holder did not connect:" >&2; cat /tmp/idle-rss-$$.out >&2; exit 1; }
 sleep 1
 AFTER=$(rss)
 STAT=$("$BIN/client-lib/rdmabroker" stat --admin-socket "$SOCK")

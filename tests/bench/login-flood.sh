@@ -106,21 +106,21 @@ for b in "${BINS[@]}"; do
   wait "$BROKER" 2>/dev/null || true
   rm -f "$SOCK"
   printf '\n%s\n\n' "The broker of \`$b\`${EXTRA[*]:+ with \`${EXTRA[*]}\`}:"
-  printf '- logins, quiet: p50 %s ms, p99 %s ms, max %s ms, %s failed of %s\n' "$(field "$OUT/quiet.json" login_p50_ms)" \
+  printf -- '- logins, quiet: p50 %s ms, p99 %s ms, max %s ms, %s failed of %s\n' "$(field "$OUT/quiet.json" login_p50_ms)" \
     "$(field "$OUT/quiet.json" login_p99_ms)" "$(field "$OUT/quiet.json" login_max_ms)" \
     "$(field "$OUT/quiet.json" login_failures)" "$LOGINS"
-  printf '- logins, flood: p50 %s ms, p99 %s ms, max %s ms, %s failed of %s %s\n' "$(field "$OUT/flood.json" login_p50_ms)" \
+  printf -- '- logins, flood: p50 %s ms, p99 %s ms, max %s ms, %s failed of %s %s\n' "$(field "$OUT/flood.json" login_p50_ms)" \
     "$(field "$OUT/flood.json" login_p99_ms)" "$(field "$OUT/flood.json" login_max_ms)" \
     "$(field "$OUT/flood.json" login_failures)" "$LOGINS" "$(field "$OUT/flood.json" first_error)"
   # auth.failed: failed logins (wrong secrets checked, and login deadlines); auth.check_failures
   # (builds that have it): wrong secrets that crypt(3) checked, i.e. guesses really tried.
-  printf '- guesses: %s attempted; failed logins %s in %s s (%s/s), of which crypt(3) checked %s (%s/s); never-authenticating connections opened %s, refused %s\n' \
+  printf -- '- guesses: %s attempted; failed logins %s in %s s (%s/s), of which crypt(3) checked %s (%s/s); never-authenticating connections opened %s, refused %s\n' \
     "$(field "$OUT/flood.json" guess_attempts)" "$((FAILED1 - FAILED0))" "$FLOOD_S" \
     "$(awk -v n=$((FAILED1 - FAILED0)) -v s="$FLOOD_S" 'BEGIN{printf "%.1f", n / s}')" \
     "${CHECKED1:+$((CHECKED1 - CHECKED0))}" \
     "$([ -n "$CHECKED1" ] && awk -v n=$((CHECKED1 - CHECKED0)) -v s="$FLOOD_S" 'BEGIN{printf "%.1f", n / s}' || echo "-")" \
     "$(field "$OUT/flood.json" held)" "$(field "$OUT/flood.json" hold_refused)"
-  printf '- subscriber at %s msg/s: quiet p50 %s µs p99 %s µs lost %s; flood p50 %s µs p99 %s µs lost %s\n' \
+  printf -- '- subscriber at %s msg/s: quiet p50 %s µs p99 %s µs lost %s; flood p50 %s µs p99 %s µs lost %s\n' \
     "$RATE" "$QP50" "$QP99" "$QLOST" "$FP50" "$FP99" "$FLOST"
   read -r KB0 KK0 <<<"$K0"
   read -r KB1 KK1 <<<"$K1"
@@ -128,7 +128,7 @@ for b in "${BINS[@]}"; do
     -v hz="$(getconf CLK_TCK)" -v n="$(nproc)" -v gone="$([ -n "$F1" ] && echo 0 || echo 1)" 'BEGIN {
     printf "- CPU while the subscriber measured the flood (%d s): all %.2f of %d cores busy, the kernel %.2f of them; broker %.2f, flood %s\n",
       s, busy / hz / s, n, kern / hz / s, b / hz / s, gone ? "(ended before the window)" : sprintf("%.2f", f / hz / s) }'
-  printf '- broker RSS: %s MiB before, %s MiB in the flood, %s MiB 10 s after\n' \
+  printf -- '- broker RSS: %s MiB before, %s MiB in the flood, %s MiB 10 s after\n' \
     "$(awk -v k="$RSS0" 'BEGIN{printf "%.1f", k/1024}')" "$(awk -v k="$RSS1" 'BEGIN{printf "%.1f", k/1024}')" \
     "$(awk -v k="$RSS2" 'BEGIN{printf "%.1f", k/1024}')"
 done
