@@ -2,7 +2,8 @@
 // Micro-benchmarks of the hot-path pieces (Google Benchmark): frame encode and
 // decode (with and without message headers, and a client's header parsing), subject matching against 10,000
 // subscriptions (trie alone and with a worker's match cache), buffer pool get/put, and the worker command
-// queue. Run by tests/bench/micro.sh; results in docs/benchmarks.md.
+// queue; relay_stages.cpp: the broker's relay path by stage. Run by tests/bench/micro.sh; results in
+// docs/benchmarks.md.
 #include <benchmark/benchmark.h>
 
 #include <atomic>
