@@ -7,6 +7,7 @@ measured. One current table per benchmark; older ones live in git history.
 
     tests/bench/docs_section.py NAME FILE [DOC]"""
 import datetime
+import os
 import re
 import subprocess
 import sys
@@ -33,9 +34,17 @@ def main(name, path, doc="docs/benchmarks.md"):
     if not pattern.search(text):
         print(f"docs_section.py: no '{name}' section in {doc}", file=sys.stderr)
         return 1
+    if not table:
+        print(f"docs_section.py: the run printed no table: '{name}' left as it was", file=sys.stderr)
+        return 1
     when = datetime.date.today().isoformat()
     block = f"{begin}\nMeasured {when} at {commit(doc)}:\n\n{table}\n{end}"
-    open(doc, "w", encoding="utf-8").write(pattern.sub(lambda _: block, text, count=1))
+    # A whole new file renamed over the page: a reader (an editor, another
+    # run) never sees it half written.
+    tmp = f"{doc}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(pattern.sub(lambda _: block, text, count=1))
+    os.replace(tmp, doc)
     return 0
 
 

@@ -15,9 +15,9 @@
 #include "broker/core.hpp"
 #include "broker/send_blocks.hpp"
 #include "connection/connections.hpp"
-#include "connection/worker_context.hpp"
 #include "frames/frame_handler.hpp"
 #include "router/router.hpp"
+#include "worker_data_path.hpp"
 
 namespace rdmabroker::daemon {
 namespace {
@@ -105,29 +105,8 @@ class FakeLink final : public Link {
 
 class RouterTest : public ::testing::Test {
  protected:
-  RouterTest() {
-    core_.options.buffer_size = 4096;
-    core_.options.max_connections = 16;
-    pool_ = std::move(BufferPool::create(256, core_.options.buffer_size).value());
-    core_.pool = pool_.get();
-    core_.slots = std::make_unique<ConnectionSlots>(core_.options.max_connections);
-    core_.admission =
-        std::make_unique<Admission>(*core_.slots, core_.options.max_connections, core_.options.buffer_size);
-    config::AuthSettings auth;
-    auth.anonymous = true;
-    core_.auth = AuthTable::build(auth);
-    ctx_ = std::make_unique<WorkerContext>(0, core_);
-    blocks_ = std::make_unique<SendBlocks>(64);
-    connections_ = std::make_unique<Connections>(*ctx_, *blocks_);
-    router_ = std::make_unique<Router>(*ctx_, *connections_);
-    router_->set_worker_count(2);  // worker 1 is someone else: its deliveries are batched
-    frames_ = std::make_unique<FrameHandler>(*ctx_, *connections_, *router_);
-  }
-  ~RouterTest() override {
-    frames_.reset();
-    router_.reset();
-    connections_.reset();
-  }
+  // Worker 1 is someone else: its deliveries are batched.
+  RouterTest() : path_(DataPathShape{.buffer_size = 4096, .max_connections = 16, .workers = 2}) {}
 
   /// An authenticated client whose link is a FakeLink.
   struct Client {
@@ -137,13 +116,7 @@ class RouterTest : public ::testing::Test {
   Client connect(std::uint8_t version = proto::kProtocolVersion) {
     auto link = std::make_unique<FakeLink>(*connections_);
     FakeLink* l = link.get();
-    const std::uint64_t id = next_id_++;
-    auto conn =
-        std::make_unique<Connection>(id, *core_.slots->acquire(), "peer:" + std::to_string(id),
-                                     std::move(link), core_.options.buffer_size, 4, ConnState::kAccepting);
-    conn->protocol_version = version;
-    Connection& c = connections_->add(std::move(conn));
-    connections_->establish(c);
+    Connection& c = path_.accept(std::move(link), version, 4);
     send(c, frame(FrameType::kConnect, "", "", "", 0));
     EXPECT_EQ(c.state, ConnState::kOpen);
     return {&c, l};
@@ -163,14 +136,7 @@ class RouterTest : public ::testing::Test {
   }
   /// Hands `bytes` (whole frames) to the frame handler as one receive, then
   /// ends the loop turn: batches posted, touched connections flushed.
-  void send(Connection& c, const std::vector<std::byte>& bytes) {
-    std::uint32_t index = 0;
-    ASSERT_EQ(pool_->acquire(&index, 1), 1u);
-    BufferRef buf(pool_.get(), index);
-    std::memcpy(buf.data(), bytes.data(), bytes.size());
-    frames_->process(c, buf, 0, static_cast<std::uint32_t>(bytes.size()));
-    connections_->flush_touched();
-  }
+  void send(Connection& c, const std::vector<std::byte>& bytes) { path_.receive(c, bytes); }
   void subscribe(Client& s, std::string_view pattern, std::uint32_t sid, std::string_view group = {}) {
     send(*s.c, frame(FrameType::kSubscribe, pattern, group, "", sid));
   }
@@ -194,14 +160,13 @@ class RouterTest : public ::testing::Test {
     return out;
   }
 
-  BrokerCore core_;
-  std::unique_ptr<BufferPool> pool_;
-  std::unique_ptr<WorkerContext> ctx_;
-  std::unique_ptr<SendBlocks> blocks_;
-  std::unique_ptr<Connections> connections_;
-  std::unique_ptr<Router> router_;
-  std::unique_ptr<FrameHandler> frames_;
-  std::uint64_t next_id_ = 1;
+  WorkerDataPath path_;
+  BrokerCore& core_ = path_.core;
+  std::unique_ptr<BufferPool>& pool_ = path_.pool;
+  std::unique_ptr<WorkerContext>& ctx_ = path_.ctx;
+  std::unique_ptr<Connections>& connections_ = path_.connections;
+  std::unique_ptr<Router>& router_ = path_.router;
+  std::unique_ptr<FrameHandler>& frames_ = path_.frames;
 };
 
 TEST_F(RouterTest, FansOutToEverySubscriptionThatMatches) {

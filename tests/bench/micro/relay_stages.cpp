@@ -21,12 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "broker/core.hpp"
 #include "broker/send_blocks.hpp"
 #include "connection/connections.hpp"
-#include "connection/worker_context.hpp"
-#include "frames/frame_handler.hpp"
-#include "router/router.hpp"
+#include "worker_data_path.hpp"
 
 namespace rdmabroker::daemon {
 namespace {
@@ -63,41 +60,19 @@ class CompletingLink final : public Link {
   Connections& connections_;
 };
 
-/// One worker's data path around CompletingLinks.
+/// One worker's data path (tests/worker_data_path.hpp) around CompletingLinks.
 class Relay {
  public:
-  Relay() {
-    core_.options.buffer_size = 16384;
-    core_.options.max_connections = 256;
-    pool_ = std::move(BufferPool::create(1024, core_.options.buffer_size).value());
-    core_.pool = pool_.get();
-    core_.slots = std::make_unique<ConnectionSlots>(core_.options.max_connections);
-    core_.admission =
-        std::make_unique<Admission>(*core_.slots, core_.options.max_connections, core_.options.buffer_size);
-    config::AuthSettings auth;
-    auth.anonymous = true;
-    core_.auth = AuthTable::build(auth);
-    ctx_ = std::make_unique<WorkerContext>(0, core_);
-    blocks_ = std::make_unique<SendBlocks>(256);
-    connections_ = std::make_unique<Connections>(*ctx_, *blocks_);
-    router_ = std::make_unique<Router>(*ctx_, *connections_);
-    router_->set_worker_count(1);
-    frames_ = std::make_unique<FrameHandler>(*ctx_, *connections_, *router_);
-  }
-  ~Relay() {
-    frames_.reset();
-    router_.reset();
-    connections_.reset();
-  }
+  Relay()
+      : path_(DataPathShape{.buffer_size = 16384,
+                            .max_connections = 256,
+                            .pool_buffers = 1024,
+                            .send_blocks = 256,
+                            .workers = 1}) {}
 
   Connection& connect() {
-    const std::uint64_t id = next_id_++;
-    auto conn = std::make_unique<Connection>(id, *core_.slots->acquire(), "peer:" + std::to_string(id),
-                                             std::make_unique<CompletingLink>(*connections_),
-                                             core_.options.buffer_size, 64, ConnState::kAccepting);
-    conn->protocol_version = proto::kProtocolVersion;
-    Connection& c = connections_->add(std::move(conn));
-    connections_->establish(c);
+    Connection& c =
+        path_.accept(std::make_unique<CompletingLink>(*path_.connections), proto::kProtocolVersion, 64);
     receive(c, frame(proto::FrameType::kConnect, "", 0, 1));
     return c;
   }
@@ -121,36 +96,17 @@ class Relay {
     out.resize(one * count);
     return out;
   }
-  /// A receive buffer holding `bytes`, as the port hands it over.
-  BufferRef buffer(const std::vector<std::byte>& bytes) {
-    std::uint32_t index = 0;
-    if (pool_->acquire(&index, 1) != 1) std::abort();
-    BufferRef buf(pool_.get(), index);
-    std::memcpy(buf.data(), bytes.data(), bytes.size());
-    return buf;
-  }
+  BufferRef buffer(const std::vector<std::byte>& bytes) { return path_.receive_buffer(bytes); }
   /// The frame handler's work on one receive, without the end of the turn.
   void handle(Connection& c, const BufferRef& buf, std::size_t len) {
-    frames_->process(c, buf, 0, static_cast<std::uint32_t>(len));
+    path_.frames->process(c, buf, 0, static_cast<std::uint32_t>(len));
   }
-  /// The end of a loop turn: every touched connection flushed.
-  void end_turn() { connections_->flush_touched(); }
-  void receive(Connection& c, const std::vector<std::byte>& bytes) {
-    BufferRef buf = buffer(bytes);
-    handle(c, buf, bytes.size());
-    end_turn();
-  }
-  std::uint64_t deliveries() const { return ctx_->stats.deliveries.get(); }
+  void end_turn() { path_.end_turn(); }
+  void receive(Connection& c, const std::vector<std::byte>& bytes) { path_.receive(c, bytes); }
+  std::uint64_t deliveries() const { return path_.ctx->stats.deliveries.get(); }
 
  private:
-  BrokerCore core_;
-  std::unique_ptr<BufferPool> pool_;
-  std::unique_ptr<WorkerContext> ctx_;
-  std::unique_ptr<SendBlocks> blocks_;
-  std::unique_ptr<Connections> connections_;
-  std::unique_ptr<Router> router_;
-  std::unique_ptr<FrameHandler> frames_;
-  std::uint64_t next_id_ = 1;
+  WorkerDataPath path_;
 };
 
 constexpr std::size_t kPayload = 64;
