@@ -11,7 +11,10 @@
 # with the broker's share and "both hops" (devices, wire, every wake-up on
 # the way) inside "return -> subscriber's client". Writes a markdown table
 # (p50 and p99 per stage and mode) to stdout and the reports to
-# build/latency-budget-<mode>.json.
+# build/latency-budget-<mode>.json. In the same boot, the raw relay floor
+# (tests/bench/raw-relay.sh: publisher -> relay -> subscriber on raw verbs,
+# the same schedule) in events and polled mode, and each mode's
+# `publish call -> handler` p50 against its floor (issue 47: at most 1.5x).
 # Runs where RDMA devices exist; without one, through the Soft-RoCE guest:
 #   sudo tests/bench/latency-budget.sh [SECONDS] [RATE]
 set -euo pipefail
@@ -48,10 +51,17 @@ run polled rdma --workers 1 --busy-poll-us 10000 -- --polled
 run tcp tcp --
 RAW_POLLED=$(raw_lat)
 RAW_EVENTS=$(raw_lat -e)
+# floor MODE: "p50 p99" of the raw relay's post call -> completion, µs.
+floor() {
+  tests/bench/raw-relay.sh "$1" "$RATE" "$SECS" 2>/dev/null |
+    awk '$1 == "p50_us" { p50 = $2 } $1 == "p99_us" { p99 = $2 } END { print p50, p99 }'
+}
+FLOOR_EVENTS=$(floor events)
+FLOOR_POLLED=$(floor polled)
 
-python3 - "$SECS" "$RATE" "$RAW_POLLED" "$RAW_EVENTS" "$(uname -r)" <<'EOF' | doc_table "latency-budget-$SECS-$RATE"
+python3 - "$SECS" "$RATE" "$RAW_POLLED" "$RAW_EVENTS" "$(uname -r)" "$FLOOR_EVENTS" "$FLOOR_POLLED" <<'EOF' |
 import json, sys
-secs, rate, raw_polled, raw_events, kernel = sys.argv[1:6]
+secs, rate, raw_polled, raw_events, kernel, floor_events, floor_polled = sys.argv[1:8]
 modes = [("default", "default (RDMA)"), ("adaptive", "adaptive (RDMA)"),
          ("polled", "fully polled (RDMA)"), ("tcp", "default (TCP)")]
 reports = {}
@@ -87,6 +97,29 @@ print("| wake-ups per delivered message | " + " | ".join(wakeups(reports[m]) for
 print("| messages traced (lost) | " + " | ".join(
     "-" if not reports[m] else f"{reports[m]['latency_budget']['messages']:,} ({reports[m]['lost']})"
     for m, _ in modes) + " |")
+# The floor each mode is held to: the raw relay sleeping on events for the
+# default and adaptive modes, spinning for the fully polled one.
+floors = {"default": floor_events.split(), "adaptive": floor_events.split(), "polled": floor_polled.split(),
+          "tcp": None}
+def floor_cell(m):
+    f = floors[m]
+    return "-" if not f or len(f) < 2 else f"{float(f[0]):,.1f} / {float(f[1]):,.0f}"
+def total_p50(r):
+    for s in (r or {}).get("latency_budget", {}).get("stages", []):
+        if s["key"] == "total" and s["latency"]:
+            return s["latency"]["p50_us"]
+    return None
+def verdict(m):
+    f, t = floors[m], total_p50(reports[m])
+    if not f or len(f) < 2 or t is None or float(f[0]) <= 0:
+        return "-"
+    x = t / float(f[0])
+    return f"**{x:.2f}×** ({'met' if x <= 1.5 else 'missed'})"
+print("| raw relay floor, same schedule: post call -> subscriber's completion | "
+      + " | ".join(floor_cell(m) for m, _ in modes) + " |")
+print("| publish call -> handler ÷ the floor, p50 (target ≤ 1.5×) | "
+      + " | ".join(verdict(m) for m, _ in modes) + " |")
 print()
 print(f"raw ib_send_lat 64 B, typical one-way µs: polled {raw_polled}, with events (-e) {raw_events}")
 EOF
+  doc_table "latency-budget-$SECS-$RATE"
