@@ -14,6 +14,7 @@
 // The device's own cost (ibv_post_send, completions) is not here: it is
 // tests/bench/latency-budget.sh's, measured in the guest.
 #include <benchmark/benchmark.h>
+#include <spdlog/spdlog.h>
 
 #include <array>
 #include <cstring>
@@ -115,6 +116,7 @@ constexpr std::size_t kPayload = 64;
 /// turn ends after each receive when `whole`, else every 256 receives with
 /// the timer stopped (the handler's share alone).
 void relay(benchmark::State& state, int subscribers, std::size_t per_receive, bool whole) {
+  spdlog::set_level(spdlog::level::warn);  // a connection's log line on stdout would break the JSON output
   Relay r;
   Connection& publisher = r.connect();
   for (int i = 0; i < subscribers; ++i)
