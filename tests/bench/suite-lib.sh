@@ -121,14 +121,17 @@ raw_lat() {
   awk '$1 == 64 { print $5 }' /tmp/raw-lat.txt
 }
 
-# ... | doc_table NAME: prints what comes in (on stderr) and writes it into
-# docs/benchmarks.md's section NAME, with the date and commit
-# (tests/bench/docs_section.py); a run whose arguments have no section
-# there (another rate, another count) only prints.
+# ... | doc_table NAME: prints what comes in (on stdout: the suite reads
+# idle-rss.sh's line from it) and writes it into docs/benchmarks.md's
+# section NAME, with the date and commit (tests/bench/docs_section.py); a
+# run whose arguments have no section there (another rate, another count)
+# only prints.
 doc_table() {
   mkdir -p build
+  tee "build/bench-$1.out"
   # A broker's log lines on the way (its warnings) stay out of the page.
-  tee /dev/stderr | grep -v '^[0-9]\{4\}-[0-9][0-9]-[0-9][0-9]T[0-9:.]* ' >"build/bench-$1.md" || true
+  grep -v '^[0-9]\{4\}-[0-9][0-9]-[0-9][0-9]T[0-9:.]* ' "build/bench-$1.out" >"build/bench-$1.md" || true
+  rm -f "build/bench-$1.out"
   if grep -q "<!-- $1:begin" docs/benchmarks.md; then
     python3 tests/bench/docs_section.py "$1" "build/bench-$1.md"
   else

@@ -82,7 +82,7 @@ def record_perftest(a, text):
 
 def record_idle(a, line):
     line = line.strip()
-    m = re.search(r"(\d+) idle connections.*RSS ([\d.]+) MiB -> ([\d.]+) MiB, ([\d.-]+) KiB per connection", line)
+    m = re.search(r"(\d+) idle connections.*RSS ([\d.]+) MiB (?:->|→) ([\d.]+) MiB, ([\d.-]+) KiB per connection", line)
     rec = {"kind": "idle_rss", "system": "rdmabroker", "transport": a.transport}
     if not m:
         rec["error"] = "idle-rss failed: " + line[-300:]
