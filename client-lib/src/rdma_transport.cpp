@@ -292,11 +292,17 @@ void RdmaTransport::reclaim_locked() {
 
 bool RdmaTransport::send_events_wanted_locked() const {
   // Someone waits for a SEND to complete: the I/O thread, to post buffers
-  // that the full window holds back; a publisher, for a free buffer; close(),
-  // for everything to leave. Nobody else needs to hear of one.
+  // or owed credits that the full window holds back; a publisher, for a
+  // free buffer; close(), for everything to leave. Nobody else needs to
+  // hear of one. The owed credits matter when nothing else will come: a
+  // broker that spent its last credit on credit updates can send nothing
+  // (not even a flush's PONG) until they go back, so without this event a
+  // client with one send slot, caught by those updates while a long SEND
+  // was in flight, waited for ever.
   if (inflight_.empty()) return false;
-  return session_.closing_locked() || session_.out_of_buffers_locked() ||
-         (inflight_.size() >= session_.options().max_inflight_sends && session_.has_ready_locked());
+  if (session_.closing_locked() || session_.out_of_buffers_locked()) return true;
+  return inflight_.size() >= session_.options().max_inflight_sends &&
+         (session_.has_ready_locked() || credits_.should_return() || credits_.wants_release());
 }
 
 void RdmaTransport::arm_sends_if_waited_locked() {
