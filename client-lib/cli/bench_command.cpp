@@ -144,6 +144,7 @@ Subcommand add_bench(CLI::App& app) {
                   "Bytes per receive buffer (ClientOptions; below the broker's frame size, it cuts what it "
                   "sends to fit)")
       ->capture_default_str();
+  cmd->add_flag("!--no-rendezvous", a->client.rendezvous, "RDMA: large messages as fragments, not offered");
   cmd->add_option("--inflight-sends", a->client.max_inflight_sends,
                   "Sends in flight per client (ClientOptions)")
       ->capture_default_str();

@@ -181,6 +181,9 @@ Result<proto::ConnectAccept> RdmaTransport::exchange_handshake(std::uint32_t rec
   param.private_data_len = static_cast<std::uint8_t>(pdata.size());
   param.retry_count = 7;
   param.rnr_retry_count = 7;  // safety net only: credits keep a receive posted
+  // Version 8: the broker may READ what we offer (SPEC.md §3.8), two READs
+  // at a time; it READs nothing else (only offered regions have an rkey).
+  param.responder_resources = session_.options().rendezvous ? 2 : 0;
   if (rdma_connect(id_.get(), &param) != 0)
     return sys_error(ErrorKind::kConnectFailed, "rdma_connect(" + where + ")");
   std::vector<std::byte> reply;
@@ -204,7 +207,14 @@ Result<proto::ConnectAccept> RdmaTransport::exchange_handshake(std::uint32_t rec
 
 Status RdmaTransport::start_session(const proto::ConnectAccept& accept, const std::string& where) {
   protocol_version_ = accept.version;
-  session_.init_send_buffers(accept,
+  proto::ConnectAccept agreed = accept;
+  if (agreed.rendezvous_min != 0) {
+    // rdma_cm gave the QP no remote access (it had no responder resources
+    // when it moved it to INIT): READ, which only an offered region's rkey
+    // opens, is allowed now. Without it, no rendezvous.
+    if (!session_.options().rendezvous || !verbs::allow_remote_read(qp_.get())) agreed.rendezvous_min = 0;
+  }
+  session_.init_send_buffers(agreed,
                              session_.options().max_inflight_sends + session_.options().send_queue_buffers);
   send_mr_ = verbs::register_local(pd_.get(), session_.send_memory().data(), session_.send_memory().size());
   if (!send_mr_) return sys_error(ErrorKind::kResource, "ibv_reg_mr (send buffers; check ulimit -l)");
@@ -237,6 +247,7 @@ void RdmaTransport::teardown_resources() {
   teardown_ud();  // its QP and MR use the PD
   // Reverse order of creation: QP, MRs, CQ, completion channel, PD, cm_id, channel.
   qp_.reset();
+  exposed_.clear();  // the offered messages' MRs, before the PD
   send_mr_.reset();
   recv_mr_.reset();
   acker_.flush();

@@ -75,6 +75,9 @@ class RdmaTransport final : public Transport {
 
   void transmit_locked() override;
   bool drained_locked() const override { return inflight_.empty(); }
+  Result<proto::RendezvousRegion> expose_for_read(std::uint64_t offer, std::unique_ptr<std::byte[]> data,
+                                                  std::size_t length) override;
+  void release_region(std::uint64_t offer) override;
   void reclaim_locked() override;
   /// Posts one SEND: `buffer` (kNoBuffer: none, a credit update) with `len` bytes.
   bool post_locked(std::uint32_t buffer, std::uint32_t len);
@@ -137,6 +140,15 @@ class RdmaTransport final : public Transport {
   std::unique_ptr<std::byte[]> recv_mem_;
   verbs::MrPtr recv_mr_;
   verbs::MrPtr send_mr_;  // registers the session's send buffers
+  /// Messages offered by rendezvous (SPEC.md §3.8), each registered for
+  /// remote READ on its own until the broker releases it: the broker sees
+  /// only the message in flight, never the rest of our memory. Guarded by
+  /// the session's lock; deregistered before the PD goes.
+  struct ExposedRegion {
+    std::unique_ptr<std::byte[]> data;
+    verbs::MrPtr mr;  // after data: deregistered before it is freed
+  };
+  std::unordered_map<std::uint64_t, ExposedRegion> exposed_;
   // Receives completed and decoded, not posted again yet: messages delivered
   // in place (MessageView) point into them until dispatch() has run. I/O thread.
   std::vector<std::uint64_t> held_;

@@ -5,6 +5,7 @@
 #include "rdmabroker/common/url.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <thread>
@@ -53,6 +54,8 @@ void Session::init_send_buffers(const proto::ConnectAccept& accept, std::uint32_
   protocol_version_ = accept.version;
   max_message_ = accept.max_payload;
   connection_id_ = accept.connection_id;
+  rendezvous_min_ = accept.rendezvous_min;
+  offers_in_flight_ = 0;
   sends_.init(accept.max_frame_size, count);
 }
 
@@ -121,6 +124,10 @@ Status Session::publish_locked(std::unique_lock<std::mutex>& lock, std::string_v
                                                   std::to_string(proto::kMaxHeaderBlock)};
   }
   const std::size_t room = max_payload(subject.size());
+  if (rendezvous_min_ != 0 && block + payload.size() >= rendezvous_min_ && block + payload.size() <= room &&
+      block < frame_room(subject.size(), reply.size())) {
+    return publish_rendezvous_locked(lock, subject, reply, payload, flags, headers);
+  }
   if (block + payload.size() + reply.size() > frame_room(subject.size(), 0) &&
       protocol_version_ >= proto::kFragmentsVersion && block + payload.size() <= room) {
     return publish_fragments_locked(lock, subject, reply, payload, flags, headers);
@@ -136,6 +143,42 @@ Status Session::publish_locked(std::unique_lock<std::mutex>& lock, std::string_v
   h.type = FrameType::kPublish;
   h.flags = flags;
   return append_frame_locked(lock, h, subject, reply, payload, 0, true, headers);
+}
+
+Status Session::publish_rendezvous_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
+                                          std::string_view reply, ByteView payload, std::uint16_t flags,
+                                          std::span<const proto::HeaderField> headers) {
+  if (!wait_locked(lock, Clock::now() + opt_.publish_timeout,
+                   [&] { return offers_in_flight_ < kMaxOffers || closed_; })) {
+    return Error{ErrorKind::kTimeout, "the broker has not read the last large messages after " +
+                                          std::to_string(opt_.publish_timeout.count()) + " ms"};
+  }
+  if (auto st = check_open_locked(); !st) return st;
+  // The message as the broker will READ it: header block, then payload. A
+  // copy, so that publish() returns as with any message; the region is the
+  // only memory of ours the broker can reach, and only until it releases it.
+  const std::size_t block = proto::header_block_len(headers);
+  const std::size_t length = block + payload.size();
+  std::unique_ptr<std::byte[]> data(new std::byte[length]);
+  if (block != 0) proto::encode_header_block(data.get(), headers);
+  if (!payload.empty()) std::memcpy(data.get() + block, payload.data(), payload.size());
+  const std::uint64_t offer = ++next_offer_;
+  auto region = transport_->expose_for_read(offer, std::move(data), length);
+  if (!region) return region.error();
+  region->header_len = static_cast<std::uint16_t>(block);
+  const auto descriptor = proto::encode(*region);
+  proto::FrameHeader h;
+  h.type = FrameType::kRendezvousOffer;
+  h.flags = flags;
+  h.arg = static_cast<std::uint32_t>(length);
+  if (auto st =
+          append_frame_locked(lock, h, subject, reply, ByteView(descriptor.data(), descriptor.size()), offer);
+      !st) {
+    transport_->release_region(offer);
+    return st;
+  }
+  ++offers_in_flight_;
+  return {};
 }
 
 Status Session::publish_fragments_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
@@ -451,6 +494,9 @@ bool Session::begin_close() {
   if (!closed_) {
     proto::FrameHeader h;
     h.type = FrameType::kClose;
+    // Offered messages first: the broker READs them before it takes the
+    // CLOSE (SPEC.md §3.8), and their regions must stay until it has.
+    wait_locked(lock, Clock::now() + opt_.publish_timeout, [&] { return closed_ || offers_in_flight_ == 0; });
     if (append_frame_locked(lock, h, {}, {}, {})) {
       // Give what is queued a moment to leave before the disconnect.
       wait_locked(lock, Clock::now() + std::chrono::seconds(2),

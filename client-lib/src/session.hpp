@@ -203,6 +203,11 @@ class Session final : public Client, private SessionSide {
   Status publish_locked(std::unique_lock<std::mutex>& lock, std::string_view subject, std::string_view reply,
                         ByteView payload, std::uint16_t flags,
                         std::span<const proto::HeaderField> headers = {});
+  /// Offers a message of rendezvous_min_ or more for the broker to READ
+  /// (SPEC.md §3.8): copied into a region registered for it alone.
+  Status publish_rendezvous_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
+                                   std::string_view reply, ByteView payload, std::uint16_t flags,
+                                   std::span<const proto::HeaderField> headers);
   /// Sends a message larger than a frame as fragments, back to back (other
   /// publishes wait meanwhile); one that fails half-way is abandoned with
   /// ABORT before the next publish.
@@ -266,6 +271,7 @@ class Session final : public Client, private SessionSide {
   std::uint32_t recv_buffer_size_ = 0;  // ours: largest frame the broker sends us
   std::uint32_t max_message_ = 0;       // version 4: the broker's limits.max_payload (0: one frame)
   std::uint64_t connection_id_ = 0;     // the accept's: a fragment's sequence (SPEC.md §3.7)
+  std::uint32_t rendezvous_min_ = 0;    // version 8, RDMA: messages this large go by rendezvous (§3.8)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;  // send buffer freed, PONG or reply received, closed
@@ -282,6 +288,11 @@ class Session final : public Client, private SessionSide {
   PendingRequests requests_;
   bool fragmenting_ = false;    // a publish is sending fragments: other publishes wait
   bool abort_pending_ = false;  // a fragmented publish failed half-way: ABORT goes first
+  /// Rendezvous (SPEC.md §3.8): offers the broker has not released yet; a
+  /// publish waits while kMaxOffers are.
+  static constexpr std::uint32_t kMaxOffers = 4;
+  std::uint32_t offers_in_flight_ = 0;
+  std::uint64_t next_offer_ = 0;
   std::uint64_t pings_sent_ = 0;
   std::uint64_t pongs_received_ = 0;
   std::string auth_refusal_;  // the broker's ERROR text when it refused our credentials

@@ -53,6 +53,14 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
       case FrameType::kInfo:
         if (!on_info(f, errors)) return;
         break;
+      case FrameType::kRendezvousRelease: {
+        // The broker read (or refused) an offered message: its region goes.
+        std::lock_guard lock(mu_);
+        transport_->release_region(f.header.sequence);
+        if (offers_in_flight_ > 0) --offers_in_flight_;
+        cv_.notify_all();
+        break;
+      }
       case FrameType::kAbort:
         // The publisher left or gave up half-way: what came of it is no message.
         reassembler_.abort(f.header.arg, f.header.sequence);

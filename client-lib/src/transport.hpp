@@ -152,6 +152,19 @@ class Transport {
   }
   /// With the session's lock held: nothing waits to be sent, nothing is in flight.
   virtual bool drained_locked() const = 0;
+  /// With the session's lock held, version 8 over RDMA (SPEC.md §3.8):
+  /// registers `data` (`length` bytes) for the broker to READ, kept until
+  /// release_region(offer); where it is and its rkey. A transport without
+  /// RDMA READ refuses.
+  virtual Result<proto::RendezvousRegion> expose_for_read(std::uint64_t offer,
+                                                          std::unique_ptr<std::byte[]> data,
+                                                          std::size_t length) {
+    (void)offer, (void)data, (void)length;
+    return Error{ErrorKind::kInvalidArgument, "rendezvous needs RDMA"};
+  }
+  /// With the session's lock held: the broker is done with offer `offer`'s
+  /// region (RDV_RELEASE): deregistered and freed.
+  virtual void release_region(std::uint64_t offer) { (void)offer; }
   /// I/O thread: joins the group of `j` for subscription `sid` and answers
   /// with Session::join_done (now, or when the join completes). A transport
   /// without multicast refuses.

@@ -279,6 +279,7 @@ const std::vector<Field>& fields() {
       uint_field("limits", "frame_timeout_ms", true, &B::frame_timeout_ms, 100, 3'600'000),
       uint_field("limits", "fragment_timeout_ms", true, &B::fragment_timeout_ms, 100, 3'600'000),
       uint_field("limits", "max_payload", true, &B::max_payload, 0, 64u << 20, true),
+      uint_field("limits", "rendezvous_min", true, &B::rendezvous_min, 0, 64u << 20, true),
       uint_field("limits", "max_subscriptions", true, &B::max_subscriptions, 1, 10'000'000),
       uint_field("limits", "max_pending_bytes", true, &B::max_pending_bytes, 4096, 1ull << 40, true),
       uint_field("limits", "max_subscriptions_total", true, &B::max_subscriptions_total, 1, 100'000'000),

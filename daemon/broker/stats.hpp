@@ -226,6 +226,10 @@ struct WorkerStats {
   Counter receives;                               // receive completions
   Counter orphan_receives;                        // receives for a QP that was already gone
   Counter wc_errors;                              // completions with an error status other than flush
+  Counter rendezvous_offers;                      // RDV_OFFERs accepted (SPEC.md §3.8)
+  Counter rendezvous_reads;                       // RDMA READ work requests posted for them
+  Counter rendezvous_bytes;                       // bytes those READs brought
+  Counter rendezvous_read_errors;                 // READs that failed (the publisher's region unreadable)
   Counter srq_refills;                            // SRQ refills at the low watermark
   Counter srq_limit_events;                       // IBV_EVENT_SRQ_LIMIT_REACHED: a refill batch or less left
   Counter pool_exhausted;      // times a worker found the buffer pool empty (once per shortage)

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -112,6 +113,21 @@ class Link {
   /// The connection authenticated: what it was kept from until then (RDMA:
   /// its full credit grant) may be given now.
   virtual void on_authenticated() {}
+  /// How many pool buffers one READ of the peer's memory may fill (a
+  /// rendezvous, SPEC.md §3.8); 0: this transport cannot READ (TCP).
+  virtual std::uint32_t read_width() const { return 0; }
+  /// READs `pieces` (pool buffer bytes, in order) from the peer's memory at
+  /// `address` with `rkey`, one work request; `blocks` (the pool buffers,
+  /// one per piece) stay in the in-flight ring until it completes. False if
+  /// it was not posted (no send slot, or the post failed).
+  virtual bool read_remote(std::uint64_t address, std::uint32_t rkey, std::span<const Segment> pieces,
+                           std::array<BufferRef, kMaxFramesPerSend>& blocks) {
+    (void)address, (void)rkey, (void)pieces, (void)blocks;
+    return false;
+  }
+  /// A rendezvous waits for pool buffers or the end of a stall: the port
+  /// asks the frame handler to go on reading after its next flush.
+  virtual void read_later() {}
   /// RDMA: the credits granted to the client now (SPEC.md §5); 0 for TCP.
   virtual std::uint32_t receive_window() const { return 0; }
   /// The broker is not taking the peer's frames now, whatever the reason
@@ -148,6 +164,10 @@ struct InflightSend {
   std::int64_t oldest_received_at = 0;  // for the relay latency histogram
   std::uint32_t deliveries = 0;         // DELIVER frames among them
   std::uint64_t delivered_payload = 0;  // their payload bytes
+  /// An RDMA READ of a rendezvous offer (SPEC.md §3.8), not a send: `refs`
+  /// are the `frames` pool buffers it fills, handed to the frame handler
+  /// when it completes.
+  bool read = false;
   std::array<BufferRef, kMaxFramesPerSend> refs;
 };
 
@@ -261,11 +281,13 @@ struct Connection {
     std::uint32_t begin = 0;
     std::uint32_t end = 0;
   };
-  std::vector<HeldFrames> held_until_verified;
-  /// The connection's input is held back (a publisher stall, or frames
-  /// waiting for the login's verdict): its link reads nothing more (TCP) and
-  /// returns no credits (RDMA) until neither holds.
-  bool input_held() const { return stalled || !held_until_verified.empty(); }
+  /// Also the frames that arrived after an RDV_OFFER while the broker reads
+  /// its message (SPEC.md §3.8): taken once it is read.
+  std::vector<HeldFrames> held_input;
+  /// The connection's input is held back (a publisher stall, frames
+  /// waiting for the login's verdict, an offer being read): its link reads
+  /// nothing more (TCP) and returns no credits (RDMA) until none holds.
+  bool input_held() const { return stalled || !held_input.empty() || rendezvous.open; }
   std::shared_ptr<const Identity> identity;  // set once authenticated
   /// Recent publish verdicts by subject, for users whose publish permissions
   /// are restricted (cleared when full and on reload).
@@ -307,6 +329,33 @@ struct Connection {
     std::chrono::steady_clock::time_point waiting_since{};
   };
   OpenMessage open_message;
+
+  // ------------------------------------------------------------ a rendezvous offer being read
+  /// Protocol version 8 over RDMA (SPEC.md §3.8): the message of an
+  /// RDV_OFFER, which the broker READs from the publisher's registered
+  /// region into pool buffers laid out as the fragments of §3.7 and routes
+  /// as they arrive (open_message holds its recipients, as for fragments the
+  /// client sent). At most kMaxReads READs in flight; the connection's other
+  /// frames wait until the whole region is read, then RDV_RELEASE tells the
+  /// client it may let the region go.
+  struct RendezvousRead {
+    static constexpr std::uint32_t kMaxReads = 2;
+    bool open = false;
+    std::uint64_t offer = 0;  // the offer's sequence, echoed in RDV_RELEASE
+    std::uint64_t address = 0;
+    std::uint32_t rkey = 0;
+    std::uint32_t length = 0;  // the message's bytes (the offer's arg)
+    std::uint32_t posted = 0;  // bytes whose READ was posted
+    std::uint32_t routed = 0;  // bytes read and routed
+    std::uint32_t reads = 0;   // READs in flight
+    std::uint16_t flags = 0;   // REQUEST, for the first fragment
+    std::uint16_t header_len = 0;
+    std::string subject;
+    std::string reply;
+  };
+  RendezvousRead rendezvous;
+  /// The smallest message the accept allowed it to offer (0: no rendezvous).
+  std::uint32_t rendezvous_min = 0;
 
   // ------------------------------------------------------------ traffic (rdmabroker stat)
   std::uint64_t messages_in = 0;  // PUBLISH frames accepted

@@ -139,11 +139,25 @@ AuthResultCommand FrameHandler::route_login(Connection& c, std::string_view clus
   return verdict;
 }
 
-void FrameHandler::hold_until_verified(Connection& c, const BufferRef& buf, std::uint32_t begin,
-                                       std::uint32_t end) {
-  // The link reads nothing more until the verdict: what is held stays bounded.
-  if (c.held_until_verified.empty()) c.link->pause();
-  c.held_until_verified.push_back({buf.clone(), begin, end});
+void FrameHandler::hold_input(Connection& c, const BufferRef& buf, std::uint32_t begin, std::uint32_t end) {
+  // The link reads nothing more until then: what is held stays bounded.
+  if (c.held_input.empty()) c.link->pause();
+  c.held_input.push_back({buf.clone(), begin, end});
+}
+
+void FrameHandler::take_held_input(Connection& c) {
+  auto held = std::move(c.held_input);
+  c.held_input.clear();
+  for (auto& h : held) {
+    if (!c.is_up()) break;
+    // A held RDV_OFFER holds what follows it again, in order.
+    if (c.rendezvous.open) {
+      c.held_input.push_back(std::move(h));
+      continue;
+    }
+    process(c, h.buf, h.begin, h.end);
+  }
+  if (c.is_up() && !c.input_held()) c.link->resume();
 }
 
 void FrameHandler::on_auth_result(AuthResultCommand& r) {
@@ -179,14 +193,7 @@ void FrameHandler::on_auth_result(AuthResultCommand& r) {
               "connection {} from {} authenticated as {}", c->id, c->peer, c->identity->name);
   // What the client sent after CONNECT, taken now as if it had just arrived
   // (a PING among it is answered in its turn: the PONG means "authenticated").
-  if (c->held_until_verified.empty()) return;
-  auto held = std::move(c->held_until_verified);
-  c->held_until_verified.clear();
-  for (auto& h : held) {
-    if (!c->is_up()) break;
-    process(*c, h.buf, h.begin, h.end);
-  }
-  if (c->is_up() && !c->input_held()) c->link->resume();
+  if (!c->held_input.empty()) take_held_input(*c);
 }
 
 bool FrameHandler::may_publish(Connection& c, std::string_view subject) {

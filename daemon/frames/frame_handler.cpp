@@ -19,9 +19,10 @@ void FrameHandler::process(Connection& c, const BufferRef& buf, std::uint32_t be
   std::span<const std::byte> data(buf.data(), end);
   std::size_t off = begin;
   while (off < end && c.is_up()) {
-    if (c.state == ConnState::kVerifying) {
-      // Everything after CONNECT waits for the verdict, in order (SPEC.md §2.4).
-      hold_until_verified(c, buf, static_cast<std::uint32_t>(off), end);
+    if (c.state == ConnState::kVerifying || c.rendezvous.open) {
+      // Everything after CONNECT waits for the verdict, in order (SPEC.md
+      // §2.4); everything after an RDV_OFFER for its message (§3.8).
+      hold_input(c, buf, static_cast<std::uint32_t>(off), end);
       return;
     }
     proto::Frame f;
@@ -75,6 +76,8 @@ bool FrameHandler::on_frame(Connection& c, const proto::Frame& f, const BufferRe
       return true;
     case FrameType::kAbort:
       return on_abort(c);
+    case FrameType::kRendezvousOffer:
+      return on_offer(c, f);
     case FrameType::kCredit:
     case FrameType::kClose:
       return true;  // process() takes them, in every state
@@ -89,6 +92,7 @@ bool FrameHandler::on_frame(Connection& c, const proto::Frame& f, const BufferRe
     case FrameType::kMcastLoss:
     case FrameType::kMcastLeave:
     case FrameType::kInfo:
+    case FrameType::kRendezvousRelease:
       break;
   }
   connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,

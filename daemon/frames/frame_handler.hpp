@@ -55,6 +55,14 @@ class FrameHandler {
   /// INFO with `text` to `c` if it speaks version 7 (SPEC.md §8, "Gossip");
   /// null `text`: nothing to announce.
   void send_info(Connection& c, const std::shared_ptr<const Announcement>& info);
+  // frames/rendezvous.cpp (SPEC.md §3.8)
+  /// Posts the next READs of c's open rendezvous, as far as its READs in
+  /// flight, the pool and a stall allow.
+  void read_more(Connection& c);
+  /// A READ of c's rendezvous completed: its `count` pool buffers hold
+  /// fragments, routed now; the next READs follow, or RDV_RELEASE.
+  void on_read(Connection& c, std::array<BufferRef, kMaxFramesPerSend>& blocks, std::uint32_t count);
+
   /// The routes have every cluster interest entry up to `through` in effect:
   /// the PONGs held for it go out (SPEC.md §8, "Interest in effect").
   void release_pongs(std::uint32_t through);
@@ -69,6 +77,10 @@ class FrameHandler {
   /// A PUBLISH with the FRAGMENT flag (SPEC.md §3.7): checked against the
   /// connection's open message, then routed; false once the connection closed.
   bool on_fragment(Connection& c, const proto::Frame& f, const BufferRef& buf);
+  /// RDV_OFFER (SPEC.md §3.8): checked, then its READs begin; false once the connection closed.
+  bool on_offer(Connection& c, const proto::Frame& f);
+  /// RDV_RELEASE to the publisher of offer `offer`: `code` 0, read; else refused.
+  void release_offer(Connection& c, std::uint64_t offer, proto::ErrorCode code);
   /// ABORT from the client: it abandons its open message.
   bool on_abort(Connection& c);
   /// Closes `c` for breaking a fragment rule; always false.
@@ -83,8 +95,11 @@ class FrameHandler {
   // frames/access.cpp
   /// A frame of a connection that is not authenticated yet; false if it closed.
   bool before_authentication(Connection& c, const proto::Frame& f);
-  /// Keeps [begin, end) of buf, received after CONNECT, until the verdict.
-  void hold_until_verified(Connection& c, const BufferRef& buf, std::uint32_t begin, std::uint32_t end);
+  /// Keeps [begin, end) of buf, received after CONNECT (until the verdict)
+  /// or after an RDV_OFFER (until its message is read).
+  void hold_input(Connection& c, const BufferRef& buf, std::uint32_t begin, std::uint32_t end);
+  /// Takes the held frames, in order, as if they had just arrived.
+  void take_held_input(Connection& c);
   /// The verdict on a route's CONNECT (SPEC.md §8): its cluster's name, the
   /// dialing broker's id and the route credentials against cluster.*.
   AuthResultCommand route_login(Connection& c, std::string_view cluster, std::string_view server,

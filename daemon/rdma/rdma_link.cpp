@@ -28,7 +28,7 @@ RdmaLink::RdmaLink(RdmaPort& port, WorkerContext& ctx, Connections& connections,
       max_inline_(max_inline) {}
 
 Result<std::uint8_t> move_qp(rdma_cm_id* id, ibv_qp* qp, std::initializer_list<ibv_qp_state> states,
-                             bool clamp_rnr) {
+                             bool clamp_rnr, std::uint8_t read_depth) {
   std::uint8_t asked = 0;
   for (const ibv_qp_state state : states) {
     ibv_qp_attr attr{};
@@ -39,13 +39,13 @@ Result<std::uint8_t> move_qp(rdma_cm_id* id, ibv_qp* qp, std::initializer_list<i
     }
     switch (state) {
       case IBV_QPS_INIT:
-        attr.qp_access_flags = 0;
+        attr.qp_access_flags = 0;  // nothing of ours is remotely accessible
         break;
       case IBV_QPS_RTR:
-        attr.max_dest_rd_atomic = 0;  // no responder resources: SEND only
+        attr.max_dest_rd_atomic = 0;  // no responder resources: no peer READs from us
         break;
       default:
-        attr.max_rd_atomic = 0;
+        attr.max_rd_atomic = read_depth;
         asked = attr.rnr_retry;
         if (clamp_rnr) attr.rnr_retry = std::min(attr.rnr_retry, RdmaLink::kMaxRnrRetry);
         break;
@@ -110,6 +110,34 @@ Result<verbs::QpPtr> RdmaLink::create_qp(RdmaPort& port, std::uint64_t connectio
   return qp;
 }
 
+std::uint32_t RdmaLink::rendezvous_min_for(std::uint8_t version, const BrokerOptions& opt,
+                                           const RdmaPort& port) {
+  // Version 8 over RDMA: the client may offer large messages for us to READ
+  // (SPEC.md §3.8), any larger than a frame (so that it goes as fragments).
+  if (version < proto::kRendezvousVersion || opt.rendezvous_min == 0 || port.read_width() == 0) return 0;
+  return std::max(opt.rendezvous_min, opt.buffer_size);
+}
+
+std::uint8_t RdmaLink::read_depth_on(const RdmaPort& port) {
+  return static_cast<std::uint8_t>(
+      std::min<int>(Connection::RendezvousRead::kMaxReads, port.device.attr.max_qp_init_rd_atom));
+}
+
+bool RdmaLink::send_accept(rdma_cm_id* id, const Connection& conn, std::uint32_t grant, std::uint32_t qp_num,
+                           std::uint8_t read_depth, const BrokerOptions& opt) {
+  auto data = proto::encode(proto::ConnectAccept{opt.buffer_size, grant, conn.id, conn.protocol_version,
+                                                 opt.max_payload, conn.rendezvous_min});
+  rdma_conn_param param{};
+  // The client's QP answers our READs with as many responder resources.
+  param.initiator_depth = read_depth;
+  param.private_data = data.data();
+  param.private_data_len = static_cast<std::uint8_t>(proto::accept_size(conn.protocol_version));
+  param.rnr_retry_count = 7;  // the client's QP's: a safety net only, credits keep a receive posted
+  param.qp_num = qp_num;      // a QP of our own (ready_qp) on an SRQ
+  param.srq = 1;
+  return rdma_accept(id, &param) == 0;
+}
+
 std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port, WorkerContext& ctx,
                                              Connections& connections, bool stopping) {
   verbs::CmIdPtr id = std::move(cmd.id);
@@ -129,6 +157,8 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   const std::uint8_t version = Admission::version_for(Admission::Via::kRdma, cmd.request);
   const bool by_demand = version >= proto::kCreditsByDemandVersion;
   const std::uint32_t window = opt.max_inflight_sends + 1;
+  const std::uint32_t rendezvous_min = rendezvous_min_for(version, opt, port);
+  const std::uint8_t read_depth = rendezvous_min == 0 ? 0 : read_depth_on(port);
   const auto claimed = claim_credits(port, ctx, connections, window);
   if (!claimed) return fail(proto::RejectReason::kNoResources, claimed.error().message);
   const std::uint32_t grant = claimed.value();
@@ -138,7 +168,8 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   if (!qp) return fail(proto::RejectReason::kNoResources, qp.error().message);
   // Through RTS at once, with the RNR retry count the client asked for cut
   // to kMaxRnrRetry, before rdma_accept (a QP of our own on an SRQ).
-  auto ready = move_qp(id.get(), qp.value().get(), {IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS}, true);
+  auto ready =
+      move_qp(id.get(), qp.value().get(), {IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS}, true, read_depth);
   if (!ready) return fail(proto::RejectReason::kNoResources, ready.error().message);
   if (*ready > kMaxRnrRetry) {
     spdlog::debug("connection {} from {}: RNR retry count {} asked for, {} kept", cmd.connection_id, cmd.peer,
@@ -157,6 +188,8 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
                                            ConnState::kAccepting);
   conn->protocol_version = version;
   conn->route_listener = cmd.route_listener;
+  conn->rendezvous_min = read_depth > 0 ? rendezvous_min : 0;
+  l.read_depth_ = read_depth;
   l.by_demand_ = by_demand;
   l.last_data_ = ctx.now;
   // Datagrams carry PUBLISH frames as received, header blocks included, and
@@ -168,15 +201,7 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   port.outstanding += grant;
   l.sync_charge();
 
-  auto data = proto::encode(proto::ConnectAccept{opt.buffer_size, grant, cmd.connection_id,
-                                                 conn->protocol_version, opt.max_payload});
-  rdma_conn_param param{};
-  param.private_data = data.data();
-  param.private_data_len = static_cast<std::uint8_t>(proto::accept_size(conn->protocol_version));
-  param.rnr_retry_count = 7;  // the client's QP's: a safety net only, credits keep a receive posted
-  param.qp_num = qp_num;      // a QP of our own (ready_qp) on an SRQ
-  param.srq = 1;
-  if (rdma_accept(raw, &param) != 0) {
+  if (!send_accept(raw, *conn, grant, qp_num, read_depth, opt)) {
     log_throttled(ctx.core.rdma_accept_log, spdlog::level::warn, "connection {} from {}: rdma_accept: {}",
                   conn->id, conn->peer, std::strerror(errno));
     ctx.stats.accept_failures.add();
@@ -318,6 +343,46 @@ bool RdmaLink::on_credit_imm(std::uint32_t imm, bool data, bool publishes) {
   return true;
 }
 
+std::uint32_t RdmaLink::read_width() const { return read_depth_ == 0 ? 0 : port_.read_width(); }
+
+void RdmaLink::resume() {
+  if (connection().rendezvous.open) read_later();
+}
+
+void RdmaLink::read_later() { port_.read_later(connection().id); }
+
+bool RdmaLink::read_remote(std::uint64_t address, std::uint32_t rkey, std::span<const Segment> pieces,
+                           std::array<BufferRef, kMaxFramesPerSend>& blocks) {
+  Connection& c = connection();
+  if (read_depth_ == 0 || !c.can_send() || pieces.empty() || pieces.size() > kMaxFramesPerSend) return false;
+  std::array<ibv_sge, kMaxFramesPerSend> sge{};
+  for (std::size_t i = 0; i < pieces.size(); ++i)
+    sge[i] = ibv_sge{pieces[i].addr, pieces[i].length, port_.device.pool_mr->lkey};
+  const std::uint32_t slot = c.inflight_tail();
+  PackedSend packed;
+  packed.frames = static_cast<std::uint32_t>(pieces.size());
+  connections_.record_send(c, SendBlocks::kNone, &blocks, packed);
+  c.inflight[slot].read = true;
+  ibv_send_wr wr{};
+  wr.wr_id = slot;
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.send_flags = IBV_SEND_SIGNALED;  // each READ's completion hands its buffers on
+  wr.sg_list = sge.data();
+  wr.num_sge = static_cast<int>(pieces.size());
+  wr.wr.rdma.remote_addr = address;
+  wr.wr.rdma.rkey = rkey;
+  ibv_send_wr* bad = nullptr;
+  if (const int rc = ibv_post_send(qp_.get(), &wr, &bad); rc != 0) {
+    spdlog::warn("connection {} ({}): ibv_post_send (RDMA READ): {}", c.id, c.peer, std::strerror(rc));
+    // Back to the caller's array: it lets them go.
+    for (std::size_t i = 0; i < pieces.size(); ++i) blocks[i] = std::move(c.inflight[slot].refs[i]);
+    connections_.unrecord_send(c);
+    return false;
+  }
+  connections_.set_awaits_send(c, true);  // its completion must wake the worker
+  return true;
+}
+
 bool RdmaLink::qp_in_error() const {
   ibv_qp_attr attr{};
   ibv_qp_init_attr init{};
@@ -388,8 +453,9 @@ void RdmaLink::flush() {
   }
   post_staged(c);
   // Data left with a credit to carry it waits for a send slot or a send
-  // block: only a send completion frees one, so the send CQ must wake us.
-  connections_.set_awaits_send(c, !c.outq.empty() && credits.can_send_data());
+  // block: only a send completion frees one, so the send CQ must wake us;
+  // so must a rendezvous READ's completion.
+  connections_.set_awaits_send(c, (!c.outq.empty() && credits.can_send_data()) || c.rendezvous.reads > 0);
 }
 
 void RdmaLink::stage_send(Connection& c, std::uint32_t block, const Segment* sge, std::uint32_t num_sge,

@@ -41,9 +41,11 @@ void reject_connect_request(rdma_cm_id* id, proto::RejectReason reason, std::uin
 /// rdma_cm derives for it, as rdma_accept (or rdma_connect) does for a QP of
 /// its own, except that it allows no remote access (the protocol uses SEND
 /// only, SPEC.md §1.1) and, with `clamp_rnr`, keeps the RNR retry count at
-/// most RdmaLink::kMaxRnrRetry. Returns the count rdma_cm gave, or the failed step.
+/// most RdmaLink::kMaxRnrRetry; `read_depth`: the RDMA READs it may have
+/// outstanding as the initiator (a rendezvous, SPEC.md §3.8; the peer's
+/// memory, never ours). Returns the count rdma_cm gave, or the failed step.
 Result<std::uint8_t> move_qp(rdma_cm_id* id, ibv_qp* qp, std::initializer_list<ibv_qp_state> states,
-                             bool clamp_rnr);
+                             bool clamp_rnr, std::uint8_t read_depth = 0);
 
 class RdmaLink final : public Link {
  public:
@@ -79,7 +81,12 @@ class RdmaLink final : public Link {
   void flush() override;
   /// A stalled publisher's credits are withheld (take_credits_to_return).
   void pause() override {}
-  void resume() override {}
+  /// The end of a stall: an offer being read goes on (read_later).
+  void resume() override;
+  std::uint32_t read_width() const override;
+  bool read_remote(std::uint64_t address, std::uint32_t rkey, std::span<const Segment> pieces,
+                   std::array<BufferRef, kMaxFramesPerSend>& blocks) override;
+  void read_later() override;
   void add_send_credits(std::uint32_t n) override { credits.add_send_credits(n); }
   /// Grows the pre-authentication grant (kUnauthenticatedCredits) to
   /// flow.credits; a version-3 connection grows by demand instead.
@@ -122,6 +129,14 @@ class RdmaLink final : public Link {
   /// The credits a new connection on `port` starts with (2 or more), with
   /// a refill if the budget is short, and room for its send `window` on the
   /// send CQ; why not (counted), if there is none.
+  /// The accept's rendezvous_min for a connection of `version` (0: no
+  /// rendezvous), and the READs its QP may have outstanding then.
+  static std::uint32_t rendezvous_min_for(std::uint8_t version, const BrokerOptions& opt,
+                                          const RdmaPort& port);
+  static std::uint8_t read_depth_on(const RdmaPort& port);
+  /// rdma_accept with the accept's private data (SPEC.md §2.2); false if it failed (errno).
+  static bool send_accept(rdma_cm_id* id, const Connection& conn, std::uint32_t grant, std::uint32_t qp_num,
+                          std::uint8_t read_depth, const BrokerOptions& opt);
   static Result<std::uint32_t> claim_credits(RdmaPort& port, WorkerContext& ctx, Connections& connections,
                                              std::uint32_t window);
   RdmaLink(RdmaPort& port, WorkerContext& ctx, Connections& connections, verbs::CmIdPtr id, verbs::QpPtr qp,
@@ -150,6 +165,7 @@ class RdmaLink final : public Link {
   bool by_demand_ = false;        // version 3: credits by demand (SPEC.md §5.1)
   bool dialed_ = false;           // a route this broker dialed: the client's side of §5
   bool split_imm_ = true;         // immediates carry returned and release (version 3 on)
+  std::uint8_t read_depth_ = 0;   // READs the QP may have outstanding (version 8, rendezvous on)
   std::uint32_t charged_ = 0;     // what this link counts in port_.windows_total: its window
   std::chrono::steady_clock::time_point last_data_{};
   std::uint32_t release_ask_ = 0;  // credits to ask back in the next SEND's immediate value

@@ -55,6 +55,9 @@ Status RdmaPort::size_receive_queue() {
   const std::uint32_t pool = ctx_.core.pool->count();
   srq_depth_ = std::min<std::uint32_t>(ctx_.options.srq_depth, static_cast<std::uint32_t>(attr.max_srq_wr));
   max_sge = std::min<std::uint32_t>(kMaxSendSge, static_cast<std::uint32_t>(attr.max_sge));
+  read_width_ = attr.max_qp_init_rd_atom > 0
+                    ? std::min({max_sge, kMaxFramesPerSend, static_cast<std::uint32_t>(attr.max_sge_rd)})
+                    : 0;
   const std::uint32_t workers = ctx_.core.options.workers;
   const std::uint32_t ports_total = workers * std::max(ctx_.core.rdma_devices, 1u);
   // What every SRQ keeps posted must leave half the pool to queued messages,
@@ -201,6 +204,15 @@ bool RdmaPort::reap_sends() {
 void RdmaPort::after_flush() {
   on_timers(connections_, ctx_.now);
   refill(connections_);
+  if (!read_waiting_.empty()) {
+    // Offers that waited for pool buffers or a stall's end read on (each may wait again).
+    auto waiting = std::move(read_waiting_);
+    read_waiting_.clear();
+    for (const std::uint64_t id : waiting) {
+      if (Connection* c = connections_.find(id); c != nullptr) frames_.read_more(*c);
+    }
+    connections_.flush_touched();
+  }
 }
 
 RdmaLink* RdmaPort::link_of(std::uint32_t qp_num, Connection** c) {
@@ -267,12 +279,24 @@ void RdmaPort::on_send_complete(Connections& connections, const ibv_wc& wc) {
   // one (the QP went to error) says nothing of unsignaled ones before it, and
   // they are counted as dropped, never as delivered.
   const bool before_ok = wc.status != IBV_WC_WR_FLUSH_ERR;
-  for (std::uint32_t i = 1; i < covered; ++i) connections.retire_send(*c, before_ok);
-  connections.retire_send(*c, wc.status == IBV_WC_SUCCESS);
+  for (std::uint32_t i = 1; i < covered; ++i) retire(connections, *c, before_ok);
+  const bool read = c->inflight[c->inflight_head].read;
+  retire(connections, *c, wc.status == IBV_WC_SUCCESS);
   if (wc.status != IBV_WC_SUCCESS) {
     if (wc.status != IBV_WC_WR_FLUSH_ERR) {
       ctx_.stats.wc_errors.add();
-      spdlog::warn("connection {} ({}): send failed: {}", c->id, c->peer, ibv_wc_status_str(wc.status));
+      if (read) {
+        // The publisher's region could not be read (deregistered before its
+        // RDV_RELEASE, a wrong rkey or length): the QP is in error, the
+        // connection cannot be told and closes; its recipients get ABORT.
+        ctx_.stats.rendezvous_read_errors.add();
+        spdlog::warn("connection {} ({}): RDMA READ of its offered message failed: {}", c->id, c->peer,
+                     ibv_wc_status_str(wc.status));
+      } else {
+        spdlog::warn("connection {} ({}): send failed: {}", c->id, c->peer, ibv_wc_status_str(wc.status));
+      }
+    } else if (read && c->is_up()) {
+      ctx_.stats.rendezvous_read_errors.add();
     }
     connections.close(*c, CloseReason::kWorkCompletionError);
     connections.try_finish(*c);
@@ -283,6 +307,21 @@ void RdmaPort::on_send_complete(Connections& connections, const ibv_wc& wc) {
     return;
   }
   connections.on_sent(*c);
+}
+
+void RdmaPort::retire(Connections& connections, Connection& c, bool success) {
+  InflightSend& rec = c.inflight[c.inflight_head];
+  if (!rec.read || !success) {
+    connections.retire_send(c, success);
+    return;
+  }
+  // A rendezvous READ brought its buffers' fragments: routed now (frames/rendezvous.cpp).
+  std::array<BufferRef, kMaxFramesPerSend> blocks;
+  const std::uint32_t count = rec.frames;
+  for (std::uint32_t i = 0; i < count; ++i) blocks[i] = std::move(rec.refs[i]);
+  rec.frames = 0;
+  connections.retire_send(c, true);
+  frames_.on_read(c, blocks, count);
 }
 
 std::uint32_t RdmaPort::fair_window(std::uint32_t configured) const {

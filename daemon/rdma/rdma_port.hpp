@@ -115,6 +115,13 @@ class RdmaPort final : public Port {
   /// Room on the send CQ for another connection's send window.
   bool cq_has_room(std::uint32_t window) const { return cq_reserved + window <= cq_capacity; }
 
+  /// How many pool buffers one RDMA READ may fill here (the device's
+  /// scatter limit for READs and a send's); 0: the device cannot READ.
+  std::uint32_t read_width() const { return read_width_; }
+  /// Connection `id`'s rendezvous waits (buffers, a stall): after the next
+  /// flush the frame handler reads on.
+  void read_later(std::uint64_t id) { read_waiting_.push_back(id); }
+
   Device& device;
   std::uint32_t max_sge = 1;
   std::uint32_t outstanding = 0;    // credits granted to this port's clients, not yet used
@@ -145,6 +152,8 @@ class RdmaPort final : public Port {
   RdmaPort(Device& device, WorkerContext& ctx, Connections& connections, FrameHandler& frames)
       : device(device), ctx_(ctx), connections_(connections), frames_(frames) {}
   void take_channel_events();
+  /// Retires the in-flight ring's head; a READ that succeeded hands its buffers to the frame handler.
+  void retire(Connections& connections, Connection& c, bool success);
   /// srq_depth_, batch_ and srq_max_ from the options, the device and this
   /// port's share of the pool; why not, if the pool is too small.
   Status size_receive_queue();
@@ -172,7 +181,9 @@ class RdmaPort final : public Port {
   WorkerContext& ctx_;
   Connections& connections_;
   FrameHandler& frames_;
-  verbs::CompChannelPtr channel_;  // members in creation order; reverse is a valid teardown
+  std::uint32_t read_width_ = 0;
+  std::vector<std::uint64_t> read_waiting_;  // read_later()
+  verbs::CompChannelPtr channel_;            // members in creation order; reverse is a valid teardown
   verbs::CqPtr recv_cq_;
   verbs::CqEventAcker recv_acker_;  // acks before the CQ is destroyed
   verbs::CqPtr send_cq_;

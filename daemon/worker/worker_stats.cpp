@@ -122,6 +122,15 @@ void WorkerStats::visit(StatsVisitor& v) const {
           "Receives for a QP that was already gone.");
   v.count("rdma.wc_errors", wc_errors, "rdmabroker_rdma_work_completion_errors_total",
           "Work completions with an error status (other than flush).");
+  v.count("rdma.rendezvous.offers", rendezvous_offers, "rdmabroker_rendezvous_offers_total",
+          "Large messages offered by rendezvous (SPEC.md §3.8) and read from their publishers' memory.");
+  v.count("rdma.rendezvous.reads", rendezvous_reads, "rdmabroker_rendezvous_reads_total",
+          "RDMA READ work requests posted to take offered messages.");
+  v.count("rdma.rendezvous.bytes", rendezvous_bytes, "rdmabroker_rendezvous_bytes_total",
+          "Bytes of offered messages read by RDMA READ.");
+  v.count("rdma.rendezvous.read_errors", rendezvous_read_errors, "rdmabroker_rendezvous_read_errors_total",
+          "READs of an offered message that failed (its region was not readable or the publisher vanished); "
+          "each closed its publisher's connection.");
   v.count("rdma.credit_reclaims", credit_reclaims, "rdmabroker_credit_reclaims_total",
           "Idle RDMA connections asked to give receive credits back (credits by demand).");
   v.count("rdma.credit_refusals", credit_refusals, "rdmabroker_credit_refusals_total",

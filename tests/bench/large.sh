@@ -6,7 +6,9 @@
 #     at 1 MiB and 16 MiB, 1 -> 1 flat out, alternating, median of 3;
 #   guest (one Soft-RoCE boot): raw ib_send_bw rxe1 -> rxe0 at 16 KiB,
 #     256 KiB, 1 MiB, 16 MiB and 64 MiB, then the relay 1 -> 1 at the same
-#     sizes (bytes/s against raw), the time one 64 MiB message takes from the
+#     sizes (bytes/s against raw), as fragments (--no-rendezvous) and offered
+#     by rendezvous (SPEC.md §3.8: the broker READs the first hop), the time
+#     one 64 MiB message takes from the
 #     publish call to its delivery, and the memory: the broker's pinned
 #     memory (VmPin: its pool, whatever max_payload is) and peak RSS, and a
 #     client's pinned memory; and where the time goes at 1 MiB: the first
@@ -77,7 +79,7 @@ count_for() { case $1 in 16384) echo 4000 ;; 262144) echo 400 ;; 1048576) echo 1
 ratio() { awk -v a="$1" -v b="${2:-0}" 'BEGIN{ if (b > 0) printf "%.2f", a/b; else print "n/a" }'; }
 # relay_runs URL SIZE ARGS...: three runs' MB/s, one per line.
 relay_runs() { for _ in 1 2 3; do bench "$CLI" "$1" "$2" "$(count_for "$2")" -b "$A2" "${@:3}" | cut -d' ' -f1; done; }
-declare -A RAW R16 RUNS16 R256 RUNS256
+declare -A RAW R16 RUNS16 RRDV RUNSRDV R256 RUNS256
 ROWS=()  # "what|result" rows of the second table
 for s in "${SIZES[@]}"; do
   port=$((18500 + RANDOM % 400))
@@ -98,27 +100,38 @@ URL=rdma://$A1:7492
 vm() { awk -v k="$2:" '$1==k{print $2}' "/proc/$1/status"; }
 PIN0=$(vm "$BROKER" VmPin)
 for s in "${SIZES[@]}"; do
-  runs=$(relay_runs "$URL" "$s")
+  runs=$(relay_runs "$URL" "$s" --no-rendezvous)
   R16[$s]=$(median <<<"$runs")
   RUNS16[$s]=$(paste -sd/ <<<"$runs" | sed 's|/| / |g')
   echo "large: relay $s B, 16 KiB frames: ${R16[$s]} MB/s" >&2
+  runs=$(relay_runs "$URL" "$s")
+  RRDV[$s]=$(median <<<"$runs")
+  RUNSRDV[$s]=$(paste -sd/ <<<"$runs" | sed 's|/| / |g')
+  echo "large: relay $s B, rendezvous: ${RRDV[$s]} MB/s" >&2
 done
 # Where the time goes at 1 MiB: the first hop alone (nobody subscribes:
 # the broker takes every fragment and forwards none), then the 1 -> 1 run
 # again with the CPU the broker and the bench process used.
-HOP=$("$CLI" bench -s "$URL" -b "$A2" --size 1048576 -n 100 -m 0 --json --quiet |
-  python3 -c 'import json,sys; a=json.load(sys.stdin)["aggregate"]; print("%.1f" % (a["publish_msgs_per_s"] * 1048576 / 1e6))')
+hop() {
+  "$CLI" bench -s "$URL" -b "$A2" --size 1048576 -n 100 -m 0 --json --quiet "$@" |
+    python3 -c 'import json,sys; a=json.load(sys.stdin)["aggregate"]; print("%.1f" % (a["publish_msgs_per_s"] * 1048576 / 1e6))'
+}
+HOP=$(hop --no-rendezvous)
 ROWS+=("1 MiB, the first hop alone (publisher → broker, no subscriber; 16 KiB frames)|$HOP MB/s, $(ratio "$HOP" "${RAW[1048576]}")× raw")
+HOP=$(hop)
+ROWS+=("1 MiB, the first hop alone by rendezvous (the broker READs; 16 KiB pool buffers)|$HOP MB/s, $(ratio "$HOP" "${RAW[1048576]}")× raw")
 b0=$(cpu_ticks "$BROKER")
 t0=$(date +%s.%N)
-/usr/bin/time -f "%U %S" -o /tmp/large-time.txt "$CLI" bench -s "$URL" -b "$A2" --size 1048576 -n 100 --json --quiet >/tmp/large-1m.json
+/usr/bin/time -f "%U %S" -o /tmp/large-time.txt "$CLI" bench -s "$URL" -b "$A2" --size 1048576 -n 100 --json --quiet --no-rendezvous >/tmp/large-1m.json
 t1=$(date +%s.%N)
 b1=$(cpu_ticks "$BROKER")
 ROWS+=("$(awk -v b0="$b0" -v b1="$b1" -v t0="$t0" -v t1="$t1" -v hz="$(getconf CLK_TCK)" -v c="$(awk '{print $1 + $2}' /tmp/large-time.txt)" 'BEGIN {
   w = t1 - t0; printf "1 MiB 1 → 1 (16 KiB frames), 100 MiB in %.1f s|broker %.0f%% of a vCPU, bench process (publisher and subscriber) %.0f%%; the rest of the 2 vCPUs is rxe in the kernel",
   w, 100 * (b1 - b0) / hz / w, 100 * c / w }')")
-ONE=$(for _ in 1 2 3; do bench "$CLI" "$URL" 67108864 1 -b "$A2" | cut -d' ' -f2; done | median)
+ONE=$(for _ in 1 2 3; do bench "$CLI" "$URL" 67108864 1 -b "$A2" --no-rendezvous | cut -d' ' -f2; done | median)
 ROWS+=("one 64 MiB message (16 KiB frames), publish call to delivery (median of 3)|$(awk -v u="$ONE" 'BEGIN{printf "%.2f", u/1e6}') s")
+ONE=$(for _ in 1 2 3; do bench "$CLI" "$URL" 67108864 1 -b "$A2" | cut -d' ' -f2; done | median)
+ROWS+=("one 64 MiB message by rendezvous, publish call to delivery (median of 3)|$(awk -v u="$ONE" 'BEGIN{printf "%.2f", u/1e6}') s")
 # A client's pinned memory: a subscriber connected to this broker (max_payload 64 MiB).
 "$CLI" sub large.idle -s "$URL" -b "$A2" >/dev/null &
 SUB=$!
@@ -135,12 +148,12 @@ printf 'limits:\n  max_payload: 64MiB\nbuffers:\n  size: 256KiB\n  pool: 512\n  
 start_broker --port 7493 --config "$CONFIG"
 URL=rdma://$A1:7493
 for s in "${SIZES[@]:1}"; do
-  runs=$(relay_runs "$URL" "$s" --recv-buffer-size 262144 --recv-credits 16)
+  runs=$(relay_runs "$URL" "$s" --recv-buffer-size 262144 --recv-credits 16 --no-rendezvous)
   R256[$s]=$(median <<<"$runs")
   RUNS256[$s]=$(paste -sd/ <<<"$runs" | sed 's|/| / |g')
   echo "large: relay $s B, 256 KiB frames: ${R256[$s]} MB/s" >&2
 done
-runs=$(relay_runs "$URL" 1048576)
+runs=$(relay_runs "$URL" 1048576 --no-rendezvous)
 MB=$(median <<<"$runs")
 ROWS+=("1 MiB, 256 KiB frames at the broker and the publisher, the subscriber on 16 KiB receive buffers (the broker cuts what it sends it, SPEC.md §3.7)|$MB MB/s ($(paste -sd/ <<<"$runs" | sed 's|/| / |g')): $(ratio "$MB" "${RAW[1048576]}")× raw")
 ROWS+=("the broker's pinned memory (VmPin), 256 KiB frames|$(vm "$BROKER" VmPin) KiB")
@@ -148,13 +161,14 @@ stop_broker
 {
   echo "1 → 1 flat out, relay figures the median of 3 runs, raw \`ib_send_bw\` rxe1 → rxe0 in the same boot ($(uname -r))"
   echo
-  echo "| size | raw \`ib_send_bw\` | relay, 16 KiB frames (runs) | / raw | relay, 256 KiB frames (runs) | / raw |"
-  echo "|---|---:|---:|---:|---:|---:|"
+  echo "| size | raw \`ib_send_bw\` | relay, 16 KiB frames (runs) | / raw | relay, rendezvous (runs) | / raw | relay, 256 KiB frames (runs) | / raw |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|"
   for s in "${SIZES[@]}"; do
     label=$(awk -v s="$s" 'BEGIN{ if (s >= 1048576) printf "%d MiB", s/1048576; else printf "%d KiB", s/1024 }')
     big="| |"
     [ -n "${R256[$s]:-}" ] && big="${R256[$s]} MB/s (${RUNS256[$s]}) | $(ratio "${R256[$s]}" "${RAW[$s]}") |"
-    echo "| $label | ${RAW[$s]:-n/a} MB/s | ${R16[$s]} MB/s (${RUNS16[$s]}) | $(ratio "${R16[$s]}" "${RAW[$s]}") | $big"
+    echo "| $label | ${RAW[$s]:-n/a} MB/s | ${R16[$s]} MB/s (${RUNS16[$s]}) | $(ratio "${R16[$s]}" "${RAW[$s]}") |" \
+      "${RRDV[$s]} MB/s (${RUNSRDV[$s]}) | $(ratio "${RRDV[$s]}" "${RAW[$s]}") | $big"
   done
   echo
   echo "| what (same boot) | result |"

@@ -461,10 +461,25 @@ std::vector<proto::Frame> frames(const std::vector<std::byte>& bytes) {
 RawPeer::~RawPeer() {
   if (id_ && !disconnected_) rdma_disconnect(id_.get());
   qp_.reset();
+  exposed_.clear();
   mr_.reset();
   cq_.reset();
   pd_.reset();
   id_.reset();
+}
+
+Result<proto::RendezvousRegion> RawPeer::expose(std::span<std::byte> bytes) {
+  ibv_qp_attr attr{};
+  attr.qp_access_flags = IBV_ACCESS_REMOTE_READ;
+  if (ibv_modify_qp(qp_.get(), &attr, IBV_QP_ACCESS_FLAGS) != 0)
+    return Error{ErrorKind::kResource, "ibv_modify_qp (remote READ)"};
+  verbs::MrPtr mr(ibv_reg_mr(pd_.get(), bytes.data(), bytes.size(), IBV_ACCESS_REMOTE_READ));
+  if (!mr) return Error{ErrorKind::kResource, "ibv_reg_mr (remote READ)"};
+  proto::RendezvousRegion r;
+  r.address = reinterpret_cast<std::uint64_t>(bytes.data());
+  r.rkey = mr->rkey;
+  exposed_.push_back(std::move(mr));
+  return r;
 }
 
 namespace {
@@ -533,6 +548,7 @@ Result<RawPeer::ConnectResult> RawPeer::connect(const std::string& host, std::ui
   param.private_data_len = static_cast<std::uint8_t>(private_data.size());
   param.retry_count = 7;
   param.rnr_retry_count = rnr_retry_count;
+  param.responder_resources = responder_resources;
   if (rdma_connect(id, &param) != 0) return Error{ErrorKind::kConnectFailed, "rdma_connect"};
   ConnectResult r;
   if (abandon_after_connect) {

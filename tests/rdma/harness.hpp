@@ -243,6 +243,12 @@ class RawPeer {
   /// grants no remote access: the broker's QP goes into the error state).
   /// Waits for its completion; its error, if any.
   Status write_remote(std::uint64_t address, std::uint32_t rkey);
+  /// Registers `bytes` for the broker to READ (a rendezvous offer, SPEC.md
+  /// §3.8; the QP's remote READ access is turned on first); where and with
+  /// which rkey. Kept until revoke() or the peer's end.
+  Result<proto::RendezvousRegion> expose(std::span<std::byte> bytes);
+  /// Deregisters every region expose() registered: a READ of them fails.
+  void revoke() { exposed_.clear(); }
   /// Waits for one receive; returns its bytes (frames) or an error on timeout/disconnect.
   /// `repost`: put the buffer back (false simulates a client that stops reading).
   Result<std::vector<std::byte>> receive(std::chrono::milliseconds timeout, bool repost = true);
@@ -259,6 +265,8 @@ class RawPeer {
   /// connect() returns right after rdma_connect (event "abandoned"), not
   /// waiting for the broker: a peer that gives up at once.
   bool abandon_after_connect = false;
+  /// READs of ours the broker may have outstanding (rendezvous, SPEC.md §3.8).
+  std::uint8_t responder_resources = 2;
 
  private:
   verbs::EventChannelPtr channel_;
@@ -268,6 +276,7 @@ class RawPeer {
   verbs::CmQp qp_;
   std::vector<std::byte> mem_;
   verbs::MrPtr mr_;
+  std::vector<verbs::MrPtr> exposed_;  // expose(): the caller owns the bytes
   std::uint32_t recv_size_ = 0;
   std::uint32_t recv_count_ = 0;
   std::uint32_t broker_credits_ = 0;

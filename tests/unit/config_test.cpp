@@ -129,6 +129,12 @@ TEST(Config, RulesAcrossSettings) {
           .find("broker.yaml:2:29: limits.max_pending_bytes: must be at least 4 buffers (262144 bytes)"),
       std::string::npos);
   // Messages larger than a buffer travel as fragments: 64 MiB whatever buffers.size is, not more.
+  auto rdv = parse("limits: {rendezvous_min: 256KiB}\n", "broker.yaml");
+  ASSERT_TRUE(rdv) << rdv.error().message;
+  EXPECT_EQ(rdv->broker.rendezvous_min, 256u << 10);
+  EXPECT_EQ(parse("limits: {rendezvous_min: 0}\n", "broker.yaml")->broker.rendezvous_min, 0u) << "0: none";
+  EXPECT_EQ(config::BrokerOptions{}.rendezvous_min, 64u << 10) << "the default";
+  EXPECT_NE(errors_of("limits: {rendezvous_min: 65MiB}\n").find("limits.rendezvous_min"), std::string::npos);
   auto big = parse("limits: {max_payload: 64MiB}\n", "broker.yaml");
   ASSERT_TRUE(big) << big.error().message;
   EXPECT_EQ(big->broker.max_payload, 64u << 20);

@@ -19,11 +19,13 @@ std::span<const std::byte> bytes(std::string_view s) {
 }
 
 std::vector<std::byte> encode(FrameType type, std::uint32_t arg, std::string_view subject,
-                              std::string_view payload, std::string_view reply = {}) {
+                              std::string_view payload, std::string_view reply = {},
+                              std::uint16_t flags = 0) {
   std::vector<std::byte> buf(4096);
   FrameHeader h;
   h.type = type;
   h.arg = arg;
+  h.flags = flags;
   h.sequence = 42;
   const std::size_t n = encode_frame(buf, h, subject, reply, bytes(payload));
   buf.resize(n);
@@ -151,7 +153,7 @@ TEST(Wire, BadMagicVersionType) {
   v[2] = std::byte{2};
   EXPECT_EQ(decode(v, f), DecodeStatus::kBadVersion);
   EXPECT_EQ(error_for(DecodeStatus::kBadVersion), ErrorCode::kUnsupportedVersion);
-  for (std::uint8_t t : {0, 19, 255}) {
+  for (std::uint8_t t : {0, 21, 255}) {
     auto tt = buf;
     tt[3] = std::byte{t};
     EXPECT_EQ(decode(tt, f), DecodeStatus::kBadType) << int(t);
@@ -417,6 +419,40 @@ TEST(Wire, InfoIsTextWithoutStringsAndArgZero) {
   EXPECT_EQ(decode(encode(FrameType::kInfo, 1, "", "id x\n"), f), DecodeStatus::kBadArg) << "arg 0";
   EXPECT_EQ(decode(encode(FrameType::kInfo, 0, "a.b", "id x\n"), f), DecodeStatus::kBadLength) << "a subject";
   EXPECT_EQ(decode(encode(FrameType::kInfo, 0, "", "id x\n", "r"), f), DecodeStatus::kBadLength) << "a reply";
+}
+
+TEST(Wire, RendezvousOfferCarriesItsRegionAndReleaseNothing) {
+  Frame f;
+  const RendezvousRegion region{0x7f0012345678, 0xabcd, 16};
+  const auto body = encode(region);
+  const std::string payload(reinterpret_cast<const char*>(body.data()), body.size());
+  auto offer = encode(FrameType::kRendezvousOffer, 1u << 20, "big.one", payload, "reply.to", kFlagRequest);
+  ASSERT_EQ(decode(offer, f), DecodeStatus::kOk);
+  EXPECT_EQ(to_string(FrameType::kRendezvousOffer), "RDV_OFFER");
+  EXPECT_EQ(f.subject, "big.one");
+  EXPECT_EQ(f.reply, "reply.to");
+  RendezvousRegion back;
+  ASSERT_TRUE(decode(f.payload, back));
+  EXPECT_EQ(back.address, region.address);
+  EXPECT_EQ(back.rkey, region.rkey);
+  EXPECT_EQ(back.header_len, 16);
+  auto reserved = body;
+  reserved[15] = std::byte{1};
+  EXPECT_FALSE(decode(std::span<const std::byte>(reserved), back)) << "reserved bytes not zero";
+  EXPECT_EQ(decode(encode(FrameType::kRendezvousOffer, 1u << 20, "", payload), f), DecodeStatus::kBadSubject);
+  EXPECT_EQ(decode(encode(FrameType::kRendezvousOffer, 1u << 20, "a.*", payload), f),
+            DecodeStatus::kBadSubject);
+  EXPECT_EQ(decode(encode(FrameType::kRendezvousOffer, 1u << 20, "a", "short"), f), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(encode(FrameType::kRendezvousOffer, 0, "a", payload), f), DecodeStatus::kBadLength)
+      << "a message of 0 bytes";
+  EXPECT_EQ(decode(encode(FrameType::kRendezvousOffer, 1u << 20, "a", payload, "", kFlagRequest), f),
+            DecodeStatus::kBadFlags)
+      << "REQUEST without a reply";
+  // RDV_RELEASE: no body; arg and sequence are the broker's.
+  ASSERT_EQ(decode(encode(FrameType::kRendezvousRelease, 14, "", ""), f), DecodeStatus::kOk);
+  EXPECT_EQ(to_string(FrameType::kRendezvousRelease), "RDV_RELEASE");
+  EXPECT_EQ(decode(encode(FrameType::kRendezvousRelease, 0, "a", ""), f), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(encode(FrameType::kRendezvousRelease, 0, "", "x"), f), DecodeStatus::kBadLength);
 }
 
 TEST(Info, RoundTripsAndSkipsKeysItDoesNotKnow) {
@@ -690,14 +726,15 @@ TEST(WireHeaders, NamesAndValues) {
 }
 
 TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
-  // A client of this code asks for version 7 in byte 5, with version 1 in byte 4.
+  // A client of this code asks for version 8 in byte 5, with version 1 in byte 4.
   auto req = encode(ConnectRequest{16384, 64});
   EXPECT_EQ(std::to_integer<int>(req[4]), 1);
   EXPECT_EQ(std::to_integer<int>(req[5]), kProtocolVersion);
   ConnectRequest r;
   ASSERT_EQ(decode(std::span<const std::byte>(req), r), HandshakeStatus::kOk);
-  EXPECT_EQ(negotiate_version(r.max_version), 7);
-  EXPECT_EQ(connection_version(r), 7);
+  EXPECT_EQ(negotiate_version(r.max_version), 8);
+  EXPECT_EQ(connection_version(r), 8);
+  EXPECT_EQ(connection_version(r, 7), 7) << "a version-7 broker";
   EXPECT_EQ(connection_version(r, 6), 6) << "a version-6 broker";
   EXPECT_EQ(connection_version(r, 5), 5) << "a version-5 broker";
   EXPECT_EQ(connection_version(r, 4), 4) << "a version-4 broker";
@@ -705,7 +742,7 @@ TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
   // Credits by demand need a client window of 4 (SPEC.md §5.1): with fewer
   // receives the connection is version 2.
   EXPECT_EQ(connection_version(ConnectRequest{16384, 3}), 2);
-  EXPECT_EQ(connection_version(ConnectRequest{16384, 4}), 7);
+  EXPECT_EQ(connection_version(ConnectRequest{16384, 4}), 8);
   EXPECT_EQ(connection_version(ConnectRequest{16384, 2, 0, 2}), 2);
   EXPECT_EQ(connection_version(ConnectRequest{16384, 64}, 2), 2) << "a version-2 broker";
   // A version-1 client sends 0 there.
@@ -750,9 +787,17 @@ TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
   v7[4] = std::byte{7};
   ASSERT_EQ(decode(std::span<const std::byte>(v7), a), HandshakeStatus::kOk);
   EXPECT_EQ(a.version, 7) << "version 7's accept is version 4's";
-  auto v8 = v4;
-  v8[4] = std::byte{8};
-  EXPECT_EQ(decode(std::span<const std::byte>(v8), a), HandshakeStatus::kBadVersion);
+  EXPECT_EQ(a.rendezvous_min, 0u) << "bytes 28..31 are reserved before version 8";
+  // Version 8: the accept's last word is rendezvous_min (SPEC.md §2.2, §3.8).
+  const auto v8 = encode(ConnectAccept{8192, 32, 77, 8, 1u << 20, 64u << 10});
+  ASSERT_EQ(decode(std::span<const std::byte>(v8), a), HandshakeStatus::kOk);
+  EXPECT_EQ(a.version, 8);
+  EXPECT_EQ(a.rendezvous_min, 64u << 10);
+  EXPECT_EQ(load<std::uint32_t>(encode(ConnectAccept{8192, 32, 77, 7, 1u << 20, 64u << 10}).data() + 28), 0u)
+      << "not sent to a version-7 client";
+  auto v9 = v8;
+  v9[4] = std::byte{9};
+  EXPECT_EQ(decode(std::span<const std::byte>(v9), a), HandshakeStatus::kBadVersion);
   // Byte 4 of a request stays the base version: 2 there is not a request this broker takes.
   auto v2_in_byte4 = encode(ConnectRequest{16384, 64});
   v2_in_byte4[4] = std::byte{2};

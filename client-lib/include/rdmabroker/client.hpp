@@ -361,6 +361,13 @@ struct ClientOptions {
   /// messages either way. If joining fails the broker sends over the
   /// connection instead (stats().join_failures counts it).
   bool multicast = true;
+  /// RDMA, protocol version 8: a message of at least the broker's
+  /// `limits.rendezvous_min` is offered by rendezvous (SPEC.md §3.8): the
+  /// library copies it into a buffer it registers for the broker to READ,
+  /// and the broker takes it in one READ per few hundred KiB instead of a
+  /// SEND per frame. At most four such messages are in flight; the buffer is
+  /// freed when the broker says it has read it. False: fragments (§3.7).
+  bool rendezvous = true;
   /// No I/O thread: the application calls Client::poll() (Aeron's and UCX's
   /// model). Callbacks run inside poll() on the calling thread, and so do
   /// those of whatever arrives while a call of this client waits (flush(),

@@ -57,12 +57,26 @@ using MrPtr = std::unique_ptr<ibv_mr, MrDeleter>;
 /// owner (rdma_cm then never touches it: the broker's accepted QPs).
 using QpPtr = std::unique_ptr<ibv_qp, QpDeleter>;
 
-/// The only way rdmabroker registers memory (docs/security.md): for local
-/// access by the NIC (receives land in it, sends gather from it), never for
-/// remote read or write, so no peer can reach it with an rkey. Null on
-/// failure, errno set. tests/lint.sh fails if ibv_reg_mr appears elsewhere.
+/// How rdmabroker registers memory (docs/security.md): for local access by
+/// the NIC (receives land in it, sends gather from it), never for remote
+/// read or write, so no peer can reach it with an rkey. Null on failure,
+/// errno set. tests/lint.sh fails if ibv_reg_mr appears elsewhere.
 inline MrPtr register_local(ibv_pd* pd, void* addr, std::size_t length) {
   return MrPtr(ibv_reg_mr(pd, addr, length, IBV_ACCESS_LOCAL_WRITE));
+}
+/// The one exception, a client's only (tests/lint.sh keeps it out of the
+/// broker): a message the client offers by rendezvous (SPEC.md §3.8),
+/// registered on its own for the broker to READ, and deregistered when the
+/// broker releases it. Nothing else of the client's is ever exposed.
+inline MrPtr register_offered_message(ibv_pd* pd, void* addr, std::size_t length) {
+  return MrPtr(ibv_reg_mr(pd, addr, length, IBV_ACCESS_REMOTE_READ));
+}
+/// The QP that carries offers lets its broker READ (an rkey is still needed:
+/// only an offered message's opens anything). False (errno set) on failure.
+inline bool allow_remote_read(ibv_qp* qp) {
+  ibv_qp_attr attr{};
+  attr.qp_access_flags = IBV_ACCESS_REMOTE_READ;
+  return ibv_modify_qp(qp, &attr, IBV_QP_ACCESS_FLAGS) == 0;
 }
 /// Posts one receive of [addr, addr+length) in memory registered with `lkey`;
 /// false (errno set) if the QP refused it.

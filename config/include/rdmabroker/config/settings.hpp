@@ -166,6 +166,11 @@ struct BrokerOptions {
   /// Largest message accepted (payload, header block included); larger than a
   /// frame, it travels as fragments (SPEC.md §3.7). 0: one frame's worth, no fragments.
   std::uint32_t max_payload = 1u << 20;
+  /// Over RDMA, protocol version 8: a message of at least this many bytes
+  /// (payload and header block) may be offered by rendezvous, the broker
+  /// READing it from the publisher's memory instead of taking it in
+  /// fragments (SPEC.md §3.8). 0: no rendezvous.
+  std::uint32_t rendezvous_min = 64u << 10;
   AuthSettings auth;  // who may connect and what they may do (live)
   TlsSettings tls;    // TLS on the TCP listener (live: a reload reloads the files too)
   MulticastSettings multicast;

@@ -19,8 +19,9 @@ inline constexpr std::uint8_t kVersion = 1;
 /// handshake (SPEC.md §2.1): 2 adds message headers (§3.6), 3 credits by
 /// demand (§5.1), 4 messages larger than a frame, sent as fragments (§3.7),
 /// 5 the relay time in every DELIVER (§3.4), 6 routes between brokers (§8),
-/// 7 gossip: INFO frames and route logins that announce route URLs (§8).
-inline constexpr std::uint8_t kProtocolVersion = 7;
+/// 7 gossip: INFO frames and route logins that announce route URLs (§8),
+/// 8 rendezvous: a large message read from the publisher's memory by RDMA (§3.8).
+inline constexpr std::uint8_t kProtocolVersion = 8;
 /// The first protocol version with message headers.
 inline constexpr std::uint8_t kHeadersVersion = 2;
 /// The first protocol version with credits by demand over RDMA (SPEC.md §5.1).
@@ -37,6 +38,10 @@ inline constexpr std::uint8_t kRouteVersion = 6;
 /// its clients and routes the cluster's brokers) and route logins that
 /// announce the dialing broker's route URLs (SPEC.md §8, "Gossip").
 inline constexpr std::uint8_t kGossipVersion = 7;
+/// The first protocol version in which a client may offer a large message
+/// for the broker to READ from its memory instead of sending it in
+/// fragments (SPEC.md §3.8, RDMA only).
+inline constexpr std::uint8_t kRendezvousVersion = 8;
 /// The largest relay time a DELIVER can carry, in nanoseconds (~4.3 s): a
 /// longer one is sent as this.
 inline constexpr std::uint32_t kMaxRelayNs = 0xffffffffu;
@@ -73,8 +78,11 @@ enum class FrameType : std::uint8_t {
   kAbort = 17,  // C -> B: the open message is abandoned; B -> C: message `sequence` on subscription `arg` is
   // Version 7 (SPEC.md §8, "Gossip"): B -> C, the broker and its cluster (info.hpp).
   kInfo = 18,
+  // Version 8 (SPEC.md §3.8), RDMA only: a message the broker reads from the publisher's memory.
+  kRendezvousOffer = 19,    // C -> B: subject, reply, RendezvousRegion payload; arg: its length
+  kRendezvousRelease = 20,  // B -> C: offer `sequence` is read (arg 0) or refused (arg: the error code)
 };
-inline constexpr std::uint8_t kMaxFrameType = 18;
+inline constexpr std::uint8_t kMaxFrameType = 20;
 /// Longest CONNECT payload (user name plus password, or a token).
 inline constexpr std::size_t kMaxCredentialsLen = 1024;
 
@@ -93,6 +101,9 @@ inline constexpr std::uint16_t kFlagFragment = 4;
 /// the same cluster (SPEC.md §8): the subject is the cluster's name, the
 /// second string the dialing broker's id, the payload the route credentials.
 inline constexpr std::uint16_t kFlagRoute = 8;
+/// Payload of RDV_OFFER (SPEC.md §3.8): the region's address (u64), rkey
+/// (u32), the message's header block length (u16) and 2 reserved bytes.
+inline constexpr std::size_t kRendezvousRegionLen = 16;
 /// Payload of MCAST_REPAIR and MCAST_LOSS: a u64 message count.
 inline constexpr std::size_t kMcastCountLen = 8;
 /// Payload of MCAST_JOIN (see multicast.hpp).
@@ -157,6 +168,10 @@ constexpr std::string_view to_string(FrameType t) {
       return "ABORT";
     case FrameType::kInfo:
       return "INFO";
+    case FrameType::kRendezvousOffer:
+      return "RDV_OFFER";
+    case FrameType::kRendezvousRelease:
+      return "RDV_RELEASE";
   }
   return "UNKNOWN";
 }

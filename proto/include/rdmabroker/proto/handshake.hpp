@@ -35,6 +35,9 @@ struct ConnectAccept {
   /// Version 4: the largest message the broker takes (limits.max_payload), as
   /// fragments where it does not fit one frame (SPEC.md §3.7); 0 before.
   std::uint32_t max_payload = 0;
+  /// Version 8, RDMA: the smallest message a client may offer by rendezvous
+  /// (SPEC.md §3.8), payload and header block; 0: none (TCP, or disabled).
+  std::uint32_t rendezvous_min = 0;
 };
 
 /// Reasons a broker refuses a connection (in the rdma_cm reject private data).
@@ -79,7 +82,8 @@ struct ConnectReject {
 
 inline constexpr std::size_t kConnectRequestSize = 16;
 inline constexpr std::size_t kConnectAcceptSize = 24;
-/// The accept of a version-4 connection: the 24 bytes, max_payload, 4 reserved.
+/// The accept of a version-4 connection: the 24 bytes, max_payload, then 4
+/// bytes reserved until version 8 (rendezvous_min).
 inline constexpr std::size_t kConnectAcceptSizeV4 = 32;
 /// How many bytes the accept of a connection of `version` has.
 constexpr std::size_t accept_size(std::uint8_t version) {
@@ -133,6 +137,7 @@ inline std::array<std::byte, kConnectAcceptSizeV4> encode(const ConnectAccept& a
   store<std::uint32_t>(b.data() + 12, a.initial_credits);
   store<std::uint64_t>(b.data() + 16, a.connection_id);
   if (a.version >= kFragmentsVersion) store<std::uint32_t>(b.data() + 24, a.max_payload);
+  if (a.version >= kRendezvousVersion) store<std::uint32_t>(b.data() + 28, a.rendezvous_min);
   return b;
 }
 inline std::array<std::byte, kConnectRejectSize> encode(const ConnectReject& r) {
@@ -206,6 +211,7 @@ inline HandshakeStatus decode(std::span<const std::byte> b, ConnectAccept& out) 
     out.max_payload = load<std::uint32_t>(b.data() + 24);
     if (out.max_payload > kMaxMessageSize) return HandshakeStatus::kBadValue;
   }
+  out.rendezvous_min = out.version >= kRendezvousVersion ? load<std::uint32_t>(b.data() + 28) : 0;
   return HandshakeStatus::kOk;
 }
 inline HandshakeStatus decode(std::span<const std::byte> b, ConnectReject& out) {

@@ -179,6 +179,32 @@ constexpr std::string_view to_string(DecodeStatus s) {
   return "unknown";
 }
 
+/// An RDV_OFFER's payload (SPEC.md §3.8): where the broker READs the
+/// message (`length`, the offer's arg, bytes from `address` with `rkey`),
+/// and how many of them, at its start, are the header block (§3.6).
+struct RendezvousRegion {
+  std::uint64_t address = 0;
+  std::uint32_t rkey = 0;
+  std::uint16_t header_len = 0;
+};
+
+inline std::array<std::byte, kRendezvousRegionLen> encode(const RendezvousRegion& r) {
+  std::array<std::byte, kRendezvousRegionLen> b{};
+  store<std::uint64_t>(b.data(), r.address);
+  store<std::uint32_t>(b.data() + 8, r.rkey);
+  store<std::uint16_t>(b.data() + 12, r.header_len);
+  return b;
+}
+
+/// False if the reserved bytes are not zero.
+inline bool decode(std::span<const std::byte> b, RendezvousRegion& out) {
+  if (b.size() != kRendezvousRegionLen || load<std::uint16_t>(b.data() + 14) != 0) return false;
+  out.address = load<std::uint64_t>(b.data());
+  out.rkey = load<std::uint32_t>(b.data() + 8);
+  out.header_len = load<std::uint16_t>(b.data() + 12);
+  return true;
+}
+
 /// Maps a decode failure to the ERROR code the peer receives.
 constexpr ErrorCode error_for(DecodeStatus s) {
   switch (s) {
@@ -230,7 +256,8 @@ namespace detail {
 /// The frame types whose subject field is a subject (SPEC.md §3.3): a missing
 /// or over-long one is INVALID_SUBJECT there, a malformed frame elsewhere.
 constexpr bool carries_subject(FrameType t) {
-  return t == FrameType::kSubscribe || t == FrameType::kPublish || t == FrameType::kNoResponders;
+  return t == FrameType::kSubscribe || t == FrameType::kPublish || t == FrameType::kNoResponders ||
+         t == FrameType::kRendezvousOffer;
 }
 /// The frame types whose arg is always 0 (SPEC.md §3.3).
 constexpr bool arg_is_zero(const FrameHeader& h) {
@@ -302,6 +329,11 @@ inline DecodeStatus check_parts(const FrameHeader& h) {
     case FrameType::kMcastLoss:
       if (has_subject || h.reply_len != 0 || h.payload_len != kMcastCountLen) return DecodeStatus::kBadLength;
       break;
+    case FrameType::kRendezvousOffer:
+      if (!has_subject) return DecodeStatus::kBadSubject;
+      if (h.payload_len != kRendezvousRegionLen || h.arg == 0) return DecodeStatus::kBadLength;
+      break;
+    case FrameType::kRendezvousRelease:
     case FrameType::kMcastLeave:
     case FrameType::kAbort:
     case FrameType::kUnsubscribe:
@@ -347,6 +379,8 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   const std::uint16_t allowed_flags =
       h.type == FrameType::kPublish
           ? static_cast<std::uint16_t>((h.reply_len != 0 ? kFlagRequest : 0) | kFlagFragment)
+      : h.type == FrameType::kRendezvousOffer
+          ? static_cast<std::uint16_t>(h.reply_len != 0 ? kFlagRequest : 0)
       : h.type == FrameType::kDeliver ? kFlagSequenced
       : h.type == FrameType::kConnect ? kFlagRoute
                                       : 0;

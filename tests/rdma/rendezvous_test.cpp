@@ -1,0 +1,334 @@
+// SPDX-License-Identifier: Apache-2.0
+// Large messages by rendezvous (proto/SPEC.md §3.8), in the guest over RDMA:
+// the broker READs an offered message from its publisher's region and every
+// subscriber gets it whole, librdmabroker's on version 8, a raw one of
+// version 4 (fragments) and a TCP one alike; a publisher that vanishes, or
+// whose region is revoked, half-way costs only a counted ABORT and gives
+// every pool buffer back; a subscriber that vanishes half-way costs the
+// others nothing; every broken offer rule closes only its sender (also over
+// TCP, where there is no rendezvous).
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "harness.hpp"
+#include "rdmabroker/client.hpp"
+
+namespace rdmabroker::test {
+namespace {
+
+using namespace std::chrono_literals;
+using proto::ErrorCode;
+using proto::FrameType;
+
+constexpr std::size_t kOfferedBig = RDMABROKER_SANITIZED ? (4u << 20) : (16u << 20);
+
+class Rendezvous : public ::testing::TestWithParam<Via> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Via::kRdma) require_rdma();
+    write_file(config_, "limits:\n  max_payload: 16MiB\n  rendezvous_min: 64KiB\n");
+    broker_ = std::make_unique<BrokerProcess>(next_port(), std::vector<std::string>{"--config", config_});
+  }
+  void TearDown() override {
+    broker_.reset();
+    ::unlink(config_.c_str());
+  }
+
+  static std::string pattern(std::size_t n, unsigned seed) {
+    std::string out(n, '\0');
+    for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<char>((i * 7 + seed + n) % 251);
+    return out;
+  }
+  /// An RDV_OFFER of a `length`-byte message at `region`.
+  static std::vector<std::byte> offer(std::string_view subject, std::uint32_t length,
+                                      const proto::RendezvousRegion& region, std::uint64_t id = 1) {
+    proto::FrameHeader h;
+    h.type = FrameType::kRendezvousOffer;
+    h.arg = length;
+    h.sequence = id;
+    const auto body = proto::encode(region);
+    std::vector<std::byte> out(proto::align_up(proto::kHeaderSize + subject.size() + body.size()));
+    proto::encode_frame(out, h, subject, {}, body);
+    return out;
+  }
+  /// Pool buffers held beyond the receive queues' (idle: none).
+  std::int64_t pool_held() const {
+    auto s = broker_->stats();
+    return s["pool.in_use"] - s["rdma.srq_posted"];
+  }
+  /// Waits until the pool holds no more than it did at `idle` (the READs'
+  /// buffers came back).
+  void expect_pool_back_to(std::int64_t idle) const {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    std::int64_t held = pool_held();
+    while (held > idle && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(50ms);
+      held = pool_held();
+    }
+    EXPECT_LE(held, idle) << "pool buffers still held";
+  }
+
+  const std::string config_ = "/tmp/rdmabroker-rendezvous-" + std::to_string(getpid()) + ".yaml";
+  std::unique_ptr<BrokerProcess> broker_;
+};
+
+class RendezvousRdma : public Rendezvous {};
+
+TEST_P(RendezvousRdma, LargeMessagesAreReadAndArriveWholeAtEverySubscriber) {
+  // Eight subscribers of version 8, one of version 4 (raw: fragments), one over TCP.
+  std::vector<std::unique_ptr<Client>> subs;
+  std::vector<std::shared_ptr<Subscription>> streams;
+  for (int i = 0; i < 8; ++i) {
+    subs.push_back(connect_via(*broker_, Via::kRdma));
+    ASSERT_TRUE(subs.back());
+    auto s = subs.back()->subscribe(std::string_view("big.>"));
+    ASSERT_TRUE(s && subs.back()->flush(10s));
+    streams.push_back(*s);
+  }
+  auto tcp = connect_via(*broker_, Via::kTcp);
+  ASSERT_TRUE(tcp);
+  auto tcp_stream = tcp->subscribe(std::string_view("big.>"));
+  ASSERT_TRUE(tcp_stream && tcp->flush(10s));
+  auto old = raw_wire(*broker_, Via::kRdma, true, proto::ConnectRequest{16384, 16, 0, 4});
+  ASSERT_TRUE(old);
+  // A raw peer returns no credits: it takes the 64 KiB message only (5 SENDs).
+  ASSERT_TRUE(old->send(frame(FrameType::kSubscribe, 7, "big.two")));
+  ASSERT_TRUE(old->send(frame(FrameType::kPing, 0, "")));
+  bool ponged = false;
+  for (int i = 0; i < 50 && !ponged; ++i) {
+    for (const auto& bytes : old->receive(200ms)) {
+      proto::Frame f;
+      ponged |= proto::decode_frame(bytes, bytes.size(), f) == proto::DecodeStatus::kOk &&
+                f.header.type == FrameType::kPong;
+    }
+  }
+  ASSERT_TRUE(ponged) << "the version-4 subscriber's SUBSCRIBE is in effect";
+
+  auto pub = connect_via(*broker_, Via::kRdma);
+  ASSERT_TRUE(pub && pub->flush(10s));
+  const std::string one = pattern(1u << 20, 1), two = pattern(64u << 10, 2), three = pattern(kOfferedBig, 3);
+  ASSERT_TRUE(pub->publish("big.one", Headers{{"Trace-Id", "t-1"}}, one, "reply.to"));
+  ASSERT_TRUE(pub->publish("big.small", std::string_view("small between")));
+  ASSERT_TRUE(pub->publish("big.two", two));
+  ASSERT_TRUE(pub->publish("big.three", three));
+  // The version-4 subscriber got the same bytes, as fragments in SENDs (read
+  // first: a raw client reads only when the test does).
+  std::map<std::string, std::string> got;
+  std::string open_subject;
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (got["big.two"].size() < two.size() && std::chrono::steady_clock::now() < deadline) {
+    for (const auto& bytes : old->receive(200ms)) {
+      proto::Frame f;
+      ASSERT_EQ(proto::decode_frame(bytes, bytes.size(), f), proto::DecodeStatus::kOk);
+      if (f.header.type != FrameType::kDeliver) continue;
+      proto::for_each_delivered(f, [&](const proto::Frame& m) {
+        if (m.header.starts_message()) open_subject = std::string(m.subject);
+        auto& body = got[open_subject];
+        body.append(reinterpret_cast<const char*>(m.headers.data()), m.headers.size());
+        body.append(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
+      });
+    }
+  }
+  EXPECT_EQ(got.size(), 1u);
+  EXPECT_TRUE(got["big.two"] == two);
+
+  ASSERT_TRUE(pub->flush(60s));
+  // By rendezvous (the three at or above 64 KiB), not fragments.
+  EXPECT_EQ(broker_->stats()["rdma.rendezvous.offers"], 3);
+
+  auto check = [&](Subscription& s, const std::string& who) {
+    SCOPED_TRACE(who);
+    auto m = s.next(60s);
+    ASSERT_TRUE(m) << m.error().message;
+    EXPECT_EQ(m->subject, "big.one");
+    EXPECT_EQ(m->reply, "reply.to");
+    EXPECT_EQ(m->headers.get("Trace-Id").value_or(""), "t-1");
+    EXPECT_TRUE(m->data() == one);
+    for (const auto& [subject, want] : {std::pair<std::string, const std::string*>{"big.small", nullptr},
+                                        {"big.two", &two},
+                                        {"big.three", &three}}) {
+      m = s.next(60s);
+      ASSERT_TRUE(m) << m.error().message;
+      EXPECT_EQ(m->subject, subject);
+      if (want != nullptr) {
+        EXPECT_TRUE(m->data() == *want) << m->payload.size() << " bytes";
+      } else {
+        EXPECT_EQ(m->data(), "small between");
+      }
+    }
+  };
+  for (std::size_t i = 0; i < streams.size(); ++i) check(*streams[i], "rdma subscriber " + std::to_string(i));
+  check(**tcp_stream, "tcp subscriber");
+  // A client that does not offer (ClientOptions::rendezvous false) still
+  // publishes large messages, as fragments.
+  ClientOptions no_rdv;
+  no_rdv.rendezvous = false;
+  auto frag = connect_via(*broker_, Via::kRdma, no_rdv);
+  ASSERT_TRUE(frag && frag->publish("big.four", two) && frag->flush(30s));
+  auto m = streams[0]->next(30s);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_TRUE(m->data() == two);
+  EXPECT_EQ(broker_->stats()["rdma.rendezvous.offers"], 3);
+}
+
+TEST_P(RendezvousRdma, APublisherThatVanishesOrRevokesItsRegionCostsAtMostACountedAbort) {
+  auto sub = connect_via(*broker_, Via::kRdma);
+  ASSERT_TRUE(sub);
+  auto s = sub->subscribe(std::string_view("feed"));
+  ASSERT_TRUE(s && sub->flush(10s));
+  auto pub = connect_via(*broker_, Via::kRdma);
+  ASSERT_TRUE(pub && pub->flush(10s));
+  const std::int64_t idle = pool_held();
+  std::string bytes = pattern(kOfferedBig, 9);
+  auto region_of = [&](RawPeer& peer, std::size_t exposed) {
+    auto r = peer.expose(std::as_writable_bytes(std::span(bytes.data(), exposed)));
+    EXPECT_TRUE(r) << r.error().message;
+    return r ? *r : proto::RendezvousRegion{};
+  };
+
+  // 1. A region shorter than the message it offers: the READ past its end fails.
+  {
+    RawPeer peer;
+    ASSERT_TRUE(peer.connect_ok(guest_addr1(), broker_->port(), ""));
+    ASSERT_TRUE(
+        peer.send(offer("feed", static_cast<std::uint32_t>(bytes.size()), region_of(peer, 1u << 20))));
+    EXPECT_TRUE(peer.wait_disconnected(30s)) << "the broker closes the publisher whose region it cannot read";
+  }
+  auto st = broker_->wait_stats([](auto& x) { return x["rdma.rendezvous.read_errors"] >= 1; }, 10s);
+  EXPECT_EQ(st["rdma.rendezvous.read_errors"], 1);
+  // 2. A region revoked before the broker read it (the rkey it offered is stale).
+  {
+    RawPeer peer;
+    ASSERT_TRUE(peer.connect_ok(guest_addr1(), broker_->port(), ""));
+    const auto region = region_of(peer, bytes.size());
+    peer.revoke();
+    ASSERT_TRUE(peer.send(offer("feed", static_cast<std::uint32_t>(bytes.size()), region)));
+    EXPECT_TRUE(peer.wait_disconnected(30s));
+  }
+  st = broker_->wait_stats([](auto& x) { return x["rdma.rendezvous.read_errors"] >= 2; }, 10s);
+  EXPECT_EQ(st["rdma.rendezvous.read_errors"], 2);
+  // 3. A publisher that vanishes while the broker reads (perhaps before its
+  // first READ: then nothing was routed and nobody gets ABORT).
+  {
+    RawPeer peer;
+    ASSERT_TRUE(peer.connect_ok(guest_addr1(), broker_->port(), ""));
+    ASSERT_TRUE(
+        peer.send(offer("feed", static_cast<std::uint32_t>(bytes.size()), region_of(peer, bytes.size()))));
+  }  // QP, region and cm_id gone
+
+  // The subscriber saw no part of any of them as a message; the next one is whole.
+  ASSERT_TRUE(pub->publish("feed", std::string_view("after the three")));
+  auto m = (*s)->next(30s);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->data(), "after the three");
+  st = broker_->wait_stats([&](auto& x) { return x["connections.current"] == 2; }, 30s);
+  EXPECT_EQ(st["connections.current"], 2);
+  EXPECT_GE(st["messages.dropped.incomplete"], 1) << "one ABORT per message begun (the first, at least)";
+  EXPECT_EQ(static_cast<std::uint64_t>(st["messages.dropped.incomplete"]), sub->stats().aborted_messages);
+  expect_pool_back_to(idle);
+}
+
+TEST_P(RendezvousRdma, ASubscriberThatVanishesHalfWayCostsTheOthersNothing) {
+  auto sub = connect_via(*broker_, Via::kRdma);
+  ASSERT_TRUE(sub);
+  auto s = sub->subscribe(std::string_view("feed"));
+  ASSERT_TRUE(s && sub->flush(10s));
+  auto quitter = std::make_unique<RawPeer>();
+  ASSERT_TRUE(connect_and_subscribe(*quitter, *broker_, "feed"));
+  auto pub = connect_via(*broker_, Via::kRdma);
+  ASSERT_TRUE(pub && pub->flush(10s));
+  const std::string big = pattern(kOfferedBig, 4);
+  ASSERT_TRUE(pub->publish("feed", big));
+  ASSERT_TRUE(quitter->receive(30s)) << "the quitter's first fragment";
+  quitter.reset();  // gone, with the rest of the message on its way
+  ASSERT_TRUE(pub->publish("feed", big));
+  ASSERT_TRUE(pub->flush(60s)) << "both offers read and released";
+  for (int i = 0; i < 2; ++i) {
+    auto m = (*s)->next(60s);
+    ASSERT_TRUE(m) << m.error().message;
+    EXPECT_TRUE(m->data() == big);
+  }
+  EXPECT_EQ(broker_->stats()["rdma.rendezvous.offers"], 2);
+}
+
+TEST_P(Rendezvous, EveryBrokenOfferRuleClosesOnlyItsSender) {
+  auto sub = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(sub);
+  auto s = sub->subscribe(std::string_view("big"));
+  ASSERT_TRUE(s && sub->flush(10s));
+  struct Case {
+    std::string what;
+    std::vector<std::byte> bytes;
+    ErrorCode code;
+    std::string text;
+  };
+  const proto::RendezvousRegion anywhere{0x10000, 1, 0};
+  std::vector<Case> cases;
+  if (GetParam() == Via::kTcp) {
+    cases.push_back({"an offer over TCP", offer("big", 1u << 20, anywhere), ErrorCode::kMalformedFrame,
+                     "version 8 over RDMA"});
+  } else {
+    cases.push_back({"below the accept's rendezvous_min", offer("big", 60000, anywhere),
+                     ErrorCode::kProtocolViolation, "allows offers from 65536"});
+    cases.push_back({"over limits.max_payload", offer("big", (16u << 20) + 1, anywhere),
+                     ErrorCode::kPayloadTooLarge, "limits.max_payload"});
+    auto reserved = offer("big", 1u << 20, anywhere);
+    reserved[proto::kHeaderSize + 3 + 15] = std::byte{1};  // the payload's last reserved byte
+    cases.push_back({"reserved bytes", reserved, ErrorCode::kMalformedFrame, "reserved"});
+    cases.push_back({"a header_len not a multiple of 8", offer("big", 1u << 20, {0x10000, 1, 12}),
+                     ErrorCode::kMalformedFrame, "header_len"});
+  }
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    auto w = raw_wire(*broker_, GetParam());
+    ASSERT_TRUE(w);
+    ASSERT_TRUE(w->send(c.bytes));
+    auto [code, text] = expect_error_then_close(*w, 10s);
+    EXPECT_EQ(code, c.code) << text;
+    EXPECT_NE(text.find(c.text), std::string::npos) << text;
+  }
+  if (GetParam() == Via::kRdma) {
+    // An offer on a connection of version 7.
+    auto old = raw_wire(*broker_, Via::kRdma, true, proto::ConnectRequest{16384, 16, 0, 7});
+    ASSERT_TRUE(old);
+    ASSERT_TRUE(old->send(offer("big", 1u << 20, anywhere)));
+    auto [code, text] = expect_error_then_close(*old, 10s);
+    EXPECT_EQ(code, ErrorCode::kMalformedFrame);
+    EXPECT_NE(text.find("version 8"), std::string::npos) << text;
+    // A region whose header block breaks §3.6: found when read.
+    std::string bytes = pattern(1u << 20, 5);
+    std::memcpy(bytes.data(), "no colon\r\n\0\0\0\0\0\0", 16);
+    RawPeer peer;
+    ASSERT_TRUE(peer.connect_ok(guest_addr1(), broker_->port(), ""));
+    auto region = peer.expose(std::as_writable_bytes(std::span(bytes)));
+    ASSERT_TRUE(region) << region.error().message;
+    region->header_len = 16;
+    ASSERT_TRUE(peer.send(offer("big", static_cast<std::uint32_t>(bytes.size()), *region)));
+    bool error = false;
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!error && std::chrono::steady_clock::now() < deadline) {
+      auto got = peer.receive(200ms);
+      if (!got) continue;
+      for (const auto& f : frames(*got))
+        error |= f.header.type == FrameType::kError &&
+                 f.header.arg == static_cast<std::uint32_t>(ErrorCode::kMalformedFrame);
+    }
+    EXPECT_TRUE(error) << "MALFORMED_FRAME for the header block";
+    EXPECT_TRUE(peer.wait_disconnected(10s));
+  }
+  // The subscriber is untouched.
+  auto pub = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(pub && pub->publish("big", std::string_view("fine")));
+  auto m = (*s)->next(10s);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->data(), "fine");
+}
+
+INSTANTIATE_TEST_SUITE_P(Via, Rendezvous, ::testing::Values(Via::kRdma, Via::kTcp),
+                         [](const auto& info) { return info.param == Via::kRdma ? "rdma" : "tcp"; });
+INSTANTIATE_TEST_SUITE_P(Via, RendezvousRdma, ::testing::Values(Via::kRdma),
+                         [](const auto&) { return std::string("rdma"); });
+
+}  // namespace
+}  // namespace rdmabroker::test
