@@ -55,7 +55,8 @@ void Session::init_send_buffers(const proto::ConnectAccept& accept, std::uint32_
   max_message_ = accept.max_payload;
   connection_id_ = accept.connection_id;
   rendezvous_min_ = accept.rendezvous_min;
-  offers_in_flight_ = 0;
+  offers_.clear();
+  offered_bytes_ = 0;
   sends_.init(accept.max_frame_size, count);
 }
 
@@ -148,8 +149,12 @@ Status Session::publish_locked(std::unique_lock<std::mutex>& lock, std::string_v
 Status Session::publish_rendezvous_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
                                           std::string_view reply, ByteView payload, std::uint16_t flags,
                                           std::span<const proto::HeaderField> headers) {
-  if (!wait_locked(lock, Clock::now() + opt_.publish_timeout,
-                   [&] { return offers_in_flight_ < kMaxOffers || closed_; })) {
+  const std::size_t block = proto::header_block_len(headers);
+  const std::size_t length = block + payload.size();
+  const auto room = [&] {
+    return offers_.empty() || (offers_.size() < kMaxOffers && offered_bytes_ + length <= kMaxOfferedBytes);
+  };
+  if (!wait_locked(lock, Clock::now() + opt_.publish_timeout, [&] { return room() || closed_; })) {
     return Error{ErrorKind::kTimeout, "the broker has not read the last large messages after " +
                                           std::to_string(opt_.publish_timeout.count()) + " ms"};
   }
@@ -157,8 +162,6 @@ Status Session::publish_rendezvous_locked(std::unique_lock<std::mutex>& lock, st
   // The message as the broker will READ it: header block, then payload. A
   // copy, so that publish() returns as with any message; the region is the
   // only memory of ours the broker can reach, and only until it releases it.
-  const std::size_t block = proto::header_block_len(headers);
-  const std::size_t length = block + payload.size();
   std::unique_ptr<std::byte[]> data(new std::byte[length]);
   if (block != 0) proto::encode_header_block(data.get(), headers);
   if (!payload.empty()) std::memcpy(data.get() + block, payload.data(), payload.size());
@@ -177,7 +180,8 @@ Status Session::publish_rendezvous_locked(std::unique_lock<std::mutex>& lock, st
     transport_->release_region(offer);
     return st;
   }
-  ++offers_in_flight_;
+  offers_.emplace(offer, length);
+  offered_bytes_ += length;
   return {};
 }
 
@@ -496,7 +500,7 @@ bool Session::begin_close() {
     h.type = FrameType::kClose;
     // Offered messages first: the broker READs them before it takes the
     // CLOSE (SPEC.md §3.8), and their regions must stay until it has.
-    wait_locked(lock, Clock::now() + opt_.publish_timeout, [&] { return closed_ || offers_in_flight_ == 0; });
+    wait_locked(lock, Clock::now() + opt_.publish_timeout, [&] { return closed_ || offers_.empty(); });
     if (append_frame_locked(lock, h, {}, {}, {})) {
       // Give what is queued a moment to leave before the disconnect.
       wait_locked(lock, Clock::now() + std::chrono::seconds(2),

@@ -29,6 +29,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -288,10 +289,14 @@ class Session final : public Client, private SessionSide {
   PendingRequests requests_;
   bool fragmenting_ = false;    // a publish is sending fragments: other publishes wait
   bool abort_pending_ = false;  // a fragmented publish failed half-way: ABORT goes first
-  /// Rendezvous (SPEC.md §3.8): offers the broker has not released yet; a
-  /// publish waits while kMaxOffers are.
+  /// Rendezvous (SPEC.md §3.8): offers the broker has not released yet, by
+  /// id with their length. A publish waits while kMaxOffers are, or while
+  /// its message would take the pinned total past kMaxOfferedBytes (one
+  /// message alone always goes): what a client pins for offers is bounded.
   static constexpr std::uint32_t kMaxOffers = 4;
-  std::uint32_t offers_in_flight_ = 0;
+  static constexpr std::size_t kMaxOfferedBytes = 8u << 20;
+  std::unordered_map<std::uint64_t, std::size_t> offers_;
+  std::size_t offered_bytes_ = 0;
   std::uint64_t next_offer_ = 0;
   std::uint64_t pings_sent_ = 0;
   std::uint64_t pongs_received_ = 0;

@@ -57,7 +57,10 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
         // The broker read (or refused) an offered message: its region goes.
         std::lock_guard lock(mu_);
         transport_->release_region(f.header.sequence);
-        if (offers_in_flight_ > 0) --offers_in_flight_;
+        if (auto it = offers_.find(f.header.sequence); it != offers_.end()) {
+          offered_bytes_ -= it->second;
+          offers_.erase(it);
+        }
         cv_.notify_all();
         break;
       }

@@ -365,8 +365,9 @@ struct ClientOptions {
   /// `limits.rendezvous_min` is offered by rendezvous (SPEC.md §3.8): the
   /// library copies it into a buffer it registers for the broker to READ,
   /// and the broker takes it in one READ per few hundred KiB instead of a
-  /// SEND per frame. At most four such messages are in flight; the buffer is
-  /// freed when the broker says it has read it. False: fragments (§3.7).
+  /// SEND per frame. At most four such messages, 8 MiB together (or one
+  /// larger), are in flight; each buffer is freed when the broker says it
+  /// has read it. False: fragments (§3.7).
   bool rendezvous = true;
   /// No I/O thread: the application calls Client::poll() (Aeron's and UCX's
   /// model). Callbacks run inside poll() on the calling thread, and so do
