@@ -21,6 +21,27 @@ namespace rdmabroker::daemon {
 using proto::ErrorCode;
 using proto::FrameType;
 
+namespace {
+
+/// The longest fragment frame a pool buffer of `buffer_size` holds: a
+/// PUBLISH that still fits a subscriber's buffer inside its DELIVER (§3.3).
+std::uint32_t fragment_frame(std::uint32_t buffer_size) {
+  return static_cast<std::uint32_t>(proto::max_publish_frame(buffer_size) & ~(proto::kFrameAlign - 1));
+}
+
+/// Bytes before the message's own in the buffer that holds offset `at`:
+/// the header, and on the first also the subject and reply.
+std::uint32_t prefix_at(const Connection::RendezvousRead& r, std::uint32_t at) {
+  return static_cast<std::uint32_t>(proto::kHeaderSize + (at == 0 ? r.subject.size() + r.reply.size() : 0));
+}
+
+/// Bytes of the message the buffer that holds offset `at` takes.
+std::uint32_t piece_at(const Connection::RendezvousRead& r, std::uint32_t at, std::uint32_t frame) {
+  return std::min(frame - prefix_at(r, at), r.length - at);
+}
+
+}  // namespace
+
 bool FrameHandler::on_offer(Connection& c, const proto::Frame& f) {
   const auto& h = f.header;
   const auto& opt = ctx_.options;
@@ -61,7 +82,7 @@ bool FrameHandler::on_offer(Connection& c, const proto::Frame& f) {
   }
   // The first fragment carries the strings and the whole header block, and
   // at least one byte of the message after it (§3.7).
-  const std::size_t frame = proto::max_publish_frame(opt.buffer_size) & ~(proto::kFrameAlign - 1);
+  const std::size_t frame = fragment_frame(opt.buffer_size);
   const std::size_t first = proto::kHeaderSize + h.subject_len + h.reply_len;
   if (region.header_len % proto::kFrameAlign != 0 || region.header_len >= length ||
       region.header_len > proto::kMaxHeaderBlock) {
@@ -103,23 +124,14 @@ void FrameHandler::read_more(Connection& c) {
   if (!r.open || !c.is_up()) return;
   const auto& opt = ctx_.options;
   BufferPool& pool = *ctx_.core.pool;
-  const std::uint32_t frame =
-      static_cast<std::uint32_t>(proto::max_publish_frame(opt.buffer_size) & ~(proto::kFrameAlign - 1));
+  const std::uint32_t frame = fragment_frame(opt.buffer_size);
   const std::uint32_t width = std::min(c.link->read_width(), kMaxFramesPerSend);
   // A stalled publisher's message waits as its frames would (§6).
   while (r.posted < r.length && r.reads < Connection::RendezvousRead::kMaxReads && !c.stalled) {
+    // Buffers this READ fills: as many as its width and the message need.
     std::uint32_t pieces_left = 0;
-    {
-      // Buffers this READ fills: as many as its width and the message need.
-      std::uint32_t at = r.posted;
-      while (at < r.length && pieces_left < width) {
-        const std::uint32_t prefix =
-            at == 0 ? static_cast<std::uint32_t>(proto::kHeaderSize + r.subject.size() + r.reply.size())
-                    : static_cast<std::uint32_t>(proto::kHeaderSize);
-        at += std::min(frame - prefix, r.length - at);
-        ++pieces_left;
-      }
-    }
+    for (std::uint32_t at = r.posted; at < r.length && pieces_left < width; ++pieces_left)
+      at += piece_at(r, at, frame);
     std::array<std::uint32_t, kMaxFramesPerSend> index{};
     const auto got =
         static_cast<std::uint32_t>(pool.acquire(index.data(), pieces_left, ctx_.core.pool_shares.reserve()));
@@ -136,17 +148,15 @@ void FrameHandler::read_more(Connection& c) {
       std::byte* p = blocks[i].data();
       const bool starts = at == 0;
       proto::FrameHeader fh = proto::FrameHeader::fragment(r.length, at, c.id, starts ? r.flags : 0);
-      std::size_t prefix = proto::kHeaderSize;
+      const std::uint32_t prefix = prefix_at(r, at);
+      const std::uint32_t piece = piece_at(r, at, frame);
       if (starts) {
         fh.subject_len = static_cast<std::uint16_t>(r.subject.size());
         fh.reply_len = static_cast<std::uint16_t>(r.reply.size());
         fh.header_len = r.header_len;
-        std::memcpy(p + prefix, r.subject.data(), r.subject.size());
-        prefix += r.subject.size();
-        std::memcpy(p + prefix, r.reply.data(), r.reply.size());
-        prefix += r.reply.size();
+        std::memcpy(p + proto::kHeaderSize, r.subject.data(), r.subject.size());
+        std::memcpy(p + proto::kHeaderSize + r.subject.size(), r.reply.data(), r.reply.size());
       }
-      const std::uint32_t piece = std::min(frame - static_cast<std::uint32_t>(prefix), r.length - at);
       fh.payload_len = piece;
       proto::encode_header(p, fh);
       // The READ leaves the padding after the piece as the buffer had it.
