@@ -93,8 +93,12 @@ TEST_P(RendezvousRdma, LargeMessagesAreReadAndArriveWholeAtEverySubscriber) {
   auto old = raw_wire(*broker_, Via::kRdma, true, proto::ConnectRequest{16384, 16, 0, 4});
   ASSERT_TRUE(old);
   // A raw peer returns no credits: it takes the 64 KiB message only (5 SENDs).
-  ASSERT_TRUE(old->send(frame(FrameType::kSubscribe, 7, "big.two")));
-  ASSERT_TRUE(old->send(frame(FrameType::kPing, 0, "")));
+  // One SEND: before its login's credits come, a raw peer has the 2 of the
+  // accept (SPEC.md §5), and CONNECT took one.
+  auto subscribe_then_ping = frame(FrameType::kSubscribe, 7, "big.two");
+  const auto ping = frame(FrameType::kPing, 0, "");
+  subscribe_then_ping.insert(subscribe_then_ping.end(), ping.begin(), ping.end());
+  ASSERT_TRUE(old->send(subscribe_then_ping));
   bool ponged = false;
   for (int i = 0; i < 50 && !ponged; ++i) {
     for (const auto& bytes : old->receive(200ms)) {
