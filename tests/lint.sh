@@ -4,9 +4,11 @@
 #   - memory is registered only through verbs::register_local (local access
 #     only), never with remote write/atomic rights and never through a
 #     memory window: no peer can reach broker or client memory with an rkey
-#     (docs/security.md, "RDMA memory"); the one exception, remote READ of a
-#     message a client offers (verbs::register_offered_message, SPEC.md
-#     §3.8), lives in verbs.hpp and is called by the client library only;
+#     (docs/security.md, "RDMA memory"); the two exceptions, remote READ of
+#     a message a client offers (verbs::register_offered_message, SPEC.md
+#     §3.8) and remote WRITE into a landing area a client registers for one
+#     message it receives (verbs::register_landing_area, §3.9), live in
+#     verbs.hpp and are called by the client library only;
 #   - every C and C++ source is laid out by .clang-format (Google's style,
 #     110 columns): `clang-format -i FILE` fixes one;
 #   - every source file (C, C++, Python, shell, CMake) carries the line
@@ -30,8 +32,8 @@ if [ -n "$hits" ]; then
 fi
 hits=$( (grep -rnE --include='*.cpp' --include='*.hpp' --include='*.h' --include='*.c' \
   'IBV_ACCESS_REMOTE_|IBV_ACCESS_MW_BIND|ibv_alloc_mw|ibv_bind_mw|ibv_reg_dmabuf_mr|ibv_reg_mr_iova' "${SRC[@]}" |
-  grep -vE '^common/include/rdmabroker/common/verbs.hpp:[0-9]+:  (return MrPtr\(ibv_reg_mr\(pd, addr, length, IBV_ACCESS_REMOTE_READ\)\);|attr.qp_access_flags = IBV_ACCESS_REMOTE_READ;)$'
-  grep -rnE 'register_offered_message|allow_remote_read' daemon) || true)
+  grep -vE '^common/include/rdmabroker/common/verbs.hpp:[0-9]+:  (return MrPtr\(ibv_reg_mr\(pd, addr, length, IBV_ACCESS_REMOTE_READ\)\);|return MrPtr\(ibv_reg_mr\(pd, addr, length, IBV_ACCESS_LOCAL_WRITE \| IBV_ACCESS_REMOTE_WRITE\)\);|attr.qp_access_flags = write \? IBV_ACCESS_REMOTE_READ \| IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;)$'
+  grep -rnE 'register_offered_message|register_landing_area|allow_remote_access' daemon) || true)
 if [ -n "$hits" ]; then
   echo "lint: remote access to registered memory:"; echo "$hits"; fail=1
 fi

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // RdmaTransport: the messages this client offers by rendezvous (SPEC.md
 // §3.8), each registered on its own for the broker to READ and let go when
-// the broker releases it (rdma_transport.hpp).
+// the broker releases it, and the landing areas of large messages it
+// receives (§3.9), each registered for the broker to WRITE into until the
+// message is whole (rdma_transport.hpp).
 #include "rdma_transport.hpp"
 
 namespace rdmabroker {
@@ -21,5 +23,18 @@ Result<proto::RendezvousRegion> RdmaTransport::expose_for_read(std::uint64_t off
 }
 
 void RdmaTransport::release_region(std::uint64_t offer) { exposed_.erase(offer); }
+
+std::optional<std::uint32_t> RdmaTransport::expose_for_write(std::uint32_t sid, std::uint64_t publisher,
+                                                             std::byte* data, std::size_t length) {
+  verbs::MrPtr mr = verbs::register_landing_area(pd_.get(), data, length);
+  if (!mr) return std::nullopt;  // the message comes in fragments instead
+  const std::uint32_t rkey = mr->rkey;
+  landings_.insert_or_assign({sid, publisher}, std::move(mr));
+  return rkey;
+}
+
+void RdmaTransport::release_landing(std::uint32_t sid, std::uint64_t publisher) {
+  landings_.erase({sid, publisher});
+}
 
 }  // namespace rdmabroker

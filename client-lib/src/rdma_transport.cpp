@@ -211,8 +211,11 @@ Status RdmaTransport::start_session(const proto::ConnectAccept& accept, const st
   if (agreed.rendezvous_min != 0) {
     // rdma_cm gave the QP no remote access (it had no responder resources
     // when it moved it to INIT): READ, which only an offered region's rkey
-    // opens, is allowed now. Without it, no rendezvous.
-    if (!session_.options().rendezvous || !verbs::allow_remote_read(qp_.get())) agreed.rendezvous_min = 0;
+    // opens, is allowed now, and from version 9 WRITE, which only a landing
+    // area's opens. Without it, no rendezvous.
+    const bool write = accept.version >= proto::kLandingVersion;
+    if (!session_.options().rendezvous || !verbs::allow_remote_access(qp_.get(), write))
+      agreed.rendezvous_min = 0;
   }
   session_.init_send_buffers(agreed,
                              session_.options().max_inflight_sends + session_.options().send_queue_buffers);
@@ -247,7 +250,9 @@ void RdmaTransport::teardown_resources() {
   teardown_ud();  // its QP and MR use the PD
   // Reverse order of creation: QP, MRs, CQ, completion channel, PD, cm_id, channel.
   qp_.reset();
-  exposed_.clear();  // the offered messages' MRs, before the PD
+  exposed_.clear();   // the offered messages' MRs, before the PD
+  landings_.clear();  // and the landing areas'
+
   send_mr_.reset();
   recv_mr_.reset();
   acker_.flush();

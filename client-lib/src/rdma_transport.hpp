@@ -78,6 +78,9 @@ class RdmaTransport final : public Transport {
   Result<proto::RendezvousRegion> expose_for_read(std::uint64_t offer, std::unique_ptr<std::byte[]> data,
                                                   std::size_t length) override;
   void release_region(std::uint64_t offer) override;
+  std::optional<std::uint32_t> expose_for_write(std::uint32_t sid, std::uint64_t publisher, std::byte* data,
+                                                std::size_t length) override;
+  void release_landing(std::uint32_t sid, std::uint64_t publisher) override;
   void reclaim_locked() override;
   /// Posts one SEND: `buffer` (kNoBuffer: none, a credit update) with `len` bytes.
   bool post_locked(std::uint32_t buffer, std::uint32_t len);
@@ -149,6 +152,11 @@ class RdmaTransport final : public Transport {
     verbs::MrPtr mr;  // after data: deregistered before it is freed
   };
   std::unordered_map<std::uint64_t, ExposedRegion> exposed_;
+  /// Landing areas (SPEC.md §3.9) by (sid, publisher), each the memory of
+  /// one large message the broker may WRITE into until it is whole; the
+  /// memory is the message's (the session's reassembly), these only its
+  /// registrations. I/O thread; deregistered before the PD goes.
+  std::map<std::pair<std::uint32_t, std::uint64_t>, verbs::MrPtr> landings_;
   // Receives completed and decoded, not posted again yet: messages delivered
   // in place (MessageView) point into them until dispatch() has run. I/O thread.
   std::vector<std::uint64_t> held_;

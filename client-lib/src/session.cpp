@@ -55,6 +55,9 @@ void Session::init_send_buffers(const proto::ConnectAccept& accept, std::uint32_
   max_message_ = accept.max_payload;
   connection_id_ = accept.connection_id;
   rendezvous_min_ = accept.rendezvous_min;
+  // Version 9: large messages it receives may land (SPEC.md §3.9).
+  const bool landing = accept.version >= proto::kLandingVersion && accept.rendezvous_min != 0;
+  reassembler_.set_landing(landing ? this : nullptr, accept.rendezvous_min);
   offers_.clear();
   offered_bytes_ = 0;
   sends_.init(accept.max_frame_size, count);

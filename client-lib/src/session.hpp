@@ -47,7 +47,7 @@ namespace rdmabroker {
 
 static_assert(SendBuffers::kNone == SessionSide::kNoBuffer);
 
-class Session final : public Client, private SessionSide {
+class Session final : public Client, private SessionSide, private LandingHost {
  public:
   explicit Session(ClientOptions options) : opt_(std::move(options)) {}
   /// Closes the transport first: its I/O thread uses the session.
@@ -262,6 +262,11 @@ class Session final : public Client, private SessionSide {
                     std::vector<std::byte> payload);
   /// I/O thread: the frames send_from_io() had to keep, in their order.
   void send_deferred();
+  // LandingHost (SPEC.md §3.9): the transport registers, RDV_READY goes out.
+  std::optional<std::uint32_t> expose_for_write(std::uint32_t sid, std::uint64_t publisher, std::byte* data,
+                                                std::size_t length) override;
+  void release_landing(std::uint32_t sid, std::uint64_t publisher) override;
+  void send_ready(std::uint32_t sid, std::uint64_t sequence, const proto::LandingArea& area) override;
 
   // ------------------------------------------------ state
   const ClientOptions opt_;

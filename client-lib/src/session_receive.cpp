@@ -152,7 +152,8 @@ bool Session::on_deliver(const proto::Frame& f, Deliveries& deliveries, std::vec
       return;
     }
     if (inner.header.is_fragment())
-      return reassembler_.on_fragment(f.header.arg, inner, f.header.relay_ns(), deliveries);
+      return reassembler_.on_fragment(f.header.arg, f.header.sequence, inner, f.header.relay_ns(),
+                                      deliveries);
     deliveries.add_in_place(detail::ViewAccess::of(f.header.arg, inner), f.header.relay_ns());
   });
   if (st == proto::DecodeStatus::kOk) return true;
@@ -161,6 +162,20 @@ bool Session::on_deliver(const proto::Frame& f, Deliveries& deliveries, std::vec
                          "undecodable DELIVER from the broker: " + std::string(proto::to_string(st))});
   fail_locked(errors.back());
   return false;
+}
+
+std::optional<std::uint32_t> Session::expose_for_write(std::uint32_t sid, std::uint64_t publisher,
+                                                       std::byte* data, std::size_t length) {
+  return transport_->expose_for_write(sid, publisher, data, length);
+}
+
+void Session::release_landing(std::uint32_t sid, std::uint64_t publisher) {
+  transport_->release_landing(sid, publisher);
+}
+
+void Session::send_ready(std::uint32_t sid, std::uint64_t sequence, const proto::LandingArea& area) {
+  const auto payload = proto::encode(area);
+  send_from_io(sid, FrameType::kRendezvousReady, sequence, {payload.begin(), payload.end()});
 }
 
 void Session::on_error_frame(const proto::Frame& f, std::vector<Error>& errors) {

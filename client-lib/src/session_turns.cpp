@@ -114,6 +114,7 @@ ClientStats Session::stats() const {
   }
   s.app_wakeups = app_wakeups_->load(std::memory_order_relaxed);
   s.aborted_messages = reassembler_.aborted();
+  s.landed_messages = reassembler_.landed();
   return s;
 }
 

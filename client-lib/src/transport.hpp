@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <span>
 #include <string>
@@ -165,6 +166,17 @@ class Transport {
   /// With the session's lock held: the broker is done with offer `offer`'s
   /// region (RDV_RELEASE): deregistered and freed.
   virtual void release_region(std::uint64_t offer) { (void)offer; }
+  /// I/O thread, version 9 over RDMA (SPEC.md §3.9): registers `length`
+  /// bytes at `data` for the broker to WRITE into, the landing area of
+  /// (`sid`, `publisher`)'s message, kept until release_landing(); its rkey.
+  /// A transport without RDMA WRITE has none.
+  virtual std::optional<std::uint32_t> expose_for_write(std::uint32_t sid, std::uint64_t publisher,
+                                                        std::byte* data, std::size_t length) {
+    (void)sid, (void)publisher, (void)data, (void)length;
+    return std::nullopt;
+  }
+  /// I/O thread: that landing area is deregistered (its message is whole or gone).
+  virtual void release_landing(std::uint32_t sid, std::uint64_t publisher) { (void)sid, (void)publisher; }
   /// I/O thread: joins the group of `j` for subscription `sid` and answers
   /// with Session::join_done (now, or when the join completes). A transport
   /// without multicast refuses.

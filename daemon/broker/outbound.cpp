@@ -322,6 +322,29 @@ std::uint32_t relay_ns(std::int64_t received_at, std::int64_t posted_at) {
       std::clamp<std::int64_t>(posted_at - received_at, 1, std::int64_t{proto::kMaxRelayNs}));
 }
 
+namespace {
+
+/// Notes in `out` the message in fragments `item` begins or ends, if it
+/// does (a publisher's fragment, not a piece the broker cut of one; or ABORT).
+void mark_message(const OutItem& item, PackedSend& out) {
+  MessageMark m;
+  if (item.header.type == proto::FrameType::kAbort) {
+    m.publisher = item.header.sequence;
+  } else if (item.is_delivery() && item.fragment && item.cut_start == 0 && (item.begins || item.ends)) {
+    m.publisher = item.publisher;
+    m.begins = item.begins;
+    // The fragment's arg: its message's length (SPEC.md §3.7).
+    m.length = proto::load<std::uint32_t>(item.body.data() + item.body_offset + 16);
+  } else {
+    return;
+  }
+  m.sid = item.header.arg;
+  m.sequence = item.header.sequence;
+  out.marks[out.num_marks++] = m;
+}
+
+}  // namespace
+
 PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::span<std::byte> block,
                      std::uint32_t block_lkey, std::uint32_t body_lkey, std::uint64_t& next_sequence,
                      Segment* sge, BufferRef* refs) {
@@ -350,6 +373,7 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
     } else {
       item.header.sequence = next_sequence++;
     }
+    if (limits.mark_messages) mark_message(item, out);
     pack_item(item, dst, in_block, block_lkey, body_lkey, sge, out.num_sge, refs[out.frames]);
     if (item.is_delivery()) {
       if (item.received_at != 0 &&

@@ -230,6 +230,10 @@ struct WorkerStats {
   Counter rendezvous_reads;                       // RDMA READ work requests posted for them
   Counter rendezvous_bytes;                       // bytes those READs brought
   Counter rendezvous_read_errors;                 // READs that failed (the publisher's region unreadable)
+  Counter landing_areas;                          // RDV_READYs taken: landing areas named (SPEC.md §3.9)
+  Counter landing_writes;                         // RDMA WRITE work requests posted into them
+  Counter landing_bytes;                          // bytes those WRITEs carried
+  Counter landing_write_errors;                   // WRITEs that failed (the subscriber's area unwritable)
   Counter srq_refills;                            // SRQ refills at the low watermark
   Counter srq_limit_events;                       // IBV_EVENT_SRQ_LIMIT_REACHED: a refill batch or less left
   Counter pool_exhausted;      // times a worker found the buffer pool empty (once per shortage)

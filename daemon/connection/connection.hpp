@@ -168,6 +168,9 @@ struct InflightSend {
   /// are the `frames` pool buffers it fills, handed to the frame handler
   /// when it completes.
   bool read = false;
+  /// An RDMA WRITE of fragments into a subscriber's landing area (SPEC.md
+  /// §3.9), not a send: `refs` are their pool buffers, as a send's.
+  bool write = false;
   std::array<BufferRef, kMaxFramesPerSend> refs;
 };
 
@@ -354,8 +357,36 @@ struct Connection {
     std::string reply;
   };
   RendezvousRead rendezvous;
-  /// The smallest message the accept allowed it to offer (0: no rendezvous).
+  /// The smallest message the accept allowed it to offer (0: no rendezvous),
+  /// and from version 9 the smallest it may take into a landing area.
   std::uint32_t rendezvous_min = 0;
+
+  // ------------------------------------------------------------ landing areas (SPEC.md §3.9)
+  /// A message in fragments of at least rendezvous_min bytes that this
+  /// subscriber (version 9 over RDMA) is being sent: from the pack of its
+  /// first fragment's DELIVER to that of its last (or of its ABORT). Once
+  /// the client's RDV_READY names its landing area, the fragments between
+  /// go by RDMA WRITE into it instead of as DELIVERs (RdmaLink::flush).
+  struct Landing {
+    std::uint32_t sid = 0;
+    std::uint64_t publisher = 0;
+    std::uint64_t first_sequence = 0;  // its first fragment's DELIVER: what RDV_READY names
+    std::uint64_t address = 0;         // of the message's byte 0, once ready
+    std::uint32_t rkey = 0;
+    bool ready = false;
+  };
+  /// One per message in progress to it (each begun by a publisher's open
+  /// message, so as many as those at most).
+  std::vector<Landing> landings;
+  Landing* landing_for(std::uint32_t sid, std::uint64_t publisher) {
+    for (auto& l : landings)
+      if (l.sid == sid && l.publisher == publisher) return &l;
+    return nullptr;
+  }
+  /// Whether deliveries to it may land (the accept of version 9 allowed it).
+  bool takes_landings() const {
+    return rendezvous_min != 0 && protocol_version >= proto::kLandingVersion && identity && !identity->route;
+  }
 
   // ------------------------------------------------------------ traffic (rdmabroker stat)
   std::uint64_t messages_in = 0;  // PUBLISH frames accepted

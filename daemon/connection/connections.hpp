@@ -101,6 +101,21 @@ class Connections {
   std::uint32_t pack_next(Connection& c, std::uint32_t max_sge, std::uint32_t block_lkey,
                           std::uint32_t body_lkey, Segment* sge,
                           std::array<BufferRef, kMaxFramesPerSend>& refs, PackedSend& packed);
+  /// The front of c's queue as one RDMA WRITE into a landing area (SPEC.md
+  /// §3.9; connection/landings.cpp): the fragments after a message's first
+  /// and before its last, for which the client named its area, as many in
+  /// a row as `max_sge` allows, each one SGE of its payload (`body_lkey`).
+  /// Fills `packed` as pack_next does and sets where they go; false (nothing
+  /// taken) if the front is not such a fragment.
+  bool take_landing_run(Connection& c, std::uint32_t max_sge, std::uint32_t body_lkey, Segment* sge,
+                        std::array<BufferRef, kMaxFramesPerSend>& refs, PackedSend& packed,
+                        std::uint64_t& remote_address, std::uint32_t& rkey);
+  /// RDV_READY (SPEC.md §3.9): the client named the landing area of the
+  /// message whose first fragment's DELIVER had `sequence`. False (and why)
+  /// if that message had a landing area already; a READY that crossed the
+  /// message's end is ignored.
+  bool land(Connection& c, std::uint32_t sid, std::uint64_t sequence, const proto::LandingArea& area,
+            std::string& why);
   /// Records a send at the tail of c's in-flight ring (what it references).
   void record_send(Connection& c, std::uint32_t block, std::array<BufferRef, kMaxFramesPerSend>* refs,
                    const PackedSend& packed);
@@ -151,6 +166,11 @@ class Connections {
   /// Counts `n` more (or fewer) pool buffers held by c's out-queue, in c,
   /// its slot, its tenant and the broker-wide totals.
   void pin(Connection& c, std::int64_t n);
+  /// What a packed send (or a WRITE's run) took from c's queue, taken off
+  /// its counts (queue, pool share, the broker's gauges).
+  void account_packed(Connection& c, const PackedSend& packed);
+  /// The landing areas a packed send began or ended messages for (landings.cpp).
+  void note_landings(Connection& c, const PackedSend& packed);
   /// The items a flush left waiting in c's out-queue (those it had not
   /// looked at yet, once they have waited kCompactAfter): small messages
   /// whose receive buffers no one else holds are copied compactly into a

@@ -23,8 +23,10 @@ std::uint32_t Connections::pack_next(Connection& c, std::uint32_t max_sge, std::
   const std::int64_t posted_at = c.protocol_version >= proto::kRelayTimeVersion
                                      ? std::chrono::steady_clock::now().time_since_epoch().count()
                                      : 0;
-  packed = pack_send(c.outq, PackLimits{c.peer_buffer_size, max_sge, posted_at}, blocks_.block(block),
-                     block_lkey, body_lkey, c.next_sequence, sge, refs.data());
+  PackLimits limits{c.peer_buffer_size, max_sge, posted_at};
+  limits.mark_messages = c.takes_landings();
+  packed = pack_send(c.outq, limits, blocks_.block(block), block_lkey, body_lkey, c.next_sequence, sge,
+                     refs.data());
   if (packed.frames == 0) {
     // Cannot happen: the handshake guarantees every frame fits a peer buffer.
     spdlog::error("connection {}: a {}-byte frame does not fit one send", c.id, c.outq.front().wire_len());
@@ -32,6 +34,12 @@ std::uint32_t Connections::pack_next(Connection& c, std::uint32_t max_sge, std::
     return SendBlocks::kNone;
   }
   blocks_.take();
+  account_packed(c, packed);
+  if (packed.num_marks != 0) note_landings(c, packed);
+  return block;
+}
+
+void Connections::account_packed(Connection& c, const PackedSend& packed) {
   c.queued_replies -= std::min(c.queued_replies, packed.replies);  // close()'s own frame is not counted
   c.pending_messages -= packed.deliveries;
   c.pending_bytes -= packed.delivery_bytes;
@@ -41,7 +49,6 @@ std::uint32_t Connections::pack_next(Connection& c, std::uint32_t max_sge, std::
   ctx_.stats.pending_bytes.add(-static_cast<std::int64_t>(packed.delivery_bytes));
   unqueue(c.slot, packed.delivery_bytes);
   ctx_.core.slots->add_sent(c.slot, packed.frames);
-  return block;
 }
 
 void Connections::record_send(Connection& c, std::uint32_t block,

@@ -78,6 +78,8 @@ bool FrameHandler::on_frame(Connection& c, const proto::Frame& f, const BufferRe
       return on_abort(c);
     case FrameType::kRendezvousOffer:
       return on_offer(c, f);
+    case FrameType::kRendezvousReady:
+      return on_ready(c, f);
     case FrameType::kCredit:
     case FrameType::kClose:
       return true;  // process() takes them, in every state

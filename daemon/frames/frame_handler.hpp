@@ -79,6 +79,9 @@ class FrameHandler {
   bool on_fragment(Connection& c, const proto::Frame& f, const BufferRef& buf);
   /// RDV_OFFER (SPEC.md §3.8): checked, then its READs begin; false once the connection closed.
   bool on_offer(Connection& c, const proto::Frame& f);
+  /// RDV_READY (SPEC.md §3.9): a subscriber's landing area for a message in
+  /// progress to it; false once the connection closed.
+  bool on_ready(Connection& c, const proto::Frame& f);
   /// RDV_RELEASE to the publisher of offer `offer`: `code` 0, read; else refused.
   void release_offer(Connection& c, std::uint64_t offer, proto::ErrorCode code);
   /// ABORT from the client: it abandons its open message.

@@ -209,6 +209,29 @@ void FrameHandler::on_read(Connection& c, std::array<BufferRef, kMaxFramesPerSen
   take_held_input(c);
 }
 
+bool FrameHandler::on_ready(Connection& c, const proto::Frame& f) {
+  if (!c.takes_landings()) {
+    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kMalformedFrame,
+                       "RDV_READY needs protocol version 9 over RDMA with rendezvous in the accept "
+                       "(this connection: version " +
+                           std::to_string(c.protocol_version) + ", " + std::string(to_string(c.transport())) +
+                           ")");
+    return false;
+  }
+  proto::LandingArea area;
+  if (!proto::decode(f.payload, area)) {
+    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kMalformedFrame,
+                       "RDV_READY's reserved bytes are not zero");
+    return false;
+  }
+  std::string why;
+  if (!connections_.land(c, f.header.arg, f.header.sequence, area, why)) {
+    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation, why);
+    return false;
+  }
+  return true;
+}
+
 void FrameHandler::release_offer(Connection& c, std::uint64_t offer, ErrorCode code) {
   OutItem item = make_control(FrameType::kRendezvousRelease, static_cast<std::uint32_t>(code));
   item.header.sequence = offer;

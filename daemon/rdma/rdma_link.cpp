@@ -425,6 +425,8 @@ void RdmaLink::flush() {
   auto& staged = port_.staged;
   staged.clear();
   while (c.can_send()) {
+    // Fragments bound for a landing area go by WRITE, which takes no credit.
+    if (!c.landings.empty() && stage_write(c)) continue;
     const bool has_data = !c.outq.empty();
     if (!has_data || !credits.can_send_data()) {
       if (has_data) ctx_.stats.credit_stalls.add();
@@ -452,10 +454,12 @@ void RdmaLink::flush() {
     stage_send(c, block, sge, packed.num_sge, take_imm(c), &refs, packed);
   }
   post_staged(c);
-  // Data left with a credit to carry it waits for a send slot or a send
-  // block: only a send completion frees one, so the send CQ must wake us;
-  // so must a rendezvous READ's completion.
-  connections_.set_awaits_send(c, (!c.outq.empty() && credits.can_send_data()) || c.rendezvous.reads > 0);
+  // Data left with a credit to carry it (or bound for a landing area, which
+  // needs none) waits for a send slot or a send block: only a send
+  // completion frees one, so the send CQ must wake us; so must a rendezvous
+  // READ's completion.
+  connections_.set_awaits_send(
+      c, (!c.outq.empty() && (credits.can_send_data() || !c.landings.empty())) || c.rendezvous.reads > 0);
 }
 
 void RdmaLink::stage_send(Connection& c, std::uint32_t block, const Segment* sge, std::uint32_t num_sge,
@@ -482,6 +486,32 @@ void RdmaLink::stage_send(Connection& c, std::uint32_t block, const Segment* sge
   credits.consume_send();
 }
 
+bool RdmaLink::stage_write(Connection& c) {
+  Segment sge[kMaxFramesPerSend];
+  std::array<BufferRef, kMaxFramesPerSend> refs;
+  PackedSend packed;
+  std::uint64_t remote = 0;
+  std::uint32_t rkey = 0;
+  if (!connections_.take_landing_run(c, port_.max_sge, port_.device.pool_mr->lkey, sge, refs, packed, remote,
+                                     rkey))
+    return false;
+  const std::uint32_t slot = c.inflight_tail();
+  connections_.record_send(c, SendBlocks::kNone, &refs, packed);
+  c.inflight[slot].write = true;
+  auto& st = port_.staged.emplace_back();
+  for (std::uint32_t i = 0; i < packed.num_sge; ++i)
+    st.sge[i] = ibv_sge{sge[i].addr, sge[i].length, sge[i].lkey};
+  st.wr = ibv_send_wr{};
+  st.wr.wr_id = slot;
+  st.wr.opcode = IBV_WR_RDMA_WRITE;  // no receive at the client: no credit, no completion there
+  st.wr.sg_list = st.sge.data();
+  st.wr.num_sge = static_cast<int>(packed.num_sge);
+  st.wr.wr.rdma.remote_addr = remote;
+  st.wr.wr.rdma.rkey = rkey;
+  st.frames = 0;  // fragments written, not frames sent (rdma.landing.writes)
+  return true;
+}
+
 void RdmaLink::post_staged(Connection& c) {
   auto& staged = port_.staged;
   if (staged.empty()) return;
@@ -504,6 +534,7 @@ void RdmaLink::post_staged(Connection& c) {
     ctx_.stats.wc_errors.add();
   }
   for (std::size_t i = 0; i < posted; ++i) {
+    if (staged[i].wr.opcode == IBV_WR_RDMA_WRITE) continue;  // rdma.landing.writes counts them
     ctx_.stats.sends_posted.add();
     ctx_.stats.frames_sent.add(staged[i].frames);
   }

@@ -151,6 +151,9 @@ class RdmaLink final : public Link {
   void stage_send(Connection& c, std::uint32_t block, const Segment* sge, std::uint32_t num_sge,
                   std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs,
                   const PackedSend& packed);
+  /// Stages one RDMA WRITE of the fragments at the front of c's queue into
+  /// their landing area (SPEC.md §3.9), if they go there; false if not.
+  bool stage_write(Connection& c);
   /// Posts the staged sends as one chain, the last one signaled; on failure
   /// undoes what was not posted and closes the connection.
   void post_staged(Connection& c);

@@ -281,6 +281,7 @@ void RdmaPort::on_send_complete(Connections& connections, const ibv_wc& wc) {
   const bool before_ok = wc.status != IBV_WC_WR_FLUSH_ERR;
   for (std::uint32_t i = 1; i < covered; ++i) retire(connections, *c, before_ok);
   const bool read = c->inflight[c->inflight_head].read;
+  const bool write = c->inflight[c->inflight_head].write;
   retire(connections, *c, wc.status == IBV_WC_SUCCESS);
   if (wc.status != IBV_WC_SUCCESS) {
     if (wc.status != IBV_WC_WR_FLUSH_ERR) {
@@ -291,6 +292,13 @@ void RdmaPort::on_send_complete(Connections& connections, const ibv_wc& wc) {
         // connection cannot be told and closes; its recipients get ABORT.
         ctx_.stats.rendezvous_read_errors.add();
         spdlog::warn("connection {} ({}): RDMA READ of its offered message failed: {}", c->id, c->peer,
+                     ibv_wc_status_str(wc.status));
+      } else if (write) {
+        // The subscriber's landing area could not be written (deregistered
+        // before its message's last fragment, a wrong rkey or address): the
+        // QP is in error and the connection closes; its messages are dropped.
+        ctx_.stats.landing_write_errors.add();
+        spdlog::warn("connection {} ({}): RDMA WRITE into its landing area failed: {}", c->id, c->peer,
                      ibv_wc_status_str(wc.status));
       } else {
         spdlog::warn("connection {} ({}): send failed: {}", c->id, c->peer, ibv_wc_status_str(wc.status));

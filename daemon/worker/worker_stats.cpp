@@ -131,6 +131,15 @@ void WorkerStats::visit(StatsVisitor& v) const {
   v.count("rdma.rendezvous.read_errors", rendezvous_read_errors, "rdmabroker_rendezvous_read_errors_total",
           "READs of an offered message that failed (its region was not readable or the publisher vanished); "
           "each closed its publisher's connection.");
+  v.count("rdma.landing.areas", landing_areas, "rdmabroker_landing_areas_total",
+          "Landing areas subscribers named for large messages (SPEC.md §3.9), written by RDMA WRITE.");
+  v.count("rdma.landing.writes", landing_writes, "rdmabroker_landing_writes_total",
+          "RDMA WRITE work requests posted into subscribers' landing areas.");
+  v.count("rdma.landing.bytes", landing_bytes, "rdmabroker_landing_bytes_total",
+          "Bytes of large messages written into subscribers' landing areas.");
+  v.count("rdma.landing.write_errors", landing_write_errors, "rdmabroker_landing_write_errors_total",
+          "WRITEs into a landing area that failed (the area was not writable or the subscriber vanished); "
+          "each closed its subscriber's connection.");
   v.count("rdma.credit_reclaims", credit_reclaims, "rdmabroker_credit_reclaims_total",
           "Idle RDMA connections asked to give receive credits back (credits by demand).");
   v.count("rdma.credit_refusals", credit_refusals, "rdmabroker_credit_refusals_total",

@@ -468,12 +468,14 @@ RawPeer::~RawPeer() {
   id_.reset();
 }
 
-Result<proto::RendezvousRegion> RawPeer::expose(std::span<std::byte> bytes) {
+Result<proto::RendezvousRegion> RawPeer::expose(std::span<std::byte> bytes, bool write) {
+  const int access = write ? IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE
+                           : IBV_ACCESS_REMOTE_READ;
   ibv_qp_attr attr{};
-  attr.qp_access_flags = IBV_ACCESS_REMOTE_READ;
+  attr.qp_access_flags = write ? IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;
   if (ibv_modify_qp(qp_.get(), &attr, IBV_QP_ACCESS_FLAGS) != 0)
-    return Error{ErrorKind::kResource, "ibv_modify_qp (remote READ)"};
-  verbs::MrPtr mr(ibv_reg_mr(pd_.get(), bytes.data(), bytes.size(), IBV_ACCESS_REMOTE_READ));
+    return Error{ErrorKind::kResource, "ibv_modify_qp (remote access)"};
+  verbs::MrPtr mr(ibv_reg_mr(pd_.get(), bytes.data(), bytes.size(), access));
   if (!mr) return Error{ErrorKind::kResource, "ibv_reg_mr (remote READ)"};
   proto::RendezvousRegion r;
   r.address = reinterpret_cast<std::uint64_t>(bytes.data());

@@ -244,9 +244,10 @@ class RawPeer {
   /// Waits for its completion; its error, if any.
   Status write_remote(std::uint64_t address, std::uint32_t rkey);
   /// Registers `bytes` for the broker to READ (a rendezvous offer, SPEC.md
-  /// §3.8; the QP's remote READ access is turned on first); where and with
-  /// which rkey. Kept until revoke() or the peer's end.
-  Result<proto::RendezvousRegion> expose(std::span<std::byte> bytes);
+  /// §3.8; the QP's remote READ access is turned on first) and, with
+  /// `write`, to WRITE (a landing area, §3.9); where and with which rkey.
+  /// Kept until revoke() or the peer's end.
+  Result<proto::RendezvousRegion> expose(std::span<std::byte> bytes, bool write = false);
   /// Deregisters every region expose() registered: a READ of them fails.
   void revoke() { exposed_.clear(); }
   /// Waits for one receive; returns its bytes (frames) or an error on timeout/disconnect.

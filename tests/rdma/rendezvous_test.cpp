@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// Large messages by rendezvous (proto/SPEC.md §3.8), in the guest over RDMA:
-// the broker READs an offered message from its publisher's region and every
-// subscriber gets it whole, librdmabroker's on version 8, a raw one of
-// version 4 (fragments) and a TCP one alike; a publisher that vanishes, or
-// whose region is revoked, half-way costs only a counted ABORT and gives
-// every pool buffer back; a subscriber that vanishes half-way costs the
-// others nothing; every broken offer rule closes only its sender (also over
-// TCP, where there is no rendezvous).
+// Large messages by rendezvous (proto/SPEC.md §3.8, §3.9), in the guest over
+// RDMA: the broker READs an offered message from its publisher's region and
+// WRITEs it into each version-9 subscriber's landing area; every subscriber
+// gets it whole, librdmabroker's (landing, or with rendezvous off not), a raw
+// one of version 4 (fragments) and a TCP one alike; a publisher that
+// vanishes, or whose region is revoked, half-way costs only a counted ABORT
+// and gives every pool buffer back; a subscriber that vanishes half-way, or
+// revokes its landing area, costs the others nothing; every broken offer or
+// RDV_READY rule closes only its sender (also over TCP, where there is no
+// rendezvous).
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -52,6 +54,44 @@ class Rendezvous : public ::testing::TestWithParam<Via> {
     proto::encode_frame(out, h, subject, {}, body);
     return out;
   }
+  /// RDV_READY naming the landing area of the message whose first fragment
+  /// came in DELIVER `sequence` on `sid`.
+  static std::vector<std::byte> ready(std::uint32_t sid, std::uint64_t sequence,
+                                      const proto::LandingArea& area) {
+    proto::FrameHeader h;
+    h.type = FrameType::kRendezvousReady;
+    h.arg = sid;
+    h.sequence = sequence;
+    const auto body = proto::encode(area);
+    std::vector<std::byte> out(proto::kHeaderSize + body.size());
+    proto::encode_frame(out, h, {}, {}, body);
+    return out;
+  }
+  /// The first fragment a raw subscriber receives: its DELIVER's sequence
+  /// and subscription, the fragment's publisher and message length.
+  struct FirstFragment {
+    std::uint64_t sequence = 0;
+    std::uint32_t sid = 0;
+    std::uint64_t publisher = 0;
+    std::uint32_t length = 0;
+  };
+  static std::optional<FirstFragment> first_fragment(RawPeer& peer) {
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto got = peer.receive(200ms);
+      if (!got) continue;
+      for (const auto& f : frames(*got)) {
+        if (f.header.type != FrameType::kDeliver) continue;
+        std::optional<FirstFragment> out;
+        proto::for_each_delivered(f, [&](const proto::Frame& m) {
+          if (m.header.is_fragment() && m.header.offset == 0)
+            out = FirstFragment{f.header.sequence, f.header.arg, m.header.sequence, m.header.arg};
+        });
+        if (out) return out;
+      }
+    }
+    return std::nullopt;
+  }
   /// Pool buffers held beyond the receive queues' (idle: none).
   std::int64_t pool_held() const {
     auto s = broker_->stats();
@@ -79,8 +119,11 @@ TEST_P(RendezvousRdma, LargeMessagesAreReadAndArriveWholeAtEverySubscriber) {
   // Eight subscribers of version 8, one of version 4 (raw: fragments), one over TCP.
   std::vector<std::unique_ptr<Client>> subs;
   std::vector<std::shared_ptr<Subscription>> streams;
+  // The last of the eight has rendezvous off: its messages come in fragments.
+  ClientOptions no_rdv;
+  no_rdv.rendezvous = false;
   for (int i = 0; i < 8; ++i) {
-    subs.push_back(connect_via(*broker_, Via::kRdma));
+    subs.push_back(i < 7 ? connect_via(*broker_, Via::kRdma) : connect_via(*broker_, Via::kRdma, no_rdv));
     ASSERT_TRUE(subs.back());
     auto s = subs.back()->subscribe(std::string_view("big.>"));
     ASSERT_TRUE(s && subs.back()->flush(10s));
@@ -164,10 +207,17 @@ TEST_P(RendezvousRdma, LargeMessagesAreReadAndArriveWholeAtEverySubscriber) {
   };
   for (std::size_t i = 0; i < streams.size(); ++i) check(*streams[i], "rdma subscriber " + std::to_string(i));
   check(**tcp_stream, "tcp subscriber");
+  // Each version-9 subscriber took the three large ones into landing areas
+  // (the broker WROTE into them what it had not sent before their RDV_READY
+  // came); the one with rendezvous off, none.
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(subs[i]->stats().landed_messages, 3u) << "subscriber " << i;
+  EXPECT_EQ(subs[7]->stats().landed_messages, 0u);
+  auto st = broker_->stats();
+  EXPECT_GE(st["rdma.landing.areas"], 7) << "at least the 16 MiB one's, each";
+  EXPECT_GE(st["rdma.landing.writes"], 7);
+  EXPECT_EQ(st["rdma.landing.write_errors"], 0);
   // A client that does not offer (ClientOptions::rendezvous false) still
   // publishes large messages, as fragments.
-  ClientOptions no_rdv;
-  no_rdv.rendezvous = false;
   auto frag = connect_via(*broker_, Via::kRdma, no_rdv);
   ASSERT_TRUE(frag && frag->publish("big.four", two) && frag->flush(30s));
   auto m = streams[0]->next(30s);
@@ -240,12 +290,23 @@ TEST_P(RendezvousRdma, ASubscriberThatVanishesHalfWayCostsTheOthersNothing) {
   ASSERT_TRUE(s && sub->flush(10s));
   auto quitter = std::make_unique<RawPeer>();
   ASSERT_TRUE(connect_and_subscribe(*quitter, *broker_, "feed"));
+  // And one that vanishes while the broker WRITEs into its landing area.
+  auto lander = connect_via(*broker_, Via::kRdma);
+  ASSERT_TRUE(lander);
+  auto landing = lander->subscribe(std::string_view("feed"));
+  ASSERT_TRUE(landing && lander->flush(10s));
   auto pub = connect_via(*broker_, Via::kRdma);
   ASSERT_TRUE(pub && pub->flush(10s));
+  const std::int64_t idle = pool_held();
   const std::string big = pattern(kOfferedBig, 4);
   ASSERT_TRUE(pub->publish("feed", big));
   ASSERT_TRUE(quitter->receive(30s)) << "the quitter's first fragment";
   quitter.reset();  // gone, with the rest of the message on its way
+  // Both library subscribers name landing areas; one is enough to go on.
+  ASSERT_GE(
+      broker_->wait_stats([](auto& x) { return x["rdma.landing.areas"] >= 1; }, 30s)["rdma.landing.areas"],
+      1);
+  lander.reset();
   ASSERT_TRUE(pub->publish("feed", big));
   ASSERT_TRUE(pub->flush(60s)) << "both offers read and released";
   for (int i = 0; i < 2; ++i) {
@@ -254,6 +315,137 @@ TEST_P(RendezvousRdma, ASubscriberThatVanishesHalfWayCostsTheOthersNothing) {
     EXPECT_TRUE(m->data() == big);
   }
   EXPECT_EQ(broker_->stats()["rdma.rendezvous.offers"], 2);
+  broker_->wait_stats([](auto& x) { return x["connections.current"] == 2; }, 30s);
+  expect_pool_back_to(idle);
+}
+
+TEST_P(RendezvousRdma, ASubscriberThatRevokesItsLandingAreaIsClosedAndCostsTheOthersNothing) {
+  auto sub = connect_via(*broker_, Via::kRdma);
+  ASSERT_TRUE(sub);
+  auto s = sub->subscribe(std::string_view("feed"));
+  ASSERT_TRUE(s && sub->flush(10s));
+  RawPeer revoker;
+  ASSERT_TRUE(connect_and_subscribe(revoker, *broker_, "feed"));
+  ASSERT_TRUE(revoker.send(frame(FrameType::kPing, 0, "")));
+  bool ponged = false;
+  for (int i = 0; i < 50 && !ponged; ++i) {
+    auto got = revoker.receive(200ms);
+    if (!got) continue;
+    for (const auto& f : frames(*got)) ponged |= f.header.type == FrameType::kPong;
+  }
+  ASSERT_TRUE(ponged) << "the revoker's SUBSCRIBE is in effect";
+  auto pub = connect_via(*broker_, Via::kRdma);
+  ASSERT_TRUE(pub && pub->flush(10s));
+  const std::int64_t idle = pool_held();
+  const std::string big = pattern(kOfferedBig, 6);
+  ASSERT_TRUE(pub->publish("feed", big));
+  const auto first = first_fragment(revoker);
+  ASSERT_TRUE(first) << "the revoker's first fragment";
+  EXPECT_EQ(first->length, big.size());
+  // It registers an area for the message, names it, and deregisters it at
+  // once: the fragments the broker holds for it (it returns no credits)
+  // go by WRITE, and the first fails.
+  std::vector<std::byte> area(first->length);
+  auto region = revoker.expose(area, true);
+  ASSERT_TRUE(region) << region.error().message;
+  revoker.revoke();
+  ASSERT_TRUE(
+      revoker.send(ready(first->sid, first->sequence, {first->publisher, region->address, region->rkey})));
+  EXPECT_TRUE(revoker.wait_disconnected(30s)) << "closed: its landing area could not be written";
+  auto st = broker_->wait_stats([](auto& x) { return x["rdma.landing.write_errors"] >= 1; }, 30s);
+  EXPECT_EQ(st["rdma.landing.write_errors"], 1);
+  EXPECT_GE(st["rdma.landing.areas"], 1);
+  // The other subscriber got it whole (into a landing area of its own), and the next one.
+  auto m = (*s)->next(60s);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_TRUE(m->data() == big);
+  EXPECT_EQ(sub->stats().landed_messages, 1u);
+  ASSERT_TRUE(pub->publish("feed", std::string_view("after")));
+  m = (*s)->next(30s);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->data(), "after");
+  broker_->wait_stats([](auto& x) { return x["connections.current"] == 2; }, 30s);
+  expect_pool_back_to(idle);
+}
+
+TEST_P(Rendezvous, EveryBrokenReadyRuleClosesOnlyItsSenderAndALateOneIsIgnored) {
+  auto sub = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(sub);
+  auto s = sub->subscribe(std::string_view("big"));
+  ASSERT_TRUE(s && sub->flush(10s));
+  const proto::LandingArea nowhere{1, 0x10000, 1};
+  auto expect_closed = [&](RawWire& w, const std::vector<std::byte>& bytes, ErrorCode want,
+                           std::string text) {
+    SCOPED_TRACE(text);
+    ASSERT_TRUE(w.send(bytes));
+    auto [code, got] = expect_error_then_close(w, 10s);
+    EXPECT_EQ(code, want) << got;
+    EXPECT_NE(got.find(text), std::string::npos) << got;
+  };
+  if (GetParam() == Via::kTcp) {
+    auto w = raw_wire(*broker_, Via::kTcp);
+    ASSERT_TRUE(w);
+    expect_closed(*w, ready(1, 1, nowhere), ErrorCode::kMalformedFrame, "version 9 over RDMA");
+  } else {
+    auto old = raw_wire(*broker_, Via::kRdma, true, proto::ConnectRequest{16384, 16, 0, 8});
+    ASSERT_TRUE(old);
+    expect_closed(*old, ready(1, 1, nowhere), ErrorCode::kMalformedFrame, "version 9");
+    auto w = raw_wire(*broker_, Via::kRdma);
+    ASSERT_TRUE(w);
+    auto reserved = ready(1, 1, nowhere);
+    reserved.back() = std::byte{1};
+    expect_closed(*w, reserved, ErrorCode::kMalformedFrame, "reserved");
+    // A READY that names no message in progress (one that ended, or never
+    // was) is ignored: the connection stays.
+    auto late = raw_wire(*broker_, Via::kRdma);
+    ASSERT_TRUE(late);
+    auto late_then_ping = ready(7, 12345, nowhere);
+    const auto ping = frame(FrameType::kPing, 0, "");
+    late_then_ping.insert(late_then_ping.end(), ping.begin(), ping.end());
+    ASSERT_TRUE(late->send(late_then_ping));
+    bool ponged = false;
+    for (int i = 0; i < 50 && !ponged; ++i) {
+      for (const auto& bytes : late->receive(200ms)) {
+        proto::Frame f;
+        ponged |= proto::decode_frame(bytes, bytes.size(), f) == proto::DecodeStatus::kOk &&
+                  f.header.type == FrameType::kPong;
+      }
+    }
+    EXPECT_TRUE(ponged) << "a late RDV_READY costs nothing";
+    // Two READYs for one message: the second closes it.
+    RawPeer twice;
+    ASSERT_TRUE(connect_and_subscribe(twice, *broker_, "big"));
+    ASSERT_TRUE(twice.send(frame(FrameType::kPing, 0, "")));
+    ASSERT_TRUE(twice.receive(10s)) << "its PONG";
+    auto pub = connect_via(*broker_, Via::kRdma);
+    ASSERT_TRUE(pub && pub->publish("big", pattern(1u << 20, 8)));
+    const auto first = first_fragment(twice);
+    ASSERT_TRUE(first);
+    std::vector<std::byte> area(first->length);
+    auto region = twice.expose(area, true);
+    ASSERT_TRUE(region) << region.error().message;
+    auto both = ready(first->sid, first->sequence, {first->publisher, region->address, region->rkey});
+    const auto again = both;
+    both.insert(both.end(), again.begin(), again.end());
+    // The two closed above have finished closing (each after its drain).
+    broker_->wait_stats([](auto& x) { return x["connections.closed.protocol_error"] >= 2; }, 15s);
+    ASSERT_TRUE(twice.send(both));
+    // Its credits are spent on fragments (a raw peer returns none): the
+    // ERROR cannot reach it, the close does.
+    EXPECT_TRUE(twice.wait_disconnected(15s));
+    const auto closed =
+        broker_->wait_stats([](auto& x) { return x["connections.closed.protocol_error"] >= 3; }, 15s);
+    EXPECT_EQ(closed.at("connections.closed.protocol_error"), 3) << "closed for the second RDV_READY";
+    auto m = (*s)->next(30s);
+    ASSERT_TRUE(m) << m.error().message;
+    EXPECT_EQ(m->payload.size(), 1u << 20);
+  }
+  // The subscriber is untouched.
+  auto pub = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(pub && pub->publish("big", std::string_view("fine")));
+  auto m = (*s)->next(10s);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->data(), "fine");
 }
 
 TEST_P(Rendezvous, EveryBrokenOfferRuleClosesOnlyItsSender) {

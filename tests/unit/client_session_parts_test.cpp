@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -99,10 +101,10 @@ TEST(Reassembler, AMessageIsHandedOverWholeWithItsLastFragment) {
   Reassembler r;
   Deliveries d;
   std::vector<std::byte> b1, b2, b3;
-  r.on_fragment(5, fragment_of(b1, 12, 0, 9, "big", "abcd"), 0, d);
-  r.on_fragment(5, fragment_of(b2, 12, 4, 9, "", "efgh"), 0, d);
+  r.on_fragment(5, 1, fragment_of(b1, 12, 0, 9, "big", "abcd"), 0, d);
+  r.on_fragment(5, 1, fragment_of(b2, 12, 4, 9, "", "efgh"), 0, d);
   EXPECT_TRUE(d.empty());
-  r.on_fragment(5, fragment_of(b3, 12, 8, 9, "", "ijkl"), 1234, d);
+  r.on_fragment(5, 1, fragment_of(b3, 12, 8, 9, "", "ijkl"), 1234, d);
   ASSERT_EQ(d.entries.size(), 1u);
   const Message& m = d.owned[d.entries[0].owned];
   EXPECT_EQ(m.subject, "big");
@@ -116,17 +118,120 @@ TEST(Reassembler, AFragmentOutOfPlaceOrAnAbortEndsTheMessageCounted) {
   Reassembler r;
   Deliveries d;
   std::vector<std::byte> b1, b2, b3, b4;
-  r.on_fragment(5, fragment_of(b1, 12, 0, 9, "big", "abcd"), 0, d);
-  r.on_fragment(5, fragment_of(b2, 12, 8, 9, "", "ijkl"), 0, d);  // skips 4..8
+  r.on_fragment(5, 1, fragment_of(b1, 12, 0, 9, "big", "abcd"), 0, d);
+  r.on_fragment(5, 1, fragment_of(b2, 12, 8, 9, "", "ijkl"), 0, d);  // skips 4..8
   EXPECT_EQ(r.aborted(), 1u);
-  r.on_fragment(5, fragment_of(b3, 12, 4, 9, "", "efgh"), 0, d);  // nothing begun now: ignored
+  r.on_fragment(5, 1, fragment_of(b3, 12, 4, 9, "", "efgh"), 0, d);  // nothing begun now: ignored
   EXPECT_TRUE(d.empty());
   r.abort(5, 9);  // nothing open: not counted
   EXPECT_EQ(r.aborted(), 1u);
-  r.on_fragment(6, fragment_of(b4, 12, 0, 3, "other", "abcd"), 0, d);
+  r.on_fragment(6, 1, fragment_of(b4, 12, 0, 3, "other", "abcd"), 0, d);
   r.abort(6, 3);
   EXPECT_EQ(r.aborted(), 2u);
   EXPECT_TRUE(d.empty());
+}
+
+/// Registers in memory and records what it was asked, as the session over RDMA would.
+struct FakeHost : LandingHost {
+  std::optional<std::uint32_t> expose_for_write(std::uint32_t sid, std::uint64_t publisher, std::byte* data,
+                                                std::size_t length) override {
+    if (refuse) return std::nullopt;
+    areas.push_back({sid, publisher, data, length});
+    return 77;
+  }
+  void release_landing(std::uint32_t sid, std::uint64_t publisher) override {
+    released.emplace_back(sid, publisher);
+  }
+  void send_ready(std::uint32_t sid, std::uint64_t sequence, const proto::LandingArea& area) override {
+    readies.push_back({sid, sequence, area});
+  }
+  struct Area {
+    std::uint32_t sid;
+    std::uint64_t publisher;
+    std::byte* data;
+    std::size_t length;
+  };
+  struct Ready {
+    std::uint32_t sid;
+    std::uint64_t sequence;
+    proto::LandingArea area;
+  };
+  bool refuse = false;
+  std::vector<Area> areas;
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> released;
+  std::vector<Ready> readies;
+};
+
+TEST(Reassembler, ALargeMessageLandsTheBrokerWritesTheMiddleAndTheLastCompletesIt) {
+  FakeHost host;
+  Reassembler r;
+  r.set_landing(&host, 12);
+  Deliveries d;
+  std::vector<std::byte> b1, b2, b3;
+  r.on_fragment(5, 40, fragment_of(b1, 16, 0, 9, "big", "abcd"), 0, d);
+  ASSERT_EQ(host.areas.size(), 1u);
+  ASSERT_EQ(host.readies.size(), 1u);
+  EXPECT_EQ(host.areas[0].length, 16u);
+  EXPECT_EQ(host.readies[0].sid, 5u);
+  EXPECT_EQ(host.readies[0].sequence, 40u) << "RDV_READY names the first fragment's DELIVER";
+  EXPECT_EQ(host.readies[0].area.publisher, 9u);
+  EXPECT_EQ(host.readies[0].area.rkey, 77u);
+  EXPECT_EQ(host.readies[0].area.address, reinterpret_cast<std::uint64_t>(host.areas[0].data))
+      << "byte o of the message at address + o (no header block here)";
+  // The first fragment's bytes are in place; the broker WRITEs 4..12.
+  std::memcpy(host.areas[0].data + 4, "efghijkl", 8);
+  r.on_fragment(5, 41, fragment_of(b3, 16, 12, 9, "", "mnop"), 0, d);
+  ASSERT_EQ(d.entries.size(), 1u);
+  const Message& m = d.owned[d.entries[0].owned];
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(m.payload.data()), m.payload.size()),
+            "abcdefghijklmnop");
+  ASSERT_EQ(host.released.size(), 1u) << "deregistered once whole";
+  EXPECT_EQ(r.landed(), 1u);
+  EXPECT_EQ(r.aborted(), 0u);
+  (void)b2;
+}
+
+TEST(Reassembler, FragmentsSentBeforeTheBrokerTookTheAreaAndAnAbortBothKeepItRight) {
+  FakeHost host;
+  Reassembler r;
+  r.set_landing(&host, 12);
+  Deliveries d;
+  std::vector<std::byte> b1, b2, b3, b4, b5;
+  r.on_fragment(5, 1, fragment_of(b1, 12, 0, 9, "big", "abcd"), 0, d);
+  r.on_fragment(5, 2, fragment_of(b2, 12, 4, 9, "", "efgh"), 0, d);  // sent before READY arrived
+  r.on_fragment(5, 3, fragment_of(b3, 12, 8, 9, "", "ijkl"), 0, d);
+  ASSERT_EQ(d.entries.size(), 1u);
+  const Message& m = d.owned[d.entries[0].owned];
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(m.payload.data()), m.payload.size()), "abcdefghijkl");
+  // A middle fragment past a gap is no last one: the message is dropped, its area let go.
+  r.on_fragment(5, 4, fragment_of(b4, 16, 0, 9, "big", "abcd"), 0, d);
+  r.on_fragment(5, 5, fragment_of(b5, 16, 8, 9, "", "ijkl"), 0, d);
+  EXPECT_EQ(r.aborted(), 1u);
+  EXPECT_EQ(host.released.size(), 2u);
+  // ABORT lets the area go too; a message below the minimum never lands.
+  r.on_fragment(6, 6, fragment_of(b1, 12, 0, 3, "other", "abcd"), 0, d);
+  r.abort(6, 3);
+  EXPECT_EQ(host.released.size(), 3u);
+  r.on_fragment(7, 7, fragment_of(b2, 8, 0, 3, "small", "abcd"), 0, d);
+  EXPECT_EQ(host.areas.size(), 3u);
+  // Refused by the host (no registration): fragments as ever.
+  host.refuse = true;
+  r.on_fragment(8, 8, fragment_of(b3, 12, 0, 4, "big", "abcd"), 0, d);
+  r.on_fragment(8, 9, fragment_of(b4, 12, 4, 4, "", "efghijkl"), 0, d);
+  EXPECT_EQ(d.entries.size(), 2u);
+  EXPECT_EQ(host.readies.size(), 3u);
+}
+
+TEST(Reassembler, AtMostFourMessagesLandAtOnce) {
+  FakeHost host;
+  Reassembler r;
+  r.set_landing(&host, 12);
+  Deliveries d;
+  std::vector<std::vector<std::byte>> b(6);
+  for (std::uint32_t i = 0; i < 6; ++i)
+    r.on_fragment(i, i + 1, fragment_of(b[i], 12, 0, 9, "big", "abcd"), 0, d);
+  EXPECT_EQ(host.areas.size(), Reassembler::kMaxLandings);
+  EXPECT_EQ(host.readies.size(), Reassembler::kMaxLandings);
 }
 
 Message numbered(int n) {

@@ -153,7 +153,7 @@ TEST(Wire, BadMagicVersionType) {
   v[2] = std::byte{2};
   EXPECT_EQ(decode(v, f), DecodeStatus::kBadVersion);
   EXPECT_EQ(error_for(DecodeStatus::kBadVersion), ErrorCode::kUnsupportedVersion);
-  for (std::uint8_t t : {0, 21, 255}) {
+  for (std::uint8_t t : {0, 22, 255}) {
     auto tt = buf;
     tt[3] = std::byte{t};
     EXPECT_EQ(decode(tt, f), DecodeStatus::kBadType) << int(t);
@@ -453,6 +453,25 @@ TEST(Wire, RendezvousOfferCarriesItsRegionAndReleaseNothing) {
   EXPECT_EQ(to_string(FrameType::kRendezvousRelease), "RDV_RELEASE");
   EXPECT_EQ(decode(encode(FrameType::kRendezvousRelease, 0, "a", ""), f), DecodeStatus::kBadLength);
   EXPECT_EQ(decode(encode(FrameType::kRendezvousRelease, 0, "", "x"), f), DecodeStatus::kBadLength);
+  // RDV_READY (version 9, §3.9): arg the subscription, sequence the DELIVER, 24 bytes of landing area.
+  const LandingArea area{42, 0x7f00abcdef00, 0x1234};
+  const auto area_bytes = encode(area);
+  const std::string area_payload(reinterpret_cast<const char*>(area_bytes.data()), area_bytes.size());
+  ASSERT_EQ(decode(encode(FrameType::kRendezvousReady, 7, "", area_payload), f), DecodeStatus::kOk);
+  EXPECT_EQ(to_string(FrameType::kRendezvousReady), "RDV_READY");
+  EXPECT_EQ(f.header.arg, 7u);
+  LandingArea area_back;
+  ASSERT_TRUE(decode(f.payload, area_back));
+  EXPECT_EQ(area_back.publisher, 42u);
+  EXPECT_EQ(area_back.address, area.address);
+  EXPECT_EQ(area_back.rkey, 0x1234u);
+  auto area_reserved = area_bytes;
+  area_reserved[23] = std::byte{1};
+  EXPECT_FALSE(decode(std::span<const std::byte>(area_reserved), area_back)) << "reserved bytes not zero";
+  EXPECT_EQ(decode(encode(FrameType::kRendezvousReady, 7, "a", area_payload), f), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(encode(FrameType::kRendezvousReady, 7, "", "short"), f), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(encode(FrameType::kRendezvousReady, 7, "", area_payload, "", kFlagRequest), f),
+            DecodeStatus::kBadFlags);
 }
 
 TEST(Info, RoundTripsAndSkipsKeysItDoesNotKnow) {
@@ -726,14 +745,15 @@ TEST(WireHeaders, NamesAndValues) {
 }
 
 TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
-  // A client of this code asks for version 8 in byte 5, with version 1 in byte 4.
+  // A client of this code asks for version 9 in byte 5, with version 1 in byte 4.
   auto req = encode(ConnectRequest{16384, 64});
   EXPECT_EQ(std::to_integer<int>(req[4]), 1);
   EXPECT_EQ(std::to_integer<int>(req[5]), kProtocolVersion);
   ConnectRequest r;
   ASSERT_EQ(decode(std::span<const std::byte>(req), r), HandshakeStatus::kOk);
-  EXPECT_EQ(negotiate_version(r.max_version), 8);
-  EXPECT_EQ(connection_version(r), 8);
+  EXPECT_EQ(negotiate_version(r.max_version), 9);
+  EXPECT_EQ(connection_version(r), 9);
+  EXPECT_EQ(connection_version(r, 8), 8) << "a version-8 broker";
   EXPECT_EQ(connection_version(r, 7), 7) << "a version-7 broker";
   EXPECT_EQ(connection_version(r, 6), 6) << "a version-6 broker";
   EXPECT_EQ(connection_version(r, 5), 5) << "a version-5 broker";
@@ -742,7 +762,7 @@ TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
   // Credits by demand need a client window of 4 (SPEC.md §5.1): with fewer
   // receives the connection is version 2.
   EXPECT_EQ(connection_version(ConnectRequest{16384, 3}), 2);
-  EXPECT_EQ(connection_version(ConnectRequest{16384, 4}), 8);
+  EXPECT_EQ(connection_version(ConnectRequest{16384, 4}), 9);
   EXPECT_EQ(connection_version(ConnectRequest{16384, 2, 0, 2}), 2);
   EXPECT_EQ(connection_version(ConnectRequest{16384, 64}, 2), 2) << "a version-2 broker";
   // A version-1 client sends 0 there.
@@ -750,7 +770,7 @@ TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
   ASSERT_EQ(decode(std::span<const std::byte>(req), r), HandshakeStatus::kOk);
   EXPECT_EQ(negotiate_version(r.max_version), 1);
   // A later client asking for more gets what the broker has.
-  EXPECT_EQ(negotiate_version(9), kProtocolVersion);
+  EXPECT_EQ(negotiate_version(10), kProtocolVersion);
   EXPECT_EQ(negotiate_version(9, 1), 1) << "a version-1 broker";
   // The accept carries the outcome; a client takes 1 to 7 and nothing else.
   ConnectAccept a;
@@ -795,9 +815,15 @@ TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
   EXPECT_EQ(a.rendezvous_min, 64u << 10);
   EXPECT_EQ(load<std::uint32_t>(encode(ConnectAccept{8192, 32, 77, 7, 1u << 20, 64u << 10}).data() + 28), 0u)
       << "not sent to a version-7 client";
+  // Version 9's accept is version 8's (landing areas take rendezvous_min too, §3.9).
   auto v9 = v8;
   v9[4] = std::byte{9};
-  EXPECT_EQ(decode(std::span<const std::byte>(v9), a), HandshakeStatus::kBadVersion);
+  ASSERT_EQ(decode(std::span<const std::byte>(v9), a), HandshakeStatus::kOk);
+  EXPECT_EQ(a.version, 9);
+  EXPECT_EQ(a.rendezvous_min, 64u << 10);
+  auto v10 = v8;
+  v10[4] = std::byte{10};
+  EXPECT_EQ(decode(std::span<const std::byte>(v10), a), HandshakeStatus::kBadVersion);
   // Byte 4 of a request stays the base version: 2 there is not a request this broker takes.
   auto v2_in_byte4 = encode(ConnectRequest{16384, 64});
   v2_in_byte4[4] = std::byte{2};

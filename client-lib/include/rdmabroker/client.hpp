@@ -367,7 +367,12 @@ struct ClientOptions {
   /// and the broker takes it in one READ per few hundred KiB instead of a
   /// SEND per frame. At most four such messages, 8 MiB together (or one
   /// larger), are in flight; each buffer is freed when the broker says it
-  /// has read it. False: fragments (§3.7).
+  /// has read it. From version 9 it also lets large messages land
+  /// (SPEC.md §3.9): at the first fragment of one, the library registers
+  /// the message's memory for the broker to WRITE the rest into, one WRITE
+  /// per few hundred KiB instead of a receive per frame (at most four, 8 MiB
+  /// together or one larger, at once; deregistered when the message is
+  /// whole). False: fragments both ways (§3.7).
   bool rendezvous = true;
   /// No I/O thread: the application calls Client::poll() (Aeron's and UCX's
   /// model). Callbacks run inside poll() on the calling thread, and so do
@@ -421,6 +426,9 @@ struct ClientStats {
   /// were never completed: their publisher left or gave up half-way (the
   /// broker's ABORT). None of such a message reaches the application.
   std::uint64_t aborted_messages = 0;
+  /// Messages larger than a frame that the broker wrote into their landing
+  /// areas (SPEC.md §3.9) rather than sent fragment by fragment.
+  std::uint64_t landed_messages = 0;
 };
 
 /// A subscription read with next(); created by Client::subscribe(subject).

@@ -64,18 +64,25 @@ using QpPtr = std::unique_ptr<ibv_qp, QpDeleter>;
 inline MrPtr register_local(ibv_pd* pd, void* addr, std::size_t length) {
   return MrPtr(ibv_reg_mr(pd, addr, length, IBV_ACCESS_LOCAL_WRITE));
 }
-/// The one exception, a client's only (tests/lint.sh keeps it out of the
+/// The exceptions, a client's only (tests/lint.sh keeps them out of the
 /// broker): a message the client offers by rendezvous (SPEC.md §3.8),
 /// registered on its own for the broker to READ, and deregistered when the
 /// broker releases it. Nothing else of the client's is ever exposed.
 inline MrPtr register_offered_message(ibv_pd* pd, void* addr, std::size_t length) {
   return MrPtr(ibv_reg_mr(pd, addr, length, IBV_ACCESS_REMOTE_READ));
 }
-/// The QP that carries offers lets its broker READ (an rkey is still needed:
-/// only an offered message's opens anything). False (errno set) on failure.
-inline bool allow_remote_read(ibv_qp* qp) {
+/// And a client's landing area (SPEC.md §3.9): the memory of one large
+/// message it receives, registered for the broker to WRITE the message into
+/// and deregistered once the message is whole.
+inline MrPtr register_landing_area(ibv_pd* pd, void* addr, std::size_t length) {
+  return MrPtr(ibv_reg_mr(pd, addr, length, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+}
+/// The QP that carries offers lets its broker READ and, with `write`, WRITE
+/// (an rkey is still needed: only an offered message's or a landing area's
+/// opens anything). False (errno set) on failure.
+inline bool allow_remote_access(ibv_qp* qp, bool write) {
   ibv_qp_attr attr{};
-  attr.qp_access_flags = IBV_ACCESS_REMOTE_READ;
+  attr.qp_access_flags = write ? IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;
   return ibv_modify_qp(qp, &attr, IBV_QP_ACCESS_FLAGS) == 0;
 }
 /// Posts one receive of [addr, addr+length) in memory registered with `lkey`;

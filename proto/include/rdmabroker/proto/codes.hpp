@@ -20,8 +20,9 @@ inline constexpr std::uint8_t kVersion = 1;
 /// demand (§5.1), 4 messages larger than a frame, sent as fragments (§3.7),
 /// 5 the relay time in every DELIVER (§3.4), 6 routes between brokers (§8),
 /// 7 gossip: INFO frames and route logins that announce route URLs (§8),
-/// 8 rendezvous: a large message read from the publisher's memory by RDMA (§3.8).
-inline constexpr std::uint8_t kProtocolVersion = 8;
+/// 8 rendezvous: a large message read from the publisher's memory by RDMA (§3.8),
+/// 9 landing areas: a large message written into the subscriber's memory by RDMA (§3.9).
+inline constexpr std::uint8_t kProtocolVersion = 9;
 /// The first protocol version with message headers.
 inline constexpr std::uint8_t kHeadersVersion = 2;
 /// The first protocol version with credits by demand over RDMA (SPEC.md §5.1).
@@ -42,6 +43,11 @@ inline constexpr std::uint8_t kGossipVersion = 7;
 /// for the broker to READ from its memory instead of sending it in
 /// fragments (SPEC.md §3.8, RDMA only).
 inline constexpr std::uint8_t kRendezvousVersion = 8;
+/// The first protocol version in which a subscriber may offer a landing
+/// area for a large message that the broker then WRITEs into its memory
+/// instead of sending the fragments between its first and last (SPEC.md
+/// §3.9, RDMA only).
+inline constexpr std::uint8_t kLandingVersion = 9;
 /// The largest relay time a DELIVER can carry, in nanoseconds (~4.3 s): a
 /// longer one is sent as this.
 inline constexpr std::uint32_t kMaxRelayNs = 0xffffffffu;
@@ -81,8 +87,10 @@ enum class FrameType : std::uint8_t {
   // Version 8 (SPEC.md §3.8), RDMA only: a message the broker reads from the publisher's memory.
   kRendezvousOffer = 19,    // C -> B: subject, reply, RendezvousRegion payload; arg: its length
   kRendezvousRelease = 20,  // B -> C: offer `sequence` is read (arg 0) or refused (arg: the error code)
+  // Version 9 (SPEC.md §3.9), RDMA only: where the broker may WRITE the rest of a message.
+  kRendezvousReady = 21,  // C -> B: arg: subscription, sequence: its first fragment's DELIVER; LandingArea
 };
-inline constexpr std::uint8_t kMaxFrameType = 20;
+inline constexpr std::uint8_t kMaxFrameType = 21;
 /// Longest CONNECT payload (user name plus password, or a token).
 inline constexpr std::size_t kMaxCredentialsLen = 1024;
 
@@ -104,6 +112,9 @@ inline constexpr std::uint16_t kFlagRoute = 8;
 /// Payload of RDV_OFFER (SPEC.md §3.8): the region's address (u64), rkey
 /// (u32), the message's header block length (u16) and 2 reserved bytes.
 inline constexpr std::size_t kRendezvousRegionLen = 16;
+/// Payload of RDV_READY (SPEC.md §3.9): the publisher's connection id (u64),
+/// the address of the message's byte 0 (u64), the rkey (u32), 4 reserved bytes.
+inline constexpr std::size_t kLandingAreaLen = 24;
 /// Payload of MCAST_REPAIR and MCAST_LOSS: a u64 message count.
 inline constexpr std::size_t kMcastCountLen = 8;
 /// Payload of MCAST_JOIN (see multicast.hpp).
@@ -172,6 +183,8 @@ constexpr std::string_view to_string(FrameType t) {
       return "RDV_OFFER";
     case FrameType::kRendezvousRelease:
       return "RDV_RELEASE";
+    case FrameType::kRendezvousReady:
+      return "RDV_READY";
   }
   return "UNKNOWN";
 }

@@ -205,6 +205,33 @@ inline bool decode(std::span<const std::byte> b, RendezvousRegion& out) {
   return true;
 }
 
+/// An RDV_READY's payload (SPEC.md §3.9): the landing area a subscriber
+/// registered for the message `publisher` is sending it in fragments. The
+/// broker WRITEs the message's bytes at offset o to `address` + o with
+/// `rkey`; the area must hold every byte after the first fragment's.
+struct LandingArea {
+  std::uint64_t publisher = 0;
+  std::uint64_t address = 0;
+  std::uint32_t rkey = 0;
+};
+
+inline std::array<std::byte, kLandingAreaLen> encode(const LandingArea& a) {
+  std::array<std::byte, kLandingAreaLen> b{};
+  store<std::uint64_t>(b.data(), a.publisher);
+  store<std::uint64_t>(b.data() + 8, a.address);
+  store<std::uint32_t>(b.data() + 16, a.rkey);
+  return b;
+}
+
+/// False if the reserved bytes are not zero.
+inline bool decode(std::span<const std::byte> b, LandingArea& out) {
+  if (b.size() != kLandingAreaLen || load<std::uint32_t>(b.data() + 20) != 0) return false;
+  out.publisher = load<std::uint64_t>(b.data());
+  out.address = load<std::uint64_t>(b.data() + 8);
+  out.rkey = load<std::uint32_t>(b.data() + 16);
+  return true;
+}
+
 /// Maps a decode failure to the ERROR code the peer receives.
 constexpr ErrorCode error_for(DecodeStatus s) {
   switch (s) {
@@ -332,6 +359,10 @@ inline DecodeStatus check_parts(const FrameHeader& h) {
     case FrameType::kRendezvousOffer:
       if (!has_subject) return DecodeStatus::kBadSubject;
       if (h.payload_len != kRendezvousRegionLen || h.arg == 0) return DecodeStatus::kBadLength;
+      break;
+    case FrameType::kRendezvousReady:
+      if (has_subject || h.reply_len != 0 || h.payload_len != kLandingAreaLen)
+        return DecodeStatus::kBadLength;
       break;
     case FrameType::kRendezvousRelease:
     case FrameType::kMcastLeave:
