@@ -239,6 +239,7 @@ int rb_connect_with(const char* url, const rb_options* options, rb_client** out)
   opt.polled = o.polled != 0;
   opt.adaptive_poll = o.adaptive_poll != 0;
   opt.ignore_announced_servers = o.ignore_announced_servers != 0;
+  opt.rendezvous = o.no_rendezvous == 0;
   if (o.on_server_info != nullptr) {
     opt.on_server_info = [cb = o.on_server_info,
                           user = o.on_server_info_user](const rdmabroker::ServerInfo& i) {

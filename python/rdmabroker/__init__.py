@@ -147,7 +147,7 @@ class _COptions(ctypes.Structure):
                 # library added later keep their defaults.
                 ("polled", ctypes.c_int), ("adaptive_poll", ctypes.c_int),
                 ("ignore_announced_servers", ctypes.c_int), ("on_server_info", _SERVER_INFO_CB),
-                ("on_server_info_user", ctypes.c_void_p)]
+                ("on_server_info_user", ctypes.c_void_p), ("no_rendezvous", ctypes.c_int)]
 
 # rb_connection_event -> the name a callback is given.
 _CONNECTION_EVENTS = {0: "disconnected", 1: "reconnected", 2: "gave_up"}
@@ -399,7 +399,8 @@ class Client:
                  on_error: Optional[Callable[["Error"], None]] = None,
                  on_connection_event: Optional[Callable[[str, str], None]] = None,
                  ignore_announced_servers: bool = False,
-                 on_server_info: Optional[Callable[["ServerInfo"], None]] = None):
+                 on_server_info: Optional[Callable[["ServerInfo"], None]] = None,
+                 rendezvous: bool = True):
         o = _COptions()
         _lib.rb_options_init_sized(ctypes.byref(o), ctypes.sizeof(o))
         text = lambda v: v.encode() if v else None  # noqa: E731
@@ -408,6 +409,7 @@ class Client:
         o.tls_server_name = text(tls_server_name)
         o.reconnect = int(bool(reconnect))
         o.ignore_announced_servers = int(bool(ignore_announced_servers))
+        o.no_rendezvous = int(not rendezvous)
         o.max_reconnect_attempts = max_reconnect_attempts
         for field, seconds in (("connect_timeout_ms", connect_timeout), ("publish_timeout_ms", publish_timeout),
                                ("reconnect_delay_ms", reconnect_delay),
@@ -562,5 +564,8 @@ def connect(url: str, bind: Optional[str] = None, **options) -> Client:
                             a broker of a cluster announces (False)
     on_server_info(info)    each INFO of a broker of a cluster (ServerInfo);
                             Client.server_info() gives the last one
+    rendezvous              RDMA: large messages offered for the broker to
+                            READ and written into a landing area (SPEC.md
+                            §3.8, §3.9); False: fragments both ways (True)
     Callbacks run on the library's thread."""
     return Client(url, bind, **options)

@@ -39,6 +39,22 @@ def test_callback_receives_every_message_in_order_byte_exact(broker):
     assert {m.subject for m in got} == {"py.seq"}
 
 
+def test_large_messages_arrive_whole_with_rendezvous_on_or_off(broker):
+    # Over RDMA: offered and landing (SPEC.md §3.8, §3.9) or fragments both
+    # ways, in every pairing; over TCP the option changes nothing.
+    big = bytes(range(256)) * 2048  # 512 KiB: above rendezvous_min, below max_payload
+    for pub_rdv in (True, False):
+        for sub_rdv in (True, False):
+            with rdmabroker.connect(broker.url(), bind=broker.bind, rendezvous=sub_rdv) as sub, \
+                    rdmabroker.connect(broker.url(), bind=broker.bind, rendezvous=pub_rdv) as pub:
+                s = sub.subscribe("py.big")
+                sub.flush()
+                pub.publish("py.big", big)
+                pub.flush()
+                m = s.next(timeout=30)
+                assert m.data == big, f"publisher rendezvous={pub_rdv}, subscriber rendezvous={sub_rdv}"
+
+
 def test_iterator_and_next_with_timeout(broker):
     with connect(broker) as client:
         sub = client.subscribe("py.iter.>")

@@ -166,6 +166,10 @@ typedef struct rb_options {
   int ignore_announced_servers;
   rb_server_info_cb on_server_info;
   void* on_server_info_user;
+  /* Non-zero: RDMA messages of the broker's limits.rendezvous_min or more go
+   * as fragments both ways, neither offered nor landing (ClientOptions::rendezvous
+   * false; SPEC.md §3.8, §3.9). */
+  int no_rendezvous;
 } rb_options;
 
 /* Sets the `size` bytes of *options to the defaults and options->size to
