@@ -88,6 +88,8 @@ class FrameHandler {
   bool on_abort(Connection& c);
   /// Closes `c` for breaking a fragment rule; always false.
   bool fragment_violation(Connection& c, std::string why);
+  /// Closes `c` with MALFORMED_FRAME saying `why`; always false.
+  bool malformed(Connection& c, std::string why);
   /// Closes `c` with PAYLOAD_TOO_LARGE (counted as a limit refusal); always false.
   bool refuse_too_large(Connection& c, std::string why);
   void on_subscribe(Connection& c, const proto::Frame& f);

@@ -40,25 +40,27 @@ std::uint32_t piece_at(const Connection::RendezvousRead& r, std::uint32_t at, st
   return std::min(frame - prefix_at(r, at), r.length - at);
 }
 
+/// Why `type` is refused on `c` (MALFORMED_FRAME, SPEC.md §3.8, §3.9).
+std::string needs_rendezvous(const Connection& c, std::string_view type, int version) {
+  return std::string(type) + " needs protocol version " + std::to_string(version) +
+         " over RDMA with rendezvous in the accept (this connection: version " +
+         std::to_string(c.protocol_version) + ", " + std::string(to_string(c.transport())) + ")";
+}
+
 }  // namespace
+
+bool FrameHandler::malformed(Connection& c, std::string why) {
+  connections_.close(c, CloseReason::kProtocolError, ErrorCode::kMalformedFrame, std::move(why));
+  return false;
+}
 
 bool FrameHandler::on_offer(Connection& c, const proto::Frame& f) {
   const auto& h = f.header;
   const auto& opt = ctx_.options;
-  if (c.rendezvous_min == 0 || c.link->read_width() == 0) {
-    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kMalformedFrame,
-                       "RDV_OFFER needs protocol version 8 over RDMA with rendezvous in the accept "
-                       "(this connection: version " +
-                           std::to_string(c.protocol_version) + ", " + std::string(to_string(c.transport())) +
-                           ")");
-    return false;
-  }
+  if (c.rendezvous_min == 0 || c.link->read_width() == 0)
+    return malformed(c, needs_rendezvous(c, "RDV_OFFER", proto::kRendezvousVersion));
   proto::RendezvousRegion region;
-  if (!proto::decode(f.payload, region)) {
-    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kMalformedFrame,
-                       "RDV_OFFER's reserved bytes are not zero");
-    return false;
-  }
+  if (!proto::decode(f.payload, region)) return malformed(c, "RDV_OFFER's reserved bytes are not zero");
   if (c.identity->route) {
     connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
                        "RDV_OFFER on a route: a route only subscribes (SPEC.md §8)");
@@ -86,10 +88,8 @@ bool FrameHandler::on_offer(Connection& c, const proto::Frame& f) {
   const std::size_t first = proto::kHeaderSize + h.subject_len + h.reply_len;
   if (region.header_len % proto::kFrameAlign != 0 || region.header_len >= length ||
       region.header_len > proto::kMaxHeaderBlock) {
-    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kMalformedFrame,
-                       "RDV_OFFER's header_len " + std::to_string(region.header_len) +
-                           " is not a multiple of 8 below the message's length and 65,528");
-    return false;
+    return malformed(c, "RDV_OFFER's header_len " + std::to_string(region.header_len) +
+                            " is not a multiple of 8 below the message's length and 65,528");
   }
   if (first + region.header_len + 1 > frame) {
     return refuse_too_large(c,
@@ -210,20 +210,9 @@ void FrameHandler::on_read(Connection& c, std::array<BufferRef, kMaxFramesPerSen
 }
 
 bool FrameHandler::on_ready(Connection& c, const proto::Frame& f) {
-  if (!c.takes_landings()) {
-    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kMalformedFrame,
-                       "RDV_READY needs protocol version 9 over RDMA with rendezvous in the accept "
-                       "(this connection: version " +
-                           std::to_string(c.protocol_version) + ", " + std::string(to_string(c.transport())) +
-                           ")");
-    return false;
-  }
+  if (!c.takes_landings()) return malformed(c, needs_rendezvous(c, "RDV_READY", proto::kLandingVersion));
   proto::LandingArea area;
-  if (!proto::decode(f.payload, area)) {
-    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kMalformedFrame,
-                       "RDV_READY's reserved bytes are not zero");
-    return false;
-  }
+  if (!proto::decode(f.payload, area)) return malformed(c, "RDV_READY's reserved bytes are not zero");
   std::string why;
   if (!connections_.land(c, f.header.arg, f.header.sequence, area, why)) {
     connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation, why);

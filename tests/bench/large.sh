@@ -6,8 +6,9 @@
 #     at 1 MiB and 16 MiB, 1 -> 1 flat out, alternating, median of 3;
 #   guest (one Soft-RoCE boot): raw ib_send_bw rxe1 -> rxe0 at 16 KiB,
 #     256 KiB, 1 MiB, 16 MiB and 64 MiB, then the relay 1 -> 1 at the same
-#     sizes (bytes/s against raw), as fragments (--no-rendezvous) and offered
-#     by rendezvous (SPEC.md §3.8: the broker READs the first hop), the time
+#     sizes (bytes/s against raw), as fragments (--no-rendezvous) and by
+#     rendezvous (SPEC.md §3.8, §3.9: the broker READs the first hop and
+#     WRITEs the second into the subscriber's landing area), the time
 #     one 64 MiB message takes from the
 #     publish call to its delivery, and the memory: the broker's pinned
 #     memory (VmPin: its pool, whatever max_payload is) and peak RSS, and a

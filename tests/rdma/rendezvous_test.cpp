@@ -92,6 +92,22 @@ class Rendezvous : public ::testing::TestWithParam<Via> {
     }
     return std::nullopt;
   }
+  /// Sends `frames` and a PING in one SEND (a raw peer has few credits) and
+  /// waits for the PONG: the broker took them all.
+  static bool send_then_pong(RawWire& w, std::vector<std::byte> frames) {
+    const auto ping = frame(FrameType::kPing, 0, "");
+    frames.insert(frames.end(), ping.begin(), ping.end());
+    if (!w.send(frames)) return false;
+    for (int i = 0; i < 50; ++i) {
+      for (const auto& bytes : w.receive(200ms)) {
+        proto::Frame f;
+        if (proto::decode_frame(bytes, bytes.size(), f) == proto::DecodeStatus::kOk &&
+            f.header.type == FrameType::kPong)
+          return true;
+      }
+    }
+    return false;
+  }
   /// Pool buffers held beyond the receive queues' (idle: none).
   std::int64_t pool_held() const {
     auto s = broker_->stats();
@@ -138,19 +154,8 @@ TEST_P(RendezvousRdma, LargeMessagesAreReadAndArriveWholeAtEverySubscriber) {
   // A raw peer returns no credits: it takes the 64 KiB message only (5 SENDs).
   // One SEND: before its login's credits come, a raw peer has the 2 of the
   // accept (SPEC.md §5), and CONNECT took one.
-  auto subscribe_then_ping = frame(FrameType::kSubscribe, 7, "big.two");
-  const auto ping = frame(FrameType::kPing, 0, "");
-  subscribe_then_ping.insert(subscribe_then_ping.end(), ping.begin(), ping.end());
-  ASSERT_TRUE(old->send(subscribe_then_ping));
-  bool ponged = false;
-  for (int i = 0; i < 50 && !ponged; ++i) {
-    for (const auto& bytes : old->receive(200ms)) {
-      proto::Frame f;
-      ponged |= proto::decode_frame(bytes, bytes.size(), f) == proto::DecodeStatus::kOk &&
-                f.header.type == FrameType::kPong;
-    }
-  }
-  ASSERT_TRUE(ponged) << "the version-4 subscriber's SUBSCRIBE is in effect";
+  ASSERT_TRUE(send_then_pong(*old, frame(FrameType::kSubscribe, 7, "big.two")))
+      << "the version-4 subscriber's SUBSCRIBE is in effect";
 
   auto pub = connect_via(*broker_, Via::kRdma);
   ASSERT_TRUE(pub && pub->flush(10s));
@@ -399,19 +404,7 @@ TEST_P(Rendezvous, EveryBrokenReadyRuleClosesOnlyItsSenderAndALateOneIsIgnored) 
     // was) is ignored: the connection stays.
     auto late = raw_wire(*broker_, Via::kRdma);
     ASSERT_TRUE(late);
-    auto late_then_ping = ready(7, 12345, nowhere);
-    const auto ping = frame(FrameType::kPing, 0, "");
-    late_then_ping.insert(late_then_ping.end(), ping.begin(), ping.end());
-    ASSERT_TRUE(late->send(late_then_ping));
-    bool ponged = false;
-    for (int i = 0; i < 50 && !ponged; ++i) {
-      for (const auto& bytes : late->receive(200ms)) {
-        proto::Frame f;
-        ponged |= proto::decode_frame(bytes, bytes.size(), f) == proto::DecodeStatus::kOk &&
-                  f.header.type == FrameType::kPong;
-      }
-    }
-    EXPECT_TRUE(ponged) << "a late RDV_READY costs nothing";
+    EXPECT_TRUE(send_then_pong(*late, ready(7, 12345, nowhere))) << "a late RDV_READY costs nothing";
     // Two READYs for one message: the second closes it.
     RawPeer twice;
     ASSERT_TRUE(connect_and_subscribe(twice, *broker_, "big"));
