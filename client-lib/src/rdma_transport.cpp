@@ -173,9 +173,10 @@ Result<proto::ConnectAccept> RdmaTransport::exchange_handshake(std::uint32_t rec
                                                                const std::string& where,
                                                                Clock::time_point deadline,
                                                                proto::ConnectReject* reject) {
-  auto pdata = proto::encode(
-      proto::ConnectRequest{recv_buffer_size, session_.options().recv_credits,
-                            session_.options().multicast ? proto::kConnectMulticast : std::uint16_t{0}});
+  auto pdata = proto::encode(proto::ConnectRequest{
+      recv_buffer_size, session_.options().recv_credits,
+      static_cast<std::uint16_t>((session_.options().multicast ? proto::kConnectMulticast : 0) |
+                                 (session_.options().rendezvous ? proto::kConnectLanding : 0))});
   rdma_conn_param param{};
   param.private_data = pdata.data();
   param.private_data_len = static_cast<std::uint8_t>(pdata.size());
@@ -209,13 +210,16 @@ Status RdmaTransport::start_session(const proto::ConnectAccept& accept, const st
   protocol_version_ = accept.version;
   proto::ConnectAccept agreed = accept;
   if (agreed.rendezvous_min != 0) {
-    // rdma_cm gave the QP no remote access (it had no responder resources
-    // when it moved it to INIT): READ, which only an offered region's rkey
-    // opens, is allowed now, and from version 9 WRITE, which only a landing
-    // area's opens. Without it, no rendezvous.
-    const bool write = accept.version >= proto::kLandingVersion;
-    if (!session_.options().rendezvous || !verbs::allow_remote_access(qp_.get(), write))
+    // rdma_cm gave the QP no remote access (no responder resources when it
+    // moved it to INIT): READ, which only an offered region's rkey opens, is
+    // allowed now, and from version 9 WRITE, which only a landing area's
+    // opens. A broker that waits for our answers (LANDING, SPEC.md §3.9)
+    // must not wait on a QP that cannot take WRITEs: that fails the connection.
+    if (!session_.options().rendezvous) {
       agreed.rendezvous_min = 0;
+    } else if (!verbs::allow_remote_access(qp_.get(), accept.version >= proto::kLandingVersion)) {
+      return sys_error(ErrorKind::kResource, "ibv_modify_qp (remote access for rendezvous)");
+    }
   }
   session_.init_send_buffers(agreed,
                              session_.options().max_inflight_sends + session_.options().send_queue_buffers);

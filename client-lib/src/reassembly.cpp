@@ -57,13 +57,22 @@ void Reassembler::on_fragment(std::uint32_t sid, std::uint64_t sequence, const p
 void Reassembler::try_landing(const Key& key, std::uint64_t sequence, Partial& r) {
   const std::size_t area = r.length - r.header_len;
   if (host_ == nullptr || landing_min_ == 0 || r.length < landing_min_) return;
-  if (landings_ != 0 && (landings_ >= kMaxLandings || landing_bytes_ + area > kMaxLandingBytes)) return;
+  // The connect request said LANDING: every such first fragment is answered,
+  // with no area (address and rkey 0) when none is to be had; the broker
+  // then sends the rest as fragments, as to any client.
+  proto::LandingArea none;
+  none.publisher = key.second;
+  if (landings_ != 0 && (landings_ >= kMaxLandings || landing_bytes_ + area > kMaxLandingBytes)) {
+    host_->send_ready(key.first, sequence, none);
+    return;
+  }
   auto& payload = r.message.payload;
   const std::size_t first = payload.size();
   payload.resize(area);
   const auto rkey = host_->expose_for_write(key.first, key.second, payload.data(), area);
   if (!rkey) {
-    payload.resize(first);  // the message comes in fragments, as to any client
+    payload.resize(first);
+    host_->send_ready(key.first, sequence, none);
     return;
   }
   r.landing = true;

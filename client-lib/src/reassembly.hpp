@@ -71,8 +71,8 @@ class Reassembler {
     bool landing = false;          // registered for the broker to WRITE into
   };
   using Key = std::pair<std::uint32_t, std::uint64_t>;  // (sid, publisher)
-  /// At a first fragment: registers the rest of the message for the
-  /// broker's WRITEs and says so, if it is large enough and fits the bounds.
+  /// At a first fragment of a message large enough: registers the rest of
+  /// it for the broker's WRITEs if it fits the bounds, and answers either way.
   void try_landing(const Key& key, std::uint64_t sequence, Partial& r);
   /// Lets a message's landing area go.
   void release(const Key& key, Partial& r);

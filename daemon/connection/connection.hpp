@@ -371,9 +371,9 @@ struct Connection {
     std::uint32_t sid = 0;
     std::uint64_t publisher = 0;
     std::uint64_t first_sequence = 0;  // its first fragment's DELIVER: what RDV_READY names
-    std::uint64_t address = 0;         // of the message's byte 0, once ready
+    std::uint64_t address = 0;         // of the message's byte 0, once ready (0: the client named none)
     std::uint32_t rkey = 0;
-    bool ready = false;
+    bool ready = false;  // the client answered
   };
   /// One per message in progress to it (each begun by a publisher's open
   /// message, so as many as those at most).
@@ -383,6 +383,9 @@ struct Connection {
       if (l.sid == sid && l.publisher == publisher) return &l;
     return nullptr;
   }
+  /// Its connect request said it answers every first fragment (LANDING,
+  /// SPEC.md §3.9): the rest of such a message waits for its RDV_READY.
+  bool answers_landings = false;
   /// Whether deliveries to it may land (the accept of version 9 allowed it).
   bool takes_landings() const {
     return rendezvous_min != 0 && protocol_version >= proto::kLandingVersion && identity && !identity->route;

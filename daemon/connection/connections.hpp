@@ -105,11 +105,14 @@ class Connections {
   /// §3.9; connection/landings.cpp): the fragments after a message's first
   /// and before its last, for which the client named its area, as many in
   /// a row as `max_sge` allows, each one SGE of its payload (`body_lkey`).
-  /// Fills `packed` as pack_next does and sets where they go; false (nothing
-  /// taken) if the front is not such a fragment.
-  bool take_landing_run(Connection& c, std::uint32_t max_sge, std::uint32_t body_lkey, Segment* sge,
-                        std::array<BufferRef, kMaxFramesPerSend>& refs, PackedSend& packed,
-                        std::uint64_t& remote_address, std::uint32_t& rkey);
+  /// Fills `packed` as pack_next does and sets where they go (kTaken);
+  /// kNone (nothing taken) if the front is not such a fragment.
+  /// kAwaitsReady: the front is such a fragment of a message whose client
+  /// answers (LANDING) and has not yet: nothing of c's queue goes before it.
+  enum class LandingRun : std::uint8_t { kNone, kTaken, kAwaitsReady };
+  LandingRun take_landing_run(Connection& c, std::uint32_t max_sge, std::uint32_t body_lkey, Segment* sge,
+                              std::array<BufferRef, kMaxFramesPerSend>& refs, PackedSend& packed,
+                              std::uint64_t& remote_address, std::uint32_t& rkey);
   /// RDV_READY (SPEC.md §3.9): the client named the landing area of the
   /// message whose first fragment's DELIVER had `sequence`. False (and why)
   /// if that message had a landing area already; a READY that crossed the

@@ -8,7 +8,10 @@
 // broker's pool is the WRITE's local source: nothing of the broker's is
 // remotely accessible. A landing area lives from the pack of its message's
 // first fragment to that of its last or of its ABORT (note_landings), so a
-// late RDV_READY can never name a message that ended (connections.hpp).
+// late RDV_READY can never name a message that ended (connections.hpp). A
+// client whose connect request said LANDING answers every first fragment
+// (with an area or none), so the rest of its queue waits for the answer:
+// then the whole message lands, not just what is left once it comes.
 #include <algorithm>
 
 #include "connection/connections.hpp"
@@ -42,22 +45,26 @@ bool Connections::land(Connection& c, std::uint32_t sid, std::uint64_t sequence,
   l->ready = true;
   l->address = area.address;
   l->rkey = area.rkey;
-  ctx_.stats.landing_areas.add();
-  touch(c);  // fragments may be waiting: they go by WRITE now
+  // Address 0: the client named no area (at its bound, or it could not
+  // register one): the message goes on in fragments.
+  if (area.address != 0) ctx_.stats.landing_areas.add();
+  touch(c);  // fragments may be waiting: they go by WRITE now, or as DELIVERs
   return true;
 }
 
 namespace {
 
-/// The landing area a queued delivery goes to by WRITE: a publisher's
+/// The landing of a queued delivery that may go by WRITE: a publisher's
 /// fragment (not a piece the broker cut of one) after its message's first
-/// and before its last, whose area the client named; else null.
+/// and before its last, whose message has a landing; else null.
 Connection::Landing* landing_of(Connection& c, const OutItem& item) {
   if (!item.is_delivery() || !item.fragment || item.begins || item.ends || item.cut_start != 0 || !item.body)
     return nullptr;
-  Connection::Landing* l = c.landing_for(item.header.arg, item.publisher);
-  return l != nullptr && l->ready ? l : nullptr;
+  return c.landing_for(item.header.arg, item.publisher);
 }
+
+/// Whether fragments of landing `l` go by WRITE: the client named an area.
+bool writes_into(const Connection::Landing* l) { return l != nullptr && l->ready && l->address != 0; }
 
 /// A queued fragment's offset in its message (SPEC.md §3.7: the PUBLISH
 /// frame's word 20), and where its payload starts (a later fragment has no
@@ -68,12 +75,17 @@ std::uint32_t fragment_offset(const OutItem& item) {
 
 }  // namespace
 
-bool Connections::take_landing_run(Connection& c, std::uint32_t max_sge, std::uint32_t body_lkey,
-                                   Segment* sge, std::array<BufferRef, kMaxFramesPerSend>& refs,
-                                   PackedSend& packed, std::uint64_t& remote_address, std::uint32_t& rkey) {
-  if (c.outq.empty()) return false;
+Connections::LandingRun Connections::take_landing_run(Connection& c, std::uint32_t max_sge,
+                                                      std::uint32_t body_lkey, Segment* sge,
+                                                      std::array<BufferRef, kMaxFramesPerSend>& refs,
+                                                      PackedSend& packed, std::uint64_t& remote_address,
+                                                      std::uint32_t& rkey) {
+  if (c.outq.empty()) return LandingRun::kNone;
   Connection::Landing* l = landing_of(c, c.outq.front());
-  if (l == nullptr) return false;
+  // A client that answers every first fragment is waited for: a round trip
+  // against the message's whole transfer, and all of it then lands.
+  if (l != nullptr && !l->ready && c.answers_landings) return LandingRun::kAwaitsReady;
+  if (!writes_into(l)) return LandingRun::kNone;
   const std::uint32_t first = fragment_offset(c.outq.front());
   remote_address = l->address + first;
   rkey = l->rkey;
@@ -104,7 +116,7 @@ bool Connections::take_landing_run(Connection& c, std::uint32_t max_sge, std::ui
   account_packed(c, packed);
   ctx_.stats.landing_writes.add();
   ctx_.stats.landing_bytes.add(packed.bytes);
-  return true;
+  return LandingRun::kTaken;
 }
 
 }  // namespace rdmabroker::daemon

@@ -189,6 +189,8 @@ std::unique_ptr<Connection> RdmaLink::accept(AcceptCommand& cmd, RdmaPort& port,
   conn->protocol_version = version;
   conn->route_listener = cmd.route_listener;
   conn->rendezvous_min = read_depth > 0 ? rendezvous_min : 0;
+  conn->answers_landings = (cmd.request.flags & proto::kConnectLanding) != 0 &&
+                           version >= proto::kLandingVersion && conn->rendezvous_min != 0;
   l.read_depth_ = read_depth;
   l.by_demand_ = by_demand;
   l.last_data_ = ctx.now;
@@ -424,10 +426,17 @@ void RdmaLink::flush() {
   Connection& c = connection();
   auto& staged = port_.staged;
   staged.clear();
+  bool awaits_ready = false;
   while (c.can_send()) {
-    // Fragments bound for a landing area go by WRITE, which takes no credit.
-    if (!c.landings.empty() && stage_write(c)) continue;
-    const bool has_data = !c.outq.empty();
+    // Fragments bound for a landing area go by WRITE, which takes no credit;
+    // those of a client that answers wait for its RDV_READY (SPEC.md §3.9):
+    // meanwhile the queue is as good as empty, and owed credits go back.
+    if (!c.landings.empty()) {
+      const auto run = stage_write(c);
+      if (run == Connections::LandingRun::kTaken) continue;
+      awaits_ready = run == Connections::LandingRun::kAwaitsReady;
+    }
+    const bool has_data = !c.outq.empty() && !awaits_ready;
     if (!has_data || !credits.can_send_data()) {
       if (has_data) ctx_.stats.credit_stalls.add();
       // Nothing to carry credits, or no credit for data: owed credits go
@@ -459,7 +468,8 @@ void RdmaLink::flush() {
   // completion frees one, so the send CQ must wake us; so must a rendezvous
   // READ's completion.
   connections_.set_awaits_send(
-      c, (!c.outq.empty() && (credits.can_send_data() || !c.landings.empty())) || c.rendezvous.reads > 0);
+      c, (!c.outq.empty() && !awaits_ready && (credits.can_send_data() || !c.landings.empty())) ||
+             c.rendezvous.reads > 0);
 }
 
 void RdmaLink::stage_send(Connection& c, std::uint32_t block, const Segment* sge, std::uint32_t num_sge,
@@ -486,15 +496,15 @@ void RdmaLink::stage_send(Connection& c, std::uint32_t block, const Segment* sge
   credits.consume_send();
 }
 
-bool RdmaLink::stage_write(Connection& c) {
+Connections::LandingRun RdmaLink::stage_write(Connection& c) {
   Segment sge[kMaxFramesPerSend];
   std::array<BufferRef, kMaxFramesPerSend> refs;
   PackedSend packed;
   std::uint64_t remote = 0;
   std::uint32_t rkey = 0;
-  if (!connections_.take_landing_run(c, port_.max_sge, port_.device.pool_mr->lkey, sge, refs, packed, remote,
-                                     rkey))
-    return false;
+  const auto run = connections_.take_landing_run(c, port_.max_sge, port_.device.pool_mr->lkey, sge, refs,
+                                                 packed, remote, rkey);
+  if (run != Connections::LandingRun::kTaken) return run;
   const std::uint32_t slot = c.inflight_tail();
   connections_.record_send(c, SendBlocks::kNone, &refs, packed);
   c.inflight[slot].write = true;
@@ -509,7 +519,7 @@ bool RdmaLink::stage_write(Connection& c) {
   st.wr.wr.rdma.remote_addr = remote;
   st.wr.wr.rdma.rkey = rkey;
   st.frames = 0;  // fragments written, not frames sent (rdma.landing.writes)
-  return true;
+  return run;
 }
 
 void RdmaLink::post_staged(Connection& c) {

@@ -152,8 +152,9 @@ class RdmaLink final : public Link {
                   std::uint32_t imm, std::array<BufferRef, kMaxFramesPerSend>* refs,
                   const PackedSend& packed);
   /// Stages one RDMA WRITE of the fragments at the front of c's queue into
-  /// their landing area (SPEC.md §3.9), if they go there; false if not.
-  bool stage_write(Connection& c);
+  /// their landing area (SPEC.md §3.9), if they go there (kTaken); or says
+  /// that the front waits for the client's RDV_READY.
+  Connections::LandingRun stage_write(Connection& c);
   /// Posts the staged sends as one chain, the last one signaled; on failure
   /// undoes what was not posted and closes the connection.
   void post_staged(Connection& c);

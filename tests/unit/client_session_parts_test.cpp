@@ -214,12 +214,16 @@ TEST(Reassembler, FragmentsSentBeforeTheBrokerTookTheAreaAndAnAbortBothKeepItRig
   EXPECT_EQ(host.released.size(), 3u);
   r.on_fragment(7, 7, fragment_of(b2, 8, 0, 3, "small", "abcd"), 0, d);
   EXPECT_EQ(host.areas.size(), 3u);
-  // Refused by the host (no registration): fragments as ever.
+  // Refused by the host (no registration): answered with no area, and
+  // fragments as ever.
   host.refuse = true;
   r.on_fragment(8, 8, fragment_of(b3, 12, 0, 4, "big", "abcd"), 0, d);
   r.on_fragment(8, 9, fragment_of(b4, 12, 4, 4, "", "efghijkl"), 0, d);
   EXPECT_EQ(d.entries.size(), 2u);
-  EXPECT_EQ(host.readies.size(), 3u);
+  ASSERT_EQ(host.readies.size(), 4u) << "every first fragment from the minimum on is answered";
+  EXPECT_EQ(host.readies[3].area.address, 0u);
+  EXPECT_EQ(host.readies[3].area.rkey, 0u);
+  EXPECT_EQ(host.readies[3].area.publisher, 4u);
 }
 
 TEST(Reassembler, AtMostFourMessagesLandAtOnce) {
@@ -231,7 +235,8 @@ TEST(Reassembler, AtMostFourMessagesLandAtOnce) {
   for (std::uint32_t i = 0; i < 6; ++i)
     r.on_fragment(i, i + 1, fragment_of(b[i], 12, 0, 9, "big", "abcd"), 0, d);
   EXPECT_EQ(host.areas.size(), Reassembler::kMaxLandings);
-  EXPECT_EQ(host.readies.size(), Reassembler::kMaxLandings);
+  ASSERT_EQ(host.readies.size(), 6u) << "the two beyond the bound are answered with no area";
+  EXPECT_EQ(host.readies[5].area.address, 0u);
 }
 
 Message numbered(int n) {

@@ -17,13 +17,18 @@ inline constexpr std::uint32_t kHandshakeMagic = 0x31424452;  // bytes "RDB1"
 struct ConnectRequest {
   std::uint32_t recv_buffer_size = 0;  // size of each receive buffer the client posted
   std::uint32_t initial_credits = 0;   // receives the client posted for the broker
-  std::uint16_t flags = 0;             // kConnectMulticast; other bits are ignored (sent as 0)
+  std::uint16_t flags = 0;             // kConnectMulticast, kConnectLanding; other bits ignored (sent as 0)
   /// The highest protocol version the client speaks (byte 5; a version-1
   /// client sends 0, read as 1). The broker answers with the version used.
   std::uint8_t max_version = kProtocolVersion;
 };
 /// Connect request flag: the client can join multicast groups (SPEC.md §7).
 inline constexpr std::uint16_t kConnectMulticast = 1;
+/// Connect request flag (version 9, RDMA): the client answers the first
+/// fragment of every message of at least the accept's rendezvous_min with
+/// RDV_READY, naming a landing area or none, so the broker may wait for the
+/// answer before the rest of the message (SPEC.md §3.9).
+inline constexpr std::uint16_t kConnectLanding = 2;
 
 /// Broker -> client, in the rdma_cm accept private data (24 bytes; 32 from
 /// version 4 on, with max_payload).
