@@ -457,7 +457,8 @@ TEST(Wire, RendezvousOfferCarriesItsRegionAndReleaseNothing) {
   const LandingArea area{42, 0x7f00abcdef00, 0x1234};
   const auto area_bytes = encode(area);
   const std::string area_payload(reinterpret_cast<const char*>(area_bytes.data()), area_bytes.size());
-  ASSERT_EQ(decode(encode(FrameType::kRendezvousReady, 7, "", area_payload), f), DecodeStatus::kOk);
+  const auto ready = encode(FrameType::kRendezvousReady, 7, "", area_payload);  // f's payload points into it
+  ASSERT_EQ(decode(ready, f), DecodeStatus::kOk);
   EXPECT_EQ(to_string(FrameType::kRendezvousReady), "RDV_READY");
   EXPECT_EQ(f.header.arg, 7u);
   LandingArea area_back;
