@@ -256,7 +256,6 @@ void RdmaTransport::teardown_resources() {
   qp_.reset();
   exposed_.clear();   // the offered messages' MRs, before the PD
   landings_.clear();  // and the landing areas'
-
   send_mr_.reset();
   recv_mr_.reset();
   acker_.flush();

@@ -324,9 +324,9 @@ std::uint32_t relay_ns(std::int64_t received_at, std::int64_t posted_at) {
 
 namespace {
 
-/// Notes in `out` the message in fragments `item` begins or ends, if it
+/// Notes in `marks` the message in fragments `item` begins or ends, if it
 /// does (a publisher's fragment, not a piece the broker cut of one; or ABORT).
-void mark_message(const OutItem& item, PackedSend& out) {
+void mark_message(const OutItem& item, std::span<MessageMark> marks, PackedSend& out) {
   MessageMark m;
   if (item.header.type == proto::FrameType::kAbort) {
     m.publisher = item.header.sequence;
@@ -340,7 +340,7 @@ void mark_message(const OutItem& item, PackedSend& out) {
   }
   m.sid = item.header.arg;
   m.sequence = item.header.sequence;
-  out.marks[out.num_marks++] = m;
+  marks[out.num_marks++] = m;
 }
 
 }  // namespace
@@ -373,7 +373,7 @@ PackedSend pack_send(std::deque<OutItem>& queue, const PackLimits& limits, std::
     } else {
       item.header.sequence = next_sequence++;
     }
-    if (limits.mark_messages) mark_message(item, out);
+    if (!limits.marks.empty()) mark_message(item, limits.marks, out);
     pack_item(item, dst, in_block, block_lkey, body_lkey, sge, out.num_sge, refs[out.frames]);
     if (item.is_delivery()) {
       if (item.received_at != 0 &&

@@ -190,17 +190,6 @@ struct Segment {
   std::uint32_t lkey = 0;
 };
 
-struct PackLimits {
-  std::uint32_t max_bytes = 0;  // the peer's receive buffer size
-  std::uint32_t max_sge = kMaxSendSge;
-  /// A peer of protocol version 5: the send's post time (steady ns), from
-  /// which each DELIVER's relay time is stamped (SPEC.md §3.4); 0: none.
-  std::int64_t posted_at = 0;
-  /// A peer that takes landing areas (SPEC.md §3.9): the send reports the
-  /// messages in fragments it begins and ends (PackedSend::marks).
-  bool mark_messages = false;
-};
-
 /// A message in fragments a send begins (its first fragment's DELIVER) or
 /// ends (its last, or ABORT), for the peer's landing areas (SPEC.md §3.9).
 struct MessageMark {
@@ -209,6 +198,18 @@ struct MessageMark {
   std::uint64_t sequence = 0;  // the DELIVER's
   std::uint32_t length = 0;    // the message's (begins only)
   bool begins = false;
+};
+
+struct PackLimits {
+  std::uint32_t max_bytes = 0;  // the peer's receive buffer size
+  std::uint32_t max_sge = kMaxSendSge;
+  /// A peer of protocol version 5: the send's post time (steady ns), from
+  /// which each DELIVER's relay time is stamped (SPEC.md §3.4); 0: none.
+  std::int64_t posted_at = 0;
+  /// A peer that takes landing areas (SPEC.md §3.9): where the send notes
+  /// the messages in fragments it begins and ends (at most one per frame;
+  /// PackedSend::num_marks says how many). Empty for every other peer.
+  std::span<MessageMark> marks;
 };
 
 /// The relay time a DELIVER carries (SPEC.md §3.4): from its first message's
@@ -234,8 +235,7 @@ struct PackedSend {
   std::uint64_t delivery_bytes = 0;     // the PUBLISH frames' bytes (what queue bounds count)
   std::uint32_t replies = 0;            // control frames (PONG, ERROR, NO_RESPONDERS, CLOSE)
   std::uint32_t pins = 0;               // items counted in the connection's pool share (OutItem::pinned)
-  std::uint32_t num_marks = 0;          // [0, num_marks) of marks: with PackLimits::mark_messages
-  std::array<MessageMark, kMaxFramesPerSend> marks;
+  std::uint32_t num_marks = 0;          // [0, num_marks) of PackLimits::marks are this send's
 };
 
 /// Moves frames from the front of `queue` into one SEND: headers and control

@@ -172,7 +172,7 @@ class Connections {
   /// What a packed send (or a WRITE's run) took from c's queue, taken off
   /// its counts (queue, pool share, the broker's gauges).
   void account_packed(Connection& c, const PackedSend& packed);
-  /// The landing areas a packed send began or ended messages for (landings.cpp).
+  /// The landing areas a packed send began or ended messages for (marks_; landings.cpp).
   void note_landings(Connection& c, const PackedSend& packed);
   /// The items a flush left waiting in c's out-queue (those it had not
   /// looked at yet, once they have waited kCompactAfter): small messages
@@ -236,6 +236,9 @@ class Connections {
   std::int64_t awaiting_send_ = 0;              // connections with awaits_send
   std::chrono::steady_clock::time_point next_write_check_{};
   std::function<void(Connection&)> message_cut_;  // on_message_cut
+  /// What the last pack for a landing subscriber noted (PackLimits::marks):
+  /// scratch reused by every pack, so other peers' sends carry none of it.
+  std::array<MessageMark, kMaxFramesPerSend> marks_;
 };
 
 }  // namespace rdmabroker::daemon

@@ -24,7 +24,7 @@ std::uint32_t Connections::pack_next(Connection& c, std::uint32_t max_sge, std::
                                      ? std::chrono::steady_clock::now().time_since_epoch().count()
                                      : 0;
   PackLimits limits{c.peer_buffer_size, max_sge, posted_at};
-  limits.mark_messages = c.takes_landings();
+  if (c.takes_landings()) limits.marks = marks_;
   packed = pack_send(c.outq, limits, blocks_.block(block), block_lkey, body_lkey, c.next_sequence, sge,
                      refs.data());
   if (packed.frames == 0) {

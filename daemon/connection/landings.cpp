@@ -20,7 +20,7 @@ namespace rdmabroker::daemon {
 
 void Connections::note_landings(Connection& c, const PackedSend& packed) {
   for (std::uint32_t i = 0; i < packed.num_marks; ++i) {
-    const MessageMark& m = packed.marks[i];
+    const MessageMark& m = marks_[i];
     auto& list = c.landings;
     // A message's start replaces what an earlier one of that publisher left
     // (it ends or aborts first; this keeps one entry per pair regardless).
