@@ -17,6 +17,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "harness.hpp"
@@ -41,6 +42,41 @@ nlohmann::json bench(const BrokerProcess& broker, Via via, const std::string& su
   EXPECT_FALSE(report.is_discarded()) << out;
   return report.is_discarded() ? nlohmann::json{} : report["aggregate"];
 }
+
+/// The pair measured under one condition: `rounds` benches of `seconds`
+/// each, every one losing nothing. Its p99 is the quietest round's: the
+/// guest's emulated cores now and then stop a process for tens of
+/// milliseconds whatever else runs (one 60 ms stall is a 6 s run's p99 by
+/// itself, and CI saw such a run fail the comparison at 2.09x), and a stall
+/// lands in one round, while what a slow subscriber did to the pair before
+/// issue 48 (seconds of p99) is in every round.
+class PairRuns {
+ public:
+  PairRuns(const BrokerProcess& broker, const std::string& subject, int rate, int seconds, int rounds) {
+    for (int i = 0; i < rounds; ++i) {
+      auto r = bench(broker, Via::kRdma, subject + "." + std::to_string(i), rate, seconds);
+      EXPECT_EQ(r["lost"], 0) << r.dump();
+      EXPECT_EQ(r["published"], r["received"]) << r.dump();
+      runs_.push_back(std::move(r));
+    }
+  }
+  double p99_us() const {
+    double best = 0;
+    for (const auto& r : runs_) {
+      const double p = r["latency"]["p99_us"].is_number() ? r["latency"]["p99_us"].get<double>() : 1e12;
+      best = (best == 0) ? p : std::min(best, p);
+    }
+    return best;
+  }
+  std::string dump() const {
+    std::string out;
+    for (const auto& r : runs_) out += r.dump() + "\n";
+    return out;
+  }
+
+ private:
+  std::vector<nlohmann::json> runs_;
+};
 
 /// A shell line, run in the background until the test ends it.
 class Background {
@@ -136,25 +172,25 @@ class SideTraffic {
 // their queues pinned one receive buffer per message until the pool was
 // empty, every RDMA client's receives went unposted, and an unrelated pair's
 // p99 rose from milliseconds to seconds (14-25 s measured). Now the pool never
-// runs dry and the pair, measured three times in one boot (alone; beside the
-// same traffic to subscribers that keep up; beside the slow ones), loses
-// nothing and its p99 beside the slow ones stays within twice the larger of
-// the other two: a slow subscriber costs others no more than a fast one.
+// runs dry and the pair, measured under three conditions in one boot (alone;
+// beside the same traffic to subscribers that keep up; beside the slow ones;
+// three rounds each, PairRuns), loses nothing and its p99 beside the slow ones stays within twice the larger
+// of the other two: a slow subscriber costs others no more than a fast one.
 TEST_F(Isolation, SlowSubscribersLeaveAnUnrelatedPairAlone) {
   BrokerProcess broker(next_port());
   ASSERT_TRUE(broker.running());
   const int pair_rate = RDMABROKER_SANITIZED ? 500 : 2000;
   const int hot_rate = RDMABROKER_SANITIZED ? 750 : 3000;
-  const int seconds = RDMABROKER_SANITIZED ? 3 : 6;
+  const int seconds = RDMABROKER_SANITIZED ? 1 : 2;
+  const int rounds = 3;
 
-  auto alone = bench(broker, Via::kRdma, "pair.alone", pair_rate, seconds);
-  ASSERT_EQ(alone["lost"], 0) << alone.dump();
-  nlohmann::json beside_fast, beside_slow;
+  const PairRuns alone(broker, "pair.alone", pair_rate, seconds, rounds);
+  std::optional<PairRuns> beside_fast, beside_slow;
   {
     SideTraffic fast(broker, false, hot_rate);
     ASSERT_TRUE(fast.ok());
     std::this_thread::sleep_for(2s);
-    beside_fast = bench(broker, Via::kRdma, "pair.fast", pair_rate, seconds);
+    beside_fast.emplace(broker, "pair.fast", pair_rate, seconds, rounds);
     EXPECT_GT(fast.hot_got(), 0u);
   }
   ASSERT_EQ(
@@ -165,23 +201,21 @@ TEST_F(Isolation, SlowSubscribersLeaveAnUnrelatedPairAlone) {
     ASSERT_TRUE(slow.ok());
     // Time for the slow ones to fill what they may before the pair measures.
     std::this_thread::sleep_for(3s);
-    beside_slow = bench(broker, Via::kRdma, "pair.slow", pair_rate, seconds);
+    beside_slow.emplace(broker, "pair.slow", pair_rate, seconds, rounds);
     auto s = broker.stats();
     EXPECT_EQ(s["pool.exhausted"], 0) << "the pool ran dry: every RDMA client's receives waited";
     EXPECT_LE(s["pool.held.out_queues"], s["pool.out_queue_budget"]);
     EXPECT_GT(s["messages.compacted"], 0) << "the slow ones' messages stayed in their receive buffers";
     EXPECT_GT(slow.hot_got(), 0u);
   }
-  EXPECT_EQ(beside_slow["lost"], 0) << beside_slow.dump();
-  EXPECT_EQ(beside_slow["published"], beside_slow["received"]) << beside_slow.dump();
-  const auto p99 = [](const nlohmann::json& r) { return r["latency"]["p99_us"].get<double>(); };
-  std::printf("pair p99 (us): alone %.0f, beside subscribers that keep up %.0f, beside slow ones %.0f\n",
-              p99(alone), p99(beside_fast), p99(beside_slow));
+  std::printf(
+      "pair p99 (us, quietest of %d rounds): alone %.0f, beside subscribers that keep up %.0f, "
+      "beside slow ones %.0f\n",
+      rounds, alone.p99_us(), beside_fast->p99_us(), beside_slow->p99_us());
   // Timing under a sanitizer says nothing about the broker's.
   if (!RDMABROKER_SANITIZED) {
-    EXPECT_LE(p99(beside_slow), 2 * std::max(p99(alone), p99(beside_fast))) << alone.dump() << "\n"
-                                                                            << beside_fast.dump() << "\n"
-                                                                            << beside_slow.dump();
+    EXPECT_LE(beside_slow->p99_us(), 2 * std::max(alone.p99_us(), beside_fast->p99_us()))
+        << alone.dump() << beside_fast->dump() << beside_slow->dump();
   }
 }
 
