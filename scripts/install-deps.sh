@@ -10,6 +10,7 @@ PACKAGES=(
   build-essential cmake pkg-config ninja-build ccache clang-format
   libibverbs-dev librdmacm-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libyaml-cpp-dev prometheus-cpp-dev libsystemd-dev libssl-dev liburiparser-dev
+  libisal-dev  # CRC32C of stored messages (daemon/store/crc32c.hpp)
   go-md2man groff-base  # the manual pages, made from docs/ (scripts/man.sh) and checked with groff
   lintian  # scripts/package.sh checks the Debian packages with it
   mmdebstrap umoci  # scripts/image.sh: the container image's root file system and OCI layout

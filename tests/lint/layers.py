@@ -20,7 +20,8 @@ import sys
 # docs/architecture.md's table before it can land.
 FLOORS = [
     ["fault"],                    # test builds' fault injection: below everything it hooks into
-    ["broker"],                   # the shared core: pool, index, auth, admission, budgets, interfaces
+    ["broker", "store"],          # the shared core: pool, index, auth, admission, budgets, interfaces;
+                                  # and a stream's messages on disk (knows nothing of the broker)
     ["connection"],               # a client connection, its out-queue and its subscriptions
     ["router"],                   # a publish to the subscribers' out-queues
     ["frames"],                   # a received frame, decoded and handled

@@ -31,11 +31,13 @@ struct Error {
   std::string message;
 };
 
-template <typename T>
+/// A T or an E: Error everywhere but in a part with failures of its own to
+/// tell apart (the daemon's message store: daemon/store/store_error.hpp).
+template <typename T, typename E = Error>
 class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor): errors-as-values idiom
-  Result(Error error) : v_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
+  Result(E error) : v_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
 
   bool ok() const { return v_.index() == 0; }
   explicit operator bool() const { return ok(); }
@@ -53,13 +55,13 @@ class [[nodiscard]] Result {
   }
   T* operator->() { return &value(); }
   T& operator*() & { return value(); }
-  const Error& error() const {
+  const E& error() const {
     assert(!ok());
     return std::get<1>(v_);
   }
 
  private:
-  std::variant<T, Error> v_;
+  std::variant<T, E> v_;
 };
 
 /// Result of an operation that yields nothing but may fail.

@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: Apache-2.0
+// A stream's messages in segment files in a directory of their own
+// (docs/streams.md, "Storage"): appended to the newest segment until it
+// reaches segment_bytes, then to a new one; retention marks messages dead
+// and removes a segment once nothing in it is live. An index in memory (16
+// bytes a message) maps each sequence to its record and receive time.
+//
+// Nothing about deletions is written but a purge (meta.json's first
+// sequence): the limits are a function of what is stored, so open()
+// applies them again. Open checks every record's CRC: a torn tail (the
+// write a crash interrupted) is cut off; a damaged record further in is
+// skipped, the records after it found again by their CRCs; both counted and
+// reported in the RecoveryReport.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "store/message_store.hpp"
+
+namespace rdmabroker::daemon::store {
+
+struct FileStoreOptions {
+  std::string directory;  // created if missing
+  std::uint64_t segment_bytes = std::uint64_t{64} << 20;
+  StoreLimits limits;
+};
+
+/// What open() found and did.
+struct RecoveryReport {
+  std::uint64_t segments = 0;
+  std::uint64_t records = 0;
+  std::uint64_t torn_bytes = 0;  // cut off the last segment's end
+  std::uint64_t corrupt_records = 0;
+  std::uint64_t corrupt_bytes = 0;
+  std::uint64_t removed_by_limits = 0;
+  std::vector<std::string> problems;  // one line each, for the log
+};
+
+class FileStore final : public MessageStore {
+ public:
+  /// Opens (or creates) the store in `options.directory` and recovers it.
+  static StoreResult<std::unique_ptr<FileStore>> open(const FileStoreOptions& options, std::int64_t now_ns,
+                                                      RecoveryReport* report = nullptr);
+  ~FileStore() override = default;
+  FileStore(const FileStore&) = delete;
+  FileStore& operator=(const FileStore&) = delete;
+
+  StoreResult<std::uint64_t> append(const MessageParts& m, std::int64_t now_ns) override;
+  StoreResult<RecordView> read(std::uint64_t sequence, std::span<std::byte> into) override;
+  std::optional<std::size_t> length_of(std::uint64_t sequence) const override;
+  std::optional<std::uint64_t> next_live(std::uint64_t from) const override;
+  std::optional<std::uint64_t> first_at_time(std::int64_t time_ns) const override;
+  std::vector<std::uint64_t> last_per_subject(std::string_view subject = {}) const override;
+  StoreResult<std::uint64_t> sync() override;
+  std::uint64_t expire(std::int64_t now_ns) override;
+  StoreResult<std::uint64_t> purge() override;
+  void set_limits(const StoreLimits& limits) override;
+  const StoreLimits& limits() const override { return options_.limits; }
+  StoreStats stats() const override;
+
+ private:
+  /// One record in the index; entries of a segment are dense: the i-th is
+  /// sequence first + i (a record lost to damage is a dead entry).
+  struct Entry {
+    std::uint32_t offset = 0;
+    std::uint32_t length = 0;
+    std::int64_t time_ns = 0;
+    std::uint32_t subject = 0;  // index into subjects_
+    bool live = false;
+  };
+  struct SegmentIndex {
+    Segment file;
+    std::vector<Entry> entries;
+    std::uint64_t live = 0;
+  };
+  struct SubjectState {
+    std::string name;
+    std::uint64_t live = 0;
+    std::uint64_t last = 0;          // its newest sequence (may have died since: then searched)
+    std::deque<std::uint64_t> kept;  // with max_msgs_per_subject: its live sequences, oldest first
+  };
+  struct Hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+
+  explicit FileStore(FileStoreOptions options) : options_(std::move(options)) {}
+
+  // file_store_recovery.cpp
+  StoreStatus recover(std::int64_t now_ns, RecoveryReport& report);
+  StoreStatus scan(Segment segment, bool last, RecoveryReport& report);
+  /// Indexes the record of `sequence` (`length` bytes at `offset` of the
+  /// newest segment); live unless a purge left it below the floor.
+  void index(std::uint64_t sequence, std::int64_t time_ns, std::string_view subject, std::uint64_t offset,
+             std::size_t length);
+  StoreStatus write_meta(std::uint64_t first_sequence);
+
+  /// The segment holding `sequence` and its entry, if it is indexed.
+  std::pair<const SegmentIndex*, const Entry*> find(std::uint64_t sequence) const;
+  std::uint32_t subject_id(std::string_view subject);
+  /// Marks `sequence` dead (counted as `by_limits`); removes its segment
+  /// once nothing in it is live, unless it is the newest.
+  void remove(std::uint64_t sequence, bool by_limits);
+  /// Enforces the count, byte and per-subject limits after `added` was stored.
+  void enforce(std::uint64_t added);
+  void enforce_subject(SubjectState& s);
+  void rebuild_subject_lists();
+  void drop_dead_segments();
+  StoreStatus roll(std::uint64_t first_sequence);
+
+  FileStoreOptions options_;
+  std::deque<SegmentIndex> segments_;  // oldest first; the last is the one appended to
+  std::vector<SubjectState> subjects_;
+  std::vector<std::uint32_t> free_subjects_;
+  std::unordered_map<std::string, std::uint32_t, Hash, std::equal_to<>> subject_ids_;
+  std::uint64_t messages_ = 0;
+  std::uint64_t bytes_ = 0;
+  std::uint64_t last_sequence_ = 0;
+  std::uint64_t floor_ = 1;  // no live sequence is below it (a purge raises it)
+  std::int64_t last_time_ns_ = 0;
+  std::uint64_t durable_ = 0;
+  std::uint64_t corrupt_records_ = 0;
+  std::uint64_t corrupt_bytes_ = 0;
+  std::uint64_t torn_bytes_ = 0;
+  std::uint64_t removed_by_limits_ = 0;
+};
+
+}  // namespace rdmabroker::daemon::store

@@ -1,0 +1,159 @@
+// SPDX-License-Identifier: Apache-2.0
+// FileStore: opening a store directory and recovering its index from the
+// segment files, CRC by CRC.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "store/file_store.hpp"
+
+namespace rdmabroker::daemon::store {
+namespace {
+
+constexpr const char* kMeta = "meta.json";
+
+/// A segment file mapped for reading while it is scanned.
+class Mapping {
+ public:
+  Mapping(const std::string& path, std::size_t size) : size_(size) {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd && size > 0) {
+      void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+      if (p != MAP_FAILED) data_ = static_cast<const std::byte*>(p);
+    }
+  }
+  ~Mapping() {
+    if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  bool ok() const { return data_ != nullptr || size_ == 0; }
+  std::span<const std::byte> bytes() const { return {data_, data_ == nullptr ? 0 : size_}; }
+
+ private:
+  const std::byte* data_ = nullptr;
+  std::size_t size_;
+};
+
+/// The offset of the first whole record after `from` with a sequence above
+/// `after`, or bytes.size() if there is none: where a scan resumes past damage.
+std::size_t resync(std::span<const std::byte> bytes, std::size_t from, std::uint64_t after) {
+  for (std::size_t at = from; at + kRecordHeaderBytes <= bytes.size(); ++at) {
+    RecordView r;
+    std::size_t length = 0;
+    if (parse_record(bytes.subspan(at), r, length) == ParseOutcome::kOk && r.sequence > after) return at;
+  }
+  return bytes.size();
+}
+
+}  // namespace
+
+StoreResult<std::unique_ptr<FileStore>> FileStore::open(const FileStoreOptions& options, std::int64_t now_ns,
+                                                        RecoveryReport* report) {
+  RecoveryReport local;
+  std::unique_ptr<FileStore> store(new FileStore(options));
+  if (auto s = store->recover(now_ns, report != nullptr ? *report : local); !s) return s.error();
+  return store;
+}
+
+StoreStatus FileStore::recover(std::int64_t now_ns, RecoveryReport& report) {
+  namespace fs = std::filesystem;
+  const std::string& dir = options_.directory;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return StoreError{StoreErrc::kIo, "creating " + dir + ": " + ec.message()};
+  if (std::ifstream meta(dir + "/" + kMeta); meta) {
+    auto j = nlohmann::json::parse(meta, nullptr, false);
+    if (j.is_discarded() || !j.contains("first_sequence") || !j["first_sequence"].is_number_unsigned()) {
+      // Guessing would bring purged messages back: the operator decides.
+      return StoreError{StoreErrc::kCorrupt,
+                        dir + "/" + kMeta + " is damaged (it should hold first_sequence)"};
+    }
+    floor_ = std::max<std::uint64_t>(1, j["first_sequence"].get<std::uint64_t>());
+  }
+  std::vector<std::pair<std::uint64_t, std::string>> files;
+  for (const auto& f : fs::directory_iterator(dir, ec)) {
+    const std::uint64_t first = Segment::first_sequence_of(f.path().filename().string());
+    if (first > 0) files.emplace_back(first, f.path().string());
+  }
+  if (ec) return StoreError{StoreErrc::kIo, "listing " + dir + ": " + ec.message()};
+  std::sort(files.begin(), files.end());
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    auto segment = Segment::open(files[i].second, files[i].first);
+    if (!segment) return segment.error();
+    if (auto s = scan(std::move(*segment), i + 1 == files.size(), report); !s) return s;
+  }
+  report.segments = files.size();
+  last_sequence_ = std::max(last_sequence_, floor_ - 1);
+  floor_ = next_live(floor_).value_or(last_sequence_ + 1);
+  durable_ = last_sequence_;
+  const std::uint64_t removed_before = removed_by_limits_;
+  set_limits(options_.limits);
+  expire(now_ns);
+  report.removed_by_limits = removed_by_limits_ - removed_before;
+  report.corrupt_records = corrupt_records_;
+  report.corrupt_bytes = corrupt_bytes_;
+  report.torn_bytes = torn_bytes_;
+  return std::monostate{};
+}
+
+StoreStatus FileStore::scan(Segment segment, bool last, RecoveryReport& report) {
+  const std::string path = segment.path();
+  const std::uint64_t first = segment.first_sequence();
+  const Mapping map(path, segment.size());
+  if (!map.ok()) return io_error("mapping", path, errno);
+  segments_.push_back({std::move(segment), {}, 0});
+  const auto bytes = map.bytes();
+  std::size_t at = 0;
+  while (at < bytes.size()) {
+    RecordView r;
+    std::size_t length = 0;
+    const std::uint64_t expected = first + segments_.back().entries.size();
+    if (parse_record(bytes.subspan(at), r, length) == ParseOutcome::kOk && r.sequence >= expected &&
+        r.sequence > last_sequence_) {
+      index(r.sequence, r.time_ns, r.subject, at, length);
+      ++report.records;
+      at += length;
+      continue;
+    }
+    const std::size_t next = resync(bytes, at + 1, std::max(last_sequence_, expected - 1));
+    if (next == bytes.size() && last) {
+      // Nothing whole after it in the newest segment: the write a crash interrupted.
+      torn_bytes_ += bytes.size() - at;
+      report.problems.push_back("cut " + std::to_string(bytes.size() - at) +
+                                " bytes of an unfinished write off " + path + " at offset " +
+                                std::to_string(at));
+      if (auto s = segments_.back().file.truncate(at); !s) return s;
+      break;
+    }
+    ++corrupt_records_;
+    corrupt_bytes_ += next - at;
+    report.problems.push_back("skipped " + std::to_string(next - at) + " damaged bytes of " + path +
+                              " at offset " + std::to_string(at) + " (their CRC does not match)");
+    at = next;
+  }
+  return std::monostate{};
+}
+
+StoreStatus FileStore::write_meta(std::uint64_t first_sequence) {
+  const std::string path = options_.directory + "/" + kMeta;
+  const std::string tmp = path + ".tmp";
+  const std::string text = nlohmann::json{{"first_sequence", first_sequence}}.dump() + "\n";
+  {
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640));
+    if (!fd) return io_error("writing", tmp, errno);
+    if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) ||
+        ::fdatasync(fd.get()) != 0) {
+      return io_error("writing", tmp, errno);
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return io_error("renaming", tmp, errno);
+  return sync_directory(options_.directory);
+}
+
+}  // namespace rdmabroker::daemon::store
