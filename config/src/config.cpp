@@ -50,44 +50,6 @@ struct Field {
   }
 };
 
-std::optional<std::string> scalar_text(const YAML::Node& n, std::string& out) {
-  if (!n.IsScalar()) return "expected a single value";
-  out = n.Scalar();
-  return std::nullopt;
-}
-
-/// An unsigned integer in [lo, hi]; with `size`, also "64MiB", "16KiB", "1GiB".
-std::optional<std::string> parse_uint(const YAML::Node& n, std::uint64_t lo, std::uint64_t hi, bool size,
-                                      std::uint64_t& out) {
-  std::string text;
-  if (auto e = scalar_text(n, text)) return e;
-  std::uint64_t v = 0;
-  const char* end = text.data() + text.size();
-  auto [p, ec] = std::from_chars(text.data(), end, v);
-  std::uint64_t mult = 1;
-  if (ec == std::errc{} && p != end && size) {
-    const std::string_view unit(p, static_cast<std::size_t>(end - p));
-    if (unit == "KiB")
-      mult = 1ull << 10;
-    else if (unit == "MiB")
-      mult = 1ull << 20;
-    else if (unit == "GiB")
-      mult = 1ull << 30;
-    else
-      mult = 0;
-    p = end;
-  }
-  const std::string range = std::to_string(lo) + " and " + std::to_string(hi);
-  if (ec != std::errc{} || p != end || mult == 0 || v > std::numeric_limits<std::uint64_t>::max() / mult) {
-    return "expected " + std::string(size ? "a size (bytes, or with KiB/MiB/GiB)" : "an integer") +
-           " between " + range + ", got '" + text + "'";
-  }
-  v *= mult;
-  if (v < lo || v > hi) return "must be between " + range + ", got " + std::to_string(v);
-  out = v;
-  return std::nullopt;
-}
-
 /// An unsigned setting reached through `get` (sizes with `size`).
 template <typename T>
 Field uint_field(std::string_view section, std::string_view name, bool live, std::function<T&(Config&)> get,
@@ -360,6 +322,17 @@ const std::vector<Field>& fields() {
       uint_field<std::uint32_t>(
           "multicast", "retransmit_window", false,
           [](Config& c) -> std::uint32_t& { return c.broker.multicast.retransmit_window; }, 16, 1u << 20),
+      string_field("storage", "directory", false,
+                   [](Config& c) -> std::string& { return c.broker.storage.directory; }),
+      enum_field<StreamSync>("storage", "sync", true,
+                             [](Config& c) -> StreamSync& { return c.broker.storage.sync; },
+                             {{"group", StreamSync::kGroup}, {"always", StreamSync::kAlways}}),
+      uint_field<std::uint32_t>(
+          "storage", "sync_interval_ms", true,
+          [](Config& c) -> std::uint32_t& { return c.broker.storage.sync_interval_ms; }, 1, 60'000),
+      Field{"", "streams", true, parse_streams,
+            [](const Config& c) { return show_streams(c.broker.streams); },
+            [](const Config& from, Config& to) { to.broker.streams = from.broker.streams; }},
       string_field("cluster", "name", false, [](Config& c) -> std::string& { return c.broker.cluster.name; }),
       url_list_field("routes", true, true,
                      [](Config& c) -> std::vector<std::string>& { return c.broker.cluster.routes; }),

@@ -6,6 +6,8 @@
 #include <crypt.h>
 
 #include <algorithm>
+#include <charconv>
+#include <limits>
 #include <cstdio>
 #include <functional>
 #include <set>
@@ -35,6 +37,44 @@ void only_keys(const YAML::Node& map, const std::string& where,
       throw FieldProblem{kv.first.Mark(), where + "." + k, "unknown key"};
     }
   }
+}
+
+std::optional<std::string> scalar_text(const YAML::Node& n, std::string& out) {
+  if (!n.IsScalar()) return "expected a single value";
+  out = n.Scalar();
+  return std::nullopt;
+}
+
+/// An unsigned integer in [lo, hi]; with `size`, also "64MiB", "16KiB", "1GiB".
+std::optional<std::string> parse_uint(const YAML::Node& n, std::uint64_t lo, std::uint64_t hi, bool size,
+                                      std::uint64_t& out) {
+  std::string text;
+  if (auto e = scalar_text(n, text)) return e;
+  std::uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  std::uint64_t mult = 1;
+  if (ec == std::errc{} && p != end && size) {
+    const std::string_view unit(p, static_cast<std::size_t>(end - p));
+    if (unit == "KiB")
+      mult = 1ull << 10;
+    else if (unit == "MiB")
+      mult = 1ull << 20;
+    else if (unit == "GiB")
+      mult = 1ull << 30;
+    else
+      mult = 0;
+    p = end;
+  }
+  const std::string range = std::to_string(lo) + " and " + std::to_string(hi);
+  if (ec != std::errc{} || p != end || mult == 0 || v > std::numeric_limits<std::uint64_t>::max() / mult) {
+    return "expected " + std::string(size ? "a size (bytes, or with KiB/MiB/GiB)" : "an integer") +
+           " between " + range + ", got '" + text + "'";
+  }
+  v *= mult;
+  if (v < lo || v > hi) return "must be between " + range + ", got " + std::to_string(v);
+  out = v;
+  return std::nullopt;
 }
 
 void parse_patterns(const YAML::Node& n, const std::string& where, std::vector<std::string>& out) {

@@ -25,6 +25,11 @@ struct FieldProblem {
   std::string message;
 };
 
+/// The text of scalar `n`, or the problem.
+std::optional<std::string> scalar_text(const YAML::Node& n, std::string& out);
+/// An unsigned integer in [lo, hi]; with `size`, also "64MiB", "16KiB", "1GiB".
+std::optional<std::string> parse_uint(const YAML::Node& n, std::uint64_t lo, std::uint64_t hi, bool size,
+                                      std::uint64_t& out);
 /// true/yes/on, false/no/off; false if `n` is none of them.
 bool parse_bool(const YAML::Node& n, bool& out);
 /// Throws at the first key of `map` that is not in `known`.
@@ -35,6 +40,9 @@ void parse_permissions(const YAML::Node& n, const std::string& where, Permission
 /// auth.users; the error text, or nothing (element problems are thrown).
 std::optional<std::string> parse_users(const YAML::Node& n, Config& c);
 std::string show_permissions(const Permissions& p);
+/// streams (streams.cpp); element problems are thrown.
+std::optional<std::string> parse_streams(const YAML::Node& n, Config& c);
+std::string show_streams(const std::vector<StreamSettings>& streams);
 std::string show_users(const std::vector<User>& users);
 
 }  // namespace rdmabroker::config::structured

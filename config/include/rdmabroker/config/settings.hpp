@@ -117,6 +117,36 @@ struct ClusterSettings {
   bool operator==(const ClusterSettings&) const = default;
 };
 
+/// What a stream does with a new message once it is at its limits.
+enum class StreamDiscard { kOld, kNew };
+/// When stored messages are synced to disk (storage.sync).
+enum class StreamSync {
+  kGroup,   // within storage.sync_interval_ms of being stored, many in one fdatasync
+  kAlways,  // before the broker takes the next message
+};
+
+/// One stream (docs/streams.md): the subjects it captures, its retention
+/// (0: no limit) and what a full stream does.
+struct StreamSettings {
+  std::string name;                   // [A-Za-z0-9_-], 1..64: also its directory's name
+  std::vector<std::string> subjects;  // patterns; no two streams' intersect
+  std::uint64_t max_msgs = 0;
+  std::uint64_t max_bytes = 0;
+  std::uint64_t max_age_s = 0;
+  std::uint64_t max_msgs_per_subject = 0;
+  std::uint64_t max_msg_size = 0;
+  StreamDiscard discard = StreamDiscard::kOld;
+  bool operator==(const StreamSettings&) const = default;
+};
+
+/// Where and how streams keep their messages.
+struct StorageSettings {
+  std::string directory = "/var/lib/rdmabroker/streams";  // a directory per stream
+  StreamSync sync = StreamSync::kGroup;                   // live
+  std::uint32_t sync_interval_ms = 10;                    // live
+  bool operator==(const StorageSettings&) const = default;
+};
+
 struct BrokerOptions {
   std::string listen_address = "0.0.0.0";
   std::uint16_t port = 7470;  // RDMA CM port
@@ -175,6 +205,8 @@ struct BrokerOptions {
   TlsSettings tls;    // TLS on the TCP listener (live: a reload reloads the files too)
   MulticastSettings multicast;
   ClusterSettings cluster;
+  StorageSettings storage;
+  std::vector<StreamSettings> streams;  // live: added, changed and removed on reload
 
   /// The limits on connections not authenticated yet, as they take effect.
   std::uint32_t unauthenticated_limit() const {

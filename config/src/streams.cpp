@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+// The `streams:` list (docs/streams.md, docs/configuration.md): each
+// stream's name, subjects and retention, checked element by element.
+#include <set>
+
+#include "rdmabroker/proto/subjects.hpp"
+#include "structured.hpp"
+
+namespace rdmabroker::config::structured {
+namespace {
+
+bool valid_stream_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (const char c : name) {
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+void limit(const YAML::Node& s, const std::string& at, const char* key, bool size, std::uint64_t& out) {
+  if (const YAML::Node n = s[key]) {
+    if (auto e = parse_uint(n, 0, std::uint64_t{1} << 50, size, out))
+      throw FieldProblem{n.Mark(), at + "." + key, *e};
+  }
+}
+
+StreamSettings parse_stream(const YAML::Node& s, const std::string& at) {
+  if (!s.IsMap()) throw FieldProblem{s.Mark(), at, "expected a mapping with name and subjects"};
+  only_keys(s, at,
+            {"name", "subjects", "max_msgs", "max_bytes", "max_age_s", "max_msgs_per_subject", "max_msg_size",
+             "discard"});
+  StreamSettings out;
+  const YAML::Node name = s["name"];
+  if (!name || !name.IsScalar() || !valid_stream_name(name.Scalar())) {
+    throw FieldProblem{name ? name.Mark() : s.Mark(), at + ".name",
+                       "every stream needs a name of 1..64 letters, digits, '_' or '-'"};
+  }
+  out.name = name.Scalar();
+  const YAML::Node subjects = s["subjects"];
+  if (!subjects) throw FieldProblem{s.Mark(), at + ".subjects", "stream '" + out.name + "' needs subjects"};
+  parse_patterns(subjects, at + ".subjects", out.subjects);
+  if (out.subjects.empty()) {
+    throw FieldProblem{subjects.Mark(), at + ".subjects", "stream '" + out.name + "' needs subjects"};
+  }
+  limit(s, at, "max_msgs", false, out.max_msgs);
+  limit(s, at, "max_bytes", true, out.max_bytes);
+  limit(s, at, "max_age_s", false, out.max_age_s);
+  limit(s, at, "max_msgs_per_subject", false, out.max_msgs_per_subject);
+  limit(s, at, "max_msg_size", true, out.max_msg_size);
+  if (const YAML::Node d = s["discard"]) {
+    if (!d.IsScalar() || (d.Scalar() != "old" && d.Scalar() != "new")) {
+      throw FieldProblem{d.Mark(), at + ".discard", "expected old or new"};
+    }
+    out.discard = d.Scalar() == "new" ? StreamDiscard::kNew : StreamDiscard::kOld;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::string> parse_streams(const YAML::Node& n, Config& c) {
+  if (!n.IsSequence()) return "expected a list of streams (- name: ..., subjects: [...])";
+  std::vector<StreamSettings> streams;
+  std::set<std::string> names;
+  std::size_t i = 0;
+  for (const auto& s : n) {
+    const std::string at = "[" + std::to_string(i++) + "]";
+    StreamSettings stream = parse_stream(s, at);
+    if (!names.insert(stream.name).second) {
+      throw FieldProblem{s["name"].Mark(), at + ".name", "duplicate stream '" + stream.name + "'"};
+    }
+    // A message is stored once: two streams taking the same subject would
+    // each give it a sequence, and neither would be the message's.
+    for (const auto& other : streams) {
+      for (const auto& p : stream.subjects) {
+        for (const auto& q : other.subjects) {
+          if (proto::patterns_intersect(p, q)) {
+            throw FieldProblem{s["subjects"].Mark(), at + ".subjects",
+                               "'" + p + "' overlaps '" + q + "' of stream '" + other.name +
+                                   "': a subject belongs to one stream at most"};
+          }
+        }
+      }
+    }
+    streams.push_back(std::move(stream));
+  }
+  c.broker.streams = std::move(streams);
+  return std::nullopt;
+}
+
+std::string show_streams(const std::vector<StreamSettings>& streams) {
+  std::string out = "[";
+  for (const auto& s : streams) {
+    if (out.size() > 1) out += "; ";
+    out += s.name + " {";
+    for (std::size_t i = 0; i < s.subjects.size(); ++i) out += (i ? ", " : "") + s.subjects[i];
+    out += "} max_msgs " + std::to_string(s.max_msgs) + " max_bytes " + std::to_string(s.max_bytes) +
+           " max_age_s " + std::to_string(s.max_age_s) + " max_msgs_per_subject " +
+           std::to_string(s.max_msgs_per_subject) + " max_msg_size " + std::to_string(s.max_msg_size) +
+           " discard " + (s.discard == StreamDiscard::kNew ? "new" : "old");
+  }
+  return out + "]";
+}
+
+}  // namespace rdmabroker::config::structured
