@@ -23,12 +23,14 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
   // config::validate once the flags were applied): ranges and the rules
   // that tie settings together are checked there, once.
   if (opt.workers == 0) opt.workers = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
-  // One reserved slot: the multicast engine's backlog (BrokerCore::multicast_slot).
-  b->core_.slots = std::make_unique<ConnectionSlots>(opt.max_connections, 1);
+  // Two reserved slots: the multicast and stream engines' backlogs
+  // (BrokerCore::multicast_slot, stream_slot).
+  b->core_.slots = std::make_unique<ConnectionSlots>(opt.max_connections, 2);
   b->core_.admission = std::make_unique<Admission>(*b->core_.slots, opt.max_connections, opt.buffer_size);
   b->core_.admission->set_unauthenticated_limits(opt.unauthenticated_limit(),
                                                  opt.unauthenticated_per_address_limit());
   b->core_.multicast_slot = opt.max_connections;
+  b->core_.stream_slot = opt.max_connections + 1;
   b->core_.auth = AuthTable::build(opt.auth);
   warn_if_nobody_can_connect(*b->core_.auth);
   Server* self = b.get();
@@ -70,14 +72,7 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
         !st)
       return st.error();
   }
-  if (opt.multicast.enabled && !*use_rdma) {
-    spdlog::warn("multicast.enabled: no RDMA device, so no multicast: every subject is served by unicast");
-  } else if (opt.multicast.enabled) {
-    auto engine = MulticastEngine::create(b->core_, *b->devices_, b->worker_set_);
-    if (!engine) return engine.error();
-    b->multicast_ = std::move(engine.value());
-    b->core_.multicast = b->multicast_.get();
-  }
+  if (auto st = b->create_engines(*use_rdma); !st) return st.error();
   {
     std::random_device random;
     b->core_.server_id = fmt::format("{:08x}{:08x}", random(), random());
@@ -94,6 +89,23 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
     if (auto st = b->listener_->listen(); !st) return st.error();
   }
   return b;
+}
+
+Status Server::create_engines(bool use_rdma) {
+  const auto& opt = core_.options;
+  if (opt.multicast.enabled && !use_rdma) {
+    spdlog::warn("multicast.enabled: no RDMA device, so no multicast: every subject is served by unicast");
+  } else if (opt.multicast.enabled) {
+    auto engine = MulticastEngine::create(core_, *devices_, worker_set_);
+    if (!engine) return engine.error();
+    multicast_ = std::move(engine.value());
+    core_.multicast = multicast_.get();
+  }
+  auto streams = StreamEngine::create(core_, opt.storage, opt.streams);
+  if (!streams) return streams.error();
+  streams_ = std::move(streams.value());
+  core_.streams = streams_.get();
+  return {};
 }
 
 Result<bool> Server::open_transports() {
@@ -253,6 +265,7 @@ proto::BrokerInfo Server::announcement(const BrokerOptions& opt) const {
 void Server::start() {
   authenticator_->start();
   if (multicast_) multicast_->start();
+  if (streams_) streams_->start();
   for (auto& w : workers_) w->start();
   if (routes_) {
     spdlog::info("cluster '{}': this broker is {}; routes to {}", core_.options.cluster.name, core_.server_id,
@@ -289,6 +302,8 @@ void Server::stop() {
   for (auto& w : workers_) w->join();
   // Closing connections removed their channel members; now the groups go.
   if (multicast_) multicast_->stop();
+  // Nothing routes to streams any more: what is queued is stored and synced.
+  if (streams_) streams_->stop();
   core_.announced.set(nullptr);  // its INFO's pool buffer goes back before the pool does
   // Connections still in the backlog are reset rather than left waiting for
   // a handshake reply that will never come.
@@ -351,6 +366,7 @@ void Server::apply_live(const BrokerOptions& next) {
   const auto deadline = std::chrono::steady_clock::now() + kWorkerAnswerTimeout;
   for (auto& a : applied) a.wait_until(deadline);
   if (multicast_) multicast_->reload(next.multicast);
+  if (streams_) streams_->reload(next.storage, next.streams);
   if (routes_) {
     routes_->set_urls(next.cluster.routes);
     // cluster.advertise and client_advertise: the next INFO says them, to
@@ -446,6 +462,7 @@ void Server::visit_stats(StatsVisitor& v) const {
   static const MulticastStats kOff;  // multicast off: every series is there, at 0
   const MulticastStats& m = multicast_ ? multicast_->stats() : kOff;
   m.visit(v);
+  if (streams_) streams_->visit(v);
   if (routes_) {
     routes_->visit(v);
   } else {

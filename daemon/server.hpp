@@ -16,6 +16,7 @@
 #include "broker/buffer_pool.hpp"
 #include "rdma/device.hpp"
 #include "multicast/engine.hpp"
+#include "stream/engine.hpp"
 #include "accept/listener.hpp"
 #include "broker/cluster_interest.hpp"
 #include "cluster/routes.hpp"
@@ -101,6 +102,8 @@ class Server {
   /// Opens the RDMA devices (as rdma: auto/on/off and what is present say)
   /// and the TCP listening socket; true when RDMA is served.
   Result<bool> open_transports();
+  /// The multicast engine (multicast.enabled, with RDMA) and the stream engine.
+  Status create_engines(bool use_rdma);
   Server() = default;
   /// Posts make(promise) to every worker; each answers through its promise.
   template <typename T, typename MakeCommand>
@@ -120,6 +123,8 @@ class Server {
   WorkerSet worker_set_;  // the same workers, as the core and the layers above see them
   std::unique_ptr<MulticastEngine>
       multicast_;  // null: multicast off; stopped after the workers, before them destroyed
+  // Stopped after the workers (nothing routes to it then), destroyed before the pool.
+  std::unique_ptr<StreamEngine> streams_;
   std::unique_ptr<Listener> listener_;            // the RDMA CM listener; null: TCP only
   std::unique_ptr<Authenticator> authenticator_;  // after workers_: destroyed (joined) before them
   std::unique_ptr<Routes> routes_;                // after workers_: stopped and destroyed before them

@@ -4,7 +4,7 @@
 // slots and the broker-wide budgets. It knows nothing of the layers above
 // it: workers, the multicast engine and the routes are reached through the
 // interfaces they implement (broker/dispatch.hpp, broker/channels.hpp,
-// broker/route_events.hpp), set by the Server.
+// broker/route_events.hpp, broker/streams.hpp), set by the Server.
 #pragma once
 
 #include <atomic>
@@ -29,6 +29,7 @@
 #include "broker/outbound.hpp"
 #include "broker/pool_shares.hpp"
 #include "broker/route_events.hpp"
+#include "broker/streams.hpp"
 #include "broker/subscription_budget.hpp"
 #include "broker/subscription_index.hpp"
 #include "fault/fault.hpp"
@@ -128,9 +129,18 @@ struct BrokerCore {
   /// must be answered before the window has moved past the gap.
   std::uint64_t multicast_backlog = 1024;
 
-  /// The queue bound that slows publishers for `slot` (a connection's, or the engine's).
+  StreamCapture* streams = nullptr;  // the stream engine (null only in tests without one)
+  /// The slot whose count is the stream engine's backlog: messages routed
+  /// to streams not stored yet. Publishers to streams are slowed above three
+  /// quarters of stream_backlog, as for a backlogged subscriber.
+  std::uint32_t stream_slot = 0;
+  std::uint64_t stream_backlog = 8192;
+
+  /// The queue bound that slows publishers for `slot` (a connection's, or an engine's).
   std::uint64_t backlog_bound(std::uint32_t slot, std::uint64_t max_pending_bytes) const {
-    return multicast != nullptr && slot == multicast_slot ? multicast_backlog : max_pending_bytes;
+    if (multicast != nullptr && slot == multicast_slot) return multicast_backlog;
+    if (streams != nullptr && slot == stream_slot) return stream_backlog;
+    return max_pending_bytes;
   }
 };
 

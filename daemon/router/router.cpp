@@ -33,8 +33,9 @@ void Router::route_publish(Connection& publisher, const proto::Frame& f, const B
   const Subscriber* backlogged = nullptr;
   auto deliver = [&](const Subscriber& s) {
     if (first_fragment) {
-      if (s.worker == kChannelWorker) {
-        // A channel sequences whole messages into datagrams (SPEC.md §7): it carries none in fragments.
+      if (s.worker == kChannelWorker || s.worker == kStreamWorker) {
+        // A channel sequences whole messages into datagrams (SPEC.md §7), and a
+        // stream stores whole frames (docs/streams.md): neither takes fragments.
         stats.dropped[static_cast<std::size_t>(DropReason::kNeedsFragments)].add();
         return;
       }
@@ -103,7 +104,7 @@ bool Router::over_watermark(const Subscriber& s) const {
 }
 
 bool Router::is_live(const Subscriber& s) {
-  if (s.worker != ctx_.index) return true;  // another worker's: it decides
+  if (s.worker != ctx_.index) return true;  // another worker's (or an engine's): it decides
   return connections_.find_up(s.connection) != nullptr;
 }
 
@@ -113,6 +114,11 @@ bool Router::route_to(const Subscriber& s, const RoutedFrame& frame, const Buffe
     // A multicast channel: its engine sequences the message and fans it out.
     ctx_.core.slots->add_queued(s.slot, 1);  // the engine's backlog (in messages), until it has handled it
     channel_batch_.push_back({static_cast<std::uint32_t>(s.connection), buf.clone(), frame, now});
+    return true;
+  }
+  if (s.worker == kStreamWorker) {
+    ctx_.core.slots->add_queued(s.slot, 1);  // the stream engine's backlog (in messages), until stored
+    stream_batch_.push_back({static_cast<std::uint32_t>(s.connection), buf.clone(), frame, now});
     return true;
   }
   if (s.worker == ctx_.index) {
@@ -142,6 +148,7 @@ void Router::post_batches() {
   // not have its next message overtake, through the engine, the last one
   // this worker routed to a subscriber directly.
   if (!channel_batch_.empty()) ctx_.core.multicast->publish(std::exchange(channel_batch_, {}));
+  if (!stream_batch_.empty()) ctx_.core.streams->capture(std::exchange(stream_batch_, {}));
 }
 
 }  // namespace rdmabroker::daemon

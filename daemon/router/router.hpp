@@ -20,6 +20,7 @@
 #include "connection/worker_context.hpp"
 #include "broker/channels.hpp"
 #include "broker/routed_frame.hpp"
+#include "broker/streams.hpp"
 #include "rdmabroker/proto/wire.hpp"
 
 namespace rdmabroker::daemon {
@@ -83,6 +84,7 @@ class Router {
   MatchCache match_cache_;                           // this worker's recent subject -> subscribers results
   std::vector<std::vector<RemoteDelivery>> remote_;  // per target worker
   std::vector<ChannelPublish> channel_batch_;        // for the multicast engine, posted after remote_
+  std::vector<StreamPublish> stream_batch_;          // for the stream engine, posted last
 };
 
 }  // namespace rdmabroker::daemon

@@ -27,7 +27,7 @@ FLOORS = [
     ["frames"],                   # a received frame, decoded and handled
     ["rdma", "tcp"],              # the transports: ports and links
     ["worker"],                   # the reactor: a loop driving its ports and connections
-    ["accept", "multicast", "cluster"],  # what reaches workers through their command queues
+    ["accept", "multicast", "cluster", "stream"],  # engines beside the workers: command queues, interfaces
     ["server"],                   # daemon/server.*: the composition root
     ["ops"],                      # the operator's side: metrics, admin socket, reload, logging
     ["main"],                     # daemon/main.cpp

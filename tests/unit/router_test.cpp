@@ -494,6 +494,58 @@ TEST_F(RouterTest, AnOlderSubscriberIsSentNoFragmentsAndTheDropIsCounted) {
       << "v4: the whole message and the one completed in fragments; v3: one";
 }
 
+/// What the workers hand the stream engine (broker/streams.hpp).
+class FakeStreams final : public StreamCapture {
+ public:
+  void capture(std::vector<StreamPublish>&& batch) override {
+    for (auto& p : batch) got.push_back(std::move(p));
+  }
+  std::vector<StreamPublish> got;
+};
+/// The other workers, as the end of a loop turn posts to them (nothing to post here).
+class NoOtherWorkers final : public WorkerDispatch {
+ public:
+  void post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker) override {
+    for (auto& batch : per_worker) batch.clear();
+  }
+  void evict(const Admission::Eviction&) override {}
+  std::int64_t pending_charge_total() const override { return 0; }
+};
+
+TEST_F(RouterTest, AStreamIsRoutedOncePerMessageInABatchAndCountsAsTheEnginesBacklog) {
+  FakeStreams streams;
+  NoOtherWorkers others;
+  core_.streams = &streams;
+  core_.workers = &others;
+  core_.stream_slot = 15;  // a slot none of this test's connections holds
+  core_.index.add("orders.>", Subscriber{kStreamWorker, 3, 0, core_.stream_slot, 0});
+  Client sub = connect(), pub = connect();
+  subscribe(sub, "orders.>", 1);
+  publish(pub, "orders.eu", "one");
+  publish(pub, "other", "not for the stream");
+  router_->post_batches();  // the end of the loop turn (the Worker's)
+  ASSERT_EQ(streams.got.size(), 1u);
+  EXPECT_EQ(streams.got[0].stream, 3u);
+  proto::Frame f;
+  const auto& p = streams.got[0];
+  ASSERT_EQ(proto::decode_frame({p.buf.data() + p.frame.offset, p.frame.len}, p.frame.len, f),
+            proto::DecodeStatus::kOk);
+  EXPECT_EQ(f.subject, "orders.eu");
+  EXPECT_EQ(payloads(*sub.link, 1), std::vector<std::string>{"one"}) << "the subscriber is served as always";
+  EXPECT_EQ(core_.slots->queued(core_.stream_slot), 1) << "until the engine stored it";
+  // A message in fragments is not the stream's: counted once.
+  send(*pub.c, fragment(pub, 0, 8, "orders.big", "abcd"));
+  send(*pub.c, fragment(pub, 4, 8, "", "efgh"));
+  router_->post_batches();
+  EXPECT_EQ(streams.got.size(), 1u);
+  EXPECT_EQ(dropped(DropReason::kNeedsFragments), 1u);
+  EXPECT_EQ(payloads(*sub.link, 1), (std::vector<std::string>{"one", "abcd", "efgh"}));
+  core_.slots->add_queued(core_.stream_slot, -1);
+  streams.got.clear();
+  core_.streams = nullptr;
+  core_.workers = nullptr;
+}
+
 TEST_F(RouterTest, APublisherThatLeavesOrAbortsMidMessageAbortsItForEveryRecipient) {
   Client sub = connect(), pub = connect(), quitter = connect();
   subscribe(sub, "big", 1);

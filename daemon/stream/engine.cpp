@@ -1,0 +1,305 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "stream/engine.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <ctime>
+
+#include "rdmabroker/proto/wire.hpp"
+#include "store/file_store.hpp"
+
+namespace rdmabroker::daemon {
+namespace {
+
+using std::chrono::steady_clock;
+
+std::int64_t steady_ns() { return steady_clock::now().time_since_epoch().count(); }
+std::int64_t realtime_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+store::StoreLimits limits_of(const config::StreamSettings& s) {
+  store::StoreLimits l;
+  l.max_msgs = s.max_msgs;
+  l.max_bytes = s.max_bytes;
+  l.max_age_ns = static_cast<std::int64_t>(s.max_age_s) * 1'000'000'000;
+  l.max_msgs_per_subject = s.max_msgs_per_subject;
+  l.max_msg_size = s.max_msg_size;
+  l.discard = s.discard == config::StreamDiscard::kNew ? store::Discard::kNew : store::Discard::kOld;
+  return l;
+}
+
+constexpr std::int64_t kExpireEveryNs = 1'000'000'000;
+
+}  // namespace
+
+Result<std::unique_ptr<StreamEngine>> StreamEngine::create(
+    BrokerCore& core, const config::StorageSettings& storage,
+    const std::vector<config::StreamSettings>& streams) {
+  std::unique_ptr<StreamEngine> e(new StreamEngine(core, storage));
+  for (const auto& s : streams) {
+    const std::uint32_t id = e->next_id_++;
+    auto stream = e->open(s, id);
+    if (!stream) return stream.error();
+    e->streams_.emplace(id, std::move(stream.value()));
+    e->register_stream(s, id);
+  }
+  return e;
+}
+
+StreamEngine::~StreamEngine() { stop(); }
+
+Result<StreamEngine::Stream> StreamEngine::open(const config::StreamSettings& s, std::uint32_t id) {
+  store::RecoveryReport report;
+  const std::string dir = directory_ + "/" + s.name;
+  auto st = store::FileStore::open({dir, std::uint64_t{64} << 20, limits_of(s)}, realtime_ns(), &report);
+  if (!st) {
+    return Error{ErrorKind::kResource, "stream " + s.name + ": " + st.error().message};
+  }
+  for (const auto& line : report.problems) spdlog::warn("stream {}: {}", s.name, line);
+  Stream stream{id, std::move(st.value()), std::make_shared<StreamStats>(s.name), false};
+  const auto info = stream.store->stats();
+  spdlog::info("stream {}: {} in {}, subjects {}: {} messages, sequences {}..{}", s.name,
+               report.segments == 0 ? "new" : "opened", dir, fmt::join(s.subjects, ", "), info.messages,
+               info.first_sequence, info.last_sequence);
+  refresh(stream);
+  std::lock_guard lock(stats_mu_);
+  stats_[s.name] = stream.stats;
+  return stream;
+}
+
+void StreamEngine::register_stream(const config::StreamSettings& s, std::uint32_t id) {
+  Registered r{id, s, {}};
+  for (const auto& pattern : s.subjects) {
+    const Subscriber entry = core_.index.add(pattern, Subscriber{kStreamWorker, id, 0, core_.stream_slot, 0});
+    r.entries.emplace_back(pattern, entry);
+  }
+  registered_[s.name] = std::move(r);
+}
+
+void StreamEngine::unregister_stream(Registered& r) {
+  for (const auto& [pattern, entry] : r.entries) core_.index.remove(pattern, entry);
+  r.entries.clear();
+}
+
+void StreamEngine::reload(const config::StorageSettings& storage,
+                          const std::vector<config::StreamSettings>& streams) {
+  post(SetStorage{storage});
+  std::map<std::string, const config::StreamSettings*> next;
+  for (const auto& s : streams) next[s.name] = &s;
+  // Removed first: a stream added in the same reload may take their subjects.
+  for (auto it = registered_.begin(); it != registered_.end();) {
+    if (next.contains(it->first)) {
+      ++it;
+      continue;
+    }
+    // Out of the index before the engine lets the store go: nothing routed
+    // afterwards names it, and what was routed before is queued ahead.
+    unregister_stream(it->second);
+    post(RemoveStream{it->second.id});
+    spdlog::info("stream {}: removed by the reload (its files stay in {}/{})", it->first, directory_,
+                 it->first);
+    {
+      std::lock_guard lock(stats_mu_);
+      stats_.erase(it->first);
+    }
+    it = registered_.erase(it);
+  }
+  for (const auto& [name, s] : next) {
+    auto it = registered_.find(name);
+    if (it == registered_.end()) {
+      const std::uint32_t id = next_id_++;
+      auto stream = open(*s, id);
+      if (!stream) {
+        spdlog::error("reload: {}; the stream is left out", stream.error().message);
+        continue;
+      }
+      post(AddStream{std::move(stream.value())});
+      register_stream(*s, id);  // after the store is on its way: what is routed to it is queued behind it
+      continue;
+    }
+    Registered& r = it->second;
+    if (r.settings.subjects != s->subjects) {
+      unregister_stream(r);
+      const std::uint32_t id = r.id;
+      register_stream(*s, id);
+      spdlog::info("stream {}: subjects now {}", name, fmt::join(s->subjects, ", "));
+    }
+    if (!(r.settings == *s)) post(SetLimits{r.id, limits_of(*s)});
+    r.settings = *s;
+  }
+}
+
+void StreamEngine::post(Item item) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(item));
+  }
+  wake_.notify_one();
+}
+
+void StreamEngine::capture(std::vector<StreamPublish>&& batch) { post(std::move(batch)); }
+
+void StreamEngine::start() {
+  thread_ = std::thread([this] { run(); });
+}
+
+void StreamEngine::stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+  for (const auto& [name, r] : registered_) {
+    for (const auto& [pattern, entry] : r.entries) core_.index.remove(pattern, entry);
+  }
+  registered_.clear();
+  streams_.clear();
+  std::lock_guard lock(mu_);
+  queue_.clear();  // never started: the references go back to the pool now
+}
+
+void StreamEngine::run() {
+  std::int64_t next_expire = steady_ns() + kExpireEveryNs;
+  for (;;) {
+    std::deque<Item> items;
+    bool stopping = false;
+    {
+      std::unique_lock lock(mu_);
+      std::int64_t deadline = next_expire;
+      if (first_dirty_ns_ != 0) {
+        deadline = std::min(deadline, first_dirty_ns_ + std::int64_t{storage_.sync_interval_ms} * 1'000'000);
+      }
+      wake_.wait_until(lock, steady_clock::time_point(steady_clock::duration(deadline)),
+                       [&] { return !queue_.empty() || stopping_; });
+      items.swap(queue_);
+      stopping = stopping_;
+    }
+    for (Item& item : items) {
+      std::visit(
+          [&](auto& i) {
+            using T = std::decay_t<decltype(i)>;
+            if constexpr (std::is_same_v<T, std::vector<StreamPublish>>) {
+              handle(i);
+            } else if constexpr (std::is_same_v<T, AddStream>) {
+              const std::uint32_t id = i.stream.id;
+              streams_.emplace(id, std::move(i.stream));
+            } else if constexpr (std::is_same_v<T, RemoveStream>) {
+              if (auto it = streams_.find(i.id); it != streams_.end()) {
+                if (it->second.dirty) sync(it->second);
+                streams_.erase(it);
+              }
+            } else if constexpr (std::is_same_v<T, SetLimits>) {
+              if (auto it = streams_.find(i.id); it != streams_.end()) {
+                it->second.store->set_limits(i.limits);
+                refresh(it->second);
+              }
+            } else {
+              storage_ = i.storage;
+            }
+          },
+          item);
+    }
+    const std::int64_t now = steady_ns();
+    const bool sync_due = first_dirty_ns_ != 0 &&
+                          (stopping || storage_.sync == config::StreamSync::kAlways ||
+                           now - first_dirty_ns_ >= std::int64_t{storage_.sync_interval_ms} * 1'000'000);
+    if (sync_due) {
+      for (auto& [id, s] : streams_) {
+        if (s.dirty) sync(s);
+      }
+      first_dirty_ns_ = 0;
+    }
+    if (now >= next_expire) {
+      const std::int64_t wall = realtime_ns();
+      for (auto& [id, s] : streams_) {
+        if (s.store->expire(wall) > 0) refresh(s);
+      }
+      next_expire = now + kExpireEveryNs;
+    }
+    if (stopping) return;
+  }
+}
+
+void StreamEngine::handle(std::vector<StreamPublish>& batch) {
+  const std::int64_t wall = realtime_ns(), now = steady_ns();
+  for (const StreamPublish& p : batch) {
+    auto it = streams_.find(p.stream);
+    if (it != streams_.end()) store_one(it->second, p, wall, now);
+    // else: removed by a reload after the worker routed it (its entries were
+    // out of the index before): the message was not the stream's to keep.
+  }
+  for (auto& [id, s] : streams_) refresh(s);
+  core_.slots->add_queued(core_.stream_slot, -static_cast<std::int64_t>(batch.size()));
+  batch.clear();  // the buffers go back to the pool
+}
+
+void StreamEngine::store_one(Stream& s, const StreamPublish& p, std::int64_t realtime_now,
+                             std::int64_t steady_now) {
+  proto::Frame f;
+  const std::span<const std::byte> bytes(p.buf.data() + p.frame.offset, p.frame.len);
+  if (proto::decode_frame(bytes, bytes.size(), f) != proto::DecodeStatus::kOk)
+    return;  // validated by the worker
+  // The broker's receive time: the worker's steady stamp, on the wall clock.
+  const std::int64_t received = realtime_now - (steady_now - p.received_at);
+  auto r = s.store->append({f.subject, f.headers, f.payload}, received);
+  if (r) {
+    s.stats->stored.add();
+    if (!s.dirty && first_dirty_ns_ == 0) first_dirty_ns_ = steady_now;
+    s.dirty = true;
+    return;
+  }
+  switch (r.error().code) {
+    case store::StoreErrc::kFull:
+      s.stats->refused_full.add();
+      break;
+    case store::StoreErrc::kDiskFull:
+      s.stats->refused_disk_full.add();
+      break;
+    case store::StoreErrc::kTooLarge:
+      s.stats->refused_too_large.add();
+      break;
+    default:
+      s.stats->write_errors.add();
+      break;
+  }
+  log_throttled(refusal_log_, spdlog::level::warn, "stream {}: a message on {} was not stored: {}",
+                s.stats->name, f.subject, r.error().message);
+}
+
+void StreamEngine::sync(Stream& s) {
+  const auto started = steady_clock::now();
+  if (auto r = s.store->sync(); !r) {
+    s.stats->write_errors.add();
+    log_throttled(refusal_log_, spdlog::level::err, "stream {}: sync failed: {}", s.stats->name,
+                  r.error().message);
+    return;  // still dirty: tried again at the next sync
+  }
+  s.stats->syncs.add();
+  s.stats->sync_seconds.observe(std::chrono::duration<double>(steady_clock::now() - started).count());
+  s.dirty = false;
+}
+
+void StreamEngine::refresh(Stream& s) {
+  const store::StoreStats st = s.store->stats();
+  StreamStats& m = *s.stats;
+  m.messages.set(static_cast<std::int64_t>(st.messages));
+  m.bytes.set(static_cast<std::int64_t>(st.bytes));
+  m.first_sequence.set(static_cast<std::int64_t>(st.first_sequence));
+  m.last_sequence.set(static_cast<std::int64_t>(st.last_sequence));
+  m.subjects.set(static_cast<std::int64_t>(st.subjects));
+  m.segments.set(static_cast<std::int64_t>(st.segments));
+  m.disk_bytes.set(static_cast<std::int64_t>(st.disk_bytes));
+  m.corrupt_records.set(static_cast<std::int64_t>(st.corrupt_records));
+  m.torn_bytes.set(static_cast<std::int64_t>(st.torn_bytes));
+  if (st.removed_by_limits > m.removed_by_limits.get())
+    m.removed_by_limits.add(st.removed_by_limits - m.removed_by_limits.get());
+}
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: Apache-2.0
+// The stream engine (docs/streams.md): every stream's store, on a thread of
+// its own. Workers route each publish whose subject a stream takes to it
+// (the stream's entries in the subscription index, broker/streams.hpp); the
+// engine appends it to the stream's store, syncs the stores by the storage
+// settings (a group commit within sync_interval_ms, or every batch), and
+// expires messages past a stream's max_age once a second.
+//
+// Threads: create() and reload() run on the main thread: they open stores
+// (so a stream that cannot be opened is an error for the operator at once)
+// and keep the index entries; the stores then belong to the engine thread,
+// which takes them, with the captured messages, from one queue in order.
+// Statistics are atomics the engine writes and anyone reads.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include "broker/core.hpp"
+#include "broker/log_throttle.hpp"
+#include "broker/stats.hpp"
+#include "broker/streams.hpp"
+#include "rdmabroker/config/settings.hpp"
+#include "rdmabroker/result.hpp"
+#include "store/message_store.hpp"
+
+namespace rdmabroker::daemon {
+
+/// Seconds one fdatasync of a stream's store took.
+inline constexpr std::array<double, 12> kStreamSyncBounds = {50e-6, 100e-6, 250e-6, 500e-6, 1e-3,   2.5e-3,
+                                                             5e-3,  10e-3,  25e-3,  50e-3,  100e-3, 1.0};
+
+/// One stream's statistics (the engine thread is the only writer).
+struct StreamStats {
+  explicit StreamStats(std::string n) : name(std::move(n)) {}
+  void visit(StatsVisitor& v) const;  // engine_stats.cpp
+
+  const std::string name;
+  Counter stored;             // messages appended
+  Counter refused_full;       // discard: new, at the limits
+  Counter refused_disk_full;  // the file system was full
+  Counter refused_too_large;  // above max_msg_size
+  Counter write_errors;       // other I/O errors on append or sync
+  Counter removed_by_limits;
+  Counter syncs;
+  Gauge messages, bytes, first_sequence, last_sequence, subjects, segments, disk_bytes, corrupt_records,
+      torn_bytes;
+  Histogram<kStreamSyncBounds.size()> sync_seconds{kStreamSyncBounds};
+};
+
+class StreamEngine final : public StreamCapture {
+ public:
+  /// Opens every stream's store under storage.directory (each in a
+  /// directory of its name); the error names the stream and what failed.
+  static Result<std::unique_ptr<StreamEngine>> create(BrokerCore& core,
+                                                      const config::StorageSettings& storage,
+                                                      const std::vector<config::StreamSettings>& streams);
+  ~StreamEngine() override;
+  StreamEngine(const StreamEngine&) = delete;
+  StreamEngine& operator=(const StreamEngine&) = delete;
+
+  void start();
+  /// Stores what is queued, syncs every store and joins the thread. Idempotent.
+  void stop();
+  void capture(std::vector<StreamPublish>&& batch) override;
+  /// The live settings of a reload: streams added (opened now: a failure is
+  /// logged and that stream left out), removed (the files stay), their
+  /// subjects and limits changed; the sync policy.
+  void reload(const config::StorageSettings& storage, const std::vector<config::StreamSettings>& streams);
+  /// Every stream's statistics, and the engine's backlog.
+  void visit(StatsVisitor& v) const;
+
+ private:
+  /// A stream as the engine thread holds it.
+  struct Stream {
+    std::uint32_t id = 0;
+    std::unique_ptr<store::MessageStore> store;
+    std::shared_ptr<StreamStats> stats;
+    bool dirty = false;  // appended since the last sync
+  };
+  /// A stream as the main thread registers it: its index entries.
+  struct Registered {
+    std::uint32_t id = 0;
+    config::StreamSettings settings;
+    std::vector<std::pair<std::string, Subscriber>> entries;  // pattern, index entry
+  };
+  struct AddStream {
+    Stream stream;
+  };
+  struct RemoveStream {
+    std::uint32_t id = 0;
+  };
+  struct SetLimits {
+    std::uint32_t id = 0;
+    store::StoreLimits limits;
+  };
+  struct SetStorage {
+    config::StorageSettings storage;
+  };
+  using Item = std::variant<std::vector<StreamPublish>, AddStream, RemoveStream, SetLimits, SetStorage>;
+
+  StreamEngine(BrokerCore& core, const config::StorageSettings& storage)
+      : core_(core), directory_(storage.directory), storage_(storage) {}
+  /// Opens `s`'s store (main thread).
+  Result<Stream> open(const config::StreamSettings& s, std::uint32_t id);
+  /// Enters `s`'s subjects in the subscription index (main thread).
+  void register_stream(const config::StreamSettings& s, std::uint32_t id);
+  void unregister_stream(Registered& r);
+  void post(Item item);
+
+  // The engine thread.
+  void run();
+  void handle(std::vector<StreamPublish>& batch);
+  void store_one(Stream& s, const StreamPublish& p, std::int64_t realtime_now, std::int64_t steady_now);
+  void sync(Stream& s);
+  void refresh(Stream& s);
+
+  BrokerCore& core_;
+  const std::string directory_;  // storage.directory (not live)
+  // Main thread: what create() and reload() registered, by name.
+  std::map<std::string, Registered> registered_;
+  std::uint32_t next_id_ = 1;
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<Item> queue_;  // guarded by mu_
+  bool stopping_ = false;   // guarded by mu_
+
+  // The engine thread's (create() fills streams_ before it starts).
+  std::map<std::uint32_t, Stream> streams_;
+  config::StorageSettings storage_;
+  std::int64_t first_dirty_ns_ = 0;  // steady: when the oldest unsynced message was stored (0: none)
+  LogThrottle refusal_log_;
+
+  mutable std::mutex stats_mu_;
+  std::map<std::string, std::shared_ptr<StreamStats>> stats_;  // guarded by stats_mu_; by stream name
+
+  std::thread thread_;
+  bool stopped_ = false;
+};
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+// The stream engine's statistics: each stream's under its name ("stream.
+// ORDERS.messages"), exported with the label stream="ORDERS".
+#include "stream/engine.hpp"
+
+namespace rdmabroker::daemon {
+
+void StreamStats::visit(StatsVisitor& v) const {
+  const std::string k = "stream." + name + ".";
+  const auto count = [&](const char* key, const Counter& c, std::string_view metric, std::string_view help) {
+    v.counter({k + key, metric, help, "stream", name}, c.get());
+  };
+  const auto level = [&](const char* key, const Gauge& g, std::string_view metric, std::string_view help) {
+    v.gauge({k + key, metric, help, "stream", name}, g.get());
+  };
+  count("stored", stored, "rdmabroker_stream_stored_total", "Messages appended to the stream.");
+  count("refused_full", refused_full, "rdmabroker_stream_refused_full_total",
+        "Messages refused by a stream at its limits (discard: new).");
+  count("refused_disk_full", refused_disk_full, "rdmabroker_stream_refused_disk_full_total",
+        "Messages a stream could not store because the file system was full.");
+  count("refused_too_large", refused_too_large, "rdmabroker_stream_refused_too_large_total",
+        "Messages above a stream's max_msg_size.");
+  count("write_errors", write_errors, "rdmabroker_stream_write_errors_total",
+        "I/O errors of a stream's appends and syncs (other than a full disk).");
+  count("removed_by_limits", removed_by_limits, "rdmabroker_stream_removed_by_limits_total",
+        "Messages a stream's retention removed (max_msgs, max_bytes, max_age_s, max_msgs_per_subject).");
+  count("syncs", syncs, "rdmabroker_stream_syncs_total", "fdatasync calls of a stream's store.");
+  level("messages", messages, "rdmabroker_stream_messages", "Messages a stream holds.");
+  level("bytes", bytes, "rdmabroker_stream_bytes",
+        "Bytes of the messages a stream holds (records, headers included).");
+  level("first_sequence", first_sequence, "rdmabroker_stream_first_sequence",
+        "A stream's first live sequence (last + 1 when empty).");
+  level("last_sequence", last_sequence, "rdmabroker_stream_last_sequence", "A stream's last sequence.");
+  level("subjects", subjects, "rdmabroker_stream_subjects", "Distinct subjects of a stream's messages.");
+  level("segments", segments, "rdmabroker_stream_segments", "A stream's segment files.");
+  level("disk_bytes", disk_bytes, "rdmabroker_stream_disk_bytes", "Bytes of a stream's segment files.");
+  level("corrupt_records", corrupt_records, "rdmabroker_stream_corrupt_records",
+        "Damaged records found in a stream (at start or on read) and skipped.");
+  level("torn_bytes", torn_bytes, "rdmabroker_stream_torn_bytes",
+        "Bytes of an unfinished write cut off a stream's end at start.");
+  HistogramSnapshot h;
+  h.add(sync_seconds);
+  v.histogram({"", "rdmabroker_stream_sync_seconds", "Seconds one fdatasync of a stream's store took.",
+               "stream", name},
+              h);
+}
+
+void StreamEngine::visit(StatsVisitor& v) const {
+  std::vector<std::shared_ptr<StreamStats>> streams;
+  {
+    std::lock_guard lock(stats_mu_);
+    for (const auto& [name, s] : stats_) streams.push_back(s);
+  }
+  v.level("streams.count", static_cast<std::int64_t>(streams.size()), "rdmabroker_streams",
+          "Streams the broker keeps.");
+  v.level("streams.backlog", core_.slots->queued(core_.stream_slot), "rdmabroker_streams_backlog",
+          "Messages routed to streams and not stored yet.");
+  for (const auto& s : streams) s->visit(v);
+}
+
+}  // namespace rdmabroker::daemon

@@ -1,0 +1,249 @@
+// SPDX-License-Identifier: Apache-2.0
+// Streams (docs/streams.md) as an operator runs them, over RDMA (in the
+// guest, label rdma) and TCP (on the host, label tcp): what is published on
+// a stream's subjects is stored in order, headers kept, and still there
+// after a restart, while subscribers get every message as before and other
+// subjects are untouched; retention, new and removed streams follow a
+// reload; a full disk refuses (counted) without stopping anything else, and
+// the stream takes messages again once there is room.
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
+
+#include <atomic>
+#include <filesystem>
+
+#include "harness.hpp"
+#include "rdmabroker/client.hpp"
+#include "store/file_store.hpp"
+
+namespace rdmabroker::test {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+namespace store = daemon::store;
+
+class Streams : public ::testing::TestWithParam<Via> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Via::kRdma) require_rdma();
+    fs::create_directories(data_);
+  }
+  void TearDown() override {
+    broker_.reset();
+    ::unlink(config_.c_str());
+    if (mounted_) ::umount2(data_.c_str(), MNT_DETACH);
+    fs::remove_all(data_);
+  }
+  /// (Re)starts the broker with `streams` (the YAML list) under `storage`.
+  void start(const std::string& streams, const std::string& storage = "") {
+    write_config(streams, storage);
+    broker_.reset();
+    broker_ = std::make_unique<BrokerProcess>(port_, std::vector<std::string>{"--config", config_});
+    ASSERT_TRUE(broker_->running());
+  }
+  void write_config(const std::string& streams, const std::string& storage = "") {
+    write_file(config_, "storage:\n  directory: " + data_ + "\n" + storage + "streams:\n" + streams);
+  }
+  /// `rdmabroker reload`: its exit code and output (stderr too: the refusal).
+  std::pair<int, std::string> reload(const std::string& streams) {
+    write_config(streams);
+    return run({"/bin/sh", "-c", cli_path() + " reload --admin-socket " + broker_->admin_socket() + " 2>&1"});
+  }
+  std::int64_t stat(const std::string& key) { return broker_->stats()[key]; }
+  std::map<std::string, std::int64_t> wait_for(const std::string& key, std::int64_t value) {
+    return broker_->wait_stats([&](auto& s) { return s[key] == value; }, 20s);
+  }
+  /// Every message of stream `name`'s directory, read back with the
+  /// broker's own store (the broker stopped): "subject payload" each.
+  std::vector<std::string> stored(const std::string& name, std::vector<std::string>* headers = nullptr) {
+    auto s = store::FileStore::open({data_ + "/" + name, std::uint64_t{64} << 20, {}}, 0);
+    EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.error().message);
+    std::vector<std::string> out;
+    if (!s.ok()) return out;
+    std::vector<std::byte> buf(1 << 16);
+    for (auto seq = s.value()->next_live(1); seq; seq = s.value()->next_live(*seq + 1)) {
+      auto r = s.value()->read(*seq, buf);
+      if (!r.ok()) {
+        out.push_back("<" + r.error().message + ">");
+        continue;
+      }
+      out.push_back(std::string(r->subject) + " " +
+                    std::string(reinterpret_cast<const char*>(r->payload.data()), r->payload.size()));
+      if (headers) {
+        headers->emplace_back(reinterpret_cast<const char*>(r->headers.data()), r->headers.size());
+      }
+    }
+    return out;
+  }
+
+  const std::string config_ = "/tmp/rdmabroker-streams-" + std::to_string(getpid()) + ".yaml";
+  const std::string data_ = "/tmp/rdmabroker-streams-" + std::to_string(getpid()) + ".d";
+  const std::uint16_t port_ = next_port();
+  bool mounted_ = false;
+  std::unique_ptr<BrokerProcess> broker_;
+};
+
+TEST_P(Streams, PublishedMessagesAreStoredInOrderAndStillThereAfterARestart) {
+  start("  - name: ORDERS\n    subjects: [\"orders.>\"]\n");
+  auto sub = connect_via(*broker_, GetParam());
+  auto pub = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(sub && pub);
+  std::atomic<int> got{0};
+  ASSERT_TRUE(sub->subscribe("orders.>", [&](const Message&) { ++got; }));
+  ASSERT_TRUE(sub->flush(10s));
+  constexpr int kMessages = 400;
+  std::vector<std::string> sent;
+  for (int i = 0; i < kMessages; ++i) {
+    const std::string subject = i % 2 ? "orders.eu" : "orders.us";
+    const std::string payload = "order " + std::to_string(i);
+    if (i % 10 == 0) {
+      ASSERT_TRUE(pub->publish(subject, Headers{{"Msg-Id", "id-" + std::to_string(i)}}, payload));
+    } else {
+      ASSERT_TRUE(pub->publish(subject, payload));
+    }
+    ASSERT_TRUE(pub->publish("other.x", "not for the stream"));
+    sent.push_back(subject + " " + payload);
+  }
+  ASSERT_TRUE(pub->flush(10s));
+  auto s = wait_for("stream.ORDERS.messages", kMessages);
+  EXPECT_EQ(s["stream.ORDERS.messages"], kMessages);
+  EXPECT_EQ(s["stream.ORDERS.last_sequence"], kMessages);
+  EXPECT_EQ(s["streams.count"], 1);
+  // The stream takes nothing from the subscribers.
+  for (int i = 0; i < 200 && got < kMessages; ++i) std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(got, kMessages);
+  sub.reset();
+  pub.reset();
+
+  start("  - name: ORDERS\n    subjects: [\"orders.>\"]\n");
+  s = broker_->stats();
+  EXPECT_EQ(s["stream.ORDERS.messages"], kMessages);
+  EXPECT_EQ(s["stream.ORDERS.first_sequence"], 1);
+  EXPECT_EQ(s["stream.ORDERS.corrupt_records"], 0);
+  pub = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(pub && pub->publish("orders.eu", "after the restart"));
+  ASSERT_TRUE(pub->flush(10s));
+  EXPECT_EQ(wait_for("stream.ORDERS.last_sequence", kMessages + 1)["stream.ORDERS.last_sequence"],
+            kMessages + 1);
+  pub.reset();
+  broker_.reset();
+
+  sent.push_back("orders.eu after the restart");
+  std::vector<std::string> headers;
+  EXPECT_EQ(stored("ORDERS", &headers), sent);
+  ASSERT_EQ(headers.size(), sent.size());
+  EXPECT_NE(headers[10].find("id-10"), std::string::npos);
+  EXPECT_TRUE(headers[11].empty());
+}
+
+TEST_P(Streams, RetentionAndTheStreamsThemselvesFollowAReload) {
+  start("  - name: A\n    subjects: [\"a.>\"]\n    max_msgs: 100\n");
+  auto pub = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(pub);
+  for (int i = 1; i <= 300; ++i) ASSERT_TRUE(pub->publish("a.x", std::to_string(i)));
+  ASSERT_TRUE(pub->flush(10s));
+  auto s = wait_for("stream.A.last_sequence", 300);
+  EXPECT_EQ(s["stream.A.messages"], 100);
+  EXPECT_EQ(s["stream.A.first_sequence"], 201);
+  EXPECT_EQ(s["stream.A.removed_by_limits"], 200);
+
+  // A lower limit applies at once; a new stream starts capturing.
+  auto [rc, out] = reload(
+      "  - name: A\n    subjects: [\"a.>\"]\n    max_msgs: 50\n"
+      "  - name: KV\n    subjects: [\"kv.>\"]\n    max_msgs_per_subject: 1\n");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(wait_for("stream.A.messages", 50)["stream.A.first_sequence"], 251);
+  for (const char* key : {"kv.a", "kv.b", "kv.a", "kv.a", "kv.b"}) ASSERT_TRUE(pub->publish(key, "v"));
+  ASSERT_TRUE(pub->flush(10s));
+  s = wait_for("stream.KV.last_sequence", 5);
+  EXPECT_EQ(s["stream.KV.messages"], 2) << "the last of each key";
+  EXPECT_EQ(s["streams.count"], 2);
+
+  // Subjects that overlap another stream's: refused, nothing changes.
+  std::tie(rc, out) = reload(
+      "  - name: A\n    subjects: [\"a.>\"]\n    max_msgs: 50\n"
+      "  - name: KV\n    subjects: [\"kv.>\", \"a.x\"]\n");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("overlaps 'a.>' of stream 'A'"), std::string::npos) << out;
+
+  // A removed stream stops capturing; its files stay.
+  std::tie(rc, out) = reload("  - name: KV\n    subjects: [\"kv.>\"]\n    max_msgs_per_subject: 1\n");
+  ASSERT_EQ(rc, 0) << out;
+  s = wait_for("streams.count", 1);
+  EXPECT_EQ(s.count("stream.A.messages"), 0u);
+  ASSERT_TRUE(pub->publish("a.x", "after removal"));
+  ASSERT_TRUE(pub->publish("kv.c", "v"));
+  ASSERT_TRUE(pub->flush(10s));
+  EXPECT_EQ(wait_for("stream.KV.last_sequence", 6)["stream.KV.messages"], 3);
+  pub.reset();
+  broker_.reset();
+  const auto a = stored("A");
+  ASSERT_EQ(a.size(), 300u)
+      << "the files of a removed stream are kept whole (no limits applied to them here)";
+  EXPECT_EQ(a.back(), "a.x 300");
+}
+
+// A full disk, for real: a 512 KiB tmpfs under the stream's directory, in a
+// mount namespace the broker inherits (root: CI, and the guest).
+TEST_P(Streams, AFullDiskRefusesCountedOthersFlowAndTheStreamResumesWithRoom) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root (CI and the guest have it)";
+  ASSERT_EQ(::unshare(CLONE_NEWNS), 0) << std::strerror(errno);
+  ASSERT_EQ(::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0) << std::strerror(errno);
+  ASSERT_EQ(::mount("tmpfs", data_.c_str(), "tmpfs", 0, "size=512k"), 0) << std::strerror(errno);
+  mounted_ = true;
+  write_file(data_ + "/filler", std::string(128 << 10, 'f'));
+  start("  - name: DISK\n    subjects: [\"disk.>\"]\n", "  sync: always\n");
+  auto sub = connect_via(*broker_, GetParam());
+  auto pub = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(sub && pub);
+  std::atomic<int> others{0};
+  ASSERT_TRUE(sub->subscribe("other", [&](const Message&) { ++others; }));
+  ASSERT_TRUE(sub->flush(10s));
+  const std::string payload(4000, 'p');
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_TRUE(pub->publish("disk.x", payload));
+    ASSERT_TRUE(pub->publish("other", "flows"));
+  }
+  ASSERT_TRUE(pub->flush(10s));
+  auto s = broker_->wait_stats(
+      [](auto& s) { return s["stream.DISK.stored"] + s["stream.DISK.refused_disk_full"] == 200; }, 20s);
+  EXPECT_GT(s["stream.DISK.refused_disk_full"], 0);
+  EXPECT_GT(s["stream.DISK.stored"], 10);
+  EXPECT_EQ(s["stream.DISK.messages"], s["stream.DISK.stored"]);
+  for (int i = 0; i < 200 && others < 200; ++i) std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(others, 200) << "a subject without a stream is not held up by a full disk";
+  const auto kept = s["stream.DISK.stored"];
+
+  fs::remove(data_ + "/filler");
+  ASSERT_TRUE(pub->publish("disk.x", "room again"));
+  ASSERT_TRUE(pub->flush(10s));
+  s = wait_for("stream.DISK.stored", kept + 1);
+  EXPECT_EQ(s["stream.DISK.last_sequence"], kept + 1);
+  sub.reset();
+  pub.reset();
+  broker_.reset();
+  const auto all = stored("DISK");
+  ASSERT_EQ(all.size(), static_cast<std::size_t>(kept + 1));
+  EXPECT_EQ(all.back(), "disk.x room again");
+}
+
+TEST(StreamsConfig, AStreamThatCannotBeOpenedStopsTheStartWithItsName) {
+  const std::string config = "/tmp/rdmabroker-streams-bad-" + std::to_string(getpid()) + ".yaml";
+  write_file(config,
+             "rdma: off\nstorage:\n  directory: /proc/version/streams\nstreams:\n"
+             "  - name: ORDERS\n    subjects: [\"orders.>\"]\n");
+  auto [rc, out] = run({broker_path(), "--config", config, "--tcp-port", std::to_string(next_port()),
+                        "--admin-socket", "", "--metrics-listen", ""});
+  ::unlink(config.c_str());
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find("stream ORDERS"), std::string::npos) << out;
+  EXPECT_NE(out.find("/proc/version/streams/ORDERS"), std::string::npos) << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Via, Streams, ::testing::Values(Via::kRdma, Via::kTcp),
+                         [](const auto& info) { return info.param == Via::kRdma ? "rdma" : "tcp"; });
+
+}  // namespace
+}  // namespace rdmabroker::test
