@@ -57,7 +57,7 @@ void print_message(std::uint64_t n, const rdmabroker::Message& m) {
 }
 
 int run_pub(const Common& common, const std::string& subject, const std::string& message, std::uint64_t count,
-            const std::vector<std::string>& header_options, const std::string& file) {
+            const std::vector<std::string>& header_options, const std::string& file, bool ack) {
   const rdmabroker::Headers headers = headers_or_die(header_options);
   std::string contents;  // --file: the whole file (or stdin) as one message, bytes as they are
   if (!file.empty()) {
@@ -84,8 +84,15 @@ int run_pub(const Common& common, const std::string& subject, const std::string&
     }
   }
   auto client = connect_or_die(common);
-  auto publish = [&](std::string_view payload) {
-    return headers.empty() ? client->publish(subject, payload) : client->publish(subject, headers, payload);
+  auto publish = [&](std::string_view payload) -> rdmabroker::Status {
+    if (!ack)
+      return headers.empty() ? client->publish(subject, payload) : client->publish(subject, headers, payload);
+    // --ack: one at a time, each stored durably before the next (docs/streams.md).
+    auto r =
+        client->publish_acked(subject, headers, rdmabroker::as_payload(payload), std::chrono::seconds(30));
+    if (!r) return r.error();
+    std::cout << r->stream << " " << r->sequence << (r->duplicate ? " duplicate" : "") << "\n" << std::flush;
+    return {};
   };
   std::uint64_t sent = 0;
   if (!file.empty()) {
@@ -194,6 +201,7 @@ Subcommand add_pub(CLI::App& app) {
     std::uint64_t count = 1;
     std::vector<std::string> headers;
     std::string file;
+    bool ack = false;
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("pub", "Publish a message (or each line of stdin with '-', or a file)");
@@ -206,8 +214,12 @@ Subcommand add_pub(CLI::App& app) {
   cmd->add_option("-n,--count", a->count, "Publish the message this many times")->capture_default_str();
   cmd->add_option("-H,--header", a->headers, "Add the message header NAME=VALUE (repeatable)")
       ->type_name("NAME=VALUE");
+  cmd->add_flag(
+      "--ack", a->ack,
+      "Wait until a stream stored each message durably; print its stream and sequence (docs/streams.md)");
   add_common(cmd, a->common);
-  return {cmd, [a] { return run_pub(a->common, a->subject, a->message, a->count, a->headers, a->file); }};
+  return {cmd,
+          [a] { return run_pub(a->common, a->subject, a->message, a->count, a->headers, a->file, a->ack); }};
 }
 
 Subcommand add_sub(CLI::App& app) {

@@ -57,6 +57,12 @@ int code_for(rdmabroker::ErrorKind k) {
       return RB_ERR_PERMISSION_DENIED;
     case ErrorKind::kMessagesLost:
       return RB_ERR_MESSAGES_LOST;
+    case ErrorKind::kNoStream:
+      return RB_ERR_NO_STREAM;
+    case ErrorKind::kStreamFull:
+      return RB_ERR_STREAM_FULL;
+    case ErrorKind::kDiskFull:
+      return RB_ERR_DISK_FULL;
   }
   return RB_ERR_INVALID_ARGUMENT;
 }
@@ -296,6 +302,25 @@ int rb_publish_headers(rb_client* c, const char* subject, const char* reply, con
   auto st =
       c->impl->publish(subject, headers_of(headers, count), bytes(data, len), reply != nullptr ? reply : "");
   return st ? RB_OK : fail(st.error());
+}
+
+int rb_publish_acked(rb_client* c, const char* subject, const rb_header* headers, size_t count,
+                     const void* data, size_t len, int timeout_ms, rb_pub_ack* out) {
+  if (c == nullptr || subject == nullptr || !valid_fields(headers, count) || (data == nullptr && len != 0) ||
+      timeout_ms < 0) {
+    return invalid("rb_publish_acked: bad arguments");
+  }
+  auto r = c->impl->publish_acked(subject, headers_of(headers, count), bytes(data, len),
+                                  std::chrono::milliseconds(timeout_ms));
+  if (!r) return fail(r.error());
+  if (out != nullptr) {
+    const std::size_t n = std::min(r->stream.size(), sizeof out->stream - 1);
+    std::memcpy(out->stream, r->stream.data(), n);
+    out->stream[n] = '\0';
+    out->sequence = r->sequence;
+    out->duplicate = r->duplicate ? 1 : 0;
+  }
+  return RB_OK;
 }
 
 int rb_request_headers(rb_client* c, const char* subject, const rb_header* headers, size_t count,

@@ -62,7 +62,14 @@ class ReconnectingClient final : public Client {
     if (!s) return s.error();
     return s.value()->request(subject, headers, payload, timeout);
   }
+  Result<PubAck> publish_acked(std::string_view subject, const Headers& headers, ByteView payload,
+                               std::chrono::milliseconds timeout) override {
+    auto s = wait_for_session(opt_.publish_timeout);
+    if (!s) return s.error();
+    return s.value()->publish_acked(subject, headers, payload, timeout);
+  }
   using Client::publish;
+  using Client::publish_acked;
   using Client::request;
   Result<std::uint32_t> subscribe(std::string_view subject, MessageHandler handler) override {
     return queue_subscribe(subject, {}, std::move(handler));

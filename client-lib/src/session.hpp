@@ -26,6 +26,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -84,6 +85,9 @@ class Session final : public Client, private SessionSide, private LandingHost {
   Status flush(std::chrono::milliseconds timeout) override;
   Result<std::size_t> poll(std::chrono::microseconds timeout) override;
   Status wake() override;
+  Result<PubAck> publish_acked(std::string_view subject, const Headers& headers, ByteView payload,
+                               std::chrono::milliseconds timeout) override;
+  using Client::publish_acked;
   std::size_t max_payload(std::size_t subject_len) const override {
     // Version 4: the broker's limit, in fragments beyond one frame (SPEC.md §3.7).
     if (protocol_version_ >= proto::kFragmentsVersion && max_message_ != 0) return max_message_;
@@ -220,6 +224,8 @@ class Session final : public Client, private SessionSide, private LandingHost {
 
   // ------------------------------------------------ requests and subscriptions
   /// The request() of both forms: `headers` already checked.
+  /// A PUB_ACK: the answer publish_acked() waits for.
+  void on_pub_ack(const proto::Frame& f);
   Result<Message> request_with(std::string_view subject, std::span<const proto::HeaderField> headers,
                                ByteView payload, std::chrono::milliseconds timeout);
   /// Makes the inbox at the first request, and waits (until `deadline`)
@@ -292,6 +298,14 @@ class Session final : public Client, private SessionSide, private LandingHost {
   SendBuffers sends_;
   SubscriptionTable subs_;
   PendingRequests requests_;
+  /// Acknowledged publishes waiting for their PUB_ACK (SPEC.md §3.10), by id.
+  struct AckWait {
+    bool done = false;
+    proto::ErrorCode code = proto::ErrorCode::kNone;
+    PubAck ack;
+  };
+  std::map<std::uint64_t, AckWait> acks_;
+  std::uint64_t next_ack_ = 1;
   bool fragmenting_ = false;    // a publish is sending fragments: other publishes wait
   bool abort_pending_ = false;  // a fragmented publish failed half-way: ABORT goes first
   /// Rendezvous (SPEC.md §3.8): offers the broker has not released yet, by

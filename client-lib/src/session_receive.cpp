@@ -30,6 +30,9 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
       case FrameType::kDeliver:
         if (!on_deliver(f, deliveries, errors)) return;
         break;
+      case FrameType::kPubAck:
+        on_pub_ack(f);
+        break;
       case FrameType::kNoResponders: {
         std::lock_guard lock(mu_);
         if (requests_.no_responders(f.subject)) cv_.notify_all();

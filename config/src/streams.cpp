@@ -30,7 +30,7 @@ StreamSettings parse_stream(const YAML::Node& s, const std::string& at) {
   if (!s.IsMap()) throw FieldProblem{s.Mark(), at, "expected a mapping with name and subjects"};
   only_keys(s, at,
             {"name", "subjects", "max_msgs", "max_bytes", "max_age_s", "max_msgs_per_subject", "max_msg_size",
-             "discard"});
+             "discard", "duplicate_window_s"});
   StreamSettings out;
   const YAML::Node name = s["name"];
   if (!name || !name.IsScalar() || !valid_stream_name(name.Scalar())) {
@@ -49,6 +49,7 @@ StreamSettings parse_stream(const YAML::Node& s, const std::string& at) {
   limit(s, at, "max_age_s", false, out.max_age_s);
   limit(s, at, "max_msgs_per_subject", false, out.max_msgs_per_subject);
   limit(s, at, "max_msg_size", true, out.max_msg_size);
+  limit(s, at, "duplicate_window_s", false, out.duplicate_window_s);
   if (const YAML::Node d = s["discard"]) {
     if (!d.IsScalar() || (d.Scalar() != "old" && d.Scalar() != "new")) {
       throw FieldProblem{d.Mark(), at + ".discard", "expected old or new"};
@@ -99,7 +100,8 @@ std::string show_streams(const std::vector<StreamSettings>& streams) {
     out += "} max_msgs " + std::to_string(s.max_msgs) + " max_bytes " + std::to_string(s.max_bytes) +
            " max_age_s " + std::to_string(s.max_age_s) + " max_msgs_per_subject " +
            std::to_string(s.max_msgs_per_subject) + " max_msg_size " + std::to_string(s.max_msg_size) +
-           " discard " + (s.discard == StreamDiscard::kNew ? "new" : "old");
+           " discard " + (s.discard == StreamDiscard::kNew ? "new" : "old") + " duplicate_window_s " +
+           std::to_string(s.duplicate_window_s);
   }
   return out + "]";
 }

@@ -58,6 +58,21 @@ OutItem make_no_responders(std::string_view reply) {
   return item;
 }
 
+OutItem make_pub_ack(std::uint64_t id, proto::ErrorCode code, std::uint64_t stream_sequence,
+                     std::string_view stream, bool duplicate) {
+  proto::FrameHeader h;
+  h.type = proto::FrameType::kPubAck;
+  h.arg = static_cast<std::uint32_t>(code);
+  h.flags = duplicate ? proto::kFlagDuplicate : 0;
+  h.sequence = id;
+  std::string payload(proto::kPubAckMinLen, '\0');
+  std::memcpy(payload.data(), &stream_sequence, sizeof stream_sequence);
+  payload.append(stream.substr(0, proto::kMaxStreamNameLen));
+  OutItem item = make_frame(h, {}, {}, payload);
+  item.fixed_sequence = true;  // the publisher's id, not this connection's frame counter
+  return item;
+}
+
 OutItem make_abort(std::uint32_t sid, std::uint64_t publisher_id) {
   OutItem item = make_control(proto::FrameType::kAbort, sid);
   item.header.sequence = publisher_id;

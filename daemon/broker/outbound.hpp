@@ -107,6 +107,11 @@ OutItem make_frame(proto::FrameHeader h, std::string_view subject, std::string_v
                    std::string_view payload);
 /// NO_RESPONDERS for the request whose reply subject is `reply` (≤ 255 bytes).
 OutItem make_no_responders(std::string_view reply);
+/// PUB_ACK (SPEC.md §3.10) for the PUBLISH whose ACK id is `id`: `code`
+/// kNone when `stream` stored it as `stream_sequence` (`duplicate`: stored
+/// before, under that sequence), else why not.
+OutItem make_pub_ack(std::uint64_t id, proto::ErrorCode code, std::uint64_t stream_sequence = 0,
+                     std::string_view stream = {}, bool duplicate = false);
 /// ABORT (SPEC.md §3.7): the message publisher `publisher_id` was sending to
 /// subscription `sid` in fragments will not be completed.
 OutItem make_abort(std::uint32_t sid, std::uint64_t publisher_id);

@@ -24,6 +24,12 @@ struct StreamPublish {
   BufferRef buf;
   RoutedFrame frame;
   std::int64_t received_at = 0;  // steady clock, ns
+  /// A PUBLISH with ACK (SPEC.md §3.10): its id (0: none), and where the
+  /// PUB_ACK goes: the publisher's connection, its slot and worker.
+  std::uint64_t ack_id = 0;
+  std::uint64_t publisher = 0;
+  std::uint32_t publisher_slot = 0;
+  std::uint32_t publisher_worker = 0;
 };
 
 /// Called from any worker.

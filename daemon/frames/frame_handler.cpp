@@ -95,6 +95,7 @@ bool FrameHandler::on_frame(Connection& c, const proto::Frame& f, const BufferRe
     case FrameType::kMcastLeave:
     case FrameType::kInfo:
     case FrameType::kRendezvousRelease:
+    case FrameType::kPubAck:
       break;
   }
   connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
@@ -128,14 +129,33 @@ bool FrameHandler::on_publish(Connection& c, const proto::Frame& f, const Buffer
                                    " bytes exceeds limits.max_payload (" + std::to_string(opt.max_payload) +
                                    ")");
   }
+  const bool ack = (h.flags & proto::kFlagAck) != 0;
+  if (ack && c.protocol_version < proto::kStreamsVersion) {
+    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kMalformedFrame,
+                       "flag not allowed: ACK needs protocol version 10, this connection negotiated " +
+                           std::to_string(c.protocol_version));
+    return false;
+  }
   if (!may_publish(c, f.subject)) {
-    deny(c, "publish", f.subject, 0);  // refused, not accepted: nothing was lost
+    // Refused, not accepted: nothing was lost. One waiting for an ACK hears it there.
+    if (ack) {
+      ctx_.stats.denied_publish.add();
+      connections_.enqueue(c, make_pub_ack(h.sequence, ErrorCode::kPermissionDenied));
+    } else {
+      deny(c, "publish", f.subject, 0);
+    }
     return true;
   }
   ctx_.stats.messages_in.add();
   ctx_.stats.bytes_in.add(h.payload_len);
   ++c.messages_in;
   c.bytes_in += h.payload_len;
+  if (ack) {
+    // Subscribers get the frame as it came, less ACK: a flag between this
+    // publisher and the broker, which older clients would take as malformed.
+    auto* flags = reinterpret_cast<std::uint16_t*>(buf.data() + f.offset + 4);
+    *flags = static_cast<std::uint16_t>(*flags & ~proto::kFlagAck);
+  }
   router_.route_publish(c, f, buf);
   return true;
 }

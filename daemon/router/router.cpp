@@ -17,8 +17,12 @@ void Router::route_publish(Connection& publisher, const proto::Frame& f, const B
   ctx_.assert_on_loop();
   auto& stats = ctx_.stats;
   Match& match = match_cache_.match(ctx_.core.index, f.subject);
+  // ACK (SPEC.md §3.10): the stream that takes the subject answers; without one, this worker does.
+  const std::uint64_t ack_id = (f.header.flags & proto::kFlagAck) != 0 ? f.header.sequence : 0;
+  bool stream_answers = false;
   if (match.empty()) {
     stats.messages_no_subscribers.add();
+    if (ack_id != 0) connections_.enqueue(publisher, make_pub_ack(ack_id, proto::ErrorCode::kNoStream));
     if ((f.header.flags & proto::kFlagRequest) != 0) {
       // A request nobody can answer: tell the requester at once instead of
       // letting it wait for its timeout (SPEC.md §3.3, NO_RESPONDERS).
@@ -41,7 +45,13 @@ void Router::route_publish(Connection& publisher, const proto::Frame& f, const B
       }
       if (publisher.open_message.open) publisher.open_message.recipients.push_back(s);
     }
-    if (route_to(s, frame, buf) && backlogged == nullptr && over_watermark(s)) backlogged = &s;
+    if (s.worker == kStreamWorker) {
+      to_stream(s, frame, buf, publisher, ack_id);
+      stream_answers = ack_id != 0;
+    } else if (!route_to(s, frame, buf)) {
+      return;
+    }
+    if (backlogged == nullptr && over_watermark(s)) backlogged = &s;
   };
   for (const Subscriber& s : match.plain) deliver(s);
   for (std::size_t g = 0; g < match.groups.size(); ++g) {
@@ -58,7 +68,18 @@ void Router::route_publish(Connection& publisher, const proto::Frame& f, const B
       chosen = &match.pick(g);
     deliver(*chosen);
   }
+  if (ack_id != 0 && !stream_answers) {
+    connections_.enqueue(publisher, make_pub_ack(ack_id, proto::ErrorCode::kNoStream));
+  }
   if (backlogged != nullptr) connections_.stall(publisher, backlogged->slot);
+}
+
+void Router::to_stream(const Subscriber& s, const RoutedFrame& frame, const BufferRef& buf,
+                       const Connection& publisher, std::uint64_t ack_id) {
+  ctx_.core.slots->add_queued(s.slot, 1);  // the stream engine's backlog (in messages), until stored
+  stream_batch_.push_back({static_cast<std::uint32_t>(s.connection), buf.clone(), frame,
+                           ctx_.now.time_since_epoch().count(), ack_id, publisher.id, publisher.slot,
+                           ctx_.index});
 }
 
 void Router::route_fragment(Connection& publisher, const proto::Frame& f, const BufferRef& buf) {
@@ -114,11 +135,6 @@ bool Router::route_to(const Subscriber& s, const RoutedFrame& frame, const Buffe
     // A multicast channel: its engine sequences the message and fans it out.
     ctx_.core.slots->add_queued(s.slot, 1);  // the engine's backlog (in messages), until it has handled it
     channel_batch_.push_back({static_cast<std::uint32_t>(s.connection), buf.clone(), frame, now});
-    return true;
-  }
-  if (s.worker == kStreamWorker) {
-    ctx_.core.slots->add_queued(s.slot, 1);  // the stream engine's backlog (in messages), until stored
-    stream_batch_.push_back({static_cast<std::uint32_t>(s.connection), buf.clone(), frame, now});
     return true;
   }
   if (s.worker == ctx_.index) {

@@ -68,6 +68,10 @@ class Router {
   /// Queues PUBLISH frame `frame` of `buf` for `s`, locally or through its
   /// worker; false if it went nowhere (counted).
   bool route_to(const Subscriber& s, const RoutedFrame& frame, const BufferRef& buf);
+  /// Hands PUBLISH frame `frame` of `buf` to stream `s` (its engine's batch),
+  /// with the PUBLISH's ACK id (0: none) and who gets the PUB_ACK.
+  void to_stream(const Subscriber& s, const RoutedFrame& frame, const BufferRef& buf,
+                 const Connection& publisher, std::uint64_t ack_id);
   /// Queues control frame `item` for `s` behind what was routed to it.
   void send_to(const Subscriber& s, OutItem item);
   /// Whether `s`'s queue is above the stall watermark.

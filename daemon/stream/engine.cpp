@@ -33,6 +33,31 @@ store::StoreLimits limits_of(const config::StreamSettings& s) {
 }
 
 constexpr std::int64_t kExpireEveryNs = 1'000'000'000;
+constexpr std::int64_t kNsPerSecond = 1'000'000'000;
+
+proto::ErrorCode code_of(store::StoreErrc e) {
+  switch (e) {
+    case store::StoreErrc::kFull:
+      return proto::ErrorCode::kStreamFull;
+    case store::StoreErrc::kDiskFull:
+      return proto::ErrorCode::kDiskFull;
+    case store::StoreErrc::kTooLarge:
+      return proto::ErrorCode::kPayloadTooLarge;
+    default:
+      return proto::ErrorCode::kInternalError;
+  }
+}
+
+/// Fills `window` with the Msg-Ids `store` holds from its last `window`'s worth of messages.
+void rebuild(DuplicateWindow& window, store::MessageStore& store, std::int64_t now_ns) {
+  if (!window.enabled()) return;
+  std::vector<std::byte> buf;
+  for (auto seq = store.first_at_time(now_ns - window.window_ns()); seq; seq = store.next_live(*seq + 1)) {
+    buf.resize(store.length_of(*seq).value_or(0));
+    auto r = store.read(*seq, buf);
+    if (r) window.add(msg_id_of(r->headers), *seq, r->time_ns);
+  }
+}
 
 }  // namespace
 
@@ -60,7 +85,13 @@ Result<StreamEngine::Stream> StreamEngine::open(const config::StreamSettings& s,
     return Error{ErrorKind::kResource, "stream " + s.name + ": " + st.error().message};
   }
   for (const auto& line : report.problems) spdlog::warn("stream {}: {}", s.name, line);
-  Stream stream{id, std::move(st.value()), std::make_shared<StreamStats>(s.name), false};
+  Stream stream{id,
+                std::move(st.value()),
+                std::make_shared<StreamStats>(s.name),
+                DuplicateWindow(static_cast<std::int64_t>(s.duplicate_window_s) * kNsPerSecond),
+                false,
+                {}};
+  rebuild(stream.duplicates, *stream.store, realtime_ns());
   const auto info = stream.store->stats();
   spdlog::info("stream {}: {} in {}, subjects {}: {} messages, sequences {}..{}", s.name,
                report.segments == 0 ? "new" : "opened", dir, fmt::join(s.subjects, ", "), info.messages,
@@ -128,7 +159,9 @@ void StreamEngine::reload(const config::StorageSettings& storage,
       register_stream(*s, id);
       spdlog::info("stream {}: subjects now {}", name, fmt::join(s->subjects, ", "));
     }
-    if (!(r.settings == *s)) post(SetLimits{r.id, limits_of(*s)});
+    if (!(r.settings == *s)) {
+      post(SetLimits{r.id, limits_of(*s), static_cast<std::int64_t>(s->duplicate_window_s) * kNsPerSecond});
+    }
     r.settings = *s;
   }
 }
@@ -144,6 +177,7 @@ void StreamEngine::post(Item item) {
 void StreamEngine::capture(std::vector<StreamPublish>&& batch) { post(std::move(batch)); }
 
 void StreamEngine::start() {
+  ready_.resize(core_.options.workers);  // one PUB_ACK batch per worker
   thread_ = std::thread([this] { run(); });
 }
 
@@ -198,6 +232,7 @@ void StreamEngine::run() {
             } else if constexpr (std::is_same_v<T, SetLimits>) {
               if (auto it = streams_.find(i.id); it != streams_.end()) {
                 it->second.store->set_limits(i.limits);
+                it->second.duplicates.set_window(i.duplicate_window_ns);
                 refresh(it->second);
               }
             } else {
@@ -223,7 +258,8 @@ void StreamEngine::run() {
       }
       next_expire = now + kExpireEveryNs;
     }
-    if (stopping) return;
+    if (stopping) return;  // the workers are gone, and their connections with them
+    post_acks();
   }
 }
 
@@ -231,9 +267,15 @@ void StreamEngine::handle(std::vector<StreamPublish>& batch) {
   const std::int64_t wall = realtime_ns(), now = steady_ns();
   for (const StreamPublish& p : batch) {
     auto it = streams_.find(p.stream);
-    if (it != streams_.end()) store_one(it->second, p, wall, now);
-    // else: removed by a reload after the worker routed it (its entries were
-    // out of the index before): the message was not the stream's to keep.
+    if (it != streams_.end()) {
+      store_one(it->second, p, wall, now);
+    } else if (p.ack_id != 0) {
+      // Removed by a reload after the worker routed it (its entries were out
+      // of the index before): the message was not the stream's to keep.
+      ready_[p.publisher_worker].push_back(
+          {p.publisher, p.publisher_slot, make_pub_ack(p.ack_id, proto::ErrorCode::kNoStream)});
+      acks_due_ = true;
+    }
   }
   for (auto& [id, s] : streams_) refresh(s);
   core_.slots->add_queued(core_.stream_slot, -static_cast<std::int64_t>(batch.size()));
@@ -248,12 +290,18 @@ void StreamEngine::store_one(Stream& s, const StreamPublish& p, std::int64_t rea
     return;  // validated by the worker
   // The broker's receive time: the worker's steady stamp, on the wall clock.
   const std::int64_t received = realtime_now - (steady_now - p.received_at);
+  const std::string_view msg_id = s.duplicates.enabled() ? msg_id_of(f.headers) : std::string_view();
+  if (auto first = s.duplicates.find(msg_id, received)) {
+    s.stats->duplicates.add();
+    return answer(s, p, proto::ErrorCode::kNone, *first, true);
+  }
   auto r = s.store->append({f.subject, f.headers, f.payload}, received);
   if (r) {
     s.stats->stored.add();
+    s.duplicates.add(msg_id, r.value(), received);
     if (!s.dirty && first_dirty_ns_ == 0) first_dirty_ns_ = steady_now;
     s.dirty = true;
-    return;
+    return answer(s, p, proto::ErrorCode::kNone, r.value());
   }
   switch (r.error().code) {
     case store::StoreErrc::kFull:
@@ -271,6 +319,28 @@ void StreamEngine::store_one(Stream& s, const StreamPublish& p, std::int64_t rea
   }
   log_throttled(refusal_log_, spdlog::level::warn, "stream {}: a message on {} was not stored: {}",
                 s.stats->name, f.subject, r.error().message);
+  answer(s, p, code_of(r.error().code));
+}
+
+void StreamEngine::answer(Stream& s, const StreamPublish& p, proto::ErrorCode code, std::uint64_t sequence,
+                          bool duplicate) {
+  if (p.ack_id == 0) return;
+  Ack ack{p.publisher_worker,
+          {p.publisher, p.publisher_slot, make_pub_ack(p.ack_id, code, sequence, s.stats->name, duplicate)}};
+  // Behind the stream's unsynced messages: a duplicate's first may be one of them.
+  if (s.dirty) {
+    s.acks.push_back(std::move(ack));
+    return;
+  }
+  s.stats->acks.add();
+  ready_[ack.worker].push_back(std::move(ack.delivery));
+  acks_due_ = true;
+}
+
+void StreamEngine::post_acks() {
+  if (!acks_due_) return;
+  core_.workers->post_deliveries(ready_);
+  acks_due_ = false;
 }
 
 void StreamEngine::sync(Stream& s) {
@@ -284,6 +354,11 @@ void StreamEngine::sync(Stream& s) {
   s.stats->syncs.add();
   s.stats->sync_seconds.observe(std::chrono::duration<double>(steady_clock::now() - started).count());
   s.dirty = false;
+  // What was acknowledged is durable now.
+  s.stats->acks.add(s.acks.size());
+  for (Ack& a : s.acks) ready_[a.worker].push_back(std::move(a.delivery));
+  acks_due_ = acks_due_ || !s.acks.empty();
+  s.acks.clear();
 }
 
 void StreamEngine::refresh(Stream& s) {

@@ -28,6 +28,7 @@
 #include "broker/log_throttle.hpp"
 #include "broker/stats.hpp"
 #include "broker/streams.hpp"
+#include "stream/duplicates.hpp"
 #include "rdmabroker/config/settings.hpp"
 #include "rdmabroker/result.hpp"
 #include "store/message_store.hpp"
@@ -51,6 +52,8 @@ struct StreamStats {
   Counter write_errors;       // other I/O errors on append or sync
   Counter removed_by_limits;
   Counter syncs;
+  Counter duplicates;  // messages with a Msg-Id stored within the window: not stored again
+  Counter acks;        // PUB_ACKs sent (stored, duplicate or refused)
   Gauge messages, bytes, first_sequence, last_sequence, subjects, segments, disk_bytes, corrupt_records,
       torn_bytes;
   Histogram<kStreamSyncBounds.size()> sync_seconds{kStreamSyncBounds};
@@ -79,12 +82,19 @@ class StreamEngine final : public StreamCapture {
   void visit(StatsVisitor& v) const;
 
  private:
+  /// A PUB_ACK for the publisher's worker to send.
+  struct Ack {
+    std::uint32_t worker = 0;
+    RemoteDelivery delivery;
+  };
   /// A stream as the engine thread holds it.
   struct Stream {
     std::uint32_t id = 0;
     std::unique_ptr<store::MessageStore> store;
     std::shared_ptr<StreamStats> stats;
-    bool dirty = false;  // appended since the last sync
+    DuplicateWindow duplicates;
+    bool dirty = false;     // appended since the last sync
+    std::vector<Ack> acks;  // for messages appended since the last sync: sent once it succeeds
   };
   /// A stream as the main thread registers it: its index entries.
   struct Registered {
@@ -101,6 +111,7 @@ class StreamEngine final : public StreamCapture {
   struct SetLimits {
     std::uint32_t id = 0;
     store::StoreLimits limits;
+    std::int64_t duplicate_window_ns = 0;
   };
   struct SetStorage {
     config::StorageSettings storage;
@@ -122,6 +133,12 @@ class StreamEngine final : public StreamCapture {
   void store_one(Stream& s, const StreamPublish& p, std::int64_t realtime_now, std::int64_t steady_now);
   void sync(Stream& s);
   void refresh(Stream& s);
+  /// Answers PUBLISH `p` (if it asked for an ACK): after `s`'s next sync
+  /// when `s` has unsynced messages, else with the next post.
+  void answer(Stream& s, const StreamPublish& p, proto::ErrorCode code, std::uint64_t sequence = 0,
+              bool duplicate = false);
+  /// Hands the PUB_ACKs that are due to the publishers' workers.
+  void post_acks();
 
   BrokerCore& core_;
   const std::string directory_;  // storage.directory (not live)
@@ -137,7 +154,9 @@ class StreamEngine final : public StreamCapture {
   // The engine thread's (create() fills streams_ before it starts).
   std::map<std::uint32_t, Stream> streams_;
   config::StorageSettings storage_;
-  std::int64_t first_dirty_ns_ = 0;  // steady: when the oldest unsynced message was stored (0: none)
+  std::int64_t first_dirty_ns_ = 0;
+  std::vector<std::vector<RemoteDelivery>> ready_;  // PUB_ACKs due, per worker
+  bool acks_due_ = false;  // steady: when the oldest unsynced message was stored (0: none)
   LogThrottle refusal_log_;
 
   mutable std::mutex stats_mu_;

@@ -25,6 +25,10 @@ void StreamStats::visit(StatsVisitor& v) const {
   count("removed_by_limits", removed_by_limits, "rdmabroker_stream_removed_by_limits_total",
         "Messages a stream's retention removed (max_msgs, max_bytes, max_age_s, max_msgs_per_subject).");
   count("syncs", syncs, "rdmabroker_stream_syncs_total", "fdatasync calls of a stream's store.");
+  count("duplicates", duplicates, "rdmabroker_stream_duplicates_total",
+        "Messages whose Msg-Id a stream stored within its duplicate window: not stored again.");
+  count("acks", acks, "rdmabroker_stream_acks_total",
+        "PUB_ACKs a stream sent (stored, duplicate or refused).");
   level("messages", messages, "rdmabroker_stream_messages", "Messages a stream holds.");
   level("bytes", bytes, "rdmabroker_stream_bytes",
         "Bytes of the messages a stream holds (records, headers included).");

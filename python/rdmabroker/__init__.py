@@ -24,84 +24,35 @@ import sys
 import threading
 import traceback
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Callable, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 __version__ = "0.1.0"  # the project's version (CMakeLists.txt; a test keeps them equal)
 
 __all__ = [
     "__version__", "connect", "Client", "Subscription", "Message", "Headers", "ServerInfo", "BrokerInfo", "Error", "InvalidArgument", "ConnectFailed",
     "Rejected", "Timeout", "Closed", "BrokerError", "ResourceError", "PayloadTooLarge",
-    "NoResponders", "AuthenticationFailed", "PermissionDenied", "MessagesLost",
+    "NoResponders", "AuthenticationFailed", "PermissionDenied", "MessagesLost", "NoStream", "StreamFull",
+    "DiskFull", "PubAck",
 ]
 
-# ---------------------------------------------------------------- errors
+# ---------------------------------------------------------------- errors (errors.py)
+
+from .errors import (  # noqa: E402
+    _ERRORS, AuthenticationFailed, BrokerError, Closed, ConnectFailed, DiskFull, Error, InvalidArgument,
+    MessagesLost, NoResponders, NoStream, PayloadTooLarge, PermissionDenied, Rejected, ResourceError,
+    StreamFull, Timeout,
+)
 
 
-class Error(Exception):
-    """A failure of the library; `kind` names it as the C++ API does."""
-
-    kind = "error"
-
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
-        self.message = message
-        self.status = status
+class PubAck(NamedTuple):
+    """What a stream said about an acknowledged publish (docs/streams.md)."""
+    stream: str
+    sequence: int
+    duplicate: bool
 
 
-class InvalidArgument(Error, ValueError):
-    kind = "invalid_argument"
-
-
-class ConnectFailed(Error, ConnectionError):
-    kind = "connect_failed"
-
-
-class Rejected(Error, ConnectionError):
-    kind = "rejected"
-
-
-class Timeout(Error, TimeoutError):
-    kind = "timeout"
-
-
-class Closed(Error):
-    kind = "closed"
-
-
-class BrokerError(Error):
-    kind = "broker_error"
-
-
-class ResourceError(Error):
-    kind = "resource"
-
-
-class PayloadTooLarge(Error, ValueError):
-    kind = "payload_too_large"
-
-
-class NoResponders(Error):
-    kind = "no_responders"
-
-
-class AuthenticationFailed(Error, PermissionError):
-    kind = "authentication_failed"
-
-
-class PermissionDenied(Error, PermissionError):
-    kind = "permission_denied"
-
-
-class MessagesLost(Error):
-    kind = "messages_lost"
-
-
-# rb_status (client-lib/include/rdmabroker/rdmabroker.h) -> exception class.
-_ERRORS = {
-    -1: InvalidArgument, -2: ConnectFailed, -3: Rejected, -4: Timeout, -5: Closed, -6: BrokerError,
-    -7: ResourceError, -8: PayloadTooLarge, -9: NoResponders, -10: AuthenticationFailed,
-    -11: PermissionDenied, -12: MessagesLost,
-}
+class _CPubAck(ctypes.Structure):
+    _fields_ = [("stream", ctypes.c_char * 65), ("sequence", ctypes.c_uint64), ("duplicate", ctypes.c_int)]
 
 # ---------------------------------------------------------------- the C API
 
@@ -180,6 +131,8 @@ def _load():
                                    ctypes.c_char_p, S]),
         ("rb_request_headers", I, [P, ctypes.c_char_p, ctypes.POINTER(_CHeader), S, ctypes.c_char_p, S, I,
                                    msg_pp]),
+        ("rb_publish_acked", I, [P, ctypes.c_char_p, ctypes.POINTER(_CHeader), S, ctypes.c_char_p, S, I,
+                                 ctypes.POINTER(_CPubAck)]),
         ("rb_queue_subscribe", I, [P, ctypes.c_char_p, ctypes.c_char_p, _MESSAGE_CB, P, ctypes.POINTER(U32)]),
         ("rb_queue_subscribe_sync", I, [P, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(P)]),
         ("rb_next_message", I, [P, I, msg_pp]),
@@ -456,6 +409,20 @@ class Client:
             _check(_lib.rb_publish_request(self._h(), subject.encode(), reply.encode(), payload, len(payload)))
         else:
             _check(_lib.rb_publish(self._h(), subject.encode(), payload, len(payload)))
+
+    def publish_acked(self, subject: str, data: Union[bytes, str] = b"", timeout: float = 5.0,
+                      headers: Optional[Headers] = None) -> PubAck:
+        """Publishes and waits until a stream stored the message durably: its
+        stream and sequence. A "Msg-Id" header makes a retry safe (duplicate:
+        stored before, nothing stored again). NoStream, StreamFull, DiskFull,
+        PayloadTooLarge, PermissionDenied, Timeout (retry with the same
+        Msg-Id), InvalidArgument for a broker without streams."""
+        payload = _bytes(data)
+        array, count = _c_headers(headers) if headers else (None, 0)
+        out = _CPubAck()
+        _check(_lib.rb_publish_acked(self._h(), subject.encode(), array, count, payload, len(payload),
+                                     _ms(timeout), ctypes.byref(out)))
+        return PubAck(out.stream.decode(), out.sequence, bool(out.duplicate))
 
     def request(self, subject: str, data: Union[bytes, str] = b"", timeout: float = 5.0,
                 headers: Optional[Headers] = None) -> Message:

@@ -24,7 +24,7 @@ options of connect() and the exceptions are those of rdmabroker
 import asyncio
 from typing import AsyncIterator, Optional, Union
 
-from . import Client, Closed, Headers, Message, ServerInfo, Timeout
+from . import Client, Closed, Headers, Message, PubAck, ServerInfo, Timeout
 
 _END = object()  # put in a subscription's queue when the client closes
 
@@ -90,6 +90,10 @@ class AsyncClient:
     async def publish(self, subject: str, data: Union[bytes, str] = b"", reply: str = "",
                       headers: Optional[Headers] = None) -> None:
         await self._run(self._client.publish, subject, data, reply, headers)
+
+    async def publish_acked(self, subject: str, data: Union[bytes, str] = b"", timeout: float = 5.0,
+                            headers: Optional[Headers] = None) -> PubAck:
+        return await self._run(self._client.publish_acked, subject, data, timeout, headers)
 
     async def request(self, subject: str, data: Union[bytes, str] = b"", timeout: float = 5.0,
                       headers: Optional[Headers] = None) -> Message:

@@ -72,3 +72,13 @@ def test_close_ends_iteration_and_later_calls_raise_closed(broker):
         assert [m async for m in sub] == []
 
     run(main())
+
+
+def test_publish_acked_from_asyncio(make_broker, tmp_path):
+    b = make_broker(f"storage: {{directory: {tmp_path}}}\nstreams: [{{name: S, subjects: [s]}}]\n")
+
+    async def main():
+        async with await rdmabroker.aio.connect(b.url(), bind=b.bind) as c:
+            return await c.publish_acked("s", b"x")
+
+    assert asyncio.run(main()) == rdmabroker.PubAck("S", 1, False)

@@ -346,3 +346,22 @@ def test_a_client_learns_the_cluster_and_fails_over_unless_told_not_to(make_brok
         mover.flush(timeout=30)
         assert wait_for(lambda: len(got) == 1, 30)
     assert got[0].data == b"on B"
+
+
+def test_publish_acked_names_the_stream_and_sequence_and_refusals_are_typed(make_broker, tmp_path):
+    b = make_broker(f"storage: {{directory: {tmp_path}}}\n"
+                    "streams:\n"
+                    "  - {name: ORDERS, subjects: [\"orders.>\"]}\n"
+                    "  - {name: FULL, subjects: [full], max_msgs: 1, discard: new}\n")
+    with rdmabroker.connect(b.url(), bind=b.bind) as c:
+        first = c.publish_acked("orders.eu", b"one", headers={"Msg-Id": "o-1"})
+        assert first == rdmabroker.PubAck("ORDERS", 1, False)
+        assert c.publish_acked("orders.us", "two").sequence == 2
+        # Sent again with the same Msg-Id (a retry after a lost answer): stored once.
+        assert c.publish_acked("orders.eu", b"one", headers={"Msg-Id": "o-1"}) == rdmabroker.PubAck("ORDERS", 1, True)
+        with pytest.raises(rdmabroker.NoStream):
+            c.publish_acked("elsewhere", b"x")
+        assert c.publish_acked("full", b"x").sequence == 1
+        with pytest.raises(rdmabroker.StreamFull):
+            c.publish_acked("full", b"y")
+

@@ -216,11 +216,15 @@ TEST_P(Streams, AFullDiskRefusesCountedOthersFlowAndTheStreamResumesWithRoom) {
   EXPECT_EQ(others, 200) << "a subject without a stream is not held up by a full disk";
   const auto kept = s["stream.DISK.stored"];
 
+  // One that asks is told why.
+  auto acked = pub->publish_acked("disk.x", payload, 10s);
+  ASSERT_FALSE(acked);
+  EXPECT_EQ(acked.error().kind, ErrorKind::kDiskFull) << acked.error().message;
+
   fs::remove(data_ + "/filler");
-  ASSERT_TRUE(pub->publish("disk.x", "room again"));
-  ASSERT_TRUE(pub->flush(10s));
-  s = wait_for("stream.DISK.stored", kept + 1);
-  EXPECT_EQ(s["stream.DISK.last_sequence"], kept + 1);
+  auto room = pub->publish_acked("disk.x", "room again", 10s);
+  ASSERT_TRUE(room) << room.error().message;
+  EXPECT_EQ(room->sequence, static_cast<std::uint64_t>(kept + 1));
   sub.reset();
   pub.reset();
   broker_.reset();

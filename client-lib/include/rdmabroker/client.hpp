@@ -270,6 +270,14 @@ using ConnectionEventHandler = std::function<void(const ConnectionEvent&)>;
 /// What a broker of a cluster says about itself and the brokers it has
 /// routes up to (an INFO frame: SPEC.md §8, "Gossip"; protocol version 7),
 /// when the client connects and again when that changes.
+/// What a stream said about an acknowledged publish (Client::publish_acked,
+/// SPEC.md §3.10, docs/streams.md): it holds the message durably.
+struct PubAck {
+  std::string stream;          // the stream that stored it
+  std::uint64_t sequence = 0;  // its sequence in that stream
+  bool duplicate = false;      // its Msg-Id was stored before (this sequence): nothing stored again
+};
+
 struct ServerInfo {
   struct Broker {
     std::string id;                   // random at each start of that broker
@@ -561,6 +569,23 @@ class Client {
   /// busy-polls (busy_poll, adaptive_poll) sees it when its spin ends.
   /// kInvalidArgument for a client with an I/O thread; kClosed after close().
   virtual Status wake() = 0;
+
+  /// Publishes and waits until a stream has stored the message durably
+  /// (under the broker's storage.sync policy): its stream and sequence. A
+  /// `Msg-Id` header makes a retry after a lost answer safe: within the
+  /// stream's duplicate window the broker stores it once and answers the
+  /// first sequence (`duplicate`). Errors: kNoStream, kStreamFull,
+  /// kDiskFull, kPayloadTooLarge (above the stream's max_msg_size, or more
+  /// than one frame: an acknowledged message is not sent in fragments),
+  /// kPermissionDenied, kTimeout (the answer may still come: retry with the
+  /// same Msg-Id), kInvalidArgument for a broker older than protocol
+  /// version 10, kClosed.
+  virtual Result<PubAck> publish_acked(std::string_view subject, const Headers& headers, ByteView payload,
+                                       std::chrono::milliseconds timeout) = 0;
+  Result<PubAck> publish_acked(std::string_view subject, std::string_view payload,
+                               std::chrono::milliseconds timeout) {
+    return publish_acked(subject, Headers{}, as_payload(payload), timeout);
+  }
 };
 
 }  // namespace rdmabroker

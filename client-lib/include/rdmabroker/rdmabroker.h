@@ -31,7 +31,10 @@ typedef enum {
   RB_ERR_NO_RESPONDERS = -9,      /* rb_request: nobody subscribes to the subject */
   RB_ERR_AUTHENTICATION = -10,    /* rb_connect: the broker refused the credentials */
   RB_ERR_PERMISSION_DENIED = -11, /* the user may not publish or subscribe to that subject */
-  RB_ERR_MESSAGES_LOST = -12      /* multicast: messages beyond the broker's retransmit window */
+  RB_ERR_MESSAGES_LOST = -12,     /* multicast: messages beyond the broker's retransmit window */
+  RB_ERR_NO_STREAM = -13,         /* rb_publish_acked: no stream takes the subject */
+  RB_ERR_STREAM_FULL = -14,       /* rb_publish_acked: the stream refuses new messages (discard: new) */
+  RB_ERR_DISK_FULL = -15          /* rb_publish_acked: the broker's file system is full */
 } rb_status;
 
 typedef struct rb_client rb_client;
@@ -192,6 +195,20 @@ int rb_publish_request(rb_client* c, const char* subject, const char* reply, con
  * protocol version 1, which has no headers. */
 int rb_publish_headers(rb_client* c, const char* subject, const char* reply, const rb_header* headers,
                        size_t count, const void* data, size_t len);
+/* What a stream said about an acknowledged publish (docs/streams.md). */
+typedef struct rb_pub_ack {
+  char stream[65];   /* the stream that stored it, NUL-terminated */
+  uint64_t sequence; /* its sequence there */
+  int duplicate;     /* 1: its Msg-Id header was stored before, as `sequence`: nothing stored again */
+} rb_pub_ack;
+/* Publishes with `count` header fields (a "Msg-Id" makes a retry safe) and
+ * waits up to timeout_ms until a stream has stored the message durably;
+ * fills *out (may be NULL). RB_ERR_NO_STREAM, RB_ERR_STREAM_FULL,
+ * RB_ERR_DISK_FULL, RB_ERR_PAYLOAD_TOO_LARGE, RB_ERR_PERMISSION_DENIED,
+ * RB_ERR_TIMEOUT (it may still be stored: retry with the same Msg-Id),
+ * RB_ERR_INVALID_ARGUMENT for a broker older than protocol version 10. */
+int rb_publish_acked(rb_client* c, const char* subject, const rb_header* headers, size_t count,
+                     const void* data, size_t len, int timeout_ms, rb_pub_ack* out);
 /* Sends a request and waits up to timeout_ms for the first reply (free it with
  * rb_message_free). RB_ERR_NO_RESPONDERS: nobody subscribes; RB_ERR_TIMEOUT:
  * nobody answered in time. */

@@ -24,6 +24,10 @@ enum class ErrorKind {
   kAuthenticationFailed,  // the broker refused the credentials (or their absence)
   kPermissionDenied,      // the user may not publish or subscribe to that subject
   kMessagesLost,          // multicast: messages the broker could no longer resend (on_error only)
+  // An acknowledged publish (Client::publish_acked) that no stream stored:
+  kNoStream,    // no stream takes the subject
+  kStreamFull,  // the stream is at its limits and refuses new messages
+  kDiskFull,    // the broker's file system is full (the stream takes messages again when there is room)
 };
 
 struct Error {

@@ -136,6 +136,7 @@ struct StreamSettings {
   std::uint64_t max_msgs_per_subject = 0;
   std::uint64_t max_msg_size = 0;
   StreamDiscard discard = StreamDiscard::kOld;
+  std::uint64_t duplicate_window_s = 120;  // Msg-Id headers remembered this long (0: no detection)
   bool operator==(const StreamSettings&) const = default;
 };
 

@@ -21,8 +21,9 @@ inline constexpr std::uint8_t kVersion = 1;
 /// 5 the relay time in every DELIVER (§3.4), 6 routes between brokers (§8),
 /// 7 gossip: INFO frames and route logins that announce route URLs (§8),
 /// 8 rendezvous: a large message read from the publisher's memory by RDMA (§3.8),
-/// 9 landing areas: a large message written into the subscriber's memory by RDMA (§3.9).
-inline constexpr std::uint8_t kProtocolVersion = 9;
+/// 9 landing areas: a large message written into the subscriber's memory by RDMA (§3.9),
+/// 10 streams: a PUBLISH may ask to be acknowledged once a stream stored it (§3.10).
+inline constexpr std::uint8_t kProtocolVersion = 10;
 /// The first protocol version with message headers.
 inline constexpr std::uint8_t kHeadersVersion = 2;
 /// The first protocol version with credits by demand over RDMA (SPEC.md §5.1).
@@ -48,6 +49,9 @@ inline constexpr std::uint8_t kRendezvousVersion = 8;
 /// instead of sending the fragments between its first and last (SPEC.md
 /// §3.9, RDMA only).
 inline constexpr std::uint8_t kLandingVersion = 9;
+/// The first protocol version with acknowledged publishing to streams
+/// (PUBLISH flag ACK, frame type PUB_ACK: SPEC.md §3.10).
+inline constexpr std::uint8_t kStreamsVersion = 10;
 /// The largest relay time a DELIVER can carry, in nanoseconds (~4.3 s): a
 /// longer one is sent as this.
 inline constexpr std::uint32_t kMaxRelayNs = 0xffffffffu;
@@ -89,8 +93,10 @@ enum class FrameType : std::uint8_t {
   kRendezvousRelease = 20,  // B -> C: offer `sequence` is read (arg 0) or refused (arg: the error code)
   // Version 9 (SPEC.md §3.9), RDMA only: where the broker may WRITE the rest of a message.
   kRendezvousReady = 21,  // C -> B: arg: subscription, sequence: its first fragment's DELIVER; LandingArea
+  // Version 10 (SPEC.md §3.10): B -> C, the outcome of a PUBLISH with ACK.
+  kPubAck = 22,  // sequence: the PUBLISH's; arg: 0 stored, else the error code; PubAck payload
 };
-inline constexpr std::uint8_t kMaxFrameType = 21;
+inline constexpr std::uint8_t kMaxFrameType = 22;
 /// Longest CONNECT payload (user name plus password, or a token).
 inline constexpr std::size_t kMaxCredentialsLen = 1024;
 
@@ -109,6 +115,17 @@ inline constexpr std::uint16_t kFlagFragment = 4;
 /// the same cluster (SPEC.md §8): the subject is the cluster's name, the
 /// second string the dialing broker's id, the payload the route credentials.
 inline constexpr std::uint16_t kFlagRoute = 8;
+/// PUBLISH flag (version 10): the publisher wants a PUB_ACK once a stream
+/// has stored the message durably, or why not (SPEC.md §3.10). `sequence`
+/// is the publisher's id for it, not 0. Never on a fragment.
+inline constexpr std::uint16_t kFlagAck = 16;
+/// PUB_ACK flag: the message's Msg-Id header was stored before within the
+/// stream's duplicate window; the sequence is the first one's (nothing stored).
+inline constexpr std::uint16_t kFlagDuplicate = 32;
+/// Payload of PUB_ACK: the stream sequence (u64; 0 when not stored), then
+/// the stream's name (0 .. kMaxStreamNameLen bytes; none when no stream took it).
+inline constexpr std::size_t kPubAckMinLen = 8;
+inline constexpr std::size_t kMaxStreamNameLen = 64;
 /// Payload of RDV_OFFER (SPEC.md §3.8): the region's address (u64), rkey
 /// (u32), the message's header block length (u16) and 2 reserved bytes.
 inline constexpr std::size_t kRendezvousRegionLen = 16;
@@ -139,6 +156,10 @@ enum class ErrorCode : std::uint32_t {
   kAuthenticationRequired = 12,  // a frame other than CONNECT came first
   kAuthenticationFailed = 13,    // unknown user, wrong password or token, or anonymous access is off
   kPermissionDenied = 14,        // the user may not publish or subscribe to that subject (or no longer may)
+  // Version 10, in a PUB_ACK only (SPEC.md §3.10): why a stream did not store the message.
+  kNoStream = 15,    // no stream takes the subject
+  kStreamFull = 16,  // the stream is at its limits and refuses new messages (discard: new)
+  kDiskFull = 17,    // the broker's file system is full
 };
 
 constexpr std::string_view to_string(FrameType t) {
@@ -185,6 +206,8 @@ constexpr std::string_view to_string(FrameType t) {
       return "RDV_RELEASE";
     case FrameType::kRendezvousReady:
       return "RDV_READY";
+    case FrameType::kPubAck:
+      return "PUB_ACK";
   }
   return "UNKNOWN";
 }
@@ -221,6 +244,12 @@ constexpr std::string_view to_string(ErrorCode c) {
       return "authentication failed";
     case ErrorCode::kPermissionDenied:
       return "permission denied";
+    case ErrorCode::kNoStream:
+      return "no stream takes the subject";
+    case ErrorCode::kStreamFull:
+      return "the stream is full";
+    case ErrorCode::kDiskFull:
+      return "the broker's disk is full";
   }
   return "unknown error";
 }

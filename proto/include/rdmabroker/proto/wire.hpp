@@ -364,6 +364,12 @@ inline DecodeStatus check_parts(const FrameHeader& h) {
       if (has_subject || h.reply_len != 0 || h.payload_len != kLandingAreaLen)
         return DecodeStatus::kBadLength;
       break;
+    case FrameType::kPubAck:
+      if (has_subject || h.reply_len != 0 || h.payload_len < kPubAckMinLen ||
+          h.payload_len > kPubAckMinLen + kMaxStreamNameLen) {
+        return DecodeStatus::kBadLength;
+      }
+      break;
     case FrameType::kRendezvousRelease:
     case FrameType::kMcastLeave:
     case FrameType::kAbort:
@@ -406,17 +412,21 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   h.arg = load<std::uint32_t>(p + 16);
   h.sequence = load<std::uint64_t>(p + 24);
   // REQUEST belongs to PUBLISH frames with a reply subject, FRAGMENT to
-  // PUBLISH, SEQUENCED to DELIVER, ROUTE to CONNECT.
+  // PUBLISH, ACK to a whole PUBLISH (with an id), SEQUENCED to DELIVER,
+  // ROUTE to CONNECT, DUPLICATE to PUB_ACK.
+  const bool fragment_flag = (h.flags & kFlagFragment) != 0;
   const std::uint16_t allowed_flags =
       h.type == FrameType::kPublish
-          ? static_cast<std::uint16_t>((h.reply_len != 0 ? kFlagRequest : 0) | kFlagFragment)
+          ? static_cast<std::uint16_t>((h.reply_len != 0 ? kFlagRequest : 0) | kFlagFragment |
+                                       (fragment_flag || h.sequence == 0 ? 0 : kFlagAck))
       : h.type == FrameType::kRendezvousOffer
           ? static_cast<std::uint16_t>(h.reply_len != 0 ? kFlagRequest : 0)
       : h.type == FrameType::kDeliver ? kFlagSequenced
       : h.type == FrameType::kConnect ? kFlagRoute
+      : h.type == FrameType::kPubAck  ? kFlagDuplicate
                                       : 0;
   if ((h.flags & ~allowed_flags) != 0)
-    return h.flags & ~(kFlagRequest | kFlagSequenced | kFlagFragment | kFlagRoute)
+    return h.flags & ~(kFlagRequest | kFlagSequenced | kFlagFragment | kFlagRoute | kFlagAck | kFlagDuplicate)
                ? DecodeStatus::kBadReserved
                : DecodeStatus::kBadFlags;
   if (detail::arg_is_zero(h) && h.arg != 0) return DecodeStatus::kBadArg;

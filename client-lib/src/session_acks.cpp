@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: Apache-2.0
+// Acknowledged publishing (SPEC.md §3.10): a PUBLISH with ACK and the wait
+// for its PUB_ACK.
+#include <cstring>
+
+#include "session.hpp"
+
+namespace rdmabroker {
+
+namespace {
+
+Error ack_error(proto::ErrorCode code, std::string_view subject, const std::string& stream) {
+  const std::string on = "'" + std::string(subject) + "'";
+  switch (code) {
+    case proto::ErrorCode::kNoStream:
+      return {ErrorKind::kNoStream, "no stream takes " + on};
+    case proto::ErrorCode::kStreamFull:
+      return {ErrorKind::kStreamFull,
+              "stream " + stream + " is full and refuses new messages (discard: new)"};
+    case proto::ErrorCode::kDiskFull:
+      return {ErrorKind::kDiskFull, "stream " + stream + ": the broker's disk is full"};
+    case proto::ErrorCode::kPayloadTooLarge:
+      return {ErrorKind::kPayloadTooLarge, "larger than stream " + stream + "'s max_msg_size"};
+    case proto::ErrorCode::kPermissionDenied:
+      return {ErrorKind::kPermissionDenied, "publish to " + on + " denied"};
+    default:
+      return {ErrorKind::kBrokerError, "stream " + stream + " did not store the message on " + on + ": " +
+                                           std::string(proto::to_string(code))};
+  }
+}
+
+}  // namespace
+
+Result<PubAck> Session::publish_acked(std::string_view subject, const Headers& headers, ByteView payload,
+                                      std::chrono::milliseconds timeout) {
+  if (auto st = check_subject(subject); !st) return st.error();
+  auto fields = header_fields(headers);
+  if (!fields) return fields.error();
+  std::unique_lock lock(mu_);
+  if (auto st = check_open_locked(); !st) return st.error();
+  if (protocol_version_ < proto::kStreamsVersion) {
+    return Error{ErrorKind::kInvalidArgument, "the broker speaks protocol version " +
+                                                  std::to_string(protocol_version_) +
+                                                  ", which has no acknowledged publishing (version 10)"};
+  }
+  const std::size_t size = proto::header_block_len(fields.value()) + payload.size();
+  if (size > frame_room(subject.size(), 0)) {
+    return Error{ErrorKind::kPayloadTooLarge,
+                 "an acknowledged message goes in one frame: " + std::to_string(size) + " bytes, at most " +
+                     std::to_string(frame_room(subject.size(), 0)) + " here"};
+  }
+  const std::uint64_t id = next_ack_++;
+  acks_.emplace(id, AckWait{});
+  proto::FrameHeader h;
+  h.type = FrameType::kPublish;
+  h.flags = proto::kFlagAck;
+  if (auto st = append_frame_locked(lock, h, subject, {}, payload, id, true, fields.value()); !st) {
+    acks_.erase(id);
+    return st.error();
+  }
+  wait_locked(lock, Clock::now() + timeout, [&] { return acks_[id].done || closed_; });
+  AckWait done = std::move(acks_[id]);
+  acks_.erase(id);
+  if (!done.done) {
+    if (closed_) return close_error_;
+    return Error{ErrorKind::kTimeout, "no acknowledgement for '" + std::string(subject) + "' within " +
+                                          std::to_string(timeout.count()) +
+                                          " ms (it may still be stored: publish again with the same Msg-Id)"};
+  }
+  if (done.code != proto::ErrorCode::kNone) return ack_error(done.code, subject, done.ack.stream);
+  return std::move(done.ack);
+}
+
+void Session::on_pub_ack(const proto::Frame& f) {
+  std::lock_guard lock(mu_);
+  auto it = acks_.find(f.header.sequence);
+  if (it == acks_.end()) return;  // its publish_acked() gave up waiting
+  it->second.done = true;
+  it->second.code = static_cast<proto::ErrorCode>(f.header.arg);
+  std::memcpy(&it->second.ack.sequence, f.payload.data(), sizeof it->second.ack.sequence);
+  it->second.ack.stream.assign(reinterpret_cast<const char*>(f.payload.data()) + proto::kPubAckMinLen,
+                               f.payload.size() - proto::kPubAckMinLen);
+  it->second.ack.duplicate = (f.header.flags & proto::kFlagDuplicate) != 0;
+  cv_.notify_all();
+}
+
+}  // namespace rdmabroker

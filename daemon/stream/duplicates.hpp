@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+// A stream's duplicate window (docs/streams.md, "Acknowledged publishing"):
+// the Msg-Id headers of the messages it stored in the last
+// duplicate_window_s, each with its sequence, so that a publisher that
+// sends a message again after losing its PUB_ACK stores nothing twice and
+// is told the first one's sequence. Rebuilt from the stored messages at
+// start, so a restart does not open the window.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+namespace rdmabroker::daemon {
+
+/// The header that names a message for duplicate detection.
+inline constexpr std::string_view kMsgIdHeader = "Msg-Id";
+
+/// The value of the Msg-Id field of header block `headers` (SPEC.md §3.6), or "".
+std::string_view msg_id_of(std::span<const std::byte> headers);
+
+class DuplicateWindow {
+ public:
+  explicit DuplicateWindow(std::int64_t window_ns = 0) : window_ns_(window_ns) {}
+  /// 0: no window (nothing is remembered).
+  void set_window(std::int64_t window_ns) { window_ns_ = window_ns; }
+  bool enabled() const { return window_ns_ > 0; }
+  std::int64_t window_ns() const { return window_ns_; }
+  /// The sequence `id` was stored under, if that was within the window before `now_ns`.
+  std::optional<std::uint64_t> find(std::string_view id, std::int64_t now_ns);
+  /// Remembers `id`, stored as `sequence` at `time_ns`.
+  void add(std::string_view id, std::uint64_t sequence, std::int64_t time_ns);
+  std::size_t size() const { return ids_.size(); }
+
+ private:
+  struct Hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  void expire(std::int64_t now_ns);
+
+  std::int64_t window_ns_;
+  struct Stored {
+    std::uint64_t sequence;
+    std::int64_t time_ns;
+  };
+  std::unordered_map<std::string, Stored, Hash, std::equal_to<>> ids_;
+  std::deque<std::pair<std::int64_t, std::string>> order_;  // (time, id), oldest first
+};
+
+}  // namespace rdmabroker::daemon

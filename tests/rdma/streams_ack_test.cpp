@@ -1,0 +1,247 @@
+// SPDX-License-Identifier: Apache-2.0
+// Acknowledged publishing (proto/SPEC.md §3.10, docs/streams.md) as users
+// meet it, over RDMA (in the guest) and TCP (on the host): a PUB_ACK names
+// the stream and sequence once the message is durable; every refusal is
+// typed; a Msg-Id sent again is stored once, even across a restart; a
+// subscriber of an older version never sees the ACK flag; every broken rule
+// closes only its sender; and a broker killed with SIGKILL in the middle of
+// a storm of acknowledged publishes has every acknowledged message once, in
+// each publisher's order, when it comes back.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "harness.hpp"
+#include "rdmabroker/client.hpp"
+#include "store/file_store.hpp"
+
+namespace rdmabroker::test {
+namespace {
+
+using namespace std::chrono_literals;
+using proto::ErrorCode;
+using proto::FrameType;
+namespace fs = std::filesystem;
+
+class StreamAcks : public ::testing::TestWithParam<Via> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Via::kRdma) require_rdma();
+    fs::create_directories(data_);
+  }
+  void TearDown() override {
+    broker_.reset();
+    ::unlink(config_.c_str());
+    fs::remove_all(data_);
+  }
+  void start(const std::string& streams) {
+    write_file(config_, "storage:\n  directory: " + data_ + "\nstreams:\n" + streams);
+    broker_.reset();
+    broker_ = std::make_unique<BrokerProcess>(port_, std::vector<std::string>{"--config", config_});
+    ASSERT_TRUE(broker_->running());
+  }
+  /// Stream `name`'s messages, read with the broker's own store: (subject, payload) in order.
+  std::vector<std::pair<std::string, std::string>> stored(const std::string& name) {
+    auto s = daemon::store::FileStore::open({data_ + "/" + name, std::uint64_t{64} << 20, {}}, 0);
+    EXPECT_TRUE(s.ok());
+    std::vector<std::pair<std::string, std::string>> out;
+    if (!s.ok()) return out;
+    std::vector<std::byte> buf(1 << 16);
+    for (auto seq = s.value()->next_live(1); seq; seq = s.value()->next_live(*seq + 1)) {
+      auto r = s.value()->read(*seq, buf);
+      if (!r.ok()) continue;
+      out.emplace_back(std::string(r->subject),
+                       std::string(reinterpret_cast<const char*>(r->payload.data()), r->payload.size()));
+    }
+    return out;
+  }
+
+  const std::string config_ = "/tmp/rdmabroker-acks-" + std::to_string(getpid()) + ".yaml";
+  const std::string data_ = "/tmp/rdmabroker-acks-" + std::to_string(getpid()) + ".d";
+  const std::uint16_t port_ = next_port();
+  std::unique_ptr<BrokerProcess> broker_;
+};
+
+TEST_P(StreamAcks, APubAckNamesTheStreamAndSequenceAndEveryRefusalIsTyped) {
+  start(
+      "  - {name: ORDERS, subjects: [\"orders.>\"]}\n"
+      "  - {name: FULL, subjects: [full], max_msgs: 1, discard: new}\n"
+      "  - {name: SMALL, subjects: [small], max_msg_size: 16}\n");
+  auto c = connect_via(*broker_, GetParam());
+  auto watcher = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c && watcher);
+  auto elsewhere = watcher->subscribe(std::string_view("elsewhere"));
+  ASSERT_TRUE(elsewhere && watcher->flush(10s));
+
+  auto first = c->publish_acked("orders.eu", "one", 10s);
+  ASSERT_TRUE(first) << first.error().message;
+  EXPECT_EQ(first->stream, "ORDERS");
+  EXPECT_EQ(first->sequence, 1u);
+  EXPECT_FALSE(first->duplicate);
+  const Headers id{{"Msg-Id", "order-7"}};
+  auto seven = c->publish_acked("orders.eu", id, as_payload(std::string_view("seven")), 10s);
+  ASSERT_TRUE(seven) << seven.error().message;
+  EXPECT_EQ(seven->sequence, 2u);
+  auto again = c->publish_acked("orders.eu", id, as_payload(std::string_view("seven")), 10s);
+  ASSERT_TRUE(again) << again.error().message;
+  EXPECT_EQ(again->sequence, 2u) << "a retry of the same Msg-Id is the first one";
+  EXPECT_TRUE(again->duplicate);
+
+  auto none = c->publish_acked("elsewhere", "x", 10s);
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().kind, ErrorKind::kNoStream) << none.error().message;
+  auto relayed = elsewhere.value()->next(10s);
+  ASSERT_TRUE(relayed) << "a subject without a stream is relayed all the same";
+  EXPECT_EQ(relayed->data(), "x");
+
+  ASSERT_TRUE(c->publish_acked("full", "fits", 10s));
+  auto full = c->publish_acked("full", "does not", 10s);
+  ASSERT_FALSE(full);
+  EXPECT_EQ(full.error().kind, ErrorKind::kStreamFull) << full.error().message;
+  auto large = c->publish_acked("small", std::string(100, 'x'), 10s);
+  ASSERT_FALSE(large);
+  EXPECT_EQ(large.error().kind, ErrorKind::kPayloadTooLarge) << large.error().message;
+
+  // The CLI prints the stream and sequence.
+  auto [rc, out] = run({cli_path(), "pub", "orders.cli", "from the CLI", "--ack",
+                        cli_where(*broker_, GetParam())[0], cli_where(*broker_, GetParam())[1]});
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(out, "ORDERS 3\n");
+  auto s = broker_->stats();
+  EXPECT_EQ(s["stream.ORDERS.messages"], 3);
+  EXPECT_EQ(s["stream.ORDERS.duplicates"], 1);
+  EXPECT_EQ(s["stream.FULL.refused_full"], 1);
+  EXPECT_EQ(s["stream.SMALL.refused_too_large"], 1);
+}
+
+TEST_P(StreamAcks, AnOlderSubscriberNeverSeesTheAckFlag) {
+  start("  - {name: S, subjects: [\"s.>\"]}\n");
+  auto old = raw_wire(*broker_, GetParam(), true, proto::ConnectRequest{16384, 16, 0, /*max_version=*/9});
+  ASSERT_TRUE(old);
+  EXPECT_EQ(old->accept.version, 9);
+  ASSERT_TRUE(old->send(frame(FrameType::kSubscribe, 1, "s.>")));
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->flush(10s));
+  std::this_thread::sleep_for(200ms);  // the raw SUBSCRIBE is in before the publish
+  ASSERT_TRUE(c->publish_acked("s.x", "acked", 10s));
+  std::uint16_t flags = 0xffff;
+  EXPECT_EQ(read_delivered(*old, 1, 10s, [&](const proto::Frame& f) { flags = f.header.flags; }), 1u);
+  EXPECT_EQ(flags, 0) << "the inner PUBLISH is relayed without ACK";
+}
+
+TEST_P(StreamAcks, EveryBrokenAckRuleClosesOnlyItsSender) {
+  start("  - {name: S, subjects: [\"s.>\"]}\n");
+  auto publish = [](std::uint16_t flags, std::uint64_t sequence) {
+    std::vector<std::byte> out(proto::align_up(proto::kHeaderSize + 3 + 1));
+    proto::FrameHeader h;
+    h.type = FrameType::kPublish;
+    h.flags = flags;
+    h.payload_len = 1;
+    h.sequence = sequence;
+    proto::encode_frame(out, h, "s.x", "", std::as_bytes(std::span("x", 1)));
+    return out;
+  };
+  struct Case {
+    const char* what;
+    std::uint8_t version;
+    std::vector<std::byte> bytes;
+    ErrorCode code;
+    const char* text;
+  };
+  const std::vector<Case> cases = {
+      {"ACK on a version-9 connection", 9, publish(proto::kFlagAck, 5), ErrorCode::kMalformedFrame,
+       "ACK needs protocol version 10"},
+      {"ACK without an id", 10, publish(proto::kFlagAck, 0), ErrorCode::kMalformedFrame, "flag"},
+      {"ACK on a fragment", 10, publish(proto::kFlagAck | proto::kFlagFragment, 5),
+       ErrorCode::kMalformedFrame, "flag"},
+      {"a PUB_ACK from the client", 10, frame(FrameType::kPubAck, 0, "", std::string(8, '\0')),
+       ErrorCode::kProtocolViolation, "sent by the broker, never to it"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    auto w = raw_wire(*broker_, GetParam(), true, proto::ConnectRequest{16384, 16, 0, c.version});
+    ASSERT_TRUE(w);
+    ASSERT_TRUE(w->send(c.bytes));
+    auto [code, text] = expect_error_then_close(*w, 10s);
+    EXPECT_EQ(code, c.code) << text;
+    EXPECT_NE(text.find(c.text), std::string::npos) << text;
+  }
+  auto ok = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(ok && ok->publish_acked("s.after", "fine", 10s)) << "everyone else is served";
+}
+
+// Four publishers publish with acknowledgements (each message with a Msg-Id)
+// until the broker is killed with SIGKILL. After the restart each sends its
+// first unacknowledged message again, with the same Msg-Id: the stream then
+// holds every acknowledged message exactly once, each publisher's in the
+// order it sent them, and the re-sent one once whether or not it had been
+// stored before the kill.
+TEST_P(StreamAcks, ABrokerKilledMidStormKeepsEveryAcknowledgedMessageOnceInOrder) {
+  const std::string streams = "  - {name: STORM, subjects: [\"storm.>\"]}\n";
+  start(streams);
+  constexpr int kPublishers = 4;
+  std::vector<std::vector<std::uint64_t>> acked(kPublishers);  // per publisher: the sequence of message i
+  std::atomic<int> running{kPublishers};
+  {
+    std::vector<std::jthread> publishers;
+    for (int p = 0; p < kPublishers; ++p) {
+      publishers.emplace_back([&, p] {
+        auto c = connect_via(*broker_, GetParam());
+        for (int i = 0; c; ++i) {
+          const std::string id = std::to_string(p) + "-" + std::to_string(i);
+          auto r = c->publish_acked("storm." + std::to_string(p), Headers{{"Msg-Id", id}},
+                                    as_payload(std::string_view(id)), 5s);
+          if (!r) break;  // the broker is gone
+          acked[p].push_back(r->sequence);
+        }
+        --running;
+      });
+    }
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (std::chrono::steady_clock::now() < deadline &&
+           !std::all_of(acked.begin(), acked.end(), [](const auto& a) { return a.size() >= 100; })) {
+      std::this_thread::sleep_for(20ms);
+    }
+    EXPECT_EQ(broker_->stop(SIGKILL, 10s), 128 + SIGKILL);
+  }
+  EXPECT_EQ(running, 0);
+  start(streams);
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  for (int p = 0; p < kPublishers; ++p) {
+    ASSERT_GE(acked[p].size(), 100u) << "publisher " << p;
+    const std::string id = std::to_string(p) + "-" + std::to_string(acked[p].size());
+    auto r = c->publish_acked("storm." + std::to_string(p), Headers{{"Msg-Id", id}},
+                              as_payload(std::string_view(id)), 10s);
+    ASSERT_TRUE(r) << r.error().message;
+    acked[p].push_back(r->sequence);
+  }
+  c.reset();
+  broker_.reset();
+
+  std::map<std::string, int> seen;         // payload -> how many times stored
+  std::vector<int> last(kPublishers, -1);  // the last index of each publisher met in stream order
+  for (const auto& [subject, payload] : stored("STORM")) {
+    ++seen[payload];
+    const int p = std::stoi(payload.substr(0, payload.find('-')));
+    const int i = std::stoi(payload.substr(payload.find('-') + 1));
+    EXPECT_GT(i, last[p]) << "publisher " << p << "'s messages out of order";
+    last[p] = i;
+  }
+  for (int p = 0; p < kPublishers; ++p) {
+    for (std::size_t i = 0; i < acked[p].size(); ++i) {
+      EXPECT_EQ(seen[std::to_string(p) + "-" + std::to_string(i)], 1)
+          << "publisher " << p << ", message " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Via, StreamAcks, ::testing::Values(Via::kRdma, Via::kTcp),
+                         [](const auto& info) { return info.param == Via::kRdma ? "rdma" : "tcp"; });
+
+}  // namespace
+}  // namespace rdmabroker::test

@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: Apache-2.0
+// Protocol version 10 on the wire (proto/SPEC.md §3.10): the ACK flag's
+// place, PUB_ACK's shape; and a stream's duplicate window
+// (daemon/stream/duplicates.hpp).
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "broker/outbound.hpp"
+#include "rdmabroker/proto/headers.hpp"
+#include "rdmabroker/proto/wire.hpp"
+#include "stream/duplicates.hpp"
+
+namespace rdmabroker {
+namespace {
+
+using proto::DecodeStatus;
+using proto::FrameType;
+
+std::vector<std::byte> encode(proto::FrameHeader h, std::string_view subject, std::string_view payload) {
+  h.payload_len = static_cast<std::uint32_t>(payload.size());
+  std::vector<std::byte> out(proto::align_up(proto::kHeaderSize + subject.size() + payload.size()));
+  proto::encode_frame(out, h, subject, "", std::as_bytes(std::span(payload.data(), payload.size())));
+  return out;
+}
+
+DecodeStatus decode(const std::vector<std::byte>& bytes) {
+  proto::Frame f;
+  return proto::decode_frame(bytes, bytes.size(), f);
+}
+
+TEST(WireStreams, AckIsOnlyOnAWholePublishWithAnId) {
+  proto::FrameHeader h;
+  h.type = FrameType::kPublish;
+  h.flags = proto::kFlagAck;
+  h.sequence = 9;
+  EXPECT_EQ(decode(encode(h, "s.x", "m")), DecodeStatus::kOk);
+  h.sequence = 0;
+  EXPECT_EQ(decode(encode(h, "s.x", "m")), DecodeStatus::kBadFlags) << "no id to answer";
+  h.sequence = 9;
+  h.type = FrameType::kSubscribe;
+  EXPECT_EQ(decode(encode(h, "s.x", "")), DecodeStatus::kBadFlags) << "only a PUBLISH";
+  h.type = FrameType::kPublish;
+  h.flags = proto::kFlagDuplicate;
+  EXPECT_EQ(decode(encode(h, "s.x", "m")), DecodeStatus::kBadFlags) << "DUPLICATE is a PUB_ACK's";
+  h.flags = 64;
+  EXPECT_EQ(decode(encode(h, "s.x", "m")), DecodeStatus::kBadReserved);
+}
+
+TEST(WireStreams, APubAckCarriesTheSequenceAndTheStreamName) {
+  auto item = daemon::make_pub_ack(77, proto::ErrorCode::kNone, 1234, "ORDERS", true);
+  ASSERT_TRUE(item.text);
+  proto::FrameHeader h = item.header;
+  const auto bytes = encode(h, "", *item.text);
+  proto::Frame f;
+  ASSERT_EQ(proto::decode_frame(bytes, bytes.size(), f), DecodeStatus::kOk);
+  EXPECT_EQ(f.header.type, FrameType::kPubAck);
+  EXPECT_EQ(f.header.sequence, 77u);
+  EXPECT_EQ(f.header.arg, 0u);
+  EXPECT_EQ(f.header.flags, proto::kFlagDuplicate);
+  std::uint64_t seq = 0;
+  std::memcpy(&seq, f.payload.data(), sizeof seq);
+  EXPECT_EQ(seq, 1234u);
+  EXPECT_EQ(std::string_view(reinterpret_cast<const char*>(f.payload.data()) + 8, f.payload.size() - 8),
+            "ORDERS");
+  EXPECT_TRUE(item.fixed_sequence) << "the publisher's id, not the connection's frame counter";
+
+  // Shorter than the sequence, longer than a name may be, or with a subject: malformed.
+  h = {};
+  h.type = FrameType::kPubAck;
+  EXPECT_EQ(decode(encode(h, "", "1234567")), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(encode(h, "", std::string(8 + 65, 'n'))), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(encode(h, "x", std::string(8, '\0'))), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(encode(h, "", std::string(8, '\0'))), DecodeStatus::kOk);
+}
+
+std::vector<std::byte> block(std::initializer_list<proto::HeaderField> fields) {
+  std::vector<std::byte> out(proto::header_block_len(fields));
+  proto::encode_header_block(out.data(), fields);
+  return out;
+}
+
+TEST(DuplicateWindow, RemembersMsgIdsForItsWindowOnly) {
+  EXPECT_EQ(daemon::msg_id_of(block({{"Trace-Id", "t"}, {"Msg-Id", "order-7"}})), "order-7");
+  EXPECT_EQ(daemon::msg_id_of(block({{"Trace-Id", "t"}})), "");
+  EXPECT_EQ(daemon::msg_id_of({}), "");
+
+  constexpr std::int64_t s = 1'000'000'000;
+  daemon::DuplicateWindow w(10 * s);
+  w.add("a", 1, 100 * s);
+  w.add("b", 2, 105 * s);
+  EXPECT_EQ(w.find("a", 109 * s), 1u);
+  EXPECT_EQ(w.find("b", 109 * s), 2u);
+  EXPECT_FALSE(w.find("c", 109 * s));
+  EXPECT_FALSE(w.find("a", 111 * s)) << "past its window";
+  EXPECT_EQ(w.find("b", 111 * s), 2u);
+  // Stored again after its window: remembered from then on, not forgotten
+  // when the first entry's time passes.
+  w.add("a", 3, 112 * s);
+  EXPECT_EQ(w.find("a", 116 * s), 3u);
+  EXPECT_EQ(w.size(), 1u) << "b's window has passed";
+
+  daemon::DuplicateWindow off(0);
+  off.add("a", 1, 0);
+  EXPECT_FALSE(off.find("a", 0));
+}
+
+}  // namespace
+}  // namespace rdmabroker
