@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 
@@ -242,8 +243,14 @@ void StreamEngine::run() {
           item);
     }
     const std::int64_t now = steady_ns();
+    // Group commit: a publisher waiting for its PUB_ACK is answered after the
+    // next fdatasync, which runs as soon as the engine has taken what was
+    // queued (what arrives meanwhile waits for it and shares the next);
+    // messages nobody waits for are synced within sync_interval_ms.
+    const bool acks_waiting =
+        std::any_of(streams_.begin(), streams_.end(), [](const auto& e) { return !e.second.acks.empty(); });
     const bool sync_due = first_dirty_ns_ != 0 &&
-                          (stopping || storage_.sync == config::StreamSync::kAlways ||
+                          (stopping || acks_waiting || storage_.sync == config::StreamSync::kAlways ||
                            now - first_dirty_ns_ >= std::int64_t{storage_.sync_interval_ms} * 1'000'000);
     if (sync_due) {
       for (auto& [id, s] : streams_) {
