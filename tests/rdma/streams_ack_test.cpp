@@ -16,7 +16,7 @@
 
 #include "harness.hpp"
 #include "rdmabroker/client.hpp"
-#include "store/file_store.hpp"
+#include "stream_files.hpp"
 
 namespace rdmabroker::test {
 namespace {
@@ -43,22 +43,6 @@ class StreamAcks : public ::testing::TestWithParam<Via> {
     broker_ = std::make_unique<BrokerProcess>(port_, std::vector<std::string>{"--config", config_});
     ASSERT_TRUE(broker_->running());
   }
-  /// Stream `name`'s messages, read with the broker's own store: (subject, payload) in order.
-  std::vector<std::pair<std::string, std::string>> stored(const std::string& name) {
-    auto s = daemon::store::FileStore::open({data_ + "/" + name, std::uint64_t{64} << 20, {}}, 0);
-    EXPECT_TRUE(s.ok());
-    std::vector<std::pair<std::string, std::string>> out;
-    if (!s.ok()) return out;
-    std::vector<std::byte> buf(1 << 16);
-    for (auto seq = s.value()->next_live(1); seq; seq = s.value()->next_live(*seq + 1)) {
-      auto r = s.value()->read(*seq, buf);
-      if (!r.ok()) continue;
-      out.emplace_back(std::string(r->subject),
-                       std::string(reinterpret_cast<const char*>(r->payload.data()), r->payload.size()));
-    }
-    return out;
-  }
-
   const std::string config_ = "/tmp/rdmabroker-acks-" + std::to_string(getpid()) + ".yaml";
   const std::string data_ = "/tmp/rdmabroker-acks-" + std::to_string(getpid()) + ".d";
   const std::uint16_t port_ = next_port();
@@ -225,7 +209,8 @@ TEST_P(StreamAcks, ABrokerKilledMidStormKeepsEveryAcknowledgedMessageOnceInOrder
 
   std::map<std::string, int> seen;         // payload -> how many times stored
   std::vector<int> last(kPublishers, -1);  // the last index of each publisher met in stream order
-  for (const auto& [subject, payload] : stored("STORM")) {
+  for (const auto& m : read_stream(data_ + "/STORM")) {
+    const std::string& payload = m.payload;
     ++seen[payload];
     const int p = std::stoi(payload.substr(0, payload.find('-')));
     const int i = std::stoi(payload.substr(payload.find('-') + 1));

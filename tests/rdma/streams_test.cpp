@@ -15,14 +15,13 @@
 
 #include "harness.hpp"
 #include "rdmabroker/client.hpp"
-#include "store/file_store.hpp"
+#include "stream_files.hpp"
 
 namespace rdmabroker::test {
 namespace {
 
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
-namespace store = daemon::store;
 
 class Streams : public ::testing::TestWithParam<Via> {
  protected:
@@ -55,25 +54,12 @@ class Streams : public ::testing::TestWithParam<Via> {
   std::map<std::string, std::int64_t> wait_for(const std::string& key, std::int64_t value) {
     return broker_->wait_stats([&](auto& s) { return s[key] == value; }, 20s);
   }
-  /// Every message of stream `name`'s directory, read back with the
-  /// broker's own store (the broker stopped): "subject payload" each.
+  /// Every message of stream `name`: "subject payload" each (and the header blocks into `headers`).
   std::vector<std::string> stored(const std::string& name, std::vector<std::string>* headers = nullptr) {
-    auto s = store::FileStore::open({data_ + "/" + name, std::uint64_t{64} << 20, {}}, 0);
-    EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.error().message);
     std::vector<std::string> out;
-    if (!s.ok()) return out;
-    std::vector<std::byte> buf(1 << 16);
-    for (auto seq = s.value()->next_live(1); seq; seq = s.value()->next_live(*seq + 1)) {
-      auto r = s.value()->read(*seq, buf);
-      if (!r.ok()) {
-        out.push_back("<" + r.error().message + ">");
-        continue;
-      }
-      out.push_back(std::string(r->subject) + " " +
-                    std::string(reinterpret_cast<const char*>(r->payload.data()), r->payload.size()));
-      if (headers) {
-        headers->emplace_back(reinterpret_cast<const char*>(r->headers.data()), r->headers.size());
-      }
+    for (const auto& m : read_stream(data_ + "/" + name)) {
+      out.push_back(m.subject + " " + m.payload);
+      if (headers) headers->push_back(m.headers);
     }
     return out;
   }
