@@ -154,16 +154,16 @@ void StreamEngine::reload(const config::StorageSettings& storage,
       continue;
     }
     Registered& r = it->second;
+    if (r.settings == *s) continue;
+    const std::uint32_t id = r.id;
+    post(SetLimits{id, limits_of(*s), static_cast<std::int64_t>(s->duplicate_window_s) * kNsPerSecond});
     if (r.settings.subjects != s->subjects) {
       unregister_stream(r);
-      const std::uint32_t id = r.id;
-      register_stream(*s, id);
+      register_stream(*s, id);  // replaces r, settings included
       spdlog::info("stream {}: subjects now {}", name, fmt::join(s->subjects, ", "));
+    } else {
+      r.settings = *s;
     }
-    if (!(r.settings == *s)) {
-      post(SetLimits{r.id, limits_of(*s), static_cast<std::int64_t>(s->duplicate_window_s) * kNsPerSecond});
-    }
-    r.settings = *s;
   }
 }
 

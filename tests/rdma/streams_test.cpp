@@ -135,21 +135,24 @@ TEST_P(Streams, RetentionAndTheStreamsThemselvesFollowAReload) {
   EXPECT_EQ(s["stream.A.first_sequence"], 201);
   EXPECT_EQ(s["stream.A.removed_by_limits"], 200);
 
-  // A lower limit applies at once; a new stream starts capturing.
+  // A lower limit applies at once, with new subjects in the same reload; a
+  // new stream starts capturing.
   auto [rc, out] = reload(
-      "  - name: A\n    subjects: [\"a.>\"]\n    max_msgs: 50\n"
+      "  - name: A\n    subjects: [\"a.>\", \"also.a\"]\n    max_msgs: 50\n"
       "  - name: KV\n    subjects: [\"kv.>\"]\n    max_msgs_per_subject: 1\n");
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(wait_for("stream.A.messages", 50)["stream.A.first_sequence"], 251);
+  ASSERT_TRUE(pub->publish("also.a", "301"));
   for (const char* key : {"kv.a", "kv.b", "kv.a", "kv.a", "kv.b"}) ASSERT_TRUE(pub->publish(key, "v"));
   ASSERT_TRUE(pub->flush(10s));
   s = wait_for("stream.KV.last_sequence", 5);
+  EXPECT_EQ(s["stream.A.last_sequence"], 301) << "the subject the reload added";
   EXPECT_EQ(s["stream.KV.messages"], 2) << "the last of each key";
   EXPECT_EQ(s["streams.count"], 2);
 
   // Subjects that overlap another stream's: refused, nothing changes.
   std::tie(rc, out) = reload(
-      "  - name: A\n    subjects: [\"a.>\"]\n    max_msgs: 50\n"
+      "  - name: A\n    subjects: [\"a.>\", \"also.a\"]\n    max_msgs: 50\n"
       "  - name: KV\n    subjects: [\"kv.>\", \"a.x\"]\n");
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("overlaps 'a.>' of stream 'A'"), std::string::npos) << out;
@@ -166,9 +169,9 @@ TEST_P(Streams, RetentionAndTheStreamsThemselvesFollowAReload) {
   pub.reset();
   broker_.reset();
   const auto a = stored("A");
-  ASSERT_EQ(a.size(), 300u)
+  ASSERT_EQ(a.size(), 301u)
       << "the files of a removed stream are kept whole (no limits applied to them here)";
-  EXPECT_EQ(a.back(), "a.x 300");
+  EXPECT_EQ(a.back(), "also.a 301");
 }
 
 // A full disk, for real: a 512 KiB tmpfs under the stream's directory, in a
