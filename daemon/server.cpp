@@ -468,9 +468,11 @@ void Server::visit_stats(StatsVisitor& v) const {
   } else {
     Routes::visit_no_cluster(v);
   }
-  // A channel is one entry in the index for all of its members.
+  // A channel is one entry in the index for all of its members; a stream
+  // holds one per subject pattern, which is no client's subscription.
   v.gauge({"subscriptions", "rdmabroker_subscriptions", "Active subscriptions."},
-          static_cast<std::int64_t>(core_.index.size()) - m.channels.get() + m.members.get());
+          static_cast<std::int64_t>(core_.index.size()) - m.channels.get() + m.members.get() -
+              (streams_ ? streams_->index_entries() : 0));
   v.gauge({"subscriptions.memory_bytes", "rdmabroker_subscription_memory_bytes",
            "Estimated heap held by subscriptions (limits.max_subscription_memory bounds it)."},
           static_cast<std::int64_t>(core_.subscription_budget.bytes()));

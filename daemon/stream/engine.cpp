@@ -109,11 +109,13 @@ void StreamEngine::register_stream(const config::StreamSettings& s, std::uint32_
     const Subscriber entry = core_.index.add(pattern, Subscriber{kStreamWorker, id, 0, core_.stream_slot, 0});
     r.entries.emplace_back(pattern, entry);
   }
+  index_entries_.fetch_add(static_cast<std::int64_t>(r.entries.size()), std::memory_order_relaxed);
   registered_[s.name] = std::move(r);
 }
 
 void StreamEngine::unregister_stream(Registered& r) {
   for (const auto& [pattern, entry] : r.entries) core_.index.remove(pattern, entry);
+  index_entries_.fetch_sub(static_cast<std::int64_t>(r.entries.size()), std::memory_order_relaxed);
   r.entries.clear();
 }
 
@@ -191,9 +193,7 @@ void StreamEngine::stop() {
   }
   wake_.notify_one();
   if (thread_.joinable()) thread_.join();
-  for (const auto& [name, r] : registered_) {
-    for (const auto& [pattern, entry] : r.entries) core_.index.remove(pattern, entry);
-  }
+  for (auto& [name, r] : registered_) unregister_stream(r);
   registered_.clear();
   streams_.clear();
   std::lock_guard lock(mu_);

@@ -13,6 +13,7 @@
 // Statistics are atomics the engine writes and anyone reads.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -80,6 +81,9 @@ class StreamEngine final : public StreamCapture {
   void reload(const config::StorageSettings& storage, const std::vector<config::StreamSettings>& streams);
   /// Every stream's statistics, and the engine's backlog.
   void visit(StatsVisitor& v) const;
+  /// The subscription index entries the streams hold (one per subject
+  /// pattern): not subscriptions of clients. Any thread.
+  std::int64_t index_entries() const { return index_entries_.load(std::memory_order_relaxed); }
 
  private:
   /// A PUB_ACK for the publisher's worker to send.
@@ -145,6 +149,7 @@ class StreamEngine final : public StreamCapture {
   // Main thread: what create() and reload() registered, by name.
   std::map<std::string, Registered> registered_;
   std::uint32_t next_id_ = 1;
+  std::atomic<std::int64_t> index_entries_{0};
 
   std::mutex mu_;
   std::condition_variable wake_;

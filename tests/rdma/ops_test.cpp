@@ -170,7 +170,12 @@ TEST_P(Ops, InvalidReloadExplainsWhereAndWhy) {
 
 TEST_P(Ops, MetricsPassPromtoolOnALiveScrape) {
   const std::uint16_t metrics_port = next_port();
-  BrokerProcess broker(next_port(), {"--metrics-listen", "127.0.0.1:" + std::to_string(metrics_port)});
+  // A stream, so that its series (labelled by it) are there for the dashboard's panels.
+  const std::string streams = "/tmp/rdmabroker-metrics-" + std::to_string(getpid());
+  const std::string config = streams + ".yaml";
+  write_file(config, "storage: {directory: " + streams + "}\nstreams: [{name: M, subjects: [m.stored]}]\n");
+  BrokerProcess broker(next_port(),
+                       {"--metrics-listen", "127.0.0.1:" + std::to_string(metrics_port), "--config", config});
   ASSERT_TRUE(broker.running());
   auto sub_client = connect(broker);
   auto pub = connect(broker);
@@ -179,6 +184,7 @@ TEST_P(Ops, MetricsPassPromtoolOnALiveScrape) {
   ASSERT_TRUE(sub_client->subscribe("m.x", [&](const Message&) { got.fetch_add(1); }));
   ASSERT_TRUE(sub_client->flush(10s));
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(pub->publish("m.x", std::string_view("hello")));
+  ASSERT_TRUE(pub->publish_acked("m.stored", "kept", 10s));
   ASSERT_TRUE(pub->flush(10s));
   ASSERT_TRUE(broker.wait_stats([](auto& s) { return s["messages.delivered"] == 100; },
                                 10s)["messages.delivered"] == 100);
@@ -191,7 +197,8 @@ TEST_P(Ops, MetricsPassPromtoolOnALiveScrape) {
   EXPECT_EQ(rc, 0) << out;
   const std::string via = to_string(GetParam());
   EXPECT_NE(body.find("rdmabroker_connections{transport=\"" + via + "\"} 2"), std::string::npos) << body;
-  EXPECT_NE(body.find("rdmabroker_messages_received_total 100"), std::string::npos);
+  EXPECT_NE(body.find("rdmabroker_messages_received_total 101"), std::string::npos)
+      << "100 and the stored one";
   EXPECT_NE(body.find("rdmabroker_messages_delivered_total 100"), std::string::npos);
   EXPECT_NE(body.find("rdmabroker_subscriptions 1"), std::string::npos);
   EXPECT_NE(body.find("rdmabroker_messages_dropped_total{reason=\"slow_consumer\"} 0"), std::string::npos);
@@ -199,6 +206,7 @@ TEST_P(Ops, MetricsPassPromtoolOnALiveScrape) {
   EXPECT_EQ(body.find("rdmabroker_relay_latency_seconds_count 0"), std::string::npos)
       << "no latency observed";
   EXPECT_NE(body.find("rdmabroker_build_info{version=\""), std::string::npos);
+  EXPECT_NE(body.find("rdmabroker_stream_messages{stream=\"M\"} 1"), std::string::npos) << body;
   if (GetParam() == Via::kRdma) {
     EXPECT_EQ(body.find("rdmabroker_completions_per_poll_count 0"), std::string::npos)
         << "no completion observed";
@@ -222,6 +230,8 @@ TEST_P(Ops, MetricsPassPromtoolOnALiveScrape) {
     }
   }
   ::unlink(file.c_str());
+  ::unlink(config.c_str());
+  std::filesystem::remove_all(streams);
 }
 
 // A client whose broker went away keeps its Client object until the
