@@ -132,9 +132,10 @@ struct BrokerCore {
   StreamCapture* streams = nullptr;  // the stream engine (null only in tests without one)
   /// The slot whose count is the stream engine's backlog: messages routed
   /// to streams not stored yet. Publishers to streams are slowed above three
-  /// quarters of stream_backlog, as for a backlogged subscriber.
+  /// quarters of stream_backlog (a sixteenth of the pool: Server::create),
+  /// as for a backlogged subscriber.
   std::uint32_t stream_slot = 0;
-  std::uint64_t stream_backlog = 8192;
+  std::uint64_t stream_backlog = 512;
 
   /// The queue bound that slows publishers for `slot` (a connection's, or an engine's).
   std::uint64_t backlog_bound(std::uint32_t slot, std::uint64_t max_pending_bytes) const {
