@@ -43,7 +43,10 @@ TEST(WireStreams, AckIsOnlyOnAWholePublishWithAnId) {
   h.type = FrameType::kPublish;
   h.flags = proto::kFlagDuplicate;
   EXPECT_EQ(decode(encode(h, "s.x", "m")), DecodeStatus::kBadFlags) << "DUPLICATE is a PUB_ACK's";
-  h.flags = 64;
+  h.flags = proto::kFlagAck | proto::kFlagStream;
+  EXPECT_EQ(decode(encode(h, "s.x", "m")), DecodeStatus::kBadFlags)
+      << "STREAM is a consumer's, never with ACK";
+  h.flags = 256;
   EXPECT_EQ(decode(encode(h, "s.x", "m")), DecodeStatus::kBadReserved);
 }
 

@@ -25,9 +25,10 @@ enum class ErrorKind {
   kPermissionDenied,      // the user may not publish or subscribe to that subject
   kMessagesLost,          // multicast: messages the broker could no longer resend (on_error only)
   // An acknowledged publish (Client::publish_acked) that no stream stored:
-  kNoStream,    // no stream takes the subject
-  kStreamFull,  // the stream is at its limits and refuses new messages
-  kDiskFull,    // the broker's file system is full (the stream takes messages again when there is room)
+  kNoStream,         // no stream takes the subject
+  kStreamFull,       // the stream is at its limits and refuses new messages
+  kDiskFull,         // the broker's file system is full (the stream takes messages again when there is room)
+  kConsumerInvalid,  // a consumer's settings are out of range, or its durable name is in use with others
 };
 
 struct Error {

@@ -22,8 +22,9 @@ inline constexpr std::uint8_t kVersion = 1;
 /// 7 gossip: INFO frames and route logins that announce route URLs (§8),
 /// 8 rendezvous: a large message read from the publisher's memory by RDMA (§3.8),
 /// 9 landing areas: a large message written into the subscriber's memory by RDMA (§3.9),
-/// 10 streams: a PUBLISH may ask to be acknowledged once a stream stored it (§3.10).
-inline constexpr std::uint8_t kProtocolVersion = 10;
+/// 10 streams: a PUBLISH may ask to be acknowledged once a stream stored it (§3.10),
+/// 11 consumers: a stream's messages delivered, acknowledged and redelivered (§3.11).
+inline constexpr std::uint8_t kProtocolVersion = 11;
 /// The first protocol version with message headers.
 inline constexpr std::uint8_t kHeadersVersion = 2;
 /// The first protocol version with credits by demand over RDMA (SPEC.md §5.1).
@@ -52,6 +53,9 @@ inline constexpr std::uint8_t kLandingVersion = 9;
 /// The first protocol version with acknowledged publishing to streams
 /// (PUBLISH flag ACK, frame type PUB_ACK: SPEC.md §3.10).
 inline constexpr std::uint8_t kStreamsVersion = 10;
+/// The first protocol version with stream consumers (CONSUME, CONSUMER_READY,
+/// ACK, FETCH, FETCH_DONE and the STREAM flag of an inner PUBLISH: SPEC.md §3.11).
+inline constexpr std::uint8_t kConsumersVersion = 11;
 /// The largest relay time a DELIVER can carry, in nanoseconds (~4.3 s): a
 /// longer one is sent as this.
 inline constexpr std::uint32_t kMaxRelayNs = 0xffffffffu;
@@ -95,8 +99,14 @@ enum class FrameType : std::uint8_t {
   kRendezvousReady = 21,  // C -> B: arg: subscription, sequence: its first fragment's DELIVER; LandingArea
   // Version 10 (SPEC.md §3.10): B -> C, the outcome of a PUBLISH with ACK.
   kPubAck = 22,  // sequence: the PUBLISH's; arg: 0 stored, else the error code; PubAck payload
+  // Version 11 (SPEC.md §3.11): stream consumers; arg: the consumer's subscription id.
+  kConsume = 23,        // C -> B: subject the stream, second string the durable name; ConsumerConfig
+  kConsumerReady = 24,  // B -> C: the consumer is open; sequence: the messages it has yet to deliver
+  kAck = 25,            // C -> B: sequence: a stream sequence acknowledged (NAK flag: redeliver it)
+  kFetch = 26,          // C -> B: a pull consumer's request: sequence: messages; payload u32 expires_ms
+  kFetchDone = 27,      // B -> C: the open FETCH ended; sequence: the messages it delivered
 };
-inline constexpr std::uint8_t kMaxFrameType = 22;
+inline constexpr std::uint8_t kMaxFrameType = 27;
 /// Longest CONNECT payload (user name plus password, or a token).
 inline constexpr std::size_t kMaxCredentialsLen = 1024;
 
@@ -122,6 +132,18 @@ inline constexpr std::uint16_t kFlagAck = 16;
 /// PUB_ACK flag: the message's Msg-Id header was stored before within the
 /// stream's duplicate window; the sequence is the first one's (nothing stored).
 inline constexpr std::uint16_t kFlagDuplicate = 32;
+/// PUBLISH flag (version 11), only on a whole PUBLISH inside a DELIVER to a
+/// consumer (SPEC.md §3.11): `sequence` is the stream sequence, the word at
+/// offset 20 the delivery count (1 the first time). Never from a client.
+inline constexpr std::uint16_t kFlagStream = 64;
+/// ACK flag (version 11): not acknowledged; deliver the message again now.
+inline constexpr std::uint16_t kFlagNak = 128;
+/// Payload of CONSUME (SPEC.md §3.11): the consumer's settings (consumer.hpp).
+inline constexpr std::size_t kConsumeConfigLen = 32;
+/// Payload of FETCH: u32 how long the request stays open, in milliseconds.
+inline constexpr std::size_t kFetchLen = 4;
+/// Longest durable consumer name.
+inline constexpr std::size_t kMaxConsumerNameLen = 64;
 /// Payload of PUB_ACK: the stream sequence (u64; 0 when not stored), then
 /// the stream's name (0 .. kMaxStreamNameLen bytes; none when no stream took it).
 inline constexpr std::size_t kPubAckMinLen = 8;
@@ -160,6 +182,8 @@ enum class ErrorCode : std::uint32_t {
   kNoStream = 15,    // no stream takes the subject
   kStreamFull = 16,  // the stream is at its limits and refuses new messages (discard: new)
   kDiskFull = 17,    // the broker's file system is full
+  // Version 11 (SPEC.md §3.11), in an ERROR about a consumer (stays open).
+  kConsumerInvalid = 18,  // settings out of range, or a durable consumer in use with other settings
 };
 
 constexpr std::string_view to_string(FrameType t) {
@@ -208,6 +232,16 @@ constexpr std::string_view to_string(FrameType t) {
       return "RDV_READY";
     case FrameType::kPubAck:
       return "PUB_ACK";
+    case FrameType::kConsume:
+      return "CONSUME";
+    case FrameType::kConsumerReady:
+      return "CONSUMER_READY";
+    case FrameType::kAck:
+      return "ACK";
+    case FrameType::kFetch:
+      return "FETCH";
+    case FrameType::kFetchDone:
+      return "FETCH_DONE";
   }
   return "UNKNOWN";
 }
@@ -250,6 +284,8 @@ constexpr std::string_view to_string(ErrorCode c) {
       return "the stream is full";
     case ErrorCode::kDiskFull:
       return "the broker's disk is full";
+    case ErrorCode::kConsumerInvalid:
+      return "consumer settings invalid or in conflict";
   }
   return "unknown error";
 }

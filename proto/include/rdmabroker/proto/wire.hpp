@@ -305,6 +305,49 @@ inline DecodeStatus check_fragment(const FrameHeader& h) {
   return DecodeStatus::kOk;
 }
 
+/// The flags a frame of `h`'s type and fields may carry (SPEC.md §3.1).
+inline std::uint16_t allowed_flags(const FrameHeader& h) {
+  // REQUEST belongs to PUBLISH frames with a reply subject, FRAGMENT to
+  // PUBLISH, ACK to a whole PUBLISH (with an id), STREAM to a whole PUBLISH
+  // without ACK, SEQUENCED to DELIVER, ROUTE to CONNECT, DUPLICATE to
+  // PUB_ACK, NAK to ACK.
+  const bool fragment_flag = (h.flags & kFlagFragment) != 0;
+  const bool stream_flag = (h.flags & kFlagStream) != 0;
+  return h.type == FrameType::kPublish
+             ? static_cast<std::uint16_t>(
+                   (h.reply_len != 0 ? kFlagRequest : 0) | (stream_flag ? 0 : kFlagFragment) |
+                   (fragment_flag || stream_flag || h.sequence == 0 ? 0 : kFlagAck) |
+                   (fragment_flag || (h.flags & kFlagAck) != 0 || h.sequence == 0 ? 0 : kFlagStream))
+         : h.type == FrameType::kRendezvousOffer
+             ? static_cast<std::uint16_t>(h.reply_len != 0 ? kFlagRequest : 0)
+         : h.type == FrameType::kDeliver ? kFlagSequenced
+         : h.type == FrameType::kConnect ? kFlagRoute
+         : h.type == FrameType::kPubAck  ? kFlagDuplicate
+         : h.type == FrameType::kAck     ? kFlagNak
+                                         : 0;
+}
+
+/// PUB_ACK (SPEC.md §3.10), CONSUME, FETCH and ACK (§3.11): the lengths and the sequence.
+inline DecodeStatus check_stream_parts(const FrameHeader& h) {
+  const bool has_subject = h.subject_len != 0;
+  switch (h.type) {
+    case FrameType::kPubAck:
+      return !has_subject && h.reply_len == 0 && h.payload_len >= kPubAckMinLen &&
+                     h.payload_len <= kPubAckMinLen + kMaxStreamNameLen
+                 ? DecodeStatus::kOk
+                 : DecodeStatus::kBadLength;
+    case FrameType::kConsume:
+      // The stream's name, the durable name (optional), the settings (consumer.hpp).
+      return has_subject && h.payload_len == kConsumeConfigLen ? DecodeStatus::kOk : DecodeStatus::kBadLength;
+    case FrameType::kFetch:
+      return !has_subject && h.reply_len == 0 && h.payload_len == kFetchLen && h.sequence != 0
+                 ? DecodeStatus::kOk
+                 : DecodeStatus::kBadLength;
+    default:  // ACK
+      return h.sequence != 0 && h.body_len() == 0 ? DecodeStatus::kOk : DecodeStatus::kBadLength;
+  }
+}
+
 /// Which parts each frame type carries (SPEC.md, "Frame types"); the header's
 /// lengths against them.
 inline DecodeStatus check_parts(const FrameHeader& h) {
@@ -365,11 +408,12 @@ inline DecodeStatus check_parts(const FrameHeader& h) {
         return DecodeStatus::kBadLength;
       break;
     case FrameType::kPubAck:
-      if (has_subject || h.reply_len != 0 || h.payload_len < kPubAckMinLen ||
-          h.payload_len > kPubAckMinLen + kMaxStreamNameLen) {
-        return DecodeStatus::kBadLength;
-      }
-      break;
+    case FrameType::kConsume:
+    case FrameType::kFetch:
+    case FrameType::kAck:
+      return check_stream_parts(h);
+    case FrameType::kConsumerReady:
+    case FrameType::kFetchDone:
     case FrameType::kRendezvousRelease:
     case FrameType::kMcastLeave:
     case FrameType::kAbort:
@@ -400,33 +444,23 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   // Offset 10 is a PUBLISH's header_len; offset 20 a fragment's offset or a
   // DELIVER's relay time (a client that negotiated less than version 5 is
   // sent 0 there and may ignore it); both reserved elsewhere.
+  // A consumer's inner PUBLISH (STREAM) carries its delivery count there.
   const bool fragment = h.type == FrameType::kPublish && h.is_fragment();
   const bool deliver = h.type == FrameType::kDeliver;
-  h.offset = fragment || deliver ? load<std::uint32_t>(p + 20) : 0;
+  const bool stored = h.type == FrameType::kPublish && (h.flags & kFlagStream) != 0 && !fragment;
+  h.offset = fragment || deliver || stored ? load<std::uint32_t>(p + 20) : 0;
   if ((h.header_len != 0 && h.type != FrameType::kPublish) ||
-      (!fragment && !deliver && load<std::uint32_t>(p + 20) != 0))
+      (!fragment && !deliver && !stored && load<std::uint32_t>(p + 20) != 0))
     return DecodeStatus::kBadReserved;
   h.subject_len = load<std::uint16_t>(p + 6);
   h.reply_len = load<std::uint16_t>(p + 8);
   h.payload_len = load<std::uint32_t>(p + 12);
   h.arg = load<std::uint32_t>(p + 16);
   h.sequence = load<std::uint64_t>(p + 24);
-  // REQUEST belongs to PUBLISH frames with a reply subject, FRAGMENT to
-  // PUBLISH, ACK to a whole PUBLISH (with an id), SEQUENCED to DELIVER,
-  // ROUTE to CONNECT, DUPLICATE to PUB_ACK.
-  const bool fragment_flag = (h.flags & kFlagFragment) != 0;
-  const std::uint16_t allowed_flags =
-      h.type == FrameType::kPublish
-          ? static_cast<std::uint16_t>((h.reply_len != 0 ? kFlagRequest : 0) | kFlagFragment |
-                                       (fragment_flag || h.sequence == 0 ? 0 : kFlagAck))
-      : h.type == FrameType::kRendezvousOffer
-          ? static_cast<std::uint16_t>(h.reply_len != 0 ? kFlagRequest : 0)
-      : h.type == FrameType::kDeliver ? kFlagSequenced
-      : h.type == FrameType::kConnect ? kFlagRoute
-      : h.type == FrameType::kPubAck  ? kFlagDuplicate
-                                      : 0;
+  const std::uint16_t allowed_flags = detail::allowed_flags(h);
   if ((h.flags & ~allowed_flags) != 0)
-    return h.flags & ~(kFlagRequest | kFlagSequenced | kFlagFragment | kFlagRoute | kFlagAck | kFlagDuplicate)
+    return h.flags & ~(kFlagRequest | kFlagSequenced | kFlagFragment | kFlagRoute | kFlagAck |
+                       kFlagDuplicate | kFlagStream | kFlagNak)
                ? DecodeStatus::kBadReserved
                : DecodeStatus::kBadFlags;
   if (detail::arg_is_zero(h) && h.arg != 0) return DecodeStatus::kBadArg;
