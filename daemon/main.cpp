@@ -24,6 +24,7 @@
 #include "ops/metrics.hpp"
 #include "ops/rate_meter.hpp"
 #include "ops/reloader.hpp"
+#include "stream/admin.hpp"
 #include "ops/systemd.hpp"
 #include "rdmabroker/config/config.hpp"
 
@@ -221,6 +222,8 @@ class MainThread {
         changes.push_back({{"key", c.key}, {"from", c.from}, {"to", c.to}, {"live", c.live}});
       reply["changes"] = changes;
       reply["overridden"] = outcome.overridden;
+    } else if (cmd.starts_with("stream ") || cmd == "stream") {
+      return stream_admin(broker_.streams(), std::string_view(cmd).substr(6));
     } else if (cmd.starts_with("fault ") || cmd == "fault") {
       // Test builds only (fault/fault.hpp); elsewhere inject() says so.
       auto spec = fault::parse(std::string_view(cmd).substr(5));
@@ -229,7 +232,7 @@ class MainThread {
       if (!st) reply["error"] = st.error().message;
     } else {
       reply["ok"] = false;
-      reply["error"] = "unknown command '" + cmd + "' (known: stats, connections, reload)";
+      reply["error"] = "unknown command '" + cmd + "' (known: stats, connections, reload, stream)";
     }
     return reply.dump();
   }

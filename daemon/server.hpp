@@ -50,6 +50,8 @@ class Server {
   StatsSnapshot stats() const;
   /// Every open connection, asked of each worker (waits up to 2 s for them).
   std::vector<ConnectionInfo> connections() const;
+  /// The stream engine, for `rdmabroker stream` (main thread).
+  StreamEngine* streams() const { return streams_.get(); }
   /// The routes this broker pulls from, and their state (empty: not in a cluster).
   std::vector<RouteStatus> routes() const { return routes_ ? routes_->status() : std::vector<RouteStatus>{}; }
   /// Hands the live settings of a reload to every worker (config::diff says

@@ -7,10 +7,12 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "broker/buffer_pool.hpp"
 #include "broker/routed_frame.hpp"
+#include "rdmabroker/proto/consumer.hpp"
 
 namespace rdmabroker::daemon {
 
@@ -32,12 +34,31 @@ struct StreamPublish {
   std::uint32_t publisher_worker = 0;
 };
 
+/// What a client asked of a stream's consumer (SPEC.md §3.11), as its
+/// worker passes it on: the engine answers on the client's connection.
+struct ConsumerCommand {
+  enum class Kind { kOpen, kClose, kAck, kNak, kFetch };
+  Kind kind = Kind::kOpen;
+  std::uint64_t connection = 0;  // the client's connection, its slot and worker
+  std::uint32_t slot = 0;
+  std::uint32_t worker = 0;
+  std::uint32_t sid = 0;         // the consumer's subscription id on that connection
+  std::uint32_t max_frame = 0;   // kOpen: the client's receive buffer size
+  std::string stream;            // kOpen
+  std::string durable;           // kOpen: empty for an ephemeral consumer
+  proto::ConsumerConfig config;  // kOpen
+  std::uint64_t sequence = 0;    // kAck, kNak: the stream sequence; kFetch: how many messages
+  std::uint32_t expires_ms = 0;  // kFetch
+};
+
 /// Called from any worker.
 class StreamCapture {
  public:
   virtual ~StreamCapture() = default;
   /// Messages routed to streams by one worker, in the order it routed them.
   virtual void capture(std::vector<StreamPublish>&& batch) = 0;
+  /// A consumer's command; those of one connection are handled in order.
+  virtual void command(ConsumerCommand&& c) = 0;
 };
 
 }  // namespace rdmabroker::daemon

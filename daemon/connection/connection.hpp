@@ -305,6 +305,7 @@ struct Connection {
     std::uint32_t channel = 0;    // served by this multicast channel instead (not in the index itself)
     std::uint64_t cost = 0;       // taken from BrokerCore::subscription_budget, given back when it ends
     bool tenant_charged = false;  // ... and from the tenant's quota (every client's but a route's)
+    bool consumer = false;        // a stream's consumer (SPEC.md §3.11): the stream engine serves it
   };
   bool multicast_capable = false;  // RDMA client of protocol version 2 that offered kConnectMulticast
   std::unordered_map<std::uint32_t, Subscription> subscriptions;  // by sid

@@ -9,6 +9,7 @@
 
 #include "broker/cluster_interest.hpp"
 #include "broker/channels.hpp"
+#include "broker/streams.hpp"
 
 namespace rdmabroker::daemon {
 
@@ -60,6 +61,15 @@ void drop_subscription(WorkerContext& ctx, Connection& c, const Connection::Subs
                        std::uint32_t sid) {
   ctx.core.subscription_budget.give_back(sub.cost);
   if (sub.tenant_charged) c.tenant->subscriptions.give_back(sub.cost);
+  if (sub.consumer) {
+    // Its messages not acknowledged go to the consumer's other members, or wait for the next.
+    ConsumerCommand close;
+    close.kind = ConsumerCommand::Kind::kClose;
+    close.connection = c.id;
+    close.sid = sid;
+    ctx.core.streams->command(std::move(close));
+    return;
+  }
   if (sub.channel != 0) {
     ctx.core.multicast->unsubscribe(sub.channel, c.id, sid);
   } else {

@@ -80,6 +80,10 @@ bool FrameHandler::on_frame(Connection& c, const proto::Frame& f, const BufferRe
       return on_offer(c, f);
     case FrameType::kRendezvousReady:
       return on_ready(c, f);
+    case FrameType::kConsume:
+    case FrameType::kAck:
+    case FrameType::kFetch:
+      return on_consumer_frame(c, f);
     case FrameType::kCredit:
     case FrameType::kClose:
       return true;  // process() takes them, in every state
@@ -96,6 +100,8 @@ bool FrameHandler::on_frame(Connection& c, const proto::Frame& f, const BufferRe
     case FrameType::kInfo:
     case FrameType::kRendezvousRelease:
     case FrameType::kPubAck:
+    case FrameType::kConsumerReady:
+    case FrameType::kFetchDone:
       break;
   }
   connections_.close(c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
@@ -128,6 +134,11 @@ bool FrameHandler::on_publish(Connection& c, const proto::Frame& f, const Buffer
     return refuse_too_large(c, "payload of " + std::to_string(h.payload_len) +
                                    " bytes exceeds limits.max_payload (" + std::to_string(opt.max_payload) +
                                    ")");
+  }
+  if ((h.flags & proto::kFlagStream) != 0) {
+    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kMalformedFrame,
+                       "flag not allowed: STREAM marks a consumer's message from the broker (SPEC.md §3.11)");
+    return false;
   }
   const bool ack = (h.flags & proto::kFlagAck) != 0;
   if (ack && c.protocol_version < proto::kStreamsVersion) {

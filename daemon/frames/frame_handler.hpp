@@ -97,6 +97,12 @@ class FrameHandler {
   /// MCAST_JOINED and MCAST_REPAIR; false if the connection was closed for it.
   bool on_multicast(Connection& c, const proto::Frame& f);
 
+  // frames/consumer_frames.cpp (SPEC.md §3.11)
+  /// CONSUME, ACK and FETCH: checked here, handed to the stream engine;
+  /// false once the connection closed.
+  bool on_consumer_frame(Connection& c, const proto::Frame& f);
+  void on_consume(Connection& c, const proto::Frame& f);
+
   // frames/access.cpp
   /// A frame of a connection that is not authenticated yet; false if it closed.
   bool before_authentication(Connection& c, const proto::Frame& f);

@@ -139,6 +139,12 @@ std::optional<std::size_t> FileStore::length_of(std::uint64_t sequence) const {
   return entry->length;
 }
 
+std::optional<std::int64_t> FileStore::time_of(std::uint64_t sequence) const {
+  auto [seg, entry] = find(sequence);
+  if (entry == nullptr || !entry->live) return std::nullopt;
+  return entry->time_ns;
+}
+
 std::optional<std::uint64_t> FileStore::next_live(std::uint64_t from) const {
   from = std::max(from, floor_);
   auto it = std::upper_bound(

@@ -52,6 +52,7 @@ class FileStore final : public MessageStore {
   StoreResult<std::uint64_t> append(const MessageParts& m, std::int64_t now_ns) override;
   StoreResult<RecordView> read(std::uint64_t sequence, std::span<std::byte> into) override;
   std::optional<std::size_t> length_of(std::uint64_t sequence) const override;
+  std::optional<std::int64_t> time_of(std::uint64_t sequence) const override;
   std::optional<std::uint64_t> next_live(std::uint64_t from) const override;
   std::optional<std::uint64_t> first_at_time(std::int64_t time_ns) const override;
   std::vector<std::uint64_t> last_per_subject(std::string_view subject = {}) const override;

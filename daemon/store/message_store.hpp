@@ -64,6 +64,8 @@ class MessageStore {
   virtual StoreResult<RecordView> read(std::uint64_t sequence, std::span<std::byte> into) = 0;
   /// The record length of live message `sequence` (what read() needs), if it is live.
   virtual std::optional<std::size_t> length_of(std::uint64_t sequence) const = 0;
+  /// The receive time of live message `sequence`, if it is live.
+  virtual std::optional<std::int64_t> time_of(std::uint64_t sequence) const = 0;
   /// The first live sequence at or after `from`.
   virtual std::optional<std::uint64_t> next_live(std::uint64_t from) const = 0;
   /// The first live sequence received at or after `time_ns`.

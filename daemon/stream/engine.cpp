@@ -9,6 +9,8 @@
 
 #include "rdmabroker/proto/wire.hpp"
 #include "store/file_store.hpp"
+#include "stream/admin.hpp"
+#include "stream/consumer_state.hpp"
 
 namespace rdmabroker::daemon {
 namespace {
@@ -73,6 +75,7 @@ Result<std::unique_ptr<StreamEngine>> StreamEngine::create(
     e->streams_.emplace(id, std::move(stream.value()));
     e->register_stream(s, id);
   }
+  e->open_runtime_streams();
   return e;
 }
 
@@ -93,10 +96,16 @@ Result<StreamEngine::Stream> StreamEngine::open(const config::StreamSettings& s,
                 false,
                 {}};
   rebuild(stream.duplicates, *stream.store, realtime_ns());
+  stream.dir = dir;
+  std::vector<std::string> problems;
+  for (auto& [name, state] : load_consumers(dir, problems)) {
+    stream.consumers.emplace(name, std::make_unique<Consumer>(name, std::move(state)));
+  }
+  for (const auto& line : problems) spdlog::warn("stream {}: {}", s.name, line);
   const auto info = stream.store->stats();
-  spdlog::info("stream {}: {} in {}, subjects {}: {} messages, sequences {}..{}", s.name,
-               report.segments == 0 ? "new" : "opened", dir, fmt::join(s.subjects, ", "), info.messages,
-               info.first_sequence, info.last_sequence);
+  spdlog::info("stream {}: {} in {}, subjects {}: {} messages, sequences {}..{}, {} durable consumers",
+               s.name, report.segments == 0 ? "new" : "opened", dir, fmt::join(s.subjects, ", "),
+               info.messages, info.first_sequence, info.last_sequence, stream.consumers.size());
   refresh(stream);
   std::lock_guard lock(stats_mu_);
   stats_[s.name] = stream.stats;
@@ -125,8 +134,13 @@ void StreamEngine::reload(const config::StorageSettings& storage,
   std::map<std::string, const config::StreamSettings*> next;
   for (const auto& s : streams) next[s.name] = &s;
   // Removed first: a stream added in the same reload may take their subjects.
+  // One `stream add` made stays; declared in the file now, the file has it.
   for (auto it = registered_.begin(); it != registered_.end();) {
-    if (next.contains(it->first)) {
+    if (next.contains(it->first) || it->second.runtime) {
+      if (it->second.runtime && next.contains(it->first)) {
+        forget_runtime(directory_, it->first);
+        it->second.runtime = false;
+      }
       ++it;
       continue;
     }
@@ -179,6 +193,8 @@ void StreamEngine::post(Item item) {
 
 void StreamEngine::capture(std::vector<StreamPublish>&& batch) { post(std::move(batch)); }
 
+void StreamEngine::command(ConsumerCommand&& c) { post(std::move(c)); }
+
 void StreamEngine::start() {
   ready_.resize(core_.options.workers);  // one PUB_ACK batch per worker
   thread_ = std::thread([this] { run(); });
@@ -200,6 +216,42 @@ void StreamEngine::stop() {
   queue_.clear();  // never started: the references go back to the pool now
 }
 
+void StreamEngine::apply(Item& item) {
+  std::visit(
+      [&](auto& i) {
+        using T = std::decay_t<decltype(i)>;
+        if constexpr (std::is_same_v<T, std::vector<StreamPublish>>) {
+          handle(i);
+        } else if constexpr (std::is_same_v<T, AddStream>) {
+          const std::uint32_t id = i.stream.id;
+          streams_.emplace(id, std::move(i.stream));
+        } else if constexpr (std::is_same_v<T, RemoveStream>) {
+          if (auto it = streams_.find(i.id); it != streams_.end()) {
+            if (it->second.dirty) sync(it->second);
+            save_consumers(it->second, true);
+            std::erase_if(members_, [&](const auto& m) { return m.second.first == i.id; });
+            const std::string dir = it->second.dir;
+            streams_.erase(it);  // the store closes its files
+            if (i.delete_files) delete_stream_files(dir);
+          }
+          if (i.done) i.done->set_value();
+        } else if constexpr (std::is_same_v<T, SetLimits>) {
+          if (auto it = streams_.find(i.id); it != streams_.end()) {
+            it->second.store->set_limits(i.limits);
+            it->second.duplicates.set_window(i.duplicate_window_ns);
+            refresh(it->second);
+          }
+        } else if constexpr (std::is_same_v<T, ConsumerCommand>) {
+          on_command(i);
+        } else if constexpr (std::is_same_v<T, PurgeStream>) {
+          on_purge(i);
+        } else {
+          storage_ = i.storage;
+        }
+      },
+      item);
+}
+
 void StreamEngine::run() {
   std::int64_t next_expire = steady_ns() + kExpireEveryNs;
   for (;;) {
@@ -208,6 +260,7 @@ void StreamEngine::run() {
     {
       std::unique_lock lock(mu_);
       std::int64_t deadline = next_expire;
+      if (consumers_due_ns_ != 0) deadline = std::min(deadline, consumers_due_ns_);
       if (first_dirty_ns_ != 0) {
         deadline = std::min(deadline, first_dirty_ns_ + std::int64_t{storage_.sync_interval_ms} * 1'000'000);
       }
@@ -216,32 +269,7 @@ void StreamEngine::run() {
       items.swap(queue_);
       stopping = stopping_;
     }
-    for (Item& item : items) {
-      std::visit(
-          [&](auto& i) {
-            using T = std::decay_t<decltype(i)>;
-            if constexpr (std::is_same_v<T, std::vector<StreamPublish>>) {
-              handle(i);
-            } else if constexpr (std::is_same_v<T, AddStream>) {
-              const std::uint32_t id = i.stream.id;
-              streams_.emplace(id, std::move(i.stream));
-            } else if constexpr (std::is_same_v<T, RemoveStream>) {
-              if (auto it = streams_.find(i.id); it != streams_.end()) {
-                if (it->second.dirty) sync(it->second);
-                streams_.erase(it);
-              }
-            } else if constexpr (std::is_same_v<T, SetLimits>) {
-              if (auto it = streams_.find(i.id); it != streams_.end()) {
-                it->second.store->set_limits(i.limits);
-                it->second.duplicates.set_window(i.duplicate_window_ns);
-                refresh(it->second);
-              }
-            } else {
-              storage_ = i.storage;
-            }
-          },
-          item);
-    }
+    for (Item& item : items) apply(item);
     const std::int64_t now = steady_ns();
     // Group commit: a publisher waiting for its PUB_ACK is answered after the
     // next fdatasync, which runs as soon as the engine has taken what was
@@ -265,7 +293,11 @@ void StreamEngine::run() {
       }
       next_expire = now + kExpireEveryNs;
     }
-    if (stopping) return;  // the workers are gone, and their connections with them
+    if (stopping) {
+      for (auto& [id, s] : streams_) save_consumers(s, true);
+      return;  // the workers are gone, and their connections with them
+    }
+    serve_consumers(steady_ns());
     post_acks();
   }
 }

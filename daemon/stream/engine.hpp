@@ -20,6 +20,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <future>
 #include <string>
 #include <thread>
 #include <variant>
@@ -27,8 +29,10 @@
 
 #include "broker/core.hpp"
 #include "broker/log_throttle.hpp"
+#include "broker/outbound.hpp"
 #include "broker/stats.hpp"
 #include "broker/streams.hpp"
+#include "stream/consumer.hpp"
 #include "stream/duplicates.hpp"
 #include "rdmabroker/config/settings.hpp"
 #include "rdmabroker/result.hpp"
@@ -55,6 +59,9 @@ struct StreamStats {
   Counter syncs;
   Counter duplicates;  // messages with a Msg-Id stored within the window: not stored again
   Counter acks;        // PUB_ACKs sent (stored, duplicate or refused)
+  // Its consumers' (SPEC.md §3.11), summed.
+  Counter delivered, redelivered, consumer_acks, max_deliveries;
+  Gauge consumers, consumer_pending;
   Gauge messages, bytes, first_sequence, last_sequence, subjects, segments, disk_bytes, corrupt_records,
       torn_bytes;
   Histogram<kStreamSyncBounds.size()> sync_seconds{kStreamSyncBounds};
@@ -75,12 +82,28 @@ class StreamEngine final : public StreamCapture {
   /// Stores what is queued, syncs every store and joins the thread. Idempotent.
   void stop();
   void capture(std::vector<StreamPublish>&& batch) override;
+  void command(ConsumerCommand&& c) override;
   /// The live settings of a reload: streams added (opened now: a failure is
   /// logged and that stream left out), removed (the files stay), their
   /// subjects and limits changed; the sync policy.
   void reload(const config::StorageSettings& storage, const std::vector<config::StreamSettings>& streams);
   /// Every stream's statistics, and the engine's backlog.
   void visit(StatsVisitor& v) const;
+
+  // Run-time management (`rdmabroker stream ...`: stream/engine_admin.cpp), main thread.
+  struct Listing {
+    config::StreamSettings settings;
+    bool runtime = false;  // added by `stream add`, not declared in the configuration file
+    std::shared_ptr<StreamStats> stats;
+  };
+  std::vector<Listing> list() const;
+  /// A stream not in the configuration file: opened and taking its subjects
+  /// now, kept (its directory's stream.json) across restarts until removed.
+  Status add(const config::StreamSettings& s);
+  /// Removes a stream `add` made, and deletes its files.
+  Status remove(const std::string& name);
+  /// Removes every message of a stream (sequences go on); how many.
+  Result<std::uint64_t> purge(const std::string& name);
   /// The subscription index entries the streams hold (one per subject
   /// pattern): not subscriptions of clients. Any thread.
   std::int64_t index_entries() const { return index_entries_.load(std::memory_order_relaxed); }
@@ -99,11 +122,14 @@ class StreamEngine final : public StreamCapture {
     DuplicateWindow duplicates;
     bool dirty = false;     // appended since the last sync
     std::vector<Ack> acks;  // for messages appended since the last sync: sent once it succeeds
+    std::string dir;        // its files' directory
+    std::map<std::string, std::unique_ptr<Consumer>> consumers;  // by name
   };
   /// A stream as the main thread registers it: its index entries.
   struct Registered {
     std::uint32_t id = 0;
     config::StreamSettings settings;
+    bool runtime = false;  // added by `stream add` (stream.json in its directory)
     std::vector<std::pair<std::string, Subscriber>> entries;  // pattern, index entry
   };
   struct AddStream {
@@ -111,6 +137,12 @@ class StreamEngine final : public StreamCapture {
   };
   struct RemoveStream {
     std::uint32_t id = 0;
+    bool delete_files = false;                 // `stream rm`
+    std::shared_ptr<std::promise<void>> done;  // `stream rm` waits for its files to go
+  };
+  struct PurgeStream {
+    std::uint32_t id = 0;
+    std::shared_ptr<std::promise<Result<std::uint64_t>>> done;
   };
   struct SetLimits {
     std::uint32_t id = 0;
@@ -120,7 +152,14 @@ class StreamEngine final : public StreamCapture {
   struct SetStorage {
     config::StorageSettings storage;
   };
-  using Item = std::variant<std::vector<StreamPublish>, AddStream, RemoveStream, SetLimits, SetStorage>;
+  using Item = std::variant<std::vector<StreamPublish>, AddStream, RemoveStream, SetLimits, SetStorage,
+                            ConsumerCommand, PurgeStream>;
+  /// Deliveries of one consumer's turn to one member, being filled.
+  struct Batch {
+    BufferRef buf;
+    std::uint32_t used = 0;  // bytes of buf filled
+    OutItem item;            // the DELIVER being extended (item.body empty: none yet)
+  };
 
   StreamEngine(BrokerCore& core, const config::StorageSettings& storage)
       : core_(core), directory_(storage.directory), storage_(storage) {}
@@ -129,10 +168,17 @@ class StreamEngine final : public StreamCapture {
   /// Enters `s`'s subjects in the subscription index (main thread).
   void register_stream(const config::StreamSettings& s, std::uint32_t id);
   void unregister_stream(Registered& r);
+  /// Which registered stream's subjects overlap `s`'s (other than `s` itself), if any.
+  std::optional<std::string> overlap(const config::StreamSettings& s) const;
+  /// Opens the streams `add` made in an earlier run (create()).
+  void open_runtime_streams();
+  void on_purge(PurgeStream& p);
   void post(Item item);
 
   // The engine thread.
   void run();
+  /// One item of the queue: a batch to store, or a change from the main thread.
+  void apply(Item& item);
   void handle(std::vector<StreamPublish>& batch);
   void store_one(Stream& s, const StreamPublish& p, std::int64_t realtime_now, std::int64_t steady_now);
   void sync(Stream& s);
@@ -143,6 +189,25 @@ class StreamEngine final : public StreamCapture {
               bool duplicate = false);
   /// Hands the PUB_ACKs that are due to the publishers' workers.
   void post_acks();
+
+  // stream/engine_consumers.cpp: consumers (SPEC.md §3.11).
+  void on_command(ConsumerCommand& c);
+  void open_consumer(const ConsumerCommand& c);
+  void close_member(std::uint64_t connection, std::uint32_t sid);
+  /// Expires deadlines and delivers what every consumer may take now.
+  void serve_consumers(std::int64_t now);
+  /// One consumer's turn; false when it stopped short (no pool buffer, or its share of the turn).
+  bool serve(Stream& s, Consumer& k, std::int64_t now, std::int64_t wall);
+  /// Reads message `p` into the member's batch; false when no pool buffer was free.
+  bool deliver(Stream& s, Consumer& k, const Consumer::Pick& p, Batch& b, std::int64_t now);
+  void flush(const ConsumerMember& m, Batch& b);
+  void to_client(std::uint32_t worker, std::uint64_t connection, std::uint32_t slot, OutItem item);
+  /// An advisory on $RB.ADVISORY.MAX_DELIVERIES.<stream>.<consumer> (JSON).
+  void advise(const Stream& s, const Consumer& k, const Consumer::GivenUp& g);
+  /// Saves the durable consumers that changed (every 50 ms, or `all` now).
+  void save_consumers(Stream& s, bool all);
+  void refresh_consumers(Stream& s);
+  Stream* stream_named(std::string_view name);
 
   BrokerCore& core_;
   const std::string directory_;  // storage.directory (not live)
@@ -163,6 +228,10 @@ class StreamEngine final : public StreamCapture {
   std::vector<std::vector<RemoteDelivery>> ready_;  // PUB_ACKs due, per worker
   bool acks_due_ = false;  // steady: when the oldest unsynced message was stored (0: none)
   LogThrottle refusal_log_;
+  /// Each consumer member: (connection, sid) -> (stream id, consumer name).
+  std::map<std::pair<std::uint64_t, std::uint32_t>, std::pair<std::uint32_t, std::string>> members_;
+  std::int64_t consumers_due_ns_ = 0;  // steady: when the consumers need a turn again (0: on the next item)
+  std::int64_t consumers_saved_ns_ = 0;
 
   mutable std::mutex stats_mu_;
   std::map<std::string, std::shared_ptr<StreamStats>> stats_;  // guarded by stats_mu_; by stream name

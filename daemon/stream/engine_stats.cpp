@@ -29,6 +29,18 @@ void StreamStats::visit(StatsVisitor& v) const {
         "Messages whose Msg-Id a stream stored within its duplicate window: not stored again.");
   count("acks", acks, "rdmabroker_stream_acks_total",
         "PUB_ACKs a stream sent (stored, duplicate or refused).");
+  count("delivered", delivered, "rdmabroker_stream_consumer_delivered_total",
+        "Messages a stream's consumers delivered (redeliveries included).");
+  count("redelivered", redelivered, "rdmabroker_stream_consumer_redelivered_total",
+        "Messages a stream's consumers delivered again (deadline passed, NAK, member gone, restart).");
+  count("consumer_acks", consumer_acks, "rdmabroker_stream_consumer_acks_total",
+        "Messages a stream's consumers had acknowledged.");
+  count("max_deliveries", max_deliveries, "rdmabroker_stream_consumer_max_deliveries_total",
+        "Messages a stream's consumers gave up after max_deliver deliveries (each advised).");
+  level("consumers", consumers, "rdmabroker_stream_consumers",
+        "A stream's consumers (durable and ephemeral).");
+  level("consumer_pending", consumer_pending, "rdmabroker_stream_consumer_pending",
+        "Messages a stream's consumers delivered and have not had acknowledged.");
   level("messages", messages, "rdmabroker_stream_messages", "Messages a stream holds.");
   level("bytes", bytes, "rdmabroker_stream_bytes",
         "Bytes of the messages a stream holds (records, headers included).");

@@ -500,6 +500,7 @@ class FakeStreams final : public StreamCapture {
   void capture(std::vector<StreamPublish>&& batch) override {
     for (auto& p : batch) got.push_back(std::move(p));
   }
+  void command(ConsumerCommand&&) override {}
   std::vector<StreamPublish> got;
 };
 /// The other workers, as the end of a loop turn posts to them (nothing to post here).

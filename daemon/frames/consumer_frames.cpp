@@ -1,0 +1,118 @@
+// SPDX-License-Identifier: Apache-2.0
+// A stream's consumers as a worker sees them (SPEC.md §3.11): CONSUME, ACK
+// and FETCH are checked against the connection (its version, its
+// subscription ids, its permissions) and handed to the stream engine, which
+// owns every consumer and answers on the connection itself.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "broker/streams.hpp"
+#include "frames/frame_handler.hpp"
+
+namespace rdmabroker::daemon {
+
+using proto::ErrorCode;
+using proto::FrameType;
+
+namespace {
+
+/// A durable name is a file name in the stream's directory: letters,
+/// digits, '-' and '_', 1 to 64 of them.
+bool valid_durable_name(std::string_view name) {
+  return !name.empty() && name.size() <= proto::kMaxConsumerNameLen &&
+         std::all_of(name.begin(), name.end(), [](char ch) {
+           return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_';
+         });
+}
+
+}  // namespace
+
+bool FrameHandler::on_consumer_frame(Connection& c, const proto::Frame& f) {
+  const auto type = f.header.type;
+  if (c.protocol_version < proto::kConsumersVersion) {
+    connections_.close(c, CloseReason::kProtocolError, ErrorCode::kMalformedFrame,
+                       std::string(proto::to_string(type)) +
+                           " needs protocol version 11, this connection negotiated " +
+                           std::to_string(c.protocol_version));
+    return false;
+  }
+  if (c.identity->route) {
+    connections_.close(
+        c, CloseReason::kProtocolError, ErrorCode::kProtocolViolation,
+        std::string(proto::to_string(type)) + " on a route: a route only subscribes (SPEC.md §8)");
+    return false;
+  }
+  if (type == FrameType::kConsume) {
+    on_consume(c, f);
+    return true;
+  }
+  const std::uint32_t sid = f.header.arg;
+  const auto it = c.subscriptions.find(sid);
+  if (it == c.subscriptions.end() || !it->second.consumer) {
+    // Crossed with its UNSUBSCRIBE, or never a consumer: the id names none.
+    reply_error(
+        c, ErrorCode::kUnknownSubscription,
+        std::string(proto::to_string(type)) + " for " + std::to_string(sid) + ", which is no consumer", sid);
+    return true;
+  }
+  ConsumerCommand cmd;
+  cmd.connection = c.id;
+  cmd.slot = c.slot;
+  cmd.worker = ctx_.index;
+  cmd.sid = sid;
+  cmd.sequence = f.header.sequence;
+  if (type == FrameType::kAck) {
+    cmd.kind =
+        (f.header.flags & proto::kFlagNak) != 0 ? ConsumerCommand::Kind::kNak : ConsumerCommand::Kind::kAck;
+  } else {
+    cmd.kind = ConsumerCommand::Kind::kFetch;
+    std::memcpy(&cmd.expires_ms, f.payload.data(), sizeof cmd.expires_ms);
+  }
+  ctx_.core.streams->command(std::move(cmd));
+  return true;
+}
+
+void FrameHandler::on_consume(Connection& c, const proto::Frame& f) {
+  const std::uint32_t sid = f.header.arg;
+  if (c.subscriptions.contains(sid)) {
+    return reply_error(c, ErrorCode::kDuplicateSubscription,
+                       "subscription id " + std::to_string(sid) + " is already in use", sid);
+  }
+  if (ctx_.core.streams == nullptr) {
+    return reply_error(c, ErrorCode::kNoStream, "this broker keeps no streams", sid);
+  }
+  if (c.subscriptions.size() >= ctx_.options.max_subscriptions) {
+    ctx_.stats.limit_subscriptions.add();
+    return reply_error(
+        c, ErrorCode::kTooManySubscriptions,
+        "limit of " + std::to_string(ctx_.options.max_subscriptions) + " subscriptions reached", sid);
+  }
+  // Reading a stream is subscribing to it: permission on $RB.STREAM.<name> (docs/streams.md).
+  const std::string access = "$RB.STREAM." + std::string(f.subject);
+  if (!c.identity->may_subscribe(access)) return deny(c, "consume", access, sid);
+  const auto config = proto::decode_consumer_config(f.payload);
+  if (!config || (!f.reply.empty() && !valid_durable_name(f.reply))) {
+    return reply_error(c, ErrorCode::kConsumerInvalid,
+                       !config ? "CONSUME settings out of range (SPEC.md §3.11)"
+                               : "a durable name is 1 to 64 letters, digits, '-' or '_'",
+                       sid);
+  }
+  Connection::Subscription sub;
+  sub.pattern = access;
+  sub.consumer = true;
+  c.subscriptions.emplace(sid, std::move(sub));
+  ConsumerCommand cmd;
+  cmd.kind = ConsumerCommand::Kind::kOpen;
+  cmd.connection = c.id;
+  cmd.slot = c.slot;
+  cmd.worker = ctx_.index;
+  cmd.sid = sid;
+  cmd.max_frame = c.peer_buffer_size;
+  cmd.stream = std::string(f.subject);
+  cmd.durable = std::string(f.reply);
+  cmd.config = *config;
+  ctx_.core.streams->command(std::move(cmd));
+}
+
+}  // namespace rdmabroker::daemon
