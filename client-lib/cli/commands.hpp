@@ -96,6 +96,8 @@ struct Subcommand {
 };
 
 Subcommand add_bench(CLI::App& app);
+Subcommand add_consume(CLI::App& app);
+Subcommand add_stream(CLI::App& app);
 Subcommand add_stat(CLI::App& app);
 Subcommand add_reload(CLI::App& app);
 Subcommand add_passwd(CLI::App& app);

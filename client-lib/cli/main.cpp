@@ -6,6 +6,9 @@
 //                                        print messages as they arrive (wildcards allowed)
 //   rdmabroker request SUBJECT MESSAGE   send a request, print the first reply
 //   rdmabroker reply SUBJECT MESSAGE     answer every request on SUBJECT with MESSAGE
+//   rdmabroker consume STREAM [--durable NAME] [--from SEQ|--since T|--last] [--ack]
+//                                        read a stream through a consumer (docs/streams.md)
+//   rdmabroker stream add|ls|info|purge|rm   manage streams (admin socket)
 //   rdmabroker stat [--json]             the broker's counters and connections (admin socket)
 //   rdmabroker reload                    reload the broker's configuration (admin socket)
 //   rdmabroker bench [SUBJECT]           N publishers -> M subscribers: rates, loss, latency
@@ -288,8 +291,9 @@ int main(int argc, char** argv) {
   CLI::App app{"rdmabroker: publish, subscribe and inspect an rdmabrokerd broker"};
   app.set_version_flag("--version", std::string("rdmabroker ") + RDMABROKER_VERSION);
   app.require_subcommand(1);
-  const Subcommand commands[] = {add_pub(app),   add_sub(app),  add_request(app), add_reply(app),
-                                 add_bench(app), add_stat(app), add_reload(app),  add_passwd(app)};
+  const Subcommand commands[] = {add_pub(app),     add_sub(app),    add_request(app), add_reply(app),
+                                 add_consume(app), add_stream(app), add_bench(app),   add_stat(app),
+                                 add_reload(app),  add_passwd(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -11,10 +11,14 @@
 #include <strings.h>
 
 #include "rdmabroker/client.hpp"
+#include "rdmabroker/consumer.hpp"
 #include "rdmabroker/rdmabroker.h"
 
 struct rb_client {
   std::unique_ptr<rdmabroker::Client> impl;
+};
+struct rb_consumer {
+  std::shared_ptr<rdmabroker::Consumer> impl;
 };
 struct rb_subscription {
   std::shared_ptr<rdmabroker::Subscription> impl;
@@ -63,6 +67,8 @@ int code_for(rdmabroker::ErrorKind k) {
       return RB_ERR_STREAM_FULL;
     case ErrorKind::kDiskFull:
       return RB_ERR_DISK_FULL;
+    case ErrorKind::kConsumerInvalid:
+      return RB_ERR_CONSUMER_INVALID;
   }
   return RB_ERR_INVALID_ARGUMENT;
 }
@@ -89,7 +95,9 @@ rb_message view_of(const rdmabroker::Message& m, void* owner, std::vector<rb_hea
                     m.payload.size(),
                     owner,
                     headers.empty() ? nullptr : headers.data(),
-                    headers.size()};
+                    headers.size(),
+                    m.stream_sequence,
+                    m.deliveries};
 }
 
 rb_message* owned_copy(rdmabroker::Message m) {
@@ -424,6 +432,78 @@ int rb_next_message(rb_subscription* s, int timeout_ms, rb_message** out) {
 
 void rb_message_free(rb_message* m) {
   if (m != nullptr) delete static_cast<OwnedMessage*>(m->owner_);
+}
+
+void rb_consumer_options_init(rb_consumer_options* o) {
+  if (o == nullptr) return;
+  const rdmabroker::ConsumerOptions d;
+  *o = rb_consumer_options{
+      nullptr,       RB_START_ALL,      0, 0, RB_ACK_EXPLICIT, static_cast<int>(d.ack_wait.count()),
+      d.max_deliver, d.max_ack_pending, 0, 0};
+}
+
+int rb_consume(rb_client* c, const char* stream, const rb_consumer_options* o, int timeout_ms,
+               rb_consumer** out, uint64_t* pending) {
+  rb_consumer_options d;
+  rb_consumer_options_init(&d);
+  if (o == nullptr) o = &d;
+  if (c == nullptr || stream == nullptr || out == nullptr || timeout_ms < 0 || o->start < RB_START_ALL ||
+      o->start > RB_START_TIME || o->ack < RB_ACK_NONE || o->ack > RB_ACK_CUMULATIVE || o->ack_wait_ms < 0)
+    return invalid("rb_consume: bad arguments");
+  rdmabroker::ConsumerOptions opt;
+  opt.durable = o->durable != nullptr ? o->durable : "";
+  opt.start = static_cast<rdmabroker::ConsumerOptions::Start>(o->start);
+  opt.start_sequence = o->start_sequence;
+  opt.start_time =
+      std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+          std::chrono::nanoseconds(o->start_time_ns)));
+  opt.ack = static_cast<rdmabroker::ConsumerOptions::Ack>(o->ack);
+  opt.ack_wait = std::chrono::milliseconds(o->ack_wait_ms);
+  opt.max_deliver = o->max_deliver;
+  opt.max_ack_pending = o->max_ack_pending;
+  opt.pull = o->pull != 0;
+  opt.original_pace = o->original_pace != 0;
+  auto r = c->impl->consume(stream, opt, std::chrono::milliseconds(timeout_ms));
+  if (!r) return fail(r.error());
+  if (pending != nullptr) *pending = r.value()->pending_at_open();
+  *out = new rb_consumer{std::move(r.value())};
+  return RB_OK;
+}
+
+int rb_consumer_next(rb_consumer* k, int timeout_ms, rb_message** out) {
+  if (k == nullptr || out == nullptr) return invalid("rb_consumer_next: bad arguments");
+  auto r = k->impl->next(std::chrono::milliseconds(timeout_ms));
+  if (!r) return fail(r.error());
+  *out = owned_copy(std::move(r.value()));
+  return RB_OK;
+}
+
+int rb_consumer_fetch(rb_consumer* k, size_t count, int timeout_ms, rb_message** out, size_t* got) {
+  if (k == nullptr || (out == nullptr && count != 0) || got == nullptr)
+    return invalid("rb_consumer_fetch: bad arguments");
+  *got = 0;
+  auto r = k->impl->fetch(count, std::chrono::milliseconds(timeout_ms));
+  if (!r) return fail(r.error());
+  for (auto& m : r.value()) out[(*got)++] = owned_copy(std::move(m));
+  return RB_OK;
+}
+
+int rb_consumer_ack(rb_consumer* k, const rb_message* m) {
+  if (k == nullptr || m == nullptr || m->owner_ == nullptr) return invalid("rb_consumer_ack: bad arguments");
+  auto st = k->impl->ack(static_cast<const OwnedMessage*>(m->owner_)->msg);
+  return st ? RB_OK : fail(st.error());
+}
+
+int rb_consumer_nak(rb_consumer* k, const rb_message* m) {
+  if (k == nullptr || m == nullptr || m->owner_ == nullptr) return invalid("rb_consumer_nak: bad arguments");
+  auto st = k->impl->nak(static_cast<const OwnedMessage*>(m->owner_)->msg);
+  return st ? RB_OK : fail(st.error());
+}
+
+void rb_consumer_close(rb_consumer* k) {
+  if (k == nullptr) return;
+  (void)k->impl->close();
+  delete k;
 }
 
 uint32_t rb_subscription_sid(const rb_subscription* s) { return s != nullptr ? s->impl->sid() : 0; }

@@ -25,7 +25,11 @@ struct __attribute__((visibility("hidden"))) ViewAccess {  // the library's own:
     v.subject = publish.subject;
     v.reply = publish.reply;
     v.payload = publish.payload;
-    v.header_block_ = publish.headers;  // checked when the frame was decoded
+    v.header_block_ = publish.headers;                       // checked when the frame was decoded
+    if ((publish.header.flags & proto::kFlagStream) != 0) {  // a consumer's (SPEC.md §3.11)
+      v.stream_sequence = publish.header.sequence;
+      v.deliveries = publish.header.offset;
+    }
     return v;
   }
   /// The owning message a view was made of; null for one in a receive buffer.

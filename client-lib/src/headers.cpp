@@ -73,7 +73,13 @@ std::size_t Headers::erase(std::string_view name) {
 // ---------------------------------------------------------------- MessageView
 
 MessageView::MessageView(const Message& m)
-    : sid(m.sid), subject(m.subject), reply(m.reply), payload(m.payload), message_(&m) {}
+    : sid(m.sid),
+      subject(m.subject),
+      reply(m.reply),
+      payload(m.payload),
+      stream_sequence(m.stream_sequence),
+      deliveries(m.deliveries),
+      message_(&m) {}
 
 bool MessageView::has_headers() const {
   return message_ != nullptr ? !message_->headers.empty() : !header_block_.empty();
@@ -109,6 +115,8 @@ void MessageView::copy_to(Message& m) const {
                            [&](std::string_view n, std::string_view v) { m.headers.add(n, v); });
   }
   m.payload.assign(payload.begin(), payload.end());
+  m.stream_sequence = stream_sequence;
+  m.deliveries = deliveries;
 }
 
 Message MessageView::to_message() const {

@@ -68,6 +68,14 @@ class ReconnectingClient final : public Client {
     if (!s) return s.error();
     return s.value()->publish_acked(subject, headers, payload, timeout);
   }
+  /// On the connection of now: a consumer is not restored after a reconnect
+  /// (a durable one is opened again by name, where it stands).
+  Result<std::shared_ptr<Consumer>> consume(std::string_view stream, const ConsumerOptions& options,
+                                            std::chrono::milliseconds timeout) override {
+    auto s = wait_for_session(opt_.publish_timeout);
+    if (!s) return s.error();
+    return s.value()->consume(stream, options, timeout);
+  }
   using Client::publish;
   using Client::publish_acked;
   using Client::request;

@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -37,6 +38,7 @@
 #include "multicast_streams.hpp"
 #include "reassembly.hpp"
 #include "rdmabroker/client.hpp"
+#include "rdmabroker/consumer.hpp"
 #include "rdmabroker/proto/handshake.hpp"
 #include "rdmabroker/proto/info.hpp"
 #include "requests.hpp"
@@ -48,11 +50,36 @@ namespace rdmabroker {
 
 static_assert(SendBuffers::kNone == SessionSide::kNoBuffer);
 
+class Session;
+/// What a Consumer holds of its session: the session may go first.
+class SessionAnchor {
+ public:
+  explicit SessionAnchor(Session* s) : session_(s) {}
+  /// Runs f(session) unless the session is gone (then kClosed).
+  template <typename F>
+  auto with(F f) -> decltype(f(std::declval<Session&>())) {
+    std::lock_guard lock(mu_);
+    if (session_ == nullptr) return Error{ErrorKind::kClosed, "the client is closed"};
+    return f(*session_);
+  }
+  void detach() {
+    std::lock_guard lock(mu_);
+    session_ = nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  Session* session_;
+};
+
 class Session final : public Client, private SessionSide, private LandingHost {
  public:
   explicit Session(ClientOptions options) : opt_(std::move(options)) {}
   /// Closes the transport first: its I/O thread uses the session.
-  ~Session() override { close(); }
+  ~Session() override {
+    close();
+    anchor_->detach();
+  }
 
   /// Connects to `url` (rdma://, tcp:// or tls://) over the transport its
   /// scheme names.
@@ -88,6 +115,11 @@ class Session final : public Client, private SessionSide, private LandingHost {
   Result<PubAck> publish_acked(std::string_view subject, const Headers& headers, ByteView payload,
                                std::chrono::milliseconds timeout) override;
   using Client::publish_acked;
+  Result<std::shared_ptr<Consumer>> consume(std::string_view stream, const ConsumerOptions& options,
+                                            std::chrono::milliseconds timeout) override;
+  /// ACK, FETCH (session_consumers.cpp): a consumer's frame to the broker.
+  Status send_consumer_frame(proto::FrameType type, std::uint32_t sid, std::uint64_t sequence,
+                             std::uint16_t flags = 0, ByteView payload = {});
   std::size_t max_payload(std::size_t subject_len) const override {
     // Version 4: the broker's limit, in fragments beyond one frame (SPEC.md §3.7).
     if (protocol_version_ >= proto::kFragmentsVersion && max_message_ != 0) return max_message_;
@@ -226,6 +258,13 @@ class Session final : public Client, private SessionSide, private LandingHost {
   /// The request() of both forms: `headers` already checked.
   /// A PUB_ACK: the answer publish_acked() waits for.
   void on_pub_ack(const proto::Frame& f);
+  // session_consumers.cpp (SPEC.md §3.11)
+  void on_consumer_ready(const proto::Frame& f);
+  /// FETCH_DONE: a mark in the consumer's queue, behind the messages before it.
+  void on_fetch_done(const proto::Frame& f, Deliveries& deliveries);
+  /// An ERROR about a consumer that has not opened yet: consume() returns
+  /// it (true); false when `sid` is no such consumer.
+  bool on_consumer_refused(std::uint32_t sid, proto::ErrorCode code, const std::string& msg);
   Result<Message> request_with(std::string_view subject, std::span<const proto::HeaderField> headers,
                                ByteView payload, std::chrono::milliseconds timeout);
   /// Makes the inbox at the first request, and waits (until `deadline`)
@@ -306,6 +345,15 @@ class Session final : public Client, private SessionSide, private LandingHost {
   };
   std::map<std::uint64_t, AckWait> acks_;
   std::uint64_t next_ack_ = 1;
+  /// Consumers waiting for CONSUMER_READY or their refusal, by sid.
+  struct ConsumerWait {
+    bool ready = false;
+    std::uint64_t pending = 0;
+    std::optional<Error> refused;
+  };
+  std::map<std::uint32_t, ConsumerWait> consumer_waits_;
+  /// How consumers reach this session, and learn that it is gone.
+  std::shared_ptr<SessionAnchor> anchor_ = std::make_shared<SessionAnchor>(this);
   bool fragmenting_ = false;    // a publish is sending fragments: other publishes wait
   bool abort_pending_ = false;  // a fragmented publish failed half-way: ABORT goes first
   /// Rendezvous (SPEC.md §3.8): offers the broker has not released yet, by

@@ -33,6 +33,12 @@ void Session::on_frames(std::span<const std::byte> data, Deliveries& deliveries,
       case FrameType::kPubAck:
         on_pub_ack(f);
         break;
+      case FrameType::kConsumerReady:
+        on_consumer_ready(f);
+        break;
+      case FrameType::kFetchDone:
+        on_fetch_done(f, deliveries);
+        break;
       case FrameType::kNoResponders: {
         std::lock_guard lock(mu_);
         if (requests_.no_responders(f.subject)) cv_.notify_all();
@@ -213,6 +219,9 @@ void Session::on_error_frame(const proto::Frame& f, std::vector<Error>& errors) 
   } else if (code == proto::ErrorCode::kPermissionDenied) {
     kind = ErrorKind::kPermissionDenied;
   }
+  // A consumer's refusal is consume()'s answer, not news for on_error.
+  if (f.header.sequence != 0 && on_consumer_refused(static_cast<std::uint32_t>(f.header.sequence), code, msg))
+    return;
   // An ERROR about a subscription names it (SPEC.md §3.5): the broker
   // refused (permissions, a limit) or revoked it, so it ends here too.
   if (f.header.sequence != 0 &&

@@ -22,11 +22,11 @@ fail() {
 # The long options in a --help text (CLI11 prints "  -s,--server TEXT ...").
 help_options() { "$@" --help | grep -oE '^ +(-[a-zA-Z],)?--[a-z][a-z0-9-]*' | grep -oE -- '--[a-z0-9-]+' | sort -u; }
 # The long options named at the start of the list items of a markdown section.
-doc_options() {  # FILE HEADING (the section runs to the next heading of that level or higher)
-  local file=$1 heading=$2 level=${2%% *}
-  awk -v h="$heading" -v lvl="${#level}" '
+doc_options() {  # FILE HEADING (the section runs to the next heading)
+  local file=$1 heading=$2
+  awk -v h="$heading" '
     $0 == h { on = 1; next }
-    on && /^#+ / { n = index($0, " ") - 1; if (n <= lvl) exit }
+    on && /^#+ / { exit }
     on && /^- `/ { print }' "$file" |
     sed -E 's/^- ((`-[a-zA-Z]`, )?`--[a-z0-9-]+`(, `--[a-z0-9-]+`)*).*/\1/' | grep -oE -- '--[a-z0-9-]+' | sort -u
 }
@@ -58,6 +58,12 @@ for c in $commands; do
     documented=$( (echo "$own"; echo "--help") | sort -u | grep .)
   fi
   compare "rdmabroker $c (docs/cli.md)" "$helped" "$documented"
+  # A command with commands of its own (stream add, ...): a section each.
+  for s in $("$cli" "$c" --help | awk '/^Subcommands:/ { on = 1; next } on && /^  [a-z]/ { print $1 }'); do
+    grep -qx "#### $c $s" "$docs/cli.md" || { fail "rdmabroker $c $s has no section in docs/cli.md"; continue; }
+    compare "rdmabroker $c $s (docs/cli.md)" "$(help_options "$cli" "$c" "$s")" \
+      "$( (doc_options "$docs/cli.md" "#### $c $s"; echo "--help") | sort -u | grep .)"
+  done
 done
 
 for page in rdmabrokerd.8 rdmabroker.1 rdmabroker.yaml.5; do

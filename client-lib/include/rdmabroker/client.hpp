@@ -184,6 +184,8 @@ struct Message {
   std::string reply;  // where the publisher wants an answer; empty: none
   Headers headers;    // empty: the publisher sent none
   std::vector<std::byte> payload;
+  std::uint64_t stream_sequence = 0;  // from a stream's consumer (consumer.hpp): its sequence there; else 0
+  std::uint32_t deliveries = 0;       // ... and how many times it was delivered, this one included
   std::string_view data() const { return {reinterpret_cast<const char*>(payload.data()), payload.size()}; }
 };
 
@@ -204,6 +206,8 @@ class MessageView {
   std::string_view subject;
   std::string_view reply;  // where the publisher wants an answer; empty: none
   ByteView payload;
+  std::uint64_t stream_sequence = 0;  // as Message's
+  std::uint32_t deliveries = 0;
   /// When the library took the message from the transport (the receive
   /// completion, or the read, that completed it): a latency budget measures
   /// the library's own hand-over to the handler from here (`rdmabroker
@@ -267,9 +271,6 @@ struct ConnectionEvent {
 };
 using ConnectionEventHandler = std::function<void(const ConnectionEvent&)>;
 
-/// What a broker of a cluster says about itself and the brokers it has
-/// routes up to (an INFO frame: SPEC.md §8, "Gossip"; protocol version 7),
-/// when the client connects and again when that changes.
 /// What a stream said about an acknowledged publish (Client::publish_acked,
 /// SPEC.md §3.10, docs/streams.md): it holds the message durably.
 struct PubAck {
@@ -278,6 +279,8 @@ struct PubAck {
   bool duplicate = false;      // its Msg-Id was stored before (this sequence): nothing stored again
 };
 
+/// What a broker of a cluster says of itself and its peers (INFO: SPEC.md §8,
+/// "Gossip"; version 7), when the client connects and whenever that changes.
 struct ServerInfo {
   struct Broker {
     std::string id;                   // random at each start of that broker
@@ -462,6 +465,9 @@ inline ByteView as_payload(std::string_view s) {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
 }
 
+class Consumer;
+struct ConsumerOptions;
+
 class Client {
  public:
   /// Connects to "rdma://host[:port]" (default port 7470) or
@@ -546,17 +552,15 @@ class Client {
   virtual Result<std::uint32_t> queue_subscribe_view(std::string_view subject, std::string_view group,
                                                      MessageViewHandler handler) = 0;
 
-  /// A polled client (ClientOptions::polled): takes in what has arrived,
-  /// runs the callbacks and fills the queues for it, sends what publishes
-  /// left queued and the credits the broker is owed, and returns how many
-  /// messages it delivered. When nothing has arrived it waits up to
-  /// `timeout` (rounded up to the millisecond) for something to; 0 never
-  /// waits. One thread at a time makes progress: a second caller waits for
-  /// the first. kClosed once the connection has ended (its reason went to
-  /// on_error); kInvalidArgument for a client with an I/O thread, or from a
-  /// callback of this client. It may return 0 before its timeout: after
-  /// wake(), or when another thread's wait inside the library (a flush, a
-  /// request, a publish waiting for a send buffer, close()) needs the turn.
+  /// A polled client (ClientOptions::polled): takes in what has arrived, runs
+  /// the callbacks and fills the queues for it, sends what publishes left
+  /// queued and the credits the broker is owed, and returns how many messages
+  /// it delivered. With nothing arrived it waits up to `timeout` (rounded up
+  /// to the millisecond; 0 never waits). One thread at a time makes progress.
+  /// kClosed once the connection has ended (its reason went to on_error);
+  /// kInvalidArgument for a client with an I/O thread, or from a callback of
+  /// this client. It may return 0 early: after wake(), or when another
+  /// thread's wait in the library (flush, request, publish, close) needs the turn.
   virtual Result<std::size_t> poll(std::chrono::microseconds timeout = std::chrono::microseconds{0}) = 0;
 
   /// A polled client: makes the poll() waiting now on another thread return
@@ -586,6 +590,9 @@ class Client {
                                std::chrono::milliseconds timeout) {
     return publish_acked(subject, Headers{}, as_payload(payload), timeout);
   }
+  /// Reads stream `stream` through a consumer (rdmabroker/consumer.hpp).
+  virtual Result<std::shared_ptr<Consumer>> consume(std::string_view stream, const ConsumerOptions& options,
+                                                    std::chrono::milliseconds timeout) = 0;
 };
 
 }  // namespace rdmabroker

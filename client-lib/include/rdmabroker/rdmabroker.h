@@ -34,7 +34,8 @@ typedef enum {
   RB_ERR_MESSAGES_LOST = -12,     /* multicast: messages beyond the broker's retransmit window */
   RB_ERR_NO_STREAM = -13,         /* rb_publish_acked: no stream takes the subject */
   RB_ERR_STREAM_FULL = -14,       /* rb_publish_acked: the stream refuses new messages (discard: new) */
-  RB_ERR_DISK_FULL = -15          /* rb_publish_acked: the broker's file system is full */
+  RB_ERR_DISK_FULL = -15,         /* rb_publish_acked: the broker's file system is full */
+  RB_ERR_CONSUMER_INVALID = -16 /* rb_consume: settings out of range, or a durable name in use with others */
 } rb_status;
 
 typedef struct rb_client rb_client;
@@ -58,6 +59,8 @@ typedef struct rb_message {
   void* owner_;             /* internal: set by rb_next_message for rb_message_free */
   const rb_header* headers; /* the publisher's header fields, in order (NULL when header_count is 0) */
   size_t header_count;
+  uint64_t stream_sequence; /* from a consumer (rb_consume): its sequence in the stream; else 0 */
+  uint32_t deliveries;      /* ... and how many times it was delivered, this one included */
 } rb_message;
 
 /* The first value of header `name` (compared without regard to ASCII case),
@@ -209,6 +212,46 @@ typedef struct rb_pub_ack {
  * RB_ERR_INVALID_ARGUMENT for a broker older than protocol version 10. */
 int rb_publish_acked(rb_client* c, const char* subject, const rb_header* headers, size_t count,
                      const void* data, size_t len, int timeout_ms, rb_pub_ack* out);
+/* Stream consumers (docs/streams.md, "Consumers"; protocol version 11). */
+typedef struct rb_consumer rb_consumer;
+enum {
+  RB_START_ALL,
+  RB_START_NEW,
+  RB_START_LAST,
+  RB_START_LAST_PER_SUBJECT,
+  RB_START_SEQUENCE,
+  RB_START_TIME
+};
+enum { RB_ACK_NONE, RB_ACK_EXPLICIT, RB_ACK_CUMULATIVE };
+typedef struct rb_consumer_options {
+  const char* durable;      /* a durable consumer's name; NULL or "": ephemeral */
+  int start;                /* RB_START_*: where a new consumer starts */
+  uint64_t start_sequence;  /* RB_START_SEQUENCE */
+  int64_t start_time_ns;    /* RB_START_TIME: CLOCK_REALTIME nanoseconds */
+  int ack;                  /* RB_ACK_* */
+  int ack_wait_ms;          /* redelivered when not acknowledged within this */
+  uint32_t max_deliver;     /* 0: no limit */
+  uint32_t max_ack_pending; /* flow control: outstanding messages at most */
+  int pull;                 /* 1: messages only by rb_consumer_fetch */
+  int original_pace;        /* 1: replay at the pace the messages were received */
+} rb_consumer_options;
+/* The defaults: ephemeral, from the start, explicit acks, 30 s, 1024 pending, push. */
+void rb_consumer_options_init(rb_consumer_options* o);
+/* Opens a consumer of `stream` (o may be NULL: the defaults); *pending (may
+ * be NULL) gets the messages it has yet to deliver. RB_ERR_NO_STREAM,
+ * RB_ERR_CONSUMER_INVALID, RB_ERR_PERMISSION_DENIED, RB_ERR_TIMEOUT,
+ * RB_ERR_INVALID_ARGUMENT for a broker older than protocol version 11. */
+int rb_consume(rb_client* c, const char* stream, const rb_consumer_options* o, int timeout_ms,
+               rb_consumer** out, uint64_t* pending);
+/* A push consumer's next message (free it with rb_message_free). */
+int rb_consumer_next(rb_consumer* k, int timeout_ms, rb_message** out);
+/* A pull consumer: up to `count` messages into out[0..*got), each freed with rb_message_free. */
+int rb_consumer_fetch(rb_consumer* k, size_t count, int timeout_ms, rb_message** out, size_t* got);
+/* Acknowledges m (RB_ACK_CUMULATIVE: and every earlier one); nak: deliver it again now. */
+int rb_consumer_ack(rb_consumer* k, const rb_message* m);
+int rb_consumer_nak(rb_consumer* k, const rb_message* m);
+/* Leaves the consumer (a durable one stays on the broker) and frees the handle. */
+void rb_consumer_close(rb_consumer* k);
 /* Sends a request and waits up to timeout_ms for the first reply (free it with
  * rb_message_free). RB_ERR_NO_RESPONDERS: nobody subscribes; RB_ERR_TIMEOUT:
  * nobody answered in time. */
