@@ -32,7 +32,7 @@ __all__ = [
     "__version__", "connect", "Client", "Subscription", "Message", "Headers", "ServerInfo", "BrokerInfo", "Error", "InvalidArgument", "ConnectFailed",
     "Rejected", "Timeout", "Closed", "BrokerError", "ResourceError", "PayloadTooLarge",
     "NoResponders", "AuthenticationFailed", "PermissionDenied", "MessagesLost", "NoStream", "StreamFull",
-    "DiskFull", "PubAck",
+    "DiskFull", "PubAck", "Consumer", "ConsumerInvalid",
 ]
 
 # ---------------------------------------------------------------- errors (errors.py)
@@ -40,7 +40,7 @@ __all__ = [
 from .errors import (  # noqa: E402
     _ERRORS, AuthenticationFailed, BrokerError, Closed, ConnectFailed, DiskFull, Error, InvalidArgument,
     MessagesLost, NoResponders, NoStream, PayloadTooLarge, PermissionDenied, Rejected, ResourceError,
-    StreamFull, Timeout,
+    StreamFull, Timeout, ConsumerInvalid,
 )
 
 
@@ -64,7 +64,8 @@ class _CHeader(ctypes.Structure):
 class _CMessage(ctypes.Structure):
     _fields_ = [("sid", ctypes.c_uint32), ("subject", ctypes.c_char_p), ("reply", ctypes.c_char_p),
                 ("data", ctypes.c_void_p), ("len", ctypes.c_size_t), ("owner_", ctypes.c_void_p),
-                ("headers", ctypes.POINTER(_CHeader)), ("header_count", ctypes.c_size_t)]
+                ("headers", ctypes.POINTER(_CHeader)), ("header_count", ctypes.c_size_t),
+                ("stream_sequence", ctypes.c_uint64), ("deliveries", ctypes.c_uint32)]
 
 
 class _CBrokerInfo(ctypes.Structure):
@@ -196,6 +197,8 @@ class Message:
     reply: str = ""  # where a responder answers; "" when the publisher wants no answer
     sid: int = 0     # the subscription that received it
     headers: Tuple[Tuple[str, str], ...] = ()  # (name, value) fields in order; () when none were sent
+    stream_sequence: int = 0  # from a stream's consumer: its sequence there (0: not from one)
+    deliveries: int = 0       # ... and how many times it was delivered, this one included
 
     def header(self, name: str) -> Optional[str]:
         """The first value of header `name` (compared without regard to
@@ -211,7 +214,8 @@ def _message(m: "_CMessage") -> Message:
     data = ctypes.string_at(m.data, m.len) if m.len else b""
     headers = tuple((m.headers[i].name.decode(*_TEXT), m.headers[i].value.decode(*_TEXT))
                     for i in range(m.header_count))
-    return Message(m.subject.decode(), data, (m.reply or b"").decode(), m.sid, headers)
+    return Message(m.subject.decode(), data, (m.reply or b"").decode(), m.sid, headers, m.stream_sequence,
+                   m.deliveries)
 
 
 Headers = Union[Mapping[str, str], Iterable[Tuple[str, str]]]
@@ -464,6 +468,15 @@ class Client:
         self._callbacks[sid.value] = c_callback
         return Subscription(self, sid.value, callback=c_callback)
 
+    def consume(self, stream: str, **options) -> "Consumer":
+        """Opens a consumer of `stream` (docs/streams.md): durable="name"
+        (else ephemeral), start="all"|"new"|"last"|"last_per_subject"|
+        "sequence"|"time" (start_sequence, start_time in seconds since the
+        epoch), ack="explicit"|"cumulative"|"none", ack_wait (s),
+        max_deliver, max_ack_pending, pull, original_pace, timeout (s).
+        NoStream, ConsumerInvalid, PermissionDenied."""
+        return Consumer(self, stream, **options)
+
     def server_info(self) -> ServerInfo:
         """The last INFO the broker sent: the brokers of its cluster, which a
         reconnecting client also tries (docs/cluster.md)."""
@@ -536,3 +549,6 @@ def connect(url: str, bind: Optional[str] = None, **options) -> Client:
                             §3.8, §3.9); False: fragments both ways (True)
     Callbacks run on the library's thread."""
     return Client(url, bind, **options)
+
+
+from .consumer import Consumer  # noqa: E402  (it uses the C API loaded above)

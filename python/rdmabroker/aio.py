@@ -24,7 +24,9 @@ options of connect() and the exceptions are those of rdmabroker
 import asyncio
 from typing import AsyncIterator, Optional, Union
 
-from . import Client, Closed, Headers, Message, PubAck, ServerInfo, Timeout
+from typing import List
+
+from . import Client, Closed, Consumer, Headers, Message, PubAck, ServerInfo, Timeout
 
 _END = object()  # put in a subscription's queue when the client closes
 
@@ -76,6 +78,46 @@ class AsyncSubscription:
         self._queue.put_nowait(_END)
 
 
+class AsyncConsumer:
+    """A stream's consumer (rdmabroker.Consumer) for asyncio code: each call
+    that waits runs in the loop's executor."""
+
+    def __init__(self, client: "AsyncClient", consumer: Consumer):
+        self._client = client
+        self._consumer = consumer
+        self.pending_at_open = consumer.pending_at_open
+
+    async def next(self, timeout: Optional[float] = None) -> Message:
+        return await self._client._run(self._consumer.next, timeout)
+
+    async def fetch(self, count: int, timeout: float = 5.0) -> List[Message]:
+        return await self._client._run(self._consumer.fetch, count, timeout)
+
+    async def ack(self, m: Message) -> None:
+        await self._client._run(self._consumer.ack, m)
+
+    async def nak(self, m: Message) -> None:
+        await self._client._run(self._consumer.nak, m)
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.next()
+        except Closed:
+            raise StopAsyncIteration from None
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    async def __aenter__(self) -> "AsyncConsumer":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+
+
 class AsyncClient:
     """A connection to rdmabrokerd for asyncio code; use `await connect()`."""
 
@@ -106,6 +148,10 @@ class AsyncClient:
         sub = AsyncSubscription(self, subject, queue)
         self._subs.append(sub)
         return sub
+
+    async def consume(self, stream: str, **options) -> AsyncConsumer:
+        """Client.consume(), awaited; the same options."""
+        return AsyncConsumer(self, await self._run(lambda: self._client.consume(stream, **options)))
 
     def server_info(self) -> ServerInfo:
         """The last INFO the broker sent (Client.server_info; no waiting)."""

@@ -74,9 +74,14 @@ class DiskFull(Error, OSError):
     kind = "disk_full"
 
 
+class ConsumerInvalid(Error, ValueError):
+    kind = "consumer_invalid"
+
+
 # rb_status (client-lib/include/rdmabroker/rdmabroker.h) -> exception class.
 _ERRORS = {
     -1: InvalidArgument, -2: ConnectFailed, -3: Rejected, -4: Timeout, -5: Closed, -6: BrokerError,
     -7: ResourceError, -8: PayloadTooLarge, -9: NoResponders, -10: AuthenticationFailed,
     -11: PermissionDenied, -12: MessagesLost, -13: NoStream, -14: StreamFull, -15: DiskFull,
+    -16: ConsumerInvalid,
 }

@@ -1,14 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-// What a stream's directory holds, read with the broker's own store
-// (daemon/store/FileStore) once the broker has stopped: how the stream
-// tests check what was stored, byte for byte.
+// What the stream tests share: a broker with streams under a directory of
+// the test's own (StreamTest), and what a stream's directory holds, read
+// with the broker's own store (daemon/store/FileStore) once the broker has
+// stopped: how they check what was stored, byte for byte.
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "harness.hpp"
 #include "store/file_store.hpp"
 
 namespace rdmabroker::test {
@@ -37,5 +43,38 @@ inline std::vector<StoredMessage> read_stream(const std::string& directory) {
   }
   return out;
 }
+
+/// A broker (started by start()) whose streams live in a directory of this
+/// test's, removed with it; over RDMA (in the guest) or TCP.
+class StreamTest : public ::testing::TestWithParam<Via> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Via::kRdma) require_rdma();
+    std::filesystem::create_directories(data_);
+  }
+  void TearDown() override {
+    broker_.reset();
+    ::unlink(config_.c_str());
+    if (mounted_) ::umount2(data_.c_str(), MNT_DETACH);
+    std::filesystem::remove_all(data_);
+  }
+  /// (Re)starts the broker with `streams` (the YAML list) under `storage`
+  /// (more storage: settings, indented as its fields).
+  void start(const std::string& streams, const std::string& storage = "") {
+    write_config(streams, storage);
+    broker_.reset();
+    broker_ = std::make_unique<BrokerProcess>(port_, std::vector<std::string>{"--config", config_});
+    ASSERT_TRUE(broker_->running());
+  }
+  void write_config(const std::string& streams, const std::string& storage = "") {
+    write_file(config_, "storage:\n  directory: " + data_ + "\n" + storage + "streams:\n" + streams);
+  }
+
+  const std::string config_ = "/tmp/rdmabroker-streams-" + std::to_string(getpid()) + ".yaml";
+  const std::string data_ = "/tmp/rdmabroker-streams-" + std::to_string(getpid()) + ".d";
+  const std::uint16_t port_ = next_port();
+  bool mounted_ = false;  // data_ is a file system the test mounted
+  std::unique_ptr<BrokerProcess> broker_;
+};
 
 }  // namespace rdmabroker::test

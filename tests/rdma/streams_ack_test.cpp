@@ -27,28 +27,7 @@ using proto::ErrorCode;
 using proto::FrameType;
 namespace fs = std::filesystem;
 
-class StreamAcks : public ::testing::TestWithParam<Via> {
- protected:
-  void SetUp() override {
-    if (GetParam() == Via::kRdma) require_rdma();
-    fs::create_directories(data_);
-  }
-  void TearDown() override {
-    broker_.reset();
-    ::unlink(config_.c_str());
-    fs::remove_all(data_);
-  }
-  void start(const std::string& streams) {
-    write_file(config_, "storage:\n  directory: " + data_ + "\nstreams:\n" + streams);
-    broker_.reset();
-    broker_ = std::make_unique<BrokerProcess>(port_, std::vector<std::string>{"--config", config_});
-    ASSERT_TRUE(broker_->running());
-  }
-  const std::string config_ = "/tmp/rdmabroker-acks-" + std::to_string(getpid()) + ".yaml";
-  const std::string data_ = "/tmp/rdmabroker-acks-" + std::to_string(getpid()) + ".d";
-  const std::uint16_t port_ = next_port();
-  std::unique_ptr<BrokerProcess> broker_;
-};
+class StreamAcks : public StreamTest {};
 
 TEST_P(StreamAcks, APubAckNamesTheStreamAndSequenceAndEveryRefusalIsTyped) {
   start(

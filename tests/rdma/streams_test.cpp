@@ -23,28 +23,8 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-class Streams : public ::testing::TestWithParam<Via> {
+class Streams : public StreamTest {
  protected:
-  void SetUp() override {
-    if (GetParam() == Via::kRdma) require_rdma();
-    fs::create_directories(data_);
-  }
-  void TearDown() override {
-    broker_.reset();
-    ::unlink(config_.c_str());
-    if (mounted_) ::umount2(data_.c_str(), MNT_DETACH);
-    fs::remove_all(data_);
-  }
-  /// (Re)starts the broker with `streams` (the YAML list) under `storage`.
-  void start(const std::string& streams, const std::string& storage = "") {
-    write_config(streams, storage);
-    broker_.reset();
-    broker_ = std::make_unique<BrokerProcess>(port_, std::vector<std::string>{"--config", config_});
-    ASSERT_TRUE(broker_->running());
-  }
-  void write_config(const std::string& streams, const std::string& storage = "") {
-    write_file(config_, "storage:\n  directory: " + data_ + "\n" + storage + "streams:\n" + streams);
-  }
   /// `rdmabroker reload`: its exit code and output (stderr too: the refusal).
   std::pair<int, std::string> reload(const std::string& streams) {
     write_config(streams);
@@ -63,12 +43,6 @@ class Streams : public ::testing::TestWithParam<Via> {
     }
     return out;
   }
-
-  const std::string config_ = "/tmp/rdmabroker-streams-" + std::to_string(getpid()) + ".yaml";
-  const std::string data_ = "/tmp/rdmabroker-streams-" + std::to_string(getpid()) + ".d";
-  const std::uint16_t port_ = next_port();
-  bool mounted_ = false;
-  std::unique_ptr<BrokerProcess> broker_;
 };
 
 TEST_P(Streams, PublishedMessagesAreStoredInOrderAndStillThereAfterARestart) {

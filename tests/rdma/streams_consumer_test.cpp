@@ -1,0 +1,417 @@
+// SPDX-License-Identifier: Apache-2.0
+// Stream consumers (proto/SPEC.md §3.11, docs/streams.md "Consumers") as
+// users meet them, over RDMA (in the guest) and TCP (on the host): every
+// stored message in order with its sequence; each start policy; a message
+// not acknowledged in time delivered again, then given up with an advisory;
+// members of one durable consumer sharing its messages, and what one left
+// unacknowledged when it died delivered to the other; a durable consumer
+// resuming after a restart of the broker, and after a kill -9 of its own
+// process; pull consumers; flow control; a damaged record skipped and
+// counted while the rest is served; and every broken rule refused for its
+// sender alone.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <fcntl.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "harness.hpp"
+#include "rdmabroker/client.hpp"
+#include "rdmabroker/consumer.hpp"
+#include "rdmabroker/proto/consumer.hpp"
+#include "stream_files.hpp"
+
+namespace rdmabroker::test {
+namespace {
+
+using namespace std::chrono_literals;
+using proto::ErrorCode;
+using proto::FrameType;
+
+class Consumers : public StreamTest {
+ protected:
+  void start_orders() { start("  - {name: ORDERS, subjects: [\"orders.>\"]}\n"); }
+  /// Publishes `n` messages "m<i>" with acknowledgements, on `subject` (i from `first`).
+  void publish(Client& c, int n, const std::string& subject = "orders.new", int first = 1) {
+    for (int i = first; i < first + n; ++i) {
+      ASSERT_TRUE(c.publish_acked(subject, "m" + std::to_string(i), 10s)) << i;
+    }
+  }
+  std::shared_ptr<Consumer> consume(Client& c, ConsumerOptions o) {
+    auto r = c.consume("ORDERS", o, 10s);
+    EXPECT_TRUE(r) << (r ? "" : r.error().message);
+    return r ? r.value() : nullptr;
+  }
+  std::int64_t stat(const std::string& key) { return broker_->stats()[key]; }
+};
+
+TEST_P(Consumers, APushConsumerGetsEveryStoredMessageInOrderWithItsSequence) {
+  start_orders();
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  publish(*c, 200);
+  auto k = consume(*c, {});
+  ASSERT_TRUE(k);
+  EXPECT_EQ(k->pending_at_open(), 200u);
+  for (std::uint64_t i = 1; i <= 200; ++i) {
+    auto m = k->next(10s);
+    ASSERT_TRUE(m) << i << ": " << m.error().message;
+    EXPECT_EQ(m->stream_sequence, i);
+    EXPECT_EQ(m->deliveries, 1u);
+    EXPECT_EQ(m->subject, "orders.new");
+    EXPECT_EQ(m->data(), "m" + std::to_string(i));
+    ASSERT_TRUE(k->ack(*m));
+  }
+  publish(*c, 1, "orders.late", 201);  // stored after it opened: delivered as well
+  auto late = k->next(10s);
+  ASSERT_TRUE(late);
+  EXPECT_EQ(late->stream_sequence, 201u);
+  ASSERT_TRUE(c->flush(10s));
+  auto s = broker_->wait_stats([](auto& s) { return s["stream.ORDERS.consumer_acks"] == 200; }, 10s);
+  EXPECT_EQ(s["stream.ORDERS.consumer_acks"], 200);
+  EXPECT_EQ(s["stream.ORDERS.delivered"], 201);
+  EXPECT_EQ(s["stream.ORDERS.consumer_pending"], 1);
+}
+
+TEST_P(Consumers, EachStartPolicyStartsWhereItSays) {
+  start_orders();
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  publish(*c, 3, "orders.a");
+  const auto mid = std::chrono::system_clock::now();
+  std::this_thread::sleep_for(20ms);
+  publish(*c, 2, "orders.b", 4);
+  publish(*c, 1, "orders.a", 6);
+  const auto first = [&](ConsumerOptions o) {
+    o.ack = ConsumerOptions::Ack::kNone;
+    auto k = consume(*c, o);
+    std::vector<std::uint64_t> got;
+    while (k) {
+      auto m = k->next(300ms);
+      if (!m) break;
+      got.push_back(m->stream_sequence);
+    }
+    return got;
+  };
+  using S = ConsumerOptions::Start;
+  EXPECT_EQ(first({.start = S::kAll}), (std::vector<std::uint64_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(first({.start = S::kNew}), std::vector<std::uint64_t>{});
+  EXPECT_EQ(first({.start = S::kLast}), std::vector<std::uint64_t>{6});
+  EXPECT_EQ(first({.start = S::kLastPerSubject}), (std::vector<std::uint64_t>{5, 6}));
+  EXPECT_EQ(first({.start = S::kSequence, .start_sequence = 5}), (std::vector<std::uint64_t>{5, 6}));
+  EXPECT_EQ(first({.start = S::kTime, .start_time = mid}), (std::vector<std::uint64_t>{4, 5, 6}));
+}
+
+TEST_P(Consumers, AMessageNotAcknowledgedInTimeComesAgainThenIsGivenUpWithAnAdvisory) {
+  start_orders();
+  auto c = connect_via(*broker_, GetParam());
+  auto watcher = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c && watcher);
+  auto advisories = watcher->subscribe("$RB.ADVISORY.MAX_DELIVERIES.ORDERS.>");
+  ASSERT_TRUE(advisories && watcher->flush(10s));
+  publish(*c, 2);
+  auto k = consume(*c, {.durable = "slow", .ack_wait = 300ms, .max_deliver = 2});
+  ASSERT_TRUE(k);
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> seen;
+  for (int i = 0; i < 3; ++i) {
+    auto m = k->next(10s);
+    ASSERT_TRUE(m) << i;
+    seen.emplace_back(m->stream_sequence, m->deliveries);
+    if (m->stream_sequence == 2) {
+      ASSERT_TRUE(k->ack(*m));  // 1 is never acknowledged
+    }
+  }
+  EXPECT_EQ(seen, (std::vector<std::pair<std::uint64_t, std::uint32_t>>{{1, 1}, {2, 1}, {1, 2}}));
+  auto advisory = advisories.value()->next(10s);
+  ASSERT_TRUE(advisory);
+  EXPECT_EQ(advisory->subject, "$RB.ADVISORY.MAX_DELIVERIES.ORDERS.slow");
+  EXPECT_EQ(advisory->data(), R"({"stream":"ORDERS","consumer":"slow","sequence":1,"deliveries":2})");
+  EXPECT_FALSE(k->next(500ms)) << "given up: not delivered a third time";
+  auto s = broker_->wait_stats([](auto& s) { return s["stream.ORDERS.max_deliveries"] == 1; }, 10s);
+  EXPECT_EQ(s["stream.ORDERS.redelivered"], 1);
+  // A NAK asks for it again at once.
+  publish(*c, 1, "orders.new", 3);
+  auto m = k->next(10s);
+  ASSERT_TRUE(m && m->stream_sequence == 3u);
+  ASSERT_TRUE(k->nak(*m));
+  auto again = k->next(10s);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->stream_sequence, 3u);
+  EXPECT_EQ(again->deliveries, 2u);
+}
+
+// Two members of one durable consumer share its messages; one dies in the
+// middle of its batch, with messages delivered and not acknowledged: they
+// go to the other member, counted as redelivered, and nothing is lost.
+TEST_P(Consumers, MembersShareADurableConsumerAndADeadMembersMessagesGoToTheOther) {
+  start_orders();
+  auto pub = connect_via(*broker_, GetParam());
+  auto a = connect_via(*broker_, GetParam());
+  auto b = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(pub && a && b);
+  const ConsumerOptions work{.durable = "work", .max_ack_pending = 16};
+  auto ka = consume(*a, work);
+  auto kb = consume(*b, work);
+  ASSERT_TRUE(ka && kb);
+  publish(*pub, 40);
+  std::set<std::uint64_t> done;
+  int a_unacked = 0;
+  for (int i = 0; i < 5; ++i) {  // a takes some, acknowledges none, and dies
+    if (auto m = ka->next(5s)) ++a_unacked;
+  }
+  ASSERT_GT(a_unacked, 0);
+  a.reset();  // the connection ends: what it had goes to b
+  while (done.size() < 40) {
+    auto m = kb->next(10s);
+    ASSERT_TRUE(m) << done.size() << " of 40 acknowledged";
+    done.insert(m->stream_sequence);
+    ASSERT_TRUE(kb->ack(*m));
+  }
+  EXPECT_EQ(*done.begin(), 1u);
+  EXPECT_EQ(*done.rbegin(), 40u);
+  EXPECT_GE(stat("stream.ORDERS.redelivered"), a_unacked);
+}
+
+// The broker restarts; a durable consumer resumes after what it had
+// acknowledged and gets every later message, at least once.
+TEST_P(Consumers, ADurableConsumerResumesAfterABrokerKilledWithSigkill) {
+  start_orders();
+  {
+    auto c = connect_via(*broker_, GetParam());
+    ASSERT_TRUE(c);
+    publish(*c, 30);
+    auto k = consume(*c, {.durable = "audit"});
+    ASSERT_TRUE(k);
+    for (std::uint64_t i = 1; i <= 12; ++i) {
+      auto m = k->next(10s);
+      ASSERT_TRUE(m && m->stream_sequence == i);
+      ASSERT_TRUE(k->ack(*m));
+    }
+    ASSERT_TRUE(c->flush(10s));
+    std::this_thread::sleep_for(300ms);  // the consumer's state is saved every 50 ms
+  }
+  ASSERT_EQ(broker_->restart(SIGKILL), 128 + SIGKILL);
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  publish(*c, 5, "orders.new", 31);
+  auto k = consume(*c, {.durable = "audit"});
+  ASSERT_TRUE(k);
+  std::set<std::uint64_t> got;
+  for (int i = 0; i < 23; ++i) {
+    auto m = k->next(10s);
+    ASSERT_TRUE(m) << i;
+    if (i == 0) {
+      EXPECT_EQ(m->stream_sequence, 13u) << "resumes after the last acknowledged";
+    }
+    got.insert(m->stream_sequence);
+    ASSERT_TRUE(k->ack(*m));
+  }
+  EXPECT_EQ(got.size(), 23u);
+  EXPECT_EQ(*got.rbegin(), 35u);
+}
+
+// `rdmabroker consume --durable --ack` killed with SIGKILL: the next one
+// resumes where it stood (not from the start), and between them every
+// message was printed at least once.
+TEST_P(Consumers, AConsumerProcessKilledIsResumedByTheNext) {
+  start_orders();
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  publish(*c, 100);
+  const std::string out1 = data_ + "/out1", out2 = data_ + "/out2";
+  std::vector<std::string> argv = {cli_path(), "consume", "ORDERS", "--durable", "cli", "--ack", "--raw"};
+  for (const auto& a : cli_where(*broker_, GetParam())) argv.push_back(a);
+  const auto lines = [](const std::string& file) {
+    std::ifstream in(file);
+    std::set<std::string> s;
+    for (std::string l; std::getline(in, l);) s.insert(l);
+    return s;
+  };
+  const auto launch = [&](const std::vector<std::string>& args, const std::string& out) {
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const pid_t pid = spawn(args, -1, fd);
+    ::close(fd);
+    return pid;
+  };
+  const pid_t first = launch(argv, out1);
+  ASSERT_TRUE(wait_until([&] { return lines(out1).size() == 100; }, 30s)) << lines(out1).size();
+  std::this_thread::sleep_for(300ms);  // its acknowledgements reach the broker, which saves them
+  ::kill(first, SIGKILL);
+  ::waitpid(first, nullptr, 0);
+  publish(*c, 200, "orders.new", 101);
+  auto second_argv = argv;
+  second_argv.insert(second_argv.end(), {"--count", "200", "--timeout", "60"});
+  const pid_t second = launch(second_argv, out2);
+  int status = -1;
+  ::waitpid(second, &status, 0);
+  EXPECT_EQ(status, 0) << "printed its 200 and exited";
+  const auto resumed = lines(out2);
+  EXPECT_FALSE(resumed.contains("m1")) << "it resumed where the first stood";
+  auto all = lines(out1);
+  all.merge(lines(out2));
+  EXPECT_EQ(all.size(), 300u);
+  for (int i = 101; i <= 300; ++i) EXPECT_TRUE(resumed.contains("m" + std::to_string(i))) << i;
+}
+
+TEST_P(Consumers, APullConsumerGetsWhatItFetchesAndAnAckNoneConsumerIsPacedByWhatItTakes) {
+  start_orders();
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  publish(*c, 25);
+  auto k = consume(*c, {.pull = true});
+  ASSERT_TRUE(k);
+  EXPECT_FALSE(k->next(10ms)) << "a pull consumer's messages come by fetch()";
+  auto batch = k->fetch(10, 5s);
+  ASSERT_TRUE(batch);
+  ASSERT_EQ(batch->size(), 10u);
+  for (std::size_t i = 0; i < 10; ++i) {
+    EXPECT_EQ((*batch)[i].stream_sequence, i + 1);
+    ASSERT_TRUE(k->ack((*batch)[i]));
+  }
+  auto rest = k->fetch(100, 500ms);
+  ASSERT_TRUE(rest);
+  EXPECT_EQ(rest->size(), 15u) << "what there is, when the request's time is up";
+  auto none = k->fetch(5, 200ms);
+  ASSERT_TRUE(none);
+  EXPECT_TRUE(none->empty());
+  // Ack none with a window of 8: 2,000 messages flow as the application takes them.
+  const int n = static_cast<int>(volume(2000));
+  for (int i = 0; i < n; ++i) ASSERT_TRUE(c->publish("orders.bulk", "x"));
+  ASSERT_TRUE(c->publish_acked("orders.bulk", "last", 10s));
+  auto fast = consume(*c, {.start = ConsumerOptions::Start::kSequence,
+                           .start_sequence = 26,
+                           .ack = ConsumerOptions::Ack::kNone,
+                           .max_ack_pending = 8});
+  ASSERT_TRUE(fast);
+  for (int i = 0; i <= n; ++i) {
+    auto m = fast->next(10s);
+    ASSERT_TRUE(m) << i;
+    ASSERT_EQ(m->stream_sequence, static_cast<std::uint64_t>(26 + i));
+  }
+}
+
+// Bytes flipped in a segment while the broker is down: found by the CRC at
+// start, counted and logged; a consumer gets every other message.
+TEST_P(Consumers, ADamagedRecordIsSkippedAndCountedAndTheRestServed) {
+  start_orders();
+  {
+    auto c = connect_via(*broker_, GetParam());
+    ASSERT_TRUE(c);
+    publish(*c, 5);
+  }
+  ASSERT_EQ(broker_->stop(SIGTERM, 10s), 0);
+  std::string segment;
+  for (const auto& e : std::filesystem::directory_iterator(data_ + "/ORDERS")) {
+    if (e.path().extension() == ".seg") segment = e.path();
+  }
+  ASSERT_FALSE(segment.empty());
+  std::string bytes;
+  {
+    std::ifstream in(segment, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const auto at = bytes.find("m3");
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 1] = '9';  // the payload of message 3, its CRC unchanged
+  std::ofstream(segment, std::ios::binary | std::ios::trunc) << bytes;
+  start_orders();
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  auto k = consume(*c, {});
+  ASSERT_TRUE(k);
+  std::vector<std::string> got;
+  for (auto m = k->next(2s); m; m = k->next(500ms)) got.push_back(std::string(m->data()));
+  EXPECT_EQ(got, (std::vector<std::string>{"m1", "m2", "m4", "m5"}));
+  EXPECT_EQ(stat("stream.ORDERS.corrupt_records"), 1);
+}
+
+TEST_P(Consumers, RefusalsAreTypedAndEveryBrokenRuleClosesOnlyItsSender) {
+  start_orders();
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  auto missing = c->consume("NOPE", {}, 10s);
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.error().kind, ErrorKind::kNoStream) << missing.error().message;
+  auto first = c->consume("ORDERS", {.durable = "d"}, 10s);
+  ASSERT_TRUE(first);
+  auto other = c->consume("ORDERS", {.durable = "d", .ack = ConsumerOptions::Ack::kNone}, 10s);
+  ASSERT_FALSE(other);
+  EXPECT_EQ(other.error().kind, ErrorKind::kConsumerInvalid) << other.error().message;
+  auto bad = c->consume("ORDERS", {.durable = "../x"}, 10s);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().kind, ErrorKind::kInvalidArgument);
+
+  std::array<std::byte, proto::kConsumeConfigLen> config{};
+  proto::encode_consumer_config({}, config);
+  const std::string settings(reinterpret_cast<const char*>(config.data()), config.size());
+  auto ack = [](std::uint32_t sid, std::uint64_t sequence) {
+    std::vector<std::byte> out(proto::kHeaderSize);
+    proto::FrameHeader h;
+    h.type = FrameType::kAck;
+    h.arg = sid;
+    h.sequence = sequence;
+    proto::encode_header(out.data(), h);
+    return out;
+  };
+  auto stream_publish = [] {
+    std::vector<std::byte> out(proto::align_up(proto::kHeaderSize + 8 + 1));
+    proto::FrameHeader h;
+    h.type = FrameType::kPublish;
+    h.flags = proto::kFlagStream;
+    h.payload_len = 1;
+    h.sequence = 1;
+    proto::encode_frame(out, h, "orders.x", "", std::as_bytes(std::span("x", 1)));
+    return out;
+  };
+  struct Case {
+    const char* what;
+    std::uint8_t version;
+    std::vector<std::byte> bytes;
+    ErrorCode code;
+    const char* text;
+  };
+  const std::vector<Case> cases = {
+      {"CONSUME on a version-10 connection", 10, frame(FrameType::kConsume, 1, "ORDERS", settings),
+       ErrorCode::kMalformedFrame, "needs protocol version 11"},
+      {"CONSUME without settings", 11, frame(FrameType::kConsume, 1, "ORDERS", ""),
+       ErrorCode::kMalformedFrame, ""},
+      {"an ACK of sequence 0", 11, ack(1, 0), ErrorCode::kMalformedFrame, ""},
+      {"a PUBLISH with STREAM", 11, stream_publish(), ErrorCode::kMalformedFrame, "STREAM"},
+      {"a CONSUMER_READY from the client", 11, frame(FrameType::kConsumerReady, 1, ""),
+       ErrorCode::kProtocolViolation, "sent by the broker"},
+  };
+  for (const auto& tc : cases) {
+    SCOPED_TRACE(tc.what);
+    auto w = raw_wire(*broker_, GetParam(), true, proto::ConnectRequest{16384, 16, 0, tc.version});
+    ASSERT_TRUE(w);
+    ASSERT_TRUE(w->send(tc.bytes));
+    auto [code, text] = expect_error_then_close(*w, 10s);
+    EXPECT_EQ(code, tc.code) << text;
+    EXPECT_NE(text.find(tc.text), std::string::npos) << text;
+  }
+  // An ACK for an id that is no consumer: an error for that id, the connection stays.
+  auto w = raw_wire(*broker_, GetParam(), true, proto::ConnectRequest{16384, 16, 0, 11});
+  ASSERT_TRUE(w && w->send(ack(7, 1)) && w->send(frame(FrameType::kPing, 0, "")));
+  std::vector<std::pair<FrameType, std::uint32_t>> answers;  // type, arg
+  for (int i = 0; i < 10 && answers.size() < 2; ++i) {
+    for (const auto& bytes : w->receive(2s)) {
+      const auto h = proto::load_header(bytes.data());
+      answers.emplace_back(h.type, h.arg);
+    }
+  }
+  EXPECT_EQ(answers, (std::vector<std::pair<FrameType, std::uint32_t>>{
+                         {FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kUnknownSubscription)},
+                         {FrameType::kPong, 0}}))
+      << "an ERROR, and the connection still answers";
+  ASSERT_TRUE(c->publish_acked("orders.after", "fine", 10s)) << "everyone else is served";
+}
+
+INSTANTIATE_TEST_SUITE_P(Via, Consumers, ::testing::Values(Via::kRdma, Via::kTcp),
+                         [](const auto& info) { return to_string(info.param); });
+
+}  // namespace
+}  // namespace rdmabroker::test
