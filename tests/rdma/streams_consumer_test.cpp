@@ -144,6 +144,26 @@ TEST_P(Consumers, AMessageNotAcknowledgedInTimeComesAgainThenIsGivenUpWithAnAdvi
   EXPECT_EQ(again->deliveries, 2u);
 }
 
+TEST_P(Consumers, AReplayAtTheOriginalPaceKeepsTheGapsBetweenMessages) {
+  start_orders();
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  for (int i = 1; i <= 3; ++i) {
+    publish(*c, 1, "orders.new", i);
+    if (i < 3) std::this_thread::sleep_for(400ms);
+  }
+  auto k = consume(*c, {.ack = ConsumerOptions::Ack::kNone, .original_pace = true});
+  ASSERT_TRUE(k);
+  std::vector<std::chrono::steady_clock::time_point> at;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(k->next(10s)) << i;
+    at.push_back(std::chrono::steady_clock::now());
+  }
+  EXPECT_GE(at[1] - at[0], 350ms);
+  EXPECT_GE(at[2] - at[1], 350ms);
+  EXPECT_LT(at[2] - at[0], 3s);
+}
+
 // Two members of one durable consumer share its messages; one dies in the
 // middle of its batch, with messages delivered and not acknowledged: they
 // go to the other member, counted as redelivered, and nothing is lost.
@@ -357,57 +377,92 @@ TEST_P(Consumers, RefusalsAreTypedAndEveryBrokenRuleClosesOnlyItsSender) {
     proto::encode_header(out.data(), h);
     return out;
   };
-  auto stream_publish = [] {
-    std::vector<std::byte> out(proto::align_up(proto::kHeaderSize + 8 + 1));
-    proto::FrameHeader h;
-    h.type = FrameType::kPublish;
-    h.flags = proto::kFlagStream;
-    h.payload_len = 1;
-    h.sequence = 1;
-    proto::encode_frame(out, h, "orders.x", "", std::as_bytes(std::span("x", 1)));
-    return out;
-  };
-  struct Case {
-    const char* what;
-    std::uint8_t version;
-    std::vector<std::byte> bytes;
-    ErrorCode code;
-    const char* text;
-  };
-  const std::vector<Case> cases = {
-      {"CONSUME on a version-10 connection", 10, frame(FrameType::kConsume, 1, "ORDERS", settings),
-       ErrorCode::kMalformedFrame, "needs protocol version 11"},
-      {"CONSUME without settings", 11, frame(FrameType::kConsume, 1, "ORDERS", ""),
-       ErrorCode::kMalformedFrame, ""},
-      {"an ACK of sequence 0", 11, ack(1, 0), ErrorCode::kMalformedFrame, ""},
-      {"a PUBLISH with STREAM", 11, stream_publish(), ErrorCode::kMalformedFrame, "STREAM"},
-      {"a CONSUMER_READY from the client", 11, frame(FrameType::kConsumerReady, 1, ""),
-       ErrorCode::kProtocolViolation, "sent by the broker"},
-  };
-  for (const auto& tc : cases) {
-    SCOPED_TRACE(tc.what);
-    auto w = raw_wire(*broker_, GetParam(), true, proto::ConnectRequest{16384, 16, 0, tc.version});
-    ASSERT_TRUE(w);
-    ASSERT_TRUE(w->send(tc.bytes));
-    auto [code, text] = expect_error_then_close(*w, 10s);
-    EXPECT_EQ(code, tc.code) << text;
-    EXPECT_NE(text.find(tc.text), std::string::npos) << text;
-  }
-  // An ACK for an id that is no consumer: an error for that id, the connection stays.
+  expect_each_closes_its_sender(
+      *broker_, GetParam(),
+      {
+          {"CONSUME on a version-10 connection", 10, frame(FrameType::kConsume, 1, "ORDERS", settings),
+           ErrorCode::kMalformedFrame, "needs protocol version 11"},
+          {"CONSUME without settings", 11, frame(FrameType::kConsume, 1, "ORDERS", ""),
+           ErrorCode::kMalformedFrame, ""},
+          {"an ACK of sequence 0", 11, ack(1, 0), ErrorCode::kMalformedFrame, ""},
+          {"a PUBLISH with STREAM", 11, publish_frame("orders.x", proto::kFlagStream, 1),
+           ErrorCode::kMalformedFrame, "STREAM"},
+          {"a CONSUMER_READY from the client", 11, frame(FrameType::kConsumerReady, 1, ""),
+           ErrorCode::kProtocolViolation, "sent by the broker"},
+          {"a FETCH_DONE from the client", 11, frame(FrameType::kFetchDone, 1, ""),
+           ErrorCode::kProtocolViolation, "sent by the broker"},
+          {"a FETCH of no messages", 11, frame(FrameType::kFetch, 1, "", std::string(4, '\0')),
+           ErrorCode::kMalformedFrame, ""},
+      });
+  // Settings out of range, and an ACK for an id that is no consumer: an
+  // error for that id each, and the connection stays.
+  proto::ConsumerConfig zero_window;
+  zero_window.max_ack_pending = 1;
+  proto::encode_consumer_config(zero_window, config);
+  config[4] = std::byte{0};  // max_ack_pending 0
   auto w = raw_wire(*broker_, GetParam(), true, proto::ConnectRequest{16384, 16, 0, 11});
-  ASSERT_TRUE(w && w->send(ack(7, 1)) && w->send(frame(FrameType::kPing, 0, "")));
+  ASSERT_TRUE(w);
+  ASSERT_TRUE(w->send(frame(FrameType::kConsume, 3, "ORDERS",
+                            std::string(reinterpret_cast<const char*>(config.data()), config.size()))));
+  ASSERT_TRUE(w->send(ack(7, 1)) && w->send(frame(FrameType::kPing, 0, "")));
   std::vector<std::pair<FrameType, std::uint32_t>> answers;  // type, arg
-  for (int i = 0; i < 10 && answers.size() < 2; ++i) {
+  for (int i = 0; i < 10 && answers.size() < 3; ++i) {
     for (const auto& bytes : w->receive(2s)) {
       const auto h = proto::load_header(bytes.data());
       answers.emplace_back(h.type, h.arg);
     }
   }
   EXPECT_EQ(answers, (std::vector<std::pair<FrameType, std::uint32_t>>{
+                         {FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kConsumerInvalid)},
                          {FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kUnknownSubscription)},
                          {FrameType::kPong, 0}}))
       << "an ERROR, and the connection still answers";
   ASSERT_TRUE(c->publish_acked("orders.after", "fine", 10s)) << "everyone else is served";
+}
+
+// `rdmabroker stream`: a stream added at run time takes its subjects at
+// once, is listed, survives a restart, is purged and removed (its files
+// with it); one that overlaps another or is declared in the file is refused.
+TEST_P(Consumers, StreamsAreManagedAtRunTime) {
+  start_orders();
+  const auto cli = [&](const std::string& args) {
+    return run({"/bin/sh", "-c",
+                cli_path() + " stream " + args + " --admin-socket " + broker_->admin_socket() + " 2>&1"});
+  };
+  auto [added, added_text] = cli("add AUDIT --subjects 'audit.>' --max-msgs 100");
+  ASSERT_EQ(added, 0) << added_text;
+  auto [overlap, overlap_text] = cli("add MORE --subjects 'audit.x'");
+  EXPECT_EQ(overlap, 1);
+  EXPECT_NE(overlap_text.find("overlaps 'audit.>' of stream AUDIT"), std::string::npos) << overlap_text;
+  auto [declared, declared_text] = cli("rm ORDERS");
+  EXPECT_EQ(declared, 1);
+  EXPECT_NE(declared_text.find("configuration file"), std::string::npos) << declared_text;
+  {
+    auto c = connect_via(*broker_, GetParam());
+    ASSERT_TRUE(c);
+    auto ack = c->publish_acked("audit.login", "alice", 10s);
+    ASSERT_TRUE(ack) << ack.error().message;
+    EXPECT_EQ(ack->stream, "AUDIT");
+  }
+  ASSERT_EQ(broker_->restart(SIGTERM), 0);
+  auto [info, info_text] = cli("info AUDIT --json");
+  ASSERT_EQ(info, 0) << info_text;
+  EXPECT_NE(info_text.find("\"messages\": 1"), std::string::npos) << "kept across the restart: " << info_text;
+  EXPECT_NE(info_text.find("\"runtime\": true"), std::string::npos) << info_text;
+  auto [ls, ls_text] = cli("ls");
+  EXPECT_NE(ls_text.find("ORDERS"), std::string::npos);
+  EXPECT_NE(ls_text.find("AUDIT (added at run time)"), std::string::npos) << ls_text;
+  auto [purged, purged_text] = cli("purge AUDIT");
+  EXPECT_EQ(purged, 0);
+  EXPECT_NE(purged_text.find("1 messages purged"), std::string::npos) << purged_text;
+  auto [removed, removed_text] = cli("rm AUDIT");
+  EXPECT_EQ(removed, 0) << removed_text;
+  EXPECT_FALSE(std::filesystem::exists(data_ + "/AUDIT")) << "its files are deleted";
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  auto gone = c->publish_acked("audit.login", "bob", 10s);
+  ASSERT_FALSE(gone);
+  EXPECT_EQ(gone.error().kind, ErrorKind::kNoStream);
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Consumers, ::testing::Values(Via::kRdma, Via::kTcp),
