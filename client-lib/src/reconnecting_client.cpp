@@ -68,6 +68,12 @@ class ReconnectingClient final : public Client {
     if (!s) return s.error();
     return s.value()->publish_acked(subject, headers, payload, timeout);
   }
+  Status publish_acked_async(std::string_view subject, const Headers& headers, ByteView payload,
+                             PubAckHandler done) override {
+    auto s = wait_for_session(opt_.publish_timeout);
+    if (!s) return s.error();
+    return s.value()->publish_acked_async(subject, headers, payload, std::move(done));
+  }
   /// On the connection of now: a consumer is not restored after a reconnect
   /// (a durable one is opened again by name, where it stands).
   Result<std::shared_ptr<Consumer>> consume(std::string_view stream, const ConsumerOptions& options,

@@ -115,6 +115,8 @@ class Session final : public Client, private SessionSide, private LandingHost {
   Result<PubAck> publish_acked(std::string_view subject, const Headers& headers, ByteView payload,
                                std::chrono::milliseconds timeout) override;
   using Client::publish_acked;
+  Status publish_acked_async(std::string_view subject, const Headers& headers, ByteView payload,
+                             PubAckHandler done) override;
   Result<std::shared_ptr<Consumer>> consume(std::string_view stream, const ConsumerOptions& options,
                                             std::chrono::milliseconds timeout) override;
   /// ACK, FETCH (session_consumers.cpp): a consumer's frame to the broker.
@@ -342,7 +344,14 @@ class Session final : public Client, private SessionSide, private LandingHost {
     bool done = false;
     proto::ErrorCode code = proto::ErrorCode::kNone;
     PubAck ack;
+    std::string subject;    // for its error's text
+    PubAckHandler handler;  // publish_acked_async's; none: a publish_acked() waits for it
   };
+  /// Registers and sends a PUBLISH with ACK; its id.
+  Result<std::uint64_t> send_acked_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
+                                          const Headers& headers, ByteView payload, PubAckHandler handler);
+  /// Once closed: the asynchronous publishes that will get no answer get kClosed.
+  void fail_unanswered_acks();
   std::map<std::uint64_t, AckWait> acks_;
   std::uint64_t next_ack_ = 1;
   /// Consumers waiting for CONSUMER_READY or their refusal, by sid.

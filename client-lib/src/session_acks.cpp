@@ -31,12 +31,12 @@ Error ack_error(proto::ErrorCode code, std::string_view subject, const std::stri
 
 }  // namespace
 
-Result<PubAck> Session::publish_acked(std::string_view subject, const Headers& headers, ByteView payload,
-                                      std::chrono::milliseconds timeout) {
+Result<std::uint64_t> Session::send_acked_locked(std::unique_lock<std::mutex>& lock, std::string_view subject,
+                                                 const Headers& headers, ByteView payload,
+                                                 PubAckHandler handler) {
   if (auto st = check_subject(subject); !st) return st.error();
   auto fields = header_fields(headers);
   if (!fields) return fields.error();
-  std::unique_lock lock(mu_);
   if (auto st = check_open_locked(); !st) return st.error();
   if (protocol_version_ < proto::kStreamsVersion) {
     return Error{ErrorKind::kInvalidArgument, "the broker speaks protocol version " +
@@ -50,7 +50,7 @@ Result<PubAck> Session::publish_acked(std::string_view subject, const Headers& h
                      std::to_string(frame_room(subject.size(), 0)) + " here"};
   }
   const std::uint64_t id = next_ack_++;
-  acks_.emplace(id, AckWait{});
+  acks_.emplace(id, AckWait{false, proto::ErrorCode::kNone, {}, std::string(subject), std::move(handler)});
   proto::FrameHeader h;
   h.type = FrameType::kPublish;
   h.flags = proto::kFlagAck;
@@ -58,6 +58,15 @@ Result<PubAck> Session::publish_acked(std::string_view subject, const Headers& h
     acks_.erase(id);
     return st.error();
   }
+  return id;
+}
+
+Result<PubAck> Session::publish_acked(std::string_view subject, const Headers& headers, ByteView payload,
+                                      std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  auto sent = send_acked_locked(lock, subject, headers, payload, nullptr);
+  if (!sent) return sent.error();
+  const std::uint64_t id = sent.value();
   wait_locked(lock, Clock::now() + timeout, [&] { return acks_[id].done || closed_; });
   AckWait done = std::move(acks_[id]);
   acks_.erase(id);
@@ -71,17 +80,59 @@ Result<PubAck> Session::publish_acked(std::string_view subject, const Headers& h
   return std::move(done.ack);
 }
 
+Status Session::publish_acked_async(std::string_view subject, const Headers& headers, ByteView payload,
+                                    PubAckHandler done) {
+  if (!done) return Error{ErrorKind::kInvalidArgument, "publish_acked_async needs a handler"};
+  std::unique_lock lock(mu_);
+  auto sent = send_acked_locked(lock, subject, headers, payload, std::move(done));
+  if (!sent) return sent.error();
+  return {};
+}
+
 void Session::on_pub_ack(const proto::Frame& f) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   auto it = acks_.find(f.header.sequence);
   if (it == acks_.end()) return;  // its publish_acked() gave up waiting
-  it->second.done = true;
-  it->second.code = static_cast<proto::ErrorCode>(f.header.arg);
-  std::memcpy(&it->second.ack.sequence, f.payload.data(), sizeof it->second.ack.sequence);
-  it->second.ack.stream.assign(reinterpret_cast<const char*>(f.payload.data()) + proto::kPubAckMinLen,
-                               f.payload.size() - proto::kPubAckMinLen);
-  it->second.ack.duplicate = (f.header.flags & proto::kFlagDuplicate) != 0;
-  cv_.notify_all();
+  AckWait& w = it->second;
+  w.done = true;
+  w.code = static_cast<proto::ErrorCode>(f.header.arg);
+  std::memcpy(&w.ack.sequence, f.payload.data(), sizeof w.ack.sequence);
+  w.ack.stream.assign(reinterpret_cast<const char*>(f.payload.data()) + proto::kPubAckMinLen,
+                      f.payload.size() - proto::kPubAckMinLen);
+  w.ack.duplicate = (f.header.flags & proto::kFlagDuplicate) != 0;
+  if (!w.handler) {
+    cv_.notify_all();
+    return;
+  }
+  // An asynchronous one: its handler runs here, on the I/O thread, without the lock.
+  AckWait answered = std::move(w);
+  acks_.erase(it);
+  lock.unlock();
+  if (answered.code != proto::ErrorCode::kNone) {
+    answered.handler(ack_error(answered.code, answered.subject, answered.ack.stream));
+  } else {
+    answered.handler(std::move(answered.ack));
+  }
+}
+
+void Session::fail_unanswered_acks() {
+  std::vector<PubAckHandler> orphans;
+  Error why{ErrorKind::kClosed, ""};
+  {
+    std::lock_guard lock(mu_);
+    if (!closed_) return;
+    why = close_error_;
+    for (auto it = acks_.begin(); it != acks_.end();) {
+      if (!it->second.handler) {
+        ++it;
+        continue;
+      }
+      orphans.push_back(std::move(it->second.handler));
+      it = acks_.erase(it);
+    }
+  }
+  // No answer will come: the message may or may not be stored (publish it again with its Msg-Id).
+  for (auto& h : orphans) h(why);
 }
 
 }  // namespace rdmabroker

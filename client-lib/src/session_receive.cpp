@@ -233,6 +233,7 @@ void Session::on_error_frame(const proto::Frame& f, std::vector<Error>& errors) 
 
 std::size_t Session::dispatch(Deliveries& deliveries, std::vector<Error>& errors) {
   const std::size_t delivered = subs_.hand_over(deliveries, errors, mu_);
+  fail_unanswered_acks();  // once the connection has failed
   messages_received_.fetch_add(delivered, std::memory_order_relaxed);
   if (opt_.on_error) {
     for (const auto& e : errors) opt_.on_error(e);

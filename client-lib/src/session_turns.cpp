@@ -21,13 +21,17 @@ thread_local const Session* tl_progressing = nullptr;
 
 void Session::close() {
   if (!transport_) return;
-  if (!opt_.polled) return transport_->close();
-  // No other thread is in the loop while the transport goes; waits of the
-  // close itself (the last frames leaving) make only the sends progress.
-  auto turn = take_turn();
-  const Session* outer = std::exchange(tl_progressing, this);
-  transport_->close();
-  tl_progressing = outer;
+  if (!opt_.polled) {
+    transport_->close();
+  } else {
+    // No other thread is in the loop while the transport goes; waits of the
+    // close itself (the last frames leaving) make only the sends progress.
+    auto turn = take_turn();
+    const Session* outer = std::exchange(tl_progressing, this);
+    transport_->close();
+    tl_progressing = outer;
+  }
+  fail_unanswered_acks();
 }
 
 std::unique_lock<std::mutex> Session::take_turn() {

@@ -44,6 +44,42 @@ inline std::vector<StoredMessage> read_stream(const std::string& directory) {
   return out;
 }
 
+/// A PUBLISH of one byte on `subject` with `flags` and `sequence`: a frame
+/// to break a stream rule with.
+inline std::vector<std::byte> publish_frame(std::string_view subject, std::uint16_t flags,
+                                            std::uint64_t sequence) {
+  std::vector<std::byte> out(proto::align_up(proto::kHeaderSize + subject.size() + 1));
+  proto::FrameHeader h;
+  h.type = proto::FrameType::kPublish;
+  h.flags = flags;
+  h.payload_len = 1;
+  h.sequence = sequence;
+  proto::encode_frame(out, h, subject, "", std::as_bytes(std::span("x", 1)));
+  return out;
+}
+
+/// A broken rule: sent alone on a connection of `version`, the bytes get an
+/// ERROR of `code` whose text has `text`, then the connection's end.
+struct BrokenRule {
+  const char* what;
+  std::uint8_t version;
+  std::vector<std::byte> bytes;
+  proto::ErrorCode code;
+  const char* text;
+};
+inline void expect_each_closes_its_sender(const BrokerProcess& broker, Via via,
+                                          const std::vector<BrokenRule>& rules) {
+  for (const auto& r : rules) {
+    SCOPED_TRACE(r.what);
+    auto w = raw_wire(broker, via, true, proto::ConnectRequest{16384, 16, 0, r.version});
+    ASSERT_TRUE(w);
+    ASSERT_TRUE(w->send(r.bytes));
+    auto [code, text] = expect_error_then_close(*w, std::chrono::seconds(10));
+    EXPECT_EQ(code, r.code) << text;
+    EXPECT_NE(text.find(r.text), std::string::npos) << text;
+  }
+}
+
 /// A broker (started by start()) whose streams live in a directory of this
 /// test's, removed with it; over RDMA (in the guest) or TCP.
 class StreamTest : public ::testing::TestWithParam<Via> {

@@ -13,6 +13,7 @@
 #include <array>
 #include <atomic>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 
 #include "harness.hpp"
@@ -99,41 +100,20 @@ TEST_P(StreamAcks, AnOlderSubscriberNeverSeesTheAckFlag) {
 
 TEST_P(StreamAcks, EveryBrokenAckRuleClosesOnlyItsSender) {
   start("  - {name: S, subjects: [\"s.>\"]}\n");
-  auto publish = [](std::uint16_t flags, std::uint64_t sequence) {
-    std::vector<std::byte> out(proto::align_up(proto::kHeaderSize + 3 + 1));
-    proto::FrameHeader h;
-    h.type = FrameType::kPublish;
-    h.flags = flags;
-    h.payload_len = 1;
-    h.sequence = sequence;
-    proto::encode_frame(out, h, "s.x", "", std::as_bytes(std::span("x", 1)));
-    return out;
+  const auto publish = [](std::uint16_t flags, std::uint64_t sequence) {
+    return publish_frame("s.x", flags, sequence);
   };
-  struct Case {
-    const char* what;
-    std::uint8_t version;
-    std::vector<std::byte> bytes;
-    ErrorCode code;
-    const char* text;
-  };
-  const std::vector<Case> cases = {
-      {"ACK on a version-9 connection", 9, publish(proto::kFlagAck, 5), ErrorCode::kMalformedFrame,
-       "ACK needs protocol version 10"},
-      {"ACK without an id", 10, publish(proto::kFlagAck, 0), ErrorCode::kMalformedFrame, "flag"},
-      {"ACK on a fragment", 10, publish(proto::kFlagAck | proto::kFlagFragment, 5),
-       ErrorCode::kMalformedFrame, "flag"},
-      {"a PUB_ACK from the client", 10, frame(FrameType::kPubAck, 0, "", std::string(8, '\0')),
-       ErrorCode::kProtocolViolation, "sent by the broker, never to it"},
-  };
-  for (const auto& c : cases) {
-    SCOPED_TRACE(c.what);
-    auto w = raw_wire(*broker_, GetParam(), true, proto::ConnectRequest{16384, 16, 0, c.version});
-    ASSERT_TRUE(w);
-    ASSERT_TRUE(w->send(c.bytes));
-    auto [code, text] = expect_error_then_close(*w, 10s);
-    EXPECT_EQ(code, c.code) << text;
-    EXPECT_NE(text.find(c.text), std::string::npos) << text;
-  }
+  expect_each_closes_its_sender(
+      *broker_, GetParam(),
+      {
+          {"ACK on a version-9 connection", 9, publish(proto::kFlagAck, 5), ErrorCode::kMalformedFrame,
+           "ACK needs protocol version 10"},
+          {"ACK without an id", 10, publish(proto::kFlagAck, 0), ErrorCode::kMalformedFrame, "flag"},
+          {"ACK on a fragment", 10, publish(proto::kFlagAck | proto::kFlagFragment, 5),
+           ErrorCode::kMalformedFrame, "flag"},
+          {"a PUB_ACK from the client", 10, frame(FrameType::kPubAck, 0, "", std::string(8, '\0')),
+           ErrorCode::kProtocolViolation, "sent by the broker, never to it"},
+      });
   auto ok = connect_via(*broker_, GetParam());
   ASSERT_TRUE(ok && ok->publish_acked("s.after", "fine", 10s)) << "everyone else is served";
 }
@@ -205,6 +185,44 @@ TEST_P(StreamAcks, ABrokerKilledMidStormKeepsEveryAcknowledgedMessageOnceInOrder
           << "publisher " << p << ", message " << i;
     }
   }
+}
+
+// Acknowledged publishes without waiting for each: every one is answered,
+// in order, and many share each fdatasync (group commit); a handler left
+// without an answer when the client closes hears kClosed.
+TEST_P(StreamAcks, AsynchronousAcknowledgedPublishesShareTheirSyncs) {
+  start("  - {name: S, subjects: [\"s.>\"]}\n");
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  const int n = static_cast<int>(volume(2000));
+  std::mutex mu;
+  std::vector<std::uint64_t> sequences;
+  std::atomic<int> failed{0};
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(c->publish_acked_async("s.x", {}, as_payload("m"), [&](Result<PubAck> r) {
+      if (!r) return void(++failed);
+      std::lock_guard lock(mu);
+      sequences.push_back(r->sequence);
+    }));
+  }
+  ASSERT_TRUE(wait_until(
+      [&] {
+        std::lock_guard lock(mu);
+        return static_cast<int>(sequences.size()) + failed == n;
+      },
+      60s));
+  EXPECT_EQ(failed, 0);
+  for (int i = 0; i < n; ++i) ASSERT_EQ(sequences[i], static_cast<std::uint64_t>(i + 1));
+  const auto syncs = broker_->stats()["stream.S.syncs"];
+  EXPECT_LT(syncs, n / 4) << "group commit: " << syncs << " syncs for " << n << " messages";
+  // Closed with answers outstanding: each handler hears of it.
+  std::atomic<int> closed{0}, answered{0};
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(c->publish_acked_async("s.y", {}, as_payload("m"),
+                                       [&](Result<PubAck> r) { ++(r ? answered : closed); }));
+  }
+  c->close();
+  EXPECT_EQ(closed + answered, 50);
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, StreamAcks, ::testing::Values(Via::kRdma, Via::kTcp),

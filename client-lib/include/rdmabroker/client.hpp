@@ -294,6 +294,8 @@ struct ServerInfo {
   std::vector<std::string> client_urls() const;
 };
 using ServerInfoHandler = std::function<void(const ServerInfo&)>;
+/// The outcome of Client::publish_acked_async, on the client's I/O thread.
+using PubAckHandler = std::function<void(Result<PubAck>)>;
 
 struct ClientOptions {
   /// Local address to bind (selects the RDMA device); empty: let routing choose.
@@ -564,32 +566,30 @@ class Client {
   virtual Result<std::size_t> poll(std::chrono::microseconds timeout = std::chrono::microseconds{0}) = 0;
 
   /// A polled client: makes the poll() waiting now on another thread return
-  /// (0 if nothing arrived), or if none waits, the next one: a wake-up is
-  /// kept until a poll() takes it, and several make one (UCX's
-  /// ucp_worker_signal). A thread may then poll with a long timeout and
-  /// still stop, or look at work of its own, when another thread asks it
-  /// to. Safe from any thread and from a callback; while a reconnecting
-  /// client has no connection it ends poll()'s wait for one. A poll() that
-  /// busy-polls (busy_poll, adaptive_poll) sees it when its spin ends.
-  /// kInvalidArgument for a client with an I/O thread; kClosed after close().
+  /// (0 if nothing arrived), or if none waits, the next one: a wake-up is kept
+  /// until a poll() takes it, several make one (UCX's ucp_worker_signal). Safe
+  /// from any thread and a callback; a reconnecting client without a
+  /// connection ends poll()'s wait for one; a busy-polling poll() sees it when
+  /// its spin ends. kInvalidArgument with an I/O thread; kClosed after close().
   virtual Status wake() = 0;
 
   /// Publishes and waits until a stream has stored the message durably
-  /// (under the broker's storage.sync policy): its stream and sequence. A
-  /// `Msg-Id` header makes a retry after a lost answer safe: within the
-  /// stream's duplicate window the broker stores it once and answers the
-  /// first sequence (`duplicate`). Errors: kNoStream, kStreamFull,
-  /// kDiskFull, kPayloadTooLarge (above the stream's max_msg_size, or more
-  /// than one frame: an acknowledged message is not sent in fragments),
-  /// kPermissionDenied, kTimeout (the answer may still come: retry with the
-  /// same Msg-Id), kInvalidArgument for a broker older than protocol
-  /// version 10, kClosed.
+  /// (storage.sync): its stream and sequence. A `Msg-Id` header makes a
+  /// retry after a lost answer safe: within the stream's duplicate window it
+  /// is stored once, the answer the first sequence (`duplicate`). Errors:
+  /// kNoStream, kStreamFull, kDiskFull, kPayloadTooLarge (above max_msg_size,
+  /// or more than one frame), kPermissionDenied, kTimeout (retry with the
+  /// same Msg-Id), kInvalidArgument (a broker before version 10), kClosed.
   virtual Result<PubAck> publish_acked(std::string_view subject, const Headers& headers, ByteView payload,
                                        std::chrono::milliseconds timeout) = 0;
   Result<PubAck> publish_acked(std::string_view subject, std::string_view payload,
                                std::chrono::milliseconds timeout) {
     return publish_acked(subject, Headers{}, as_payload(payload), timeout);
   }
+  /// publish_acked without waiting: `done` gets its outcome (kClosed if the
+  /// connection ends first). Many in flight share each sync (group commit).
+  virtual Status publish_acked_async(std::string_view subject, const Headers& headers, ByteView payload,
+                                     PubAckHandler done) = 0;
   /// Reads stream `stream` through a consumer (rdmabroker/consumer.hpp).
   virtual Result<std::shared_ptr<Consumer>> consume(std::string_view stream, const ConsumerOptions& options,
                                                     std::chrono::milliseconds timeout) = 0;
