@@ -326,7 +326,9 @@ const std::vector<Field>& fields() {
                    [](Config& c) -> std::string& { return c.broker.storage.directory; }),
       enum_field<StreamSync>("storage", "sync", true,
                              [](Config& c) -> StreamSync& { return c.broker.storage.sync; },
-                             {{"group", StreamSync::kGroup}, {"always", StreamSync::kAlways}}),
+                             {{"group", StreamSync::kGroup},
+                              {"always", StreamSync::kAlways},
+                              {"interval", StreamSync::kInterval}}),
       uint_field<std::uint32_t>(
           "storage", "sync_interval_ms", true,
           [](Config& c) -> std::uint32_t& { return c.broker.storage.sync_interval_ms; }, 1, 60'000),

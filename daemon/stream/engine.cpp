@@ -366,8 +366,9 @@ void StreamEngine::answer(Stream& s, const StreamPublish& p, proto::ErrorCode co
   if (p.ack_id == 0) return;
   Ack ack{p.publisher_worker,
           {p.publisher, p.publisher_slot, make_pub_ack(p.ack_id, code, sequence, s.stats->name, duplicate)}};
-  // Behind the stream's unsynced messages: a duplicate's first may be one of them.
-  if (s.dirty) {
+  // Behind the stream's unsynced messages (a duplicate's first may be one
+  // of them), unless written is enough (sync: interval).
+  if (s.dirty && storage_.sync != config::StreamSync::kInterval) {
     s.acks.push_back(std::move(ack));
     return;
   }

@@ -38,6 +38,9 @@ TEST(ConfigStreams, StreamsAndStorageAreReadWithTheirDefaults) {
   EXPECT_EQ(c->broker.storage.directory, "/data");
   EXPECT_EQ(c->broker.storage.sync, StreamSync::kAlways);
   EXPECT_EQ(c->broker.storage.sync_interval_ms, 50u);
+  auto interval = parse("storage: {sync: interval}\n", "broker.yaml");
+  ASSERT_TRUE(interval) << interval.error().message;
+  EXPECT_EQ(interval->broker.storage.sync, StreamSync::kInterval);
   ASSERT_EQ(c->broker.streams.size(), 2u);
   const auto& s = c->broker.streams[0];
   EXPECT_EQ(s.name, "ORDERS");
@@ -78,7 +81,7 @@ TEST(ConfigStreams, MistakesNameTheStreamElementThatHasThem) {
             "broker.yaml:3:25: streams[1].subjects: 'orders.eu.>' overlaps 'orders.*.new' of stream 'A': a "
             "subject belongs to one stream at most");
   EXPECT_EQ(errors_of("storage: {sync: sometimes}\n"),
-            "broker.yaml:1:17: storage.sync: expected one of group, always, got 'sometimes'");
+            "broker.yaml:1:17: storage.sync: expected one of group, always, interval, got 'sometimes'");
 }
 
 TEST(ConfigStreams, StreamsAndTheSyncPolicyChangeLiveTheDirectoryNeedsARestart) {

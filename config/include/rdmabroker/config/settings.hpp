@@ -123,6 +123,10 @@ enum class StreamDiscard { kOld, kNew };
 enum class StreamSync {
   kGroup,   // within storage.sync_interval_ms of being stored, many in one fdatasync
   kAlways,  // before the broker takes the next message
+  /// Synced every sync_interval_ms, and a PUB_ACK sent once the message is
+  /// written (in the page cache): it survives the broker's crash, not the
+  /// host's (NATS JetStream 2.9's own policy).
+  kInterval,
 };
 
 /// One stream (docs/streams.md): the subjects it captures, its retention
