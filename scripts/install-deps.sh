@@ -22,6 +22,7 @@ PACKAGES=(
   python3-venv python3-pip python3-setuptools python3-wheel  # tests/python-wheel.sh: pip install of a wheel
   clang libclang-rt-14-dev  # libFuzzer targets (tests/fuzz)
   libnats-dev libhiredis-dev  # the NATS and Redis drivers of the benchmark suite (built with the tests)
+  liburing-dev  # tests/bench/append_sync: write+fdatasync against io_uring (docs/streams.md)
   prometheus  # promtool, to check the metrics a live broker serves
   # the Soft-RoCE guest (tests/softroce/run-in-guest.sh) and RDMA tools used in it
   qemu-system-x86 rdma-core ibverbs-utils ibverbs-providers rdmacm-utils perftest
