@@ -354,6 +354,9 @@ class Session final : public Client, private SessionSide, private LandingHost {
   void fail_unanswered_acks();
   std::map<std::uint64_t, AckWait> acks_;
   std::uint64_t next_ack_ = 1;
+  /// publish_acked_async's unanswered, at most kMaxAsyncAcks.
+  static constexpr std::size_t kMaxAsyncAcks = 512;
+  std::size_t async_acks_ = 0;
   /// Consumers waiting for CONSUMER_READY or their refusal, by sid.
   struct ConsumerWait {
     bool ready = false;

@@ -49,13 +49,27 @@ Result<std::uint64_t> Session::send_acked_locked(std::unique_lock<std::mutex>& l
                  "an acknowledged message goes in one frame: " + std::to_string(size) + " bytes, at most " +
                      std::to_string(frame_room(subject.size(), 0)) + " here"};
   }
+  if (handler) {
+    // The broker cuts a client that leaves 1,024 answers unread (SPEC.md §6):
+    // the library keeps fewer in flight, as JetStream's MaxPending does.
+    if (!wait_locked(lock, Clock::now() + opt_.publish_timeout,
+                     [&] { return async_acks_ < kMaxAsyncAcks || closed_; })) {
+      return Error{ErrorKind::kTimeout, std::to_string(kMaxAsyncAcks) +
+                                            " acknowledged publishes unanswered for " +
+                                            std::to_string(opt_.publish_timeout.count()) + " ms"};
+    }
+    if (auto st = check_open_locked(); !st) return st.error();
+    ++async_acks_;
+  }
   const std::uint64_t id = next_ack_++;
+  const bool async = static_cast<bool>(handler);
   acks_.emplace(id, AckWait{false, proto::ErrorCode::kNone, {}, std::string(subject), std::move(handler)});
   proto::FrameHeader h;
   h.type = FrameType::kPublish;
   h.flags = proto::kFlagAck;
   if (auto st = append_frame_locked(lock, h, subject, {}, payload, id, true, fields.value()); !st) {
     acks_.erase(id);
+    if (async) --async_acks_;
     return st.error();
   }
   return id;
@@ -107,6 +121,8 @@ void Session::on_pub_ack(const proto::Frame& f) {
   // An asynchronous one: its handler runs here, on the I/O thread, without the lock.
   AckWait answered = std::move(w);
   acks_.erase(it);
+  --async_acks_;
+  cv_.notify_all();  // a publisher may wait for room
   lock.unlock();
   if (answered.code != proto::ErrorCode::kNone) {
     answered.handler(ack_error(answered.code, answered.subject, answered.ack.stream));
@@ -129,6 +145,7 @@ void Session::fail_unanswered_acks() {
       }
       orphans.push_back(std::move(it->second.handler));
       it = acks_.erase(it);
+      --async_acks_;
     }
   }
   // No answer will come: the message may or may not be stored (publish it again with its Msg-Id).

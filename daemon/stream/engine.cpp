@@ -158,7 +158,15 @@ void StreamEngine::reload(const config::StorageSettings& storage,
   }
   for (const auto& [name, s] : next) {
     auto it = registered_.find(name);
+    // The file's streams do not overlap each other (the configuration checks
+    // that); one `stream add` made is not in the file: checked here.
+    const auto taken = overlap(*s, /*runtime_only=*/true);
     if (it == registered_.end()) {
+      if (taken) {
+        spdlog::error("reload: stream {}: {}, a stream added at run time; the stream is left out", name,
+                      *taken);
+        continue;
+      }
       const std::uint32_t id = next_id_++;
       auto stream = open(*s, id);
       if (!stream) {
@@ -173,7 +181,12 @@ void StreamEngine::reload(const config::StorageSettings& storage,
     if (r.settings == *s) continue;
     const std::uint32_t id = r.id;
     post(SetLimits{id, limits_of(*s), static_cast<std::int64_t>(s->duplicate_window_s) * kNsPerSecond});
-    if (r.settings.subjects != s->subjects) {
+    if (r.settings.subjects != s->subjects && taken) {
+      spdlog::error("reload: stream {}: {}, a stream added at run time; it keeps its subjects", name, *taken);
+      config::StreamSettings kept = *s;
+      kept.subjects = r.settings.subjects;
+      r.settings = kept;
+    } else if (r.settings.subjects != s->subjects) {
       unregister_stream(r);
       register_stream(*s, id);  // replaces r, settings included
       spdlog::info("stream {}: subjects now {}", name, fmt::join(s->subjects, ", "));

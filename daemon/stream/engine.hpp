@@ -168,8 +168,9 @@ class StreamEngine final : public StreamCapture {
   /// Enters `s`'s subjects in the subscription index (main thread).
   void register_stream(const config::StreamSettings& s, std::uint32_t id);
   void unregister_stream(Registered& r);
-  /// Which registered stream's subjects overlap `s`'s (other than `s` itself), if any.
-  std::optional<std::string> overlap(const config::StreamSettings& s) const;
+  /// Which registered stream's subjects overlap `s`'s (other than `s` itself;
+  /// `runtime_only`: among those `add` made), if any.
+  std::optional<std::string> overlap(const config::StreamSettings& s, bool runtime_only = false) const;
   /// Opens the streams `add` made in an earlier run (create()).
   void open_runtime_streams();
   void on_purge(PurgeStream& p);

@@ -130,9 +130,9 @@ void delete_stream_files(const std::string& dir) {
   if (ec) spdlog::error("stream files in {} not deleted: {}", dir, ec.message());
 }
 
-std::optional<std::string> StreamEngine::overlap(const config::StreamSettings& s) const {
+std::optional<std::string> StreamEngine::overlap(const config::StreamSettings& s, bool runtime_only) const {
   for (const auto& [name, r] : registered_) {
-    if (name == s.name) continue;
+    if (name == s.name || (runtime_only && !r.runtime)) continue;
     for (const auto& p : s.subjects) {
       for (const auto& q : r.settings.subjects) {
         if (proto::patterns_intersect(p, q)) return "'" + p + "' overlaps '" + q + "' of stream " + name;

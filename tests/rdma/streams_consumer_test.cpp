@@ -444,6 +444,15 @@ TEST_P(Consumers, StreamsAreManagedAtRunTime) {
     ASSERT_TRUE(ack) << ack.error().message;
     EXPECT_EQ(ack->stream, "AUDIT");
   }
+  // A reload that declares a stream on its subjects leaves that one out.
+  write_config(
+      "  - {name: ORDERS, subjects: [\"orders.>\"]}\n"
+      "  - {name: CLASH, subjects: [audit.x]}\n");
+  auto [reloaded, reload_text] =
+      run({"/bin/sh", "-c", cli_path() + " reload --admin-socket " + broker_->admin_socket() + " 2>&1"});
+  EXPECT_EQ(reloaded, 0) << reload_text;
+  EXPECT_EQ(stat("streams.count"), 2) << "CLASH left out: audit.x is AUDIT's";
+  write_config("  - {name: ORDERS, subjects: [\"orders.>\"]}\n");
   ASSERT_EQ(broker_->restart(SIGTERM), 0);
   auto [info, info_text] = cli("info AUDIT --json");
   ASSERT_EQ(info, 0) << info_text;

@@ -587,7 +587,7 @@ class Client {
     return publish_acked(subject, Headers{}, as_payload(payload), timeout);
   }
   /// publish_acked without waiting: `done` gets its outcome (kClosed if the
-  /// connection ends first). Many in flight share each sync (group commit).
+  /// connection ends first); waits while 512 are unanswered. Many share a sync.
   virtual Status publish_acked_async(std::string_view subject, const Headers& headers, ByteView payload,
                                      PubAckHandler done) = 0;
   /// Reads stream `stream` through a consumer (rdmabroker/consumer.hpp).
