@@ -98,6 +98,17 @@ void FrameHandler::on_consume(Connection& c, const proto::Frame& f) {
                                : "a durable name is 1 to 64 letters, digits, '-' or '_'",
                        sid);
   }
+  // A stored message goes whole (SPEC.md §3.11): to receive buffers smaller
+  // than the broker's frames it could go only in fragments, which carry no
+  // stream sequence to acknowledge.
+  if (c.peer_buffer_size < ctx_.options.buffer_size) {
+    return reply_error(c, ErrorCode::kConsumerInvalid,
+                       "this connection's receive buffers (" + std::to_string(c.peer_buffer_size) +
+                           " bytes) are smaller than the broker's frames (buffers.size " +
+                           std::to_string(ctx_.options.buffer_size) +
+                           "): a stored message could not be delivered whole",
+                       sid);
+  }
   Connection::Subscription sub;
   sub.pattern = access;
   sub.consumer = true;
