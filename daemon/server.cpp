@@ -83,8 +83,6 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
     b->core_.server_id = fmt::format("{:08x}{:08x}", random(), random());
   }
   if (!opt.cluster.name.empty()) {
-    b->interest_ = std::make_unique<ClusterInterest>();
-    b->core_.interest = b->interest_.get();
     b->routes_ =
         std::make_unique<Routes>(b->core_, b->worker_set_, *b->interest_, b->announcement(b->core_.options));
     b->core_.routes = b->routes_.get();
@@ -98,6 +96,11 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
 
 Status Server::create_engines(bool use_rdma) {
   const auto& opt = core_.options;
+  if (!opt.cluster.name.empty()) {
+    // Before the engines: a stream's subjects are interest on the routes.
+    interest_ = std::make_unique<ClusterInterest>();
+    core_.interest = interest_.get();
+  }
   if (opt.multicast.enabled && !use_rdma) {
     spdlog::warn("multicast.enabled: no RDMA device, so no multicast: every subject is served by unicast");
   } else if (opt.multicast.enabled) {

@@ -5,7 +5,8 @@
 // it goes, in place (no copy), to exactly the local subscriptions that entry
 // stands for: all of its pattern's, or one member of its queue group (the
 // other broker chose this one for the group because it had no member of its
-// own). Never to a route's subscription: one hop (SPEC.md §8).
+// own), or a stream that takes it (stored as if published here). Never to a
+// route's subscription: one hop (SPEC.md §8).
 #include <spdlog/spdlog.h>
 
 #include "router/router.hpp"
@@ -79,6 +80,18 @@ void Router::route_from_peer(Connection& route, std::uint32_t sid, const DialedR
   }
   std::optional<std::uint32_t> backlogged;
   for (const Subscriber& s : recipients) {
+    if (s.worker == kStreamWorker) {
+      // Stored here as if published here, without an acknowledgement (the
+      // publisher's broker answers its own). A stream stores whole frames.
+      if (!h.is_fragment()) {
+        to_stream(s, frame, buf, route, 0);
+        if (!backlogged && over_watermark(s)) backlogged = s.slot;  // the engine's backlog paces the route
+      } else if (h.offset == 0) {
+        counters.dropped.fetch_add(1, std::memory_order_relaxed);
+        ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kNeedsFragments)].add();
+      }
+      continue;
+    }
     if (route_to(s, frame, buf) && !backlogged && over_watermark(s)) backlogged = s.slot;
   }
   if (open != nullptr && h.ends_message()) dialed.open.erase({sid, h.sequence});

@@ -115,7 +115,12 @@ Result<StreamEngine::Stream> StreamEngine::open(const config::StreamSettings& s,
 void StreamEngine::register_stream(const config::StreamSettings& s, std::uint32_t id) {
   Registered r{id, s, {}};
   for (const auto& pattern : s.subjects) {
-    const Subscriber entry = core_.index.add(pattern, Subscriber{kStreamWorker, id, 0, core_.stream_slot, 0});
+    Subscriber entry{kStreamWorker, id, 0, core_.stream_slot, 0};
+    // In a cluster the stream is interest like a client's subscription: the
+    // routes bring what is published at the other brokers (docs/cluster.md).
+    if (core_.interest != nullptr) entry.interest = core_.interest->acquire(pattern, {});
+    entry = core_.index.add(pattern, entry);
+    if (entry.interest != 0) core_.interest->activate(entry.interest);
     r.entries.emplace_back(pattern, entry);
   }
   index_entries_.fetch_add(static_cast<std::int64_t>(r.entries.size()), std::memory_order_relaxed);
@@ -123,7 +128,10 @@ void StreamEngine::register_stream(const config::StreamSettings& s, std::uint32_
 }
 
 void StreamEngine::unregister_stream(Registered& r) {
-  for (const auto& [pattern, entry] : r.entries) core_.index.remove(pattern, entry);
+  for (const auto& [pattern, entry] : r.entries) {
+    core_.index.remove(pattern, entry);
+    if (entry.interest != 0) core_.interest->release(entry.interest);
+  }
   index_entries_.fetch_sub(static_cast<std::int64_t>(r.entries.size()), std::memory_order_relaxed);
   r.entries.clear();
 }

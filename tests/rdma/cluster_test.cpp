@@ -11,6 +11,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <numeric>
@@ -20,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness.hpp"
+#include "rdmabroker/consumer.hpp"
 #include "rdmabroker/proto/info.hpp"
 #include "rdmabroker/client.hpp"
 #include "rdmabroker/rdmabroker.h"
@@ -602,6 +604,57 @@ TEST_P(Cluster, ARestartedBrokerIsRoutedAgainWithItsPeersInterestRestored) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Cluster, ::testing::Values(Via::kRdma, Via::kTcp),
+                         [](const auto& info) { return to_string(info.param); });
+
+class ClusterStreams : public ::testing::TestWithParam<Via> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Via::kRdma) require_rdma();
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  const std::string dir_ = "/tmp/rdmabroker-cluster-" + std::to_string(getpid()) + "-streams.d";
+};
+
+// A stream is interest like a client's subscription (docs/cluster.md): what
+// clients of another broker publish on its subjects crosses the route and is
+// stored in their order, and a consumer at the stream's broker reads it. The
+// acknowledgement comes from a stream of the publisher's own broker only.
+TEST_P(ClusterStreams, AStreamStoresWhatClientsOfTheOtherBrokersPublish) {
+  constexpr std::uint64_t kMessages = 50;
+  Member a("sa", "test", false, std::nullopt,
+           "storage: {directory: " + dir_ + "}\nstreams: [{name: LEDGER, subjects: [\"ledger.>\"]}]\n");
+  Member b("sb");
+  for (Member* m : {&a, &b}) route(*m, {url_via(*a.broker, GetParam()), url_via(*b.broker, GetParam())});
+  await_routes_up(a, 1);
+  await_routes_up(b, 1);
+  ASSERT_TRUE(wait_until([&] { return b.stat("subscriptions") >= 1; }, 60s))
+      << "B holds A's route's subscription for the stream's subjects";
+  auto pub = connect_via(*b.broker, GetParam());
+  ASSERT_TRUE(pub);
+  for (std::uint64_t i = 1; i <= kMessages; ++i) ASSERT_TRUE(pub->publish("ledger.entry", seq_payload(i)));
+  ASSERT_TRUE(pub->flush(30s));
+  auto acked = pub->publish_acked("ledger.entry", {}, seq_payload(kMessages + 1), 10s);
+  ASSERT_FALSE(acked);
+  EXPECT_EQ(acked.error().kind, ErrorKind::kNoStream) << "B has no stream: " << acked.error().message;
+  auto reader = connect_via(*a.broker, GetParam());
+  ASSERT_TRUE(reader);
+  auto k = reader->consume("LEDGER", {}, 10s);
+  ASSERT_TRUE(k) << k.error().message;
+  for (std::uint64_t i = 1; i <= kMessages + 1; ++i) {
+    auto m = k.value()->next(20s);
+    ASSERT_TRUE(m) << i << ": " << m.error().message;
+    EXPECT_EQ(m->stream_sequence, i);
+    std::uint64_t seq = 0;
+    ASSERT_EQ(m->payload.size(), sizeof seq);
+    std::memcpy(&seq, m->payload.data(), sizeof seq);
+    EXPECT_EQ(seq, i) << "in the publisher's order, the unacknowledged one stored too";
+    ASSERT_TRUE(k.value()->ack(*m));
+  }
+  EXPECT_EQ(a.stat("cluster.route_messages_in"), static_cast<std::int64_t>(kMessages + 1));
+}
+
+INSTANTIATE_TEST_SUITE_P(Via, ClusterStreams, ::testing::Values(Via::kRdma, Via::kTcp),
                          [](const auto& info) { return to_string(info.param); });
 
 class RouteListeners : public ::testing::TestWithParam<Via> {
