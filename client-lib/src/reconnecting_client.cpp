@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "client_internal.hpp"
+#include "reconnecting_consumer.hpp"
 #include "session.hpp"
 
 namespace rdmabroker {
@@ -36,6 +37,7 @@ class ReconnectingClient final : public Client {
     auto first = connect_once();
     if (!first) return first.error();
     current_ = std::move(first.value());
+    board_->set(current_);
     supervisor_ = std::thread([this] { supervise(); });
     return {};
   }
@@ -74,13 +76,15 @@ class ReconnectingClient final : public Client {
     if (!s) return s.error();
     return s.value()->publish_acked_async(subject, headers, payload, std::move(done));
   }
-  /// On the connection of now: a consumer is not restored after a reconnect
-  /// (a durable one is opened again by name, where it stands).
+  /// Opened on the connection of now, and again on the next one when
+  /// that ends (reconnecting_consumer.hpp).
   Result<std::shared_ptr<Consumer>> consume(std::string_view stream, const ConsumerOptions& options,
                                             std::chrono::milliseconds timeout) override {
     auto s = wait_for_session(opt_.publish_timeout);
     if (!s) return s.error();
-    return s.value()->consume(stream, options, timeout);
+    auto k = s.value()->consume(stream, options, timeout);
+    if (!k) return k.error();
+    return make_reconnecting_consumer(board_, std::string(stream), options, s.value(), k.value());
   }
   using Client::publish;
   using Client::publish_acked;
@@ -177,6 +181,7 @@ class ReconnectingClient final : public Client {
   }
   void close() override {
     std::shared_ptr<Session> s;
+    Error why{ErrorKind::kClosed, ""};
     {
       std::lock_guard lock(mu_);
       if (!closed_) {  // else the supervisor gave up: what is left is the joining
@@ -187,8 +192,10 @@ class ReconnectingClient final : public Client {
         }
       }
       s = std::move(current_);
+      why = close_error_;
     }
     cv_.notify_all();
+    board_->end(why);
     if (supervisor_.joinable()) supervisor_.join();
     if (s) s->close();
   }
@@ -474,6 +481,7 @@ class ReconnectingClient final : public Client {
               current_ = next.value();
             }
             cv_.notify_all();
+            board_->set(next.value());
             report(
                 {ConnectionEvent::Kind::kReconnected, failed->close_reason(), attempts, downtime, restored});
             break;
@@ -497,6 +505,7 @@ class ReconnectingClient final : public Client {
             }
           }
           cv_.notify_all();
+          board_->end(gave_up);
           report({ConnectionEvent::Kind::kGaveUp, gave_up, attempts, {}, 0});
           return;
         }
@@ -513,6 +522,8 @@ class ReconnectingClient final : public Client {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::shared_ptr<Session> current_;  // guarded by mu_
+  // The same, for the consumers that outlive a connection.
+  const std::shared_ptr<SessionBoard> board_ = std::make_shared<SessionBoard>();
   std::unordered_map<std::uint32_t, Entry> subs_;
   std::uint32_t next_sid_ = 1;
   bool closed_ = false;

@@ -4,7 +4,9 @@
  * groups, request/reply (answered, no responders; with headers), a callback
  * that reads messages in place (rb_subscribe_view), close, connecting with
  * options (rb_connect_with), a polled client (rb_options.polled, rb_poll).
- *   c_api_smoke URL   -> exit 0 when every step worked, else 1 with a message */
+ *   c_api_smoke URL            -> exit 0 when every step worked, else 1 with a message
+ *   c_api_smoke URL --streams  -> the same for streams (check_streams): the
+ *                                 broker has stream C on c.stream.> */
 #include <rdmabroker/rdmabroker.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -81,8 +83,77 @@ static void wait_for(atomic_int* count) {
     }                                                                       \
   } while (0)
 
+/* Streams (the broker has stream C on c.stream.>): acknowledged publishes,
+ * a durable consumer that takes them in order and acknowledges each, a NAK
+ * delivered again with its count one higher, and typed refusals. */
+static int check_streams(const char* url) {
+  rb_client* c = NULL;
+  CHECK(rb_connect(url, NULL, &c));
+  rb_pub_ack ack;
+  for (int i = 1; i <= 3; ++i) {
+    char text[8];
+    snprintf(text, sizeof text, "s%d", i);
+    CHECK(rb_publish_acked(c, "c.stream.x", NULL, 0, text, strlen(text), 10000, &ack));
+    if (strcmp(ack.stream, "C") != 0 || ack.sequence != (uint64_t)i || ack.duplicate != 0) {
+      fprintf(stderr, "PUB_ACK %d: stream '%s' sequence %llu\n", i, ack.stream,
+              (unsigned long long)ack.sequence);
+      return 1;
+    }
+  }
+  if (rb_publish_acked(c, "c.unstored", NULL, 0, "x", 1, 10000, &ack) != RB_ERR_NO_STREAM) {
+    fprintf(stderr, "expected no stream for c.unstored, got: %s\n", rb_last_error());
+    return 1;
+  }
+  rb_consumer* k = NULL;
+  if (rb_consume(c, "NOPE", NULL, 10000, &k, NULL) != RB_ERR_NO_STREAM) {
+    fprintf(stderr, "expected no stream NOPE, got: %s\n", rb_last_error());
+    return 1;
+  }
+  rb_consumer_options o;
+  rb_consumer_options_init(&o);
+  o.durable = "c-reader";
+  uint64_t pending = 0;
+  CHECK(rb_consume(c, "C", &o, 10000, &k, &pending));
+  if (pending != 3) {
+    fprintf(stderr, "a new consumer has %llu to deliver, expected 3\n", (unsigned long long)pending);
+    return 1;
+  }
+  rb_message* m = NULL;
+  CHECK(rb_consumer_next(k, 10000, &m));
+  if (m->stream_sequence != 1 || m->deliveries != 1 || m->len != 2 || memcmp(m->data, "s1", 2) != 0) {
+    fprintf(stderr, "first stored message wrong (sequence %llu)\n", (unsigned long long)m->stream_sequence);
+    return 1;
+  }
+  CHECK(rb_consumer_nak(k, m));
+  rb_message_free(m);
+  int acked = 0, redelivered = 0;
+  while (acked < 3) {
+    CHECK(rb_consumer_next(k, 10000, &m));
+    if (m->stream_sequence == 1 && m->deliveries == 2) ++redelivered;
+    CHECK(rb_consumer_ack(k, m));
+    rb_message_free(m);
+    ++acked;
+  }
+  if (redelivered != 1) {
+    fprintf(stderr, "the NAKed message came back %d times with deliveries 2\n", redelivered);
+    return 1;
+  }
+  if (rb_consumer_next(k, 200, &m) != RB_ERR_TIMEOUT) {
+    fprintf(stderr, "a fourth message after three acknowledged: %s\n", rb_last_error());
+    return 1;
+  }
+  rb_consumer_close(k);
+  rb_close(c);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) return 2;
+  if (argc == 3 && strcmp(argv[2], "--streams") == 0) {
+    if (check_streams(argv[1]) != 0) return 1;
+    puts("c_api_smoke: streams ok");
+    return 0;
+  }
   rb_client* c = NULL;
   CHECK(rb_connect(argv[1], NULL, &c));
   rb_subscription* sub = NULL;

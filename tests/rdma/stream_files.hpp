@@ -95,15 +95,17 @@ class StreamTest : public ::testing::TestWithParam<Via> {
     std::filesystem::remove_all(data_);
   }
   /// (Re)starts the broker with `streams` (the YAML list) under `storage`
-  /// (more storage: settings, indented as its fields).
-  void start(const std::string& streams, const std::string& storage = "") {
-    write_config(streams, storage);
+  /// (more storage: settings, indented as its fields) and `other` (more
+  /// top-level settings).
+  void start(const std::string& streams, const std::string& storage = "", const std::string& other = "") {
+    write_config(streams, storage, other);
     broker_.reset();
     broker_ = std::make_unique<BrokerProcess>(port_, std::vector<std::string>{"--config", config_});
     ASSERT_TRUE(broker_->running());
   }
-  void write_config(const std::string& streams, const std::string& storage = "") {
-    write_file(config_, "storage:\n  directory: " + data_ + "\n" + storage + "streams:\n" + streams);
+  void write_config(const std::string& streams, const std::string& storage = "",
+                    const std::string& other = "") {
+    write_file(config_, other + "storage:\n  directory: " + data_ + "\n" + storage + "streams:\n" + streams);
   }
 
   const std::string config_ = "/tmp/rdmabroker-streams-" + std::to_string(getpid()) + ".yaml";

@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <thread>
@@ -234,6 +235,54 @@ TEST_P(Consumers, ADurableConsumerResumesAfterABrokerKilledWithSigkill) {
   EXPECT_EQ(*got.rbegin(), 35u);
 }
 
+// A reconnecting client's consumers outlive its connection (docs/streams.md,
+// "Consumers and reconnects"): after the broker restarts, a durable one goes
+// on where the broker has it (what was not acknowledged comes again) and an
+// ephemeral one from the message after the last it handed out.
+TEST_P(Consumers, AReconnectingClientsConsumersGoOnAfterTheBrokerRestarts) {
+  start_orders();
+  ClientOptions opt;
+  opt.reconnect = true;
+  opt.reconnect_delay = 50ms;
+  auto r = connect_via(*broker_, GetParam(), opt);
+  ASSERT_TRUE(r);
+  publish(*r, 4);
+  auto durable = consume(*r, {.durable = "billing"});
+  auto ephemeral = consume(*r, {.ack = ConsumerOptions::Ack::kNone});
+  ASSERT_TRUE(durable && ephemeral);
+  for (std::uint64_t i = 1; i <= 4; ++i) {
+    auto m = durable->next(10s);
+    ASSERT_TRUE(m && m->stream_sequence == i) << i;
+    if (i <= 2) {
+      ASSERT_TRUE(durable->ack(*m));
+    }
+    auto e = ephemeral->next(10s);
+    ASSERT_TRUE(e && e->stream_sequence == i) << i;
+  }
+  ASSERT_TRUE(r->flush(10s));  // the acknowledgements are at the broker
+  ASSERT_EQ(broker_->restart(SIGTERM), 0);
+  publish(*r, 2, "orders.new", 5);  // once reconnected
+  std::vector<std::uint64_t> got;
+  while (got.size() < 4) {
+    auto m = durable->next(20s);
+    ASSERT_TRUE(m) << m.error().message;
+    got.push_back(m->stream_sequence);
+    ASSERT_TRUE(durable->ack(*m));
+  }
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<std::uint64_t>{3, 4, 5, 6})) << "the two not acknowledged, then the new";
+  std::vector<std::uint64_t> seen;
+  for (int i = 0; i < 2; ++i) {
+    auto e = ephemeral->next(20s);
+    ASSERT_TRUE(e) << e.error().message;
+    seen.push_back(e->stream_sequence);
+  }
+  EXPECT_EQ(seen, (std::vector<std::uint64_t>{5, 6})) << "after the last it handed out";
+  auto more = ephemeral->next(300ms);
+  ASSERT_FALSE(more);
+  EXPECT_EQ(more.error().kind, ErrorKind::kTimeout);
+}
+
 // `rdmabroker consume --durable --ack` killed with SIGKILL: the next one
 // resumes where it stood (not from the start), and between them every
 // message was printed at least once.
@@ -402,9 +451,13 @@ TEST_P(Consumers, RefusalsAreTypedAndEveryBrokenRuleClosesOnlyItsSender) {
   config[4] = std::byte{0};  // max_ack_pending 0
   auto w = raw_wire(*broker_, GetParam(), true, proto::ConnectRequest{16384, 16, 0, 11});
   ASSERT_TRUE(w);
-  ASSERT_TRUE(w->send(frame(FrameType::kConsume, 3, "ORDERS",
-                            std::string(reinterpret_cast<const char*>(config.data()), config.size()))));
-  ASSERT_TRUE(w->send(ack(7, 1)) && w->send(frame(FrameType::kPing, 0, "")));
+  // One SEND: the raw wire keeps no credit count, and the broker grants a
+  // new connection two (SPEC.md §5.1), its CONNECT's and this one.
+  auto frames = frame(FrameType::kConsume, 3, "ORDERS",
+                      std::string(reinterpret_cast<const char*>(config.data()), config.size()));
+  for (const auto& more : {ack(7, 1), frame(FrameType::kPing, 0, "")})
+    frames.insert(frames.end(), more.begin(), more.end());
+  ASSERT_TRUE(w->send(frames));
   std::vector<std::pair<FrameType, std::uint32_t>> answers;  // type, arg
   for (int i = 0; i < 10 && answers.size() < 3; ++i) {
     for (const auto& bytes : w->receive(2s)) {
@@ -418,6 +471,54 @@ TEST_P(Consumers, RefusalsAreTypedAndEveryBrokenRuleClosesOnlyItsSender) {
                          {FrameType::kPong, 0}}))
       << "an ERROR, and the connection still answers";
   ASSERT_TRUE(c->publish_acked("orders.after", "fine", 10s)) << "everyone else is served";
+  if (GetParam() == Via::kRdma) {
+    // Receive buffers smaller than the broker's frames: a stored message could
+    // reach them only in fragments, which carry no stream sequence.
+    ClientOptions small;
+    small.recv_buffer_size = 4096;
+    auto s = connect_via(*broker_, GetParam(), small);
+    ASSERT_TRUE(s);
+    auto refused = s->consume("ORDERS", {}, 10s);
+    ASSERT_FALSE(refused);
+    EXPECT_EQ(refused.error().kind, ErrorKind::kConsumerInvalid);
+    EXPECT_NE(refused.error().message.find("buffers.size 16384"), std::string::npos)
+        << refused.error().message;
+    ASSERT_TRUE(s->publish_acked("orders.small", "still served", 10s));
+  }
+}
+
+// Reading a stream is subscribing to $RB.STREAM.<name> (docs/streams.md): a
+// client without that permission is refused with PERMISSION_DENIED for that
+// consumer, counted, and its connection and other streams stay its own.
+TEST_P(Consumers, AConsumerOfAStreamTheUserMayNotReadIsRefused) {
+  start("  - {name: ORDERS, subjects: [\"orders.>\"]}\n  - {name: SECRET, subjects: [\"secret.>\"]}\n", "",
+        "auth:\n  anonymous_permissions:\n    subscribe: {allow: [\">\"], deny: [\"$RB.STREAM.SECRET\"]}\n");
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  publish(*c, 2);
+  ASSERT_TRUE(c->publish_acked("secret.plans", "hidden", 10s));
+  auto refused = c->consume("SECRET", {}, 10s);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().kind, ErrorKind::kPermissionDenied) << refused.error().message;
+  EXPECT_NE(refused.error().message.find("$RB.STREAM.SECRET"), std::string::npos) << refused.error().message;
+  EXPECT_EQ(stat("permissions.denied.subscribe"), 1);
+  auto k = consume(*c, {});
+  ASSERT_TRUE(k);
+  for (int i = 1; i <= 2; ++i) {
+    auto m = k->next(10s);
+    ASSERT_TRUE(m) << i;
+    EXPECT_EQ(m->stream_sequence, static_cast<std::uint64_t>(i));
+  }
+  EXPECT_FALSE(k->next(200ms)) << "nothing of SECRET reached the consumer it may read";
+}
+
+// The C API's streams (tests/rdma/c_api_smoke.c --streams): acknowledged
+// publishes, a durable consumer, a NAK, typed refusals, from a C program.
+TEST_P(Consumers, TheCApiPublishesWithAcknowledgementsAndConsumes) {
+  start("  - {name: C, subjects: [\"c.stream.>\"]}\n");
+  auto [rc, out] = run({c_api_smoke_path(), url_via(*broker_, GetParam()), "--streams"});
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, "c_api_smoke: streams ok\n");
 }
 
 // `rdmabroker stream`: a stream added at run time takes its subjects at
