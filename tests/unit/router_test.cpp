@@ -16,6 +16,7 @@
 #include "broker/send_blocks.hpp"
 #include "connection/connections.hpp"
 #include "frames/frame_handler.hpp"
+#include "rdmabroker/proto/consumer.hpp"
 #include "router/router.hpp"
 #include "worker_data_path.hpp"
 
@@ -672,6 +673,49 @@ TEST_F(RouterTest, EveryBrokenFragmentRuleClosesThatPublisherOnly) {
   publish(pub, "big", "still here");
   EXPECT_TRUE(sub.c->is_up());
   EXPECT_EQ(payloads(*sub.link, 1).back(), "still here");
+}
+
+// A route only subscribes (SPEC.md §8, §3.11): a PUBLISH, CONSUME, ACK or
+// FETCH from one is PROTOCOL_VIOLATION and closes that route alone.
+TEST_F(RouterTest, ARouteThatDoesMoreThanSubscribeIsClosedAlone) {
+  Client sub = connect();
+  subscribe(sub, "x", 1);
+  const auto as_route = [&] {
+    Client r = connect();
+    auto identity = std::make_shared<Identity>(*r.c->identity);
+    identity->route = true;
+    identity->route_server = "peer";
+    r.c->identity = std::move(identity);
+    return r;
+  };
+  const auto with_sequence = [](std::vector<std::byte> bytes, std::uint64_t sequence) {
+    proto::FrameHeader h = proto::load_header(bytes.data());
+    h.sequence = sequence;
+    proto::encode_header(bytes.data(), h);
+    return bytes;
+  };
+  std::array<std::byte, proto::kConsumeConfigLen> config{};
+  proto::encode_consumer_config({}, config);
+  const std::string settings(reinterpret_cast<const char*>(config.data()), config.size());
+  const std::vector<std::pair<std::string, std::vector<std::byte>>> cases = {
+      {"PUBLISH", frame(FrameType::kPublish, "x", "", "from a route", 0)},
+      {"CONSUME", frame(FrameType::kConsume, "ORDERS", "", settings, 1)},
+      {"ACK", with_sequence(frame(FrameType::kAck, "", "", "", 1), 1)},
+      {"FETCH", with_sequence(frame(FrameType::kFetch, "", "", std::string(4, '\0'), 1), 1)},
+  };
+  for (const auto& [what, bytes] : cases) {
+    Client r = as_route();
+    send(*r.c, bytes);
+    EXPECT_EQ(r.c->reason, CloseReason::kProtocolError) << what;
+    ASSERT_GE(r.link->sent.size(), 2u) << what;
+    const auto& error = r.link->sent[r.link->sent.size() - 2];
+    EXPECT_EQ(error.arg, static_cast<std::uint32_t>(proto::ErrorCode::kProtocolViolation)) << what;
+    EXPECT_NE(error.payload.find(what + " on a route"), std::string::npos) << error.payload;
+  }
+  EXPECT_TRUE(payloads(*sub.link, 1).empty()) << "nothing a route published was routed";
+  Client pub = connect();
+  publish(pub, "x", "still served");
+  EXPECT_EQ(payloads(*sub.link, 1), std::vector<std::string>{"still served"});
 }
 
 }  // namespace
