@@ -89,6 +89,13 @@ class RdmaTransport final : public Transport {
   bool reap_sends_locked();
   /// Arms the send CQ when a thread waits on a send (send_events_wanted_locked).
   void arm_sends_if_waited_locked();
+  /// An application thread's publish that comes sooner after its last post
+  /// than that post took (a Soft-RoCE post is a system call that sends the
+  /// packet): the I/O thread is woken to post it, with whatever gathers
+  /// until it runs, as one SEND (docs/architecture.md, "Batching").
+  bool hand_off_locked();
+  /// Posts what is ready, as the window and the send slots allow.
+  void post_ready_locked();
   bool send_events_wanted_locked() const;
   /// A receive completion (the I/O thread; sends complete in send_cq_). Its
   /// buffer is held (held_) until the deliveries have been dispatched.
@@ -191,6 +198,13 @@ class RdmaTransport final : public Transport {
     std::uint32_t buffer = SessionSide::kNoBuffer;
   };
   std::deque<Posted> inflight_;  // oldest first, as an RC send queue completes them
+  /// What the last post from an application thread cost, and when it
+  /// ended: a publish that comes sooner after it than that is handed to the
+  /// I/O thread (hand_off_locked).
+  Clock::duration last_post_cost_{};
+  Clock::time_point last_post_end_{};
+  bool handed_off_ = false;  // the I/O thread was woken to post what is ready
+  Clock::time_point handed_off_at_{};
   std::uint64_t next_wr_ = 0;
   bool send_cq_armed_ = false;
   /// A failed SEND that a thread other than the I/O thread reaped: the I/O
