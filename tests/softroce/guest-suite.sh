@@ -40,7 +40,9 @@
 # Via/Bounds.BrokerWideQueueBound), and the streams' tests but the one of
 # PUB_ACKs over RDMA (the stream engine and its store are the same whatever
 # the transport: their /tcp twins run under ASan and TSan on the host), and
-# the consumers' but the one that replays from pool buffers over RDMA.
+# the consumers' but the one that replays from pool buffers over RDMA, and a
+# cluster's stream. With an ASan tree in the run, the release tree runs only
+# what that tree skips and what only a release tree has (below).
 # RDMABROKER_GUEST_FILTER, a ctest -R pattern, runs only the tests it matches;
 # RDMABROKER_GUEST_RUNS (default 1) runs the whole set that many times in a row
 # in one boot (the flake loop: docs/testing.md).
@@ -50,7 +52,18 @@ if [ "${RDMABROKER_GUEST:-}" != 1 ] || ! ibv_devices 2>/dev/null | grep -q rxe; 
   exit 1
 fi
 TSAN_ONLY='^Relay\.(Killed(Subscriber|Publisher)|SigtermWithClients|SlowConsumerIsCut|BusyPolling|SpinningWorkers|AdaptivePolling|FramesSentRightAfterConnect)|^Mixed\.RdmaAndTcp|^Via/LightLoad\.|^Via/Polled\.APolledClientPublishes|^Via/Resilience\.ClientsReconnectAfterABrokerRestart|^Faults/QpFaults\..*/QpInError|^Faults\.DuplicateAndLateCmEvents|^Via/PoolShortage\.|^Via/Fragments\.SmallMessagesGoOn|^Via/RendezvousRdma\.ASubscriberThatVanishes|^Via/InPlace\.AViewHandler|^Multicast\.ASubjectMovesToMulticast|^Via/Cluster\.ARouteIsAConnectionOfAWorker'
-ASAN_SKIP='^Via/(Auth\.CliExitCodes|HeadersTest\.CliPublishes|Routing\.Cli|Gossip\.)|^Relay\.(BusyPolling|AdaptivePolling|FanOutAcrossDevices)|^Multicast\.EightSubscribers|^Via/Cluster\.(APartition|ARestarted|EveryMessageOnce|ARequest|AQueueGroup)|^Via/Bounds\.(BrokerWideSubscriptionLimits|OneTenantAtItsSubscriptionQuota)|^Isolation\.SlowSubscribers|^Via/Streams\.|^Via/StreamAcks\.(AnOlder|EveryBroken|ABrokerKilled|Asynchronous)|^Via/Consumers\.(Each|AMessage|Members|ADurable|AConsumerProcess|APull|ADamaged|Refusals|AReplay|StreamsAre)'
+ASAN_SKIP='^Via/(Auth\.CliExitCodes|HeadersTest\.CliPublishes|Routing\.Cli|Gossip\.)|^Relay\.(BusyPolling|AdaptivePolling|FanOutAcrossDevices)|^Multicast\.EightSubscribers|^Via/Cluster\.(APartition|ARestarted|EveryMessageOnce|ARequest|AQueueGroup)|^Via/Bounds\.(BrokerWideSubscriptionLimits|OneTenantAtItsSubscriptionQuota)|^Isolation\.SlowSubscribers|^Via/Streams\.|^Via/StreamAcks\.(AnOlder|EveryBroken|ABrokerKilled|Asynchronous)|^Via/Consumers\.(Each|AMessage|Members|ADurable|AConsumerProcess|APull|ADamaged|Refusals|AReplay|StreamsAre|AReconnecting|AConsumerOf|TheCApi)|^Via/ClusterStreams\.'
+# With an ASan tree in the same run, the release tree runs only what the
+# ASan tree does not (its skips above, and the tests only a release tree
+# has: the Python package's): each RDMA test once, instrumented where it
+# can be (docs/testing.md, "How the suite stays inside CI's 30 minutes").
+asan_runs=""
+for dir in "$@"; do
+  if grep -q '^RDMABROKER_SANITIZE:STRING=address$' "$dir/CMakeCache.txt"; then
+    asan_runs=$(ctest --test-dir "$dir" -N -L rdma -E "${RDMABROKER_GUEST_ASAN_SKIP-$ASAN_SKIP}" |
+      sed -n 's/^ *Test *#[0-9]*: \(.*\)$/\1/p' | sed 's/[][().*+?^$|\\]/\\&/g' | sed 's/.*/^&$/' | paste -sd'|')
+  fi
+done
 passed=0 failed=0
 runs=${RDMABROKER_GUEST_RUNS:-1}
 for run in $(seq "$runs"); do
@@ -71,6 +84,8 @@ for dir in "$@"; do
     [ -n "$only" ] || only=${RDMABROKER_GUEST_TSAN_ONLY-$TSAN_ONLY}
   elif grep -q '^RDMABROKER_SANITIZE:STRING=address$' "$dir/CMakeCache.txt"; then
     skip=${RDMABROKER_GUEST_ASAN_SKIP-$ASAN_SKIP}
+  elif [ -z "$only" ]; then
+    skip=$asan_runs
   fi
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     ctest --test-dir "$dir" -L rdma -j "$jobs" --output-on-failure --timeout 900 \
