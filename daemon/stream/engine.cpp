@@ -164,6 +164,7 @@ void StreamEngine::reload(const config::StorageSettings& storage,
     }
     it = registered_.erase(it);
   }
+  std::vector<SetLimits> limits;
   for (const auto& [name, s] : next) {
     auto it = registered_.find(name);
     // The file's streams do not overlap each other (the configuration checks
@@ -188,7 +189,6 @@ void StreamEngine::reload(const config::StorageSettings& storage,
     Registered& r = it->second;
     if (r.settings == *s) continue;
     const std::uint32_t id = r.id;
-    post(SetLimits{id, limits_of(*s), static_cast<std::int64_t>(s->duplicate_window_s) * kNsPerSecond});
     if (r.settings.subjects != s->subjects && taken) {
       spdlog::error("reload: stream {}: {}, a stream added at run time; it keeps its subjects", name, *taken);
       config::StreamSettings kept = *s;
@@ -201,7 +201,11 @@ void StreamEngine::reload(const config::StorageSettings& storage,
     } else {
       r.settings = *s;
     }
+    limits.push_back({id, limits_of(*s), static_cast<std::int64_t>(s->duplicate_window_s) * kNsPerSecond});
   }
+  // Last: once a new limit shows, every subject of the reload is in the
+  // index (what a client publishes then goes to its stream).
+  for (SetLimits& l : limits) post(std::move(l));
 }
 
 void StreamEngine::post(Item item) {
