@@ -91,7 +91,7 @@ static int check_streams(const char* url) {
   CHECK(rb_connect(url, NULL, &c));
   rb_pub_ack ack;
   for (int i = 1; i <= 3; ++i) {
-    char text[8];
+    char text[16];
     snprintf(text, sizeof text, "s%d", i);
     CHECK(rb_publish_acked(c, "c.stream.x", NULL, 0, text, strlen(text), 10000, &ack));
     if (strcmp(ack.stream, "C") != 0 || ack.sequence != (uint64_t)i || ack.duplicate != 0) {
