@@ -160,17 +160,7 @@ void Consumer::delivered(const Pick& p, std::uint32_t bytes, std::int64_t now_ns
   if (config_.pull) ++m.fetch_sent;
   ++m.outstanding;
   m.outstanding_bytes += bytes;
-  switch (p.source) {
-    case Pick::Source::kRedelivery:
-      redeliver_.pop_front();
-      break;
-    case Pick::Source::kInitial:
-      initial_.pop_front();
-      break;
-    case Pick::Source::kStream:
-      next_ = p.sequence + 1;
-      break;
-  }
+  advance_past(p);
   if (config_.ack == ConsumerAck::kNone) {
     m.unreported.emplace_back(p.sequence, bytes);
   } else {
@@ -182,9 +172,14 @@ void Consumer::delivered(const Pick& p, std::uint32_t bytes, std::int64_t now_ns
 }
 
 void Consumer::skipped(const Pick& p) {
+  if (p.source == Pick::Source::kRedelivery) pending_.erase(p.sequence);
+  advance_past(p);
+  dirty_ = true;
+}
+
+void Consumer::advance_past(const Pick& p) {
   switch (p.source) {
     case Pick::Source::kRedelivery:
-      pending_.erase(p.sequence);
       redeliver_.pop_front();
       break;
     case Pick::Source::kInitial:
@@ -194,7 +189,6 @@ void Consumer::skipped(const Pick& p) {
       next_ = p.sequence + 1;
       break;
   }
-  dirty_ = true;
 }
 
 void Consumer::release(std::uint64_t connection, std::uint32_t sid, std::uint32_t bytes) {

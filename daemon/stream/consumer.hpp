@@ -135,6 +135,8 @@ class Consumer {
   void release(std::uint64_t connection, std::uint32_t sid, std::uint32_t bytes);
   std::optional<std::size_t> member_for_next();
   void erase_pending(std::map<std::uint64_t, Pending>::iterator it);
+  /// Moves the source `p` came from past it (delivered or skipped alike).
+  void advance_past(const Pick& p);
 
   const std::string name_;
   const bool durable_;

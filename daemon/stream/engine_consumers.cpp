@@ -142,11 +142,9 @@ void StreamEngine::close_member(std::uint64_t connection, std::uint32_t sid) {
   auto k = s->second.consumers.find(name);
   if (k == s->second.consumers.end()) return;
   k->second->remove_member(connection, sid);
+  // An ephemeral consumer ends with its last member.
+  if (!k->second->durable() && k->second->members().empty()) s->second.consumers.erase(k);
   refresh_consumers(s->second);
-  if (!k->second->durable() && k->second->members().empty()) {
-    s->second.consumers.erase(k);  // an ephemeral consumer ends with its last member
-    refresh_consumers(s->second);
-  }
 }
 
 void StreamEngine::serve_consumers(std::int64_t now) {
