@@ -7,15 +7,10 @@
 #include <map>
 
 #include "rdmabroker/config/config.hpp"
+#include "unit/config_errors.hpp"
 
 namespace rdmabroker::config {
 namespace {
-
-std::string errors_of(std::string_view yaml) {
-  auto r = parse(yaml, "broker.yaml");
-  EXPECT_FALSE(r.ok()) << yaml;
-  return r.ok() ? "" : r.error().message;
-}
 
 TEST(ConfigStreams, StreamsAndStorageAreReadWithTheirDefaults) {
   auto none = parse("", "broker.yaml");

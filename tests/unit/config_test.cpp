@@ -10,16 +10,11 @@
 #include <map>
 
 #include "rdmabroker/config/config.hpp"
+#include "unit/config_errors.hpp"
 #include "test_paths.hpp"
 
 namespace rdmabroker::config {
 namespace {
-
-std::string errors_of(std::string_view yaml) {
-  auto r = parse(yaml, "broker.yaml");
-  EXPECT_FALSE(r.ok()) << yaml;
-  return r.ok() ? "" : r.error().message;
-}
 
 TEST(Config, EmptyFileMeansDefaults) {
   auto c = parse("", "broker.yaml");
