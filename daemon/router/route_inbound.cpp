@@ -53,8 +53,9 @@ void Router::route_from_peer(Connection& route, std::uint32_t sid, const DialedR
       m.publisher = ctx_.core.next_connection_id.fetch_add(1);
       m.recipients = entry_recipients(dialed, entry, f.subject);
       std::erase_if(m.recipients, [&](const Subscriber& s) {
-        if (s.worker != kChannelWorker) return false;
-        // A channel sequences whole messages into datagrams (SPEC.md §7).
+        if (s.worker != kChannelWorker && s.worker != kStreamWorker) return false;
+        // A channel sequences whole messages into datagrams (SPEC.md §7), and
+        // a stream stores whole frames (docs/streams.md).
         counters.dropped.fetch_add(1, std::memory_order_relaxed);
         ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kNeedsFragments)].add();
         return true;
@@ -81,15 +82,11 @@ void Router::route_from_peer(Connection& route, std::uint32_t sid, const DialedR
   std::optional<std::uint32_t> backlogged;
   for (const Subscriber& s : recipients) {
     if (s.worker == kStreamWorker) {
-      // Stored here as if published here, without an acknowledgement (the
-      // publisher's broker answers its own). A stream stores whole frames.
-      if (!h.is_fragment()) {
-        to_stream(s, frame, buf, route, 0);
-        if (!backlogged && over_watermark(s)) backlogged = s.slot;  // the engine's backlog paces the route
-      } else if (h.offset == 0) {
-        counters.dropped.fetch_add(1, std::memory_order_relaxed);
-        ctx_.stats.dropped[static_cast<std::size_t>(DropReason::kNeedsFragments)].add();
-      }
+      // A whole message (a fragment's recipients have no stream), stored as
+      // if published here, without an acknowledgement: the publisher's
+      // broker answers its own. The engine's backlog paces the route.
+      to_stream(s, frame, buf, route, 0);
+      if (!backlogged && over_watermark(s)) backlogged = s.slot;
       continue;
     }
     if (route_to(s, frame, buf) && !backlogged && over_watermark(s)) backlogged = s.slot;
