@@ -31,7 +31,23 @@ got=$(PYTHONPATH= "$work/venv/bin/python" -c 'import rdmabroker; print(rdmabroke
 meta=$(ls -d "$work"/venv/lib/python3*/site-packages/rdmabroker-*.dist-info)/METADATA
 grep -q '^License: Apache-2.0' "$meta" || { echo "python-wheel: no licence in $meta" >&2; exit 1; }
 
-port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# The broker's port: from a block of the test ports' lock files, below the
+# kernel's ephemeral range, held while this script runs (as the C++ and
+# Python tests take theirs: tests/rdma/harness.cpp, claim_port_block). A
+# port that was merely free when probed could be taken, before the broker
+# bound it, by a client socket of a test running beside this one.
+mkdir -p /tmp/rdmabroker-test-ports
+port=
+for i in $(seq 0 999); do
+  block=$((($$ + i) % 1000))
+  exec {lock}>>"/tmp/rdmabroker-test-ports/$block"
+  if flock -n "$lock"; then
+    port=$((10000 + block * 20))
+    break
+  fi
+  exec {lock}>&-
+done
+[ -n "$port" ] || { echo "python-wheel: no free port block in /tmp/rdmabroker-test-ports" >&2; exit 1; }
 "$RDMABROKERD" --allow-anonymous --tcp-port "$port" --admin-socket "$work/admin.sock" --metrics-listen "" \
   --log-level warn &
 broker=$!
