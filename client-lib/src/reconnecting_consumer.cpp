@@ -119,21 +119,26 @@ class ReconnectingConsumer final : public Consumer {
       if (now_.consumer != k.consumer) return {};  // another thread opened it again meanwhile
     }
     if (k.session->close_reason().message.empty()) return why;  // its connection is up
-    auto s = board_->next_after(k.session.get(), deadline);
-    if (!s) return s.error();
-    auto reopened = s.value()->consume(stream_, options_for_reopen(), left(deadline));
-    if (!reopened) {
-      // That connection failed too: wait for the next one.
-      return reopened.error().kind == ErrorKind::kClosed && !s.value()->close_reason().message.empty()
-                 ? Status{}
-                 : Status{reopened.error()};
+    std::shared_ptr<Session> gone = k.session;                  // held: its address is not reused meanwhile
+    Result<std::shared_ptr<Consumer>> reopened = why;
+    std::shared_ptr<Session> session;
+    for (;;) {
+      auto s = board_->next_after(gone.get(), deadline);
+      if (!s) return s.error();
+      session = s.value();
+      reopened = session->consume(stream_, options_for_reopen(), left(deadline));
+      if (reopened) break;
+      // That connection failed too: wait for the one after it (not again on it).
+      if (reopened.error().kind != ErrorKind::kClosed || session->close_reason().message.empty())
+        return reopened.error();
+      gone = session;
     }
     std::lock_guard lock(mu_);
     if (closed_) {
       (void)reopened.value()->close();
       return why;
     }
-    now_ = {s.value(), reopened.value()};
+    now_ = {std::move(session), reopened.value()};
     return {};
   }
 
