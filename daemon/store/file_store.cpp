@@ -63,6 +63,14 @@ void FileStore::index(std::uint64_t sequence, std::int64_t time_ns, std::string_
 }
 
 StoreResult<std::uint64_t> FileStore::append(const MessageParts& m, std::int64_t now_ns) {
+  auto sequence = stage(m, now_ns);
+  if (!sequence) return sequence;
+  if (auto s = flush(); !s) return s.error();
+  return sequence;
+}
+
+StoreResult<std::uint64_t> FileStore::stage(const MessageParts& m, std::int64_t now_ns) {
+  if (lost_) return *lost_;
   const StoreLimits& limits = options_.limits;
   const std::size_t length = record_length(m);
   if (m.subject.empty() || m.subject.size() > std::numeric_limits<std::uint16_t>::max()) {
@@ -80,25 +88,64 @@ StoreResult<std::uint64_t> FileStore::append(const MessageParts& m, std::int64_t
   const std::uint64_t sequence = std::max(last_sequence_ + 1, floor_);
   if (segments_.empty() ||
       segments_.back().file.first_sequence() + segments_.back().entries.size() != sequence ||
-      (segments_.back().file.size() > 0 && segments_.back().file.size() + length > options_.segment_bytes)) {
+      (segments_.back().file.end() > 0 && segments_.back().file.end() + length > options_.segment_bytes)) {
     if (auto s = roll(sequence); !s) return s.error();
   }
   const std::int64_t time_ns = std::max(now_ns, last_time_ns_);
-  const auto header = encode_header(sequence, time_ns, m);
-  const iovec parts[] = {
-      {const_cast<std::byte*>(header.data()), header.size()},
+  const iovec rest[] = {
       {const_cast<char*>(m.subject.data()), m.subject.size()},
       {const_cast<std::byte*>(m.headers.data()), m.headers.size()},
       {const_cast<std::byte*>(m.payload.data()), m.payload.size()},
   };
-  auto at = segments_.back().file.append(parts);
-  if (!at) return at.error();
-  index(sequence, time_ns, m.subject, *at, length);
-  enforce(sequence);
+  const std::uint64_t at = segments_.back().file.stage(encode_header(sequence, time_ns, m), rest);
+  if (staged_from_ == 0) staged_from_ = sequence;
+  index(sequence, time_ns, m.subject, at, length);
+  if (write_through()) {
+    if (auto s = write_staged(); !s) return s.error();
+  }
   return sequence;
 }
 
+StoreStatus FileStore::flush() {
+  auto written = write_staged();
+  if (lost_) {
+    StoreError e = std::move(*lost_);
+    lost_.reset();
+    return e;
+  }
+  return written;
+}
+
+StoreStatus FileStore::write_staged() {
+  if (staged_from_ == 0) return std::monostate{};
+  const std::uint64_t from = staged_from_, to = last_sequence_;
+  staged_from_ = 0;
+  std::size_t written = 0;
+  auto s = segments_.back().file.flush(written);
+  if (!s) {
+    unindex(from + written);
+    lost_ = s.error();
+    lost_->lost_from = from + written;
+  }
+  // Written: only now may the limits remove older messages for them.
+  for (std::uint64_t q = from; q < from + written && q <= to; ++q) enforce(q);
+  return s;
+}
+
+void FileStore::unindex(std::uint64_t from) {
+  const std::uint64_t floor = floor_;
+  SegmentIndex& seg = segments_.back();
+  for (std::uint64_t q = last_sequence_; q >= from; --q) {
+    remove(q, false);
+    seg.entries.pop_back();
+  }
+  floor_ = floor;
+  last_sequence_ = from - 1;
+  if (!seg.entries.empty()) last_time_ns_ = seg.entries.back().time_ns;
+}
+
 StoreStatus FileStore::roll(std::uint64_t first_sequence) {
+  if (auto s = write_staged(); !s) return s;
   // The segment left behind is synced now, so only the newest ever needs it.
   if (!segments_.empty()) {
     if (auto s = segments_.back().file.sync(); !s) return s;
@@ -300,6 +347,7 @@ StoreResult<std::uint64_t> FileStore::purge() {
 }
 
 StoreResult<std::uint64_t> FileStore::sync() {
+  if (auto s = write_staged(); !s) return s.error();
   if (!segments_.empty()) {
     if (auto s = segments_.back().file.sync(); !s) return s.error();
   }

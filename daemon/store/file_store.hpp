@@ -15,6 +15,7 @@
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -50,6 +51,8 @@ class FileStore final : public MessageStore {
   FileStore& operator=(const FileStore&) = delete;
 
   StoreResult<std::uint64_t> append(const MessageParts& m, std::int64_t now_ns) override;
+  StoreResult<std::uint64_t> stage(const MessageParts& m, std::int64_t now_ns) override;
+  StoreStatus flush() override;
   StoreResult<RecordView> read(std::uint64_t sequence, std::span<std::byte> into) override;
   std::optional<std::size_t> length_of(std::uint64_t sequence) const override;
   std::optional<std::int64_t> time_of(std::uint64_t sequence) const override;
@@ -112,6 +115,17 @@ class FileStore final : public MessageStore {
   void rebuild_subject_lists();
   void drop_dead_segments();
   StoreStatus roll(std::uint64_t first_sequence);
+  /// Writes the staged records, then enforces the limits for them; on
+  /// failure takes them back out of the index (remembered for flush()).
+  StoreStatus write_staged();
+  /// Removes sequences `from`.. (staged, never written) from the index.
+  void unindex(std::uint64_t from);
+  /// Discard new with a per-subject limit: the count a new message is
+  /// refused at depends on what the per-subject limit removed before it, so
+  /// each record is written (and the limits enforced) as it comes.
+  bool write_through() const {
+    return options_.limits.discard == Discard::kNew && options_.limits.max_msgs_per_subject > 0;
+  }
 
   FileStoreOptions options_;
   std::deque<SegmentIndex> segments_;  // oldest first; the last is the one appended to
@@ -128,6 +142,8 @@ class FileStore final : public MessageStore {
   std::uint64_t corrupt_bytes_ = 0;
   std::uint64_t torn_bytes_ = 0;
   std::uint64_t removed_by_limits_ = 0;
+  std::uint64_t staged_from_ = 0;   // the first staged sequence (0: none)
+  std::optional<StoreError> lost_;  // a failed write of staged records, until flush() reports it
 };
 
 }  // namespace rdmabroker::daemon::store

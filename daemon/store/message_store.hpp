@@ -59,6 +59,16 @@ class MessageStore {
   /// taken as the last's); returns its sequence. Refusals: kTooLarge,
   /// kFull (discard new), kDiskFull, kIo: then nothing was stored.
   virtual StoreResult<std::uint64_t> append(const MessageParts& m, std::int64_t now_ns) = 0;
+  /// As append(), but the record is written by the next flush(), with all
+  /// staged since: one write for a batch. `m`'s bytes must stay valid until
+  /// then, and flush() comes before any other call. The sequence is taken
+  /// now; once a write failed, staging refuses with its error until flush()
+  /// has reported it.
+  virtual StoreResult<std::uint64_t> stage(const MessageParts& m, std::int64_t now_ns) = 0;
+  /// Writes what stage() queued. On failure the records written whole are
+  /// stored and the rest are not: every staged sequence from
+  /// `error.lost_from` on is free again (taken by the next message).
+  virtual StoreResult<std::monostate> flush() = 0;
   /// Reads message `sequence` into `into` (views into it). kTooSmall says
   /// how much it needs; kNotFound, kCorrupt (then skipped for good).
   virtual StoreResult<RecordView> read(std::uint64_t sequence, std::span<std::byte> into) = 0;

@@ -5,6 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <climits>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -79,22 +82,56 @@ StoreResult<Segment> Segment::open(const std::string& path, std::uint64_t first_
   return Segment(std::move(fd), path, first_sequence, static_cast<std::uint64_t>(st.st_size));
 }
 
-StoreResult<std::uint64_t> Segment::append(std::span<const iovec> parts) {
-  const std::size_t total = std::accumulate(parts.begin(), parts.end(), std::size_t{0},
-                                            [](std::size_t n, const iovec& v) { return n + v.iov_len; });
-  const std::uint64_t at = size_;
-  const ssize_t n =
-      ::pwritev(fd_.get(), parts.data(), static_cast<int>(parts.size()), static_cast<off_t>(at));
-  if (n == static_cast<ssize_t>(total)) {
-    size_ += total;
-    return at;
+std::uint64_t Segment::stage(const std::array<std::byte, kRecordHeaderBytes>& header,
+                             std::span<const iovec> rest) {
+  const std::uint64_t at = size_ + staged_bytes_;
+  auto& copy = staged_headers_.emplace_back(header);
+  staged_.push_back({copy.data(), copy.size()});
+  staged_bytes_ += copy.size();
+  for (const iovec& v : rest) {
+    if (v.iov_len == 0) continue;
+    staged_.push_back(v);
+    staged_bytes_ += v.iov_len;
   }
-  // A short write (the disk filled meanwhile) leaves part of a record: cut it
-  // off so the next append starts where the last whole record ended.
-  const int err = n < 0 ? errno : ENOSPC;
-  if (::ftruncate(fd_.get(), static_cast<off_t>(at)) != 0) {
+  staged_ends_.push_back(size_ + staged_bytes_);
+  return at;
+}
+
+StoreStatus Segment::flush(std::size_t& records_written) {
+  const std::uint64_t at = size_;
+  int err = 0;
+  std::uint64_t written = 0;
+  for (std::size_t i = 0; i < staged_.size() && err == 0;) {
+    const std::size_t n = std::min<std::size_t>(staged_.size() - i, IOV_MAX);
+    const auto first = staged_.begin() + static_cast<std::ptrdiff_t>(i);
+    const std::size_t want = std::accumulate(first, first + static_cast<std::ptrdiff_t>(n), std::size_t{0},
+                                             [](std::size_t t, const iovec& v) { return t + v.iov_len; });
+    const ssize_t w =
+        ::pwritev(fd_.get(), staged_.data() + i, static_cast<int>(n), static_cast<off_t>(at + written));
+    if (w < 0 && errno == EINTR) continue;
+    if (w > 0) written += static_cast<std::uint64_t>(w);
+    if (w != static_cast<ssize_t>(want)) err = w < 0 ? errno : ENOSPC;  // short: the disk filled meanwhile
+    i += n;
+  }
+  // The records wholly written stay; a record cut short is cut back off, so
+  // the next one starts where the last whole record ended.
+  const auto whole = std::upper_bound(staged_ends_.begin(), staged_ends_.end(), at + written);
+  records_written = static_cast<std::size_t>(whole - staged_ends_.begin());
+  const std::uint64_t end = records_written == 0 ? at : staged_ends_[records_written - 1];
+  staged_.clear();
+  staged_ends_.clear();
+  staged_headers_.clear();
+  staged_bytes_ = 0;
+  if (err == 0) {
+    size_ = end;
+    return std::monostate{};
+  }
+  if (::ftruncate(fd_.get(), static_cast<off_t>(end)) != 0) {
+    records_written = 0;
+    size_ = at;
     return io_error("cutting back a failed write to", path_, errno);
   }
+  size_ = end;
   return io_error("writing to", path_, err);
 }
 

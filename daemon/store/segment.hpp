@@ -9,12 +9,16 @@
 #include <sys/uio.h>
 
 #include <cstddef>
+#include <array>
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "rdmabroker/common/fd.hpp"
+#include "store/record.hpp"
 #include "store/store_error.hpp"
 
 namespace rdmabroker::daemon::store {
@@ -32,12 +36,20 @@ class Segment {
   static std::uint64_t first_sequence_of(const std::string& name);
 
   std::uint64_t first_sequence() const { return first_sequence_; }
-  std::uint64_t size() const { return size_; }
+  std::uint64_t size() const { return size_; }                 // written
+  std::uint64_t end() const { return size_ + staged_bytes_; }  // where the next staged record goes
   const std::string& path() const { return path_; }
 
-  /// Writes `parts` at the end in one call; returns the offset they start
-  /// at. A failed or short write is cut back off: the file is as before.
-  StoreResult<std::uint64_t> append(std::span<const iovec> parts);
+  /// Queues a record for the next flush(): `header` is copied, `rest` is
+  /// not (its bytes must stay valid until then). Returns the offset the
+  /// record will start at.
+  std::uint64_t stage(const std::array<std::byte, kRecordHeaderBytes>& header, std::span<const iovec> rest);
+  /// Writes what stage() queued, in as few calls as IOV_MAX allows (one
+  /// system call for a batch of records, not one each); `records_written`:
+  /// how many of them are in the file. On a failed or short write those
+  /// written whole stay and the rest is cut back off.
+  StoreStatus flush(std::size_t& records_written);
+  bool staged() const { return !staged_.empty(); }
   /// Reads `into.size()` bytes at `offset`.
   StoreStatus read(std::uint64_t offset, std::span<std::byte> into) const;
   /// Cuts the file to `size` bytes (a torn tail).
@@ -54,7 +66,11 @@ class Segment {
   UniqueFd fd_;
   std::string path_;
   std::uint64_t first_sequence_ = 0;
-  std::uint64_t size_ = 0;
+  std::uint64_t size_ = 0;  // written: staged records start here
+  std::vector<iovec> staged_;
+  std::vector<std::uint64_t> staged_ends_;  // where each staged record ends
+  std::uint64_t staged_bytes_ = 0;
+  std::deque<std::array<std::byte, kRecordHeaderBytes>> staged_headers_;  // a deque: iovecs point into it
 };
 
 /// An error for `what` on `path` from errno: kDiskFull for ENOSPC/EDQUOT, else kIo.

@@ -5,6 +5,7 @@
 // for the operator's log.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "rdmabroker/result.hpp"
@@ -24,7 +25,8 @@ enum class StoreErrc {
 struct StoreError {
   StoreErrc code;
   std::string message;
-  std::size_t needed = 0;  // kTooSmall: the record's size
+  std::size_t needed = 0;       // kTooSmall: the record's size
+  std::uint64_t lost_from = 0;  // flush(): the first staged sequence not stored (all after it too)
 };
 
 template <typename T>

@@ -37,4 +37,14 @@ void DuplicateWindow::add(std::string_view id, std::uint64_t sequence, std::int6
   order_.emplace_back(time_ns, std::string(id));
 }
 
+void DuplicateWindow::forget_from(std::uint64_t from) {
+  // Those are the newest: at the back.
+  while (!order_.empty()) {
+    auto it = ids_.find(order_.back().second);
+    if (it == ids_.end() || it->second.sequence < from) break;
+    ids_.erase(it);
+    order_.pop_back();
+  }
+}
+
 }  // namespace rdmabroker::daemon

@@ -34,6 +34,8 @@ class DuplicateWindow {
   std::optional<std::uint64_t> find(std::string_view id, std::int64_t now_ns);
   /// Remembers `id`, stored as `sequence` at `time_ns`.
   void add(std::string_view id, std::uint64_t sequence, std::int64_t time_ns);
+  /// Forgets the ids of sequences `from`.. (their write failed: not stored).
+  void forget_from(std::uint64_t from);
   std::size_t size() const { return ids_.size(); }
 
  private:

@@ -341,9 +341,63 @@ void StreamEngine::handle(std::vector<StreamPublish>& batch) {
       acks_due_ = true;
     }
   }
-  for (auto& [id, s] : streams_) refresh(s);
+  for (auto& [id, s] : streams_) {
+    flush(s);  // before the batch's buffers, which the staged records point into, go
+    refresh(s);
+  }
   core_.slots->add_queued(core_.stream_slot, -static_cast<std::int64_t>(batch.size()));
   batch.clear();  // the buffers go back to the pool
+}
+
+void StreamEngine::flush(Stream& s) {
+  if (s.staged_from == 0) return;
+  const std::uint64_t from = s.staged_from, to = s.staged_to;
+  s.staged_from = s.staged_to = 0;
+  std::uint64_t lost = to + 1;
+  if (auto r = s.store->flush(); !r) {
+    // Not (wholly) written: the staged messages from `lost` on were not
+    // stored, and their publishers are told so instead of being acknowledged.
+    lost = r.error().lost_from;
+    count_refused(s, r.error().code, to - lost + 1);
+    log_throttled(refusal_log_, spdlog::level::warn, "stream {}: {} messages were not stored: {}",
+                  s.stats->name, to - lost + 1, r.error().message);
+    s.duplicates.forget_from(lost);
+    const proto::ErrorCode code = code_of(r.error().code);
+    std::erase_if(s.acks, [&](Ack& a) {
+      if (a.sequence < lost) return false;
+      a.delivery.item = make_pub_ack(a.ack_id, code);
+      ready_[a.worker].push_back(std::move(a.delivery));
+      s.stats->acks.add();
+      acks_due_ = true;
+      return true;
+    });
+  }
+  s.stats->stored.add(lost - from);
+  if (storage_.sync == config::StreamSync::kInterval) release_acks(s);  // written is enough
+}
+
+void StreamEngine::count_refused(Stream& s, store::StoreErrc code, std::uint64_t n) {
+  switch (code) {
+    case store::StoreErrc::kFull:
+      s.stats->refused_full.add(n);
+      break;
+    case store::StoreErrc::kDiskFull:
+      s.stats->refused_disk_full.add(n);
+      break;
+    case store::StoreErrc::kTooLarge:
+      s.stats->refused_too_large.add(n);
+      break;
+    default:
+      s.stats->write_errors.add(n);
+      break;
+  }
+}
+
+void StreamEngine::release_acks(Stream& s) {
+  s.stats->acks.add(s.acks.size());
+  for (Ack& a : s.acks) ready_[a.worker].push_back(std::move(a.delivery));
+  acks_due_ = acks_due_ || !s.acks.empty();
+  s.acks.clear();
 }
 
 void StreamEngine::store_one(Stream& s, const StreamPublish& p, std::int64_t realtime_now,
@@ -359,28 +413,17 @@ void StreamEngine::store_one(Stream& s, const StreamPublish& p, std::int64_t rea
     s.stats->duplicates.add();
     return answer(s, p, proto::ErrorCode::kNone, *first, true);
   }
-  auto r = s.store->append({f.subject, f.headers, f.payload}, received);
+  // Staged: written with the rest of the batch by flush(), and counted then.
+  auto r = s.store->stage({f.subject, f.headers, f.payload}, received);
   if (r) {
-    s.stats->stored.add();
+    if (s.staged_from == 0) s.staged_from = r.value();
+    s.staged_to = r.value();
     s.duplicates.add(msg_id, r.value(), received);
     if (!s.dirty && first_dirty_ns_ == 0) first_dirty_ns_ = steady_now;
     s.dirty = true;
     return answer(s, p, proto::ErrorCode::kNone, r.value());
   }
-  switch (r.error().code) {
-    case store::StoreErrc::kFull:
-      s.stats->refused_full.add();
-      break;
-    case store::StoreErrc::kDiskFull:
-      s.stats->refused_disk_full.add();
-      break;
-    case store::StoreErrc::kTooLarge:
-      s.stats->refused_too_large.add();
-      break;
-    default:
-      s.stats->write_errors.add();
-      break;
-  }
+  count_refused(s, r.error().code, 1);
   log_throttled(refusal_log_, spdlog::level::warn, "stream {}: a message on {} was not stored: {}",
                 s.stats->name, f.subject, r.error().message);
   answer(s, p, code_of(r.error().code));
@@ -390,10 +433,13 @@ void StreamEngine::answer(Stream& s, const StreamPublish& p, proto::ErrorCode co
                           bool duplicate) {
   if (p.ack_id == 0) return;
   Ack ack{p.publisher_worker,
-          {p.publisher, p.publisher_slot, make_pub_ack(p.ack_id, code, sequence, s.stats->name, duplicate)}};
-  // Behind the stream's unsynced messages (a duplicate's first may be one
-  // of them), unless written is enough (sync: interval).
-  if (s.dirty && storage_.sync != config::StreamSync::kInterval) {
+          {p.publisher, p.publisher_slot, make_pub_ack(p.ack_id, code, sequence, s.stats->name, duplicate)},
+          p.ack_id,
+          sequence};
+  // Behind the batch's staged messages until they are written, and behind
+  // the stream's unsynced ones (a duplicate's first may be one of them)
+  // unless written is enough (sync: interval).
+  if (s.staged_from != 0 || (s.dirty && storage_.sync != config::StreamSync::kInterval)) {
     s.acks.push_back(std::move(ack));
     return;
   }
@@ -419,11 +465,7 @@ void StreamEngine::sync(Stream& s) {
   s.stats->syncs.add();
   s.stats->sync_seconds.observe(std::chrono::duration<double>(steady_clock::now() - started).count());
   s.dirty = false;
-  // What was acknowledged is durable now.
-  s.stats->acks.add(s.acks.size());
-  for (Ack& a : s.acks) ready_[a.worker].push_back(std::move(a.delivery));
-  acks_due_ = acks_due_ || !s.acks.empty();
-  s.acks.clear();
+  release_acks(s);  // what they acknowledge is durable now
 }
 
 void StreamEngine::refresh(Stream& s) {

@@ -113,6 +113,8 @@ class StreamEngine final : public StreamCapture {
   struct Ack {
     std::uint32_t worker = 0;
     RemoteDelivery delivery;
+    std::uint64_t ack_id = 0;    // the publisher's, for a refusal in its place
+    std::uint64_t sequence = 0;  // what it acknowledges
   };
   /// A stream as the engine thread holds it.
   struct Stream {
@@ -120,8 +122,10 @@ class StreamEngine final : public StreamCapture {
     std::unique_ptr<store::MessageStore> store;
     std::shared_ptr<StreamStats> stats;
     DuplicateWindow duplicates;
-    bool dirty = false;     // appended since the last sync
-    std::vector<Ack> acks;  // for messages appended since the last sync: sent once it succeeds
+    bool dirty = false;             // appended since the last sync
+    std::uint64_t staged_from = 0;  // the first sequence staged in this batch (0: none)
+    std::uint64_t staged_to = 0;    // and the last
+    std::vector<Ack> acks;  // for messages staged or appended since the last sync: sent once it succeeds
     std::string dir;        // its files' directory
     std::map<std::string, std::unique_ptr<Consumer>> consumers;  // by name
   };
@@ -183,6 +187,11 @@ class StreamEngine final : public StreamCapture {
   void handle(std::vector<StreamPublish>& batch);
   void store_one(Stream& s, const StreamPublish& p, std::int64_t realtime_now, std::int64_t steady_now);
   void sync(Stream& s);
+  /// Writes what the batch staged in `s`; refuses what could not be written.
+  void flush(Stream& s);
+  void count_refused(Stream& s, store::StoreErrc code, std::uint64_t n);
+  /// Sends the acknowledgements `s` holds.
+  void release_acks(Stream& s);
   void refresh(Stream& s);
   /// Answers PUBLISH `p` (if it asked for an ACK): after `s`'s next sync
   /// when `s` has unsynced messages, else with the next post.

@@ -380,5 +380,93 @@ TEST_F(Store, AFullDiskRefusesWithItsOwnErrorAndTakesMessagesWhenSpaceReturns) {
   EXPECT_EXIT(fill_the_disk_then_free_it(dir_), ::testing::ExitedWithCode(0), "");
 }
 
+// The stream engine stages a batch and writes it with one flush(): the same
+// disk filling up, a batch at a time. Of a batch that does not fit, what
+// was written whole is stored and the rest is not: its sequences are taken
+// again once space returns, and nothing of it is left in the files.
+void fill_the_disk_by_batches_then_free_it(const std::string& dir) {
+  const auto fail = [](const std::string& why) {
+    std::cerr << why << "\n";
+    std::_Exit(1);
+  };
+  if (::unshare(CLONE_NEWNS | (::geteuid() == 0 ? 0 : CLONE_NEWUSER)) != 0 ||
+      ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+      ::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=256k") != 0) {
+    fail(std::string("no mount namespace here: ") + std::strerror(errno));
+  }
+  const std::string filler = dir + "/filler";
+  std::ofstream(filler) << std::string(64 << 10, 'f');
+  auto s = std::move(FileStore::open({dir + "/stream", 1 << 20, {}}, 0).value());
+  const std::string payload(4000, 'p');
+  const auto batch = [&](std::uint64_t expect_first) -> StoreStatus {
+    for (std::uint64_t i = 0; i < 8; ++i) {
+      auto r = s->stage({"disk", {}, bytes_of(payload)}, 0);
+      if (!r.ok() || r.value() != expect_first + i) fail("staging refused or out of order");
+    }
+    return s->flush();
+  };
+  std::uint64_t next = 1;
+  for (;;) {
+    auto r = batch(next);
+    if (!r.ok()) {
+      if (r.error().code != StoreErrc::kDiskFull) fail("not a full disk: " + r.error().message);
+      if (r.error().lost_from < next || r.error().lost_from >= next + 8)
+        fail("the lost part starts at " + std::to_string(r.error().lost_from));
+      next = r.error().lost_from;
+      break;
+    }
+    next += 8;
+  }
+  if (next < 10) fail("the disk filled too early");
+  if (s->stats().messages != next - 1 || s->stats().last_sequence != next - 1)
+    fail("a batch that was not written was counted");
+  fs::remove(filler);
+  if (!batch(next).ok()) fail("no batch after space returned");
+  std::vector<std::byte> buf(8192);
+  auto last = s->read(next + 7, buf);
+  if (!last.ok() || last->sequence != next + 7) fail("the batch after space returned is not readable");
+  s.reset();
+  RecoveryReport report;
+  auto reopened = FileStore::open({dir + "/stream", 1 << 20, {}}, 0, &report);
+  if (!reopened.ok() || report.torn_bytes != 0 || report.corrupt_records != 0 ||
+      reopened.value()->stats().messages != next + 7) {
+    fail("the refused batch left something behind");
+  }
+  std::_Exit(0);
+}
+
+TEST_F(Store, WhatABatchCouldNotWriteIsNotStoredAndItsSequencesComeAgain) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(fill_the_disk_by_batches_then_free_it(dir_), ::testing::ExitedWithCode(0), "");
+}
+
+TEST_F(Store, StagedMessagesAreWrittenByOneFlushAcrossSegmentsAndTheLimitsApplyThen) {
+  StoreLimits limits;
+  limits.max_msgs = 5;
+  std::vector<std::string> payloads;  // staged bytes stay valid until flush()
+  for (int i = 1; i <= 12; ++i) payloads.push_back("message " + std::to_string(i) + std::string(300, '.'));
+  {
+    auto s = open(limits, 1024);
+    for (int i = 0; i < 12; ++i) {
+      auto r = s->stage({"s", {}, bytes_of(payloads[i])}, 100 * kSecond);
+      ASSERT_TRUE(r.ok());
+      EXPECT_EQ(r.value(), static_cast<std::uint64_t>(i + 1));
+    }
+    ASSERT_TRUE(s->flush().ok());
+    const auto st = s->stats();
+    EXPECT_EQ(st.messages, 5u);
+    EXPECT_EQ(st.first_sequence, 8u);
+    EXPECT_EQ(st.last_sequence, 12u);
+    EXPECT_EQ(get(*s, 7), "<no message 7>");
+    EXPECT_EQ(get(*s, 12), "s " + payloads[11]);
+    EXPECT_EQ(segment_files().size(), st.segments);
+  }
+  RecoveryReport report;
+  auto s = open(limits, 1024, &report);
+  EXPECT_TRUE(report.problems.empty());
+  EXPECT_EQ(s->stats().messages, 5u);
+  EXPECT_EQ(get(*s, 8), "s " + payloads[7]);
+}
+
 }  // namespace
 }  // namespace rdmabroker::daemon::store

@@ -106,6 +106,15 @@ TEST(DuplicateWindow, RemembersMsgIdsForItsWindowOnly) {
   daemon::DuplicateWindow off(0);
   off.add("a", 1, 0);
   EXPECT_FALSE(off.find("a", 0));
+
+  // A batch the disk refused: its ids are forgotten, so that the
+  // publisher's retry is stored rather than called a duplicate of nothing.
+  w.add("c", 4, 117 * s);
+  w.add("d", 5, 117 * s);
+  w.forget_from(4);
+  EXPECT_FALSE(w.find("c", 118 * s));
+  EXPECT_FALSE(w.find("d", 118 * s));
+  EXPECT_EQ(w.find("a", 118 * s), 3u);
 }
 
 }  // namespace
