@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 namespace rdmabroker::daemon::store {
@@ -133,6 +134,7 @@ StoreStatus FileStore::write_staged() {
 }
 
 void FileStore::unindex(std::uint64_t from) {
+  read_ahead_ = {};
   const std::uint64_t floor = floor_;
   SegmentIndex& seg = segments_.back();
   for (std::uint64_t q = last_sequence_; q >= from; --q) {
@@ -168,9 +170,13 @@ StoreResult<RecordView> FileStore::read(std::uint64_t sequence, std::span<std::b
                       entry->length};
   }
   const auto bytes = into.first(entry->length);
-  if (auto s = seg->file.read(entry->offset, bytes); !s) return s.error();
   RecordView r;
   std::size_t length = 0;
+  if (copy_from_read_ahead(*seg, *entry, bytes)) {
+    if (parse_record(bytes, r, length) == ParseOutcome::kOk && r.sequence == sequence) return r;
+  }
+  // Straight from the file (a large record, or the window's copy did not check out).
+  if (auto s = seg->file.read(entry->offset, bytes); !s) return s.error();
   if (parse_record(bytes, r, length) == ParseOutcome::kOk && r.sequence == sequence) return r;
   ++corrupt_records_;
   corrupt_bytes_ += entry->length;
@@ -178,6 +184,27 @@ StoreResult<RecordView> FileStore::read(std::uint64_t sequence, std::span<std::b
   remove(sequence, false);
   return StoreError{StoreErrc::kCorrupt, "message " + std::to_string(sequence) + " in " + where +
                                              " does not match its CRC: skipped from now on"};
+}
+
+bool FileStore::copy_from_read_ahead(const SegmentIndex& seg, const Entry& entry, std::span<std::byte> into) {
+  if (entry.length > kReadAheadRecord) return false;
+  ReadAhead& w = read_ahead_;
+  const std::uint64_t first = seg.file.first_sequence();
+  const auto covers = [&] {
+    return w.segment == first && entry.offset >= w.offset && entry.offset + entry.length <= w.offset + w.size;
+  };
+  if (!covers()) {
+    // Records never change once written (a failed write is cut back before
+    // anything reads past the end it left), so a window stays true.
+    w.bytes.resize(kReadAheadBytes);
+    auto n = seg.file.read_some(entry.offset, w.bytes);
+    w.segment = n ? first : 0;
+    w.offset = entry.offset;
+    w.size = n ? *n : 0;
+    if (!covers()) return false;
+  }
+  std::memcpy(into.data(), w.bytes.data() + (entry.offset - w.offset), entry.length);
+  return true;
 }
 
 std::optional<std::size_t> FileStore::length_of(std::uint64_t sequence) const {
@@ -336,6 +363,7 @@ StoreResult<std::uint64_t> FileStore::purge() {
     if (auto s = seg.file.remove(); !s) spdlog::warn("stream store: {}", s.error().message);
   }
   segments_.clear();
+  read_ahead_ = {};
   subjects_.clear();
   free_subjects_.clear();
   subject_ids_.clear();

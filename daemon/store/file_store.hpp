@@ -115,6 +115,10 @@ class FileStore final : public MessageStore {
   void rebuild_subject_lists();
   void drop_dead_segments();
   StoreStatus roll(std::uint64_t first_sequence);
+  /// A replay reads consecutive records: a small one comes from a window of
+  /// the segment read with one pread (then copied out), not a system call
+  /// each. False if it is not a small record or cannot be read that way.
+  bool copy_from_read_ahead(const SegmentIndex& seg, const Entry& entry, std::span<std::byte> into);
   /// Writes the staged records, then enforces the limits for them; on
   /// failure takes them back out of the index (remembered for flush()).
   StoreStatus write_staged();
@@ -144,6 +148,14 @@ class FileStore final : public MessageStore {
   std::uint64_t removed_by_limits_ = 0;
   std::uint64_t staged_from_ = 0;   // the first staged sequence (0: none)
   std::optional<StoreError> lost_;  // a failed write of staged records, until flush() reports it
+  static constexpr std::size_t kReadAheadRecord = 4096;      // larger: read straight into the caller's buffer
+  static constexpr std::size_t kReadAheadBytes = 64 * 1024;  // a window
+  struct ReadAhead {
+    std::uint64_t segment = 0;  // its first sequence (0: none); a segment's is never reused
+    std::uint64_t offset = 0;
+    std::uint64_t size = 0;
+    std::vector<std::byte> bytes;
+  } read_ahead_;
 };
 
 }  // namespace rdmabroker::daemon::store

@@ -135,6 +135,14 @@ StoreStatus Segment::flush(std::size_t& records_written) {
   return io_error("writing to", path_, err);
 }
 
+StoreResult<std::size_t> Segment::read_some(std::uint64_t offset, std::span<std::byte> into) const {
+  for (;;) {
+    const ssize_t n = ::pread(fd_.get(), into.data(), into.size(), static_cast<off_t>(offset));
+    if (n >= 0) return static_cast<std::size_t>(n);
+    if (errno != EINTR) return io_error("reading", path_, errno);
+  }
+}
+
 StoreStatus Segment::read(std::uint64_t offset, std::span<std::byte> into) const {
   std::size_t done = 0;
   while (done < into.size()) {

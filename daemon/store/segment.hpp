@@ -50,6 +50,8 @@ class Segment {
   /// written whole stay and the rest is cut back off.
   StoreStatus flush(std::size_t& records_written);
   bool staged() const { return !staged_.empty(); }
+  /// Reads up to `into.size()` bytes at `offset` (fewer at the file's end); how many.
+  StoreResult<std::size_t> read_some(std::uint64_t offset, std::span<std::byte> into) const;
   /// Reads `into.size()` bytes at `offset`.
   StoreStatus read(std::uint64_t offset, std::span<std::byte> into) const;
   /// Cuts the file to `size` bytes (a torn tail).

@@ -440,6 +440,24 @@ TEST_F(Store, WhatABatchCouldNotWriteIsNotStoredAndItsSequencesComeAgain) {
   EXPECT_EXIT(fill_the_disk_by_batches_then_free_it(dir_), ::testing::ExitedWithCode(0), "");
 }
 
+TEST_F(Store, ReadsInAndOutOfOrderSeeEveryRecordAsWrittenWhileTheStreamGrows) {
+  // Small records come through a read-ahead window: reading ahead of what
+  // was appended since, backwards, and across segments must still see each
+  // record exactly as written.
+  auto s = open({}, 64 * 1024);
+  const auto text = [](std::uint64_t q) { return "record " + std::to_string(q) + std::string(q % 97, '.'); };
+  std::uint64_t last = 0;
+  for (int round = 0; round < 20; ++round) {
+    for (int i = 0; i < 100; ++i) last = put(*s, "r", text(last + 1));
+    for (std::uint64_t q = 1; q <= last; q += 7) ASSERT_EQ(get(*s, q), "r " + text(q)) << q;
+    ASSERT_EQ(get(*s, last), "r " + text(last));
+  }
+  for (std::uint64_t q = last; q >= 1; --q) ASSERT_EQ(get(*s, q), "r " + text(q)) << q;
+  put(*s, "big", std::string(10000, 'b'));
+  EXPECT_EQ(get(*s, last + 1), "big " + std::string(10000, 'b'));
+  EXPECT_GT(s->stats().segments, 2u);
+}
+
 TEST_F(Store, StagedMessagesAreWrittenByOneFlushAcrossSegmentsAndTheLimitsApplyThen) {
   StoreLimits limits;
   limits.max_msgs = 5;
