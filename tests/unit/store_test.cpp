@@ -332,20 +332,28 @@ TEST_F(Store, ADamagedMetaFileStopsTheOpenRatherThanBringBackPurgedMessages) {
   EXPECT_NE(s.error().message.find("meta.json"), std::string::npos);
 }
 
-// A full disk, for real: a 256 KiB tmpfs in a mount namespace of a child
-// process (the test runs as root in CI; elsewhere a user namespace grants it).
-void fill_the_disk_then_free_it(const std::string& dir) {
-  const auto fail = [](const std::string& why) {
-    std::cerr << why << "\n";
-    std::_Exit(1);
-  };
+[[noreturn]] void child_fails(const std::string& why) {
+  std::cerr << why << "\n";
+  std::_Exit(1);
+}
+
+// A full disk, for real: a 256 KiB tmpfs at `dir` in a mount namespace of
+// a child process (the test runs as root in CI; elsewhere a user namespace
+// grants it), 64 KiB of it taken by the file returned (removed: space
+// returns).
+std::string mount_small_disk(const std::string& dir) {
   if (::unshare(CLONE_NEWNS | (::geteuid() == 0 ? 0 : CLONE_NEWUSER)) != 0 ||
       ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
       ::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=256k") != 0) {
-    fail(std::string("no mount namespace here: ") + std::strerror(errno));
+    child_fails(std::string("no mount namespace here: ") + std::strerror(errno));
   }
   const std::string filler = dir + "/filler";
   std::ofstream(filler) << std::string(64 << 10, 'f');
+  return filler;
+}
+
+void fill_the_disk_then_free_it(const std::string& dir) {
+  const std::string filler = mount_small_disk(dir);
   auto s = std::move(FileStore::open({dir + "/stream", 1 << 20, {}}, 0).value());
   const std::string payload(4000, 'p');
   std::uint64_t stored = 0;
@@ -355,22 +363,22 @@ void fill_the_disk_then_free_it(const std::string& dir) {
       stored = r.value();
       continue;
     }
-    if (r.error().code != StoreErrc::kDiskFull) fail("not a full disk: " + r.error().message);
+    if (r.error().code != StoreErrc::kDiskFull) child_fails("not a full disk: " + r.error().message);
     break;
   }
-  if (stored < 10) fail("the disk filled too early");
+  if (stored < 10) child_fails("the disk filled too early");
   if (s->stats().messages != stored || s->stats().last_sequence != stored)
-    fail("a refused message was counted");
+    child_fails("a refused message was counted");
   // Space returns: the next message is stored, after the last one.
   fs::remove(filler);
   auto again = s->append({"disk", {}, bytes_of("back")}, 0);
-  if (!again.ok() || again.value() != stored + 1) fail("no message after space returned");
+  if (!again.ok() || again.value() != stored + 1) child_fails("no message after space returned");
   s.reset();
   RecoveryReport report;
   auto reopened = FileStore::open({dir + "/stream", 1 << 20, {}}, 0, &report);
   if (!reopened.ok() || report.torn_bytes != 0 || report.corrupt_records != 0 ||
       reopened.value()->stats().messages != stored + 1) {
-    fail("the refused writes left something behind");
+    child_fails("the refused writes left something behind");
   }
   std::_Exit(0);
 }
@@ -385,23 +393,13 @@ TEST_F(Store, AFullDiskRefusesWithItsOwnErrorAndTakesMessagesWhenSpaceReturns) {
 // was written whole is stored and the rest is not: its sequences are taken
 // again once space returns, and nothing of it is left in the files.
 void fill_the_disk_by_batches_then_free_it(const std::string& dir) {
-  const auto fail = [](const std::string& why) {
-    std::cerr << why << "\n";
-    std::_Exit(1);
-  };
-  if (::unshare(CLONE_NEWNS | (::geteuid() == 0 ? 0 : CLONE_NEWUSER)) != 0 ||
-      ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
-      ::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=256k") != 0) {
-    fail(std::string("no mount namespace here: ") + std::strerror(errno));
-  }
-  const std::string filler = dir + "/filler";
-  std::ofstream(filler) << std::string(64 << 10, 'f');
+  const std::string filler = mount_small_disk(dir);
   auto s = std::move(FileStore::open({dir + "/stream", 1 << 20, {}}, 0).value());
   const std::string payload(4000, 'p');
   const auto batch = [&](std::uint64_t expect_first) -> StoreStatus {
     for (std::uint64_t i = 0; i < 8; ++i) {
       auto r = s->stage({"disk", {}, bytes_of(payload)}, 0);
-      if (!r.ok() || r.value() != expect_first + i) fail("staging refused or out of order");
+      if (!r.ok() || r.value() != expect_first + i) child_fails("staging refused or out of order");
     }
     return s->flush();
   };
@@ -409,28 +407,28 @@ void fill_the_disk_by_batches_then_free_it(const std::string& dir) {
   for (;;) {
     auto r = batch(next);
     if (!r.ok()) {
-      if (r.error().code != StoreErrc::kDiskFull) fail("not a full disk: " + r.error().message);
+      if (r.error().code != StoreErrc::kDiskFull) child_fails("not a full disk: " + r.error().message);
       if (r.error().lost_from < next || r.error().lost_from >= next + 8)
-        fail("the lost part starts at " + std::to_string(r.error().lost_from));
+        child_fails("the lost part starts at " + std::to_string(r.error().lost_from));
       next = r.error().lost_from;
       break;
     }
     next += 8;
   }
-  if (next < 10) fail("the disk filled too early");
+  if (next < 10) child_fails("the disk filled too early");
   if (s->stats().messages != next - 1 || s->stats().last_sequence != next - 1)
-    fail("a batch that was not written was counted");
+    child_fails("a batch that was not written was counted");
   fs::remove(filler);
-  if (!batch(next).ok()) fail("no batch after space returned");
+  if (!batch(next).ok()) child_fails("no batch after space returned");
   std::vector<std::byte> buf(8192);
   auto last = s->read(next + 7, buf);
-  if (!last.ok() || last->sequence != next + 7) fail("the batch after space returned is not readable");
+  if (!last.ok() || last->sequence != next + 7) child_fails("the batch after space returned is not readable");
   s.reset();
   RecoveryReport report;
   auto reopened = FileStore::open({dir + "/stream", 1 << 20, {}}, 0, &report);
   if (!reopened.ok() || report.torn_bytes != 0 || report.corrupt_records != 0 ||
       reopened.value()->stats().messages != next + 7) {
-    fail("the refused batch left something behind");
+    child_fails("the refused batch left something behind");
   }
   std::_Exit(0);
 }
