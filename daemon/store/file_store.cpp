@@ -102,7 +102,12 @@ StoreResult<std::uint64_t> FileStore::stage(const MessageParts& m, std::int64_t 
   if (staged_from_ == 0) staged_from_ = sequence;
   index(sequence, time_ns, m.subject, at, length);
   if (write_through()) {
-    if (auto s = write_staged(); !s) return s.error();
+    // Only this record was staged (each before it was written through): its
+    // refusal is the whole report, and staging goes on at once.
+    if (auto s = write_staged(); !s) {
+      lost_.reset();
+      return s.error();
+    }
   }
   return sequence;
 }

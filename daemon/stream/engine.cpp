@@ -357,10 +357,12 @@ void StreamEngine::flush(Stream& s) {
   if (auto r = s.store->flush(); !r) {
     // Not (wholly) written: the staged messages from `lost` on were not
     // stored, and their publishers are told so instead of being acknowledged.
-    lost = r.error().lost_from;
-    count_refused(s, r.error().code, to - lost + 1);
-    log_throttled(refusal_log_, spdlog::level::warn, "stream {}: {} messages were not stored: {}",
-                  s.stats->name, to - lost + 1, r.error().message);
+    lost = std::min(r.error().lost_from, to + 1);
+    if (lost <= to) {
+      count_refused(s, r.error().code, to - lost + 1);
+      log_throttled(refusal_log_, spdlog::level::warn, "stream {}: {} messages were not stored: {}",
+                    s.stats->name, to - lost + 1, r.error().message);
+    }
     s.duplicates.forget_from(lost);
     const proto::ErrorCode code = code_of(r.error().code);
     std::erase_if(s.acks, [&](Ack& a) {

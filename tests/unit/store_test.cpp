@@ -352,9 +352,9 @@ std::string mount_small_disk(const std::string& dir) {
   return filler;
 }
 
-void fill_the_disk_then_free_it(const std::string& dir) {
+void fill_the_disk_then_free_it(const std::string& dir, const StoreLimits& limits) {
   const std::string filler = mount_small_disk(dir);
-  auto s = std::move(FileStore::open({dir + "/stream", 1 << 20, {}}, 0).value());
+  auto s = std::move(FileStore::open({dir + "/stream", 1 << 20, limits}, 0).value());
   const std::string payload(4000, 'p');
   std::uint64_t stored = 0;
   for (;;) {
@@ -375,7 +375,7 @@ void fill_the_disk_then_free_it(const std::string& dir) {
   if (!again.ok() || again.value() != stored + 1) child_fails("no message after space returned");
   s.reset();
   RecoveryReport report;
-  auto reopened = FileStore::open({dir + "/stream", 1 << 20, {}}, 0, &report);
+  auto reopened = FileStore::open({dir + "/stream", 1 << 20, limits}, 0, &report);
   if (!reopened.ok() || report.torn_bytes != 0 || report.corrupt_records != 0 ||
       reopened.value()->stats().messages != stored + 1) {
     child_fails("the refused writes left something behind");
@@ -385,7 +385,16 @@ void fill_the_disk_then_free_it(const std::string& dir) {
 
 TEST_F(Store, AFullDiskRefusesWithItsOwnErrorAndTakesMessagesWhenSpaceReturns) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(fill_the_disk_then_free_it(dir_), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(fill_the_disk_then_free_it(dir_, {}), ::testing::ExitedWithCode(0), "");
+}
+
+TEST_F(Store, AFullDiskRefusesAndRecoversWhenEachRecordIsWrittenThrough) {
+  // discard: new with a per-subject limit writes each record as it comes.
+  StoreLimits limits;
+  limits.discard = Discard::kNew;
+  limits.max_msgs_per_subject = 1000;
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(fill_the_disk_then_free_it(dir_, limits), ::testing::ExitedWithCode(0), "");
 }
 
 // The stream engine stages a batch and writes it with one flush(): the same
