@@ -6,9 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <climits>
-
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
@@ -84,16 +83,16 @@ StoreResult<Segment> Segment::open(const std::string& path, std::uint64_t first_
 
 std::uint64_t Segment::stage(const std::array<std::byte, kRecordHeaderBytes>& header,
                              std::span<const iovec> rest) {
-  const std::uint64_t at = size_ + staged_bytes_;
+  const std::uint64_t at = end();
   auto& copy = staged_headers_.emplace_back(header);
   staged_.push_back({copy.data(), copy.size()});
-  staged_bytes_ += copy.size();
+  std::uint64_t ends = at + copy.size();
   for (const iovec& v : rest) {
     if (v.iov_len == 0) continue;
     staged_.push_back(v);
-    staged_bytes_ += v.iov_len;
+    ends += v.iov_len;
   }
-  staged_ends_.push_back(size_ + staged_bytes_);
+  staged_ends_.push_back(ends);
   return at;
 }
 
@@ -121,7 +120,6 @@ StoreStatus Segment::flush(std::size_t& records_written) {
   staged_.clear();
   staged_ends_.clear();
   staged_headers_.clear();
-  staged_bytes_ = 0;
   if (err == 0) {
     size_ = end;
     return std::monostate{};

@@ -8,8 +8,8 @@
 
 #include <sys/uio.h>
 
-#include <cstddef>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <span>
@@ -36,8 +36,9 @@ class Segment {
   static std::uint64_t first_sequence_of(const std::string& name);
 
   std::uint64_t first_sequence() const { return first_sequence_; }
-  std::uint64_t size() const { return size_; }                 // written
-  std::uint64_t end() const { return size_ + staged_bytes_; }  // where the next staged record goes
+  std::uint64_t size() const { return size_; }  // written
+  /// Where the next staged record goes.
+  std::uint64_t end() const { return staged_ends_.empty() ? size_ : staged_ends_.back(); }
   const std::string& path() const { return path_; }
 
   /// Queues a record for the next flush(): `header` is copied, `rest` is
@@ -49,7 +50,6 @@ class Segment {
   /// how many of them are in the file. On a failed or short write those
   /// written whole stay and the rest is cut back off.
   StoreStatus flush(std::size_t& records_written);
-  bool staged() const { return !staged_.empty(); }
   /// Reads up to `into.size()` bytes at `offset` (fewer at the file's end); how many.
   StoreResult<std::size_t> read_some(std::uint64_t offset, std::span<std::byte> into) const;
   /// Reads `into.size()` bytes at `offset`.
@@ -70,8 +70,7 @@ class Segment {
   std::uint64_t first_sequence_ = 0;
   std::uint64_t size_ = 0;  // written: staged records start here
   std::vector<iovec> staged_;
-  std::vector<std::uint64_t> staged_ends_;  // where each staged record ends
-  std::uint64_t staged_bytes_ = 0;
+  std::vector<std::uint64_t> staged_ends_;                                // where each staged record ends
   std::deque<std::array<std::byte, kRecordHeaderBytes>> staged_headers_;  // a deque: iovecs point into it
 };
 

@@ -342,14 +342,14 @@ void StreamEngine::handle(std::vector<StreamPublish>& batch) {
     }
   }
   for (auto& [id, s] : streams_) {
-    flush(s);  // before the batch's buffers, which the staged records point into, go
+    write_staged(s);  // before the batch's buffers, which the staged records point into, go
     refresh(s);
   }
   core_.slots->add_queued(core_.stream_slot, -static_cast<std::int64_t>(batch.size()));
   batch.clear();  // the buffers go back to the pool
 }
 
-void StreamEngine::flush(Stream& s) {
+void StreamEngine::write_staged(Stream& s) {
   if (s.staged_from == 0) return;
   const std::uint64_t from = s.staged_from, to = s.staged_to;
   s.staged_from = s.staged_to = 0;

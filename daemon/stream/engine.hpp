@@ -188,7 +188,7 @@ class StreamEngine final : public StreamCapture {
   void store_one(Stream& s, const StreamPublish& p, std::int64_t realtime_now, std::int64_t steady_now);
   void sync(Stream& s);
   /// Writes what the batch staged in `s`; refuses what could not be written.
-  void flush(Stream& s);
+  void write_staged(Stream& s);
   void count_refused(Stream& s, store::StoreErrc code, std::uint64_t n);
   /// Sends the acknowledgements `s` holds.
   void release_acks(Stream& s);
