@@ -352,6 +352,17 @@ std::string mount_small_disk(const std::string& dir) {
   return filler;
 }
 
+// Reopened, the store at `dir`/stream holds `messages` and nothing torn or damaged.
+void reopen_finds(const std::string& dir, const StoreLimits& limits, std::uint64_t messages,
+                  const char* why) {
+  RecoveryReport report;
+  auto reopened = FileStore::open({dir + "/stream", 1 << 20, limits}, 0, &report);
+  if (!reopened.ok() || report.torn_bytes != 0 || report.corrupt_records != 0 ||
+      reopened.value()->stats().messages != messages) {
+    child_fails(why);
+  }
+}
+
 void fill_the_disk_then_free_it(const std::string& dir, const StoreLimits& limits) {
   const std::string filler = mount_small_disk(dir);
   auto s = std::move(FileStore::open({dir + "/stream", 1 << 20, limits}, 0).value());
@@ -374,12 +385,7 @@ void fill_the_disk_then_free_it(const std::string& dir, const StoreLimits& limit
   auto again = s->append({"disk", {}, bytes_of("back")}, 0);
   if (!again.ok() || again.value() != stored + 1) child_fails("no message after space returned");
   s.reset();
-  RecoveryReport report;
-  auto reopened = FileStore::open({dir + "/stream", 1 << 20, limits}, 0, &report);
-  if (!reopened.ok() || report.torn_bytes != 0 || report.corrupt_records != 0 ||
-      reopened.value()->stats().messages != stored + 1) {
-    child_fails("the refused writes left something behind");
-  }
+  reopen_finds(dir, limits, stored + 1, "the refused writes left something behind");
   std::_Exit(0);
 }
 
@@ -433,12 +439,7 @@ void fill_the_disk_by_batches_then_free_it(const std::string& dir) {
   auto last = s->read(next + 7, buf);
   if (!last.ok() || last->sequence != next + 7) child_fails("the batch after space returned is not readable");
   s.reset();
-  RecoveryReport report;
-  auto reopened = FileStore::open({dir + "/stream", 1 << 20, {}}, 0, &report);
-  if (!reopened.ok() || report.torn_bytes != 0 || report.corrupt_records != 0 ||
-      reopened.value()->stats().messages != next + 7) {
-    child_fails("the refused batch left something behind");
-  }
+  reopen_finds(dir, {}, next + 7, "the refused batch left something behind");
   std::_Exit(0);
 }
 
