@@ -83,14 +83,9 @@ relay_runs() { for _ in 1 2 3; do bench "$CLI" "$1" "$2" "$(count_for "$2")" -b 
 declare -A RAW R16 RUNS16 RRDV RUNSRDV R256 RUNS256
 ROWS=()  # "what|result" rows of the second table
 for s in "${SIZES[@]}"; do
-  port=$((18500 + RANDOM % 400))
   iters=$(count_for "$s")
   [ "$iters" -ge 5 ] || iters=5  # perftest's floor
-  ib_send_bw -R -d rxe0 -s "$s" -n "$iters" -p "$port" >/tmp/large-perf-server.txt 2>&1 &
-  server=$!
-  sleep 1
-  timeout 600 ib_send_bw -R -d rxe1 -s "$s" -n "$iters" -p "$port" "$A1" >/tmp/large-perf.txt 2>&1 || kill "$server" 2>/dev/null || true
-  wait "$server" || true
+  run_perftest 600 /tmp/large-perf.txt ib_send_bw -s "$s" -n "$iters" || true
   # columns: #bytes #iterations BW-peak BW-average[MB/s] MsgRate
   RAW[$s]=$(awk -v s="$s" '$1==s && NF>=5 {print $4; exit}' /tmp/large-perf.txt)
   echo "large: raw ib_send_bw $s B: ${RAW[$s]:-n/a} MB/s" >&2

@@ -43,32 +43,11 @@ light_rate() {  # messages/s for the latency runs: light load, well under what e
 # rdma_cm mode (-R), rxe1 -> rxe0, one message per packet; bw: message rate,
 # lat: half the round trip (perftest's own definition of one-way latency).
 perftest() {  # TOOL SIZE ITERS [-e]
-  local tool=$1 size=$2 iters=$3 events=${4:-} attempt rc
-  # perftest's own client has segfaulted here (ib_send_lat -e, rxe, once in a
-  # CI run), and hung (ib_send_bw 16 MiB, quick run, once): a crash or hang
-  # of the reference tool, not a measurement of ours, is run again once (and
-  # said so); its server is stopped, which would otherwise wait for ever. A
-  # quick run's perftest takes seconds, so it is given 120 s, a full run's
-  # 900 s. Any other failure is recorded as a failed run.
-  local limit=$( [ "$QUICK" = 1 ] && echo 120 || echo 900 )
-  for attempt in 1 2; do
-    local port=$((18500 + RANDOM % 400))
-    timeout "$limit" "$tool" -R $events -d rxe0 -s "$size" -n "$iters" -p "$port" >/tmp/perftest-server.txt 2>&1 &
-    local server=$!
-    sleep 1
-    rc=0
-    timeout "$limit" "$tool" -R $events -d rxe1 -s "$size" -n "$iters" -p "$port" "$A1" \
-      >/tmp/perftest-client.txt 2>&1 || rc=$?
-    [ "$rc" = 0 ] || kill "$server" 2>/dev/null || true
-    wait "$server" || true
-    [ "$rc" -gt 128 ] || [ "$rc" = 124 ] || break
-    [ "$attempt" = 1 ] || break
-    if [ "$rc" = 124 ]; then
-      echo "perftest: $tool $events $size B: still running after $limit s; running it again" >&2
-    else
-      echo "perftest: $tool $events $size B: the client died of signal $((rc - 128)); running it again" >&2
-    fi
-  done
+  # A quick run's perftest takes seconds, so it is given 120 s, a full
+  # run's 900 s; run_perftest (suite-lib.sh) runs a failed one again once.
+  local tool=$1 size=$2 iters=$3 events=${4:-}
+  run_perftest "$( [ "$QUICK" = 1 ] && echo 120 || echo 900 )" /tmp/perftest-client.txt \
+    "$tool" $events -s "$size" -n "$iters" || true
   record_perftest "$tool${events:+-events}" "$size" /tmp/perftest-client.txt
 }
 # Emulation makes single runs noisy (the same run differs by up to 2x from

@@ -76,7 +76,11 @@ def record_perftest(a, text):
                 rec.update({"mode": "latency", "p50_us": float(f[4]), "min_us": float(f[2]), "max_us": float(f[3]),
                             "avg_us": float(f[5]), "p99_us": float(f[7]), "p99_9_us": float(f[8])})
             return rec
-    rec["error"] = "no result line in perftest output: " + text.strip()[-300:]
+    # The client's stdout goes to a file, so it is flushed at exit, after
+    # its stderr: the line that says why comes before the table's header.
+    why = [line.strip() for line in text.splitlines()
+           if re.search(r"error|fail|can't|couldn't|unable|r\^2", line, re.I)]
+    rec["error"] = "no result line in perftest output: " + (" / ".join(why[:3]) or text.strip()[-300:])
     return rec
 
 
