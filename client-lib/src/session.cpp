@@ -14,16 +14,12 @@ namespace rdmabroker {
 
 using proto::FrameType;
 
-namespace {
-
-Status check_subject(std::string_view subject, bool pattern = false) {
+Status check_subject(std::string_view subject, bool pattern) {
   if (pattern ? proto::valid_pattern(subject) : proto::valid_subject(subject)) return {};
   return Error{ErrorKind::kInvalidArgument, "invalid subject '" + std::string(subject) + "'" +
                                                 (pattern ? "" : " (wildcards only in subscriptions)") +
                                                 " (see docs/subjects.md)"};
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------- connect
 
@@ -221,11 +217,6 @@ Status Session::publish_fragments_locked(std::unique_lock<std::mutex>& lock, std
   return st;
 }
 
-namespace {
-
-/// The fields of `headers` as the wire codec takes them, checked; views valid
-/// until the calling thread's next call (one vector per thread, reused: a
-/// publish with headers allocates nothing once it has grown).
 Result<std::span<const proto::HeaderField>> header_fields(const Headers& headers) {
   thread_local std::vector<proto::HeaderField> fields;
   fields.clear();
@@ -243,8 +234,6 @@ Result<std::span<const proto::HeaderField>> header_fields(const Headers& headers
   }
   return std::span<const proto::HeaderField>(fields);
 }
-
-}  // namespace
 
 Status Session::publish(std::string_view subject, const Headers& headers, ByteView payload,
                         std::string_view reply) {

@@ -30,6 +30,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -40,6 +41,7 @@
 #include "rdmabroker/client.hpp"
 #include "rdmabroker/consumer.hpp"
 #include "rdmabroker/proto/handshake.hpp"
+#include "rdmabroker/proto/headers.hpp"
 #include "rdmabroker/proto/info.hpp"
 #include "requests.hpp"
 #include "send_buffers.hpp"
@@ -415,5 +417,13 @@ class Session final : public Client, private SessionSide, private LandingHost {
   /// ClientStats::app_wakeups, shared with this session's subscription queues.
   const WakeupCounter app_wakeups_ = std::make_shared<std::atomic<std::uint64_t>>(0);
 };
+
+// What an application passes to a publish or subscribe call, checked
+// (session.cpp; the session's other parts check with them too).
+Status check_subject(std::string_view subject, bool pattern = false);
+/// The fields of `headers` as the wire codec takes them, checked; views valid
+/// until the calling thread's next call (one vector per thread, reused: a
+/// publish with headers allocates nothing once it has grown).
+Result<std::span<const proto::HeaderField>> header_fields(const Headers& headers);
 
 }  // namespace rdmabroker

@@ -65,7 +65,7 @@ Result<std::uint64_t> Session::send_acked_locked(std::unique_lock<std::mutex>& l
   const bool async = static_cast<bool>(handler);
   acks_.emplace(id, AckWait{false, proto::ErrorCode::kNone, {}, std::string(subject), std::move(handler)});
   proto::FrameHeader h;
-  h.type = FrameType::kPublish;
+  h.type = proto::FrameType::kPublish;
   h.flags = proto::kFlagAck;
   if (auto st = append_frame_locked(lock, h, subject, {}, payload, id, true, fields.value()); !st) {
     acks_.erase(id);
