@@ -236,15 +236,21 @@ struct WorkerStats {
   Counter landing_write_errors;                   // WRITEs that failed (the subscriber's area unwritable)
   Counter srq_refills;                            // SRQ refills at the low watermark
   Counter srq_limit_events;                       // IBV_EVENT_SRQ_LIMIT_REACHED: a refill batch or less left
-  Counter pool_exhausted;      // times a worker found the buffer pool empty (once per shortage)
-  Counter cq_full;             // connections refused because their CQ had no room for them
-  Gauge srq_posted;            // receives posted on this worker's SRQs
-  Gauge credits_granted;       // the credit windows of this worker's RDMA connections (SPEC.md §5.1)
-  Gauge credit_capacity;       // what those windows may add up to: the SRQs' bound (RdmaPort::srq_max)
-  Counter credit_reclaims;     // idle version-3 connections asked to give credits back
-  Counter credit_refusals;     // RDMA connections refused because their port's windows were full
-  Gauge pending_messages;      // queued for subscribers, not yet posted
-  Gauge pending_bytes;         // their frame bytes (limits.max_pending_bytes_total bounds the sum)
+  Counter pool_exhausted;   // times a worker found the buffer pool empty (once per shortage)
+  Counter cq_full;          // connections refused because their CQ had no room for them
+  Gauge srq_posted;         // receives posted on this worker's SRQs
+  Gauge credits_granted;    // the credit windows of this worker's RDMA connections (SPEC.md §5.1)
+  Gauge credit_capacity;    // what those windows may add up to: the SRQs' bound (RdmaPort::srq_max)
+  Counter credit_reclaims;  // idle version-3 connections asked to give credits back
+  Counter credit_refusals;  // RDMA connections refused because their port's windows were full
+  Gauge pending_messages;   // queued for subscribers, not yet posted
+  Gauge pending_bytes;      // their frame bytes (limits.max_pending_bytes_total bounds the sum)
+  // The same charge (queued_charge) of deliveries on their way between
+  // workers: routed here for another worker's subscriber (out), or taken
+  // here from another worker (in). Their sums' difference is what the
+  // workers' pending_* do not count yet (WorkerSet::pending_charge_total).
+  Counter transit_charge_out;
+  Counter transit_charge_in;
   Gauge queue_pins;            // pool buffers those queues hold (broker/pool_shares.hpp)
   Counter compacted_messages;  // waiting messages copied out of their receive buffers (Connections::compact)
   std::array<Counter, kShareScopeCount> share_cuts;  // subscribers cut above a pool share, by ShareScope

@@ -229,12 +229,18 @@ struct Connection {
   /// above the stall watermark: its link is paused until that queue drains
   /// below half the bound, or until the queue makes no progress for
   /// producer_stall_ms (stalled_until): a subscriber that stopped reading
-  /// must not hold the publisher; it overflows and is cut off instead.
+  /// must not hold the publisher; it overflows and is cut off instead. A
+  /// stall takes effect at the frame that found the subscriber backlogged:
+  /// the rest of the input waits in held_input.
   bool stalled = false;
   std::uint32_t stall_slot = 0;
   std::int64_t stall_queued = 0;  // the subscriber's queue when last seen shrinking
   std::int64_t stall_sent = 0;    // the frames sent to it when last seen sending (ConnectionSlots::sent)
   std::chrono::steady_clock::time_point stalled_until{};
+  /// While the input held by a stall that waited in vain is taken, its
+  /// subscriber stalls the publisher no more: what was held flows (up to a
+  /// stall for another subscriber), as a batch did before frames were held.
+  std::uint32_t stall_waived_slot = UINT32_MAX;
 
   // ------------------------------------------------------------ out-queue and in-flight ring
   std::deque<OutItem> outq;

@@ -254,6 +254,14 @@ bool Connections::may_queue(const Connection& c, std::uint64_t len, std::uint32_
          static_cast<std::int64_t>(ctx_.options.max_pending_bytes_total);
 }
 
+bool Connections::crowds_total(std::int64_t queued, std::int64_t share_divisor,
+                               std::int64_t total_percent) const {
+  // Cheap test first: the total is a read of every worker's counters.
+  if (queued <= static_cast<std::int64_t>(fair_pending_share()) / share_divisor) return false;
+  return ctx_.core.workers->pending_charge_total() * 100 >
+         static_cast<std::int64_t>(ctx_.options.max_pending_bytes_total) * total_percent;
+}
+
 void Connections::enqueue(Connection& c, OutItem item) {
   ctx_.assert_on_loop();
   if (c.protocol_version < proto::kFragmentsVersion && refuse_fragments(c, item)) return;

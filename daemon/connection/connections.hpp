@@ -81,6 +81,9 @@ class Connections {
   /// Called when a connection with a fragmented message in progress closes
   /// (the router aborts the message for its recipients).
   void on_message_cut(std::function<void(Connection&)> f) { message_cut_ = std::move(f); }
+  /// Called when a publisher's stall ends (the frame layer takes its held
+  /// input, then resumes its link); without one, the link just resumes.
+  void on_stall_end(std::function<void(Connection&)> f) { stall_end_ = std::move(f); }
 
   // ------------------------------------------------------------ out-queue
   /// Queues a frame for `c` within its bounds; a subscriber over them is cut
@@ -141,6 +144,13 @@ class Connections {
   // ------------------------------------------------------------ flow control
   /// Slows `publisher` (its link paused) because the subscriber in `slot` is backlogged.
   void stall(Connection& publisher, std::uint32_t slot);
+  /// Whether a subscriber with `queued` frame bytes routed to it
+  /// (ConnectionSlots::queued) holds more than 1/share_divisor of its
+  /// fair_pending_share() while the broker's queues together charge more
+  /// than total_percent % of limits.max_pending_bytes_total: the broker-wide
+  /// bound's part of the stall watermark (Router::over_watermark) and of
+  /// the drain that ends a stall.
+  bool crowds_total(std::int64_t queued, std::int64_t share_divisor, std::int64_t total_percent) const;
 
   // ------------------------------------------------------------ deadlines
   /// Stalls, authentication, open messages, drains and write deadlines; once per loop turn.
@@ -236,6 +246,7 @@ class Connections {
   std::int64_t awaiting_send_ = 0;              // connections with awaits_send
   std::chrono::steady_clock::time_point next_write_check_{};
   std::function<void(Connection&)> message_cut_;  // on_message_cut
+  std::function<void(Connection&)> stall_end_;    // on_stall_end
   /// What the last pack for a landing subscriber noted (PackLimits::marks):
   /// scratch reused by every pack, so other peers' sends carry none of it.
   std::array<MessageMark, kMaxFramesPerSend> marks_;

@@ -45,10 +45,13 @@ void Connections::check_deadlines() {
 
 void Connections::check_stalls() {
   // A stall ends when the subscriber it waits for has drained to half its
-  // bound, or when that queue stopped shrinking for producer_stall_ms; the
-  // publisher's link then resumes (owed credits go back).
+  // bound (and, while the broker's queues together are above half theirs,
+  // to an eighth of its share of them), or when that queue stopped
+  // shrinking for producer_stall_ms; the publisher then takes the input it
+  // held and its link resumes (owed credits go back).
   const auto now = ctx_.now;
   const auto patience = std::chrono::milliseconds(ctx_.options.producer_stall_ms);
+  std::vector<std::uint64_t> ended;
   std::erase_if(stalled_, [&](std::uint64_t id) {
     Connection* c = find(id);
     if (c == nullptr) return true;
@@ -64,15 +67,33 @@ void Connections::check_stalls() {
       c->stall_sent = sent;
       c->stalled_until = now + patience;
     }
-    // Drained means below half the byte bound and a quarter of the pool share.
-    const bool pins_high = ctx_.core.slots->pins(c->stall_slot) >
-                           ctx_.core.pool_shares.share(ctx_.options.pool_share_percent) / 4;
-    if (now < c->stalled_until && (queued > low || pins_high)) return false;
+    if (now >= c->stalled_until) {
+      // Waited in vain: what it holds flows (Connection::stall_waived_slot).
+      spdlog::debug("connection {}: stalled {} ms for slot {} ({} bytes queued) without progress", c->id,
+                    ctx_.options.producer_stall_ms, c->stall_slot, queued);
+      c->stall_waived_slot = c->stall_slot;
+    } else {
+      // Drained means below half the byte bound and a quarter of the pool share.
+      const bool pins_high = ctx_.core.slots->pins(c->stall_slot) >
+                             ctx_.core.pool_shares.share(ctx_.options.pool_share_percent) / 4;
+      if (queued > low || pins_high || crowds_total(queued, 8, 50)) return false;
+    }
     c->stalled = false;
-    c->link->resume();
-    touch(*c);
+    ended.push_back(id);
     return true;
   });
+  // After the walk: taking held input may stall the publisher again.
+  for (std::uint64_t id : ended) {
+    Connection* c = find(id);
+    if (c == nullptr) continue;
+    if (stall_end_ && c->is_up()) {
+      stall_end_(*c);
+    } else {
+      c->link->resume();
+    }
+    c->stall_waived_slot = UINT32_MAX;
+    touch(*c);
+  }
   flush_touched();
 }
 

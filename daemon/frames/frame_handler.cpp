@@ -19,9 +19,11 @@ void FrameHandler::process(Connection& c, const BufferRef& buf, std::uint32_t be
   std::span<const std::byte> data(buf.data(), end);
   std::size_t off = begin;
   while (off < end && c.is_up()) {
-    if (c.state == ConnState::kVerifying || c.rendezvous.open) {
+    if (c.state == ConnState::kVerifying || c.rendezvous.open || c.stalled) {
       // Everything after CONNECT waits for the verdict, in order (SPEC.md
-      // §2.4); everything after an RDV_OFFER for its message (§3.8).
+      // §2.4); everything after an RDV_OFFER for its message (§3.8); a
+      // stalled publisher's next frames for the stall's end (§6), so that
+      // what it adds to a backlog is one frame, not the rest of a batch.
       hold_input(c, buf, static_cast<std::uint32_t>(off), end);
       return;
     }

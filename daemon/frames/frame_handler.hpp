@@ -33,7 +33,9 @@ struct AuthResultCommand {
 class FrameHandler {
  public:
   FrameHandler(WorkerContext& ctx, Connections& connections, Router& router)
-      : ctx_(ctx), connections_(connections), router_(router), routes_(ctx, connections, router) {}
+      : ctx_(ctx), connections_(connections), router_(router), routes_(ctx, connections, router) {
+    connections_.on_stall_end([this](Connection& c) { take_held_input(c); });
+  }
 
   /// Handles the whole frames in [begin, end) of `buf` until the connection
   /// stops being up; an invalid frame closes it with the reason. A route

@@ -51,7 +51,7 @@ void Router::route_publish(Connection& publisher, const proto::Frame& f, const B
     } else if (!route_to(s, frame, buf)) {
       return;
     }
-    if (backlogged == nullptr && over_watermark(s)) backlogged = &s;
+    if (backlogged == nullptr && s.slot != publisher.stall_waived_slot && over_watermark(s)) backlogged = &s;
   };
   for (const Subscriber& s : match.plain) deliver(s);
   for (std::size_t g = 0; g < match.groups.size(); ++g) {
@@ -90,7 +90,9 @@ void Router::route_fragment(Connection& publisher, const proto::Frame& f, const 
   // consumer of its own subject), which aborts and clears this list.
   for (std::size_t i = 0; i < publisher.open_message.recipients.size(); ++i) {
     const Subscriber s = publisher.open_message.recipients[i];
-    if (route_to(s, frame, buf) && !backlogged_slot && over_watermark(s)) backlogged_slot = s.slot;
+    if (route_to(s, frame, buf) && !backlogged_slot && s.slot != publisher.stall_waived_slot &&
+        over_watermark(s))
+      backlogged_slot = s.slot;
   }
   if (backlogged_slot && publisher.is_up()) connections_.stall(publisher, *backlogged_slot);
 }
@@ -118,10 +120,15 @@ bool Router::over_watermark(const Subscriber& s) const {
   // Stall watermark: three quarters of the bound leaves room for what the
   // publishers already have in flight when they are slowed down. The pool
   // share counts too: half of it, since a subscriber that reaches its share
-  // is cut (Connections::over_pool_share).
+  // is cut (Connections::over_pool_share). So does the broker-wide bound:
+  // above three quarters of it, a subscriber above a quarter of its share
+  // of it slows its publishers, since above the bound it would be cut.
   const std::uint64_t bound = ctx_.core.backlog_bound(s.slot, ctx_.options.max_pending_bytes);
-  return ctx_.core.slots->queued(s.slot) > static_cast<std::int64_t>(bound - bound / 4) ||
-         ctx_.core.slots->pins(s.slot) > ctx_.core.pool_shares.share(ctx_.options.pool_share_percent) / 2;
+  const std::int64_t queued = ctx_.core.slots->queued(s.slot);
+  return queued > static_cast<std::int64_t>(bound - bound / 4) ||
+         ctx_.core.slots->pins(s.slot) > ctx_.core.pool_shares.share(ctx_.options.pool_share_percent) / 2 ||
+         (s.worker != kChannelWorker && s.worker != kStreamWorker &&
+          connections_.crowds_total(queued, 4, 75));
 }
 
 bool Router::is_live(const Subscriber& s) {
@@ -150,6 +157,7 @@ bool Router::route_to(const Subscriber& s, const RoutedFrame& frame, const Buffe
     return true;
   }
   ctx_.core.slots->add_queued(s.slot, frame.len);
+  ctx_.stats.transit_charge_out.add(static_cast<std::uint64_t>(queued_charge(frame.len, 1)));
   auto& batch = remote_[s.worker];
   if (batch.empty() || batch.back().connection != s.connection ||
       !extend_delivery(batch.back().item, buf, s.sid, frame, ctx_.options.buffer_size)) {

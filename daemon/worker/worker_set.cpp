@@ -21,9 +21,16 @@ void WorkerSet::post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_wo
 }
 
 std::int64_t WorkerSet::pending_charge_total() const {
-  std::int64_t total = 0;
+  // What is queued, and what is on its way to a queue between workers (a
+  // publisher on one worker can route a whole receive batch to another's
+  // subscribers before that worker queues any of it). Arrivals are read
+  // first: a delivery that lands meanwhile is counted twice, never missed.
+  std::int64_t arrived = 0;
+  for (const Worker* w : workers_) arrived += static_cast<std::int64_t>(w->stats().transit_charge_in.get());
+  std::int64_t total = -arrived;
   for (const Worker* w : workers_) {
-    total += queued_charge(w->stats().pending_bytes.get(), w->stats().pending_messages.get());
+    total += queued_charge(w->stats().pending_bytes.get(), w->stats().pending_messages.get()) +
+             static_cast<std::int64_t>(w->stats().transit_charge_out.get());
   }
   return total;
 }

@@ -339,6 +339,15 @@ struct StreamTally {
 };
 StreamTally tally_stream(std::span<const std::byte> bytes);
 
+/// Messages dropped by every stated policy together (the messages.dropped.* counters of `stats`).
+inline std::int64_t dropped_total(const std::map<std::string, std::int64_t>& stats) {
+  std::int64_t dropped = 0;
+  for (const auto& [k, v] : stats) {
+    if (k.rfind("messages.dropped.", 0) == 0) dropped += v;
+  }
+  return dropped;
+}
+
 /// A bare TCP peer speaking bytes of the test's choosing.
 class RawTcp {
  public:

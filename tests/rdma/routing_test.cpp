@@ -230,17 +230,11 @@ TEST_P(Routing, QueueGroupMemberKilledMidStreamLosesNothingSilently) {
   // Deliveries are counted when their sends complete (after they left the
   // queue): wait for the sends in flight too, not only the queues.
   auto settled = [](auto& s) {
-    std::int64_t dropped = 0;
-    for (const auto& [k, v] : s) {
-      if (k.rfind("messages.dropped.", 0) == 0) dropped += v;
-    }
+    const std::int64_t dropped = dropped_total(s);
     return s["messages.pending"] == 0 && s["messages.delivered"] + dropped == s["messages.routed"];
   };
   auto s = broker_.wait_stats(settled, 30s);
-  std::int64_t dropped = 0;
-  for (const auto& [k, v] : s) {
-    if (k.rfind("messages.dropped.", 0) == 0) dropped += v;
-  }
+  const std::int64_t dropped = dropped_total(s);
   EXPECT_EQ(s["messages.routed"], static_cast<std::int64_t>(kMessages + kAfter));
   EXPECT_EQ(s["messages.delivered"] + dropped, s["messages.routed"]);
   EXPECT_GE(static_cast<std::int64_t>(survivor.count()), s["messages.routed"] / 2);

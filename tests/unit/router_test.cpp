@@ -286,6 +286,8 @@ TEST_F(RouterTest, EachPublishersMessagesArriveInTheOrderItSentThem) {
 
 TEST_F(RouterTest, ABackloggedSubscriberStallsItsPublisherThenIsCutOff) {
   ctx_->options.max_pending_bytes = 16 * 1024;
+  ctx_->options.producer_stall_ms = 0;           // the next deadline check finds the stall waited in vain
+  ctx_->now = std::chrono::steady_clock::now();  // check_deadlines() reads the clock
   Client sub = connect(), bystander = connect(), pub = connect();
   sub.link->stuck = true;  // takes its first sends and never completes them
   subscribe(sub, "feed", 1);
@@ -301,9 +303,19 @@ TEST_F(RouterTest, ABackloggedSubscriberStallsItsPublisherThenIsCutOff) {
   EXPECT_TRUE(pub.c->stalled);
   EXPECT_EQ(ctx_->stats.producer_stalls.get(), 1u);
   EXPECT_TRUE(sub.c->is_up());
-  // A publisher that goes on regardless overflows the bound: the subscriber
-  // is cut off (its queued messages counted as dropped), nobody else is.
-  for (int i = 0; i < 10 && sub.c->is_up(); ++i) publish(pub, "feed", payload);
+  // What it sends meanwhile (up to its credits) waits: the backlog grows no further.
+  const std::int64_t queued = core_.slots->queued(sub.c->slot);
+  for (int i = 0; i < 10; ++i) publish(pub, "feed", payload);
+  EXPECT_EQ(core_.slots->queued(sub.c->slot), queued);
+  EXPECT_EQ(pub.c->held_input.size(), 10u);
+  // The subscriber took nothing within producer_stall_ms: the stall ends and
+  // the held frames flow without waiting for it again; it overflows its
+  // bound and is cut off (its queued messages counted as dropped), nobody else is.
+  connections_->check_deadlines();
+  EXPECT_FALSE(pub.c->stalled);
+  EXPECT_TRUE(pub.c->held_input.empty());
+  EXPECT_FALSE(pub.link->paused);
+  EXPECT_EQ(ctx_->stats.producer_stalls.get(), 1u) << "what the stall held stalled it again";
   EXPECT_EQ(sub.c->reason, CloseReason::kSlowConsumer);
   EXPECT_FALSE(sub.c->is_up());
   EXPECT_GT(ctx_->stats.dropped[static_cast<std::size_t>(DropReason::kSlowConsumer)].get(), 0u);
@@ -354,7 +366,9 @@ TEST_F(RouterTest, WaitingSmallMessagesAreCopiedOutOfTheirReceiveBuffers) {
 // (64 MiB) is nowhere near.
 TEST_F(RouterTest, ASubscriberPastItsPoolShareStallsItsPublisherThenIsCutOff) {
   core_.pool_shares.configure(pool_->count());
-  ctx_->options.pool_share_percent = 10;  // 25 of the 256 buffers
+  ctx_->options.pool_share_percent = 10;         // 25 of the 256 buffers
+  ctx_->options.producer_stall_ms = 0;           // the next deadline check finds the stall waited in vain
+  ctx_->now = std::chrono::steady_clock::now();  // check_deadlines() reads the clock
   Client sub = connect(), bystander = connect(), pub = connect();
   sub.link->stuck = true;
   subscribe(sub, "large", 1);
@@ -368,7 +382,15 @@ TEST_F(RouterTest, ASubscriberPastItsPoolShareStallsItsPublisherThenIsCutOff) {
   ASSERT_TRUE(pub.link->paused);
   EXPECT_LE(sub.c->pins, 14);
   EXPECT_TRUE(sub.c->is_up());
-  for (int i = 0; i < 40 && sub.c->is_up(); ++i) publish(pub, "large", payload);
+  // What it sends meanwhile waits; once the stall has waited in vain it
+  // flows, and the subscriber is cut at its share.
+  for (int i = 0; i < 40 && sub.c->is_up(); ++i) {
+    publish(pub, "large", payload);
+    if (i == 0) {
+      EXPECT_EQ(pub.c->held_input.size(), 1u);
+    }
+    connections_->check_deadlines();
+  }
   EXPECT_EQ(sub.c->reason, CloseReason::kSlowConsumer);
   EXPECT_EQ(ctx_->stats.share_cuts[static_cast<std::size_t>(ShareScope::kConnection)].get(), 1u);
   EXPECT_GT(ctx_->stats.dropped[static_cast<std::size_t>(DropReason::kSlowConsumer)].get(), 0u);
@@ -384,8 +406,10 @@ TEST_F(RouterTest, ASubscriberPastItsPoolShareStallsItsPublisherThenIsCutOff) {
 // reserve (32 of 256), not before.
 TEST_F(RouterTest, ATenantsConnectionsTogetherAreBoundedByItsShareWhenThePoolRunsShort) {
   core_.pool_shares.configure(pool_->count());
-  ctx_->options.pool_share_percent = 50;       // 128 buffers each
-  ctx_->options.user_pool_share_percent = 15;  // 38 for the tenant
+  ctx_->options.pool_share_percent = 50;         // 128 buffers each
+  ctx_->options.user_pool_share_percent = 15;    // 38 for the tenant
+  ctx_->options.producer_stall_ms = 0;           // stalls for stuck subscribers end at the next check
+  ctx_->now = std::chrono::steady_clock::now();  // check_deadlines() reads the clock
   Client a = connect(), b = connect(), pub = connect();
   ASSERT_EQ(a.c->tenant, b.c->tenant) << "anonymous clients of one address are one tenant";
   a.link->stuck = b.link->stuck = true;
@@ -397,6 +421,7 @@ TEST_F(RouterTest, ATenantsConnectionsTogetherAreBoundedByItsShareWhenThePoolRun
     free_at_cut = pool_->count() - pool_->in_use();
     publish(pub, "t.a", payload);
     publish(pub, "t.b", payload);
+    connections_->check_deadlines();
   }
   EXPECT_TRUE(!a.c->is_up() || !b.c->is_up());
   EXPECT_EQ(ctx_->stats.share_cuts[static_cast<std::size_t>(ShareScope::kUser)].get(), 1u);
