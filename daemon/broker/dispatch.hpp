@@ -20,6 +20,10 @@ struct RemoteDelivery {
   std::uint64_t connection = 0;
   std::uint32_t slot = 0;
   OutItem item;
+  /// Routed by a worker, which counted its charge in its transit_charge_out
+  /// (WorkerStats): the receiving worker counts it in when it arrives. The
+  /// engines' deliveries (multicast, stream consumers) are not counted.
+  bool in_transit_charge = false;
 };
 
 class WorkerDispatch {

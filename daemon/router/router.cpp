@@ -159,9 +159,9 @@ bool Router::route_to(const Subscriber& s, const RoutedFrame& frame, const Buffe
   ctx_.core.slots->add_queued(s.slot, frame.len);
   ctx_.stats.transit_charge_out.add(static_cast<std::uint64_t>(queued_charge(frame.len, 1)));
   auto& batch = remote_[s.worker];
-  if (batch.empty() || batch.back().connection != s.connection ||
+  if (batch.empty() || batch.back().connection != s.connection || !batch.back().in_transit_charge ||
       !extend_delivery(batch.back().item, buf, s.sid, frame, ctx_.options.buffer_size)) {
-    batch.push_back({s.connection, s.slot, make_delivery(buf.clone(), s.sid, frame, now)});
+    batch.push_back({s.connection, s.slot, make_delivery(buf.clone(), s.sid, frame, now), true});
   }
   return true;
 }

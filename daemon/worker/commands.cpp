@@ -57,7 +57,7 @@ void Worker::on_command(DeliverCommand& cmd) {
 void Worker::deliver(std::vector<RemoteDelivery>& items) {
   std::int64_t arrived = 0;  // their charge, no longer in transit (WorkerStats::transit_charge_in)
   for (const auto& d : items) {
-    if (d.item.is_delivery()) arrived += queued_charge(d.item.body_len, d.item.messages);
+    if (d.in_transit_charge) arrived += queued_charge(d.item.body_len, d.item.messages);
   }
   ctx_.stats.transit_charge_in.add(static_cast<std::uint64_t>(arrived));
   for (auto& d : items) {

@@ -88,10 +88,16 @@ void WorkerStats::visit(StatsVisitor& v) const {
           "Messages queued for subscribers and not yet sent.");
   v.level("messages.pending_bytes", pending_bytes.get(), "rdmabroker_pending_bytes",
           "Frame bytes queued for subscribers, all connections.");
-  v.level("messages.pending_charge", queued_charge(pending_bytes.get(), pending_messages.get()),
+  // Summed over the workers, what WorkerSet::pending_charge_total() compares
+  // with the bound (one worker's part may be below zero: what it took from
+  // another that the other counted out).
+  v.level("messages.pending_charge",
+          queued_charge(pending_bytes.get(), pending_messages.get()) +
+              static_cast<std::int64_t>(transit_charge_out.get()) -
+              static_cast<std::int64_t>(transit_charge_in.get()),
           "rdmabroker_pending_charged_bytes",
-          "Queued frame bytes plus 128 bytes of bookkeeping per queued message: what "
-          "limits.max_pending_bytes_total bounds.");
+          "Queued frame bytes plus 128 bytes of bookkeeping per queued message, with the deliveries on "
+          "their way between workers: what limits.max_pending_bytes_total bounds.");
   v.gauge({"pool.held.out_queues", kPoolHeld, kPoolHeldHelp, "holder", "out_queues"}, queue_pins.get());
   v.gauge({"", kPoolHeld, kPoolHeldHelp, "holder", "receive_queues"}, srq_posted.get());
   v.count("messages.compacted", compacted_messages, "rdmabroker_messages_compacted_total",

@@ -15,8 +15,8 @@ cd "$(dirname "$0")/../.."
 N=${1:-200}
 BIN=${RDMABROKER_BIN:-build/release}
 source tests/bench/suite-lib.sh
+host_build connect_rate rdmabrokerd
 in_guest_unless_rdma "$0" "$@"
-ninja -C "$BIN" connect_rate rdmabrokerd >/dev/null 2>&1 || true
 A1=${RDMABROKER_GUEST_ADDR1:-127.0.0.1}
 A2=${RDMABROKER_GUEST_ADDR2:-127.0.0.1}
 SOCK=/tmp/connect-rate-$$.sock

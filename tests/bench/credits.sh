@@ -27,8 +27,8 @@ D=${3:-5}
 R=${4:-50}
 BIN=${RDMABROKER_BIN:-build/release}
 source tests/bench/suite-lib.sh
+host_build hold_connections rdmabrokerd rdmabroker_cli
 in_guest_unless_rdma env CONNECT_RATE="${CONNECT_RATE:-0}" "$0" "$@"
-ninja -C "$BIN" hold_connections rdmabrokerd rdmabroker_cli >/dev/null 2>&1 || true
 A1=${RDMABROKER_GUEST_ADDR1:-127.0.0.1}
 A2=${RDMABROKER_GUEST_ADDR2:-127.0.0.1}
 SOCK=/tmp/credits-$$.sock

@@ -18,8 +18,8 @@ N=${2:-1000}
 BIN=${RDMABROKER_BIN:-build/release}
 source tests/bench/suite-lib.sh
 SUBS=${SUBS:-1}
+host_build hold_connections rdmabrokerd
 [ "$VIA" = rdma ] && in_guest_unless_rdma env SUBS="$SUBS" tests/bench/idle-rss.sh rdma "$N"
-ninja -C "$BIN" hold_connections rdmabrokerd >/dev/null 2>&1 || true
 SOCK=/tmp/idle-rss-$$.sock
 # One address holds every subscription here: its share of the broker's
 # subscription memory (limits.user_subscription_share_percent) is all of it.

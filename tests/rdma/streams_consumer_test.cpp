@@ -76,6 +76,10 @@ TEST_P(Consumers, APushConsumerGetsEveryStoredMessageInOrderWithItsSequence) {
   EXPECT_EQ(s["stream.ORDERS.consumer_acks"], 200);
   EXPECT_EQ(s["stream.ORDERS.delivered"], 201);
   EXPECT_EQ(s["stream.ORDERS.consumer_pending"], 1);
+  // What the engine handed to the worker's queue left none of its charge
+  // behind (limits.max_pending_bytes_total's total, messages.pending_charge).
+  s = broker_->wait_stats([](auto& s) { return s["messages.pending"] == 0; }, 10s);
+  EXPECT_EQ(s["messages.pending_charge"], 0);
 }
 
 TEST_P(Consumers, EachStartPolicyStartsWhereItSays) {
