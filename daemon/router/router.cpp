@@ -51,7 +51,7 @@ void Router::route_publish(Connection& publisher, const proto::Frame& f, const B
     } else if (!route_to(s, frame, buf)) {
       return;
     }
-    if (backlogged == nullptr && s.slot != publisher.stall_waived_slot && over_watermark(s)) backlogged = &s;
+    if (backlogged == nullptr && stalls(publisher, s)) backlogged = &s;
   };
   for (const Subscriber& s : match.plain) deliver(s);
   for (std::size_t g = 0; g < match.groups.size(); ++g) {
@@ -90,9 +90,7 @@ void Router::route_fragment(Connection& publisher, const proto::Frame& f, const 
   // consumer of its own subject), which aborts and clears this list.
   for (std::size_t i = 0; i < publisher.open_message.recipients.size(); ++i) {
     const Subscriber s = publisher.open_message.recipients[i];
-    if (route_to(s, frame, buf) && !backlogged_slot && s.slot != publisher.stall_waived_slot &&
-        over_watermark(s))
-      backlogged_slot = s.slot;
+    if (route_to(s, frame, buf) && !backlogged_slot && stalls(publisher, s)) backlogged_slot = s.slot;
   }
   if (backlogged_slot && publisher.is_up()) connections_.stall(publisher, *backlogged_slot);
 }

@@ -76,6 +76,11 @@ class Router {
   void send_to(const Subscriber& s, OutItem item);
   /// Whether `s`'s queue is above the stall watermark.
   bool over_watermark(const Subscriber& s) const;
+  /// Whether `s` stalls `publisher` now: above the watermark, unless the
+  /// publisher is taking what a stall for `s` held in vain (stall_waived_slot).
+  bool stalls(const Connection& publisher, const Subscriber& s) const {
+    return s.slot != publisher.stall_waived_slot && over_watermark(s);
+  }
   /// False only for a subscriber of this worker that is gone or closing.
   bool is_live(const Subscriber& s);
   /// The local subscriptions interest entry `entry` stands for that match

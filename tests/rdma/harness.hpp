@@ -348,6 +348,13 @@ inline std::int64_t dropped_total(const std::map<std::string, std::int64_t>& sta
   return dropped;
 }
 
+/// Every statistic of `stats` on one line ("key=value ..."), for a failure's message.
+inline std::string describe_stats(const std::map<std::string, std::int64_t>& stats) {
+  std::string all;
+  for (const auto& [k, v] : stats) all += k + "=" + std::to_string(v) + " ";
+  return all;
+}
+
 /// A bare TCP peer speaking bytes of the test's choosing.
 class RawTcp {
  public:

@@ -472,12 +472,7 @@ TEST_P(Bounds, BrokerWideQueueBoundSlowsPublishersOfSubscribersThatRead) {
     return std::all_of(got.begin(), got.end(), [](auto& n) { return n->load() == kMessages; });
   };
   auto s = broker.wait_stats([&](auto&) { return all_in(); }, 120s);
-  ASSERT_TRUE(all_in()) << broker.admin("connections") << "\n"
-                        << [&] {
-                             std::string all;
-                             for (const auto& [k, v] : s) all += k + "=" + std::to_string(v) + " ";
-                             return all;
-                           }();
+  ASSERT_TRUE(all_in()) << broker.admin("connections") << "\n" << describe_stats(s);
   // A delivery is counted when its send completes, which may be after the
   // subscriber has it: wait for the broker's count too.
   s = broker.wait_stats(

@@ -204,11 +204,7 @@ TEST(Tcp, SubscriberThatStopsReadingIsCutOffOthersUnaffected) {
   EXPECT_GT(s["messages.dropped.slow_consumer"], 0);
   const std::int64_t dropped = dropped_total(s);
   EXPECT_GT(s["messages.routed"], static_cast<std::int64_t>(kMessages));
-  EXPECT_EQ(s["messages.delivered"] + dropped, s["messages.routed"]) << [&] {
-    std::string all;
-    for (const auto& [k, v] : s) all += k + "=" + std::to_string(v) + " ";
-    return all;
-  }();
+  EXPECT_EQ(s["messages.delivered"] + dropped, s["messages.routed"]) << describe_stats(s);
 }
 
 /// A subscriber that does not read until the broker has cut it as a slow
