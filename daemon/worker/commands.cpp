@@ -56,8 +56,11 @@ void Worker::on_command(DeliverCommand& cmd) {
 
 void Worker::deliver(std::vector<RemoteDelivery>& items) {
   std::int64_t arrived = 0;  // their charge, no longer in transit (WorkerStats::transit_charge_in)
-  for (auto& d : items) {
+  for (const auto& d : items) {
     if (d.in_transit_charge) arrived += queued_charge(d.item.body_len, d.item.messages);
+  }
+  ctx_.stats.transit_charge_in.add(static_cast<std::uint64_t>(arrived));
+  for (auto& d : items) {
     Connection* c = connections_.find_up(d.connection);
     if (c == nullptr) {
       // Counted at what begins a message (an ABORT for a subscriber gone
@@ -68,9 +71,6 @@ void Worker::deliver(std::vector<RemoteDelivery>& items) {
     }
     connections_.enqueue(*c, std::move(d.item));
   }
-  // After they are queued: the broker-wide total may count them twice for a
-  // moment, never not at all.
-  ctx_.stats.transit_charge_in.add(static_cast<std::uint64_t>(arrived));
 }
 
 void Worker::on_command(QpFatalCommand& cmd) {
