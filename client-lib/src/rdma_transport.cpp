@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "rdma_transport.hpp"
+#include "rdmabroker/common/thread_name.hpp"
 
 namespace rdmabroker {
 
@@ -59,7 +60,12 @@ Status RdmaTransport::connect() {
       [this](std::uint32_t size, proto::ConnectReject* reject) { return connect_once(size, reject); },
       [this] { teardown_resources(); });
   if (!st) return st;
-  if (!session_.options().polled) io_thread_ = std::thread([this] { run(); });
+  if (!session_.options().polled) {
+    io_thread_ = std::thread([this] {
+      name_this_thread("rb-client-io");
+      run();
+    });
+  }
   return session_.authenticate();
 }
 

@@ -20,6 +20,7 @@
 #include "client_internal.hpp"
 #include "reconnecting_consumer.hpp"
 #include "session.hpp"
+#include "rdmabroker/common/thread_name.hpp"
 
 namespace rdmabroker {
 
@@ -38,7 +39,10 @@ class ReconnectingClient final : public Client {
     if (!first) return first.error();
     current_ = std::move(first.value());
     board_->set(current_);
-    supervisor_ = std::thread([this] { supervise(); });
+    supervisor_ = std::thread([this] {
+      name_this_thread("rb-reconnect");
+      supervise();
+    });
     return {};
   }
 

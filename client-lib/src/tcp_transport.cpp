@@ -35,6 +35,7 @@
 #include "rdmabroker/common/fd.hpp"
 #include "rdmabroker/common/tls.hpp"
 #include "transport.hpp"
+#include "rdmabroker/common/thread_name.hpp"
 
 namespace rdmabroker {
 namespace {
@@ -141,7 +142,12 @@ Status TcpTransport::connect() {
         fd_.reset();
       });
   if (!st) return st;
-  if (!session_.options().polled) io_thread_ = std::thread([this] { run(); });
+  if (!session_.options().polled) {
+    io_thread_ = std::thread([this] {
+      name_this_thread("rb-client-io");
+      run();
+    });
+  }
   return session_.authenticate();
 }
 

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "accept/listener.hpp"
+#include "rdmabroker/common/thread_name.hpp"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -82,7 +83,10 @@ Status Listener::listen() {
 }
 
 void Listener::start() {
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread("rb-accept");
+    run();
+  });
 }
 
 void Listener::stop() {

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "broker/authenticator.hpp"
+#include "rdmabroker/common/thread_name.hpp"
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -44,7 +45,10 @@ Authenticator::~Authenticator() {
 }
 
 void Authenticator::start() {
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread("rb-auth");
+    run();
+  });
 }
 
 void Authenticator::stop() {

@@ -15,6 +15,7 @@
 #include "rdmabroker/proto/multicast.hpp"
 #include "rdmabroker/proto/subjects.hpp"
 #include "worker/worker.hpp"
+#include "rdmabroker/common/thread_name.hpp"
 
 namespace rdmabroker::daemon {
 
@@ -74,7 +75,10 @@ MulticastEngine::~MulticastEngine() { stop(); }
 
 void MulticastEngine::start() {
   started_ = true;
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread("rb-multicast");
+    run();
+  });
 }
 
 void MulticastEngine::stop() {

@@ -11,6 +11,7 @@
 #include "store/file_store.hpp"
 #include "stream/admin.hpp"
 #include "stream/consumer_state.hpp"
+#include "rdmabroker/common/thread_name.hpp"
 
 namespace rdmabroker::daemon {
 namespace {
@@ -222,7 +223,10 @@ void StreamEngine::command(ConsumerCommand&& c) { post(std::move(c)); }
 
 void StreamEngine::start() {
   ready_.resize(core_.options.workers);  // one PUB_ACK batch per worker
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread("rb-streams");
+    run();
+  });
 }
 
 void StreamEngine::stop() {

@@ -3,6 +3,7 @@
 // worker/commands.cpp; everything above the transports in connection/,
 // router/ and frames/.
 #include "worker/worker.hpp"
+#include "rdmabroker/common/thread_name.hpp"
 
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
@@ -65,7 +66,10 @@ Status Worker::init(const DeviceSet* devices, TcpListeners tcp) {
 }
 
 void Worker::start() {
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread("rb-worker-" + std::to_string(index()));
+    run();
+  });
 }
 
 void Worker::join() {

@@ -12,6 +12,8 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <set>
 
 #include "harness.hpp"
 #include "rdmabroker/client.hpp"
@@ -194,6 +196,32 @@ TEST_P(Streams, AFullDiskRefusesCountedOthersFlowAndTheStreamResumesWithRoom) {
   const auto all = stored("DISK");
   ASSERT_EQ(all.size(), static_cast<std::size_t>(kept + 1));
   EXPECT_EQ(all.back(), "disk.x room again");
+}
+
+/// The names of process `pid`'s threads (/proc/PID/task/*/comm).
+std::multiset<std::string> thread_names(int pid) {
+  std::multiset<std::string> names;
+  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+    std::ifstream in(task.path() / "comm");
+    std::string name;
+    if (std::getline(in, name)) names.insert(name);
+  }
+  return names;
+}
+
+TEST_P(Streams, EveryThreadOfTheBrokerAndOfTheLibraryHasItsName) {
+  // What an operator reads in `top -H` or perf: which part of the broker is busy.
+  start("  - name: ORDERS\n    subjects: [\"orders.>\"]\n", "", "workers: 2\n");
+  auto client = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(client);
+  const auto broker = thread_names(broker_->pid());
+  for (const char* name : {"rdmabrokerd", "rb-worker-0", "rb-worker-1", "rb-auth", "rb-streams"}) {
+    EXPECT_EQ(broker.count(name), 1u) << name << " in " << ::testing::PrintToString(broker);
+  }
+  if (GetParam() == Via::kRdma) {
+    EXPECT_EQ(broker.count("rb-accept"), 1u) << ::testing::PrintToString(broker);
+  }
+  EXPECT_GE(thread_names(::getpid()).count("rb-client-io"), 1u);
 }
 
 TEST(StreamsConfig, AStreamThatCannotBeOpenedStopsTheStartWithItsName) {
