@@ -3,6 +3,7 @@
 // for its PUB_ACK.
 #include <cstring>
 
+#include "rdmabroker/proto/pub_ack.hpp"
 #include "session.hpp"
 
 namespace rdmabroker {
@@ -104,30 +105,36 @@ Status Session::publish_acked_async(std::string_view subject, const Headers& hea
 }
 
 void Session::on_pub_ack(const proto::Frame& f) {
+  // One answer, or (version 12) a RANGE of them: `count` ids from the
+  // frame's sequence on, stored under consecutive stream sequences.
+  const proto::PubAckAnswer answer = proto::pub_ack_answer(f);
+  const auto code = static_cast<proto::ErrorCode>(f.header.arg);
+  const bool duplicate = (f.header.flags & proto::kFlagDuplicate) != 0;
+  std::vector<AckWait> answered;  // asynchronous ones: their handlers run after the lock
   std::unique_lock lock(mu_);
-  auto it = acks_.find(f.header.sequence);
-  if (it == acks_.end()) return;  // its publish_acked() gave up waiting
-  AckWait& w = it->second;
-  w.done = true;
-  w.code = static_cast<proto::ErrorCode>(f.header.arg);
-  std::memcpy(&w.ack.sequence, f.payload.data(), sizeof w.ack.sequence);
-  w.ack.stream.assign(reinterpret_cast<const char*>(f.payload.data()) + proto::kPubAckMinLen,
-                      f.payload.size() - proto::kPubAckMinLen);
-  w.ack.duplicate = (f.header.flags & proto::kFlagDuplicate) != 0;
-  if (!w.handler) {
-    cv_.notify_all();
-    return;
+  for (std::uint32_t i = 0; i < answer.count; ++i) {
+    auto it = acks_.find(answer.first_id + i);
+    if (it == acks_.end()) continue;  // its publish_acked() gave up waiting
+    AckWait& w = it->second;
+    w.done = true;
+    w.code = code;
+    w.ack.sequence = answer.first_sequence + (answer.first_sequence != 0 ? i : 0);
+    w.ack.stream.assign(answer.stream);
+    w.ack.duplicate = duplicate;
+    if (!w.handler) continue;  // publish_acked() takes it
+    answered.push_back(std::move(w));
+    acks_.erase(it);
+    --async_acks_;
   }
-  // An asynchronous one: its handler runs here, on the I/O thread, without the lock.
-  AckWait answered = std::move(w);
-  acks_.erase(it);
-  --async_acks_;
-  cv_.notify_all();  // a publisher may wait for room
+  cv_.notify_all();  // a publish_acked() is answered, or a publisher may wait for room
   lock.unlock();
-  if (answered.code != proto::ErrorCode::kNone) {
-    answered.handler(ack_error(answered.code, answered.subject, answered.ack.stream));
-  } else {
-    answered.handler(std::move(answered.ack));
+  // Asynchronous ones: their handlers run here, on the I/O thread, without the lock, in order.
+  for (AckWait& a : answered) {
+    if (a.code != proto::ErrorCode::kNone) {
+      a.handler(ack_error(a.code, a.subject, a.ack.stream));
+    } else {
+      a.handler(std::move(a.ack));
+    }
   }
 }
 

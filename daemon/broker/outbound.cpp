@@ -73,6 +73,21 @@ OutItem make_pub_ack(std::uint64_t id, proto::ErrorCode code, std::uint64_t stre
   return item;
 }
 
+OutItem make_pub_ack_range(std::uint64_t first_id, std::uint32_t count, std::uint64_t first_sequence,
+                           std::string_view stream) {
+  proto::FrameHeader h;
+  h.type = proto::FrameType::kPubAck;
+  h.flags = proto::kFlagRange;
+  h.sequence = first_id;
+  std::string payload(proto::kPubAckRangeMinLen, '\0');
+  std::memcpy(payload.data(), &first_sequence, sizeof first_sequence);
+  std::memcpy(payload.data() + 8, &count, sizeof count);
+  payload.append(stream.substr(0, proto::kMaxStreamNameLen));
+  OutItem item = make_frame(h, {}, {}, payload);
+  item.fixed_sequence = true;  // the first PUBLISH's id, not this connection's frame counter
+  return item;
+}
+
 OutItem make_abort(std::uint32_t sid, std::uint64_t publisher_id) {
   OutItem item = make_control(proto::FrameType::kAbort, sid);
   item.header.sequence = publisher_id;

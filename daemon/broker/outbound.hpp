@@ -112,6 +112,10 @@ OutItem make_no_responders(std::string_view reply);
 /// before, under that sequence), else why not.
 OutItem make_pub_ack(std::uint64_t id, proto::ErrorCode code, std::uint64_t stream_sequence = 0,
                      std::string_view stream = {}, bool duplicate = false);
+/// A PUB_ACK with RANGE (version 12): the `count` PUBLISHes with ids from
+/// `first_id` on, stored from `first_sequence` on (SPEC.md §3.10).
+OutItem make_pub_ack_range(std::uint64_t first_id, std::uint32_t count, std::uint64_t first_sequence,
+                           std::string_view stream);
 /// ABORT (SPEC.md §3.7): the message publisher `publisher_id` was sending to
 /// subscription `sid` in fragments will not be completed.
 OutItem make_abort(std::uint32_t sid, std::uint64_t publisher_id);

@@ -32,6 +32,8 @@ struct StreamPublish {
   std::uint64_t publisher = 0;
   std::uint32_t publisher_slot = 0;
   std::uint32_t publisher_worker = 0;
+  /// The publisher takes a PUB_ACK with RANGE for a run of its messages (version 12).
+  bool ack_ranges = false;
 };
 
 /// What a client asked of a stream's consumer (SPEC.md §3.11), as its

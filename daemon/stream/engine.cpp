@@ -368,15 +368,16 @@ void StreamEngine::write_staged(Stream& s) {
                     s.stats->name, to - lost + 1, r.error().message);
     }
     s.duplicates.forget_from(lost);
-    const proto::ErrorCode code = code_of(r.error().code);
-    std::erase_if(s.acks, [&](Ack& a) {
+    // Refused in their place, and told so now.
+    std::vector<Ack> refused;
+    std::erase_if(s.acks, [&](const Ack& a) {
       if (a.sequence < lost) return false;
-      a.delivery.item = make_pub_ack(a.ack_id, code);
-      ready_[a.worker].push_back(std::move(a.delivery));
-      s.stats->acks.add();
-      acks_due_ = true;
+      refused.push_back(a);
+      refused.back().code = code_of(r.error().code);
+      refused.back().sequence = 0;
       return true;
     });
+    send_acks(s, refused);
   }
   s.stats->stored.add(lost - from);
   if (storage_.sync == config::StreamSync::kInterval) release_acks(s);  // written is enough
@@ -400,10 +401,47 @@ void StreamEngine::count_refused(Stream& s, store::StoreErrc code, std::uint64_t
 }
 
 void StreamEngine::release_acks(Stream& s) {
-  s.stats->acks.add(s.acks.size());
-  for (Ack& a : s.acks) ready_[a.worker].push_back(std::move(a.delivery));
-  acks_due_ = acks_due_ || !s.acks.empty();
+  send_acks(s, s.acks);
   s.acks.clear();
+}
+
+void StreamEngine::send_acks(Stream& s, std::span<const Ack> acks) {
+  if (acks.empty()) return;
+  const std::string& name = s.stats->name;
+  std::uint64_t frames = 0;
+  const auto send = [&](const Ack& first, std::uint32_t count) {
+    OutItem item = count > 1 ? make_pub_ack_range(first.ack_id, count, first.sequence, name)
+                             : make_pub_ack(first.ack_id, first.code, first.sequence, name, first.duplicate);
+    ready_[first.worker].push_back({first.connection, first.slot, std::move(item)});
+    ++frames;
+  };
+  // The runs being extended, one per publisher at most (a publisher's
+  // answers leave in its order: a run is sent before its next answer).
+  std::vector<AckRun>& open = runs_;
+  open.clear();
+  for (const Ack& a : acks) {
+    auto run = std::find_if(open.begin(), open.end(),
+                            [&](const AckRun& r) { return r.first->connection == a.connection; });
+    const bool stored = a.ranges && a.code == proto::ErrorCode::kNone && !a.duplicate;
+    if (run != open.end() && stored && a.ack_id == run->first->ack_id + run->count &&
+        a.sequence == run->first->sequence + run->count) {
+      ++run->count;
+      continue;
+    }
+    if (run != open.end()) {
+      send(*run->first, run->count);
+      open.erase(run);
+    }
+    if (stored) {
+      open.push_back({&a, 1});
+    } else {
+      send(a, 1);
+    }
+  }
+  for (const AckRun& r : open) send(*r.first, r.count);
+  s.stats->acks.add(acks.size());
+  s.stats->ack_frames.add(frames);
+  acks_due_ = true;
 }
 
 void StreamEngine::store_one(Stream& s, const StreamPublish& p, std::int64_t realtime_now,
@@ -438,20 +476,16 @@ void StreamEngine::store_one(Stream& s, const StreamPublish& p, std::int64_t rea
 void StreamEngine::answer(Stream& s, const StreamPublish& p, proto::ErrorCode code, std::uint64_t sequence,
                           bool duplicate) {
   if (p.ack_id == 0) return;
-  Ack ack{p.publisher_worker,
-          {p.publisher, p.publisher_slot, make_pub_ack(p.ack_id, code, sequence, s.stats->name, duplicate)},
-          p.ack_id,
-          sequence};
+  const Ack ack{p.publisher_worker, p.publisher, p.publisher_slot, p.ack_id,
+                sequence,           code,        duplicate,        p.ack_ranges};
   // Behind the batch's staged messages until they are written, and behind
   // the stream's unsynced ones (a duplicate's first may be one of them)
   // unless written is enough (sync: interval).
   if (s.staged_from != 0 || (s.dirty && storage_.sync != config::StreamSync::kInterval)) {
-    s.acks.push_back(std::move(ack));
+    s.acks.push_back(ack);
     return;
   }
-  s.stats->acks.add();
-  ready_[ack.worker].push_back(std::move(ack.delivery));
-  acks_due_ = true;
+  send_acks(s, std::span(&ack, 1));
 }
 
 void StreamEngine::post_acks() {

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <optional>
 #include <future>
+#include <span>
 #include <string>
 #include <thread>
 #include <variant>
@@ -58,7 +59,8 @@ struct StreamStats {
   Counter removed_by_limits;
   Counter syncs;
   Counter duplicates;  // messages with a Msg-Id stored within the window: not stored again
-  Counter acks;        // PUB_ACKs sent (stored, duplicate or refused)
+  Counter acks;        // acknowledged publishes answered (stored, duplicate or refused)
+  Counter ack_frames;  // PUB_ACK frames that carried them (a range answers a run of messages)
   // Its consumers' (SPEC.md §3.11), summed.
   Counter delivered, redelivered, consumer_acks, max_deliveries;
   Gauge consumers, consumer_pending;
@@ -109,12 +111,16 @@ class StreamEngine final : public StreamCapture {
   std::int64_t index_entries() const { return index_entries_.load(std::memory_order_relaxed); }
 
  private:
-  /// A PUB_ACK for the publisher's worker to send.
+  /// An answer to an acknowledged PUBLISH, for the publisher's worker to send.
   struct Ack {
-    std::uint32_t worker = 0;
-    RemoteDelivery delivery;
-    std::uint64_t ack_id = 0;    // the publisher's, for a refusal in its place
-    std::uint64_t sequence = 0;  // what it acknowledges
+    std::uint32_t worker = 0;  // the publisher's worker, connection and slot
+    std::uint64_t connection = 0;
+    std::uint32_t slot = 0;
+    std::uint64_t ack_id = 0;    // the publisher's id of the message
+    std::uint64_t sequence = 0;  // the stream sequence it acknowledges (0: not stored)
+    proto::ErrorCode code = proto::ErrorCode::kNone;
+    bool duplicate = false;
+    bool ranges = false;  // the publisher takes PUB_ACK ranges (version 12)
   };
   /// A stream as the engine thread holds it.
   struct Stream {
@@ -192,6 +198,10 @@ class StreamEngine final : public StreamCapture {
   void count_refused(Stream& s, store::StoreErrc code, std::uint64_t n);
   /// Sends the acknowledgements `s` holds.
   void release_acks(Stream& s);
+  /// Hands `acks` (answers of stream `s`, in order) to their workers: a run
+  /// of one publisher's stored messages whose ids and sequences both go up
+  /// by one as a single PUB_ACK with RANGE, when the publisher takes them.
+  void send_acks(Stream& s, std::span<const Ack> acks);
   void refresh(Stream& s);
   /// Answers PUBLISH `p` (if it asked for an ACK): after `s`'s next sync
   /// when `s` has unsynced messages, else with the next post.
@@ -236,7 +246,12 @@ class StreamEngine final : public StreamCapture {
   config::StorageSettings storage_;
   std::int64_t first_dirty_ns_ = 0;
   std::vector<std::vector<RemoteDelivery>> ready_;  // PUB_ACKs due, per worker
-  bool acks_due_ = false;  // steady: when the oldest unsynced message was stored (0: none)
+  struct AckRun {
+    const Ack* first;
+    std::uint32_t count;
+  };
+  std::vector<AckRun> runs_;  // send_acks()'s, kept for its capacity
+  bool acks_due_ = false;     // steady: when the oldest unsynced message was stored (0: none)
   LogThrottle refusal_log_;
   /// Each consumer member: (connection, sid) -> (stream id, consumer name).
   std::map<std::pair<std::uint64_t, std::uint32_t>, std::pair<std::uint32_t, std::string>> members_;

@@ -28,7 +28,9 @@ void StreamStats::visit(StatsVisitor& v) const {
   count("duplicates", duplicates, "rdmabroker_stream_duplicates_total",
         "Messages whose Msg-Id a stream stored within its duplicate window: not stored again.");
   count("acks", acks, "rdmabroker_stream_acks_total",
-        "PUB_ACKs a stream sent (stored, duplicate or refused).");
+        "Acknowledged publishes a stream answered (stored, duplicate or refused).");
+  count("ack_frames", ack_frames, "rdmabroker_stream_ack_frames_total",
+        "PUB_ACK frames a stream sent: one per answer, or one per run of a publisher's stored messages.");
   count("delivered", delivered, "rdmabroker_stream_consumer_delivered_total",
         "Messages a stream's consumers delivered (redeliveries included).");
   count("redelivered", redelivered, "rdmabroker_stream_consumer_redelivered_total",

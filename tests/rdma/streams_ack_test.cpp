@@ -2,8 +2,9 @@
 // Acknowledged publishing (proto/SPEC.md §3.10, docs/streams.md) as users
 // meet it, over RDMA (in the guest) and TCP (on the host): a PUB_ACK names
 // the stream and sequence once the message is durable; every refusal is
-// typed; a Msg-Id sent again is stored once, even across a restart; a
-// subscriber of an older version never sees the ACK flag; every broken rule
+// typed; a Msg-Id sent again is stored once, even across a restart; a run
+// of messages is answered by one PUB_ACK range (version 12), one each for
+// an older client; a subscriber of an older version never sees the ACK flag; every broken rule
 // closes only its sender; and a broker killed with SIGKILL in the middle of
 // a storm of acknowledged publishes has every acknowledged message once, in
 // each publisher's order, when it comes back.
@@ -13,10 +14,12 @@
 #include <array>
 #include <atomic>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <thread>
 
 #include "harness.hpp"
+#include "rdmabroker/proto/pub_ack.hpp"
 #include "rdmabroker/client.hpp"
 #include "stream_files.hpp"
 
@@ -96,6 +99,63 @@ TEST_P(StreamAcks, AnOlderSubscriberNeverSeesTheAckFlag) {
   std::uint16_t flags = 0xffff;
   EXPECT_EQ(read_delivered(*old, 1, 10s, [&](const proto::Frame& f) { flags = f.header.flags; }), 1u);
   EXPECT_EQ(flags, 0) << "the inner PUBLISH is relayed without ACK";
+}
+
+// SPEC.md §3.10, "Ranges": a client of version 12 that sends a run of
+// acknowledged publishes in one go is answered by a PUB_ACK with RANGE per
+// run (one per sync, not one per message), every id once with its own
+// sequence; a client of version 11 still gets one PUB_ACK per message.
+TEST_P(StreamAcks, ARunOfStoredMessagesIsAnsweredByOneRangeAndAnOlderClientByOneEach) {
+  start("  - {name: S, subjects: [\"s.>\"]}\n");
+  constexpr std::uint64_t kRun = 20;
+  std::uint64_t next_sequence = 1;
+  for (const std::uint8_t version : {proto::kAckRangesVersion, proto::kConsumersVersion}) {
+    SCOPED_TRACE("version " + std::to_string(version));
+    auto w = raw_wire(*broker_, GetParam(), true, proto::ConnectRequest{16384, 16, 0, version});
+    ASSERT_TRUE(w);
+    ASSERT_EQ(w->accept.version, version);
+    std::vector<std::byte> run;  // ids 101..120, in one SEND
+    for (std::uint64_t id = 101; id < 101 + kRun; ++id) {
+      const auto f = publish_frame("s.run", proto::kFlagAck, id);
+      run.insert(run.end(), f.begin(), f.end());
+    }
+    ASSERT_TRUE(w->send(run));
+    std::map<std::uint64_t, std::uint64_t> sequence_of;  // id -> stream sequence
+    std::size_t frames = 0, ranges = 0, answers = 0;
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (answers < kRun && std::chrono::steady_clock::now() < deadline) {
+      for (const auto& bytes : w->receive(1s)) {
+        proto::Frame f;
+        ASSERT_EQ(proto::decode_frame(bytes, bytes.size(), f), proto::DecodeStatus::kOk);
+        if (f.header.type != FrameType::kPubAck) continue;
+        ++frames;
+        ranges += (f.header.flags & proto::kFlagRange) != 0 ? 1 : 0;
+        const auto a = proto::pub_ack_answer(f);
+        EXPECT_EQ(f.header.arg, 0u);
+        EXPECT_EQ(a.stream, "S");
+        for (std::uint32_t i = 0; i < a.count; ++i) {
+          EXPECT_TRUE(sequence_of.emplace(a.first_id + i, a.first_sequence + i).second)
+              << "id " << a.first_id + i << " answered twice";
+          ++answers;
+        }
+      }
+    }
+    ASSERT_EQ(answers, kRun);
+    for (std::uint64_t id = 101; id < 101 + kRun; ++id) {
+      EXPECT_EQ(sequence_of[id], next_sequence++) << "id " << id;
+    }
+    if (version >= proto::kAckRangesVersion) {
+      EXPECT_GE(ranges, 1u);
+      EXPECT_LT(frames, kRun) << "a run is answered in ranges";
+    } else {
+      EXPECT_EQ(ranges, 0u) << "a version-11 client knows no RANGE";
+      EXPECT_EQ(frames, kRun);
+    }
+  }
+  auto s = broker_->stats();
+  EXPECT_EQ(s["stream.S.acks"], static_cast<std::int64_t>(2 * kRun));
+  EXPECT_LT(s["stream.S.ack_frames"], static_cast<std::int64_t>(2 * kRun));
+  EXPECT_EQ(s["stream.S.messages"], static_cast<std::int64_t>(2 * kRun));
 }
 
 TEST_P(StreamAcks, EveryBrokenAckRuleClosesOnlyItsSender) {

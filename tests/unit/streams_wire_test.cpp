@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Protocol version 10 on the wire (proto/SPEC.md §3.10): the ACK flag's
-// place, PUB_ACK's shape; and a stream's duplicate window
+// Protocol versions 10 and 12 on the wire (proto/SPEC.md §3.10): the ACK
+// flag's place, PUB_ACK's shape and its ranges; and a stream's duplicate window
 // (daemon/stream/duplicates.hpp).
 #include <gtest/gtest.h>
 
@@ -8,6 +8,7 @@
 
 #include "broker/outbound.hpp"
 #include "rdmabroker/proto/headers.hpp"
+#include "rdmabroker/proto/pub_ack.hpp"
 #include "rdmabroker/proto/wire.hpp"
 #include "stream/duplicates.hpp"
 
@@ -46,7 +47,9 @@ TEST(WireStreams, AckIsOnlyOnAWholePublishWithAnId) {
   h.flags = proto::kFlagAck | proto::kFlagStream;
   EXPECT_EQ(decode(encode(h, "s.x", "m")), DecodeStatus::kBadFlags)
       << "STREAM is a consumer's, never with ACK";
-  h.flags = 256;
+  h.flags = proto::kFlagRange;
+  EXPECT_EQ(decode(encode(h, "s.x", "m")), DecodeStatus::kBadFlags) << "RANGE is a PUB_ACK's";
+  h.flags = 512;
   EXPECT_EQ(decode(encode(h, "s.x", "m")), DecodeStatus::kBadReserved);
 }
 
@@ -75,6 +78,55 @@ TEST(WireStreams, APubAckCarriesTheSequenceAndTheStreamName) {
   EXPECT_EQ(decode(encode(h, "", std::string(8 + 65, 'n'))), DecodeStatus::kBadLength);
   EXPECT_EQ(decode(encode(h, "x", std::string(8, '\0'))), DecodeStatus::kBadLength);
   EXPECT_EQ(decode(encode(h, "", std::string(8, '\0'))), DecodeStatus::kOk);
+}
+
+std::string range_payload(std::uint64_t first, std::uint32_t count, std::uint32_t reserved,
+                          std::string_view name) {
+  std::string p(16, '\0');
+  std::memcpy(p.data(), &first, 8);
+  std::memcpy(p.data() + 8, &count, 4);
+  std::memcpy(p.data() + 12, &reserved, 4);
+  return p.append(name);
+}
+
+TEST(WireStreams, APubAckRangeAnswersARunOfMessagesStoredOneAfterTheOther) {
+  auto item = daemon::make_pub_ack_range(100, 5, 40, "ORDERS");
+  ASSERT_TRUE(item.text);
+  EXPECT_TRUE(item.fixed_sequence) << "the first PUBLISH's id, not the connection's frame counter";
+  const auto bytes = encode(item.header, "", *item.text);
+  proto::Frame f;
+  ASSERT_EQ(proto::decode_frame(bytes, bytes.size(), f), DecodeStatus::kOk);
+  EXPECT_EQ(f.header.flags, proto::kFlagRange);
+  const auto a = proto::pub_ack_answer(f);
+  EXPECT_EQ(a.first_id, 100u);
+  EXPECT_EQ(a.count, 5u);
+  EXPECT_EQ(a.first_sequence, 40u);
+  EXPECT_EQ(a.stream, "ORDERS");
+
+  // A single PUB_ACK answers one.
+  auto one = daemon::make_pub_ack(7, proto::ErrorCode::kStreamFull, 0, "ORDERS");
+  const auto one_bytes = encode(one.header, "", *one.text);
+  ASSERT_EQ(proto::decode_frame(one_bytes, one_bytes.size(), f), DecodeStatus::kOk);
+  EXPECT_EQ(proto::pub_ack_answer(f).count, 1u);
+  EXPECT_EQ(proto::pub_ack_answer(f).stream, "ORDERS");
+
+  // SPEC.md §3.10, "Ranges": at least two, reserved 0, a stream's name,
+  // stored messages only (no refusal, no DUPLICATE).
+  proto::FrameHeader h;
+  h.type = FrameType::kPubAck;
+  h.flags = proto::kFlagRange;
+  h.sequence = 100;
+  EXPECT_EQ(decode(encode(h, "", range_payload(40, 2, 0, "S"))), DecodeStatus::kOk);
+  EXPECT_EQ(decode(encode(h, "", range_payload(40, 1, 0, "S"))), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(encode(h, "", range_payload(40, 0, 0, "S"))), DecodeStatus::kBadLength);
+  EXPECT_EQ(decode(encode(h, "", range_payload(40, 2, 9, "S"))), DecodeStatus::kBadReserved);
+  EXPECT_EQ(decode(encode(h, "", range_payload(40, 2, 0, ""))), DecodeStatus::kBadLength) << "no name";
+  EXPECT_EQ(decode(encode(h, "", range_payload(40, 2, 0, std::string(65, 'n')))), DecodeStatus::kBadLength);
+  h.arg = static_cast<std::uint32_t>(proto::ErrorCode::kStreamFull);
+  EXPECT_EQ(decode(encode(h, "", range_payload(40, 2, 0, "S"))), DecodeStatus::kBadFlags);
+  h.arg = 0;
+  h.flags = proto::kFlagRange | proto::kFlagDuplicate;
+  EXPECT_EQ(decode(encode(h, "", range_payload(40, 2, 0, "S"))), DecodeStatus::kBadFlags);
 }
 
 std::vector<std::byte> block(std::initializer_list<proto::HeaderField> fields) {

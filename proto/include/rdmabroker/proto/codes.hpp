@@ -23,8 +23,9 @@ inline constexpr std::uint8_t kVersion = 1;
 /// 8 rendezvous: a large message read from the publisher's memory by RDMA (§3.8),
 /// 9 landing areas: a large message written into the subscriber's memory by RDMA (§3.9),
 /// 10 streams: a PUBLISH may ask to be acknowledged once a stream stored it (§3.10),
-/// 11 consumers: a stream's messages delivered, acknowledged and redelivered (§3.11).
-inline constexpr std::uint8_t kProtocolVersion = 11;
+/// 11 consumers: a stream's messages delivered, acknowledged and redelivered (§3.11),
+/// 12 PUB_ACK ranges: one PUB_ACK answers a run of a publisher's messages (§3.10).
+inline constexpr std::uint8_t kProtocolVersion = 12;
 /// The first protocol version with message headers.
 inline constexpr std::uint8_t kHeadersVersion = 2;
 /// The first protocol version with credits by demand over RDMA (SPEC.md §5.1).
@@ -56,6 +57,9 @@ inline constexpr std::uint8_t kStreamsVersion = 10;
 /// The first protocol version with stream consumers (CONSUME, CONSUMER_READY,
 /// ACK, FETCH, FETCH_DONE and the STREAM flag of an inner PUBLISH: SPEC.md §3.11).
 inline constexpr std::uint8_t kConsumersVersion = 11;
+/// The first protocol version whose clients take a PUB_ACK with RANGE: one
+/// frame for a run of messages stored one after the other (SPEC.md §3.10).
+inline constexpr std::uint8_t kAckRangesVersion = 12;
 /// The largest relay time a DELIVER can carry, in nanoseconds (~4.3 s): a
 /// longer one is sent as this.
 inline constexpr std::uint32_t kMaxRelayNs = 0xffffffffu;
@@ -138,6 +142,10 @@ inline constexpr std::uint16_t kFlagDuplicate = 32;
 inline constexpr std::uint16_t kFlagStream = 64;
 /// ACK flag (version 11): not acknowledged; deliver the message again now.
 inline constexpr std::uint16_t kFlagNak = 128;
+/// PUB_ACK flag (version 12): the frame answers `count` PUBLISHes with the
+/// ids `sequence`, `sequence` + 1, ..., stored under the stream sequences
+/// `first`, `first` + 1, ... (payload: kPubAckRangeMinLen, SPEC.md §3.10).
+inline constexpr std::uint16_t kFlagRange = 256;
 /// Payload of CONSUME (SPEC.md §3.11): the consumer's settings (consumer.hpp).
 inline constexpr std::size_t kConsumeConfigLen = 32;
 /// Payload of FETCH: u32 how long the request stays open, in milliseconds.
@@ -147,6 +155,9 @@ inline constexpr std::size_t kMaxConsumerNameLen = 64;
 /// Payload of PUB_ACK: the stream sequence (u64; 0 when not stored), then
 /// the stream's name (0 .. kMaxStreamNameLen bytes; none when no stream took it).
 inline constexpr std::size_t kPubAckMinLen = 8;
+/// Payload of a PUB_ACK with RANGE: the first stream sequence (u64), how
+/// many messages (u32, at least 2), 4 reserved bytes (0), then the stream's name.
+inline constexpr std::size_t kPubAckRangeMinLen = 16;
 inline constexpr std::size_t kMaxStreamNameLen = 64;
 /// Payload of RDV_OFFER (SPEC.md §3.8): the region's address (u64), rkey
 /// (u32), the message's header block length (u16) and 2 reserved bytes.

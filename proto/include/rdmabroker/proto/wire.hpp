@@ -322,7 +322,7 @@ inline std::uint16_t allowed_flags(const FrameHeader& h) {
              ? static_cast<std::uint16_t>(h.reply_len != 0 ? kFlagRequest : 0)
          : h.type == FrameType::kDeliver ? kFlagSequenced
          : h.type == FrameType::kConnect ? kFlagRoute
-         : h.type == FrameType::kPubAck  ? kFlagDuplicate
+         : h.type == FrameType::kPubAck  ? static_cast<std::uint16_t>(kFlagDuplicate | kFlagRange)
          : h.type == FrameType::kAck     ? kFlagNak
                                          : 0;
 }
@@ -332,6 +332,14 @@ inline DecodeStatus check_stream_parts(const FrameHeader& h) {
   const bool has_subject = h.subject_len != 0;
   switch (h.type) {
     case FrameType::kPubAck:
+      if ((h.flags & kFlagRange) != 0) {
+        // A run of stored messages: never a refusal or a duplicate, always a stream's name.
+        if (h.arg != 0 || (h.flags & kFlagDuplicate) != 0) return DecodeStatus::kBadFlags;
+        return !has_subject && h.reply_len == 0 && h.payload_len > kPubAckRangeMinLen &&
+                       h.payload_len <= kPubAckRangeMinLen + kMaxStreamNameLen
+                   ? DecodeStatus::kOk
+                   : DecodeStatus::kBadLength;
+      }
       return !has_subject && h.reply_len == 0 && h.payload_len >= kPubAckMinLen &&
                      h.payload_len <= kPubAckMinLen + kMaxStreamNameLen
                  ? DecodeStatus::kOk
@@ -460,7 +468,7 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   const std::uint16_t allowed_flags = detail::allowed_flags(h);
   if ((h.flags & ~allowed_flags) != 0)
     return h.flags & ~(kFlagRequest | kFlagSequenced | kFlagFragment | kFlagRoute | kFlagAck |
-                       kFlagDuplicate | kFlagStream | kFlagNak)
+                       kFlagDuplicate | kFlagStream | kFlagNak | kFlagRange)
                ? DecodeStatus::kBadReserved
                : DecodeStatus::kBadFlags;
   if (detail::arg_is_zero(h) && h.arg != 0) return DecodeStatus::kBadArg;
@@ -492,6 +500,10 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   // A SUBSCRIBE's "reply" field is its queue group name (SPEC.md); both follow the subject rules.
   if (h.reply_len != 0 && !valid_subject(out.reply)) return DecodeStatus::kBadSubject;
   if (h.header_len != 0 && !valid_header_block(out.headers)) return DecodeStatus::kBadHeaders;
+  if (h.type == FrameType::kPubAck && (h.flags & kFlagRange) != 0) {
+    if (load<std::uint32_t>(out.payload.data() + 12) != 0) return DecodeStatus::kBadReserved;
+    if (load<std::uint32_t>(out.payload.data() + 8) < 2) return DecodeStatus::kBadLength;
+  }
   return DecodeStatus::kOk;
 }
 
