@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <cassert>
 #include <cstdint>
 #include <string_view>
 
@@ -56,8 +57,11 @@ class SubscriptionBudget {
   }
   /// Any thread: a subscription that take() admitted has ended.
   void give_back(std::uint64_t bytes) {
-    count_.fetch_sub(1, std::memory_order_relaxed);
-    bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+    // More given back than taken would wrap the count below zero, and the
+    // next take() would find "the limit reached" for every client.
+    [[maybe_unused]] const std::uint64_t count = count_.fetch_sub(1, std::memory_order_relaxed);
+    [[maybe_unused]] const std::uint64_t held = bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+    assert(count > 0 && held >= bytes);
   }
   std::uint64_t count() const { return count_.load(std::memory_order_relaxed); }
   std::uint64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }

@@ -109,7 +109,11 @@ void FrameHandler::on_consume(Connection& c, const proto::Frame& f) {
                            "): a stored message could not be delivered whole",
                        sid);
   }
+  // A consumer is a subscription to the bounds too: charged like one, and
+  // given back like one when it ends (drop_subscription).
   Connection::Subscription sub;
+  sub.cost = SubscriptionBudget::cost(access, f.reply);
+  if (!charge_subscription(c, sid, sub.cost, sub.tenant_charged)) return;
   sub.pattern = access;
   sub.consumer = true;
   c.subscriptions.emplace(sid, std::move(sub));

@@ -267,6 +267,15 @@ void FrameHandler::on_subscribe(Connection& c, const proto::Frame& f) {
   }
   if (!c.identity->may_subscribe(f.subject)) return deny(c, "subscribe", f.subject, sid);
   const std::uint64_t cost = SubscriptionBudget::cost(f.subject, f.reply);
+  bool tenant_charged = false;
+  if (!charge_subscription(c, sid, cost, tenant_charged)) return;
+  add_subscription(ctx_, c, f, cost);
+  c.subscriptions[sid].tenant_charged = tenant_charged;
+}
+
+bool FrameHandler::charge_subscription(Connection& c, std::uint32_t sid, std::uint64_t cost,
+                                       bool& tenant_charged) {
+  const auto& opt = ctx_.options;
   // The tenant's quota first: one user (one anonymous address) that
   // subscribes without end stops at its part and leaves the rest to others.
   // (100 %: no quota of its own, the broker-wide bounds alone.)
@@ -278,17 +287,19 @@ void FrameHandler::on_subscribe(Connection& c, const proto::Frame& f) {
             tenant->subscriptions.take(cost, SubscriptionBudget::part(opt.max_subscriptions_total, percent),
                                        SubscriptionBudget::part(opt.max_subscription_memory, percent));
         refusal != SubscriptionBudget::Refusal::kNone) {
-      return refuse_subscription(c, sid, refusal, /*tenant=*/true);
+      refuse_subscription(c, sid, refusal, /*tenant=*/true);
+      return false;
     }
   }
   if (auto refusal =
           ctx_.core.subscription_budget.take(cost, opt.max_subscriptions_total, opt.max_subscription_memory);
       refusal != SubscriptionBudget::Refusal::kNone) {
     if (tenant != nullptr) tenant->subscriptions.give_back(cost);
-    return refuse_subscription(c, sid, refusal, /*tenant=*/false);
+    refuse_subscription(c, sid, refusal, /*tenant=*/false);
+    return false;
   }
-  add_subscription(ctx_, c, f, cost);
-  c.subscriptions[sid].tenant_charged = tenant != nullptr;
+  tenant_charged = tenant != nullptr;
+  return true;
 }
 
 void FrameHandler::on_unsubscribe(Connection& c, const proto::Frame& f) {

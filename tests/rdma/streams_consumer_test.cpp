@@ -82,6 +82,43 @@ TEST_P(Consumers, APushConsumerGetsEveryStoredMessageInOrderWithItsSequence) {
   EXPECT_EQ(s["messages.pending_charge"], 0);
 }
 
+// A consumer is a subscription to the broker-wide bounds
+// (limits.max_subscriptions_total): charged when it opens, given back when
+// it closes. Before, it was never charged but given back, and a broker
+// whose consumers had closed twice more than its clients held
+// subscriptions refused every SUBSCRIBE ("broker-wide limit reached").
+TEST_P(Consumers, AConsumerCountsInTheSubscriptionBoundsAndGivesBackWhatItTook) {
+  start("  - {name: ORDERS, subjects: [\"orders.>\"]}\n", "",
+        "limits:\n  max_subscriptions_total: 2\n  user_subscription_share_percent: 100\n");
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    auto a = consume(*c, {});
+    auto b = consume(*c, {});
+    ASSERT_TRUE(a && b);
+    auto third = c->consume("ORDERS", {}, 10s);
+    ASSERT_FALSE(third) << "two consumers hold the broker's two subscriptions";
+    EXPECT_NE(third.error().message.find("broker-wide limit"), std::string::npos) << third.error().message;
+    ASSERT_TRUE(a->close());
+    ASSERT_TRUE(b->close());
+    ASSERT_TRUE(c->flush(10s));
+    EXPECT_TRUE(broker_->wait_stats([](auto& s) { return s["subscriptions.memory_bytes"] == 0; },
+                                    10s)["subscriptions.memory_bytes"] == 0);
+  }
+  // What the consumers took is back: two plain subscriptions fit, a third does not.
+  auto one = c->subscribe(std::string_view("orders.one"));
+  auto two = c->subscribe(std::string_view("orders.two"));
+  ASSERT_TRUE(one && two) << (one ? two.error().message : one.error().message);
+  ASSERT_TRUE(c->flush(10s));
+  auto three = c->subscribe(std::string_view("orders.three"));
+  (void)c->flush(10s);
+  const auto s =
+      broker_->wait_stats([](auto& s) { return s["limits.refused.subscriptions_total"] >= 4; }, 10s);
+  EXPECT_EQ(s.at("limits.refused.subscriptions_total"), 4) << "three consumers, then the third subscription";
+  EXPECT_EQ(s.at("subscriptions"), 2);
+}
+
 TEST_P(Consumers, EachStartPolicyStartsWhereItSays) {
   start_orders();
   auto c = connect_via(*broker_, GetParam());
