@@ -11,17 +11,18 @@
 #       with the same policy: JetStream 2.9 acknowledges once written and syncs
 #       every two minutes; rdmabroker runs with `sync: interval` (the same) and,
 #       for the record, `sync: group` (acknowledged after fdatasync).
-#   tests/bench/streams.sh rdma         over RDMA, in the Soft-RoCE guest where there
+#   tests/bench/streams.sh rdma [RUNS]  over RDMA, in the Soft-RoCE guest where there
 #       is no RDMA device (the guest's stream directory is its tmpfs): durable publish
 #       with group commit (256 unanswered, and flat out: the library's limit of 512)
 #       against the plain relay rate of `rdmabroker bench` (flat out too), and the
-#       replay of 200,000 messages against the live delivery rate, same boot.
+#       replay of 200,000 messages against the live delivery rate, same boot; the
+#       median of RUNS (default 3) rounds.
 # The tables go into docs/benchmarks.md's sections streams-tcp-RUNS and streams-rdma.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=tests/bench/suite-lib.sh
 source tests/bench/suite-lib.sh
-MODE=${1:?usage: streams.sh tcp [RUNS] | rdma}
+MODE=${1:?usage: streams.sh tcp [RUNS] | rdma [RUNS]}
 BIN=${RDMABROKER_BIN:-build/release}
 SB=$BIN/tests/bench/drivers/stream_bench
 TMP=$(mktemp -d)
@@ -109,39 +110,53 @@ fi
 
 # ---------------------------------------------------------------- rdma (in the guest)
 [ "${RDMABROKER_GUEST:-}" = 1 ] || ninja -C "$BIN" stream_bench >/dev/null
-in_guest_unless_rdma tests/bench/streams.sh rdma
+RUNS=${2:-3}
+in_guest_unless_rdma tests/bench/streams.sh rdma "$RUNS"
 A1=${RDMABROKER_GUEST_ADDR1:?}
 A2=${RDMABROKER_GUEST_ADDR2:?}
 DATA=$TMP/data
 PORT=$((24000 + RANDOM % 400))
 broker rdma group "$PORT" "$A1"
 SRV="rdma://$A1:$PORT"
-"$BIN/client-lib/rdmabroker" bench -s "$SRV" -b "$A2" --size 64 -n 200000 --quiet --json >"$TMP/relay.json"
-# The same, on a subject the stream takes: every message stored too, nobody waiting for a sync.
-"$BIN/client-lib/rdmabroker" bench bench.live -s "$SRV" -b "$A2" --size 64 -n 200000 --quiet --json >"$TMP/captured.json"
-purge rdma
-"$SB" -s "$SRV" -b "$A2" --what publish --size 64 -n 200000 >"$TMP/publish.json"
-purge rdma
-# As fast as the library lets a publisher go: 512 unanswered, its own limit
-# (half the 1,024 unread answers the broker allows a client, SPEC.md §6).
-"$SB" -s "$SRV" -b "$A2" --what publish --size 64 -n 200000 --window 512 >"$TMP/publish-512.json"
-purge rdma
-"$SB" -s "$SRV" -b "$A2" --what replay --size 64 -n 200000 >"$TMP/replay.json"
-python3 - "$TMP" <<'EOF' | doc_table streams-rdma
-import json, sys
-d = sys.argv[1]
-relay = json.load(open(f"{d}/relay.json"))["aggregate"]["delivery_msgs_per_s"]
-pub = json.load(open(f"{d}/publish.json"))["msgs_per_s"]
-pub512 = json.load(open(f"{d}/publish-512.json"))["msgs_per_s"]
-cap = json.load(open(f"{d}/captured.json"))["aggregate"]["delivery_msgs_per_s"]
-rep = json.load(open(f"{d}/replay.json"))["msgs_per_s"]
-print("Soft-RoCE guest, one boot, 64 B; the stream on the guest's tmpfs, `sync: group`.")
+# RUNS rounds, each measure once per round in turn: a boot's rates drift
+# (the plain relay has made 80,000 and 178,000 msg/s in one boot), so each
+# ratio is of the medians of the same rounds.
+for run in $(seq "$RUNS"); do
+  "$BIN/client-lib/rdmabroker" bench -s "$SRV" -b "$A2" --size 64 -n 200000 --quiet --json >"$TMP/relay-$run.json"
+  # The same, on a subject the stream takes: every message stored too, nobody waiting for a sync.
+  "$BIN/client-lib/rdmabroker" bench bench.live -s "$SRV" -b "$A2" --size 64 -n 200000 --quiet --json \
+    >"$TMP/captured-$run.json"
+  purge rdma
+  "$SB" -s "$SRV" -b "$A2" --what publish --size 64 -n 200000 >"$TMP/publish-$run.json"
+  purge rdma
+  # As fast as the library lets a publisher go: 512 unanswered, its own limit
+  # (half the 1,024 unread answers the broker allows a client, SPEC.md §6).
+  "$SB" -s "$SRV" -b "$A2" --what publish --size 64 -n 200000 --window 512 >"$TMP/publish-512-$run.json"
+  purge rdma
+  "$SB" -s "$SRV" -b "$A2" --what replay --size 64 -n 200000 >"$TMP/replay-$run.json"
+  purge rdma
+done
+python3 - "$TMP" "$RUNS" <<'EOF' | doc_table streams-rdma
+import json, statistics, sys
+d, runs = sys.argv[1], int(sys.argv[2])
+def rates(name, bench):
+    out = []
+    for r in range(1, runs + 1):
+        j = json.load(open(f"{d}/{name}-{r}.json"))
+        out.append(j["aggregate"]["delivery_msgs_per_s"] if bench else j["msgs_per_s"])
+    return statistics.median(out), out
+def cell(m):
+    return f"{m[0]:,.0f} ({' / '.join(f'{x:,.0f}' for x in m[1])})"
+relay, cap = rates("relay", True), rates("captured", True)
+pub, pub512, rep = rates("publish", False), rates("publish-512", False), rates("replay", False)
+r = relay[0]
+print(f"Soft-RoCE guest, one boot, 64 B; the stream on the guest's tmpfs, `sync: group`; medians of {runs} rounds, each running every measure once in this order.")
 print()
-print("| measure | msg/s | against | ratio | target |")
+print("| measure | msg/s: median (runs) | against | ratio of the medians | target |")
 print("|---|---|---|---|---|")
-print(f"| plain relay, 1 → 1 (`rdmabroker bench`) | {relay:,.0f} | | | |")
-print(f"| relayed and stored, no acknowledgements (`rdmabroker bench bench.live`) | {cap:,.0f} | the plain relay | {cap / relay:.2f}× | |")
-print(f"| durable publish, 256 unanswered at most (as the TCP table) | {pub:,.0f} | the plain relay | {pub / relay:.2f}× | |")
-print(f"| durable publish, flat out: 512 unanswered, the library's limit | {pub512:,.0f} | the plain relay | {pub512 / relay:.2f}×{' ✓' if pub512 / relay >= 0.5 else ' ✗'} | ≥ 0.5× |")
-print(f"| replay of 200,000 to a new consumer | {rep:,.0f} | the live delivery (the relay) | {rep / relay:.2f}×{' ✓' if rep / relay >= 1 else ' ✗'} | ≥ 1× |")
+print(f"| plain relay, 1 → 1 (`rdmabroker bench`) | {cell(relay)} | | | |")
+print(f"| relayed and stored, no acknowledgements (`rdmabroker bench bench.live`) | {cell(cap)} | the plain relay | {cap[0] / r:.2f}× | |")
+print(f"| durable publish, 256 unanswered at most (as the TCP table) | {cell(pub)} | the plain relay | {pub[0] / r:.2f}× | |")
+print(f"| durable publish, flat out: 512 unanswered, the library's limit | {cell(pub512)} | the plain relay | {pub512[0] / r:.2f}×{' ✓' if pub512[0] / r >= 0.5 else ' ✗'} | ≥ 0.5× |")
+print(f"| replay of 200,000 to a new consumer | {cell(rep)} | the live delivery (the relay) | {rep[0] / r:.2f}×{' ✓' if rep[0] / r >= 1 else ' ✗'} | ≥ 1× |")
 EOF
