@@ -31,10 +31,10 @@ Result<std::unique_ptr<Server>> Server::create(const BrokerOptions& options) {
                                                  opt.unauthenticated_per_address_limit());
   b->core_.multicast_slot = opt.max_connections;
   b->core_.stream_slot = opt.max_connections + 1;
-  // Each message queued for the stream engine may pin a receive buffer of
-  // its own: the backlog that slows publishers to streams is a sixteenth of
-  // the pool, so a slow disk never takes the pool from everyone else (issue
-  // 48's rule for a slow subscriber).
+  // Messages queued for the stream engine pin their receive buffers: the
+  // backlog (counted in buffers) that slows publishers to streams is a
+  // sixteenth of the pool, so a slow disk never takes the pool from
+  // everyone else (issue 48's rule for a slow subscriber).
   b->core_.stream_backlog = std::max<std::uint64_t>(64, opt.pool_buffers / 16);
   b->core_.auth = AuthTable::build(opt.auth);
   warn_if_nobody_can_connect(*b->core_.auth);

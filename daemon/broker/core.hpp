@@ -130,10 +130,11 @@ struct BrokerCore {
   std::uint64_t multicast_backlog = 1024;
 
   StreamCapture* streams = nullptr;  // the stream engine (null only in tests without one)
-  /// The slot whose count is the stream engine's backlog: messages routed
-  /// to streams not stored yet. Publishers to streams are slowed above three
-  /// quarters of stream_backlog (a sixteenth of the pool: Server::create),
-  /// as for a backlogged subscriber.
+  /// The slot whose count is the stream engine's backlog: the receive
+  /// buffers that messages routed to streams and not stored yet pin (each
+  /// once per worker batch, StreamPublish::backlog_charge). Publishers to
+  /// streams are slowed above three quarters of stream_backlog (a sixteenth
+  /// of the pool: Server::create), as for a backlogged subscriber.
   std::uint32_t stream_slot = 0;
   std::uint64_t stream_backlog = 512;
 

@@ -34,6 +34,10 @@ struct StreamPublish {
   std::uint32_t publisher_worker = 0;
   /// The publisher takes a PUB_ACK with RANGE for a run of its messages (version 12).
   bool ack_ranges = false;
+  /// What it adds to the engine's backlog (BrokerCore::stream_backlog): 1
+  /// for the first message of its receive buffer in the worker's batch, 0
+  /// for the next ones, which pin no other buffer.
+  std::uint8_t backlog_charge = 1;
 };
 
 /// What a client asked of a stream's consumer (SPEC.md §3.11), as its

@@ -76,10 +76,15 @@ void Router::route_publish(Connection& publisher, const proto::Frame& f, const B
 
 void Router::to_stream(const Subscriber& s, const RoutedFrame& frame, const BufferRef& buf,
                        const Connection& publisher, std::uint64_t ack_id) {
-  ctx_.core.slots->add_queued(s.slot, 1);  // the stream engine's backlog (in messages), until stored
+  // The stream engine's backlog, until stored, counts the receive buffers
+  // its messages pin: a buffer once per batch however many messages of it
+  // the batch holds (a publisher's SEND carries many).
+  const bool same_buffer = !stream_batch_.empty() && stream_batch_.back().buf.data() == buf.data();
+  const std::uint8_t charge = same_buffer ? 0 : 1;
+  ctx_.core.slots->add_queued(s.slot, charge);
   stream_batch_.push_back({static_cast<std::uint32_t>(s.connection), buf.clone(), frame,
                            ctx_.now.time_since_epoch().count(), ack_id, publisher.id, publisher.slot,
-                           ctx_.index, publisher.protocol_version >= proto::kAckRangesVersion});
+                           ctx_.index, publisher.protocol_version >= proto::kAckRangesVersion, charge});
 }
 
 void Router::route_fragment(Connection& publisher, const proto::Frame& f, const BufferRef& buf) {

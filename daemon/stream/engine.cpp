@@ -349,7 +349,9 @@ void StreamEngine::handle(std::vector<StreamPublish>& batch) {
     write_staged(s);  // before the batch's buffers, which the staged records point into, go
     refresh(s);
   }
-  core_.slots->add_queued(core_.stream_slot, -static_cast<std::int64_t>(batch.size()));
+  std::int64_t charged = 0;
+  for (const StreamPublish& p : batch) charged += p.backlog_charge;
+  core_.slots->add_queued(core_.stream_slot, -charged);
   batch.clear();  // the buffers go back to the pool
 }
 

@@ -72,7 +72,7 @@ void StreamEngine::visit(StatsVisitor& v) const {
   v.level("streams.count", static_cast<std::int64_t>(streams.size()), "rdmabroker_streams",
           "Streams the broker keeps.");
   v.level("streams.backlog", core_.slots->queued(core_.stream_slot), "rdmabroker_streams_backlog",
-          "Messages routed to streams and not stored yet.");
+          "Receive buffers that messages routed to streams and not stored yet pin.");
   for (const auto& s : streams) s->visit(v);
 }
 

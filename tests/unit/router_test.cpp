@@ -539,7 +539,7 @@ class NoOtherWorkers final : public WorkerDispatch {
   std::int64_t pending_charge_total() const override { return 0; }
 };
 
-TEST_F(RouterTest, AStreamIsRoutedOncePerMessageInABatchAndCountsAsTheEnginesBacklog) {
+TEST_F(RouterTest, AStreamIsRoutedOncePerMessageInABatchAndItsBuffersCountAsTheEnginesBacklog) {
   FakeStreams streams;
   NoOtherWorkers others;
   core_.streams = &streams;
@@ -567,7 +567,22 @@ TEST_F(RouterTest, AStreamIsRoutedOncePerMessageInABatchAndCountsAsTheEnginesBac
   EXPECT_EQ(streams.got.size(), 1u);
   EXPECT_EQ(dropped(DropReason::kNeedsFragments), 1u);
   EXPECT_EQ(payloads(*sub.link, 1), (std::vector<std::string>{"one", "abcd", "efgh"}));
-  core_.slots->add_queued(core_.stream_slot, -1);
+  // The backlog counts the receive buffers the messages pin: three
+  // messages in one receive add one, the next receive one more.
+  auto three = frame(FrameType::kPublish, "orders.a", "", "1", 0);
+  for (const char* subject : {"orders.b", "orders.c"}) {
+    const auto next = frame(FrameType::kPublish, subject, "", "1", 0);
+    three.insert(three.end(), next.begin(), next.end());
+  }
+  send(*pub.c, three);
+  publish(pub, "orders.d", "1");
+  router_->post_batches();
+  ASSERT_EQ(streams.got.size(), 5u);
+  EXPECT_EQ(core_.slots->queued(core_.stream_slot), 3) << "one buffer before, two now";
+  std::int64_t charged = 0;
+  for (const auto& q : streams.got) charged += q.backlog_charge;
+  EXPECT_EQ(charged, 3) << "what the engine gives back once it stored them";
+  core_.slots->add_queued(core_.stream_slot, -charged);
   streams.got.clear();
   core_.streams = nullptr;
   core_.workers = nullptr;
