@@ -358,6 +358,8 @@ class Session final : public Client, private SessionSide, private LandingHost {
   std::uint64_t next_ack_ = 1;
   /// publish_acked_async's unanswered, at most kMaxAsyncAcks.
   static constexpr std::size_t kMaxAsyncAcks = 512;
+  /// From this many unanswered, new frames wait for the next answer (append_frame_locked).
+  static constexpr std::size_t kCorkAfterAsyncAcks = 64;
   std::size_t async_acks_ = 0;
   /// Consumers waiting for CONSUMER_READY or their refusal, by sid.
   struct ConsumerWait {
