@@ -74,6 +74,7 @@ class RdmaTransport final : public Transport {
   void handle_cm_events(std::vector<Error>& errors);
 
   void transmit_locked() override;
+  bool transmits_every_turn() const override { return io_thread_.joinable(); }
   bool drained_locked() const override { return inflight_.empty(); }
   Result<proto::RendezvousRegion> expose_for_read(std::uint64_t offer, std::unique_ptr<std::byte[]> data,
                                                   std::size_t length) override;

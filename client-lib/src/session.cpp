@@ -93,11 +93,12 @@ Status Session::append_frame_locked(std::unique_lock<std::mutex>& lock, const pr
   sends_.append(len, h, subject, reply, payload, sequence, headers);
   // A publisher streaming acknowledged publishes waits for the broker
   // anyway: with kCorkAfterAsyncAcks of them unanswered, what it appends
-  // goes when the next PUB_ACK arrives (the I/O thread's turn that takes it
-  // sends what is ready), many frames to a SEND, instead of a SEND (or a
-  // hand-off) per publish. Nagle's rule; an answer is always on its way,
-  // since the first kCorkAfterAsyncAcks were sent.
-  if (!opt_.polled && async_acks_ >= kCorkAfterAsyncAcks) return {};
+  // goes when the next PUB_ACK arrives (the RDMA I/O thread's turn that
+  // takes it sends what is ready), many frames to a SEND, instead of a SEND
+  // (or a hand-off) per publish. Nagle's rule; an answer is always on its
+  // way, since the first kCorkAfterAsyncAcks were sent. (TCP batches by
+  // itself: TcpTransport::transmit_locked.)
+  if (async_acks_ >= kCorkAfterAsyncAcks && transport_->transmits_every_turn()) return {};
   transport_->transmit_locked();
   return {};
 }

@@ -141,6 +141,10 @@ class Transport {
   /// With the session's lock held: put the session's ready send buffers on
   /// the wire, as far as credits, the send window or the socket allow.
   virtual void transmit_locked() = 0;
+  /// Whether every turn of the I/O thread ends by transmitting what is
+  /// ready (RDMA with an I/O thread): a frame left ready goes with the next
+  /// thing that wakes it. Over TCP the I/O thread writes only when asked.
+  virtual bool transmits_every_turn() const { return false; }
   /// With the session's lock held, before a thread waits for a free send
   /// buffer: take back the buffers already sent, and make sure that the next
   /// one sent wakes the I/O thread (which then notifies the waiter).
