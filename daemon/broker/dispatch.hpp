@@ -29,10 +29,15 @@ struct RemoteDelivery {
 class WorkerDispatch {
  public:
   virtual ~WorkerDispatch() = default;
+  /// How a batch reaches a worker: `kLend`, made by the calling thread on
+  /// the worker's behalf while it sleeps (Worker::deliver_if_asleep: no
+  /// wake-up), else queued; `kQueue`, always queued for the worker's own
+  /// thread (it wakes), so that the caller goes back to its own work.
+  enum class Handoff { kLend, kQueue };
   /// Posts each worker its deliveries (one DeliverCommand per worker with
   /// any) and leaves `per_worker` empty. Never a worker's own deliveries:
   /// it routes those to its connections directly.
-  virtual void post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker) = 0;
+  virtual void post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker, Handoff how) = 0;
   /// Posts the eviction Admission::reserve() chose to the worker that owns the connection.
   virtual void evict(const Admission::Eviction& e) = 0;
   /// What queued deliveries on every worker are charged against

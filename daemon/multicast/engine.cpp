@@ -396,7 +396,7 @@ void MulticastEngine::unicast(const Member& m, const WindowEntry& e, bool repair
                             : make_delivery(e.buf.clone(), m.info.sid, e.frame, at)});
 }
 
-void MulticastEngine::post_to_workers() { workers_.post_deliveries(remote_); }
+void MulticastEngine::post_to_workers() { workers_.post_deliveries(remote_, WorkerDispatch::Handoff::kLend); }
 
 void MulticastEngine::remember(Channel& ch, WindowEntry entry) {
   ch.window.push_back(std::move(entry));

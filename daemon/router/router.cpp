@@ -170,7 +170,7 @@ bool Router::route_to(const Subscriber& s, const RoutedFrame& frame, const Buffe
 }
 
 void Router::post_batches() {
-  ctx_.core.workers->post_deliveries(remote_);
+  ctx_.core.workers->post_deliveries(remote_, WorkerDispatch::Handoff::kLend);
   // After the workers' batches: a subject that just moved to a channel must
   // not have its next message overtake, through the engine, the last one
   // this worker routed to a subscriber directly.

@@ -5,12 +5,12 @@ namespace rdmabroker::daemon {
 
 void WorkerSet::evict(const Admission::Eviction& e) { workers_[e.worker]->post(EvictCommand{e.connection}); }
 
-void WorkerSet::post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker) {
+void WorkerSet::post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker, Handoff how) {
   // Never a worker's own deliveries (it routes those to its connections
   // directly): deliver_if_asleep() must not take the caller's own turn.
   for (std::size_t w = 0; w < per_worker.size(); ++w) {
     if (per_worker[w].empty()) continue;
-    if (workers_[w]->deliver_if_asleep(per_worker[w])) {
+    if (how == Handoff::kLend && workers_[w]->deliver_if_asleep(per_worker[w])) {
       per_worker[w].clear();
       continue;
     }

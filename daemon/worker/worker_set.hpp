@@ -29,7 +29,7 @@ class WorkerSet final : public WorkerDispatch {
     for (Worker* w : workers_) w->post(cmd);
   }
 
-  void post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker) override;
+  void post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker, Handoff how) override;
   void evict(const Admission::Eviction& e) override;
   std::int64_t pending_charge_total() const override;
 

@@ -532,7 +532,7 @@ class FakeStreams final : public StreamCapture {
 /// The other workers, as the end of a loop turn posts to them (nothing to post here).
 class NoOtherWorkers final : public WorkerDispatch {
  public:
-  void post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker) override {
+  void post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker, Handoff) override {
     for (auto& batch : per_worker) batch.clear();
   }
   void evict(const Admission::Eviction&) override {}
