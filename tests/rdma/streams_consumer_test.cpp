@@ -424,9 +424,13 @@ TEST_P(Consumers, ADamagedRecordIsSkippedAndCountedAndTheRestServed) {
     std::ifstream in(segment, std::ios::binary);
     bytes.assign(std::istreambuf_iterator<char>(in), {});
   }
-  const auto at = bytes.find("m3");
+  // The record's subject and payload lie side by side; "m3" alone may also
+  // occur in a record's binary header (a time, a CRC) and damage another.
+  const std::string subject_and_payload = "orders.newm3";
+  const auto at = bytes.find(subject_and_payload);
   ASSERT_NE(at, std::string::npos);
-  bytes[at + 1] = '9';  // the payload of message 3, its CRC unchanged
+  ASSERT_EQ(bytes.find(subject_and_payload, at + 1), std::string::npos);
+  bytes[at + subject_and_payload.size() - 1] = '9';  // the payload of message 3, its CRC unchanged
   std::ofstream(segment, std::ios::binary | std::ios::trunc) << bytes;
   start_orders();
   auto c = connect_via(*broker_, GetParam());
