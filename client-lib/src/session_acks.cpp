@@ -118,7 +118,7 @@ void Session::on_pub_ack(const proto::Frame& f) {
     AckWait& w = it->second;
     w.done = true;
     w.code = code;
-    w.ack.sequence = answer.first_sequence + (answer.first_sequence != 0 ? i : 0);
+    w.ack.sequence = answer.first_sequence + i;  // a refusal's 0 comes alone (count 1)
     w.ack.stream.assign(answer.stream);
     w.ack.duplicate = duplicate;
     if (!w.handler) continue;  // publish_acked() takes it

@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "accept/listener.hpp"
-#include "rdmabroker/common/thread_name.hpp"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -11,6 +10,8 @@
 #include <cerrno>
 #include <cstring>
 #include <vector>
+
+#include "rdmabroker/common/thread_name.hpp"
 
 namespace rdmabroker::daemon {
 

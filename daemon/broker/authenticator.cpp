@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "broker/authenticator.hpp"
-#include "rdmabroker/common/thread_name.hpp"
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -10,6 +9,8 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+
+#include "rdmabroker/common/thread_name.hpp"
 
 namespace rdmabroker::daemon {
 

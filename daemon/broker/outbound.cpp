@@ -58,34 +58,39 @@ OutItem make_no_responders(std::string_view reply) {
   return item;
 }
 
-OutItem make_pub_ack(std::uint64_t id, proto::ErrorCode code, std::uint64_t stream_sequence,
-                     std::string_view stream, bool duplicate) {
+namespace {
+
+/// A PUB_ACK (SPEC.md §3.10) answering the PUBLISH whose id is `id` (and,
+/// with RANGE in `flags`, `count` - 1 more): the stream sequence, the count
+/// and reserved word of a range, then the stream's name.
+OutItem pub_ack(std::uint64_t id, std::uint32_t arg, std::uint16_t flags, std::uint64_t stream_sequence,
+                std::uint32_t count, std::string_view stream) {
   proto::FrameHeader h;
   h.type = proto::FrameType::kPubAck;
-  h.arg = static_cast<std::uint32_t>(code);
-  h.flags = duplicate ? proto::kFlagDuplicate : 0;
+  h.arg = arg;
+  h.flags = flags;
   h.sequence = id;
-  std::string payload(proto::kPubAckMinLen, '\0');
+  const bool range = (flags & proto::kFlagRange) != 0;
+  std::string payload(range ? proto::kPubAckRangeMinLen : proto::kPubAckMinLen, '\0');
   std::memcpy(payload.data(), &stream_sequence, sizeof stream_sequence);
+  if (range) std::memcpy(payload.data() + sizeof stream_sequence, &count, sizeof count);
   payload.append(stream.substr(0, proto::kMaxStreamNameLen));
   OutItem item = make_frame(h, {}, {}, payload);
   item.fixed_sequence = true;  // the publisher's id, not this connection's frame counter
   return item;
 }
 
+}  // namespace
+
+OutItem make_pub_ack(std::uint64_t id, proto::ErrorCode code, std::uint64_t stream_sequence,
+                     std::string_view stream, bool duplicate) {
+  return pub_ack(id, static_cast<std::uint32_t>(code), duplicate ? proto::kFlagDuplicate : 0, stream_sequence,
+                 1, stream);
+}
+
 OutItem make_pub_ack_range(std::uint64_t first_id, std::uint32_t count, std::uint64_t first_sequence,
                            std::string_view stream) {
-  proto::FrameHeader h;
-  h.type = proto::FrameType::kPubAck;
-  h.flags = proto::kFlagRange;
-  h.sequence = first_id;
-  std::string payload(proto::kPubAckRangeMinLen, '\0');
-  std::memcpy(payload.data(), &first_sequence, sizeof first_sequence);
-  std::memcpy(payload.data() + 8, &count, sizeof count);
-  payload.append(stream.substr(0, proto::kMaxStreamNameLen));
-  OutItem item = make_frame(h, {}, {}, payload);
-  item.fixed_sequence = true;  // the first PUBLISH's id, not this connection's frame counter
-  return item;
+  return pub_ack(first_id, 0, proto::kFlagRange, first_sequence, count, stream);
 }
 
 OutItem make_abort(std::uint32_t sid, std::uint64_t publisher_id) {

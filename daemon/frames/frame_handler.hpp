@@ -120,12 +120,12 @@ class FrameHandler {
   bool may_publish(Connection& c, std::string_view subject);
   /// ERROR(PERMISSION_DENIED) to the client, a log line, a count.
   void deny(Connection& c, std::string_view operation, std::string_view subject, std::uint32_t sid);
-  /// TOO_MANY_SUBSCRIPTIONS for subscription `sid`: the tenant's quota
-  /// (`tenant`) or the broker-wide budget is spent; the text names which.
   /// Charges a new subscription or consumer of `cost` to the connection's
   /// tenant (`tenant_charged`: whether it was) and to the broker-wide budget;
   /// false, and TOO_MANY_SUBSCRIPTIONS sent for `sid`, when either is spent.
   bool charge_subscription(Connection& c, std::uint32_t sid, std::uint64_t cost, bool& tenant_charged);
+  /// TOO_MANY_SUBSCRIPTIONS for subscription `sid`: the tenant's quota
+  /// (`tenant`) or the broker-wide budget is spent; the text names which.
   void refuse_subscription(Connection& c, std::uint32_t sid, SubscriptionBudget::Refusal refusal,
                            bool tenant);
   /// ERROR `code` about subscription `sid` (0: about none), the connection stays.

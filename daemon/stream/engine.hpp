@@ -251,7 +251,7 @@ class StreamEngine final : public StreamCapture {
     std::uint32_t count;
   };
   std::vector<AckRun> runs_;  // send_acks()'s, kept for its capacity
-  bool acks_due_ = false;     // steady: when the oldest unsynced message was stored (0: none)
+  bool acks_due_ = false;     // ready_ holds something for post_acks() to post
   LogThrottle refusal_log_;
   /// Each consumer member: (connection, sid) -> (stream id, consumer name).
   std::map<std::pair<std::uint64_t, std::uint32_t>, std::pair<std::uint32_t, std::string>> members_;

@@ -3,13 +3,14 @@
 // worker/commands.cpp; everything above the transports in connection/,
 // router/ and frames/.
 #include "worker/worker.hpp"
-#include "rdmabroker/common/thread_name.hpp"
 
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 
 #include <cerrno>
 #include <cstring>
+
+#include "rdmabroker/common/thread_name.hpp"
 
 namespace rdmabroker::daemon {
 
