@@ -197,6 +197,10 @@ Status Server::inject(const fault::Spec& spec) {
       spdlog::warn("fault: the next {} multicast channel messages are not sent to their groups", spec.count);
       core_.faults.mcast_drops.store(spec.count);
       break;
+    case fault::Kind::kSyncFail:
+      spdlog::warn("fault: the next {} stream syncs fail", spec.count);
+      core_.faults.sync_fails.store(spec.count);
+      break;
     case fault::Kind::kMcastJoinFail:
       spdlog::warn("fault: the next {} multicast group joins fail", spec.count);
       core_.faults.mcast_join_fails.store(spec.count);

@@ -31,7 +31,7 @@ Error usage(const std::string& why) {
                why +
                    " (usage: fault wc-error CONN | qp-error CONN | cm-duplicate N | cm-delay MS N | "
                    "pool-exhaust | pool-release | mcast-drop N | mcast-join-fail N | worker-stall MS | "
-                   "route-stall MS)"};
+                   "route-stall MS | sync-fail N)"};
 }
 
 }  // namespace
@@ -49,8 +49,10 @@ Result<Spec> parse(std::string_view args) {
   } else if (name == "cm-duplicate") {
     spec.kind = Kind::kCmDuplicate;
     if (!want(1) || !number(w[1], spec.count) || spec.count == 0) return usage("cm-duplicate needs a count");
-  } else if (name == "mcast-drop" || name == "mcast-join-fail") {
-    spec.kind = name == "mcast-drop" ? Kind::kMcastDrop : Kind::kMcastJoinFail;
+  } else if (name == "mcast-drop" || name == "mcast-join-fail" || name == "sync-fail") {
+    spec.kind = name == "mcast-drop"  ? Kind::kMcastDrop
+                : name == "sync-fail" ? Kind::kSyncFail
+                                      : Kind::kMcastJoinFail;
     if (!want(1) || !number(w[1], spec.count) || spec.count == 0)
       return usage(std::string(name) + " needs a count");
   } else if (name == "cm-delay") {

@@ -27,6 +27,8 @@
 //                            milliseconds before they subscribe to it, as a
 //                            slow route would (clients' PONGs must wait for
 //                            it: SPEC.md §8)
+//   fault sync-fail N        the stream engine's next N syncs fail, as an
+//                            fdatasync that reports EIO does
 // and, at start (a CQ is sized when it is created), the environment variable
 //   RDMABROKER_FAULT_CQ_ENTRIES=N   every worker's send CQs get N entries.
 // What the broker must do under each is in docs/testing.md ("Fault injection").
@@ -53,13 +55,14 @@ enum class Kind : std::uint8_t {
   kMcastDrop,
   kMcastJoinFail,
   kWorkerStall,
-  kRouteStall
+  kRouteStall,
+  kSyncFail
 };
 
 struct Spec {
   Kind kind = Kind::kWcError;
   std::uint64_t connection = 0;  // wc-error, qp-error
-  std::uint32_t count = 1;       // cm-duplicate, cm-delay, mcast-drop, mcast-join-fail
+  std::uint32_t count = 1;       // cm-duplicate, cm-delay, mcast-drop, mcast-join-fail, sync-fail
   std::uint32_t delay_ms = 0;    // cm-delay, worker-stall, route-stall
 };
 
@@ -75,6 +78,7 @@ struct Shared {
   std::atomic<std::uint32_t> mcast_join_fails{0};  // group joins to fail
   std::atomic<std::uint32_t> worker_stall_ms{0};   // taken whole by one worker, which sleeps that long
   std::atomic<std::uint32_t> route_stall_ms{0};    // taken by the next worker whose routes see new interest
+  std::atomic<std::uint32_t> sync_fails{0};        // stream syncs to fail
 
   /// Takes one from `counter` if any is left.
   static bool take(std::atomic<std::uint32_t>& counter);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <ctime>
 
+#include "fault/fault.hpp"
 #include "rdmabroker/proto/wire.hpp"
 #include "store/file_store.hpp"
 #include "stream/admin.hpp"
@@ -310,10 +311,14 @@ void StreamEngine::run() {
                           (stopping || acks_waiting || storage_.sync == config::StreamSync::kAlways ||
                            now - first_dirty_ns_ >= std::int64_t{storage_.sync_interval_ms} * 1'000'000);
     if (sync_due) {
-      for (auto& [id, s] : streams_) {
-        if (s.dirty) sync(s);
-      }
       first_dirty_ns_ = 0;
+      for (auto& [id, s] : streams_) {
+        if (!s.dirty) continue;
+        sync(s);
+        // A failed sync is tried again within sync_interval_ms: its
+        // answers wait for it, whether or not anything new arrives.
+        if (s.dirty && first_dirty_ns_ == 0) first_dirty_ns_ = now;
+      }
     }
     if (now >= next_expire) {
       const std::int64_t wall = realtime_ns();
@@ -370,16 +375,14 @@ void StreamEngine::write_staged(Stream& s) {
                     s.stats->name, to - lost + 1, r.error().message);
     }
     s.duplicates.forget_from(lost);
-    // Refused in their place, and told so now.
-    std::vector<Ack> refused;
-    std::erase_if(s.acks, [&](const Ack& a) {
-      if (a.sequence < lost) return false;
-      refused.push_back(a);
-      refused.back().code = code_of(r.error().code);
-      refused.back().sequence = 0;
-      return true;
-    });
-    send_acks(s, refused);
+    // Refused in their place: their answers wait behind those of the
+    // messages before them that were stored, which wait for the sync
+    // (SPEC.md §3.10 rule 1: a publisher's answers come in its order).
+    for (Ack& a : s.acks) {
+      if (a.sequence < lost) continue;
+      a.code = code_of(r.error().code);
+      a.sequence = 0;
+    }
   }
   s.stats->stored.add(lost - from);
   if (storage_.sync == config::StreamSync::kInterval) release_acks(s);  // written is enough
@@ -503,7 +506,11 @@ void StreamEngine::post_acks() {
 
 void StreamEngine::sync(Stream& s) {
   const auto started = steady_clock::now();
-  if (auto r = s.store->sync(); !r) {
+  const bool injected = fault::kEnabled && fault::Shared::take(core_.faults.sync_fails);
+  auto r = injected ? store::StoreResult<std::uint64_t>(store::StoreError{
+                          store::StoreErrc::kIo, "fdatasync: Input/output error (fault sync-fail)"})
+                    : s.store->sync();
+  if (!r) {
     s.stats->write_errors.add();
     log_throttled(refusal_log_, spdlog::level::err, "stream {}: sync failed: {}", s.stats->name,
                   r.error().message);

@@ -3,8 +3,9 @@
 // that have RDMABROKER_FAULT_INJECTION, the ASan and TSan ones). Each test
 // breaks one thing on purpose, in the Soft-RoCE guest: a failed work
 // completion, a QP forced into the error state, RNR from a peer without
-// receives, CM events handled twice or late, an exhausted buffer pool, a CQ
-// too small for every connection. Each proves the same four things: the
+// receives, CM events handled twice or late, an exhausted buffer pool, a
+// stuck worker, a stream's failed sync, a CQ too small for every
+// connection. Each proves the same four things: the
 // broker keeps serving, the affected client gets a clear error or
 // reconnects, every other client gets every message, and nothing is left
 // behind (connections, pool buffers; the ASan tree's LeakSanitizer fails the
@@ -12,8 +13,11 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -351,6 +355,43 @@ TEST_P(WorkerFaults, AStuckWorkerFailsTheHealthProbesUntilItRunsAgain) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, WorkerFaults, ::testing::Values(Via::kRdma, Via::kTcp),
+                         [](const auto& info) { return to_string(info.param); });
+
+// ---------------------------------------------------------------- a failed sync
+
+// A stream's sync that fails (an fdatasync reporting EIO) is counted and
+// logged, and tried again within sync_interval_ms whether or not anything
+// new arrives: the durable publisher waiting on it is answered once a sync
+// succeeds, with the sequence the message was written under.
+class SyncFaults : public PoolFaults {};
+
+TEST_P(SyncFaults, AFailedSyncIsTriedAgainAndItsPublisherAnswered) {
+  const std::string dir = "/tmp/rdmabroker-syncfault-" + std::to_string(::getpid());
+  const std::string config = dir + ".yaml";
+  std::filesystem::create_directories(dir);
+  write_file(config, "storage:\n  directory: " + dir +
+                         "\n  sync: group\n  sync_interval_ms: 50\n"
+                         "streams:\n  - {name: S, subjects: [\"s.>\"]}\n");
+  BrokerProcess broker(next_port(), {"--config", config});
+  ASSERT_TRUE(broker.running());
+  auto pub = connect_via(broker, GetParam());
+  ASSERT_TRUE(pub);
+  ASSERT_TRUE(armed(broker, "sync-fail 3"));
+  auto acked = pub->publish_acked("s.x", "kept", 10s);
+  ASSERT_TRUE(acked) << acked.error().message;
+  EXPECT_EQ(acked->sequence, 1u);
+  EXPECT_EQ(acked->stream, "S");
+  const auto s = broker.stats();
+  EXPECT_EQ(s.at("stream.S.write_errors"), 3) << "each failed sync is counted";
+  EXPECT_GE(s.at("stream.S.syncs"), 1);
+  ASSERT_TRUE(pub->publish_acked("s.x", "after", 10s)) << "and the stream goes on";
+  pub->close();
+  expect_clean_shutdown(broker);
+  ::unlink(config.c_str());
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, SyncFaults, ::testing::Values(Via::kRdma, Via::kTcp),
                          [](const auto& info) { return to_string(info.param); });
 
 // ---------------------------------------------------------------- completion queue

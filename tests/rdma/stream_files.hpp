@@ -6,9 +6,12 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -44,17 +47,18 @@ inline std::vector<StoredMessage> read_stream(const std::string& directory) {
   return out;
 }
 
-/// A PUBLISH of one byte on `subject` with `flags` and `sequence`: a frame
-/// to break a stream rule with.
+/// A PUBLISH of `payload` (one byte by default) on `subject` with `flags`
+/// and `sequence`: a frame to break a stream rule with, or to send many of
+/// in one SEND.
 inline std::vector<std::byte> publish_frame(std::string_view subject, std::uint16_t flags,
-                                            std::uint64_t sequence) {
-  std::vector<std::byte> out(proto::align_up(proto::kHeaderSize + subject.size() + 1));
+                                            std::uint64_t sequence, std::string_view payload = "x") {
+  std::vector<std::byte> out(proto::align_up(proto::kHeaderSize + subject.size() + payload.size()));
   proto::FrameHeader h;
   h.type = proto::FrameType::kPublish;
   h.flags = flags;
-  h.payload_len = 1;
+  h.payload_len = static_cast<std::uint32_t>(payload.size());
   h.sequence = sequence;
-  proto::encode_frame(out, h, subject, "", std::as_bytes(std::span("x", 1)));
+  proto::encode_frame(out, h, subject, "", std::as_bytes(std::span(payload.data(), payload.size())));
   return out;
 }
 
@@ -106,6 +110,17 @@ class StreamTest : public ::testing::TestWithParam<Via> {
   void write_config(const std::string& streams, const std::string& storage = "",
                     const std::string& other = "") {
     write_file(config_, other + "storage:\n  directory: " + data_ + "\n" + storage + "streams:\n" + streams);
+  }
+
+  /// A tmpfs of `size` ("512k") at data_, in a mount namespace of this test
+  /// process's own that the broker it starts inherits: a disk that fills for
+  /// real. Root only (CI and the guest): check geteuid() and skip first.
+  void mount_small_disk(const char* size) {
+    ASSERT_EQ(::unshare(CLONE_NEWNS), 0) << std::strerror(errno);
+    ASSERT_EQ(::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0) << std::strerror(errno);
+    ASSERT_EQ(::mount("tmpfs", data_.c_str(), "tmpfs", 0, (std::string("size=") + size).c_str()), 0)
+        << std::strerror(errno);
+    mounted_ = true;
   }
 
   const std::string config_ = "/tmp/rdmabroker-streams-" + std::to_string(getpid()) + ".yaml";

@@ -4,10 +4,11 @@
 // the stream and sequence once the message is durable; every refusal is
 // typed; a Msg-Id sent again is stored once, even across a restart; a run
 // of messages is answered by one PUB_ACK range (version 12), one each for
-// an older client; a subscriber of an older version never sees the ACK flag; every broken rule
-// closes only its sender; and a broker killed with SIGKILL in the middle of
-// a storm of acknowledged publishes has every acknowledged message once, in
-// each publisher's order, when it comes back.
+// an older client; a write the disk cuts short is answered in order; a subscriber of an older version never
+// sees the ACK flag; every broken rule closes only its sender; and a broker killed with SIGKILL in the middle
+// of a storm of acknowledged publishes has every acknowledged message once, in each publisher's order, when
+// it comes back.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -156,6 +157,78 @@ TEST_P(StreamAcks, ARunOfStoredMessagesIsAnsweredByOneRangeAndAnOlderClientByOne
   EXPECT_EQ(s["stream.S.acks"], static_cast<std::int64_t>(2 * kRun));
   EXPECT_LT(s["stream.S.ack_frames"], static_cast<std::int64_t>(2 * kRun));
   EXPECT_EQ(s["stream.S.messages"], static_cast<std::int64_t>(2 * kRun));
+}
+
+// SPEC.md §3.10 rule 1 when the disk fills in the middle of a batch: a run
+// of acknowledged publishes in one SEND, of which the file system has room
+// for the first few. Those are stored and acknowledged once synced, the rest
+// refused with DISK_FULL, and the publisher gets every answer in the order
+// of its PUBLISHes: the refusals after the acknowledgements of the stored
+// messages before them, not ahead of them.
+TEST_P(StreamAcks, AWriteCutShortByAFullDiskIsAnsweredInThePublishersOrder) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root (CI and the guest have it)";
+  ASSERT_NO_FATAL_FAILURE(mount_small_disk("512k"));
+  start("  - {name: S, subjects: [\"s.>\"]}\n");
+  auto w = raw_wire(*broker_, GetParam(), true, proto::ConnectRequest{16384, 16, 0, proto::kProtocolVersion});
+  ASSERT_TRUE(w);
+  // Fill the file system a page at a time, then free two pages: room for
+  // about seven of the messages below.
+  std::vector<std::string> pages;
+  for (int i = 0;; ++i) {
+    const std::string path = data_ + "/fill-" + std::to_string(i);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    const std::string page(4096, 'f');
+    const bool whole = ::write(fd, page.data(), page.size()) == static_cast<ssize_t>(page.size());
+    ::close(fd);
+    if (!whole) {
+      fs::remove(path);
+      break;
+    }
+    pages.push_back(path);
+    ASSERT_LT(i, 1000) << "a 512 KiB file system never filled";
+  }
+  ASSERT_GE(pages.size(), 2u);
+  fs::remove(pages.back());
+  fs::remove(pages[pages.size() - 2]);
+
+  constexpr std::uint64_t kRun = 14;  // 14 x ~1 KiB: one SEND, one batch
+  const std::string payload(1000, 'p');
+  std::vector<std::byte> run;
+  for (std::uint64_t id = 1; id <= kRun; ++id) {
+    const auto f = publish_frame("s.x", proto::kFlagAck, id, payload);
+    run.insert(run.end(), f.begin(), f.end());
+  }
+  ASSERT_TRUE(w->send(run));
+  std::vector<std::pair<std::uint64_t, ErrorCode>> answers;  // in the order they came
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (answers.size() < kRun && std::chrono::steady_clock::now() < deadline) {
+    for (const auto& bytes : w->receive(1s)) {
+      proto::Frame f;
+      ASSERT_EQ(proto::decode_frame(bytes, bytes.size(), f), proto::DecodeStatus::kOk);
+      if (f.header.type != FrameType::kPubAck) continue;
+      const auto a = proto::pub_ack_answer(f);
+      for (std::uint32_t i = 0; i < a.count; ++i) {
+        answers.emplace_back(a.first_id + i, static_cast<ErrorCode>(f.header.arg));
+      }
+    }
+  }
+  ASSERT_EQ(answers.size(), kRun);
+  std::size_t stored = 0;
+  for (std::size_t i = 0; i < answers.size(); ++i) {
+    EXPECT_EQ(answers[i].first, i + 1) << "answer " << i << " of " << kRun << ": PUBLISH order";
+    if (answers[i].second == ErrorCode::kNone) {
+      EXPECT_EQ(stored, i) << "id " << answers[i].first << " stored after a refused one";
+      ++stored;
+    } else {
+      EXPECT_EQ(answers[i].second, ErrorCode::kDiskFull) << "id " << answers[i].first;
+    }
+  }
+  EXPECT_GT(stored, 0u) << "the disk had room for some";
+  EXPECT_LT(stored, kRun) << "the disk had room for all: nothing was cut short";
+  const auto st = broker_->stats();
+  EXPECT_EQ(st.at("stream.S.stored"), static_cast<std::int64_t>(stored));
+  EXPECT_EQ(st.at("stream.S.refused_disk_full"), static_cast<std::int64_t>(kRun - stored));
 }
 
 TEST_P(StreamAcks, EveryBrokenAckRuleClosesOnlyItsSender) {

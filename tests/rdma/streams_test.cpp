@@ -7,8 +7,6 @@
 // reload; a full disk refuses (counted) without stopping anything else, and
 // the stream takes messages again once there is room.
 #include <gtest/gtest.h>
-#include <sched.h>
-#include <sys/mount.h>
 
 #include <atomic>
 #include <filesystem>
@@ -154,10 +152,7 @@ TEST_P(Streams, RetentionAndTheStreamsThemselvesFollowAReload) {
 // mount namespace the broker inherits (root: CI, and the guest).
 TEST_P(Streams, AFullDiskRefusesCountedOthersFlowAndTheStreamResumesWithRoom) {
   if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root (CI and the guest have it)";
-  ASSERT_EQ(::unshare(CLONE_NEWNS), 0) << std::strerror(errno);
-  ASSERT_EQ(::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0) << std::strerror(errno);
-  ASSERT_EQ(::mount("tmpfs", data_.c_str(), "tmpfs", 0, "size=512k"), 0) << std::strerror(errno);
-  mounted_ = true;
+  ASSERT_NO_FATAL_FAILURE(mount_small_disk("512k"));
   write_file(data_ + "/filler", std::string(128 << 10, 'f'));
   start("  - name: DISK\n    subjects: [\"disk.>\"]\n", "  sync: always\n");
   auto sub = connect_via(*broker_, GetParam());

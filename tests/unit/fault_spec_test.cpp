@@ -37,13 +37,17 @@ TEST(FaultSpec, ParsesEveryFault) {
   ASSERT_TRUE(route);
   EXPECT_EQ(route.value().kind, Kind::kRouteStall);
   EXPECT_EQ(route.value().delay_ms, 500u);
+  auto sync = parse("sync-fail 3");
+  ASSERT_TRUE(sync);
+  EXPECT_EQ(sync.value().kind, Kind::kSyncFail);
+  EXPECT_EQ(sync.value().count, 3u);
 }
 
 TEST(FaultSpec, RefusesAnythingElseSayingWhy) {
   for (const char* bad :
        {"", "bogus", "wc-error", "wc-error x", "wc-error 1 2", "qp-error -1", "cm-duplicate 0", "cm-delay 10",
         "cm-delay ten 1", "pool-exhaust now", "pool-release 1", "worker-stall", "worker-stall 0",
-        "worker-stall 1 2", "route-stall", "route-stall 0"}) {
+        "worker-stall 1 2", "route-stall", "route-stall 0", "sync-fail", "sync-fail 0", "sync-fail x"}) {
     auto r = parse(bad);
     ASSERT_FALSE(r) << "'" << bad << "' was accepted";
     EXPECT_EQ(r.error().kind, ErrorKind::kInvalidArgument);
