@@ -138,6 +138,11 @@ struct BrokerCore {
   std::uint32_t stream_slot = 0;
   std::uint64_t stream_backlog = 512;
 
+  /// Whether `slot` counts an engine's backlog (in messages or buffers, not
+  /// a connection's queued bytes: the broker-wide byte bound is not its).
+  bool is_engine_slot(std::uint32_t slot) const {
+    return (multicast != nullptr && slot == multicast_slot) || (streams != nullptr && slot == stream_slot);
+  }
   /// The queue bound that slows publishers for `slot` (a connection's, or an engine's).
   std::uint64_t backlog_bound(std::uint32_t slot, std::uint64_t max_pending_bytes) const {
     if (multicast != nullptr && slot == multicast_slot) return multicast_backlog;

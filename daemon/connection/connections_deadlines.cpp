@@ -76,7 +76,9 @@ void Connections::check_stalls() {
       // Drained means below half the byte bound and a quarter of the pool share.
       const bool pins_high = ctx_.core.slots->pins(c->stall_slot) >
                              ctx_.core.pool_shares.share(ctx_.options.pool_share_percent) / 4;
-      if (queued > low || pins_high || crowds_total(queued, 8, 50)) return false;
+      // The broker-wide byte bound, as Router::over_watermark: a connection's only.
+      const bool crowds = !ctx_.core.is_engine_slot(c->stall_slot) && crowds_total(queued, 8, 50);
+      if (queued > low || pins_high || crowds) return false;
     }
     c->stalled = false;
     ended.push_back(id);

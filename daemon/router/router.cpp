@@ -130,8 +130,7 @@ bool Router::over_watermark(const Subscriber& s) const {
   const std::int64_t queued = ctx_.core.slots->queued(s.slot);
   return queued > static_cast<std::int64_t>(bound - bound / 4) ||
          ctx_.core.slots->pins(s.slot) > ctx_.core.pool_shares.share(ctx_.options.pool_share_percent) / 2 ||
-         (s.worker != kChannelWorker && s.worker != kStreamWorker &&
-          connections_.crowds_total(queued, 4, 75));
+         (!ctx_.core.is_engine_slot(s.slot) && connections_.crowds_total(queued, 4, 75));
 }
 
 bool Router::is_live(const Subscriber& s) {

@@ -588,6 +588,55 @@ TEST_F(RouterTest, AStreamIsRoutedOncePerMessageInABatchAndItsBuffersCountAsTheE
   core_.workers = nullptr;
 }
 
+/// Other workers whose queues hold `total` (pending_charge_total).
+class BusyOtherWorkers final : public WorkerDispatch {
+ public:
+  void post_deliveries(std::vector<std::vector<RemoteDelivery>>& per_worker, Handoff) override {
+    for (auto& batch : per_worker) batch.clear();
+  }
+  void evict(const Admission::Eviction&) override {}
+  std::int64_t pending_charge_total() const override { return total; }
+  std::int64_t total = 0;
+};
+
+// A publisher slowed by the stream engine's backlog resumes once the engine
+// has taken it below half its bound, whatever the subscribers' queues hold
+// together: the broker-wide bound on queued bytes (crowds_total) neither
+// starts nor prolongs a stall for an engine's slot, whose count is not
+// bytes. Before, the release asked it too, and a publisher to a stream
+// waited for producer_stall_ms while other queues were full.
+TEST_F(RouterTest, APublisherSlowedByTheStreamEngineResumesOnceItDrainsWhateverOtherQueuesHold) {
+  FakeStreams streams;
+  BusyOtherWorkers others;
+  core_.streams = &streams;
+  core_.workers = &others;
+  core_.stream_slot = 15;
+  core_.stream_backlog = 8;  // slowed above 6 buffers, resumed at 4
+  ctx_->options.max_pending_bytes_total = 64 * 1024;
+  ctx_->options.max_connections = 100000;        // a fair share of 0 bytes: any backlog is above it
+  others.total = 60 * 1024;                      // the queues together near their bound
+  ctx_->options.producer_stall_ms = 60'000;      // a release by draining, not by patience
+  ctx_->now = std::chrono::steady_clock::now();  // check_deadlines() reads the clock
+  core_.index.add("orders.>", Subscriber{kStreamWorker, 3, 0, core_.stream_slot, 0});
+  Client pub = connect();
+  for (int i = 0; i < 20 && !pub.link->paused; ++i) {
+    publish(pub, "orders.x", "m");  // a receive each: a buffer each
+    router_->post_batches();
+  }
+  ASSERT_TRUE(pub.c->stalled) << "slowed for the engine's backlog";
+  ASSERT_GT(core_.slots->queued(core_.stream_slot), 6);
+  // The engine stores all but two.
+  const std::int64_t stored = core_.slots->queued(core_.stream_slot) - 2;
+  core_.slots->add_queued(core_.stream_slot, -stored);
+  connections_->check_deadlines();
+  EXPECT_FALSE(pub.c->stalled) << "drained below half its bound: the stall ends";
+  EXPECT_FALSE(pub.link->paused);
+  core_.slots->add_queued(core_.stream_slot, -2);
+  streams.got.clear();
+  core_.streams = nullptr;
+  core_.workers = nullptr;
+}
+
 TEST_F(RouterTest, APublisherThatLeavesOrAbortsMidMessageAbortsItForEveryRecipient) {
   Client sub = connect(), pub = connect(), quitter = connect();
   subscribe(sub, "big", 1);
