@@ -208,7 +208,7 @@ TEST_F(Tls, APlainClientsRejectArrivesAndTheConnectionEndsCleanly) {
 // cache holds them (clients connect once and stay), and the heap they
 // freed is given back (ops/memory_trim.hpp): 64 TLS clients at once and
 // 257 handshakes left half-way, twice, and the broker ends near where it
-// began (before these, +11 MiB stayed; now 1-3 MiB: heap the trim cannot
+// began (before these, +11 MiB stayed; now a few MiB: heap the trim cannot
 // return and tables grown to their peak).
 TEST_F(Tls, HandshakesLeaveTheBrokersMemoryWhereItWas) {
   // A sanitizer's allocator keeps freed memory in quarantine and ignores
@@ -240,23 +240,33 @@ TEST_F(Tls, HandshakesLeaveTheBrokersMemoryWhereItWas) {
     broker.wait_stats(
         [](auto& s) { return s["connections.current"] == 0 && s["connections.unauthenticated"] == 0; }, 10s);
   };
-  // Settled: the trimmer has looked often enough (about once a second).
-  const auto settled = [&] {
-    std::this_thread::sleep_for(4s);
-    return rss_kib(broker.pid());
-  };
   auto warm = Client::connect(tls_url(broker), trusting());  // OpenSSL's one-time state
   ASSERT_TRUE(warm) << warm.error().message;
   warm.value()->close();
   const long before = rss_kib(broker.pid());
+  // Settled: the trimmer looks about once a second. RSS is read every 100 ms
+  // for up to 5 s until within 3 MiB of where it began: usually within 1 s.
+  // What stays varies with the threads' scheduling (which arena freed
+  // what): 0.3-3 MiB on a quiet host, up to 6 MiB with the host's cores
+  // busy (measured: 30 runs beside two spinning processes), then the next
+  // round's trim takes it back down. Without the trims: +11 MiB after one
+  // round, +14 after two.
+  const auto settled = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    long rss = rss_kib(broker.pid());
+    while (rss - before >= 3072 && std::chrono::steady_clock::now() - t0 < 5s) {
+      std::this_thread::sleep_for(100ms);
+      rss = rss_kib(broker.pid());
+    }
+    return rss;
+  };
   round();
   const long first = settled();
   round();
   const long second = settled();
   EXPECT_EQ(stat(broker, "tls.handshakes"), 1 + 2 * 64);
-  // Before: +11 MiB after a round, +14 after two; now 1-3 MiB after either.
-  EXPECT_LT(first - before, 6144) << "what a round freed is given back";
-  EXPECT_LT(second - before, 6144) << "a second round must not grow the broker";
+  EXPECT_LT(first - before, 8192) << "what a round freed is given back";
+  EXPECT_LT(second - before, 8192) << "a second round must not grow the broker";
 }
 
 TEST_F(Tls, ClientsRefuseABrokerCertificateThatDoesNotVerify) {
