@@ -24,6 +24,10 @@ Error ack_error(proto::ErrorCode code, std::string_view subject, const std::stri
       return {ErrorKind::kPayloadTooLarge, "larger than stream " + stream + "'s max_msg_size"};
     case proto::ErrorCode::kPermissionDenied:
       return {ErrorKind::kPermissionDenied, "publish to " + on + " denied"};
+    case proto::ErrorCode::kInternalError:
+      return {ErrorKind::kBrokerError, "stream " + stream +
+                                           ": an I/O error in the broker (see its log); the message on " +
+                                           on + " is not known to be stored: publish it again"};
     default:
       return {ErrorKind::kBrokerError, "stream " + stream + " did not store the message on " + on + ": " +
                                            std::string(proto::to_string(code))};

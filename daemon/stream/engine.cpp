@@ -512,9 +512,27 @@ void StreamEngine::sync(Stream& s) {
                     : s.store->sync();
   if (!r) {
     s.stats->write_errors.add();
-    log_throttled(refusal_log_, spdlog::level::err, "stream {}: sync failed: {}", s.stats->name,
-                  r.error().message);
-    return;  // still dirty: tried again at the next sync
+    log_throttled(refusal_log_, spdlog::level::err,
+                  "stream {}: sync failed: {}; {} publishers waiting on it are told it did not store their "
+                  "messages",
+                  s.stats->name, r.error().message, s.acks.size());
+    // What was written since the last good sync is in doubt: a failed
+    // fdatasync may leave those pages clean but never written, and reports
+    // its error once, so a later sync that succeeds proves nothing for them.
+    // Nothing in doubt is acknowledged: its publishers get INTERNAL_ERROR,
+    // and its Msg-Ids are forgotten, so that a retry is stored again (the
+    // first copy may survive: at least once). The stream stays dirty, so
+    // what comes next is synced as usual.
+    const std::uint64_t durable = s.store->stats().durable_sequence;
+    s.duplicates.forget_from(durable + 1);
+    for (Ack& a : s.acks) {
+      if (a.code != proto::ErrorCode::kNone || a.sequence <= durable) continue;
+      a.code = proto::ErrorCode::kInternalError;
+      a.sequence = 0;
+      a.duplicate = false;
+    }
+    release_acks(s);
+    return;
   }
   s.stats->syncs.add();
   s.stats->sync_seconds.observe(std::chrono::duration<double>(steady_clock::now() - started).count());

@@ -578,8 +578,8 @@ class Client {
   /// retry after a lost answer safe: within the stream's duplicate window it
   /// is stored once, the answer the first sequence (`duplicate`). Errors:
   /// kNoStream, kStreamFull, kDiskFull, kPayloadTooLarge (above max_msg_size,
-  /// or more than one frame), kPermissionDenied, kTimeout (retry with the
-  /// same Msg-Id), kInvalidArgument (a broker before version 10), kClosed.
+  /// or more than one frame), kPermissionDenied, kBrokerError (I/O: publish
+  /// again), kTimeout (same Msg-Id), kInvalidArgument (before v10), kClosed.
   virtual Result<PubAck> publish_acked(std::string_view subject, const Headers& headers, ByteView payload,
                                        std::chrono::milliseconds timeout) = 0;
   Result<PubAck> publish_acked(std::string_view subject, std::string_view payload,
