@@ -27,8 +27,9 @@
 //                            milliseconds before they subscribe to it, as a
 //                            slow route would (clients' PONGs must wait for
 //                            it: SPEC.md §8)
-//   fault sync-fail N        the stream engine's next N syncs fail, as an
-//                            fdatasync that reports EIO does
+//   fault sync-fail N        the streams' next N fdatasyncs (the group
+//                            commit's, or a segment's at a roll) fail, as
+//                            one that reports EIO does
 // and, at start (a CQ is sized when it is created), the environment variable
 //   RDMABROKER_FAULT_CQ_ENTRIES=N   every worker's send CQs get N entries.
 // What the broker must do under each is in docs/testing.md ("Fault injection").

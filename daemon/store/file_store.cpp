@@ -155,8 +155,13 @@ StoreStatus FileStore::roll(std::uint64_t first_sequence) {
   if (auto s = write_staged(); !s) return s;
   // The segment left behind is synced now, so only the newest ever needs it.
   if (!segments_.empty()) {
-    if (auto s = segments_.back().file.sync(); !s) return s;
-    durable_ = last_sequence_;
+    if (auto s = sync_segment(segments_.back().file); !s) {
+      // Its error is reported once (a later fdatasync of the file would
+      // succeed without its pages): sync() reports it too.
+      sync_failed_ = s.error();
+      return s;
+    }
+    if (!sync_failed_) durable_ = last_sequence_;  // else in doubt until sync() has said so
   }
   auto segment = Segment::create(options_.directory, first_sequence);
   if (!segment) return segment.error();
@@ -381,11 +386,23 @@ StoreResult<std::uint64_t> FileStore::purge() {
 
 StoreResult<std::uint64_t> FileStore::sync() {
   if (auto s = write_staged(); !s) return s.error();
+  if (sync_failed_) {
+    StoreError e = std::move(*sync_failed_);
+    sync_failed_.reset();
+    return e;
+  }
   if (!segments_.empty()) {
-    if (auto s = segments_.back().file.sync(); !s) return s.error();
+    if (auto s = sync_segment(segments_.back().file); !s) return s.error();
   }
   durable_ = last_sequence_;
   return durable_;
+}
+
+StoreStatus FileStore::sync_segment(Segment& segment) {
+  if (options_.fail_sync && options_.fail_sync()) {
+    return StoreError{StoreErrc::kIo, "syncing " + segment.path() + ": Input/output error (fault sync-fail)"};
+  }
+  return segment.sync();
 }
 
 StoreStats FileStore::stats() const {

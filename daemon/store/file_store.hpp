@@ -14,6 +14,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +29,9 @@ struct FileStoreOptions {
   std::string directory;  // created if missing
   std::uint64_t segment_bytes = std::uint64_t{64} << 20;
   StoreLimits limits;
+  /// Tests only (`fault sync-fail`): asked before each fdatasync; true makes
+  /// it fail as one that reports EIO.
+  std::function<bool()> fail_sync;
 };
 
 /// What open() found and did.
@@ -120,6 +124,8 @@ class FileStore final : public MessageStore {
   void rebuild_subject_lists();
   void drop_dead_segments();
   StoreStatus roll(std::uint64_t first_sequence);
+  /// fdatasync of `segment` (or the failure options_.fail_sync asks for).
+  StoreStatus sync_segment(Segment& segment);
   /// A replay reads consecutive records: a small one comes from a window of
   /// the segment read with one pread (then copied out), not a system call
   /// each. False if it is not a small record or cannot be read that way.
@@ -147,6 +153,9 @@ class FileStore final : public MessageStore {
   std::uint64_t floor_ = 1;  // no live sequence is below it (a purge raises it)
   std::int64_t last_time_ns_ = 0;
   std::uint64_t durable_ = 0;
+  /// A roll's sync of the segment it left failed: the next sync() reports
+  /// it, so that nothing written before it is taken for durable.
+  std::optional<StoreError> sync_failed_;
   std::uint64_t corrupt_records_ = 0;
   std::uint64_t corrupt_bytes_ = 0;
   std::uint64_t torn_bytes_ = 0;

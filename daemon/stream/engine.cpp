@@ -86,7 +86,11 @@ StreamEngine::~StreamEngine() { stop(); }
 Result<StreamEngine::Stream> StreamEngine::open(const config::StreamSettings& s, std::uint32_t id) {
   store::RecoveryReport report;
   const std::string dir = directory_ + "/" + s.name;
-  auto st = store::FileStore::open({dir, std::uint64_t{64} << 20, limits_of(s)}, realtime_ns(), &report);
+  store::FileStoreOptions options{dir, std::uint64_t{64} << 20, limits_of(s), {}};
+  if constexpr (fault::kEnabled) {
+    options.fail_sync = [this] { return fault::Shared::take(core_.faults.sync_fails); };
+  }
+  auto st = store::FileStore::open(options, realtime_ns(), &report);
   if (!st) {
     return Error{ErrorKind::kResource, "stream " + s.name + ": " + st.error().message};
   }
@@ -506,11 +510,7 @@ void StreamEngine::post_acks() {
 
 void StreamEngine::sync(Stream& s) {
   const auto started = steady_clock::now();
-  const bool injected = fault::kEnabled && fault::Shared::take(core_.faults.sync_fails);
-  auto r = injected ? store::StoreResult<std::uint64_t>(store::StoreError{
-                          store::StoreErrc::kIo, "fdatasync: Input/output error (fault sync-fail)"})
-                    : s.store->sync();
-  if (!r) {
+  if (auto r = s.store->sync(); !r) {
     s.stats->write_errors.add();
     log_throttled(refusal_log_, spdlog::level::err,
                   "stream {}: sync failed: {}; {} publishers waiting on it are told it did not store their "

@@ -153,6 +153,37 @@ TEST_F(Store, SegmentsRollAtTheirSizeAndALargeMessageTakesOneOfItsOwn) {
   EXPECT_EQ(segment_files()[5].filename(), "00000000000000000006.seg");
 }
 
+// A failed fdatasync reports its error once: a later one of the same file
+// succeeds without proving anything for what was written before. So when
+// the sync of the segment a roll leaves fails, the next sync() fails too
+// (once), and the durable sequence does not pass what was in doubt until a
+// sync after it succeeds.
+TEST_F(Store, ASyncThatFailedAtARollIsReportedByTheNextSync) {
+  int fail = 0;  // syncs still to fail
+  FileStoreOptions options{dir_, 1024, {}, [&] { return fail > 0 && fail-- > 0; }};
+  auto opened = FileStore::open(options, 0);
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  FileStore& s = *opened.value();
+  const std::string kb(900, 'x');
+  put(s, "a", kb);
+  ASSERT_TRUE(s.sync().ok());
+  EXPECT_EQ(s.stats().durable_sequence, 1u);
+  fail = 1;
+  auto rolled = s.append({"b", {}, bytes_of(kb)}, 0);  // does not fit: the segment of 1 rolls
+  ASSERT_FALSE(rolled.ok()) << "the roll's sync failed";
+  EXPECT_EQ(rolled.error().code, StoreErrc::kIo);
+  EXPECT_NE(rolled.error().message.find("fault sync-fail"), std::string::npos) << rolled.error().message;
+  auto reported = s.sync();
+  ASSERT_FALSE(reported.ok()) << "the roll's failure is the next sync's";
+  EXPECT_EQ(reported.error().code, StoreErrc::kIo);
+  EXPECT_EQ(s.stats().durable_sequence, 1u);
+  EXPECT_EQ(put(s, "c", kb), 2u) << "the store goes on";
+  auto synced = s.sync();
+  ASSERT_TRUE(synced.ok()) << synced.error().message;
+  EXPECT_EQ(synced.value(), 2u);
+  EXPECT_EQ(s.stats().durable_sequence, 2u);
+}
+
 TEST_F(Store, CountAndByteLimitsDropTheOldestAndWholeSegmentsGo) {
   StoreLimits limits;
   limits.max_msgs = 10;
