@@ -16,7 +16,7 @@
 #       with group commit (256 unanswered, and flat out: the library's limit of 512)
 #       against the plain relay rate of `rdmabroker bench` (flat out too), and the
 #       replay of 200,000 messages against the live delivery rate, same boot; the
-#       median of RUNS (default 3) rounds.
+#       median of RUNS (default 5: single runs of one boot spread by 1.7x) rounds.
 # The tables go into docs/benchmarks.md's sections streams-tcp-RUNS and streams-rdma.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -110,7 +110,7 @@ fi
 
 # ---------------------------------------------------------------- rdma (in the guest)
 [ "${RDMABROKER_GUEST:-}" = 1 ] || ninja -C "$BIN" stream_bench >/dev/null
-RUNS=${2:-3}
+RUNS=${2:-5}
 in_guest_unless_rdma tests/bench/streams.sh rdma "$RUNS"
 A1=${RDMABROKER_GUEST_ADDR1:?}
 A2=${RDMABROKER_GUEST_ADDR2:?}
