@@ -93,6 +93,8 @@ class Consumer {
   std::uint64_t unprocessed(const store::MessageStore& store) const;
   /// Changed since the last take_dirty() (a durable one's state to save).
   bool take_dirty() { return std::exchange(dirty_, false); }
+  /// Its state could not be saved: to be saved again.
+  void mark_dirty() { dirty_ = true; }
   bool dirty() const { return dirty_; }
   State state() const;
 

@@ -302,6 +302,10 @@ void StreamEngine::save_consumers(Stream& s, bool all) {
     if (auto st = save_consumer(s.dir, name, k->state(), storage_.sync == config::StreamSync::kAlways); !st) {
       log_throttled(refusal_log_, spdlog::level::err, "stream {}: consumer {} not saved: {}", s.stats->name,
                     name, st.error().message);
+      // Tried again at the next save (a full disk may have room by then),
+      // whether or not the consumer changes meanwhile.
+      k->mark_dirty();
+      due_at(consumers_due_ns_, now + kSaveEveryNs);
     }
   }
 }

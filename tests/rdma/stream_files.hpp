@@ -5,6 +5,7 @@
 // stopped: how they check what was stored, byte for byte.
 #pragma once
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -121,6 +122,29 @@ class StreamTest : public ::testing::TestWithParam<Via> {
     ASSERT_EQ(::mount("tmpfs", data_.c_str(), "tmpfs", 0, (std::string("size=") + size).c_str()), 0)
         << std::strerror(errno);
     mounted_ = true;
+  }
+
+  /// Fills the disk mount_small_disk() made with files of a page each
+  /// (`fill-N` in data_) until a write fails; returns their paths, so that
+  /// removing some makes that much room again.
+  std::vector<std::string> fill_small_disk() {
+    std::vector<std::string> pages;
+    const std::string page(4096, 'f');
+    for (int i = 0; i < 1000; ++i) {
+      const std::string path = data_ + "/fill-" + std::to_string(i);
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      EXPECT_GE(fd, 0) << path << ": " << std::strerror(errno);
+      if (fd < 0) break;
+      const bool whole = ::write(fd, page.data(), page.size()) == static_cast<ssize_t>(page.size());
+      ::close(fd);
+      if (!whole) {
+        std::filesystem::remove(path);
+        return pages;
+      }
+      pages.push_back(path);
+    }
+    ADD_FAILURE() << "the small disk never filled";
+    return pages;
   }
 
   const std::string config_ = "/tmp/rdmabroker-streams-" + std::to_string(getpid()) + ".yaml";

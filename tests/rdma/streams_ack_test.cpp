@@ -8,7 +8,6 @@
 // sees the ACK flag; every broken rule closes only its sender; and a broker killed with SIGKILL in the middle
 // of a storm of acknowledged publishes has every acknowledged message once, in each publisher's order, when
 // it comes back.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -173,21 +172,7 @@ TEST_P(StreamAcks, AWriteCutShortByAFullDiskIsAnsweredInThePublishersOrder) {
   ASSERT_TRUE(w);
   // Fill the file system a page at a time, then free two pages: room for
   // about seven of the messages below.
-  std::vector<std::string> pages;
-  for (int i = 0;; ++i) {
-    const std::string path = data_ + "/fill-" + std::to_string(i);
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ASSERT_GE(fd, 0) << std::strerror(errno);
-    const std::string page(4096, 'f');
-    const bool whole = ::write(fd, page.data(), page.size()) == static_cast<ssize_t>(page.size());
-    ::close(fd);
-    if (!whole) {
-      fs::remove(path);
-      break;
-    }
-    pages.push_back(path);
-    ASSERT_LT(i, 1000) << "a 512 KiB file system never filled";
-  }
+  const auto pages = fill_small_disk();
   ASSERT_GE(pages.size(), 2u);
   fs::remove(pages.back());
   fs::remove(pages[pages.size() - 2]);

@@ -15,6 +15,8 @@
 #include <fcntl.h>
 #include <sys/wait.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <fstream>
 #include <set>
@@ -274,6 +276,45 @@ TEST_P(Consumers, ADurableConsumerResumesAfterABrokerKilledWithSigkill) {
   }
   EXPECT_EQ(got.size(), 23u);
   EXPECT_EQ(*got.rbegin(), 35u);
+}
+
+// A durable consumer's state that cannot be saved (a full disk) is saved
+// once there is room again, with nothing else happening: a broker killed
+// after that resumes the consumer where it was, not where the disk filled.
+TEST_P(Consumers, ADurableConsumersStateUnsavedOnAFullDiskIsSavedWhenRoomReturns) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root (CI and the guest have it)";
+  ASSERT_NO_FATAL_FAILURE(mount_small_disk("512k"));
+  start_orders();
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  publish(*c, 20);
+  auto k = consume(*c, {.durable = "audit"});
+  ASSERT_TRUE(k);
+  // The first unacknowledged sequence its saved state records (0: none).
+  const std::string saved = data_ + "/ORDERS/consumers/audit.json";
+  const auto first_pending = [&]() -> std::uint64_t {
+    std::ifstream in(saved);
+    const auto j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_discarded() || !j.contains("pending") || j["pending"].empty()) return 0;
+    return j["pending"][0][0].get<std::uint64_t>();
+  };
+  const auto take_and_ack = [&](std::uint64_t from, std::uint64_t to) {
+    for (std::uint64_t i = from; i <= to; ++i) {
+      auto m = k->next(10s);
+      ASSERT_TRUE(m && m->stream_sequence == i) << i;
+      ASSERT_TRUE(k->ack(*m));
+    }
+    ASSERT_TRUE(c->flush(10s));
+  };
+  ASSERT_NO_FATAL_FAILURE(take_and_ack(1, 5));
+  ASSERT_TRUE(wait_until([&] { return first_pending() == 6; }, 10s)) << first_pending();
+  const auto pages = fill_small_disk();
+  ASSERT_NO_FATAL_FAILURE(take_and_ack(6, 10));
+  std::this_thread::sleep_for(500ms);  // saved every 50 ms: ten tries on a full disk
+  EXPECT_EQ(first_pending(), 6u) << "the disk was full: nothing newer could be saved";
+  for (const auto& p : pages) std::filesystem::remove(p);
+  EXPECT_TRUE(wait_until([&] { return first_pending() == 11; }, 10s))
+      << "saved once there is room, without another acknowledgement: " << first_pending();
 }
 
 // A reconnecting client's consumers outlive its connection (docs/streams.md,
