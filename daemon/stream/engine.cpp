@@ -512,10 +512,6 @@ void StreamEngine::sync(Stream& s) {
   const auto started = steady_clock::now();
   if (auto r = s.store->sync(); !r) {
     s.stats->write_errors.add();
-    log_throttled(refusal_log_, spdlog::level::err,
-                  "stream {}: sync failed: {}; {} publishers waiting on it are told it did not store their "
-                  "messages",
-                  s.stats->name, r.error().message, s.acks.size());
     // What was written since the last good sync is in doubt: a failed
     // fdatasync may leave those pages clean but never written, and reports
     // its error once, so a later sync that succeeds proves nothing for them.
@@ -525,12 +521,17 @@ void StreamEngine::sync(Stream& s) {
     // what comes next is synced as usual.
     const std::uint64_t durable = s.store->stats().durable_sequence;
     s.duplicates.forget_from(durable + 1);
+    std::size_t refused = 0;
     for (Ack& a : s.acks) {
       if (a.code != proto::ErrorCode::kNone || a.sequence <= durable) continue;
       a.code = proto::ErrorCode::kInternalError;
       a.sequence = 0;
       a.duplicate = false;
+      ++refused;
     }
+    log_throttled(refusal_log_, spdlog::level::err,
+                  "stream {}: sync failed: {}; {} acknowledged publishes waiting on it are refused",
+                  s.stats->name, r.error().message, refused);
     release_acks(s);
     return;
   }
