@@ -74,13 +74,20 @@ TEST_P(Consumers, APushConsumerGetsEveryStoredMessageInOrderWithItsSequence) {
   ASSERT_TRUE(late);
   EXPECT_EQ(late->stream_sequence, 201u);
   ASSERT_TRUE(c->flush(10s));
-  auto s = broker_->wait_stats([](auto& s) { return s["stream.ORDERS.consumer_acks"] == 200; }, 10s);
+  // Waited for together: the statistics are read one by one, not at one instant.
+  auto s = broker_->wait_stats(
+      [](auto& s) {
+        return s["stream.ORDERS.consumer_acks"] == 200 && s["stream.ORDERS.delivered"] == 201 &&
+               s["stream.ORDERS.consumer_pending"] == 1;
+      },
+      10s);
   EXPECT_EQ(s["stream.ORDERS.consumer_acks"], 200);
   EXPECT_EQ(s["stream.ORDERS.delivered"], 201);
   EXPECT_EQ(s["stream.ORDERS.consumer_pending"], 1);
   // What the engine handed to the worker's queue left none of its charge
   // behind (limits.max_pending_bytes_total's total, messages.pending_charge).
-  s = broker_->wait_stats([](auto& s) { return s["messages.pending"] == 0; }, 10s);
+  s = broker_->wait_stats(
+      [](auto& s) { return s["messages.pending"] == 0 && s["messages.pending_charge"] == 0; }, 10s);
   EXPECT_EQ(s["messages.pending_charge"], 0);
 }
 

@@ -8,6 +8,7 @@
 // the stream takes messages again once there is room.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -31,8 +32,17 @@ class Streams : public StreamTest {
     return run({"/bin/sh", "-c", cli_path() + " reload --admin-socket " + broker_->admin_socket() + " 2>&1"});
   }
   std::int64_t stat(const std::string& key) { return broker_->stats()[key]; }
-  std::map<std::string, std::int64_t> wait_for(const std::string& key, std::int64_t value) {
-    return broker_->wait_stats([&](auto& s) { return s[key] == value; }, 20s);
+  /// Waits until every statistic in `expected` holds at once: the broker's
+  /// statistics are read one by one, so a reading taken while the stream
+  /// engine refreshes can show one stream's (or one value's) new state beside
+  /// another's old one; what the test then asserts is what it waited for.
+  std::map<std::string, std::int64_t> wait_for(const std::map<std::string, std::int64_t>& expected) {
+    return broker_->wait_stats(
+        [&](auto& s) {
+          return std::all_of(expected.begin(), expected.end(),
+                             [&](const auto& kv) { return s[kv.first] == kv.second; });
+        },
+        20s);
   }
   /// Every message of stream `name`: "subject payload" each (and the header blocks into `headers`).
   std::vector<std::string> stored(const std::string& name, std::vector<std::string>* headers = nullptr) {
@@ -67,7 +77,7 @@ TEST_P(Streams, PublishedMessagesAreStoredInOrderAndStillThereAfterARestart) {
     sent.push_back(subject + " " + payload);
   }
   ASSERT_TRUE(pub->flush(10s));
-  auto s = wait_for("stream.ORDERS.messages", kMessages);
+  auto s = wait_for({{"stream.ORDERS.messages", kMessages}, {"stream.ORDERS.last_sequence", kMessages}});
   EXPECT_EQ(s["stream.ORDERS.messages"], kMessages);
   EXPECT_EQ(s["stream.ORDERS.last_sequence"], kMessages);
   EXPECT_EQ(s["streams.count"], 1);
@@ -85,7 +95,7 @@ TEST_P(Streams, PublishedMessagesAreStoredInOrderAndStillThereAfterARestart) {
   pub = connect_via(*broker_, GetParam());
   ASSERT_TRUE(pub && pub->publish("orders.eu", "after the restart"));
   ASSERT_TRUE(pub->flush(10s));
-  EXPECT_EQ(wait_for("stream.ORDERS.last_sequence", kMessages + 1)["stream.ORDERS.last_sequence"],
+  EXPECT_EQ(wait_for({{"stream.ORDERS.last_sequence", kMessages + 1}})["stream.ORDERS.last_sequence"],
             kMessages + 1);
   pub.reset();
   broker_.reset();
@@ -104,7 +114,10 @@ TEST_P(Streams, RetentionAndTheStreamsThemselvesFollowAReload) {
   ASSERT_TRUE(pub);
   for (int i = 1; i <= 300; ++i) ASSERT_TRUE(pub->publish("a.x", std::to_string(i)));
   ASSERT_TRUE(pub->flush(10s));
-  auto s = wait_for("stream.A.last_sequence", 300);
+  auto s = wait_for({{"stream.A.last_sequence", 300},
+                     {"stream.A.messages", 100},
+                     {"stream.A.first_sequence", 201},
+                     {"stream.A.removed_by_limits", 200}});
   EXPECT_EQ(s["stream.A.messages"], 100);
   EXPECT_EQ(s["stream.A.first_sequence"], 201);
   EXPECT_EQ(s["stream.A.removed_by_limits"], 200);
@@ -115,11 +128,13 @@ TEST_P(Streams, RetentionAndTheStreamsThemselvesFollowAReload) {
       "  - name: A\n    subjects: [\"a.>\", \"also.a\"]\n    max_msgs: 50\n"
       "  - name: KV\n    subjects: [\"kv.>\"]\n    max_msgs_per_subject: 1\n");
   ASSERT_EQ(rc, 0) << out;
-  EXPECT_EQ(wait_for("stream.A.messages", 50)["stream.A.first_sequence"], 251);
+  EXPECT_EQ(
+      wait_for({{"stream.A.messages", 50}, {"stream.A.first_sequence", 251}})["stream.A.first_sequence"],
+      251);
   ASSERT_TRUE(pub->publish("also.a", "301"));
   for (const char* key : {"kv.a", "kv.b", "kv.a", "kv.a", "kv.b"}) ASSERT_TRUE(pub->publish(key, "v"));
   ASSERT_TRUE(pub->flush(10s));
-  s = wait_for("stream.KV.last_sequence", 5);
+  s = wait_for({{"stream.KV.last_sequence", 5}, {"stream.KV.messages", 2}, {"stream.A.last_sequence", 301}});
   EXPECT_EQ(s["stream.A.last_sequence"], 301) << "the subject the reload added";
   EXPECT_EQ(s["stream.KV.messages"], 2) << "the last of each key";
   EXPECT_EQ(s["streams.count"], 2);
@@ -134,12 +149,12 @@ TEST_P(Streams, RetentionAndTheStreamsThemselvesFollowAReload) {
   // A removed stream stops capturing; its files stay.
   std::tie(rc, out) = reload("  - name: KV\n    subjects: [\"kv.>\"]\n    max_msgs_per_subject: 1\n");
   ASSERT_EQ(rc, 0) << out;
-  s = wait_for("streams.count", 1);
+  s = wait_for({{"streams.count", 1}});
   EXPECT_EQ(s.count("stream.A.messages"), 0u);
   ASSERT_TRUE(pub->publish("a.x", "after removal"));
   ASSERT_TRUE(pub->publish("kv.c", "v"));
   ASSERT_TRUE(pub->flush(10s));
-  EXPECT_EQ(wait_for("stream.KV.last_sequence", 6)["stream.KV.messages"], 3);
+  EXPECT_EQ(wait_for({{"stream.KV.last_sequence", 6}, {"stream.KV.messages", 3}})["stream.KV.messages"], 3);
   pub.reset();
   broker_.reset();
   const auto a = stored("A");
