@@ -9,11 +9,17 @@
 # due in both, as the bench's does). Prints the subscriber's report; the last line
 # is `p50_us N` (from the publisher's post call to the subscriber's
 # completion).
+# MODE bulk measures bytes per second instead: COUNT messages of SIZE bytes
+# flat out, the relay forwarding each from the buffer it arrived in; the
+# last line is `mb_per_s N` (10^6 bytes, from the publisher's start to the
+# last delivery: what `rdmabroker bench --size SIZE -n COUNT` reports as
+# delivery_mb_per_s).
 # Runs where RDMA devices exist; without one, through the Soft-RoCE guest:
 #   sudo tests/bench/raw-relay.sh MODE [RATE] [SECONDS]    (defaults 200 5)
+#   sudo tests/bench/raw-relay.sh bulk SIZE COUNT
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-MODE=${1:?usage: raw-relay.sh events|polled [RATE] [SECONDS]}
+MODE=${1:?usage: raw-relay.sh events|polled [RATE] [SECONDS] | bulk SIZE COUNT}
 RATE=${2:-200}
 SECS=${3:-5}
 BIN=${RDMABROKER_BIN:-build/release}
@@ -35,13 +41,25 @@ wait_for() {
   exit 1
 }
 PORT=$((19000 + RANDOM % 400))
-"$RR" relay "$A1" "$PORT" "$MODE" >"$LOG/relay" 2>&1 &
-PIDS+=($!)
-wait_for "$LOG/relay" listening
-"$RR" sub "$A1" "$PORT" "$MODE" "$A2" >"$LOG/sub" 2>&1 &
-SUB=$!
-PIDS+=($SUB)
-wait_for "$LOG/sub" connected
-timeout $((SECS + 60)) "$RR" pub "$A1" "$PORT" "$MODE" "$A2" "$RATE" "$SECS"
+if [ "$MODE" = bulk ]; then
+  SIZE=$RATE COUNT=$SECS
+  "$RR" bulk-relay "$A1" "$PORT" "$SIZE" >"$LOG/relay" 2>&1 &
+  PIDS+=($!)
+  wait_for "$LOG/relay" listening
+  "$RR" bulk-sub "$A1" "$PORT" "$A2" "$SIZE" "$COUNT" >"$LOG/sub" 2>&1 &
+  SUB=$!
+  PIDS+=($SUB)
+  wait_for "$LOG/sub" connected
+  timeout 600 "$RR" bulk-pub "$A1" "$PORT" "$A2" "$SIZE" "$COUNT"
+else
+  "$RR" relay "$A1" "$PORT" "$MODE" >"$LOG/relay" 2>&1 &
+  PIDS+=($!)
+  wait_for "$LOG/relay" listening
+  "$RR" sub "$A1" "$PORT" "$MODE" "$A2" >"$LOG/sub" 2>&1 &
+  SUB=$!
+  PIDS+=($SUB)
+  wait_for "$LOG/sub" connected
+  timeout $((SECS + 60)) "$RR" pub "$A1" "$PORT" "$MODE" "$A2" "$RATE" "$SECS"
+fi
 timeout 30 tail --pid="$SUB" -f /dev/null || true
 grep -v connected "$LOG/sub"
