@@ -71,6 +71,7 @@ if [ "$PART" = both ] || [ "$PART" = tcp ]; then
   trap - EXIT
 fi
 [ "$PART" = both ] || [ "$PART" = rdma ] || exit 0
+host_build raw_relay
 in_guest_unless_rdma "$0" rdma
 
 A1=${RDMABROKER_GUEST_ADDR1:?}
@@ -80,7 +81,11 @@ count_for() { case $1 in 16384) echo 4000 ;; 262144) echo 400 ;; 1048576) echo 1
 ratio() { awk -v a="$1" -v b="${2:-0}" 'BEGIN{ if (b > 0) printf "%.2f", a/b; else print "n/a" }'; }
 # relay_runs URL SIZE ARGS...: three runs' MB/s, one per line.
 relay_runs() { for _ in 1 2 3; do bench "$CLI" "$1" "$2" "$(count_for "$2")" -b "$A2" "${@:3}" | cut -d' ' -f1; done; }
-declare -A RAW R16 RUNS16 RRDV RUNSRDV R256 RUNS256
+declare -A RAW FLOOR RUNSFLOOR R16 RUNS16 RRDV RUNSRDV R256 RUNS256
+# raw_relay_bulk SIZE COUNT KEY: the raw relay's figure KEY (mb_per_s or seconds).
+raw_relay_bulk() {
+  RDMABROKER_GUEST=1 tests/bench/raw-relay.sh bulk "$1" "$2" 2>/dev/null | awk -v k="$3" '$1 == k { print $2 }'
+}
 ROWS=()  # "what|result" rows of the second table
 for s in "${SIZES[@]}"; do
   iters=$(count_for "$s")
@@ -89,7 +94,25 @@ for s in "${SIZES[@]}"; do
   # columns: #bytes #iterations BW-peak BW-average[MB/s] MsgRate
   RAW[$s]=$(awk -v s="$s" '$1==s && NF>=5 {print $4; exit}' /tmp/large-perf.txt)
   echo "large: raw ib_send_bw $s B: ${RAW[$s]:-n/a} MB/s" >&2
+  # The floor of a relay on this device: raw verbs publisher -> relay ->
+  # subscriber, each message one SEND per hop, forwarded from where it
+  # landed (tests/bench/raw-relay.sh bulk).
+  runs=$(for _ in 1 2 3; do raw_relay_bulk "$s" "$(count_for "$s")" mb_per_s; done)
+  FLOOR[$s]=$(median <<<"$runs")
+  RUNSFLOOR[$s]=$(paste -sd/ <<<"$runs" | sed 's|/| / |g')
+  echo "large: raw relay $s B: ${FLOOR[$s]} MB/s" >&2
 done
+ONE=$(for _ in 1 2 3; do raw_relay_bulk 67108864 1 seconds; done | median)
+ROWS+=("one 64 MiB message through the raw relay (the floor), the publisher's start to delivery (median of 3)|$ONE s")
+# What a large message costs besides the device: a pass over memory the
+# process has not touched yet (page faults and the kernel's zeroing, then
+# the writes) is what the library's copy of an offered message and the
+# zeroed Message::payload a landing area is are, each, at 64 MiB (glibc
+# maps each such block afresh).
+FRESH=$(for _ in 1 2 3; do
+  python3 -c 'import time; t = time.perf_counter(); b = b"\x01" * (64 << 20); print("%.3f" % (time.perf_counter() - t))'
+done | median)
+ROWS+=("writing 64 MiB of memory not touched before, once (median of 3): the publisher's copy of a 64 MiB message, and again the subscriber's zeroed landing area|$FRESH s")
 SOCK=/tmp/large-$$.sock
 start_broker --port 7492 --config "$CONFIG"
 URL=rdma://$A1:7492
@@ -155,16 +178,18 @@ ROWS+=("1 MiB, 256 KiB frames at the broker and the publisher, the subscriber on
 ROWS+=("the broker's pinned memory (VmPin), 256 KiB frames|$(vm "$BROKER" VmPin) KiB")
 stop_broker
 {
-  echo "1 → 1 flat out, relay figures the median of 3 runs, raw \`ib_send_bw\` rxe1 → rxe0 in the same boot ($(uname -r))"
+  echo "1 → 1 flat out, relay figures the median of 3 runs, raw \`ib_send_bw\` rxe1 → rxe0 and the raw relay" \
+    "(\`tests/bench/raw-relay.sh bulk\`) in the same boot ($(uname -r))"
   echo
-  echo "| size | raw \`ib_send_bw\` | relay, 16 KiB frames (runs) | / raw | relay, rendezvous (runs) | / raw | relay, 256 KiB frames (runs) | / raw |"
-  echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| size | raw \`ib_send_bw\` | raw relay (runs) | / raw | relay, 16 KiB frames (runs) | / raw | relay, rendezvous (runs) | / raw | / raw relay | relay, 256 KiB frames (runs) | / raw |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   for s in "${SIZES[@]}"; do
     label=$(awk -v s="$s" 'BEGIN{ if (s >= 1048576) printf "%d MiB", s/1048576; else printf "%d KiB", s/1024 }')
     big="| |"
     [ -n "${R256[$s]:-}" ] && big="${R256[$s]} MB/s (${RUNS256[$s]}) | $(ratio "${R256[$s]}" "${RAW[$s]}") |"
-    echo "| $label | ${RAW[$s]:-n/a} MB/s | ${R16[$s]} MB/s (${RUNS16[$s]}) | $(ratio "${R16[$s]}" "${RAW[$s]}") |" \
-      "${RRDV[$s]} MB/s (${RUNSRDV[$s]}) | $(ratio "${RRDV[$s]}" "${RAW[$s]}") | $big"
+    echo "| $label | ${RAW[$s]:-n/a} MB/s | ${FLOOR[$s]:-n/a} MB/s (${RUNSFLOOR[$s]}) | $(ratio "${FLOOR[$s]:-0}" "${RAW[$s]}") |" \
+      "${R16[$s]} MB/s (${RUNS16[$s]}) | $(ratio "${R16[$s]}" "${RAW[$s]}") |" \
+      "${RRDV[$s]} MB/s (${RUNSRDV[$s]}) | $(ratio "${RRDV[$s]}" "${RAW[$s]}") | $(ratio "${RRDV[$s]}" "${FLOOR[$s]:-0}") | $big"
   done
   echo
   echo "| what (same boot) | result |"
