@@ -63,6 +63,7 @@ struct StreamStats {
   Counter ack_frames;  // PUB_ACK frames that carried them (a range answers a run of messages)
   // Its consumers' (SPEC.md §3.11), summed.
   Counter delivered, redelivered, consumer_acks, max_deliveries;
+  Counter consumer_save_errors;  // writes of a durable consumer's state that failed (each tried again)
   Gauge consumers, consumer_pending;
   Gauge messages, bytes, first_sequence, last_sequence, subjects, segments, disk_bytes, corrupt_records,
       torn_bytes;

@@ -300,6 +300,7 @@ void StreamEngine::save_consumers(Stream& s, bool all) {
   for (auto& [name, k] : s.consumers) {
     if (!k->durable() || !k->take_dirty()) continue;
     if (auto st = save_consumer(s.dir, name, k->state(), storage_.sync == config::StreamSync::kAlways); !st) {
+      s.stats->consumer_save_errors.add();
       log_throttled(refusal_log_, spdlog::level::err, "stream {}: consumer {} not saved: {}", s.stats->name,
                     name, st.error().message);
       // Tried again at the next save (a full disk may have room by then),

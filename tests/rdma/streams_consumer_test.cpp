@@ -319,9 +319,16 @@ TEST_P(Consumers, ADurableConsumersStateUnsavedOnAFullDiskIsSavedWhenRoomReturns
   ASSERT_NO_FATAL_FAILURE(take_and_ack(6, 10));
   std::this_thread::sleep_for(500ms);  // saved every 50 ms: ten tries on a full disk
   EXPECT_EQ(first_pending(), 6u) << "the disk was full: nothing newer could be saved";
+  const auto failed = broker_->stats()["stream.ORDERS.consumer_save_errors"];
+  EXPECT_GE(failed, 1) << "each failed write is counted";
   for (const auto& p : pages) std::filesystem::remove(p);
   EXPECT_TRUE(wait_until([&] { return first_pending() == 11; }, 10s))
       << "saved once there is room, without another acknowledgement: " << first_pending();
+  // Saved: no more failures are counted.
+  const auto after = broker_->stats()["stream.ORDERS.consumer_save_errors"];
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(broker_->stats()["stream.ORDERS.consumer_save_errors"], after);
+  EXPECT_GE(after, failed);
 }
 
 // A reconnecting client's consumers outlive its connection (docs/streams.md,
