@@ -94,14 +94,50 @@ for s in "${SIZES[@]}"; do
   # columns: #bytes #iterations BW-peak BW-average[MB/s] MsgRate
   RAW[$s]=$(awk -v s="$s" '$1==s && NF>=5 {print $4; exit}' /tmp/large-perf.txt)
   echo "large: raw ib_send_bw $s B: ${RAW[$s]:-n/a} MB/s" >&2
-  # The floor of a relay on this device: raw verbs publisher -> relay ->
-  # subscriber, each message one SEND per hop, forwarded from where it
-  # landed (tests/bench/raw-relay.sh bulk).
-  runs=$(for _ in 1 2 3; do raw_relay_bulk "$s" "$(count_for "$s")" mb_per_s; done)
-  FLOOR[$s]=$(median <<<"$runs")
-  RUNSFLOOR[$s]=$(paste -sd/ <<<"$runs" | sed 's|/| / |g')
-  echo "large: raw relay $s B: ${FLOOR[$s]} MB/s" >&2
 done
+# Two brokers side by side, so that every way a size travels is measured in
+# the same rounds: on 7492 the defaults' 16 KiB buffers; on 7493 fewer,
+# larger SENDs: 256 KiB frames in the same pinned memory (512 x 256 KiB =
+# 8192 x 16 KiB), the SRQ as deep in bytes (64 x 256 KiB).
+printf 'limits:\n  max_payload: 64MiB\nbuffers:\n  size: 256KiB\n  pool: 512\n  srq_depth: 64\n' >"$CONFIG.256k"
+SOCK=/tmp/large-256k-$$.sock
+start_broker --port 7493 --config "$CONFIG.256k"
+BROKER256=$BROKER SOCK256=$SOCK
+SOCK=/tmp/large-$$.sock
+start_broker --port 7492 --config "$CONFIG"
+trap 'stop_broker; kill "$BROKER256" 2>/dev/null; rm -f "$SOCK256"' EXIT
+URL=rdma://$A1:7492
+URL256=rdma://$A1:7493
+vm() { awk -v k="$2:" '$1==k{print $2}' "/proc/$1/status"; }
+PIN0=$(vm "$BROKER" VmPin)
+# Three rounds, each size once each way in every round (the guest's pace
+# drifts within a boot: alternating keeps it out of the ratios): the raw
+# relay, the floor of a relay on this device (raw verbs publisher -> relay
+# -> subscriber, each message one SEND per hop forwarded from where it
+# landed, tests/bench/raw-relay.sh bulk); 16 KiB frames; rendezvous; 256
+# KiB frames (from 256 KiB).
+rm -f /tmp/large-rounds.txt
+for round in 1 2 3; do
+  for s in "${SIZES[@]}"; do
+    n=$(count_for "$s")
+    echo "$s floor $(raw_relay_bulk "$s" "$n" mb_per_s)"
+    echo "$s frames16 $(bench "$CLI" "$URL" "$s" "$n" -b "$A2" --no-rendezvous | cut -d' ' -f1)"
+    echo "$s rendezvous $(bench "$CLI" "$URL" "$s" "$n" -b "$A2" | cut -d' ' -f1)"
+    [ "$s" -lt 262144 ] || echo "$s frames256 $(bench "$CLI" "$URL256" "$s" "$n" -b "$A2" \
+      --recv-buffer-size 262144 --recv-credits 16 --no-rendezvous | cut -d' ' -f1)"
+  done | tee -a /tmp/large-rounds.txt | sed "s/^/large: round $round: /" >&2
+done
+# runs_of SIZE WAY: the rounds' MB/s, in order; median_of SIZE WAY: their median.
+runs_of() { awk -v s="$1" -v w="$2" '$1 == s && $2 == w { print $3 }' /tmp/large-rounds.txt; }
+median_of() { runs_of "$1" "$2" | sort -n | sed -n 2p; }
+listed() { runs_of "$1" "$2" | paste -sd/ | sed 's|/| / |g'; }
+for s in "${SIZES[@]}"; do
+  FLOOR[$s]=$(median_of "$s" floor) RUNSFLOOR[$s]=$(listed "$s" floor)
+  R16[$s]=$(median_of "$s" frames16) RUNS16[$s]=$(listed "$s" frames16)
+  RRDV[$s]=$(median_of "$s" rendezvous) RUNSRDV[$s]=$(listed "$s" rendezvous)
+  if [ "$s" -ge 262144 ]; then R256[$s]=$(median_of "$s" frames256) RUNS256[$s]=$(listed "$s" frames256); fi
+done
+rm -f /tmp/large-rounds.txt
 ONE=$(for _ in 1 2 3; do raw_relay_bulk 67108864 1 seconds; done | median)
 ROWS+=("one 64 MiB message through the raw relay (the floor), the publisher's start to delivery (median of 3)|$ONE s")
 # What a large message costs besides the device: a pass over memory the
@@ -113,21 +149,6 @@ FRESH=$(for _ in 1 2 3; do
   python3 -c 'import time; t = time.perf_counter(); b = b"\x01" * (64 << 20); print("%.3f" % (time.perf_counter() - t))'
 done | median)
 ROWS+=("writing 64 MiB of memory not touched before, once (median of 3): the publisher's copy of a 64 MiB message, and again the subscriber's zeroed landing area|$FRESH s")
-SOCK=/tmp/large-$$.sock
-start_broker --port 7492 --config "$CONFIG"
-URL=rdma://$A1:7492
-vm() { awk -v k="$2:" '$1==k{print $2}' "/proc/$1/status"; }
-PIN0=$(vm "$BROKER" VmPin)
-for s in "${SIZES[@]}"; do
-  runs=$(relay_runs "$URL" "$s" --no-rendezvous)
-  R16[$s]=$(median <<<"$runs")
-  RUNS16[$s]=$(paste -sd/ <<<"$runs" | sed 's|/| / |g')
-  echo "large: relay $s B, 16 KiB frames: ${R16[$s]} MB/s" >&2
-  runs=$(relay_runs "$URL" "$s")
-  RRDV[$s]=$(median <<<"$runs")
-  RUNSRDV[$s]=$(paste -sd/ <<<"$runs" | sed 's|/| / |g')
-  echo "large: relay $s B, rendezvous: ${RRDV[$s]} MB/s" >&2
-done
 # Where the time goes at 1 MiB: the first hop alone (nobody subscribes:
 # the broker takes every fragment and forwards none), then the 1 -> 1 run
 # again with the CPU the broker and the bench process used.
@@ -160,26 +181,17 @@ ROWS+=("a client's pinned memory (VmPin; 16 KiB buffers, defaults)|$(vm $SUB VmP
 ROWS+=("the broker's pinned memory (VmPin), 16 KiB frames|$PIN0 KiB at start, $(vm "$BROKER" VmPin) KiB after the runs")
 ROWS+=("the broker's peak RSS (VmHWM)|$(vm "$BROKER" VmHWM) KiB")
 kill $SUB 2>/dev/null || true
-stop_broker
-# Fewer, larger SENDs: 256 KiB frames in the same pinned memory (512 x 256 KiB
-# = 8192 x 16 KiB), the SRQ as deep in bytes (64 x 256 KiB).
-printf 'limits:\n  max_payload: 64MiB\nbuffers:\n  size: 256KiB\n  pool: 512\n  srq_depth: 64\n' >"$CONFIG"
-start_broker --port 7493 --config "$CONFIG"
-URL=rdma://$A1:7493
-for s in "${SIZES[@]:1}"; do
-  runs=$(relay_runs "$URL" "$s" --recv-buffer-size 262144 --recv-credits 16 --no-rendezvous)
-  R256[$s]=$(median <<<"$runs")
-  RUNS256[$s]=$(paste -sd/ <<<"$runs" | sed 's|/| / |g')
-  echo "large: relay $s B, 256 KiB frames: ${R256[$s]} MB/s" >&2
-done
-runs=$(relay_runs "$URL" 1048576 --no-rendezvous)
+runs=$(relay_runs "$URL256" 1048576 --no-rendezvous)
 MB=$(median <<<"$runs")
 ROWS+=("1 MiB, 256 KiB frames at the broker and the publisher, the subscriber on 16 KiB receive buffers (the broker cuts what it sends it, SPEC.md §3.7)|$MB MB/s ($(paste -sd/ <<<"$runs" | sed 's|/| / |g')): $(ratio "$MB" "${RAW[1048576]}")× raw")
-ROWS+=("the broker's pinned memory (VmPin), 256 KiB frames|$(vm "$BROKER" VmPin) KiB")
+ROWS+=("the broker's pinned memory (VmPin), 256 KiB frames|$(vm "$BROKER256" VmPin) KiB")
 stop_broker
+kill "$BROKER256" 2>/dev/null && wait "$BROKER256" 2>/dev/null || true
+rm -f "$SOCK256" "$CONFIG.256k"
+trap - EXIT
 {
-  echo "1 → 1 flat out, relay figures the median of 3 runs, raw \`ib_send_bw\` rxe1 → rxe0 and the raw relay" \
-    "(\`tests/bench/raw-relay.sh bulk\`) in the same boot ($(uname -r))"
+  echo "1 → 1 flat out, raw \`ib_send_bw\` rxe1 → rxe0 and, each the median of 3 rounds that run every way once," \
+    "the raw relay (\`tests/bench/raw-relay.sh bulk\`) and the relays, in the same boot ($(uname -r))"
   echo
   echo "| size | raw \`ib_send_bw\` | raw relay (runs) | / raw | relay, 16 KiB frames (runs) | / raw | relay, rendezvous (runs) | / raw | / raw relay | relay, 256 KiB frames (runs) | / raw |"
   echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
