@@ -378,18 +378,25 @@ void StreamEngine::write_staged(Stream& s) {
       log_throttled(refusal_log_, spdlog::level::warn, "stream {}: {} messages were not stored: {}",
                     s.stats->name, to - lost + 1, r.error().message);
     }
-    s.duplicates.forget_from(lost);
     // Refused in their place: their answers wait behind those of the
-    // messages before them that were stored, which wait for the sync
-    // (SPEC.md §3.10 rule 1: a publisher's answers come in its order).
-    for (Ack& a : s.acks) {
-      if (a.sequence < lost) continue;
-      a.code = code_of(r.error().code);
-      a.sequence = 0;
-    }
+    // messages before them that were stored, which wait for the sync.
+    refuse_from(s, lost, code_of(r.error().code));
   }
   s.stats->stored.add(lost - from);
   if (storage_.sync == config::StreamSync::kInterval) release_acks(s);  // written is enough
+}
+
+std::size_t StreamEngine::refuse_from(Stream& s, std::uint64_t from, proto::ErrorCode code) {
+  s.duplicates.forget_from(from);
+  std::size_t refused = 0;
+  for (Ack& a : s.acks) {
+    if (a.sequence < from) continue;  // stored before it, or refused already (sequence 0)
+    a.code = code;
+    a.sequence = 0;
+    a.duplicate = false;
+    ++refused;
+  }
+  return refused;
 }
 
 void StreamEngine::count_refused(Stream& s, store::StoreErrc code, std::uint64_t n) {
@@ -519,16 +526,8 @@ void StreamEngine::sync(Stream& s) {
     // and its Msg-Ids are forgotten, so that a retry is stored again (the
     // first copy may survive: at least once). The stream stays dirty, so
     // what comes next is synced as usual.
-    const std::uint64_t durable = s.store->stats().durable_sequence;
-    s.duplicates.forget_from(durable + 1);
-    std::size_t refused = 0;
-    for (Ack& a : s.acks) {
-      if (a.code != proto::ErrorCode::kNone || a.sequence <= durable) continue;
-      a.code = proto::ErrorCode::kInternalError;
-      a.sequence = 0;
-      a.duplicate = false;
-      ++refused;
-    }
+    const std::size_t refused =
+        refuse_from(s, s.store->stats().durable_sequence + 1, proto::ErrorCode::kInternalError);
     log_throttled(refusal_log_, spdlog::level::err,
                   "stream {}: sync failed: {}; {} acknowledged publishes waiting on it are refused",
                   s.stats->name, r.error().message, refused);

@@ -197,6 +197,10 @@ class StreamEngine final : public StreamCapture {
   /// Writes what the batch staged in `s`; refuses what could not be written.
   void write_staged(Stream& s);
   void count_refused(Stream& s, store::StoreErrc code, std::uint64_t n);
+  /// The waiting answers of `s`'s messages from sequence `from` on become
+  /// refusals with `code`, in their place (SPEC.md §3.10 rule 1), and their
+  /// Msg-Ids are forgotten, so that a retry is stored again. How many.
+  std::size_t refuse_from(Stream& s, std::uint64_t from, proto::ErrorCode code);
   /// Sends the acknowledgements `s` holds.
   void release_acks(Stream& s);
   /// Hands `acks` (answers of stream `s`, in order) to their workers: a run
