@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "rdmabroker/proto/subjects.hpp"
 #include "rdmabroker/proto/consumer.hpp"
 #include "session.hpp"
 
@@ -126,10 +127,7 @@ Result<proto::ConsumerConfig> config_of(const ConsumerOptions& o) {
     return Error{ErrorKind::kInvalidArgument, "ack_wait is 1 ms to 24 h"};
   if (o.start == ConsumerOptions::Start::kSequence && o.start_sequence == 0)
     return Error{ErrorKind::kInvalidArgument, "start_sequence counts from 1"};
-  const bool name_ok = std::all_of(o.durable.begin(), o.durable.end(), [](char ch) {
-    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_';
-  });
-  if (!name_ok || o.durable.size() > proto::kMaxConsumerNameLen)
+  if (!o.durable.empty() && !proto::valid_name(o.durable))
     return Error{ErrorKind::kInvalidArgument, "a durable name is 1 to 64 letters, digits, '-' or '_'"};
   return c;
 }

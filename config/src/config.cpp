@@ -265,8 +265,8 @@ const std::vector<Field>& fields() {
             [](const Config& from, Config& to) { to.broker.auth.anonymous = from.broker.auth.anonymous; }},
       Field{"auth", "anonymous_permissions", true,
             [](const YAML::Node& n, Config& c) -> std::optional<std::string> {
-              if (!n.IsMap()) return "expected a mapping with publish and/or subscribe rules";
-              only_keys(n, "", {"publish", "subscribe"});
+              if (!n.IsMap()) return "expected a mapping with publish, subscribe and/or streams rules";
+              only_keys(n, "", {"publish", "subscribe", "streams"});
               parse_permissions(n, "", c.broker.auth.anonymous_permissions);
               return std::nullopt;
             },

@@ -6,18 +6,53 @@
 #include "rdmabroker/proto/subjects.hpp"
 #include "structured.hpp"
 
-namespace rdmabroker::config::structured {
+namespace rdmabroker::config {
 namespace {
 
-bool valid_stream_name(const std::string& name) {
-  if (name.empty() || name.size() > 64) return false;
-  for (const char c : name) {
-    const bool ok =
-        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
-    if (!ok) return false;
+/// Each limit's range (0: none), stated in docs/streams.md.
+struct LimitRange {
+  const char* key;
+  std::uint64_t StreamSettings::*field;
+  std::uint64_t max;
+};
+constexpr std::uint64_t kMaxCount = std::uint64_t{1} << 50;
+constexpr LimitRange kLimits[] = {
+    {"max_msgs", &StreamSettings::max_msgs, kMaxCount},
+    {"max_bytes", &StreamSettings::max_bytes, kMaxCount},
+    {"max_age_s", &StreamSettings::max_age_s, 100ull * 365 * 86400},  // a century
+    {"max_msgs_per_subject", &StreamSettings::max_msgs_per_subject, kMaxCount},
+    {"max_msg_size", &StreamSettings::max_msg_size, std::uint64_t{1} << 30},
+    {"duplicate_window_s", &StreamSettings::duplicate_window_s, 7 * 86400},  // a week
+};
+
+/// Subjects a stream may not take: the broker's own and the reply inboxes
+/// (a stream there would store every advisory or every reply).
+constexpr std::string_view kNotForStreams[] = {"$RB.>", "_INBOX.>"};
+
+}  // namespace
+
+std::optional<std::string> check_stream(const StreamSettings& s) {
+  if (!proto::valid_name(s.name)) return "a stream's name is 1..64 letters, digits, '_' or '-'";
+  if (s.subjects.empty()) return "stream '" + s.name + "' needs subjects";
+  for (const auto& p : s.subjects) {
+    if (!proto::valid_pattern(p)) return "'" + p + "' is not a subject pattern (docs/subjects.md)";
+    for (const auto reserved : kNotForStreams) {
+      if (proto::patterns_intersect(p, reserved)) {
+        return "'" + p + "' takes subjects of " + std::string(reserved) +
+               ", which no stream may: $RB. is the broker's own, _INBOX. carries replies";
+      }
+    }
   }
-  return true;
+  for (const auto& l : kLimits) {
+    if (s.*l.field > l.max)
+      return std::string(l.key) + " must be between 0 and " + std::to_string(l.max) + ", got " +
+             std::to_string(s.*l.field);
+  }
+  return std::nullopt;
 }
+
+namespace structured {
+namespace {
 
 void limit(const YAML::Node& s, const std::string& at, const char* key, bool size, std::uint64_t& out) {
   if (const YAML::Node n = s[key]) {
@@ -33,7 +68,7 @@ StreamSettings parse_stream(const YAML::Node& s, const std::string& at) {
              "discard", "duplicate_window_s"});
   StreamSettings out;
   const YAML::Node name = s["name"];
-  if (!name || !name.IsScalar() || !valid_stream_name(name.Scalar())) {
+  if (!name || !name.IsScalar() || !proto::valid_name(name.Scalar())) {
     throw FieldProblem{name ? name.Mark() : s.Mark(), at + ".name",
                        "every stream needs a name of 1..64 letters, digits, '_' or '-'"};
   }
@@ -56,6 +91,7 @@ StreamSettings parse_stream(const YAML::Node& s, const std::string& at) {
     }
     out.discard = d.Scalar() == "new" ? StreamDiscard::kNew : StreamDiscard::kOld;
   }
+  if (auto why = check_stream(out)) throw FieldProblem{s.Mark(), at, *why};
   return out;
 }
 
@@ -106,4 +142,5 @@ std::string show_streams(const std::vector<StreamSettings>& streams) {
   return out + "]";
 }
 
-}  // namespace rdmabroker::config::structured
+}  // namespace structured
+}  // namespace rdmabroker::config

@@ -100,9 +100,36 @@ static void parse_rules(const YAML::Node& n, const std::string& where, SubjectRu
   if (n["deny"]) parse_patterns(n["deny"], where + ".deny", out.deny);
 }
 
+/// Reading a stream was once a subscription to `$RB.STREAM.<name>`; a rule
+/// written for that would now match nothing the broker checks, so an
+/// operator's deny would be void without a word. Refused, naming the key
+/// that replaced it.
+static void refuse_stream_subjects(const YAML::Node& n, const std::string& where, const SubjectRules& r) {
+  for (const auto* list : {&r.allow, &r.deny}) {
+    for (const auto& p : *list) {
+      if (p.starts_with("$RB.STREAM.")) {
+        throw FieldProblem{n.Mark(), where,
+                           "'" + p +
+                               "': which streams a user may read is streams.read (stream names), "
+                               "not a subscription to $RB.STREAM.<name> (docs/security.md#streams)"};
+      }
+    }
+  }
+}
+
 void parse_permissions(const YAML::Node& n, const std::string& where, Permissions& out) {
   if (n["publish"]) parse_rules(n["publish"], where + ".publish", out.publish);
-  if (n["subscribe"]) parse_rules(n["subscribe"], where + ".subscribe", out.subscribe);
+  if (n["subscribe"]) {
+    parse_rules(n["subscribe"], where + ".subscribe", out.subscribe);
+    refuse_stream_subjects(n["subscribe"], where + ".subscribe", out.subscribe);
+  }
+  if (const YAML::Node st = n["streams"]) {
+    const std::string at = where + ".streams";
+    if (!st.IsMap()) throw FieldProblem{st.Mark(), at, "expected a mapping with read and/or join rules"};
+    only_keys(st, at, {"read", "join"});
+    if (st["read"]) parse_rules(st["read"], at + ".read", out.streams.read);
+    if (st["join"]) parse_rules(st["join"], at + ".join", out.streams.join);
+  }
 }
 
 /// A crypt(3) hash as `rdmabroker passwd` writes it; a plain-text secret is
@@ -127,7 +154,7 @@ std::optional<std::string> parse_users(const YAML::Node& n, Config& c) {
     const std::string at = "[" + std::to_string(i++) + "]";
     if (!u.IsMap())
       throw FieldProblem{u.Mark(), at, "expected a mapping with name and password, token or certificate"};
-    only_keys(u, at, {"name", "password", "token", "certificate", "publish", "subscribe"});
+    only_keys(u, at, {"name", "password", "token", "certificate", "publish", "subscribe", "streams"});
     User user;
     const YAML::Node name = u["name"];
     if (!name || !name.IsScalar() || name.Scalar().empty() || name.Scalar().size() > 255) {
@@ -172,7 +199,8 @@ static std::string show_rules(const SubjectRules& r) {
 }
 
 std::string show_permissions(const Permissions& p) {
-  return "publish " + show_rules(p.publish) + "; subscribe " + show_rules(p.subscribe);
+  return "publish " + show_rules(p.publish) + "; subscribe " + show_rules(p.subscribe) + "; streams read " +
+         show_rules(p.streams.read) + ", join " + show_rules(p.streams.join);
 }
 
 /// What a reload logs about users: names, credential kind with a short

@@ -17,6 +17,14 @@ namespace {
 /// The credential of a certificate user: the certificate, verified by TLS.
 constexpr const char* kCertificateCredential = "x509";
 
+/// A subject, stream name or `STREAM.CONSUMER` under rules: matched by an
+/// allow pattern and by no deny pattern.
+bool named_allowed(const config::SubjectRules& r, std::string_view name) {
+  const auto matches = [&](const std::string& p) { return proto::pattern_matches(p, name); };
+  return std::any_of(r.allow.begin(), r.allow.end(), matches) &&
+         std::none_of(r.deny.begin(), r.deny.end(), matches);
+}
+
 bool unrestricted(const config::SubjectRules& r) {
   return r.deny.empty() && std::find(r.allow.begin(), r.allow.end(), ">") != r.allow.end();
 }
@@ -52,11 +60,7 @@ bool hash_matches(std::string_view secret, const std::string& hash) {
 }  // namespace
 
 bool Identity::may_publish(std::string_view subject) const {
-  if (publish_unrestricted) return true;
-  const auto& r = permissions.publish;
-  const auto matches = [&](const std::string& p) { return proto::pattern_matches(p, subject); };
-  return std::any_of(r.allow.begin(), r.allow.end(), matches) &&
-         std::none_of(r.deny.begin(), r.deny.end(), matches);
+  return publish_unrestricted || named_allowed(permissions.publish, subject);
 }
 
 bool Identity::may_subscribe(std::string_view pattern) const {
@@ -66,6 +70,26 @@ bool Identity::may_subscribe(std::string_view pattern) const {
                      [&](const std::string& a) { return proto::pattern_covers(a, pattern); }) &&
          std::none_of(r.deny.begin(), r.deny.end(),
                       [&](const std::string& d) { return proto::patterns_intersect(d, pattern); });
+}
+
+bool Identity::may_receive_some(std::string_view pattern) const {
+  if (subscribe_unrestricted) return true;
+  const auto& r = permissions.subscribe;
+  return std::any_of(r.allow.begin(), r.allow.end(),
+                     [&](const std::string& a) { return proto::patterns_intersect(a, pattern); }) &&
+         std::none_of(r.deny.begin(), r.deny.end(),
+                      [&](const std::string& d) { return proto::pattern_covers(d, pattern); });
+}
+
+bool Identity::may_read_stream(std::string_view name) const {
+  return named_allowed(permissions.streams.read, name);
+}
+
+bool Identity::may_join(std::string_view stream, std::string_view consumer) const {
+  std::string both;
+  both.reserve(stream.size() + 1 + consumer.size());
+  both.append(stream).append(".").append(consumer);
+  return named_allowed(permissions.streams.join, both);
 }
 
 std::shared_ptr<const AuthTable> AuthTable::build(const config::AuthSettings& settings) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <functional>
 
 #include "rdmabroker/config/settings.hpp"
 #include "rdmabroker/result.hpp"
@@ -38,8 +39,46 @@ struct Identity {
   /// A PUBLISH to `subject`: an allow pattern matches it and no deny pattern does.
   bool may_publish(std::string_view subject) const;
   /// A SUBSCRIBE to `pattern`: an allow pattern covers all of it and no deny
-  /// pattern meets it (so no message it could receive is denied).
+  /// pattern meets it (so no message it could receive is denied). For a
+  /// subject, whether a message on it may be delivered to this user: the
+  /// check every consumer delivery passes too (docs/security.md, "Streams").
   bool may_subscribe(std::string_view pattern) const;
+  /// Some subject of `pattern` may be delivered to this user: an allow
+  /// pattern meets it and no deny pattern covers it.
+  bool may_receive_some(std::string_view pattern) const;
+  /// Consumers of stream `name` (streams.read).
+  bool may_read_stream(std::string_view name) const;
+  /// Membership of durable consumer `consumer` of `stream` that another user
+  /// owns (streams.join, over `STREAM.CONSUMER`).
+  bool may_join(std::string_view stream, std::string_view consumer) const;
+  /// Who owns what this identity creates (a durable consumer): the user's
+  /// name; every anonymous client is one owner, "" (docs/security.md).
+  std::string owner() const { return anonymous ? std::string() : name; }
+};
+
+/// One identity's verdicts by subject (may it publish there, may a message
+/// on it be delivered to it), remembered so that a hot subject is checked
+/// once; bounded, since a client may use any number of subjects. Forgotten
+/// when the identity changes (a reload).
+class SubjectVerdicts {
+ public:
+  template <class Check>
+  bool get(std::string_view subject, Check&& check) {
+    if (auto it = verdicts_.find(subject); it != verdicts_.end()) return it->second;
+    if (verdicts_.size() >= kMax) verdicts_.clear();
+    const bool ok = check(subject);
+    verdicts_.emplace(std::string(subject), ok);
+    return ok;
+  }
+  void clear() { verdicts_.clear(); }
+
+ private:
+  static constexpr std::size_t kMax = 1024;
+  struct Hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, bool, Hash, std::equal_to<>> verdicts_;
 };
 
 class AuthTable {

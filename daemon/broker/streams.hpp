@@ -7,9 +7,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "broker/auth.hpp"
 #include "broker/buffer_pool.hpp"
 #include "broker/routed_frame.hpp"
 #include "rdmabroker/proto/consumer.hpp"
@@ -19,6 +22,11 @@ namespace rdmabroker::daemon {
 /// Subscriber::worker of a stream's entries in the subscription index
 /// (Subscriber::connection is the stream's id).
 inline constexpr std::uint32_t kStreamWorker = ~0u - 1;
+
+/// A consumer's entry among its connection's subscriptions has this
+/// pattern before the stream's name (what it costs in the subscription
+/// bounds; not in the index).
+inline constexpr std::string_view kConsumerPatternPrefix = "$RB.STREAM.";
 
 /// A routed PUBLISH frame for a stream (a reference to its receive buffer).
 struct StreamPublish {
@@ -43,7 +51,9 @@ struct StreamPublish {
 /// What a client asked of a stream's consumer (SPEC.md §3.11), as its
 /// worker passes it on: the engine answers on the client's connection.
 struct ConsumerCommand {
-  enum class Kind { kOpen, kClose, kAck, kNak, kFetch };
+  /// kRenew: a reload gave the connection's user new permissions
+  /// (`identity`): every delivery from then on passes them.
+  enum class Kind { kOpen, kClose, kAck, kNak, kFetch, kRenew };
   Kind kind = Kind::kOpen;
   std::uint64_t connection = 0;  // the client's connection, its slot and worker
   std::uint32_t slot = 0;
@@ -55,6 +65,8 @@ struct ConsumerCommand {
   proto::ConsumerConfig config;  // kOpen
   std::uint64_t sequence = 0;    // kAck, kNak: the stream sequence; kFetch: how many messages
   std::uint32_t expires_ms = 0;  // kFetch
+  /// kOpen, kRenew: who reads (whose permissions each delivery passes).
+  std::shared_ptr<const Identity> identity;
 };
 
 /// Called from any worker.

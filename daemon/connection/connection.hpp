@@ -174,12 +174,6 @@ struct InflightSend {
   std::array<BufferRef, kMaxFramesPerSend> refs;
 };
 
-/// Lets a map keyed by std::string be searched with a string_view.
-struct StringHash {
-  using is_transparent = void;
-  std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-
 struct Connection {
   Connection(std::uint64_t id, std::uint32_t slot, std::string peer, std::unique_ptr<Link> link,
              std::uint32_t peer_buffer_size, std::uint32_t send_window, ConnState initial);
@@ -300,7 +294,7 @@ struct Connection {
   std::shared_ptr<const Identity> identity;  // set once authenticated
   /// Recent publish verdicts by subject, for users whose publish permissions
   /// are restricted (cleared when full and on reload).
-  std::unordered_map<std::string, bool, StringHash, std::equal_to<>> publish_verdicts;
+  SubjectVerdicts publish_verdicts;
   std::uint64_t denials = 0;               // operations refused by permissions (their log lines thin out)
   bool subscription_limit_logged = false;  // the subscription limit is logged once per connection
 

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "frames/frame_handler.hpp"
+#include "rdmabroker/proto/subjects.hpp"
 #include "rdmabroker/config/config.hpp"
 #include "rdmabroker/proto/info.hpp"
 #include "connection/interest.hpp"
@@ -197,13 +198,12 @@ void FrameHandler::on_auth_result(AuthResultCommand& r) {
 }
 
 bool FrameHandler::may_publish(Connection& c, std::string_view subject) {
+  // The broker's own subjects: a client never publishes there, whatever its
+  // permissions (a forged advisory would reach every $RB.> subscriber); a
+  // route relays what another broker published.
+  if (subject.starts_with(proto::kReservedPrefix)) return c.identity->route;
   if (c.identity->publish_unrestricted) return true;
-  if (auto it = c.publish_verdicts.find(subject); it != c.publish_verdicts.end()) return it->second;
-  if (c.publish_verdicts.size() >= 1024)
-    c.publish_verdicts.clear();  // bounded: a client may use any number of subjects
-  const bool ok = c.identity->may_publish(subject);
-  c.publish_verdicts.emplace(std::string(subject), ok);
-  return ok;
+  return c.publish_verdicts.get(subject, [&](std::string_view s) { return c.identity->may_publish(s); });
 }
 
 void FrameHandler::deny(Connection& c, std::string_view operation, std::string_view subject,
@@ -215,9 +215,10 @@ void FrameHandler::deny(Connection& c, std::string_view operation, std::string_v
     spdlog::warn("connection {} from {}: {} to '{}' denied for user '{}' ({} denials)", c.id, c.peer,
                  operation, subject, c.identity->name, c.denials);
   }
+  const bool reserved = operation == "publish" && subject.starts_with(proto::kReservedPrefix);
   reply_error(c, ErrorCode::kPermissionDenied,
               std::string(operation) + " to '" + std::string(subject) + "' denied for user '" +
-                  c.identity->name + "'",
+                  c.identity->name + "'" + (reserved ? ": $RB. subjects are the broker's own" : ""),
               sid);
 }
 
@@ -240,12 +241,18 @@ void FrameHandler::apply_auth(std::shared_ptr<const AuthTable> table) {
     c->identity = std::move(renewed);
     c->publish_verdicts.clear();
     for (auto it = c->subscriptions.begin(); it != c->subscriptions.end();) {
-      if (c->identity->may_subscribe(it->second.pattern)) {
+      if (it->second.consumer) {
+        if (renew_consumer(*c, it->first, it->second)) {
+          ++it;
+          continue;
+        }
+      } else if (c->identity->may_subscribe(it->second.pattern)) {
         ++it;
         continue;
       }
       const std::uint32_t sid = it->first;
       const std::string pattern = it->second.pattern;
+      const bool consumer = it->second.consumer;
       drop_subscription(ctx_, *c, it->second, it->first);
       it = c->subscriptions.erase(it);
       ctx_.stats.subscriptions_revoked.add();
@@ -253,11 +260,29 @@ void FrameHandler::apply_auth(std::shared_ptr<const AuthTable> table) {
           "connection {} from {}: subscription {} to '{}' of user '{}' revoked by a configuration reload",
           c->id, c->peer, sid, pattern, c->identity->name);
       reply_error(*c, ErrorCode::kPermissionDenied,
-                  "subscription to '" + pattern + "' revoked: user '" + c->identity->name +
-                      "' may no longer subscribe to it",
+                  consumer ? "consumer of stream '" + pattern.substr(kConsumerPatternPrefix.size()) +
+                                 "' revoked: user '" + c->identity->name + "' may no longer read it"
+                           : "subscription to '" + pattern + "' revoked: user '" + c->identity->name +
+                                 "' may no longer subscribe to it",
                   sid);
     }
   }
+}
+
+bool FrameHandler::renew_consumer(Connection& c, std::uint32_t sid, const Connection::Subscription& sub) {
+  const std::string_view stream = std::string_view(sub.pattern).substr(kConsumerPatternPrefix.size());
+  if (!c.identity->may_read_stream(stream)) return false;
+  // The engine checks the rest (a subject it may read, the durable's owner)
+  // and passes every later delivery through the new permissions.
+  ConsumerCommand renew;
+  renew.kind = ConsumerCommand::Kind::kRenew;
+  renew.connection = c.id;
+  renew.slot = c.slot;
+  renew.worker = ctx_.index;
+  renew.sid = sid;
+  renew.identity = c.identity;
+  ctx_.core.streams->command(std::move(renew));
+  return true;
 }
 
 void FrameHandler::refuse_subscription(Connection& c, std::uint32_t sid, SubscriptionBudget::Refusal refusal,

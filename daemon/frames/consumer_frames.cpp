@@ -9,24 +9,12 @@
 
 #include "broker/streams.hpp"
 #include "frames/frame_handler.hpp"
+#include "rdmabroker/proto/subjects.hpp"
 
 namespace rdmabroker::daemon {
 
 using proto::ErrorCode;
 using proto::FrameType;
-
-namespace {
-
-/// A durable name is a file name in the stream's directory: letters,
-/// digits, '-' and '_', 1 to 64 of them.
-bool valid_durable_name(std::string_view name) {
-  return !name.empty() && name.size() <= proto::kMaxConsumerNameLen &&
-         std::all_of(name.begin(), name.end(), [](char ch) {
-           return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_';
-         });
-}
-
-}  // namespace
 
 bool FrameHandler::on_consumer_frame(Connection& c, const proto::Frame& f) {
   const auto type = f.header.type;
@@ -88,16 +76,19 @@ void FrameHandler::on_consume(Connection& c, const proto::Frame& f) {
         c, ErrorCode::kTooManySubscriptions,
         "limit of " + std::to_string(ctx_.options.max_subscriptions) + " subscriptions reached", sid);
   }
-  // Reading a stream is subscribing to it: permission on $RB.STREAM.<name> (docs/streams.md).
-  const std::string access = "$RB.STREAM." + std::string(f.subject);
-  if (!c.identity->may_subscribe(access)) return deny(c, "consume", access, sid);
-  const auto config = proto::decode_consumer_config(f.payload);
-  if (!config || (!f.reply.empty() && !valid_durable_name(f.reply))) {
+  // A name no stream or durable consumer can have is the client's mistake,
+  // not a broken frame: refused, the connection stays (SPEC.md §3.11).
+  if (!proto::valid_name(f.subject) || (!f.reply.empty() && !proto::valid_name(f.reply))) {
     return reply_error(c, ErrorCode::kConsumerInvalid,
-                       !config ? "CONSUME settings out of range (SPEC.md §3.11)"
-                               : "a durable name is 1 to 64 letters, digits, '-' or '_'",
-                       sid);
+                       "a stream's or durable consumer's name is 1 to 64 letters, digits, '-' or '_'", sid);
   }
+  // Which streams a user may read is streams.read; each message delivered
+  // passes its subscribe permissions too, in the engine (docs/security.md, "Streams").
+  if (!c.identity->may_read_stream(f.subject)) return deny(c, "consume", f.subject, sid);
+  const std::string access = std::string(kConsumerPatternPrefix) + std::string(f.subject);
+  const auto config = proto::decode_consumer_config(f.payload);
+  if (!config)
+    return reply_error(c, ErrorCode::kConsumerInvalid, "CONSUME settings out of range (SPEC.md §3.11)", sid);
   // A stored message goes whole (SPEC.md §3.11): to receive buffers smaller
   // than the broker's frames it could go only in fragments, which carry no
   // stream sequence to acknowledge.
@@ -127,6 +118,7 @@ void FrameHandler::on_consume(Connection& c, const proto::Frame& f) {
   cmd.stream = std::string(f.subject);
   cmd.durable = std::string(f.reply);
   cmd.config = *config;
+  cmd.identity = c.identity;
   ctx_.core.streams->command(std::move(cmd));
 }
 

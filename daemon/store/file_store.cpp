@@ -223,6 +223,12 @@ std::optional<std::size_t> FileStore::length_of(std::uint64_t sequence) const {
   return entry->length;
 }
 
+std::optional<std::string_view> FileStore::subject_of(std::uint64_t sequence) const {
+  auto [seg, entry] = find(sequence);
+  if (entry == nullptr || !entry->live) return std::nullopt;
+  return std::string_view(subjects_[entry->subject].name);
+}
+
 std::optional<std::int64_t> FileStore::time_of(std::uint64_t sequence) const {
   auto [seg, entry] = find(sequence);
   if (entry == nullptr || !entry->live) return std::nullopt;

@@ -59,6 +59,7 @@ class FileStore final : public MessageStore {
   StoreStatus flush() override;
   StoreResult<RecordView> read(std::uint64_t sequence, std::span<std::byte> into) override;
   std::optional<std::size_t> length_of(std::uint64_t sequence) const override;
+  std::optional<std::string_view> subject_of(std::uint64_t sequence) const override;
   std::optional<std::int64_t> time_of(std::uint64_t sequence) const override;
   std::optional<std::uint64_t> next_live(std::uint64_t from) const override;
   std::optional<std::uint64_t> first_at_time(std::int64_t time_ns) const override;

@@ -74,6 +74,9 @@ class MessageStore {
   virtual StoreResult<RecordView> read(std::uint64_t sequence, std::span<std::byte> into) = 0;
   /// The record length of live message `sequence` (what read() needs), if it is live.
   virtual std::optional<std::size_t> length_of(std::uint64_t sequence) const = 0;
+  /// The subject of live message `sequence`, if it is live; the view is
+  /// valid until the next call that stores or removes a message.
+  virtual std::optional<std::string_view> subject_of(std::uint64_t sequence) const = 0;
   /// The receive time of live message `sequence`, if it is live.
   virtual std::optional<std::int64_t> time_of(std::uint64_t sequence) const = 0;
   /// The first live sequence at or after `from`.

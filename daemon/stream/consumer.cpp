@@ -10,8 +10,8 @@ using proto::ConsumerAck;
 using proto::ConsumerStart;
 
 Consumer::Consumer(std::string name, bool durable, const proto::ConsumerConfig& config,
-                   const store::MessageStore& store)
-    : name_(std::move(name)), durable_(durable), config_(config) {
+                   const store::MessageStore& store, std::optional<std::string> owner)
+    : name_(std::move(name)), durable_(durable), config_(config), owner_(std::move(owner)) {
   const store::StoreStats st = store.stats();
   const std::uint64_t after_last = st.last_sequence + 1;
   switch (config.start) {
@@ -40,7 +40,11 @@ Consumer::Consumer(std::string name, bool durable, const proto::ConsumerConfig& 
 }
 
 Consumer::Consumer(std::string name, State state)
-    : name_(std::move(name)), durable_(true), config_(state.config), next_(state.next) {
+    : name_(std::move(name)),
+      durable_(true),
+      config_(state.config),
+      owner_(std::move(state.owner)),
+      next_(state.next) {
   initial_.assign(state.initial.begin(), state.initial.end());
   // What was delivered before the restart and not acknowledged is due again.
   for (const auto& [sequence, deliveries] : state.pending) {
@@ -66,7 +70,7 @@ std::uint64_t Consumer::unprocessed(const store::MessageStore& store) const {
 }
 
 Consumer::State Consumer::state() const {
-  State s{config_, next_, {}, {initial_.begin(), initial_.end()}};
+  State s{owner_, config_, next_, {}, {initial_.begin(), initial_.end()}};
   s.pending.reserve(pending_.size());
   for (const auto& [sequence, p] : pending_) s.pending.emplace_back(sequence, p.deliveries);
   return s;
@@ -97,11 +101,25 @@ bool Consumer::remove_member(std::uint64_t connection, std::uint32_t sid) {
   return true;
 }
 
-std::optional<std::size_t> Consumer::member_for_next() {
+bool ConsumerMember::may_read(std::string_view subject) {
+  if (!reader || reader->subscribe_unrestricted) return true;
+  return verdicts.get(subject, [&](std::string_view s) { return reader->may_subscribe(s); });
+}
+
+void ConsumerMember::renew(std::shared_ptr<const Identity> identity) {
+  reader = std::move(identity);
+  verdicts.clear();
+}
+
+bool Consumer::may_take(const ConsumerMember& m, std::uint64_t byte_limit) const {
+  return m.outstanding_bytes < byte_limit &&
+         (!config_.pull || (m.fetch_open && m.fetch_sent < m.fetch_wanted));
+}
+
+std::optional<std::size_t> Consumer::member_for(std::string_view subject, std::uint64_t byte_limit) {
   for (std::size_t tries = 0; tries < members_.size(); ++tries) {
-    const std::size_t i = next_member_++ % members_.size();
-    const ConsumerMember& m = members_[i];
-    if (config_.pull ? m.fetch_open && m.fetch_sent < m.fetch_wanted : true) {
+    const std::size_t i = (next_member_ + tries) % members_.size();
+    if (may_take(members_[i], byte_limit) && members_[i].may_read(subject)) {
       next_member_ = i + 1;
       return i;
     }
@@ -109,13 +127,8 @@ std::optional<std::size_t> Consumer::member_for_next() {
   return std::nullopt;
 }
 
-std::optional<Consumer::Pick> Consumer::pick(const store::MessageStore& store, std::int64_t now_ns,
-                                             std::int64_t wall_ns, std::uint64_t byte_limit,
-                                             std::int64_t* pace_wait_ns) {
-  (void)now_ns;
-  if (members_.empty()) return std::nullopt;
-  const auto member = member_for_next();
-  if (!member || members_[*member].outstanding_bytes >= byte_limit) return std::nullopt;
+std::optional<Consumer::Pick> Consumer::candidate(const store::MessageStore& store, std::int64_t wall_ns,
+                                                  std::int64_t* pace_wait_ns) {
   while (!redeliver_.empty()) {
     const std::uint64_t sequence = redeliver_.front();
     auto it = pending_.find(sequence);
@@ -128,12 +141,12 @@ std::optional<Consumer::Pick> Consumer::pick(const store::MessageStore& store, s
       redeliver_.pop_front();
       continue;
     }
-    return Pick{sequence, it->second.deliveries + 1, *member, Pick::Source::kRedelivery};
+    return Pick{sequence, it->second.deliveries + 1, 0, Pick::Source::kRedelivery};
   }
   // Flow control: no new message while max_ack_pending are outstanding.
   if (outstanding() >= config_.max_ack_pending) return std::nullopt;
   while (!initial_.empty()) {
-    if (store.length_of(initial_.front())) return Pick{initial_.front(), 1, *member, Pick::Source::kInitial};
+    if (store.length_of(initial_.front())) return Pick{initial_.front(), 1, 0, Pick::Source::kInitial};
     initial_.pop_front();
   }
   const auto sequence = store.next_live(next_);
@@ -150,7 +163,29 @@ std::optional<Consumer::Pick> Consumer::pick(const store::MessageStore& store, s
       return std::nullopt;
     }
   }
-  return Pick{*sequence, 1, *member, Pick::Source::kStream};
+  return Pick{*sequence, 1, 0, Pick::Source::kStream};
+}
+
+std::optional<Consumer::Pick> Consumer::pick(const store::MessageStore& store, std::int64_t wall_ns,
+                                             std::uint64_t byte_limit, std::int64_t* pace_wait_ns) {
+  if (std::none_of(members_.begin(), members_.end(),
+                   [&](const ConsumerMember& m) { return may_take(m, byte_limit); }))
+    return std::nullopt;
+  while (auto p = candidate(store, wall_ns, pace_wait_ns)) {
+    const std::string_view subject = store.subject_of(p->sequence).value_or(std::string_view{});
+    if (auto m = member_for(subject, byte_limit)) {
+      p->member = *m;
+      return p;
+    }
+    // A member that may read it has no room yet: it waits for that one.
+    if (std::any_of(members_.begin(), members_.end(), [&](ConsumerMember& m) { return m.may_read(subject); }))
+      return std::nullopt;
+    // No member's user may read its subject: as outside the consumer's view
+    // (docs/security.md, "Streams"), passed over for good and counted.
+    ++counts_.denied;
+    skipped(*p);
+  }
+  return std::nullopt;
 }
 
 void Consumer::delivered(const Pick& p, std::uint32_t bytes, std::int64_t now_ns) {

@@ -19,9 +19,11 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "broker/auth.hpp"
 #include "rdmabroker/proto/consumer.hpp"
 #include "store/message_store.hpp"
 
@@ -42,6 +44,14 @@ struct ConsumerMember {
   std::uint64_t fetch_wanted = 0;
   std::uint64_t fetch_sent = 0;
   std::int64_t fetch_deadline_ns = 0;  // steady
+  /// Whose subscribe permissions every message delivered to it passes, as a
+  /// live delivery would (null: anyone's; the unit tests').
+  std::shared_ptr<const Identity> reader;
+  /// May a message on `subject` go to it? Remembered per subject (bounded).
+  bool may_read(std::string_view subject);
+  /// New permissions (a reload): what was remembered is forgotten.
+  void renew(std::shared_ptr<const Identity> identity);
+  SubjectVerdicts verdicts;  // may_read()'s
 };
 
 /// What a consumer counts (the engine sums them per stream for /metrics).
@@ -50,6 +60,7 @@ struct ConsumerCounts {
   std::uint64_t redelivered = 0;
   std::uint64_t acked = 0;
   std::uint64_t max_deliveries = 0;  // messages given up after max_deliver deliveries
+  std::uint64_t denied = 0;          // passed over: no member's user may read their subject
 };
 
 class Consumer {
@@ -68,6 +79,9 @@ class Consumer {
   };
   /// What a durable consumer keeps across restarts.
   struct State {
+    /// Who owns a durable consumer (Identity::owner(): a user's name, ""
+    /// for anonymous clients); none in a state an older broker saved.
+    std::optional<std::string> owner;
     proto::ConsumerConfig config;
     std::uint64_t next = 1;
     std::vector<std::pair<std::uint64_t, std::uint32_t>> pending;  // sequence, deliveries
@@ -76,13 +90,19 @@ class Consumer {
 
   /// A new consumer at the start its config names, in `store` as it is now.
   Consumer(std::string name, bool durable, const proto::ConsumerConfig& config,
-           const store::MessageStore& store);
+           const store::MessageStore& store, std::optional<std::string> owner = std::nullopt);
   /// A durable consumer as it was saved: what was pending is due again.
   Consumer(std::string name, State state);
 
   const std::string& name() const { return name_; }
   bool durable() const { return durable_; }
   const proto::ConsumerConfig& config() const { return config_; }
+  const std::optional<std::string>& owner() const { return owner_; }
+  /// A consumer saved without an owner takes its first member's user.
+  void adopt(std::string owner) {
+    owner_ = std::move(owner);
+    dirty_ = true;
+  }
   const std::vector<ConsumerMember>& members() const { return members_; }
   ConsumerMember& member(std::size_t i) { return members_[i]; }
   /// What it counted since the last call.
@@ -99,17 +119,24 @@ class Consumer {
   State state() const;
 
   void add_member(const ConsumerMember& m);
+  /// Finds the member; null if it is none.
+  ConsumerMember* member_at(std::uint64_t connection, std::uint32_t sid) {
+    const auto i = find_member(connection, sid);
+    return i ? &members_[*i] : nullptr;
+  }
   /// Removes the member; what it had not acknowledged is due again at once.
   /// False if it was not a member.
   bool remove_member(std::uint64_t connection, std::uint32_t sid);
   std::optional<std::size_t> find_member(std::uint64_t connection, std::uint32_t sid) const;
 
-  /// The next message to deliver, if any member may take one: a
-  /// redelivery first, then the next in the stream; `byte_limit` bounds a
-  /// member's outstanding bytes. Skips what `store` no longer holds. With
-  /// original pace, `pace_wait_ns` says how long until the next one is due.
-  std::optional<Pick> pick(const store::MessageStore& store, std::int64_t now_ns, std::int64_t wall_ns,
-                           std::uint64_t byte_limit, std::int64_t* pace_wait_ns);
+  /// The next message to deliver, if a member may take one and read its
+  /// subject (round robin among those): a redelivery first, then the next
+  /// in the stream; `byte_limit` bounds a member's outstanding bytes. Skips
+  /// what `store` no longer holds, and passes over (counted as `denied`)
+  /// what no member's user may read. With original pace, `pace_wait_ns`
+  /// says how long until the next one is due.
+  std::optional<Pick> pick(const store::MessageStore& store, std::int64_t wall_ns, std::uint64_t byte_limit,
+                           std::int64_t* pace_wait_ns);
   /// `p` was sent (`bytes` its record's length) at `now_ns` (steady).
   void delivered(const Pick& p, std::uint32_t bytes, std::int64_t now_ns);
   /// `p` could not be read (gone, or corrupt): as if acknowledged.
@@ -135,7 +162,13 @@ class Consumer {
     std::uint32_t sid = 0;
   };
   void release(std::uint64_t connection, std::uint32_t sid, std::uint32_t bytes);
-  std::optional<std::size_t> member_for_next();
+  /// Room for another message (and, pull, an open FETCH that wants one).
+  bool may_take(const ConsumerMember& m, std::uint64_t byte_limit) const;
+  /// The next member in turn that may take a message on `subject`.
+  std::optional<std::size_t> member_for(std::string_view subject, std::uint64_t byte_limit);
+  /// The message due next (member not chosen), without moving past it.
+  std::optional<Pick> candidate(const store::MessageStore& store, std::int64_t wall_ns,
+                                std::int64_t* pace_wait_ns);
   void erase_pending(std::map<std::uint64_t, Pending>::iterator it);
   /// Moves the source `p` came from past it (delivered or skipped alike).
   void advance_past(const Pick& p);
@@ -143,6 +176,7 @@ class Consumer {
   const std::string name_;
   const bool durable_;
   const proto::ConsumerConfig config_;
+  std::optional<std::string> owner_;
   std::uint64_t next_ = 1;
   std::deque<std::uint64_t> initial_;
   std::map<std::uint64_t, Pending> pending_;

@@ -20,23 +20,26 @@ json to_json(const Consumer::State& s) {
   const auto& c = s.config;
   json pending = json::array();
   for (const auto& [sequence, deliveries] : s.pending) pending.push_back({sequence, deliveries});
-  return {{"version", 1},
-          {"config",
-           {{"start", static_cast<int>(c.start)},
-            {"ack", static_cast<int>(c.ack)},
-            {"pull", c.pull},
-            {"original_pace", c.original_pace},
-            {"max_ack_pending", c.max_ack_pending},
-            {"start_at", c.start_at},
-            {"ack_wait_ms", c.ack_wait_ms},
-            {"max_deliver", c.max_deliver}}},
-          {"next", s.next},
-          {"pending", pending},
-          {"initial", s.initial}};
+  json j = {{"version", 1},
+            {"config",
+             {{"start", static_cast<int>(c.start)},
+              {"ack", static_cast<int>(c.ack)},
+              {"pull", c.pull},
+              {"original_pace", c.original_pace},
+              {"max_ack_pending", c.max_ack_pending},
+              {"start_at", c.start_at},
+              {"ack_wait_ms", c.ack_wait_ms},
+              {"max_deliver", c.max_deliver}}},
+            {"next", s.next},
+            {"pending", pending},
+            {"initial", s.initial}};
+  if (s.owner) j["owner"] = *s.owner;
+  return j;
 }
 
 Consumer::State from_json(const json& j) {
   Consumer::State s;
+  if (j.contains("owner")) s.owner = j.at("owner").get<std::string>();
   const json& c = j.at("config");
   s.config.start = static_cast<proto::ConsumerStart>(c.at("start").get<int>());
   s.config.ack = static_cast<proto::ConsumerAck>(c.at("ack").get<int>());

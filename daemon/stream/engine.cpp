@@ -103,6 +103,7 @@ Result<StreamEngine::Stream> StreamEngine::open(const config::StreamSettings& s,
                 {}};
   rebuild(stream.duplicates, *stream.store, realtime_ns());
   stream.dir = dir;
+  stream.subjects = s.subjects;
   std::vector<std::string> problems;
   for (auto& [name, state] : load_consumers(dir, problems)) {
     stream.consumers.emplace(name, std::make_unique<Consumer>(name, std::move(state)));
@@ -207,7 +208,8 @@ void StreamEngine::reload(const config::StorageSettings& storage,
     } else {
       r.settings = *s;
     }
-    limits.push_back({id, limits_of(*s), static_cast<std::int64_t>(s->duplicate_window_s) * kNsPerSecond});
+    limits.push_back({id, limits_of(*s), static_cast<std::int64_t>(s->duplicate_window_s) * kNsPerSecond,
+                      registered_.at(name).settings.subjects});
   }
   // Last: once a new limit shows, every subject of the reload is in the
   // index (what a client publishes then goes to its stream).
@@ -273,6 +275,7 @@ void StreamEngine::apply(Item& item) {
           if (auto it = streams_.find(i.id); it != streams_.end()) {
             it->second.store->set_limits(i.limits);
             it->second.duplicates.set_window(i.duplicate_window_ns);
+            it->second.subjects = std::move(i.subjects);
             refresh(it->second);
           }
         } else if constexpr (std::is_same_v<T, ConsumerCommand>) {

@@ -63,6 +63,7 @@ struct StreamStats {
   Counter ack_frames;  // PUB_ACK frames that carried them (a range answers a run of messages)
   // Its consumers' (SPEC.md §3.11), summed.
   Counter delivered, redelivered, consumer_acks, max_deliveries;
+  Counter consumer_denied;       // passed over: no member's user may receive the subject
   Counter consumer_save_errors;  // writes of a durable consumer's state that failed (each tried again)
   Gauge consumers, consumer_pending;
   Gauge messages, bytes, first_sequence, last_sequence, subjects, segments, disk_bytes, corrupt_records,
@@ -134,6 +135,7 @@ class StreamEngine final : public StreamCapture {
     std::uint64_t staged_to = 0;    // and the last
     std::vector<Ack> acks;  // for messages staged or appended since the last sync: sent once it succeeds
     std::string dir;        // its files' directory
+    std::vector<std::string> subjects;  // its patterns (a consumer's user must be able to read one)
     std::map<std::string, std::unique_ptr<Consumer>> consumers;  // by name
   };
   /// A stream as the main thread registers it: its index entries.
@@ -159,6 +161,7 @@ class StreamEngine final : public StreamCapture {
     std::uint32_t id = 0;
     store::StoreLimits limits;
     std::int64_t duplicate_window_ns = 0;
+    std::vector<std::string> subjects;
   };
   struct SetStorage {
     config::StorageSettings storage;
@@ -218,6 +221,14 @@ class StreamEngine final : public StreamCapture {
   // stream/engine_consumers.cpp: consumers (SPEC.md §3.11).
   void on_command(ConsumerCommand& c);
   void open_consumer(const ConsumerCommand& c);
+  /// Why `who` may not be a member of `k` (a consumer of `s`), or nothing:
+  /// it must be able to read some subject of the stream, and a durable
+  /// consumer must be its own or one streams.join grants it.
+  std::optional<std::string> refusal(const Stream& s, const Consumer& k, const Identity& who) const;
+  /// A reload's new permissions for a member: it goes on under them, or
+  /// leaves the consumer with PERMISSION_DENIED if they no longer admit it.
+  void renew_member(const ConsumerCommand& c);
+  void refuse(const ConsumerCommand& c, proto::ErrorCode code, std::string why);
   void close_member(std::uint64_t connection, std::uint32_t sid);
   /// Expires deadlines and delivers what every consumer may take now.
   void serve_consumers(std::int64_t now);

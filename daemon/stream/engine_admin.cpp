@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "rdmabroker/config/config.hpp"
 #include "rdmabroker/proto/subjects.hpp"
 #include "rdmabroker/proto/wire.hpp"
 #include "stream/admin.hpp"
@@ -37,12 +38,20 @@ std::optional<config::StreamSettings> settings_of(const json& j, std::string& wh
   try {
     s.name = j.at("name").get<std::string>();
     s.subjects = j.at("subjects").get<std::vector<std::string>>();
-    s.max_msgs = j.value("max_msgs", s.max_msgs);
-    s.max_bytes = j.value("max_bytes", s.max_bytes);
-    s.max_age_s = j.value("max_age_s", s.max_age_s);
-    s.max_msgs_per_subject = j.value("max_msgs_per_subject", s.max_msgs_per_subject);
-    s.max_msg_size = j.value("max_msg_size", s.max_msg_size);
-    s.duplicate_window_s = j.value("duplicate_window_s", s.duplicate_window_s);
+    // Whole numbers from 0 only: a -1 or 1e30 would otherwise come out as some other number.
+    const auto count = [&](const char* key, std::uint64_t& out) {
+      if (!j.contains(key)) return true;
+      if (!j.at(key).is_number_unsigned()) {
+        why = std::string(key) + " must be a whole number from 0, got " + j.at(key).dump();
+        return false;
+      }
+      out = j.at(key).get<std::uint64_t>();
+      return true;
+    };
+    if (!count("max_msgs", s.max_msgs) || !count("max_bytes", s.max_bytes) ||
+        !count("max_age_s", s.max_age_s) || !count("max_msgs_per_subject", s.max_msgs_per_subject) ||
+        !count("max_msg_size", s.max_msg_size) || !count("duplicate_window_s", s.duplicate_window_s))
+      return std::nullopt;
     const std::string discard = j.value("discard", std::string("old"));
     if (discard != "old" && discard != "new") {
       why = "discard is old or new";
@@ -53,23 +62,9 @@ std::optional<config::StreamSettings> settings_of(const json& j, std::string& wh
     why = std::string("stream settings: ") + e.what();
     return std::nullopt;
   }
-  const bool name_ok =
-      !s.name.empty() && s.name.size() <= 64 && std::all_of(s.name.begin(), s.name.end(), [](char c) {
-        return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
-      });
-  if (!name_ok) {
-    why = "a stream's name is 1..64 letters, digits, '_' or '-'";
+  if (auto problem = config::check_stream(s)) {
+    why = *problem;
     return std::nullopt;
-  }
-  if (s.subjects.empty()) {
-    why = "stream " + s.name + " needs subjects";
-    return std::nullopt;
-  }
-  for (const auto& p : s.subjects) {
-    if (!proto::valid_pattern(p)) {
-      why = "'" + p + "' is not a subject pattern";
-      return std::nullopt;
-    }
   }
   return s;
 }

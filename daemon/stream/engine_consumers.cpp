@@ -65,6 +65,7 @@ void StreamEngine::to_client(std::uint32_t worker, std::uint64_t connection, std
 void StreamEngine::on_command(ConsumerCommand& c) {
   if (c.kind == Kind::kOpen) return open_consumer(c);
   if (c.kind == Kind::kClose) return close_member(c.connection, c.sid);
+  if (c.kind == Kind::kRenew) return renew_member(c);
   const auto m = members_.find({c.connection, c.sid});
   if (m == members_.end()) return;  // the consumer was refused, or its stream removed
   auto s = streams_.find(m->second.first);
@@ -95,28 +96,55 @@ void StreamEngine::on_command(ConsumerCommand& c) {
   }
 }
 
+void StreamEngine::refuse(const ConsumerCommand& c, proto::ErrorCode code, std::string why) {
+  to_client(c.worker, c.connection, c.slot,
+            make_control(proto::FrameType::kError, static_cast<std::uint32_t>(code), std::move(why), c.sid));
+}
+
+std::optional<std::string> StreamEngine::refusal(const Stream& s, const Consumer& k,
+                                                 const Identity& who) const {
+  const std::string& stream = s.stats->name;
+  if (std::none_of(s.subjects.begin(), s.subjects.end(),
+                   [&](const std::string& p) { return who.may_receive_some(p); })) {
+    return "user '" + who.name + "' may receive no subject of stream " + stream + " (" +
+           fmt::format("{}", fmt::join(s.subjects, ", ")) + ")";
+  }
+  if (k.durable() && k.owner() && *k.owner() != who.owner() && !who.may_join(stream, k.name())) {
+    return "durable consumer " + k.name() + " of stream " + stream + " belongs to " +
+           (k.owner()->empty() ? std::string("anonymous clients") : "user '" + *k.owner() + "'") +
+           " (streams.join grants others)";
+  }
+  return std::nullopt;
+}
+
 void StreamEngine::open_consumer(const ConsumerCommand& c) {
-  const auto refuse = [&](proto::ErrorCode code, std::string why) {
-    to_client(
-        c.worker, c.connection, c.slot,
-        make_control(proto::FrameType::kError, static_cast<std::uint32_t>(code), std::move(why), c.sid));
-  };
   Stream* s = stream_named(c.stream);
-  if (s == nullptr) return refuse(proto::ErrorCode::kNoStream, "no stream named " + c.stream);
+  if (s == nullptr) return refuse(c, proto::ErrorCode::kNoStream, "no stream named " + c.stream);
   const bool durable = !c.durable.empty();
   const std::string name =
       durable ? c.durable : "_" + std::to_string(c.connection) + "_" + std::to_string(c.sid);
+  const Identity& who = *c.identity;
   auto it = s->consumers.find(name);
   if (it != s->consumers.end()) {
     const auto& had = it->second->config();
     if (had.ack != c.config.ack || had.pull != c.config.pull) {
-      return refuse(proto::ErrorCode::kConsumerInvalid,
+      return refuse(c, proto::ErrorCode::kConsumerInvalid,
                     "durable consumer " + name + " of stream " + c.stream +
                         " exists with another ack policy or mode (it keeps its settings)");
     }
+    if (auto why = refusal(*s, *it->second, who)) return refuse(c, proto::ErrorCode::kPermissionDenied, *why);
+    if (!it->second->owner()) {
+      it->second->adopt(who.owner());
+      spdlog::warn("stream {}: durable consumer {}, saved without an owner, now belongs to {}", c.stream,
+                   name, who.anonymous ? std::string("anonymous clients") : "user '" + who.name + "'");
+    }
   } else {
-    it = s->consumers.emplace(name, std::make_unique<Consumer>(name, durable, c.config, *s->store)).first;
-    spdlog::info("stream {}: consumer {} created ({})", c.stream, name, durable ? "durable" : "ephemeral");
+    auto k = std::make_unique<Consumer>(name, durable, c.config, *s->store,
+                                        durable ? std::optional<std::string>(who.owner()) : std::nullopt);
+    if (auto why = refusal(*s, *k, who)) return refuse(c, proto::ErrorCode::kPermissionDenied, *why);
+    it = s->consumers.emplace(name, std::move(k)).first;
+    spdlog::info("stream {}: consumer {} created ({}, {})", c.stream, name, durable ? "durable" : "ephemeral",
+                 who.anonymous ? std::string("anonymous") : "user '" + who.name + "'");
   }
   ConsumerMember m;
   m.connection = c.connection;
@@ -124,12 +152,32 @@ void StreamEngine::open_consumer(const ConsumerCommand& c) {
   m.worker = c.worker;
   m.sid = c.sid;
   m.max_frame = c.max_frame;
+  m.reader = c.identity;
   it->second->add_member(m);
   members_[{c.connection, c.sid}] = {s->id, name};
   to_client(c.worker, c.connection, c.slot,
             control_for(proto::FrameType::kConsumerReady, c.sid, it->second->unprocessed(*s->store)));
   if (durable) save_consumers(*s, true);
   refresh_consumers(*s);
+}
+
+void StreamEngine::renew_member(const ConsumerCommand& c) {
+  const auto m = members_.find({c.connection, c.sid});
+  if (m == members_.end()) return;
+  auto s = streams_.find(m->second.first);
+  if (s == streams_.end()) return;
+  auto k = s->second.consumers.find(m->second.second);
+  if (k == s->second.consumers.end()) return;
+  ConsumerMember* member = k->second->member_at(c.connection, c.sid);
+  if (member == nullptr) return;
+  if (auto why = refusal(s->second, *k->second, *c.identity)) {
+    spdlog::warn("stream {}: consumer {}: a member of connection {} leaves it after a reload: {}",
+                 s->second.stats->name, k->second->name(), c.connection, *why);
+    close_member(c.connection, c.sid);
+    return refuse(c, proto::ErrorCode::kPermissionDenied,
+                  "consumer revoked by a configuration reload: " + *why);
+  }
+  member->renew(c.identity);
 }
 
 void StreamEngine::close_member(std::uint64_t connection, std::uint32_t sid) {
@@ -179,7 +227,7 @@ bool StreamEngine::serve(Stream& s, Consumer& k, std::int64_t now, std::int64_t 
       finished = false;
       break;
     }
-    auto p = k.pick(*s.store, now, wall, byte_limit, &pace_wait);
+    auto p = k.pick(*s.store, wall, byte_limit, &pace_wait);
     if (!p) break;
     if (!deliver(s, k, *p, batches[p->member], now)) {
       due_at(consumers_due_ns_, now + kNoBufferRetryNs);
@@ -320,6 +368,7 @@ void StreamEngine::refresh_consumers(Stream& s) {
     m.redelivered.add(c.redelivered);
     m.consumer_acks.add(c.acked);
     m.max_deliveries.add(c.max_deliveries);
+    m.consumer_denied.add(c.denied);
     pending += k->outstanding();
   }
   m.consumers.set(static_cast<std::int64_t>(s.consumers.size()));

@@ -555,17 +555,27 @@ TEST_P(Consumers, RefusalsAreTypedAndEveryBrokenRuleClosesOnlyItsSender) {
   // new connection two (SPEC.md §5.1), its CONNECT's and this one.
   auto frames = frame(FrameType::kConsume, 3, "ORDERS",
                       std::string(reinterpret_cast<const char*>(config.data()), config.size()));
-  for (const auto& more : {ack(7, 1), frame(FrameType::kPing, 0, "")})
+  // A durable name that breaks the naming rule (a path, a space): the
+  // client's mistake, answered CONSUMER_INVALID for that id (SPEC.md §3.11).
+  std::array<std::byte, proto::kConsumeConfigLen> fine{};
+  proto::encode_consumer_config({}, fine);
+  std::vector<std::byte> bad_name(proto::kHeaderSize + 64);
+  proto::FrameHeader consume;
+  consume.type = FrameType::kConsume;
+  consume.arg = 4;
+  bad_name.resize(proto::encode_frame(bad_name, consume, "ORDERS", "../a b", fine));
+  for (const auto& more : {bad_name, ack(7, 1), frame(FrameType::kPing, 0, "")})
     frames.insert(frames.end(), more.begin(), more.end());
   ASSERT_TRUE(w->send(frames));
   std::vector<std::pair<FrameType, std::uint32_t>> answers;  // type, arg
-  for (int i = 0; i < 10 && answers.size() < 3; ++i) {
+  for (int i = 0; i < 10 && answers.size() < 4; ++i) {
     for (const auto& bytes : w->receive(2s)) {
       const auto h = proto::load_header(bytes.data());
       answers.emplace_back(h.type, h.arg);
     }
   }
   EXPECT_EQ(answers, (std::vector<std::pair<FrameType, std::uint32_t>>{
+                         {FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kConsumerInvalid)},
                          {FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kConsumerInvalid)},
                          {FrameType::kError, static_cast<std::uint32_t>(ErrorCode::kUnknownSubscription)},
                          {FrameType::kPong, 0}}))
@@ -587,12 +597,12 @@ TEST_P(Consumers, RefusalsAreTypedAndEveryBrokenRuleClosesOnlyItsSender) {
   }
 }
 
-// Reading a stream is subscribing to $RB.STREAM.<name> (docs/streams.md): a
-// client without that permission is refused with PERMISSION_DENIED for that
+// Which streams a user may read is streams.read (docs/security.md): a client
+// without that permission is refused with PERMISSION_DENIED for that
 // consumer, counted, and its connection and other streams stay its own.
 TEST_P(Consumers, AConsumerOfAStreamTheUserMayNotReadIsRefused) {
   start("  - {name: ORDERS, subjects: [\"orders.>\"]}\n  - {name: SECRET, subjects: [\"secret.>\"]}\n", "",
-        "auth:\n  anonymous_permissions:\n    subscribe: {allow: [\">\"], deny: [\"$RB.STREAM.SECRET\"]}\n");
+        "auth:\n  anonymous_permissions:\n    streams: {read: {deny: [SECRET]}}\n");
   auto c = connect_via(*broker_, GetParam());
   ASSERT_TRUE(c);
   publish(*c, 2);
@@ -600,7 +610,8 @@ TEST_P(Consumers, AConsumerOfAStreamTheUserMayNotReadIsRefused) {
   auto refused = c->consume("SECRET", {}, 10s);
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error().kind, ErrorKind::kPermissionDenied) << refused.error().message;
-  EXPECT_NE(refused.error().message.find("$RB.STREAM.SECRET"), std::string::npos) << refused.error().message;
+  EXPECT_NE(refused.error().message.find("consume to 'SECRET' denied"), std::string::npos)
+      << refused.error().message;
   EXPECT_EQ(stat("permissions.denied.subscribe"), 1);
   auto k = consume(*c, {});
   ASSERT_TRUE(k);

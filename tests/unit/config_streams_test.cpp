@@ -75,6 +75,23 @@ TEST(ConfigStreams, MistakesNameTheStreamElementThatHasThem) {
                       "  - {name: B, subjects: [x, \"orders.eu.>\"]}\n"),
             "broker.yaml:3:25: streams[1].subjects: 'orders.eu.>' overlaps 'orders.*.new' of stream 'A': a "
             "subject belongs to one stream at most");
+  // Reserved subjects and ranges (config::check_stream, which `stream add` applies too).
+  EXPECT_EQ(errors_of("streams:\n  - {name: A, subjects: [\"$RB.>\"]}\n"),
+            "broker.yaml:2:5: streams[0]: '$RB.>' takes subjects of $RB.>, which no stream may: $RB. is the "
+            "broker's own, _INBOX. carries replies");
+  EXPECT_NE(errors_of("streams:\n  - {name: A, subjects: [\">\"]}\n").find("'>' takes subjects of $RB.>"),
+            std::string::npos);
+  EXPECT_NE(errors_of("streams:\n  - {name: A, subjects: [\"_INBOX.*\"]}\n").find("_INBOX.>"),
+            std::string::npos);
+  EXPECT_EQ(errors_of("streams:\n  - {name: A, subjects: [a], duplicate_window_s: 1000000}\n"),
+            "broker.yaml:2:5: streams[0]: duplicate_window_s must be between 0 and 604800, got 1000000");
+  EXPECT_NE(errors_of("streams:\n  - {name: A, subjects: [a], max_age_s: 1000000000000}\n")
+                .find("max_age_s must be between 0 and 3153600000"),
+            std::string::npos);
+  config::StreamSettings ok{.name = "A", .subjects = {"a.>"}};
+  EXPECT_FALSE(check_stream(ok));
+  ok.max_msg_size = std::uint64_t{1} << 31;
+  EXPECT_EQ(check_stream(ok), "max_msg_size must be between 0 and 1073741824, got 2147483648");
   EXPECT_EQ(errors_of("storage: {sync: sometimes}\n"),
             "broker.yaml:1:17: storage.sync: expected one of group, always, interval, got 'sometimes'");
 }

@@ -258,6 +258,7 @@ auth:
                      kHash + R"("
       publish: {allow: ["orders.>"], deny: [orders.secret]}
       subscribe: {deny: ["orders.secret.>"]}
+      streams: {read: {allow: [ORDERS, AUDIT], deny: [SECRET]}, join: {allow: [ORDERS.billing]}}
     - name: ingest
       token: ")" + kHash +
                      R"("
@@ -272,6 +273,11 @@ auth:
   EXPECT_EQ(a.users[0].permissions.publish.deny, std::vector<std::string>{"orders.secret"});
   EXPECT_EQ(a.users[0].permissions.subscribe.allow,
             std::vector<std::string>{">"});  // the default: everything
+  EXPECT_EQ(a.users[0].permissions.streams.read.deny, std::vector<std::string>{"SECRET"});
+  EXPECT_EQ(a.users[0].permissions.streams.join.allow, std::vector<std::string>{"ORDERS.billing"});
+  // The defaults: every stream readable, no other user's durable consumer joined.
+  EXPECT_EQ(a.users[1].permissions.streams.read.allow, std::vector<std::string>{">"});
+  EXPECT_TRUE(a.users[1].permissions.streams.join.allow.empty());
   EXPECT_EQ(a.users[1].token_hash, kHash);
   EXPECT_TRUE(a.users[1].password_hash.empty());
   EXPECT_EQ(a.anonymous_permissions.subscribe.allow, std::vector<std::string>{"public.>"});
@@ -298,6 +304,16 @@ TEST(ConfigAuth, MistakesNameTheElementThatHasThem) {
                 .find("auth.users[0].pasword: unknown key"),
             std::string::npos);
   EXPECT_NE(errors_of("auth: {anonymous: maybe}\n").find("auth.anonymous: expected true or false"),
+            std::string::npos);
+  // Reading a stream once was subscribing to $RB.STREAM.<name>: such a rule
+  // would now be void, so it is refused and the key that replaced it named.
+  EXPECT_NE(
+      errors_of("auth:\n  anonymous_permissions:\n    subscribe: {deny: [\"$RB.STREAM.SECRET\"]}\n")
+          .find("auth.anonymous_permissions.subscribe: '$RB.STREAM.SECRET': which streams a user may read "
+                "is streams.read"),
+      std::string::npos);
+  EXPECT_NE(errors_of("auth:\n  anonymous_permissions:\n    streams: {write: {allow: [A]}}\n")
+                .find("streams.write: unknown key"),
             std::string::npos);
 }
 

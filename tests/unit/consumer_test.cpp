@@ -35,7 +35,7 @@ class ConsumerTest : public ::testing::Test {
   std::vector<std::uint64_t> drain(Consumer& k, std::int64_t now, std::size_t* member = nullptr) {
     std::vector<std::uint64_t> out;
     std::int64_t wait = 0;
-    while (auto p = k.pick(*store_, now, now, 1 << 20, &wait)) {
+    while (auto p = k.pick(*store_, now, 1 << 20, &wait)) {
       if (member != nullptr) *member = p->member;
       k.delivered(*p, 40, now);
       out.push_back(p->sequence);
@@ -111,6 +111,67 @@ TEST_F(ConsumerTest, StartPoliciesAndANak) {
   Consumer since("t", false, c, *store_);
   since.add_member(member(1));
   EXPECT_EQ(drain(since, 0), (std::vector<std::uint64_t>{8, 9, 10}));
+}
+
+/// A user that may subscribe to `allow` less `deny` (docs/security.md).
+std::shared_ptr<const Identity> reader(std::vector<std::string> allow, std::vector<std::string> deny = {}) {
+  auto id = std::make_shared<Identity>();
+  id->name = "reader";
+  id->permissions.subscribe.allow = std::move(allow);
+  id->permissions.subscribe.deny = std::move(deny);
+  return id;
+}
+
+TEST_F(ConsumerTest, EveryDeliveryPassesTheReadersPermissionsAndWhatNoMemberMayReadIsPassedOver) {
+  proto::ConsumerConfig c;
+  c.ack = proto::ConsumerAck::kExplicit;
+  Consumer k("k", false, c, *store_);
+  ConsumerMember evens = member(1);
+  evens.reader = reader({">"}, {"odd"});
+  k.add_member(evens);
+  EXPECT_EQ(drain(k, 0), (std::vector<std::uint64_t>{2, 4, 6, 8, 10}))
+      << "the odd subject is denied: never delivered, from the stream or as a redelivery";
+  EXPECT_EQ(k.take_counts().denied, 5u);
+  EXPECT_EQ(k.unprocessed(*store_), 0u) << "passed over for good, not waiting";
+
+  // Two members of one durable consumer under different users: each message
+  // goes to one that may read it, the round robin among those.
+  Consumer shared("s", true, c, *store_);
+  ConsumerMember odds = member(2);
+  odds.reader = reader({"odd"});
+  shared.add_member(evens);
+  shared.add_member(odds);
+  std::vector<std::uint64_t> to_evens, to_odds;
+  std::int64_t wait = 0;
+  while (auto p = shared.pick(*store_, 0, 1 << 20, &wait)) {
+    (p->member == 0 ? to_evens : to_odds).push_back(p->sequence);
+    shared.delivered(*p, 40, 0);
+  }
+  EXPECT_EQ(to_evens, (std::vector<std::uint64_t>{2, 4, 6, 8, 10}));
+  EXPECT_EQ(to_odds, (std::vector<std::uint64_t>{1, 3, 5, 7, 9}));
+  EXPECT_EQ(shared.take_counts().denied, 0u);
+
+  // New permissions (a reload) apply to what is delivered again: a message
+  // the member may no longer read is not redelivered to it.
+  shared.member(1).renew(reader({"nothing"}));
+  ASSERT_TRUE(shared.remove_member(1, 1));  // the evens' messages are due again
+  EXPECT_TRUE(drain(shared, 0).empty()) << "the one member left may read none of them";
+  EXPECT_EQ(shared.take_counts().denied, 5u);
+}
+
+TEST_F(ConsumerTest, ADurableConsumersOwnerIsSavedWithItsState) {
+  proto::ConsumerConfig c;
+  Consumer k("k", true, c, *store_, "alice");
+  ASSERT_TRUE(save_consumer(dir_, "k", k.state(), false));
+  Consumer anonymous("a", true, c, *store_, "");
+  ASSERT_TRUE(save_consumer(dir_, "a", anonymous.state(), false));
+  std::vector<std::string> problems;
+  auto loaded = load_consumers(dir_, problems);
+  ASSERT_EQ(loaded.size(), 2u);
+  for (auto& [name, state] : loaded) {
+    ASSERT_TRUE(state.owner) << name;
+    EXPECT_EQ(*state.owner, name == "k" ? "alice" : "") << name;
+  }
 }
 
 TEST(ConsumerConfig, SettingsTravelWholeAndOutOfRangeOnesAreRefused) {

@@ -66,6 +66,12 @@ Result<HostPort> parse_host_port(std::string_view text, std::string_view what);
 /// announces) is rdma:// or tcp://; a client's may also be tls://.
 std::optional<std::string> check_cluster_url(const std::string& url, bool for_routes);
 
+/// What is wrong with stream `s` on its own (docs/streams.md, "Declaring
+/// streams"), or nothing: its name, its subjects (valid patterns, none of
+/// the broker's own `$RB.` nor the reply inboxes `_INBOX.`), every limit in
+/// its range. The YAML loader and `stream add` both check it.
+std::optional<std::string> check_stream(const StreamSettings& s);
+
 std::string_view to_string(RdmaMode m);
 std::string_view to_string(TlsMode m);
 std::string_view to_string(LogFormat f);

@@ -26,9 +26,20 @@ struct SubjectRules {
   bool operator==(const SubjectRules&) const = default;
 };
 
+/// What a user may do with streams (docs/security.md, "Streams"): the
+/// patterns are over stream names (`read`) and over `STREAM.CONSUMER`
+/// (`join`), matched like subjects (a name is one token: `*` or `>` is any).
+/// Every message a consumer delivers passes `subscribe` as well.
+struct StreamPermissions {
+  SubjectRules read;          // open consumers of these streams (and own durables there)
+  SubjectRules join{{}, {}};  // join durable consumers that another user owns
+  bool operator==(const StreamPermissions&) const = default;
+};
+
 struct Permissions {
   SubjectRules publish;
   SubjectRules subscribe;
+  StreamPermissions streams;
   bool operator==(const Permissions&) const = default;
 };
 

@@ -11,6 +11,22 @@
 
 namespace rdmabroker::proto {
 
+/// Subjects under this prefix are the broker's own (advisories; SPEC.md
+/// §3.2): only a broker publishes there, and a stream may not take them.
+inline constexpr std::string_view kReservedPrefix = "$RB.";
+
+/// A stream's or a durable consumer's name (SPEC.md §3.11): 1 to 64 ASCII
+/// letters, digits, '-' and '_' (a file name, and one subject token).
+inline bool valid_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (const char c : name) {
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
 namespace detail {
 /// Splits off the first token of `rest` (which becomes what follows the dot).
 /// Returns false when `rest` was already empty.

@@ -493,12 +493,15 @@ inline DecodeStatus decode_frame(std::span<const std::byte> buf, std::size_t max
   const std::size_t payload_at = kHeaderSize + h.subject_len + h.reply_len;
   out.headers = buf.subspan(payload_at, h.header_len);
   out.payload = buf.subspan(payload_at + h.header_len, h.payload_len - h.header_len);
-  if (h.subject_len != 0 &&
+  // A CONSUME's two strings are a stream's and a consumer's names, checked
+  // by the broker (CONSUMER_INVALID, the connection stays: SPEC.md §3.11).
+  const bool names = h.type == FrameType::kConsume;
+  if (h.subject_len != 0 && !names &&
       !(h.type == FrameType::kSubscribe ? valid_pattern(out.subject) : valid_subject(out.subject))) {
     return DecodeStatus::kBadSubject;
   }
   // A SUBSCRIBE's "reply" field is its queue group name (SPEC.md); both follow the subject rules.
-  if (h.reply_len != 0 && !valid_subject(out.reply)) return DecodeStatus::kBadSubject;
+  if (h.reply_len != 0 && !names && !valid_subject(out.reply)) return DecodeStatus::kBadSubject;
   if (h.header_len != 0 && !valid_header_block(out.headers)) return DecodeStatus::kBadHeaders;
   if (h.type == FrameType::kPubAck && (h.flags & kFlagRange) != 0) {
     if (load<std::uint32_t>(out.payload.data() + 12) != 0) return DecodeStatus::kBadReserved;
