@@ -87,6 +87,9 @@ StoreResult<std::uint64_t> FileStore::stage(const MessageParts& m, std::int64_t 
                       "the stream is at its limits and refuses new messages (discard: new)"};
   }
   const std::uint64_t sequence = std::max(last_sequence_ + 1, floor_);
+  if (sequence > reserved_) {
+    if (auto s = reserve(sequence); !s) return s.error();
+  }
   if (segments_.empty() ||
       segments_.back().file.first_sequence() + segments_.back().entries.size() != sequence ||
       (segments_.back().file.end() > 0 && segments_.back().file.end() + length > options_.segment_bytes)) {
@@ -251,6 +254,20 @@ std::optional<std::uint64_t> FileStore::next_live(std::uint64_t from) const {
   return std::nullopt;
 }
 
+std::uint64_t FileStore::live_from(std::uint64_t from) const {
+  std::uint64_t n = 0;
+  for (auto it = segments_.rbegin(); it != segments_.rend(); ++it) {
+    const std::uint64_t first = it->file.first_sequence();
+    if (first >= from) {
+      n += it->live;  // whole
+      continue;
+    }
+    for (std::uint64_t i = from - first; i < it->entries.size(); ++i) n += it->entries[i].live ? 1 : 0;
+    break;
+  }
+  return n;
+}
+
 std::optional<std::uint64_t> FileStore::first_at_time(std::int64_t time_ns) const {
   // Receive times never go backwards within a stream: a binary search.
   for (const SegmentIndex& seg : segments_) {
@@ -374,7 +391,8 @@ StoreResult<std::uint64_t> FileStore::purge() {
   const std::uint64_t removed = messages_;
   // The new floor first: a crash before the files are gone leaves records
   // below it, which open() takes as purged.
-  if (auto s = write_meta(last_sequence_ + 1); !s) return s.error();
+  if (auto s = write_meta(last_sequence_ + 1, reserved_); !s) return s.error();
+  purged_below_ = last_sequence_ + 1;
   for (SegmentIndex& seg : segments_) {
     if (auto s = seg.file.remove(); !s) spdlog::warn("stream store: {}", s.error().message);
   }
@@ -402,6 +420,21 @@ StoreResult<std::uint64_t> FileStore::sync() {
   }
   durable_ = last_sequence_;
   return durable_;
+}
+
+StoreStatus FileStore::reserve(std::uint64_t sequence) {
+  const std::uint64_t through = sequence + std::max<std::uint64_t>(options_.reserve, 1) - 1;
+  if (auto s = write_meta(purged_below_, through); !s) return s;
+  reserved_ = through;
+  return std::monostate{};
+}
+
+StoreStatus FileStore::close() {
+  if (auto s = sync(); !s) return s.error();
+  if (reserved_ <= last_sequence_) return std::monostate{};
+  if (auto s = write_meta(purged_below_, last_sequence_); !s) return s;
+  reserved_ = last_sequence_;
+  return std::monostate{};
 }
 
 StoreStatus FileStore::sync_segment(Segment& segment) {

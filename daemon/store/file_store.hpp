@@ -25,6 +25,11 @@
 
 namespace rdmabroker::daemon::store {
 
+/// The highest sequence a store takes or finds (a file that names one above
+/// it is refused at open: at a million messages a second it takes 146,000
+/// years to reach, so one near it is damage, and a wrap-around would reuse).
+inline constexpr std::uint64_t kMaxSequence = std::uint64_t{1} << 62;
+
 struct FileStoreOptions {
   std::string directory;  // created if missing
   std::uint64_t segment_bytes = std::uint64_t{64} << 20;
@@ -32,6 +37,11 @@ struct FileStoreOptions {
   /// Tests only (`fault sync-fail`): asked before each fdatasync; true makes
   /// it fail as one that reports EIO.
   std::function<bool()> fail_sync;
+  /// Sequences reserved at a time in meta.json before any is handed out:
+  /// after a crash the store goes on past the reservation, so a sequence a
+  /// consumer may have seen (written, not yet synced, then lost) is never
+  /// given to another message. A crash leaves at most this many unused.
+  std::uint64_t reserve = std::uint64_t{1} << 20;
 };
 
 /// What open() found and did.
@@ -62,9 +72,11 @@ class FileStore final : public MessageStore {
   std::optional<std::string_view> subject_of(std::uint64_t sequence) const override;
   std::optional<std::int64_t> time_of(std::uint64_t sequence) const override;
   std::optional<std::uint64_t> next_live(std::uint64_t from) const override;
+  std::uint64_t live_from(std::uint64_t from) const override;
   std::optional<std::uint64_t> first_at_time(std::int64_t time_ns) const override;
   std::vector<std::uint64_t> last_per_subject(std::string_view subject = {}) const override;
   StoreResult<std::uint64_t> sync() override;
+  StoreStatus close() override;
   std::uint64_t expire(std::int64_t now_ns) override;
   StoreResult<std::uint64_t> purge() override;
   void set_limits(const StoreLimits& limits) override;
@@ -111,7 +123,11 @@ class FileStore final : public MessageStore {
   /// newest segment); live unless a purge left it below the floor.
   void index(std::uint64_t sequence, std::int64_t time_ns, std::string_view subject, std::uint64_t offset,
              std::size_t length);
-  StoreStatus write_meta(std::uint64_t first_sequence);
+  /// meta.json: the first sequence (a purge's floor) and the reservation,
+  /// replaced atomically.
+  StoreStatus write_meta(std::uint64_t first_sequence, std::uint64_t reserved_through);
+  /// Reserves sequences from `sequence` on (meta.json) before it is handed out.
+  StoreStatus reserve(std::uint64_t sequence);
 
   /// The segment holding `sequence` and its entry, if it is indexed.
   std::pair<const SegmentIndex*, const Entry*> find(std::uint64_t sequence) const;
@@ -151,7 +167,9 @@ class FileStore final : public MessageStore {
   std::uint64_t messages_ = 0;
   std::uint64_t bytes_ = 0;
   std::uint64_t last_sequence_ = 0;
-  std::uint64_t floor_ = 1;  // no live sequence is below it (a purge raises it)
+  std::uint64_t floor_ = 1;         // no live sequence is below it (a purge raises it)
+  std::uint64_t reserved_ = 0;      // sequences through it may be handed out (meta.json says so)
+  std::uint64_t purged_below_ = 1;  // meta.json's first_sequence: what a purge removed (not the limits)
   std::int64_t last_time_ns_ = 0;
   std::uint64_t durable_ = 0;
   /// A roll's sync of the segment it left failed: the next sync() reports

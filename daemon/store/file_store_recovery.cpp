@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -51,6 +52,20 @@ std::size_t resync(std::span<const std::byte> bytes, std::size_t from, std::uint
   return bytes.size();
 }
 
+/// `rest`, the end of the newest segment, is what a crash leaves of a write
+/// it interrupted: zeros (blocks allocated, never written), or the start of
+/// record `expected` cut short.
+bool looks_torn(std::span<const std::byte> rest, std::uint64_t expected) {
+  if (std::all_of(rest.begin(), rest.end(), [](std::byte b) { return b == std::byte{0}; })) return true;
+  RecordView r;
+  std::size_t length = 0;
+  if (parse_record(rest, r, length) != ParseOutcome::kShort) return false;
+  if (rest.size() < 16) return true;  // not even its sequence: nothing to check it by
+  std::uint64_t sequence = 0;
+  std::memcpy(&sequence, rest.data() + 8, sizeof sequence);
+  return sequence == expected;
+}
+
 }  // namespace
 
 StoreResult<std::unique_ptr<FileStore>> FileStore::open(const FileStoreOptions& options, std::int64_t now_ns,
@@ -67,18 +82,33 @@ StoreStatus FileStore::recover(std::int64_t now_ns, RecoveryReport& report) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return StoreError{StoreErrc::kIo, "creating " + dir + ": " + ec.message()};
-  if (std::ifstream meta(dir + "/" + kMeta); meta) {
+  const std::string meta_path = dir + "/" + kMeta;
+  if (std::ifstream meta(meta_path); meta) {
     auto j = nlohmann::json::parse(meta, nullptr, false);
-    if (j.is_discarded() || !j.contains("first_sequence") || !j["first_sequence"].is_number_unsigned()) {
+    const auto number = [&](const char* key) { return j.contains(key) && j[key].is_number_unsigned(); };
+    if (j.is_discarded() || !number("first_sequence") ||
+        (j.contains("reserved_through") && !number("reserved_through"))) {
       // Guessing would bring purged messages back: the operator decides.
       return StoreError{StoreErrc::kCorrupt,
-                        dir + "/" + kMeta + " is damaged (it should hold first_sequence)"};
+                        meta_path + " is damaged (it should hold first_sequence and reserved_through)"};
     }
-    floor_ = std::max<std::uint64_t>(1, j["first_sequence"].get<std::uint64_t>());
+    floor_ = purged_below_ = std::max<std::uint64_t>(1, j["first_sequence"].get<std::uint64_t>());
+    reserved_ = j.value("reserved_through", std::uint64_t{0});
+    if (floor_ > kMaxSequence || reserved_ > kMaxSequence) {
+      return StoreError{StoreErrc::kCorrupt,
+                        meta_path + " names sequence " + std::to_string(std::max(floor_, reserved_)) +
+                            ", beyond the highest a stream takes (2^62): a damaged file"};
+    }
   }
   std::vector<std::pair<std::uint64_t, std::string>> files;
   for (const auto& f : fs::directory_iterator(dir, ec)) {
     const std::uint64_t first = Segment::first_sequence_of(f.path().filename().string());
+    if (first > kMaxSequence) {
+      return StoreError{StoreErrc::kCorrupt,
+                        f.path().string() + " is named for sequence " + std::to_string(first) +
+                            ", beyond the highest a stream takes (2^62): not a segment this "
+                            "broker wrote; move it away"};
+    }
     if (first > 0) files.emplace_back(first, f.path().string());
   }
   if (ec) return StoreError{StoreErrc::kIo, "listing " + dir + ": " + ec.message()};
@@ -89,7 +119,15 @@ StoreStatus FileStore::recover(std::int64_t now_ns, RecoveryReport& report) {
     if (auto s = scan(std::move(*segment), i + 1 == files.size(), report); !s) return s;
   }
   report.segments = files.size();
-  last_sequence_ = std::max(last_sequence_, floor_ - 1);
+  // What a crash may have handed out and lost (reserved, never closed) is
+  // not handed out again: the next message goes on after the reservation.
+  if (reserved_ > last_sequence_ && reserved_ >= floor_) {
+    report.problems.push_back("sequences " + std::to_string(last_sequence_ + 1) + ".." +
+                              std::to_string(reserved_) +
+                              " were reserved when the stream last stopped without closing: it goes on at " +
+                              std::to_string(reserved_ + 1) + ", so no sequence is given twice");
+  }
+  last_sequence_ = std::max({last_sequence_, floor_ - 1, reserved_});
   floor_ = next_live(floor_).value_or(last_sequence_ + 1);
   durable_ = last_sequence_;
   const std::uint64_t removed_before = removed_by_limits_;
@@ -122,7 +160,14 @@ StoreStatus FileStore::scan(Segment segment, bool last, RecoveryReport& report) 
       continue;
     }
     const std::size_t next = resync(bytes, at + 1, std::max(last_sequence_, expected - 1));
-    if (next == bytes.size() && last) {
+    if (next == bytes.size() && last && !looks_torn(bytes.subspan(at), expected) && at == 0) {
+      // Not one whole record, and not the start of one cut short: a file the
+      // broker did not write. It is never modified; the operator decides.
+      return StoreError{StoreErrc::kCorrupt, path + " holds no record this broker wrote (" +
+                                                 std::to_string(bytes.size()) +
+                                                 " bytes, none a record): move it away"};
+    }
+    if (next == bytes.size() && last && looks_torn(bytes.subspan(at), expected)) {
       // Nothing whole after it in the newest segment: the write a crash interrupted.
       torn_bytes_ += bytes.size() - at;
       report.problems.push_back("cut " + std::to_string(bytes.size() - at) +
@@ -140,10 +185,12 @@ StoreStatus FileStore::scan(Segment segment, bool last, RecoveryReport& report) 
   return std::monostate{};
 }
 
-StoreStatus FileStore::write_meta(std::uint64_t first_sequence) {
+StoreStatus FileStore::write_meta(std::uint64_t first_sequence, std::uint64_t reserved_through) {
   const std::string path = options_.directory + "/" + kMeta;
   const std::string tmp = path + ".tmp";
-  const std::string text = nlohmann::json{{"first_sequence", first_sequence}}.dump() + "\n";
+  const std::string text =
+      nlohmann::json{{"first_sequence", first_sequence}, {"reserved_through", reserved_through}}.dump() +
+      "\n";
   {
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640));
     if (!fd) return io_error("writing", tmp, errno);

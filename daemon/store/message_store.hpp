@@ -38,7 +38,7 @@ struct StoreStats {
   std::uint64_t messages = 0;
   std::uint64_t bytes = 0;           // the live records'
   std::uint64_t first_sequence = 0;  // of the first live message; last_sequence + 1 when empty
-  std::uint64_t last_sequence = 0;   // the last ever stored (0: none yet)
+  std::uint64_t last_sequence = 0;   // the last ever stored or, after a crash, reserved (0: none yet)
   std::int64_t first_time_ns = 0;
   std::int64_t last_time_ns = 0;
   std::uint64_t subjects = 0;
@@ -81,6 +81,9 @@ class MessageStore {
   virtual std::optional<std::int64_t> time_of(std::uint64_t sequence) const = 0;
   /// The first live sequence at or after `from`.
   virtual std::optional<std::uint64_t> next_live(std::uint64_t from) const = 0;
+  /// How many live messages have a sequence at or after `from` (sequences
+  /// have gaps: what limits removed, damage, a crash's reservation).
+  virtual std::uint64_t live_from(std::uint64_t from) const = 0;
   /// The first live sequence received at or after `time_ns`.
   virtual std::optional<std::uint64_t> first_at_time(std::int64_t time_ns) const = 0;
   /// The last live message of each subject, in sequence order (the
@@ -89,6 +92,11 @@ class MessageStore {
 
   /// Makes everything appended durable; returns the sequence it is durable through.
   virtual StoreResult<std::uint64_t> sync() = 0;
+  /// An orderly end (the broker stopping, the stream removed): syncs, and
+  /// gives back the sequences reserved and not used, so that the next open
+  /// goes on from the last one stored. Without it (a crash) the next open
+  /// goes on after everything that may have been handed out.
+  virtual StoreStatus close() = 0;
   /// Removes what is older than the age limit at `now_ns`; returns how many.
   virtual std::uint64_t expire(std::int64_t now_ns) = 0;
   /// Removes every message; sequences go on from where they were.

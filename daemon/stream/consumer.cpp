@@ -61,12 +61,7 @@ std::uint64_t Consumer::outstanding() const {
 }
 
 std::uint64_t Consumer::unprocessed(const store::MessageStore& store) const {
-  const store::StoreStats st = store.stats();
-  std::uint64_t ahead = 0;
-  if (st.messages != 0 && next_ <= st.last_sequence) {
-    ahead = next_ <= st.first_sequence ? st.messages : st.last_sequence - next_ + 1;
-  }
-  return ahead + initial_.size() + redeliver_.size();
+  return store.live_from(next_) + initial_.size() + redeliver_.size();
 }
 
 Consumer::State Consumer::state() const {

@@ -105,7 +105,22 @@ Result<StreamEngine::Stream> StreamEngine::open(const config::StreamSettings& s,
   stream.dir = dir;
   stream.subjects = s.subjects;
   std::vector<std::string> problems;
+  const auto held = stream.store->stats();
   for (auto& [name, state] : load_consumers(dir, problems)) {
+    if (state.next > held.last_sequence + 1) {
+      // A position the stream never reached: its files were lost or
+      // replaced. Skipping to it would hide every message until then, so the
+      // consumer starts again from the first message the stream holds
+      // (at least once) and says so.
+      spdlog::error(
+          "stream {}: durable consumer {} stood at sequence {}, beyond the stream's last ({}): the "
+          "stream's files were lost or replaced; it starts again from the first message, {}",
+          s.name, name, state.next, held.last_sequence, held.first_sequence);
+      stream.stats->consumer_resets.add();
+      state.next = held.first_sequence;
+      state.pending.clear();
+      state.initial.clear();
+    }
     stream.consumers.emplace(name, std::make_unique<Consumer>(name, std::move(state)));
   }
   for (const auto& line : problems) spdlog::warn("stream {}: {}", s.name, line);
@@ -265,6 +280,7 @@ void StreamEngine::apply(Item& item) {
           if (auto it = streams_.find(i.id); it != streams_.end()) {
             if (it->second.dirty) sync(it->second);
             save_consumers(it->second, true);
+            close_store(it->second);
             std::erase_if(members_, [&](const auto& m) { return m.second.first == i.id; });
             const std::string dir = it->second.dir;
             streams_.erase(it);  // the store closes its files
@@ -335,11 +351,22 @@ void StreamEngine::run() {
       next_expire = now + kExpireEveryNs;
     }
     if (stopping) {
-      for (auto& [id, s] : streams_) save_consumers(s, true);
+      for (auto& [id, s] : streams_) {
+        save_consumers(s, true);
+        close_store(s);
+      }
       return;  // the workers are gone, and their connections with them
     }
     serve_consumers(steady_ns());
     post_acks();
+  }
+}
+
+void StreamEngine::close_store(Stream& s) {
+  if (auto st = s.store->close(); !st) {
+    spdlog::warn(
+        "stream {}: not closed cleanly ({}): its next start goes on after the sequences it had reserved",
+        s.stats->name, st.error().message);
   }
 }
 

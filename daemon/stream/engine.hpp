@@ -64,6 +64,7 @@ struct StreamStats {
   // Its consumers' (SPEC.md §3.11), summed.
   Counter delivered, redelivered, consumer_acks, max_deliveries;
   Counter consumer_denied;       // passed over: no member's user may receive the subject
+  Counter consumer_resets;       // durable consumers found beyond the stream's last sequence, reset
   Counter consumer_save_errors;  // writes of a durable consumer's state that failed (each tried again)
   Gauge consumers, consumer_pending;
   Gauge messages, bytes, first_sequence, last_sequence, subjects, segments, disk_bytes, corrupt_records,
@@ -197,6 +198,8 @@ class StreamEngine final : public StreamCapture {
   void handle(std::vector<StreamPublish>& batch);
   void store_one(Stream& s, const StreamPublish& p, std::int64_t realtime_now, std::int64_t steady_now);
   void sync(Stream& s);
+  /// The store's orderly end (MessageStore::close); a failure is logged.
+  void close_store(Stream& s);
   /// Writes what the batch staged in `s`; refuses what could not be written.
   void write_staged(Stream& s);
   void count_refused(Stream& s, store::StoreErrc code, std::uint64_t n);

@@ -41,6 +41,9 @@ void StreamStats::visit(StatsVisitor& v) const {
         "Messages a stream's consumers gave up after max_deliver deliveries (each advised).");
   count("consumer_denied", consumer_denied, "rdmabroker_stream_consumer_denied_total",
         "Messages a stream's consumers passed over because no member's user may receive their subject.");
+  count("consumer_resets", consumer_resets, "rdmabroker_stream_consumer_resets_total",
+        "Durable consumers found at start beyond their stream's last sequence (its files lost or replaced), "
+        "started again from its first message.");
   count("consumer_save_errors", consumer_save_errors, "rdmabroker_stream_consumer_save_errors_total",
         "Writes of a durable consumer's state that failed (a full disk, an I/O error), each tried again "
         "within 50 ms.");
