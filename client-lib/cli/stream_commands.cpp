@@ -17,6 +17,7 @@ struct StreamArgs {
   std::vector<std::string> subjects;
   std::uint64_t max_msgs = 0, max_bytes = 0, max_age_s = 0, max_msgs_per_subject = 0, max_msg_size = 0;
   std::uint64_t duplicate_window_s = 120;
+  std::uint64_t duplicate_ids_max = 100000;
   std::string discard = "old";
   bool json = false;
 };
@@ -57,7 +58,8 @@ int run_stream(const std::string& verb, const StreamArgs& a) {
                         {"max_msgs_per_subject", a.max_msgs_per_subject},
                         {"max_msg_size", a.max_msg_size},
                         {"discard", a.discard},
-                        {"duplicate_window_s", a.duplicate_window_s}};
+                        {"duplicate_window_s", a.duplicate_window_s},
+                        {"duplicate_ids_max", a.duplicate_ids_max}};
     args += " " + j.dump();
   } else if (verb != "ls") {
     args += " " + a.name;
@@ -111,6 +113,9 @@ Subcommand add_stream(CLI::App& app) {
   add->add_option("--discard", a->discard, "When full: drop the oldest (old) or refuse new ones (new)")
       ->check(CLI::IsMember({"old", "new"}));
   add->add_option("--duplicate-window", a->duplicate_window_s, "Seconds a Msg-Id is remembered")
+      ->capture_default_str();
+  add->add_option("--duplicate-ids-max", a->duplicate_ids_max,
+                  "Msg-Ids remembered at most (the oldest go first)")
       ->capture_default_str();
   common(add);
   return {cmd, [cmd, a] {

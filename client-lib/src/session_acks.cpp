@@ -24,6 +24,9 @@ Error ack_error(proto::ErrorCode code, std::string_view subject, const std::stri
       return {ErrorKind::kPayloadTooLarge, "larger than stream " + stream + "'s max_msg_size"};
     case proto::ErrorCode::kPermissionDenied:
       return {ErrorKind::kPermissionDenied, "publish to " + on + " denied"};
+    case proto::ErrorCode::kMsgIdInvalid:
+      return {ErrorKind::kInvalidArgument, "stream " + stream + " takes a Msg-Id of at most " +
+                                               std::to_string(proto::kMaxMsgIdLen) + " bytes"};
     case proto::ErrorCode::kInternalError:
       return {ErrorKind::kBrokerError, "stream " + stream +
                                            ": an I/O error in the broker (see its log); the message on " +

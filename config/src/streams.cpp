@@ -23,6 +23,7 @@ constexpr LimitRange kLimits[] = {
     {"max_msgs_per_subject", &StreamSettings::max_msgs_per_subject, kMaxCount},
     {"max_msg_size", &StreamSettings::max_msg_size, std::uint64_t{1} << 30},
     {"duplicate_window_s", &StreamSettings::duplicate_window_s, 7 * 86400},  // a week
+    {"duplicate_ids_max", &StreamSettings::duplicate_ids_max, 10'000'000},
 };
 
 /// Subjects a stream may not take: the broker's own and the reply inboxes
@@ -43,6 +44,8 @@ std::optional<std::string> check_stream(const StreamSettings& s) {
       }
     }
   }
+  if (s.duplicate_ids_max == 0)
+    return "duplicate_ids_max must be between 1 and 10000000 (duplicate_window_s 0 turns detection off)";
   for (const auto& l : kLimits) {
     if (s.*l.field > l.max)
       return std::string(l.key) + " must be between 0 and " + std::to_string(l.max) + ", got " +
@@ -65,7 +68,7 @@ StreamSettings parse_stream(const YAML::Node& s, const std::string& at) {
   if (!s.IsMap()) throw FieldProblem{s.Mark(), at, "expected a mapping with name and subjects"};
   only_keys(s, at,
             {"name", "subjects", "max_msgs", "max_bytes", "max_age_s", "max_msgs_per_subject", "max_msg_size",
-             "discard", "duplicate_window_s"});
+             "discard", "duplicate_window_s", "duplicate_ids_max"});
   StreamSettings out;
   const YAML::Node name = s["name"];
   if (!name || !name.IsScalar() || !proto::valid_name(name.Scalar())) {
@@ -85,6 +88,7 @@ StreamSettings parse_stream(const YAML::Node& s, const std::string& at) {
   limit(s, at, "max_msgs_per_subject", false, out.max_msgs_per_subject);
   limit(s, at, "max_msg_size", true, out.max_msg_size);
   limit(s, at, "duplicate_window_s", false, out.duplicate_window_s);
+  limit(s, at, "duplicate_ids_max", false, out.duplicate_ids_max);
   if (const YAML::Node d = s["discard"]) {
     if (!d.IsScalar() || (d.Scalar() != "old" && d.Scalar() != "new")) {
       throw FieldProblem{d.Mark(), at + ".discard", "expected old or new"};
@@ -137,7 +141,7 @@ std::string show_streams(const std::vector<StreamSettings>& streams) {
            " max_age_s " + std::to_string(s.max_age_s) + " max_msgs_per_subject " +
            std::to_string(s.max_msgs_per_subject) + " max_msg_size " + std::to_string(s.max_msg_size) +
            " discard " + (s.discard == StreamDiscard::kNew ? "new" : "old") + " duplicate_window_s " +
-           std::to_string(s.duplicate_window_s);
+           std::to_string(s.duplicate_window_s) + " duplicate_ids_max " + std::to_string(s.duplicate_ids_max);
   }
   return out + "]";
 }

@@ -40,8 +40,8 @@ struct StreamPublish {
   std::uint64_t publisher = 0;
   std::uint32_t publisher_slot = 0;
   std::uint32_t publisher_worker = 0;
-  /// The publisher takes a PUB_ACK with RANGE for a run of its messages (version 12).
-  bool ack_ranges = false;
+  /// The publisher's protocol version: what its PUB_ACKs may carry (ranges from 12, MSG_ID_INVALID from 13).
+  std::uint8_t publisher_version = 0;
   /// What it adds to the engine's backlog (BrokerCore::stream_backlog): 1
   /// for the first message of its receive buffer in the worker's batch, 0
   /// for the next ones, which pin no other buffer.

@@ -84,7 +84,7 @@ void Router::to_stream(const Subscriber& s, const RoutedFrame& frame, const Buff
   ctx_.core.slots->add_queued(s.slot, charge);
   stream_batch_.push_back({static_cast<std::uint32_t>(s.connection), buf.clone(), frame,
                            ctx_.now.time_since_epoch().count(), ack_id, publisher.id, publisher.slot,
-                           ctx_.index, publisher.protocol_version >= proto::kAckRangesVersion, charge});
+                           ctx_.index, publisher.protocol_version, charge});
 }
 
 void Router::route_fragment(Connection& publisher, const proto::Frame& f, const BufferRef& buf) {

@@ -14,13 +14,23 @@ std::string_view msg_id_of(std::span<const std::byte> headers) {
   return id;
 }
 
+bool DuplicateWindow::pop_oldest() {
+  auto it = ids_.find(order_.front().second);
+  // Only if this entry is the id's latest: stored again after its window
+  // had passed, the id is remembered from then on.
+  const bool erased = it != ids_.end() && it->second.time_ns == order_.front().first;
+  if (erased) ids_.erase(it);
+  order_.pop_front();
+  return erased;
+}
+
 void DuplicateWindow::expire(std::int64_t now_ns) {
-  while (!order_.empty() && order_.front().first < now_ns - window_ns_) {
-    auto it = ids_.find(order_.front().second);
-    // Only if this entry is the id's latest: stored again after its window
-    // had passed, the id is remembered from then on.
-    if (it != ids_.end() && it->second.time_ns == order_.front().first) ids_.erase(it);
-    order_.pop_front();
+  while (!order_.empty() && order_.front().first < now_ns - window_ns_) pop_oldest();
+}
+
+void DuplicateWindow::evict() {
+  while (ids_.size() > max_ids_ && !order_.empty()) {
+    if (pop_oldest()) ++evicted_;
   }
 }
 
@@ -35,6 +45,7 @@ void DuplicateWindow::add(std::string_view id, std::uint64_t sequence, std::int6
   if (!enabled() || id.empty()) return;
   ids_.insert_or_assign(std::string(id), Stored{sequence, time_ns});
   order_.emplace_back(time_ns, std::string(id));
+  evict();
 }
 
 void DuplicateWindow::forget_from(std::uint64_t from) {

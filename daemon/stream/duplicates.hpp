@@ -4,7 +4,10 @@
 // duplicate_window_s, each with its sequence, so that a publisher that
 // sends a message again after losing its PUB_ACK stores nothing twice and
 // is told the first one's sequence. Rebuilt from the stored messages at
-// start, so a restart does not open the window.
+// start, so a restart does not open the window. Bounded: ids of at most
+// proto::kMaxMsgIdLen bytes (longer ones are refused before they get here),
+// at most `max_ids` of them (the oldest go first, counted), so a flood of
+// distinct ids costs a stated amount of memory (docs/streams.md).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 
 namespace rdmabroker::daemon {
 
@@ -25,9 +29,16 @@ std::string_view msg_id_of(std::span<const std::byte> headers);
 
 class DuplicateWindow {
  public:
-  explicit DuplicateWindow(std::int64_t window_ns = 0) : window_ns_(window_ns) {}
+  explicit DuplicateWindow(std::int64_t window_ns = 0, std::size_t max_ids = 100000)
+      : window_ns_(window_ns), max_ids_(max_ids) {}
   /// 0: no window (nothing is remembered).
-  void set_window(std::int64_t window_ns) { window_ns_ = window_ns; }
+  void set_window(std::int64_t window_ns, std::size_t max_ids) {
+    window_ns_ = window_ns;
+    max_ids_ = max_ids;
+    evict();
+  }
+  /// Ids forgotten before their window passed, because `max_ids` were remembered (since the last call).
+  std::uint64_t take_evicted() { return std::exchange(evicted_, 0); }
   bool enabled() const { return window_ns_ > 0; }
   std::int64_t window_ns() const { return window_ns_; }
   /// The sequence `id` was stored under, if that was within the window before `now_ns`.
@@ -44,8 +55,14 @@ class DuplicateWindow {
     std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
   void expire(std::int64_t now_ns);
+  /// Forgets the oldest while more than max_ids_ are remembered.
+  void evict();
+  /// Pops the oldest entry of order_; erases its id if that entry is the id's latest.
+  bool pop_oldest();
 
   std::int64_t window_ns_;
+  std::size_t max_ids_;
+  std::uint64_t evicted_ = 0;
   struct Stored {
     std::uint64_t sequence;
     std::int64_t time_ns;

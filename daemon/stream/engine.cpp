@@ -95,35 +95,17 @@ Result<StreamEngine::Stream> StreamEngine::open(const config::StreamSettings& s,
     return Error{ErrorKind::kResource, "stream " + s.name + ": " + st.error().message};
   }
   for (const auto& line : report.problems) spdlog::warn("stream {}: {}", s.name, line);
-  Stream stream{id,
-                std::move(st.value()),
-                std::make_shared<StreamStats>(s.name),
-                DuplicateWindow(static_cast<std::int64_t>(s.duplicate_window_s) * kNsPerSecond),
-                false,
-                {}};
+  Stream stream{
+      id,
+      std::move(st.value()),
+      std::make_shared<StreamStats>(s.name),
+      DuplicateWindow(static_cast<std::int64_t>(s.duplicate_window_s) * kNsPerSecond, s.duplicate_ids_max),
+      false,
+      {}};
   rebuild(stream.duplicates, *stream.store, realtime_ns());
   stream.dir = dir;
   stream.subjects = s.subjects;
-  std::vector<std::string> problems;
-  const auto held = stream.store->stats();
-  for (auto& [name, state] : load_consumers(dir, problems)) {
-    if (state.next > held.last_sequence + 1) {
-      // A position the stream never reached: its files were lost or
-      // replaced. Skipping to it would hide every message until then, so the
-      // consumer starts again from the first message the stream holds
-      // (at least once) and says so.
-      spdlog::error(
-          "stream {}: durable consumer {} stood at sequence {}, beyond the stream's last ({}): the "
-          "stream's files were lost or replaced; it starts again from the first message, {}",
-          s.name, name, state.next, held.last_sequence, held.first_sequence);
-      stream.stats->consumer_resets.add();
-      state.next = held.first_sequence;
-      state.pending.clear();
-      state.initial.clear();
-    }
-    stream.consumers.emplace(name, std::make_unique<Consumer>(name, std::move(state)));
-  }
-  for (const auto& line : problems) spdlog::warn("stream {}: {}", s.name, line);
+  load_durables(stream, s.name);
   const auto info = stream.store->stats();
   spdlog::info("stream {}: {} in {}, subjects {}: {} messages, sequences {}..{}, {} durable consumers",
                s.name, report.segments == 0 ? "new" : "opened", dir, fmt::join(s.subjects, ", "),
@@ -224,7 +206,7 @@ void StreamEngine::reload(const config::StorageSettings& storage,
       r.settings = *s;
     }
     limits.push_back({id, limits_of(*s), static_cast<std::int64_t>(s->duplicate_window_s) * kNsPerSecond,
-                      registered_.at(name).settings.subjects});
+                      s->duplicate_ids_max, registered_.at(name).settings.subjects});
   }
   // Last: once a new limit shows, every subject of the reload is in the
   // index (what a client publishes then goes to its stream).
@@ -290,7 +272,7 @@ void StreamEngine::apply(Item& item) {
         } else if constexpr (std::is_same_v<T, SetLimits>) {
           if (auto it = streams_.find(i.id); it != streams_.end()) {
             it->second.store->set_limits(i.limits);
-            it->second.duplicates.set_window(i.duplicate_window_ns);
+            it->second.duplicates.set_window(i.duplicate_window_ns, i.duplicate_ids_max);
             it->second.subjects = std::move(i.subjects);
             refresh(it->second);
           }
@@ -498,7 +480,17 @@ void StreamEngine::store_one(Stream& s, const StreamPublish& p, std::int64_t rea
     return;  // validated by the worker
   // The broker's receive time: the worker's steady stamp, on the wall clock.
   const std::int64_t received = realtime_now - (steady_now - p.received_at);
-  const std::string_view msg_id = s.duplicates.enabled() ? msg_id_of(f.headers) : std::string_view();
+  const std::string_view msg_id = msg_id_of(f.headers);
+  if (msg_id.size() > proto::kMaxMsgIdLen) {
+    // Not stored: a stream remembers ids of a bounded size (SPEC.md §3.10).
+    s.stats->refused_msg_id.add();
+    log_throttled(refusal_log_, spdlog::level::warn,
+                  "stream {}: a message on {} was not stored: its Msg-Id is {} bytes, at most {} are taken",
+                  s.stats->name, f.subject, msg_id.size(), proto::kMaxMsgIdLen);
+    return answer(s, p,
+                  p.publisher_version >= proto::kMsgIdCodeVersion ? proto::ErrorCode::kMsgIdInvalid
+                                                                  : proto::ErrorCode::kPayloadTooLarge);
+  }
   if (auto first = s.duplicates.find(msg_id, received)) {
     s.stats->duplicates.add();
     return answer(s, p, proto::ErrorCode::kNone, *first, true);
@@ -522,8 +514,9 @@ void StreamEngine::store_one(Stream& s, const StreamPublish& p, std::int64_t rea
 void StreamEngine::answer(Stream& s, const StreamPublish& p, proto::ErrorCode code, std::uint64_t sequence,
                           bool duplicate) {
   if (p.ack_id == 0) return;
-  const Ack ack{p.publisher_worker, p.publisher, p.publisher_slot, p.ack_id,
-                sequence,           code,        duplicate,        p.ack_ranges};
+  const Ack ack{
+      p.publisher_worker, p.publisher, p.publisher_slot, p.ack_id,
+      sequence,           code,        duplicate,        p.publisher_version >= proto::kAckRangesVersion};
   // Behind the batch's staged messages until they are written, and behind
   // the stream's unsynced ones (a duplicate's first may be one of them)
   // unless written is enough (sync: interval).
@@ -582,6 +575,8 @@ void StreamEngine::refresh(Stream& s) {
   m.disk_bytes.set(static_cast<std::int64_t>(st.disk_bytes));
   m.corrupt_records.set(static_cast<std::int64_t>(st.corrupt_records));
   m.torn_bytes.set(static_cast<std::int64_t>(st.torn_bytes));
+  m.duplicate_ids.set(static_cast<std::int64_t>(s.duplicates.size()));
+  m.duplicate_ids_evicted.add(s.duplicates.take_evicted());
   if (st.removed_by_limits > m.removed_by_limits.get())
     m.removed_by_limits.add(st.removed_by_limits - m.removed_by_limits.get());
 }

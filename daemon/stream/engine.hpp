@@ -55,12 +55,15 @@ struct StreamStats {
   Counter refused_full;       // discard: new, at the limits
   Counter refused_disk_full;  // the file system was full
   Counter refused_too_large;  // above max_msg_size
+  Counter refused_msg_id;     // a Msg-Id longer than proto::kMaxMsgIdLen
   Counter write_errors;       // other I/O errors on append or sync
   Counter removed_by_limits;
   Counter syncs;
-  Counter duplicates;  // messages with a Msg-Id stored within the window: not stored again
-  Counter acks;        // acknowledged publishes answered (stored, duplicate or refused)
-  Counter ack_frames;  // PUB_ACK frames that carried them (a range answers a run of messages)
+  Counter duplicates;             // messages with a Msg-Id stored within the window: not stored again
+  Counter duplicate_ids_evicted;  // ids forgotten early: the window held duplicate_ids_max
+  Gauge duplicate_ids;            // ids the window remembers
+  Counter acks;                   // acknowledged publishes answered (stored, duplicate or refused)
+  Counter ack_frames;             // PUB_ACK frames that carried them (a range answers a run of messages)
   // Its consumers' (SPEC.md §3.11), summed.
   Counter delivered, redelivered, consumer_acks, max_deliveries;
   Counter consumer_denied;       // passed over: no member's user may receive the subject
@@ -162,6 +165,7 @@ class StreamEngine final : public StreamCapture {
     std::uint32_t id = 0;
     store::StoreLimits limits;
     std::int64_t duplicate_window_ns = 0;
+    std::size_t duplicate_ids_max = 0;
     std::vector<std::string> subjects;
   };
   struct SetStorage {
@@ -224,6 +228,9 @@ class StreamEngine final : public StreamCapture {
   // stream/engine_consumers.cpp: consumers (SPEC.md §3.11).
   void on_command(ConsumerCommand& c);
   void open_consumer(const ConsumerCommand& c);
+  /// The durable consumers saved in `stream`'s directory, as it opens;
+  /// one beyond the stream's last sequence starts again from its first.
+  void load_durables(Stream& stream, const std::string& name);
   /// Why `who` may not be a member of `k` (a consumer of `s`), or nothing:
   /// it must be able to read some subject of the stream, and a durable
   /// consumer must be its own or one streams.join grants it.

@@ -29,7 +29,8 @@ json settings_json(const config::StreamSettings& s) {
           {"max_msgs_per_subject", s.max_msgs_per_subject},
           {"max_msg_size", s.max_msg_size},
           {"discard", s.discard == config::StreamDiscard::kNew ? "new" : "old"},
-          {"duplicate_window_s", s.duplicate_window_s}};
+          {"duplicate_window_s", s.duplicate_window_s},
+          {"duplicate_ids_max", s.duplicate_ids_max}};
 }
 
 /// `j` as stream settings; the fields it leaves out keep their defaults.
@@ -50,7 +51,8 @@ std::optional<config::StreamSettings> settings_of(const json& j, std::string& wh
     };
     if (!count("max_msgs", s.max_msgs) || !count("max_bytes", s.max_bytes) ||
         !count("max_age_s", s.max_age_s) || !count("max_msgs_per_subject", s.max_msgs_per_subject) ||
-        !count("max_msg_size", s.max_msg_size) || !count("duplicate_window_s", s.duplicate_window_s))
+        !count("max_msg_size", s.max_msg_size) || !count("duplicate_window_s", s.duplicate_window_s) ||
+        !count("duplicate_ids_max", s.duplicate_ids_max))
       return std::nullopt;
     const std::string discard = j.value("discard", std::string("old"));
     if (discard != "old" && discard != "new") {

@@ -180,6 +180,29 @@ void StreamEngine::renew_member(const ConsumerCommand& c) {
   member->renew(c.identity);
 }
 
+void StreamEngine::load_durables(Stream& stream, const std::string& name) {
+  std::vector<std::string> problems;
+  const auto held = stream.store->stats();
+  for (auto& [durable, state] : load_consumers(stream.dir, problems)) {
+    if (state.next > held.last_sequence + 1) {
+      // A position the stream never reached: its files were lost or
+      // replaced. Skipping to it would hide every message until then, so the
+      // consumer starts again from the first message the stream holds
+      // (at least once) and says so.
+      spdlog::error(
+          "stream {}: durable consumer {} stood at sequence {}, beyond the stream's last ({}): the "
+          "stream's files were lost or replaced; it starts again from the first message, {}",
+          name, durable, state.next, held.last_sequence, held.first_sequence);
+      stream.stats->consumer_resets.add();
+      state.next = held.first_sequence;
+      state.pending.clear();
+      state.initial.clear();
+    }
+    stream.consumers.emplace(durable, std::make_unique<Consumer>(durable, std::move(state)));
+  }
+  for (const auto& line : problems) spdlog::warn("stream {}: {}", name, line);
+}
+
 void StreamEngine::close_member(std::uint64_t connection, std::uint32_t sid) {
   const auto m = members_.find({connection, sid});
   if (m == members_.end()) return;

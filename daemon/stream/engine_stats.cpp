@@ -20,6 +20,8 @@ void StreamStats::visit(StatsVisitor& v) const {
         "Messages a stream could not store because the file system was full.");
   count("refused_too_large", refused_too_large, "rdmabroker_stream_refused_too_large_total",
         "Messages above a stream's max_msg_size.");
+  count("refused_msg_id", refused_msg_id, "rdmabroker_stream_refused_msg_id_total",
+        "Messages a stream refused for a Msg-Id longer than 128 bytes.");
   count("write_errors", write_errors, "rdmabroker_stream_write_errors_total",
         "I/O errors of a stream's appends and syncs (other than a full disk).");
   count("removed_by_limits", removed_by_limits, "rdmabroker_stream_removed_by_limits_total",
@@ -27,6 +29,10 @@ void StreamStats::visit(StatsVisitor& v) const {
   count("syncs", syncs, "rdmabroker_stream_syncs_total", "fdatasync calls of a stream's store.");
   count("duplicates", duplicates, "rdmabroker_stream_duplicates_total",
         "Messages whose Msg-Id a stream stored within its duplicate window: not stored again.");
+  count("duplicate_ids_evicted", duplicate_ids_evicted, "rdmabroker_stream_duplicate_ids_evicted_total",
+        "Msg-Ids a stream forgot before its duplicate window passed, because it held duplicate_ids_max.");
+  level("duplicate_ids", duplicate_ids, "rdmabroker_stream_duplicate_ids",
+        "Msg-Ids a stream's duplicate window remembers.");
   count("acks", acks, "rdmabroker_stream_acks_total",
         "Acknowledged publishes a stream answered (stored, duplicate or refused).");
   count("ack_frames", ack_frames, "rdmabroker_stream_ack_frames_total",

@@ -9,6 +9,7 @@
 // publishes on its own `$RB.` subjects; a stream may not take them.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -211,6 +212,46 @@ TEST_P(Tenants, OnlyTheBrokerPublishesOnItsOwnSubjectsAndNoStreamTakesThem) {
   }
   auto [rc, out] = add("--subjects 'x.>'");
   EXPECT_EQ(rc, 0) << out;
+}
+
+// A flood of distinct Msg-Ids costs a bounded amount of memory: ids longer
+// than 128 bytes are refused (typed), and a stream remembers at most
+// duplicate_ids_max of them, the oldest forgotten first, counted.
+TEST_P(Tenants, MsgIdsAreBoundedInLengthAndInCount) {
+  start("  - {name: SMALL, subjects: [\"small.>\"], max_msgs: 100, duplicate_ids_max: 500}\n", "",
+        "auth: {anonymous: true}\n");
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  auto long_id =
+      c->publish_acked("small.x", Headers{{"Msg-Id", std::string(129, 'x')}}, as_payload("m"), 10s);
+  ASSERT_FALSE(long_id);
+  EXPECT_EQ(long_id.error().kind, ErrorKind::kInvalidArgument) << long_id.error().message;
+  EXPECT_NE(long_id.error().message.find("at most 128 bytes"), std::string::npos) << long_id.error().message;
+  ASSERT_TRUE(c->publish_acked("small.x", Headers{{"Msg-Id", std::string(128, 'x')}}, as_payload("m"), 10s));
+
+  std::atomic<int> failed{0}, answered{0};
+  constexpr int kIds = 3000;
+  for (int i = 0; i < kIds; ++i) {
+    const std::string id = "flood-" + std::to_string(i) + std::string(100, '.');
+    ASSERT_TRUE(
+        c->publish_acked_async("small.x", Headers{{"Msg-Id", id}}, as_payload("m"), [&](Result<PubAck> r) {
+          if (!r) failed.fetch_add(1);
+          answered.fetch_add(1);
+        }));
+  }
+  ASSERT_TRUE(c->flush(30s));
+  const auto s = broker_->wait_stats(
+      [](auto& s) { return s["stream.SMALL.acks"] == kIds + 2 && s["stream.SMALL.duplicate_ids"] == 500; },
+      30s);
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(s.at("stream.SMALL.refused_msg_id"), 1);
+  EXPECT_EQ(s.at("stream.SMALL.duplicate_ids"), 500);
+  EXPECT_EQ(s.at("stream.SMALL.duplicate_ids_evicted"), kIds + 1 - 500);
+  // An id still remembered is recognised; one forgotten early is stored again.
+  auto again = c->publish_acked("small.x", Headers{{"Msg-Id", "flood-2999" + std::string(100, '.')}},
+                                as_payload("m"), 10s);
+  ASSERT_TRUE(again);
+  EXPECT_TRUE(again->duplicate);
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Tenants, ::testing::Values(Via::kRdma, Via::kTcp),

@@ -169,5 +169,22 @@ TEST(DuplicateWindow, RemembersMsgIdsForItsWindowOnly) {
   EXPECT_EQ(w.find("a", 118 * s), 3u);
 }
 
+TEST(DuplicateWindow, AFloodOfDistinctIdsKeepsAtMostItsCountTheOldestGoingFirst) {
+  constexpr std::int64_t s = 1'000'000'000;
+  daemon::DuplicateWindow w(120 * s, 1000);
+  for (int i = 0; i < 5000; ++i) w.add("id-" + std::to_string(i), static_cast<std::uint64_t>(i) + 1, s);
+  EXPECT_EQ(w.size(), 1000u);
+  EXPECT_EQ(w.take_evicted(), 4000u);
+  EXPECT_EQ(w.take_evicted(), 0u) << "counted once";
+  EXPECT_FALSE(w.find("id-3999", 2 * s)) << "the oldest went first";
+  EXPECT_EQ(w.find("id-4000", 2 * s), 4001u);
+  EXPECT_EQ(w.find("id-4999", 2 * s), 5000u);
+  // A lower bound (a reload) applies at once.
+  w.set_window(120 * s, 10);
+  EXPECT_EQ(w.size(), 10u);
+  EXPECT_EQ(w.take_evicted(), 990u);
+  EXPECT_EQ(w.find("id-4990", 2 * s), 4991u);
+}
+
 }  // namespace
 }  // namespace rdmabroker

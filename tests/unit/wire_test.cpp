@@ -746,14 +746,15 @@ TEST(WireHeaders, NamesAndValues) {
 }
 
 TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
-  // A client of this code asks for version 12 in byte 5, with version 1 in byte 4.
+  // A client of this code asks for version 13 in byte 5, with version 1 in byte 4.
   auto req = encode(ConnectRequest{16384, 64});
   EXPECT_EQ(std::to_integer<int>(req[4]), 1);
   EXPECT_EQ(std::to_integer<int>(req[5]), kProtocolVersion);
   ConnectRequest r;
   ASSERT_EQ(decode(std::span<const std::byte>(req), r), HandshakeStatus::kOk);
-  EXPECT_EQ(negotiate_version(r.max_version), 12);
-  EXPECT_EQ(connection_version(r), 12);
+  EXPECT_EQ(negotiate_version(r.max_version), 13);
+  EXPECT_EQ(connection_version(r), 13);
+  EXPECT_EQ(connection_version(r, 12), 12) << "a version-12 broker";
   EXPECT_EQ(connection_version(r, 11), 11) << "a version-11 broker";
   EXPECT_EQ(connection_version(r, 10), 10) << "a version-10 broker";
   EXPECT_EQ(connection_version(r, 9), 9) << "a version-9 broker";
@@ -766,7 +767,7 @@ TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
   // Credits by demand need a client window of 4 (SPEC.md §5.1): with fewer
   // receives the connection is version 2.
   EXPECT_EQ(connection_version(ConnectRequest{16384, 3}), 2);
-  EXPECT_EQ(connection_version(ConnectRequest{16384, 4}), 12);
+  EXPECT_EQ(connection_version(ConnectRequest{16384, 4}), 13);
   EXPECT_EQ(connection_version(ConnectRequest{16384, 2, 0, 2}), 2);
   EXPECT_EQ(connection_version(ConnectRequest{16384, 64}, 2), 2) << "a version-2 broker";
   // A version-1 client sends 0 there.
@@ -774,7 +775,7 @@ TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
   ASSERT_EQ(decode(std::span<const std::byte>(req), r), HandshakeStatus::kOk);
   EXPECT_EQ(negotiate_version(r.max_version), 1);
   // A later client asking for more gets what the broker has.
-  EXPECT_EQ(negotiate_version(13), kProtocolVersion);
+  EXPECT_EQ(negotiate_version(kProtocolVersion + 1), kProtocolVersion);
   EXPECT_EQ(negotiate_version(9, 1), 1) << "a version-1 broker";
   // The accept carries the outcome; a client takes 1 to 7 and nothing else.
   ConnectAccept a;
@@ -840,9 +841,14 @@ TEST(Handshake, VersionIsNegotiatedDownToTheLowerSide) {
   v12[4] = std::byte{12};
   ASSERT_EQ(decode(std::span<const std::byte>(v12), a), HandshakeStatus::kOk);
   EXPECT_EQ(a.version, 12);
+  // And version 13's (one more error code in a PUB_ACK, §3.10).
   auto v13 = v8;
   v13[4] = std::byte{13};
-  EXPECT_EQ(decode(std::span<const std::byte>(v13), a), HandshakeStatus::kBadVersion);
+  ASSERT_EQ(decode(std::span<const std::byte>(v13), a), HandshakeStatus::kOk);
+  EXPECT_EQ(a.version, 13);
+  auto v14 = v8;
+  v14[4] = std::byte{14};
+  EXPECT_EQ(decode(std::span<const std::byte>(v14), a), HandshakeStatus::kBadVersion);
   // Byte 4 of a request stays the base version: 2 there is not a request this broker takes.
   auto v2_in_byte4 = encode(ConnectRequest{16384, 64});
   v2_in_byte4[4] = std::byte{2};

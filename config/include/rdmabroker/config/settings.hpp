@@ -151,7 +151,8 @@ struct StreamSettings {
   std::uint64_t max_msgs_per_subject = 0;
   std::uint64_t max_msg_size = 0;
   StreamDiscard discard = StreamDiscard::kOld;
-  std::uint64_t duplicate_window_s = 120;  // Msg-Id headers remembered this long (0: no detection)
+  std::uint64_t duplicate_window_s = 120;    // Msg-Id headers remembered this long (0: no detection)
+  std::uint64_t duplicate_ids_max = 100000;  // and at most this many: the oldest go first (bounds its memory)
   bool operator==(const StreamSettings&) const = default;
 };
 

@@ -24,8 +24,9 @@ inline constexpr std::uint8_t kVersion = 1;
 /// 9 landing areas: a large message written into the subscriber's memory by RDMA (§3.9),
 /// 10 streams: a PUBLISH may ask to be acknowledged once a stream stored it (§3.10),
 /// 11 consumers: a stream's messages delivered, acknowledged and redelivered (§3.11),
-/// 12 PUB_ACK ranges: one PUB_ACK answers a run of a publisher's messages (§3.10).
-inline constexpr std::uint8_t kProtocolVersion = 12;
+/// 12 PUB_ACK ranges: one PUB_ACK answers a run of a publisher's messages (§3.10),
+/// 13 MSG_ID_INVALID: a Msg-Id over kMaxMsgIdLen is refused with a code of its own (§3.10).
+inline constexpr std::uint8_t kProtocolVersion = 13;
 /// The first protocol version with message headers.
 inline constexpr std::uint8_t kHeadersVersion = 2;
 /// The first protocol version with credits by demand over RDMA (SPEC.md §5.1).
@@ -60,6 +61,12 @@ inline constexpr std::uint8_t kConsumersVersion = 11;
 /// The first protocol version whose clients take a PUB_ACK with RANGE: one
 /// frame for a run of messages stored one after the other (SPEC.md §3.10).
 inline constexpr std::uint8_t kAckRangesVersion = 12;
+/// The first protocol version whose clients are told MSG_ID_INVALID (older
+/// ones PAYLOAD_TOO_LARGE) for a Msg-Id a stream will not remember.
+inline constexpr std::uint8_t kMsgIdCodeVersion = 13;
+/// The longest Msg-Id header value a stream takes (SPEC.md §3.10): the
+/// duplicate window's memory is bounded by it and by its count.
+inline constexpr std::size_t kMaxMsgIdLen = 128;
 /// The largest relay time a DELIVER can carry, in nanoseconds (~4.3 s): a
 /// longer one is sent as this.
 inline constexpr std::uint32_t kMaxRelayNs = 0xffffffffu;
@@ -195,6 +202,8 @@ enum class ErrorCode : std::uint32_t {
   kDiskFull = 17,    // the broker's file system is full
   // Version 11 (SPEC.md §3.11), in an ERROR about a consumer (stays open).
   kConsumerInvalid = 18,  // settings out of range, or a durable consumer in use with other settings
+  // Version 13, in a PUB_ACK only (SPEC.md §3.10).
+  kMsgIdInvalid = 19,  // a Msg-Id longer than kMaxMsgIdLen: not stored
 };
 
 constexpr std::string_view to_string(FrameType t) {
@@ -297,6 +306,8 @@ constexpr std::string_view to_string(ErrorCode c) {
       return "the broker's disk is full";
     case ErrorCode::kConsumerInvalid:
       return "consumer settings invalid or in conflict";
+    case ErrorCode::kMsgIdInvalid:
+      return "Msg-Id too long";
   }
   return "unknown error";
 }
