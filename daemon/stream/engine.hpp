@@ -247,6 +247,9 @@ class StreamEngine final : public StreamCapture {
   /// Reads message `p` into the member's batch; false when no pool buffer was free.
   bool deliver(Stream& s, Consumer& k, const Consumer::Pick& p, Batch& b, std::int64_t now);
   void flush(const ConsumerMember& m, Batch& b);
+  /// The outstanding bytes one member may have: within half its
+  /// connection's pool share and half its queue bound.
+  std::uint64_t member_byte_limit() const;
   void to_client(std::uint32_t worker, std::uint64_t connection, std::uint32_t slot, OutItem item);
   /// An advisory on $RB.ADVISORY.MAX_DELIVERIES.<stream>.<consumer> (JSON).
   void advise(const Stream& s, const Consumer& k, const Consumer::GivenUp& g);

@@ -239,8 +239,7 @@ bool StreamEngine::serve(Stream& s, Consumer& k, std::int64_t now, std::int64_t 
   std::int64_t next_deadline = 0;
   for (const auto& g : k.expire(now, &next_deadline)) advise(s, k, g);
   due_at(consumers_due_ns_, next_deadline);
-  const std::uint64_t byte_limit =
-      std::max<std::uint64_t>(core_.options.buffer_size, core_.options.max_pending_bytes / 2);
+  const std::uint64_t byte_limit = member_byte_limit();
   std::vector<Batch> batches(k.members().size());
   bool finished = true;
   int share = kTurnShare;
@@ -321,6 +320,18 @@ bool StreamEngine::deliver(Stream& s, Consumer& k, const Consumer::Pick& p, Batc
   b.used += static_cast<std::uint32_t>(frame_len);
   k.delivered(p, static_cast<std::uint32_t>(length), now);
   return true;
+}
+
+std::uint64_t StreamEngine::member_byte_limit() const {
+  // A member's outstanding records sit in pool buffers packed one after the
+  // other, a buffer per buffers.size bytes, while its connection's queue
+  // holds them: half of what the connection may hold of the pool (past its
+  // share it is cut as a slow consumer), and half its queue bound, so the
+  // consumer is slowed for its own backlog, never cut for it (SPEC.md §3.11).
+  const BrokerOptions& o = core_.options;
+  const std::uint64_t share =
+      static_cast<std::uint64_t>(core_.pool_shares.share(o.pool_share_percent)) / 2 * o.buffer_size;
+  return std::max<std::uint64_t>(o.buffer_size, std::min<std::uint64_t>(o.max_pending_bytes / 2, share));
 }
 
 void StreamEngine::flush(const ConsumerMember& m, Batch& b) {

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -286,6 +287,43 @@ TEST_P(Consumers, ADurableConsumerResumesAfterABrokerKilledWithSigkill) {
   // After a crash the stream goes on past the sequences it had reserved, so
   // that none a consumer may have seen is given to another message.
   EXPECT_EQ(*got.rbegin(), (1u << 20) + 5) << "sequences 31.. were reserved when the broker was killed";
+}
+
+// A consumer with a large window of small messages whose client stops
+// reading is slowed by the broker, never cut as a slow consumer for what the
+// broker itself sent it: the engine keeps a member within half its
+// connection's pool share (SPEC.md §3.11), not only within half its queue
+// bound, which the pool share is below (8,192 buffers at 12 %: 983 buffers,
+// 16 MiB, against 32 MiB of queue).
+TEST_P(Consumers, ALargeWindowOfSmallMessagesIsPacedByThePoolShareNeverCut) {
+  // A share of 3 % (245 buffers, 4 MiB) so that what TCP's socket buffers
+  // take on loopback does not hide it.
+  start("  - {name: ORDERS, subjects: [\"orders.>\"]}\n", "", "limits: {pool_share_percent: 3}\n");
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  const int n = static_cast<int>(volume(24000));
+  const std::string kilobyte(1000, 'k');
+  std::atomic<int> failed{0};
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(c->publish_acked_async("orders.k", {}, as_payload(kilobyte), [&](Result<PubAck> r) {
+      if (!r) failed.fetch_add(1);
+    }));
+  }
+  ASSERT_TRUE(c->flush(60s));
+  ASSERT_EQ(failed.load(), 0);
+  // A client that opens the consumer with a window of 65,536 and reads
+  // nothing for a second (within slow_consumer.write_deadline_ms, 2 s).
+  proto::ConsumerConfig wide;
+  wide.max_ack_pending = 65536;
+  std::array<std::byte, proto::kConsumeConfigLen> config{};
+  proto::encode_consumer_config(wide, config);
+  auto w = raw_wire(*broker_, GetParam(), true, proto::ConnectRequest{16384, 16, 0, 11});
+  ASSERT_TRUE(w);
+  ASSERT_TRUE(w->send(frame(FrameType::kConsume, 1, "ORDERS",
+                            std::string(reinterpret_cast<const char*>(config.data()), config.size()))));
+  EXPECT_FALSE(w->closed_by_peer(1s)) << "cut as a slow consumer for what the broker sent it";
+  EXPECT_EQ(stat("connections.closed.slow_consumer"), 0);
+  EXPECT_GT(broker_->stats()["stream.ORDERS.delivered"], 0) << "it was sent what its share holds";
 }
 
 // A durable consumer whose stream lost its files (segments and meta.json
