@@ -27,9 +27,17 @@ Status AdminServer::open() {
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path_.c_str(), path_.size() + 1);
   ::unlink(path_.c_str());  // a stale socket from a previous run
+  if (auto st = check_directory(); !st) return st;
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
       ::chmod(path_.c_str(), 0660) != 0 || ::listen(fd.get(), 64) != 0) {
     return Error{ErrorKind::kResource, "admin socket " + path_ + ": " + std::strerror(errno)};
+  }
+  // Whoever may connect may reload the broker and manage its streams: the
+  // owner and its group only, checked, not assumed (docs/security.md).
+  struct stat sock {};
+  if (::stat(path_.c_str(), &sock) != 0 || (sock.st_mode & 0007) != 0) {
+    return Error{ErrorKind::kResource,
+                 "admin socket " + path_ + " is open to other users; refusing to serve it"};
   }
   PolledServer::Protocol p;
   p.name = "admin";
@@ -40,6 +48,23 @@ Status AdminServer::open() {
   p.too_long = [] { return too_long_reply(); };
   p.busy = [] { return error_reply("too many admin clients at once; try again"); };
   server_ = std::make_unique<PolledServer>(std::move(fd), std::move(p));
+  return {};
+}
+
+Status AdminServer::check_directory() const {
+  // In a directory every user may write to, another user could put their own
+  // socket in its place: only one whose entries are its owner's (or sticky).
+  const auto slash = path_.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    return Error{ErrorKind::kResource, "admin socket directory " + dir + ": " + std::strerror(errno)};
+  }
+  if ((st.st_mode & S_IWOTH) != 0 && (st.st_mode & S_ISVTX) == 0) {
+    return Error{ErrorKind::kResource, "admin socket directory " + dir +
+                                           " is writable by every user (and not sticky): refusing to serve "
+                                           "the admin socket there"};
+  }
   return {};
 }
 

@@ -49,6 +49,8 @@ class AdminServer {
   std::optional<std::string> answer(const std::string& in) const;
   static std::string error_reply(const std::string& message);
   static std::string too_long_reply();
+  /// The socket's directory lets no other user replace it (not writable by all, or sticky).
+  Status check_directory() const;
 
   std::string path_;
   Handler handler_;

@@ -11,6 +11,7 @@
 #include <sys/resource.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -524,6 +525,29 @@ TEST(Health, ReadinessFollowsThePortStateOfTheBrokersDevices) {
   ASSERT_TRUE(ready_is(200)) << ready.status << " " << ready.body;
   EXPECT_NE(ready.body.find("rxe_probe: port 1 active"), std::string::npos) << ready.body;
   std::remove(config.c_str());
+}
+
+// Whoever reaches the admin socket may reload the broker and manage its
+// streams: the broker will not serve it from a directory every user may
+// write to (another user could put a socket of their own in its place).
+TEST(Tcp, AnAdminSocketInADirectoryEveryUserMayWriteToStopsTheStart) {
+  const std::string dir = "/tmp/rdmabroker-open-dir-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  ::chmod(dir.c_str(), 0777);  // writable by all, not sticky
+  auto [rc, out] =
+      run({broker_path(), "--allow-anonymous", "--rdma", "off", "--tcp-port", std::to_string(next_port()),
+           "--admin-socket", dir + "/admin.sock", "--metrics-listen", ""});
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("admin socket directory " + dir + " is writable by every user"), std::string::npos)
+      << out;
+  std::filesystem::remove_all(dir);
+  // In a sticky one, as /tmp (entries stay their owners'), it serves the
+  // socket to its owner and group only.
+  BrokerProcess b(next_port());
+  ASSERT_TRUE(b.running());
+  struct stat st {};
+  ASSERT_EQ(::stat(b.admin_socket().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Ops, ::testing::Values(Via::kRdma, Via::kTcp),
