@@ -35,6 +35,7 @@ void Router::route_publish(Connection& publisher, const proto::Frame& f, const B
   const bool first_fragment = f.header.is_fragment();
   const RoutedFrame frame = RoutedFrame::of(f);  // the one decode, carried from here on
   const Subscriber* backlogged = nullptr;
+  bool responder = false;  // a subscriber, not only a stream, took it
   auto deliver = [&](const Subscriber& s) {
     if (first_fragment) {
       if (s.worker == kChannelWorker || s.worker == kStreamWorker) {
@@ -50,6 +51,8 @@ void Router::route_publish(Connection& publisher, const proto::Frame& f, const B
       stream_answers = ack_id != 0;
     } else if (!route_to(s, frame, buf)) {
       return;
+    } else {
+      responder = true;
     }
     if (backlogged == nullptr && stalls(publisher, s)) backlogged = &s;
   };
@@ -70,6 +73,12 @@ void Router::route_publish(Connection& publisher, const proto::Frame& f, const B
   }
   if (ack_id != 0 && !stream_answers) {
     connections_.enqueue(publisher, make_pub_ack(ack_id, proto::ErrorCode::kNoStream));
+  }
+  if (!responder && (f.header.flags & proto::kFlagRequest) != 0) {
+    // Stored by a stream, but nobody subscribes: a request keeps its meaning
+    // (SPEC.md §3.10 rule 2), so the requester hears NO_RESPONDERS too.
+    stats.no_responders.add();
+    connections_.enqueue(publisher, make_no_responders(f.reply));
   }
   if (backlogged != nullptr) connections_.stall(publisher, backlogged->slot);
 }

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 
@@ -214,6 +215,37 @@ TEST_P(StreamAcks, AWriteCutShortByAFullDiskIsAnsweredInThePublishersOrder) {
   const auto st = broker_->stats();
   EXPECT_EQ(st.at("stream.S.stored"), static_cast<std::int64_t>(stored));
   EXPECT_EQ(st.at("stream.S.refused_disk_full"), static_cast<std::int64_t>(kRun - stored));
+}
+
+// A REQUEST keeps its meaning beside ACK (SPEC.md §3.10 rule 2): stored by
+// the stream, but with nobody subscribed the requester hears NO_RESPONDERS
+// as well as its PUB_ACK, instead of waiting for its timeout.
+TEST_P(StreamAcks, ARequestToAStreamNobodySubscribesToGetsNoRespondersBesideItsPubAck) {
+  start("  - {name: S, subjects: [\"s.>\"]}\n");
+  auto w = raw_wire(*broker_, GetParam(), true, proto::ConnectRequest{16384, 16, 0, proto::kProtocolVersion});
+  ASSERT_TRUE(w);
+  std::vector<std::byte> request(proto::kHeaderSize + 64);
+  proto::FrameHeader h;
+  h.type = FrameType::kPublish;
+  h.flags = proto::kFlagAck | proto::kFlagRequest;
+  h.sequence = 7;
+  request.resize(
+      proto::encode_frame(request, h, "s.question", "_INBOX.me.1", std::as_bytes(std::span("?", 1))));
+  ASSERT_TRUE(w->send(request));
+  std::set<FrameType> got;
+  for (int i = 0; i < 20 && got.size() < 2; ++i) {
+    for (const auto& bytes : w->receive(500ms)) {
+      proto::Frame f;
+      ASSERT_EQ(proto::decode_frame(bytes, bytes.size(), f), proto::DecodeStatus::kOk);
+      got.insert(f.header.type);
+      if (f.header.type == FrameType::kPubAck) {
+        EXPECT_EQ(f.header.sequence, 7u);
+        EXPECT_EQ(f.header.arg, 0u) << "stored";
+      }
+    }
+  }
+  EXPECT_TRUE(got.contains(FrameType::kPubAck));
+  EXPECT_TRUE(got.contains(FrameType::kNoResponders));
 }
 
 TEST_P(StreamAcks, EveryBrokenAckRuleClosesOnlyItsSender) {
