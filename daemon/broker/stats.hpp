@@ -268,6 +268,7 @@ struct WorkerStats {
   Counter limit_payload;  // PUBLISH frames over limits.max_payload or the buffer size (connection closed)
   Counter limit_subscriptions;  // SUBSCRIBE frames over limits.max_subscriptions (ERROR, connection stays)
   Counter limit_subscriptions_total;       // ... over limits.max_subscriptions_total (broker-wide)
+  Counter limit_consumer_opens;            // CONSUMEs over limits.consumer_opens_per_second (ERROR, stays)
   Counter limit_subscription_memory;       // ... over limits.max_subscription_memory (broker-wide)
   Counter limit_user_subscriptions;        // ... over the tenant's part of max_subscriptions_total
   Counter limit_user_subscription_memory;  // ... over the tenant's part of max_subscription_memory

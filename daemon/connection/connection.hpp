@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "broker/auth.hpp"
+#include "broker/rate_limit.hpp"
 #include "broker/buffer_pool.hpp"
 #include "broker/close_reason.hpp"
 #include "broker/outbound.hpp"
@@ -295,6 +296,7 @@ struct Connection {
   /// Recent publish verdicts by subject, for users whose publish permissions
   /// are restricted (cleared when full and on reload).
   SubjectVerdicts publish_verdicts;
+  RateLimit consume_rate;                  // CONSUMEs within limits.consumer_opens_per_second
   std::uint64_t denials = 0;               // operations refused by permissions (their log lines thin out)
   bool subscription_limit_logged = false;  // the subscription limit is logged once per connection
 

@@ -70,6 +70,15 @@ void FrameHandler::on_consume(Connection& c, const proto::Frame& f) {
   if (ctx_.core.streams == nullptr) {
     return reply_error(c, ErrorCode::kNoStream, "this broker keeps no streams", sid);
   }
+  // A connection that opens consumers in a flood (each may create a durable
+  // one, kept on disk) is held to a rate; the others are not slowed by it.
+  if (!c.consume_rate.take(ctx_.options.consumer_opens_per_second, ctx_.now)) {
+    ctx_.stats.limit_consumer_opens.add();
+    return reply_error(c, ErrorCode::kTooManySubscriptions,
+                       "more than " + std::to_string(ctx_.options.consumer_opens_per_second) +
+                           " CONSUMEs a second on this connection (limits.consumer_opens_per_second)",
+                       sid);
+  }
   if (c.subscriptions.size() >= ctx_.options.max_subscriptions) {
     ctx_.stats.limit_subscriptions.add();
     return reply_error(

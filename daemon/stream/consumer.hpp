@@ -98,6 +98,9 @@ class Consumer {
   bool durable() const { return durable_; }
   const proto::ConsumerConfig& config() const { return config_; }
   const std::optional<std::string>& owner() const { return owner_; }
+  /// Since when (steady ns) it has had no member; 0 while it has one.
+  std::int64_t idle_since() const { return members_.empty() ? idle_since_ns_ : 0; }
+  void mark_idle(std::int64_t now_ns) { idle_since_ns_ = now_ns; }
   /// A consumer saved without an owner takes its first member's user.
   void adopt(std::string owner) {
     owner_ = std::move(owner);
@@ -188,6 +191,7 @@ class Consumer {
   std::int64_t pace_started_ns_ = 0;  // and the wall time it was sent
   ConsumerCounts counts_;
   bool dirty_ = true;
+  std::int64_t idle_since_ns_ = 0;
 };
 
 }  // namespace rdmabroker::daemon

@@ -330,6 +330,7 @@ void StreamEngine::run() {
       for (auto& [id, s] : streams_) {
         if (s.store->expire(wall) > 0) refresh(s);
       }
+      expire_inactive(now);
       next_expire = now + kExpireEveryNs;
     }
     if (stopping) {

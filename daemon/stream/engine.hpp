@@ -68,6 +68,7 @@ struct StreamStats {
   Counter delivered, redelivered, consumer_acks, max_deliveries;
   Counter consumer_denied;       // passed over: no member's user may receive the subject
   Counter consumer_resets;       // durable consumers found beyond the stream's last sequence, reset
+  Counter consumers_expired;     // durable consumers removed after consumer_inactive_threshold_s unused
   Counter consumer_save_errors;  // writes of a durable consumer's state that failed (each tried again)
   Gauge consumers, consumer_pending;
   Gauge messages, bytes, first_sequence, last_sequence, subjects, segments, disk_bytes, corrupt_records,
@@ -238,6 +239,13 @@ class StreamEngine final : public StreamCapture {
   /// A reload's new permissions for a member: it goes on under them, or
   /// leaves the consumer with PERMISSION_DENIED if they no longer admit it.
   void renew_member(const ConsumerCommand& c);
+  /// Why a new consumer of `s` (`durable` for `who`) would pass a limit
+  /// (limits.max_consumers_per_stream, max_consumers_total,
+  /// max_durables_per_user), or nothing.
+  std::optional<std::string> over_limits(const Stream& s, bool durable, const Identity& who) const;
+  /// Removes the durable consumers without a member for
+  /// limits.consumer_inactive_threshold_s, and their files.
+  void expire_inactive(std::int64_t now);
   void refuse(const ConsumerCommand& c, proto::ErrorCode code, std::string why);
   void close_member(std::uint64_t connection, std::uint32_t sid);
   /// Expires deadlines and delivers what every consumer may take now.

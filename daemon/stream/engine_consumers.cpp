@@ -101,6 +101,52 @@ void StreamEngine::refuse(const ConsumerCommand& c, proto::ErrorCode code, std::
             make_control(proto::FrameType::kError, static_cast<std::uint32_t>(code), std::move(why), c.sid));
 }
 
+std::optional<std::string> StreamEngine::over_limits(const Stream& s, bool durable,
+                                                     const Identity& who) const {
+  const BrokerOptions& o = core_.options;
+  if (s.consumers.size() >= o.max_consumers_per_stream) {
+    return "stream " + s.stats->name + " has " + std::to_string(s.consumers.size()) +
+           " consumers (limits.max_consumers_per_stream)";
+  }
+  std::size_t total = 0, owned = 0;
+  const std::string owner = who.owner();
+  for (const auto& [id, other] : streams_) {
+    total += other.consumers.size();
+    if (!durable) continue;
+    for (const auto& [name, k] : other.consumers) owned += k->durable() && k->owner() == owner ? 1 : 0;
+  }
+  if (total >= o.max_consumers_total) {
+    return "the broker has " + std::to_string(total) + " consumers (limits.max_consumers_total)";
+  }
+  if (durable && owned >= o.max_durables_per_user) {
+    return (who.anonymous ? std::string("anonymous clients own ") : "user '" + who.name + "' owns ") +
+           std::to_string(owned) + " durable consumers (limits.max_durables_per_user)";
+  }
+  return std::nullopt;
+}
+
+void StreamEngine::expire_inactive(std::int64_t now) {
+  const std::uint32_t threshold_s = core_.options.consumer_inactive_threshold_s;
+  if (threshold_s == 0) return;
+  const std::int64_t threshold = std::int64_t{threshold_s} * 1'000'000'000;
+  for (auto& [id, s] : streams_) {
+    for (auto it = s.consumers.begin(); it != s.consumers.end();) {
+      const Consumer& k = *it->second;
+      if (!k.durable() || k.idle_since() == 0 || now - k.idle_since() < threshold) {
+        ++it;
+        continue;
+      }
+      spdlog::info(
+          "stream {}: durable consumer {} removed: no member for {} s (limits.consumer_inactive_threshold_s)",
+          s.stats->name, k.name(), threshold_s);
+      remove_consumer_file(s.dir, k.name());
+      s.stats->consumers_expired.add();
+      it = s.consumers.erase(it);
+    }
+    refresh_consumers(s);
+  }
+}
+
 std::optional<std::string> StreamEngine::refusal(const Stream& s, const Consumer& k,
                                                  const Identity& who) const {
   const std::string& stream = s.stats->name;
@@ -139,6 +185,11 @@ void StreamEngine::open_consumer(const ConsumerCommand& c) {
                    name, who.anonymous ? std::string("anonymous clients") : "user '" + who.name + "'");
     }
   } else {
+    if (auto why = over_limits(*s, durable, who)) {
+      log_throttled(refusal_log_, spdlog::level::warn, "stream {}: consumer {} refused: {}", c.stream, name,
+                    *why);
+      return refuse(c, proto::ErrorCode::kTooManySubscriptions, *why);
+    }
     auto k = std::make_unique<Consumer>(name, durable, c.config, *s->store,
                                         durable ? std::optional<std::string>(who.owner()) : std::nullopt);
     if (auto why = refusal(*s, *k, who)) return refuse(c, proto::ErrorCode::kPermissionDenied, *why);
@@ -198,7 +249,9 @@ void StreamEngine::load_durables(Stream& stream, const std::string& name) {
       state.pending.clear();
       state.initial.clear();
     }
-    stream.consumers.emplace(durable, std::make_unique<Consumer>(durable, std::move(state)));
+    auto k = std::make_unique<Consumer>(durable, std::move(state));
+    k->mark_idle(steady_clock_ns());  // unused since the start, as far as this run knows
+    stream.consumers.emplace(durable, std::move(k));
   }
   for (const auto& line : problems) spdlog::warn("stream {}: {}", name, line);
 }
@@ -213,6 +266,7 @@ void StreamEngine::close_member(std::uint64_t connection, std::uint32_t sid) {
   auto k = s->second.consumers.find(name);
   if (k == s->second.consumers.end()) return;
   k->second->remove_member(connection, sid);
+  if (k->second->members().empty()) k->second->mark_idle(steady_clock_ns());
   // An ephemeral consumer ends with its last member.
   if (!k->second->durable() && k->second->members().empty()) s->second.consumers.erase(k);
   refresh_consumers(s->second);

@@ -50,6 +50,8 @@ void StreamStats::visit(StatsVisitor& v) const {
   count("consumer_resets", consumer_resets, "rdmabroker_stream_consumer_resets_total",
         "Durable consumers found at start beyond their stream's last sequence (its files lost or replaced), "
         "started again from its first message.");
+  count("consumers_expired", consumers_expired, "rdmabroker_stream_consumers_expired_total",
+        "Durable consumers removed after limits.consumer_inactive_threshold_s without a member.");
   count("consumer_save_errors", consumer_save_errors, "rdmabroker_stream_consumer_save_errors_total",
         "Writes of a durable consumer's state that failed (a full disk, an I/O error), each tried again "
         "within 50 ms.");

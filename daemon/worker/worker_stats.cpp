@@ -198,6 +198,7 @@ void WorkerStats::visit(StatsVisitor& v) const {
   limit("payload", limit_payload);
   limit("subscriptions", limit_subscriptions);
   limit("subscriptions_total", limit_subscriptions_total);
+  limit("consumer_opens", limit_consumer_opens);
   limit("subscription_memory", limit_subscription_memory);
   limit("user_subscriptions", limit_user_subscriptions);
   limit("user_subscription_memory", limit_user_subscription_memory);

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -252,6 +253,56 @@ TEST_P(Tenants, MsgIdsAreBoundedInLengthAndInCount) {
                                 as_payload("m"), 10s);
   ASSERT_TRUE(again);
   EXPECT_TRUE(again->duplicate);
+}
+
+// Consumers are bounded: per stream, per owner and broker-wide (a typed
+// refusal past each), in how fast one connection opens them, and in how
+// long a durable one without members is kept.
+TEST_P(Tenants, ConsumersAreBoundedInNumberInRateAndInTheirIdleLife) {
+  start("  - {name: A, subjects: [\"a.>\"]}\n  - {name: B, subjects: [\"b.>\"]}\n", "",
+        "auth: {anonymous: true}\nlimits: {max_consumers_per_stream: 4, max_durables_per_user: 5, "
+        "consumer_opens_per_second: 20, consumer_inactive_threshold_s: 1}\n");
+  auto c = connect_via(*broker_, GetParam());
+  ASSERT_TRUE(c);
+  const auto refused = [&](const std::string& stream, const std::string& durable, const std::string& limit) {
+    auto r = c->consume(stream, {.durable = durable}, 10s);
+    ASSERT_FALSE(r) << stream << "/" << durable;
+    EXPECT_NE(r.error().message.find(limit), std::string::npos) << r.error().message;
+  };
+  std::vector<std::shared_ptr<Consumer>> open;
+  for (int i = 0; i < 4; ++i) {
+    auto k = c->consume("A", {.durable = "a" + std::to_string(i)}, 10s);
+    ASSERT_TRUE(k) << i << ": " << k.error().message;
+    open.push_back(*k);
+  }
+  refused("A", "a4", "limits.max_consumers_per_stream");
+  auto b0 = c->consume("B", {.durable = "b0"}, 10s);
+  ASSERT_TRUE(b0) << b0.error().message;
+  refused("B", "b1", "limits.max_durables_per_user");
+  auto ephemeral = c->consume("B", {}, 10s);
+  EXPECT_TRUE(ephemeral) << "an ephemeral consumer is no durable one: " << ephemeral.error().message;
+
+  // A flood of CONSUMEs from one connection is held to its rate.
+  int rate_refusals = 0;
+  for (int i = 0; i < 40; ++i) {
+    auto r = c->consume("B", {}, 10s);
+    if (!r && r.error().message.find("limits.consumer_opens_per_second") != std::string::npos)
+      ++rate_refusals;
+  }
+  EXPECT_GT(rate_refusals, 0);
+  EXPECT_GE(broker_->stats()["limits.refused.consumer_opens"], rate_refusals);
+
+  // Durable consumers without a member for consumer_inactive_threshold_s go, files and all.
+  open.clear();
+  b0->reset();
+  ASSERT_TRUE(c->flush(10s));
+  const auto s = broker_->wait_stats(
+      [](auto& s) { return s["stream.A.consumers_expired"] == 4 && s["stream.B.consumers_expired"] == 1; },
+      15s);
+  EXPECT_EQ(s.at("stream.A.consumers_expired"), 4);
+  EXPECT_FALSE(std::filesystem::exists(data_ + "/A/consumers/a0.json"));
+  auto again = c->consume("A", {.durable = "a4"}, 10s);
+  EXPECT_TRUE(again) << "room again: " << again.error().message;
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Tenants, ::testing::Values(Via::kRdma, Via::kTcp),

@@ -199,6 +199,13 @@ struct BrokerOptions {
   /// client's address's; a route is bound by the broker-wide ones only) may
   /// take, in percent: one tenant at its quota leaves room for the others.
   std::uint32_t user_subscription_share_percent = 10;
+  // Stream consumers (docs/security.md, "Streams"): how many there may be,
+  // how fast one connection may open them, how long an unused durable lives.
+  std::uint32_t max_consumers_per_stream = 1000;
+  std::uint32_t max_durables_per_user = 1000;  // durable consumers one user (all anonymous clients: one) owns
+  std::uint32_t max_consumers_total = 100000;
+  std::uint32_t consumer_opens_per_second = 100;  // CONSUMEs per connection (a burst of as many)
+  std::uint32_t consumer_inactive_threshold_s = 0;  // a durable without members this long is removed (0: never)
   std::uint64_t max_pending_bytes_total = 256u
                                           << 20;  // frame bytes (+128 per message) queued for all subscribers
   // Each client's share of the buffer pool (docs/security.md, "Pool shares"):
