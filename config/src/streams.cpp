@@ -4,6 +4,7 @@
 #include <set>
 
 #include "rdmabroker/proto/subjects.hpp"
+#include "rdmabroker/proto/wire.hpp"
 #include "structured.hpp"
 
 namespace rdmabroker::config {

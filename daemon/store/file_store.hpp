@@ -118,7 +118,9 @@ class FileStore final : public MessageStore {
 
   // file_store_recovery.cpp
   StoreStatus recover(std::int64_t now_ns, RecoveryReport& report);
-  StoreStatus scan(Segment segment, bool last, RecoveryReport& report);
+  /// Indexes one segment's records, those below `next_first` (the next
+  /// segment's first sequence; above kMaxSequence for the newest).
+  StoreStatus scan(Segment segment, std::uint64_t next_first, RecoveryReport& report);
   /// Indexes the record of `sequence` (`length` bytes at `offset` of the
   /// newest segment); live unless a purge left it below the floor.
   void index(std::uint64_t sequence, std::int64_t time_ns, std::string_view subject, std::uint64_t offset,

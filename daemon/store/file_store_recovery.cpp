@@ -116,7 +116,8 @@ StoreStatus FileStore::recover(std::int64_t now_ns, RecoveryReport& report) {
   for (std::size_t i = 0; i < files.size(); ++i) {
     auto segment = Segment::open(files[i].second, files[i].first);
     if (!segment) return segment.error();
-    if (auto s = scan(std::move(*segment), i + 1 == files.size(), report); !s) return s;
+    const std::uint64_t next_first = i + 1 < files.size() ? files[i + 1].first : kMaxSequence + 1;
+    if (auto s = scan(std::move(*segment), next_first, report); !s) return s;
   }
   report.segments = files.size();
   // What a crash may have handed out and lost (reserved, never closed) is
@@ -140,7 +141,11 @@ StoreStatus FileStore::recover(std::int64_t now_ns, RecoveryReport& report) {
   return std::monostate{};
 }
 
-StoreStatus FileStore::scan(Segment segment, bool last, RecoveryReport& report) {
+StoreStatus FileStore::scan(Segment segment, std::uint64_t next_first, RecoveryReport& report) {
+  // A segment holds the sequences from its name's up to the next segment's:
+  // a record beyond them is damage, or the index would say one sequence is
+  // in two files (and find() look in the other).
+  const bool last = next_first > kMaxSequence;
   const std::string path = segment.path();
   const std::uint64_t first = segment.first_sequence();
   const Mapping map(path, segment.size());
@@ -153,7 +158,7 @@ StoreStatus FileStore::scan(Segment segment, bool last, RecoveryReport& report) 
     std::size_t length = 0;
     const std::uint64_t expected = first + segments_.back().entries.size();
     if (parse_record(bytes.subspan(at), r, length) == ParseOutcome::kOk && r.sequence >= expected &&
-        r.sequence > last_sequence_) {
+        r.sequence > last_sequence_ && r.sequence < next_first) {
       index(r.sequence, r.time_ns, r.subject, at, length);
       ++report.records;
       at += length;

@@ -33,6 +33,23 @@ def handshake(word, *fields, version=1, byte5=0):
     return struct.pack("<IBBH", 0x31424452, version, byte5, word) + b"".join(fields)
 
 
+def crc32c(data):
+    """CRC32C (Castagnoli), as the store's records carry it (docs/streams.md)."""
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def record(seq, subject, payload, time_ns=1, headers=b""):
+    """A stored record (docs/streams.md, "Storage"): 32-byte header, subject, headers, payload."""
+    rest = struct.pack("<QqHHI", seq, time_ns, len(subject), 0, len(headers)) + subject + headers + payload
+    length = 8 + len(rest)
+    return struct.pack("<II", length, crc32c(rest)) + rest
+
+
 def write(target, name, data):
     d = os.path.join(CORPUS, target)
     os.makedirs(d, exist_ok=True)
@@ -102,6 +119,23 @@ def main():
     }
     for name, text in configs.items():
         write("fuzz_config", name, text)
+
+    # fuzz_store: meta.json @@@@ segment 1 @@@@ segment 5 @@@@ consumers/d.json
+    seg1 = b"".join(record(i, b"orders.x", b"m%d" % i, time_ns=i) for i in range(1, 5))
+    seg5 = b"".join(record(i, b"orders.y", b"m%d" % i, time_ns=i,
+                           headers=header_block((b"Msg-Id", b"id-%d" % i))) for i in range(5, 8))
+    consumer = (b'{"version":1,"owner":"alice","config":{"start":0,"ack":1,"pull":false,"original_pace":false,'
+                b'"max_ack_pending":1024,"start_at":0,"ack_wait_ms":30000,"max_deliver":0},"next":3,'
+                b'"pending":[[2,1]],"initial":[]}')
+    meta = b'{"first_sequence": 2, "reserved_through": 1048576}'
+    stores = {
+        "whole": meta + b"@@@@" + seg1 + b"@@@@" + seg5 + b"@@@@" + consumer,
+        "torn_tail": b"@@@@" + seg1 + b"@@@@" + seg5[:-13] + b"@@@@",
+        "no_meta": b"@@@@" + seg1 + b"@@@@@@@@" + consumer,
+        "zero_tail": b"@@@@" + seg1 + b"\0" * 40 + b"@@@@@@@@",
+    }
+    for name, data in stores.items():
+        write("fuzz_store", name, data)
 
 
 if __name__ == "__main__":

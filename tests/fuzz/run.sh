@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 SECONDS_EACH=${1:-60}
 shift || true
-TARGETS=${*:-fuzz_frame fuzz_handshake fuzz_subject fuzz_config}
+TARGETS=${*:-fuzz_frame fuzz_handshake fuzz_subject fuzz_config fuzz_store}
 JOBS=${RDMABROKER_FUZZ_JOBS:-$(nproc)}
 OUT=build/fuzz
 

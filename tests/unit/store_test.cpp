@@ -336,6 +336,24 @@ TEST_F(Store, NoSequenceIsGivenTwiceAfterACrashWhateverTheFilesLost) {
   EXPECT_EQ(put(*s, "w", "next"), 2u + (1u << 20)) << "a clean close gives the reservation back";
 }
 
+// Found by fuzzing (tests/fuzz/regressions/fuzz_store): a segment whose
+// records run past the next segment's first sequence made one sequence live
+// in two files, and a read looked in the other one.
+TEST_F(Store, ASegmentHoldsOnlyTheSequencesBeforeTheNextOnesName) {
+  {
+    auto s = open();
+    for (int i = 1; i <= 6; ++i) put(*s, "w", std::to_string(i));
+    ASSERT_TRUE(s->close().ok());
+  }
+  std::ofstream(dir_ + "/00000000000000000004.seg").flush();  // an empty newer segment named 4
+  RecoveryReport report;
+  auto s = open({}, 4096, &report);
+  EXPECT_EQ(report.corrupt_records, 3u) << "4..6 in the first file are beyond its range";
+  EXPECT_EQ(s->stats().messages, 3u);
+  std::vector<std::byte> buf(256);
+  for (auto q = s->next_live(1); q; q = s->next_live(*q + 1)) EXPECT_TRUE(s->read(*q, buf).ok()) << *q;
+}
+
 TEST_F(Store, AFileTheBrokerDidNotWriteIsRefusedAtOpenAndNeverModified) {
   {
     auto s = open();
