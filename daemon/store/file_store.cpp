@@ -268,6 +268,20 @@ std::uint64_t FileStore::live_from(std::uint64_t from) const {
   return n;
 }
 
+void FileStore::scan_since(std::int64_t time_ns, const std::function<void(const RecordView&)>& fn) {
+  std::vector<std::byte> buf;
+  for (const SegmentIndex& seg : segments_) {
+    if (seg.entries.empty() || seg.entries.back().time_ns < time_ns) continue;
+    for (const Entry& e : seg.entries) {
+      if (e.length == 0 || e.time_ns < time_ns) continue;  // lost to damage, or older
+      buf.resize(e.length);
+      RecordView r;
+      std::size_t length = 0;
+      if (seg.file.read(e.offset, buf) && parse_record(buf, r, length) == ParseOutcome::kOk) fn(r);
+    }
+  }
+}
+
 std::optional<std::uint64_t> FileStore::first_at_time(std::int64_t time_ns) const {
   // Receive times never go backwards within a stream: a binary search.
   for (const SegmentIndex& seg : segments_) {
@@ -340,11 +354,13 @@ void FileStore::enforce(std::uint64_t added) {
 }
 
 void FileStore::drop_dead_segments() {
+  bool told = false;
   for (std::size_t i = 0; i + 1 < segments_.size();) {
     if (segments_[i].live > 0) {
       ++i;
       continue;
     }
+    if (on_drop_ && !std::exchange(told, true)) on_drop_();
     if (auto s = segments_[i].file.remove(); !s) spdlog::warn("stream store: {}", s.error().message);
     segments_.erase(segments_.begin() + static_cast<std::ptrdiff_t>(i));
   }

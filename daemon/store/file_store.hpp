@@ -73,6 +73,10 @@ class FileStore final : public MessageStore {
   std::optional<std::int64_t> time_of(std::uint64_t sequence) const override;
   std::optional<std::uint64_t> next_live(std::uint64_t from) const override;
   std::uint64_t live_from(std::uint64_t from) const override;
+  void scan_since(std::int64_t time_ns, const std::function<void(const RecordView&)>& fn) override;
+  /// Called before a segment file is deleted (its records are gone for good
+  /// then): the stream saves what it would otherwise learn from them.
+  void on_drop(std::function<void()> fn) { on_drop_ = std::move(fn); }
   std::optional<std::uint64_t> first_at_time(std::int64_t time_ns) const override;
   std::vector<std::uint64_t> last_per_subject(std::string_view subject = {}) const override;
   StoreResult<std::uint64_t> sync() override;
@@ -169,9 +173,10 @@ class FileStore final : public MessageStore {
   std::uint64_t messages_ = 0;
   std::uint64_t bytes_ = 0;
   std::uint64_t last_sequence_ = 0;
-  std::uint64_t floor_ = 1;         // no live sequence is below it (a purge raises it)
-  std::uint64_t reserved_ = 0;      // sequences through it may be handed out (meta.json says so)
-  std::uint64_t purged_below_ = 1;  // meta.json's first_sequence: what a purge removed (not the limits)
+  std::uint64_t floor_ = 1;     // no live sequence is below it (a purge raises it)
+  std::uint64_t reserved_ = 0;  // sequences through it may be handed out (meta.json says so)
+  std::uint64_t purged_below_ = 1;
+  std::function<void()> on_drop_;  // meta.json's first_sequence: what a purge removed (not the limits)
   std::int64_t last_time_ns_ = 0;
   std::uint64_t durable_ = 0;
   /// A roll's sync of the segment it left failed: the next sync() reports

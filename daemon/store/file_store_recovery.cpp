@@ -191,21 +191,10 @@ StoreStatus FileStore::scan(Segment segment, std::uint64_t next_first, RecoveryR
 }
 
 StoreStatus FileStore::write_meta(std::uint64_t first_sequence, std::uint64_t reserved_through) {
-  const std::string path = options_.directory + "/" + kMeta;
-  const std::string tmp = path + ".tmp";
-  const std::string text =
+  return replace_file(
+      options_.directory + "/" + kMeta,
       nlohmann::json{{"first_sequence", first_sequence}, {"reserved_through", reserved_through}}.dump() +
-      "\n";
-  {
-    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640));
-    if (!fd) return io_error("writing", tmp, errno);
-    if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) ||
-        ::fdatasync(fd.get()) != 0) {
-      return io_error("writing", tmp, errno);
-    }
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return io_error("renaming", tmp, errno);
-  return sync_directory(options_.directory);
+          "\n");
 }
 
 }  // namespace rdmabroker::daemon::store

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -84,6 +85,10 @@ class MessageStore {
   /// How many live messages have a sequence at or after `from` (sequences
   /// have gaps: what limits removed, damage, a crash's reservation).
   virtual std::uint64_t live_from(std::uint64_t from) const = 0;
+  /// Every record still in the store's files received at or after
+  /// `time_ns`, in order, live or removed by the limits (what a restart can
+  /// still learn from them, such as their Msg-Ids); damaged ones are passed over.
+  virtual void scan_since(std::int64_t time_ns, const std::function<void(const RecordView&)>& fn) = 0;
   /// The first live sequence received at or after `time_ns`.
   virtual std::optional<std::uint64_t> first_at_time(std::int64_t time_ns) const = 0;
   /// The last live message of each subject, in sequence order (the

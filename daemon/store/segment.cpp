@@ -52,6 +52,22 @@ StoreStatus sync_directory(const std::string& dir) {
   return std::monostate{};
 }
 
+StoreStatus replace_file(const std::string& path, std::string_view text, bool sync) {
+  const std::string tmp = path + ".tmp";
+  {
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640));
+    if (!fd) return io_error("writing", tmp, errno);
+    if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) ||
+        (sync && ::fdatasync(fd.get()) != 0)) {
+      return io_error("writing", tmp, errno);
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return io_error("renaming", tmp, errno);
+  if (!sync) return std::monostate{};
+  const auto slash = path.rfind('/');
+  return sync_directory(slash == std::string::npos ? std::string(".") : path.substr(0, slash));
+}
+
 std::uint64_t Segment::first_sequence_of(const std::string& name) {
   if (name.size() != kNameDigits + std::strlen(kSuffix) || !name.ends_with(kSuffix)) return 0;
   std::uint64_t seq = 0;

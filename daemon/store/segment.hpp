@@ -78,5 +78,9 @@ class Segment {
 StoreError io_error(const char* what, const std::string& path, int err);
 /// fsync of directory `dir` (a file created, renamed or removed in it).
 StoreStatus sync_directory(const std::string& dir);
+/// Replaces file `path` with `text` whole: written beside it, synced
+/// (`sync`), renamed over it and, with `sync`, its directory synced. A crash
+/// leaves the old file or the new one, never a part.
+StoreStatus replace_file(const std::string& path, std::string_view text, bool sync = true);
 
 }  // namespace rdmabroker::daemon::store

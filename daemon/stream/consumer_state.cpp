@@ -10,6 +10,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "store/segment.hpp"
+
 namespace rdmabroker::daemon {
 namespace {
 
@@ -63,18 +65,8 @@ Status save_consumer(const std::string& stream_dir, const std::string& name, con
   const fs::path dir = fs::path(stream_dir) / "consumers";
   std::error_code ec;
   fs::create_directories(dir, ec);
-  const fs::path file = dir / (name + ".json");
-  const fs::path tmp = dir / (name + ".json.tmp");
-  const std::string text = to_json(state).dump();
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-  if (fd < 0) return Error{ErrorKind::kResource, tmp.string() + ": " + std::strerror(errno)};
-  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
-                       (!sync || ::fdatasync(fd) == 0);
-  const int saved = errno;
-  ::close(fd);
-  if (!written || ::rename(tmp.c_str(), file.c_str()) != 0) {
-    return Error{ErrorKind::kResource, file.string() + ": " + std::strerror(written ? errno : saved)};
-  }
+  if (auto st = store::replace_file((dir / (name + ".json")).string(), to_json(state).dump(), sync); !st)
+    return Error{ErrorKind::kResource, st.error().message};
   return Status{};
 }
 

@@ -48,6 +48,14 @@ class DuplicateWindow {
   /// Forgets the ids of sequences `from`.. (their write failed: not stored).
   void forget_from(std::uint64_t from);
   std::size_t size() const { return ids_.size(); }
+  bool contains(std::string_view id) const { return ids_.find(id) != ids_.end(); }
+  /// What it remembers, as bytes to keep in a file: each id with its
+  /// sequence and time, oldest first, under a CRC32C.
+  std::string snapshot() const;
+  /// Remembers again what `snapshot()` wrote, of it what is still within
+  /// the window at `now_ns`; false (and nothing learnt) if `bytes` is not
+  /// a whole snapshot.
+  bool restore(std::string_view bytes, std::int64_t now_ns);
 
  private:
   struct Hash {

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <fstream>
+#include <iterator>
 
 #include "fault/fault.hpp"
 #include "rdmabroker/proto/wire.hpp"
@@ -53,15 +55,26 @@ proto::ErrorCode code_of(store::StoreErrc e) {
   }
 }
 
-/// Fills `window` with the Msg-Ids `store` holds from its last `window`'s worth of messages.
-void rebuild(DuplicateWindow& window, store::MessageStore& store, std::int64_t now_ns) {
+constexpr const char* kDuplicatesFile = "/duplicates.bin";
+
+/// Fills `window` with the Msg-Ids of the last `window`'s worth of
+/// messages: those the snapshot in `dir` kept (of messages the limits or a
+/// purge removed since), then those of every record still in the files,
+/// removed by the limits or not.
+void rebuild(DuplicateWindow& window, store::MessageStore& store, const std::string& dir,
+             std::int64_t now_ns) {
   if (!window.enabled()) return;
-  std::vector<std::byte> buf;
-  for (auto seq = store.first_at_time(now_ns - window.window_ns()); seq; seq = store.next_live(*seq + 1)) {
-    buf.resize(store.length_of(*seq).value_or(0));
-    auto r = store.read(*seq, buf);
-    if (r) window.add(msg_id_of(r->headers), *seq, r->time_ns);
+  if (std::ifstream in(dir + kDuplicatesFile, std::ios::binary); in) {
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!window.restore(bytes, now_ns))
+      spdlog::warn("{}{} is damaged: the Msg-Ids of removed messages are not remembered", dir,
+                   kDuplicatesFile);
   }
+  store.scan_since(now_ns - window.window_ns(), [&](const store::RecordView& r) {
+    // One a snapshot brought back already is not added twice (its place in the order is its time's).
+    const std::string_view id = msg_id_of(r.headers);
+    if (!window.contains(id)) window.add(id, r.sequence, r.time_ns);
+  });
 }
 
 }  // namespace
@@ -95,6 +108,10 @@ Result<StreamEngine::Stream> StreamEngine::open(const config::StreamSettings& s,
     return Error{ErrorKind::kResource, "stream " + s.name + ": " + st.error().message};
   }
   for (const auto& line : report.problems) spdlog::warn("stream {}: {}", s.name, line);
+  // Called on the engine thread (the store's owner from here on).
+  st.value()->on_drop([this, id] {
+    if (auto it = streams_.find(id); it != streams_.end()) save_duplicates(it->second);
+  });
   Stream stream{
       id,
       std::move(st.value()),
@@ -102,7 +119,7 @@ Result<StreamEngine::Stream> StreamEngine::open(const config::StreamSettings& s,
       DuplicateWindow(static_cast<std::int64_t>(s.duplicate_window_s) * kNsPerSecond, s.duplicate_ids_max),
       false,
       {}};
-  rebuild(stream.duplicates, *stream.store, realtime_ns());
+  rebuild(stream.duplicates, *stream.store, dir, realtime_ns());
   stream.dir = dir;
   stream.subjects = s.subjects;
   load_durables(stream, s.name);
@@ -345,7 +362,19 @@ void StreamEngine::run() {
   }
 }
 
+void StreamEngine::save_duplicates(Stream& s) {
+  if (!s.duplicates.enabled()) return;
+  if (auto st = store::replace_file(s.dir + kDuplicatesFile, s.duplicates.snapshot()); !st) {
+    log_throttled(
+        refusal_log_, spdlog::level::err,
+        "stream {}: the Msg-Ids of messages about to be removed could not be saved ({}): a retry of "
+        "one after a restart may be stored again",
+        s.stats->name, st.error().message);
+  }
+}
+
 void StreamEngine::close_store(Stream& s) {
+  save_duplicates(s);
   if (auto st = s.store->close(); !st) {
     spdlog::warn(
         "stream {}: not closed cleanly ({}): its next start goes on after the sequences it had reserved",

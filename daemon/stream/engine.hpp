@@ -205,6 +205,10 @@ class StreamEngine final : public StreamCapture {
   void sync(Stream& s);
   /// The store's orderly end (MessageStore::close); a failure is logged.
   void close_store(Stream& s);
+  /// Keeps `s`'s duplicate window in its directory (before messages whose
+  /// records held those Msg-Ids leave the files: a purge, a segment dropped,
+  /// a stop), so that a restart remembers them for their whole window.
+  void save_duplicates(Stream& s);
   /// Writes what the batch staged in `s`; refuses what could not be written.
   void write_staged(Stream& s);
   void count_refused(Stream& s, store::StoreErrc code, std::uint64_t n);

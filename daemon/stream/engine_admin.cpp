@@ -223,6 +223,7 @@ void StreamEngine::on_purge(PurgeStream& p) {
     return p.done->set_value(Error{ErrorKind::kInvalidArgument, "the stream is gone"});
   Stream& s = it->second;
   if (s.dirty) sync(s);
+  save_duplicates(s);  // a purge removes the records the window is rebuilt from
   auto r = s.store->purge();
   refresh(s);
   if (!r) return p.done->set_value(Error{ErrorKind::kResource, r.error().message});

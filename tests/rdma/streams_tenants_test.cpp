@@ -8,6 +8,7 @@
 // another joins it only where streams.join grants it; only the broker
 // publishes on its own `$RB.` subjects; a stream may not take them.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <atomic>
 #include <filesystem>
@@ -303,6 +304,36 @@ TEST_P(Tenants, ConsumersAreBoundedInNumberInRateAndInTheirIdleLife) {
   EXPECT_FALSE(std::filesystem::exists(data_ + "/A/consumers/a0.json"));
   auto again = c->consume("A", {.durable = "a4"}, 10s);
   EXPECT_TRUE(again) << "room again: " << again.error().message;
+}
+
+// The duplicate window does not depend on the messages still being in the
+// stream: a Msg-Id whose message retention or a purge removed is still
+// recognised for its window, across a broker killed with SIGKILL.
+TEST_P(Tenants, ARetryIsRecognisedAfterRetentionAPurgeAndARestart) {
+  const std::string streams = "  - {name: D, subjects: [\"d.>\"], max_msgs: 1}\n";
+  start(streams, "", "auth: {anonymous: true}\n");
+  const auto publish = [&](const std::string& id) {
+    auto c = connect_via(*broker_, GetParam());
+    EXPECT_TRUE(c);
+    auto r = c->publish_acked("d.x", Headers{{"Msg-Id", id}}, as_payload(id), 10s);
+    EXPECT_TRUE(r) << id << ": " << (r ? "" : r.error().message);
+    return r ? *r : PubAck{};
+  };
+  const PubAck a = publish("a");
+  EXPECT_FALSE(a.duplicate);
+  EXPECT_FALSE(publish("b").duplicate);  // max_msgs 1: a's message is removed
+  ASSERT_EQ(broker_->restart(SIGKILL), 128 + SIGKILL);
+  PubAck again = publish("a");
+  EXPECT_TRUE(again.duplicate) << "a's message was removed by retention before the crash";
+  EXPECT_EQ(again.sequence, a.sequence);
+
+  auto [rc, out] = run(
+      {"/bin/sh", "-c", cli_path() + " stream purge D --admin-socket " + broker_->admin_socket() + " 2>&1"});
+  ASSERT_EQ(rc, 0) << out;
+  ASSERT_EQ(broker_->restart(SIGKILL), 128 + SIGKILL);
+  EXPECT_TRUE(publish("b").duplicate) << "b's message was purged before the crash";
+  EXPECT_TRUE(publish("a").duplicate);
+  EXPECT_FALSE(publish("c").duplicate);
 }
 
 INSTANTIATE_TEST_SUITE_P(Via, Tenants, ::testing::Values(Via::kRdma, Via::kTcp),

@@ -169,6 +169,26 @@ TEST(DuplicateWindow, RemembersMsgIdsForItsWindowOnly) {
   EXPECT_EQ(w.find("a", 118 * s), 3u);
 }
 
+TEST(DuplicateWindow, ASnapshotBringsBackWhatIsStillWithinTheWindowAndADamagedOneNothing) {
+  constexpr std::int64_t s = 1'000'000'000;
+  daemon::DuplicateWindow w(60 * s);
+  w.add("old", 1, 10 * s);
+  w.add(std::string("bin\x01\xff", 5), 2, 50 * s);  // any bytes but NUL, CR and LF
+  w.add("new", 3, 100 * s);
+  const std::string snap = w.snapshot();
+  daemon::DuplicateWindow back(60 * s);
+  ASSERT_TRUE(back.restore(snap, 105 * s));
+  EXPECT_FALSE(back.contains("old")) << "past its window by then";
+  EXPECT_EQ(back.find(std::string("bin\x01\xff", 5), 105 * s), 2u);
+  EXPECT_EQ(back.find("new", 105 * s), 3u);
+  std::string flipped = snap;
+  flipped[10] = static_cast<char>(flipped[10] ^ 1);
+  daemon::DuplicateWindow none(60 * s);
+  EXPECT_FALSE(none.restore(flipped, 105 * s));
+  EXPECT_FALSE(none.restore(snap.substr(0, snap.size() - 3), 105 * s));
+  EXPECT_EQ(none.size(), 0u);
+}
+
 TEST(DuplicateWindow, AFloodOfDistinctIdsKeepsAtMostItsCountTheOldestGoingFirst) {
   constexpr std::int64_t s = 1'000'000'000;
   daemon::DuplicateWindow w(120 * s, 1000);
