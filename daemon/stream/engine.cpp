@@ -6,8 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
-#include <fstream>
-#include <iterator>
 
 #include "fault/fault.hpp"
 #include "rdmabroker/proto/wire.hpp"
@@ -55,28 +53,6 @@ proto::ErrorCode code_of(store::StoreErrc e) {
   }
 }
 
-constexpr const char* kDuplicatesFile = "/duplicates.bin";
-
-/// Fills `window` with the Msg-Ids of the last `window`'s worth of
-/// messages: those the snapshot in `dir` kept (of messages the limits or a
-/// purge removed since), then those of every record still in the files,
-/// removed by the limits or not.
-void rebuild(DuplicateWindow& window, store::MessageStore& store, const std::string& dir,
-             std::int64_t now_ns) {
-  if (!window.enabled()) return;
-  if (std::ifstream in(dir + kDuplicatesFile, std::ios::binary); in) {
-    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (!window.restore(bytes, now_ns))
-      spdlog::warn("{}{} is damaged: the Msg-Ids of removed messages are not remembered", dir,
-                   kDuplicatesFile);
-  }
-  store.scan_since(now_ns - window.window_ns(), [&](const store::RecordView& r) {
-    // One a snapshot brought back already is not added twice (its place in the order is its time's).
-    const std::string_view id = msg_id_of(r.headers);
-    if (!window.contains(id)) window.add(id, r.sequence, r.time_ns);
-  });
-}
-
 }  // namespace
 
 Result<std::unique_ptr<StreamEngine>> StreamEngine::create(
@@ -119,8 +95,8 @@ Result<StreamEngine::Stream> StreamEngine::open(const config::StreamSettings& s,
       DuplicateWindow(static_cast<std::int64_t>(s.duplicate_window_s) * kNsPerSecond, s.duplicate_ids_max),
       false,
       {}};
-  rebuild(stream.duplicates, *stream.store, dir, realtime_ns());
   stream.dir = dir;
+  restore_duplicates(stream);
   stream.subjects = s.subjects;
   load_durables(stream, s.name);
   const auto info = stream.store->stats();
@@ -359,26 +335,6 @@ void StreamEngine::run() {
     }
     serve_consumers(steady_ns());
     post_acks();
-  }
-}
-
-void StreamEngine::save_duplicates(Stream& s) {
-  if (!s.duplicates.enabled()) return;
-  if (auto st = store::replace_file(s.dir + kDuplicatesFile, s.duplicates.snapshot()); !st) {
-    log_throttled(
-        refusal_log_, spdlog::level::err,
-        "stream {}: the Msg-Ids of messages about to be removed could not be saved ({}): a retry of "
-        "one after a restart may be stored again",
-        s.stats->name, st.error().message);
-  }
-}
-
-void StreamEngine::close_store(Stream& s) {
-  save_duplicates(s);
-  if (auto st = s.store->close(); !st) {
-    spdlog::warn(
-        "stream {}: not closed cleanly ({}): its next start goes on after the sequences it had reserved",
-        s.stats->name, st.error().message);
   }
 }
 

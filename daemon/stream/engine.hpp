@@ -209,6 +209,8 @@ class StreamEngine final : public StreamCapture {
   /// records held those Msg-Ids leave the files: a purge, a segment dropped,
   /// a stop), so that a restart remembers them for their whole window.
   void save_duplicates(Stream& s);
+  /// Fills `s`'s duplicate window as it opens (stream/engine_duplicates.cpp).
+  void restore_duplicates(Stream& s);
   /// Writes what the batch staged in `s`; refuses what could not be written.
   void write_staged(Stream& s);
   void count_refused(Stream& s, store::StoreErrc code, std::uint64_t n);

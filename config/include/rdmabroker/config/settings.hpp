@@ -205,7 +205,8 @@ struct BrokerOptions {
   std::uint32_t max_durables_per_user = 1000;  // durable consumers one user (all anonymous clients: one) owns
   std::uint32_t max_consumers_total = 100000;
   std::uint32_t consumer_opens_per_second = 100;  // CONSUMEs per connection (a burst of as many)
-  std::uint32_t consumer_inactive_threshold_s = 0;  // a durable without members this long is removed (0: never)
+  std::uint32_t consumer_inactive_threshold_s =
+      0;  // a durable without members this long is removed (0: never)
   std::uint64_t max_pending_bytes_total = 256u
                                           << 20;  // frame bytes (+128 per message) queued for all subscribers
   // Each client's share of the buffer pool (docs/security.md, "Pool shares"):
