@@ -274,14 +274,7 @@ bool FrameHandler::renew_consumer(Connection& c, std::uint32_t sid, const Connec
   if (!c.identity->may_read_stream(stream)) return false;
   // The engine checks the rest (a subject it may read, the durable's owner)
   // and passes every later delivery through the new permissions.
-  ConsumerCommand renew;
-  renew.kind = ConsumerCommand::Kind::kRenew;
-  renew.connection = c.id;
-  renew.slot = c.slot;
-  renew.worker = ctx_.index;
-  renew.sid = sid;
-  renew.identity = c.identity;
-  ctx_.core.streams->command(std::move(renew));
+  ctx_.core.streams->command(consumer_command(ConsumerCommand::Kind::kRenew, c, sid));
   return true;
 }
 

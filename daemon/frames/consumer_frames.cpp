@@ -44,21 +44,29 @@ bool FrameHandler::on_consumer_frame(Connection& c, const proto::Frame& f) {
         std::string(proto::to_string(type)) + " for " + std::to_string(sid) + ", which is no consumer", sid);
     return true;
   }
+  using Kind = ConsumerCommand::Kind;
+  const Kind kind = type == FrameType::kFetch                 ? Kind::kFetch
+                    : (f.header.flags & proto::kFlagNak) != 0 ? Kind::kNak
+                                                              : Kind::kAck;
+  ConsumerCommand cmd = consumer_command(kind, c, sid);
+  cmd.sequence = f.header.sequence;
+  if (kind == Kind::kFetch) std::memcpy(&cmd.expires_ms, f.payload.data(), sizeof cmd.expires_ms);
+  ctx_.core.streams->command(std::move(cmd));
+  return true;
+}
+
+ConsumerCommand FrameHandler::consumer_command(ConsumerCommand::Kind kind, const Connection& c,
+                                               std::uint32_t sid) const {
   ConsumerCommand cmd;
+  cmd.kind = kind;
   cmd.connection = c.id;
   cmd.slot = c.slot;
   cmd.worker = ctx_.index;
   cmd.sid = sid;
-  cmd.sequence = f.header.sequence;
-  if (type == FrameType::kAck) {
-    cmd.kind =
-        (f.header.flags & proto::kFlagNak) != 0 ? ConsumerCommand::Kind::kNak : ConsumerCommand::Kind::kAck;
-  } else {
-    cmd.kind = ConsumerCommand::Kind::kFetch;
-    std::memcpy(&cmd.expires_ms, f.payload.data(), sizeof cmd.expires_ms);
-  }
-  ctx_.core.streams->command(std::move(cmd));
-  return true;
+  // Who reads: what opening and a reload's renewal check, not each ACK.
+  if (kind == ConsumerCommand::Kind::kOpen || kind == ConsumerCommand::Kind::kRenew)
+    cmd.identity = c.identity;
+  return cmd;
 }
 
 void FrameHandler::on_consume(Connection& c, const proto::Frame& f) {
@@ -117,17 +125,11 @@ void FrameHandler::on_consume(Connection& c, const proto::Frame& f) {
   sub.pattern = access;
   sub.consumer = true;
   c.subscriptions.emplace(sid, std::move(sub));
-  ConsumerCommand cmd;
-  cmd.kind = ConsumerCommand::Kind::kOpen;
-  cmd.connection = c.id;
-  cmd.slot = c.slot;
-  cmd.worker = ctx_.index;
-  cmd.sid = sid;
+  ConsumerCommand cmd = consumer_command(ConsumerCommand::Kind::kOpen, c, sid);
   cmd.max_frame = c.peer_buffer_size;
   cmd.stream = std::string(f.subject);
   cmd.durable = std::string(f.reply);
   cmd.config = *config;
-  cmd.identity = c.identity;
   ctx_.core.streams->command(std::move(cmd));
 }
 

@@ -124,6 +124,8 @@ class FrameHandler {
   /// tenant (`tenant_charged`: whether it was) and to the broker-wide budget;
   /// false, and TOO_MANY_SUBSCRIPTIONS sent for `sid`, when either is spent.
   bool charge_subscription(Connection& c, std::uint32_t sid, std::uint64_t cost, bool& tenant_charged);
+  /// A command about consumer `sid` of `c` for the stream engine, with who reads.
+  ConsumerCommand consumer_command(ConsumerCommand::Kind kind, const Connection& c, std::uint32_t sid) const;
   /// Reload: consumer `sid` of `c` under its new identity; false if the
   /// user may no longer read its stream (the caller revokes it).
   bool renew_consumer(Connection& c, std::uint32_t sid, const Connection::Subscription& sub);
