@@ -2,6 +2,10 @@
 #include "stream/duplicates.hpp"
 
 #include <cstring>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "rdmabroker/proto/headers.hpp"
 #include "store/crc32c.hpp"
