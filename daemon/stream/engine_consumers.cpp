@@ -43,6 +43,11 @@ OutItem control_for(proto::FrameType type, std::uint32_t sid, std::uint64_t valu
   return item;
 }
 
+/// Who an owner (Identity::owner()) is, in a message: every anonymous client is one.
+std::string owner_text(const std::string& owner) {
+  return owner.empty() ? std::string("anonymous clients") : "user '" + owner + "'";
+}
+
 void due_at(std::int64_t& due, std::int64_t when) {
   if (when != 0 && (due == 0 || when < due)) due = when;
 }
@@ -119,8 +124,8 @@ std::optional<std::string> StreamEngine::over_limits(const Stream& s, bool durab
     return "the broker has " + std::to_string(total) + " consumers (limits.max_consumers_total)";
   }
   if (durable && owned >= o.max_durables_per_user) {
-    return (who.anonymous ? std::string("anonymous clients own ") : "user '" + who.name + "' owns ") +
-           std::to_string(owned) + " durable consumers (limits.max_durables_per_user)";
+    return owner_text(owner) + (owner.empty() ? " own " : " owns ") + std::to_string(owned) +
+           " durable consumers (limits.max_durables_per_user)";
   }
   return std::nullopt;
 }
@@ -130,6 +135,7 @@ void StreamEngine::expire_inactive(std::int64_t now) {
   if (threshold_s == 0) return;
   const std::int64_t threshold = std::int64_t{threshold_s} * 1'000'000'000;
   for (auto& [id, s] : streams_) {
+    const std::size_t before = s.consumers.size();
     for (auto it = s.consumers.begin(); it != s.consumers.end();) {
       const Consumer& k = *it->second;
       if (!k.durable() || k.idle_since() == 0 || now - k.idle_since() < threshold) {
@@ -143,7 +149,7 @@ void StreamEngine::expire_inactive(std::int64_t now) {
       s.stats->consumers_expired.add();
       it = s.consumers.erase(it);
     }
-    refresh_consumers(s);
+    if (s.consumers.size() != before) refresh_consumers(s);
   }
 }
 
@@ -156,8 +162,7 @@ std::optional<std::string> StreamEngine::refusal(const Stream& s, const Consumer
            fmt::format("{}", fmt::join(s.subjects, ", ")) + ")";
   }
   if (k.durable() && k.owner() && *k.owner() != who.owner() && !who.may_join(stream, k.name())) {
-    return "durable consumer " + k.name() + " of stream " + stream + " belongs to " +
-           (k.owner()->empty() ? std::string("anonymous clients") : "user '" + *k.owner() + "'") +
+    return "durable consumer " + k.name() + " of stream " + stream + " belongs to " + owner_text(*k.owner()) +
            " (streams.join grants others)";
   }
   return std::nullopt;
@@ -182,7 +187,7 @@ void StreamEngine::open_consumer(const ConsumerCommand& c) {
     if (!it->second->owner()) {
       it->second->adopt(who.owner());
       spdlog::warn("stream {}: durable consumer {}, saved without an owner, now belongs to {}", c.stream,
-                   name, who.anonymous ? std::string("anonymous clients") : "user '" + who.name + "'");
+                   name, owner_text(who.owner()));
     }
   } else {
     if (auto why = over_limits(*s, durable, who)) {
@@ -195,7 +200,7 @@ void StreamEngine::open_consumer(const ConsumerCommand& c) {
     if (auto why = refusal(*s, *k, who)) return refuse(c, proto::ErrorCode::kPermissionDenied, *why);
     it = s->consumers.emplace(name, std::move(k)).first;
     spdlog::info("stream {}: consumer {} created ({}, {})", c.stream, name, durable ? "durable" : "ephemeral",
-                 who.anonymous ? std::string("anonymous") : "user '" + who.name + "'");
+                 owner_text(who.owner()));
   }
   ConsumerMember m;
   m.connection = c.connection;
